@@ -1,0 +1,133 @@
+//! The pmem-fabric wire format.
+//!
+//! Zero-copy views (`Packet`) and parsed representations (`Repr`) of every
+//! message, in the style of smoltcp's `wire` module, plus a sans-IO
+//! [`FrameDecoder`] that splits a byte stream into frames. No sockets here.
+//!
+//! # Contract
+//!
+//! Untrusted bytes enter only through `Packet::new_checked` (or the helpers
+//! built on it: [`parse_frame`], [`Message::parse`], [`FrameDecoder`]). Once
+//! `new_checked` succeeds, no accessor of that packet panics, and a `Repr`
+//! parsed from it borrows its payload instead of copying it. Nothing in this
+//! crate panics on malformed input; every rejection is an [`Error`].
+//! `Packet::new_unchecked` and the setters are for buffers the caller sized
+//! (with `Repr::buffer_len`) and may panic on a short buffer.
+//!
+//! # Wire format
+//!
+//! All integers are little-endian. A connection carries frames back to back;
+//! every frame is a 16-byte header and a body ([`frame`]):
+//!
+//! ```text
+//! 0..2   magic     b"PF" (0x50 0x46)
+//! 2      version   1
+//! 3      opcode    u8 (Opcode)
+//! 4..8   body_len  u32, bytes after the header, at most MAX_BODY_LEN
+//! 8..16  tag       u64 request id; responses echo it; control messages carry one too
+//! ```
+//!
+//! [`frame::MAX_BODY_LEN`] (16 MiB + 64) is part of the format: a header
+//! claiming more is rejected from the header alone, before anything is
+//! buffered or allocated, and the connection is closed. It leaves room for
+//! [`frame::MAX_DATA_LEN`] (16 MiB) of data behind a fixed body part.
+//!
+//! Opcodes ([`Opcode`]) reuse the IBTA RC numbers where one exists, so a
+//! RoCEv2 gateway can map them one to one; the rest use the
+//! manufacturer-specific range:
+//!
+//! | opcode | value | body |
+//! |---|---|---|
+//! | WRITE | 0x0A | [`request`] + data |
+//! | READ | 0x0C | [`request`] |
+//! | READ_RESPONSE | 0x10 | [`response`] + data |
+//! | ACKNOWLEDGE | 0x11 | [`response`] |
+//! | ATOMIC_ACKNOWLEDGE | 0x12 | [`response`] (old value) |
+//! | COMPARE_SWAP | 0x13 | [`request`] |
+//! | FETCH_ADD | 0x14 | [`request`] |
+//! | FLUSH | 0x1C | [`request`] |
+//! | ATOMIC_WRITE | 0x1D | [`request`] |
+//! | WRITE_PERSIST | 0xC0 | [`request`] + data |
+//! | HELLO | 0xE0 | [`hello`] |
+//! | MAP_REQUEST | 0xE1 | empty |
+//! | MAP | 0xE2 | [`map`] |
+//! | PING | 0xE3 | [`ping`] |
+//! | PONG | 0xE4 | [`ping`] |
+//!
+//! Request body, 56 bytes then the payload ([`request`]):
+//!
+//! ```text
+//! 0      flags    u8: bit0 PERSIST, bit1 REGION_ADDRESSED, bit2 EXACTLY_ONCE,
+//!                 bit3 NON_TEMPORAL; other bits zero
+//! 1..4   reserved zero
+//! 4..8   region   u32 (REGION_ADDRESSED; else zero and addr is a PmemAddr)
+//! 8..16  addr     u64
+//! 16..24 key      u64
+//! 24..28 length   u32 (8 for atomics; at most MAX_DATA_LEN for READ/WRITE)
+//! 28..32 client   u32 (EXACTLY_ONCE; else zero)
+//! 32..40 seq      u64 (EXACTLY_ONCE; else zero)
+//! 40..48 operand  u64 swap / add / store value
+//! 48..56 compare  u64 compare value of COMPARE_SWAP
+//! 56..   payload  WRITE / WRITE_PERSIST: exactly `length` bytes; others none
+//! ```
+//!
+//! Response body, 16 bytes then the payload ([`response`]):
+//!
+//! ```text
+//! 0..2   status   u16 (Status)
+//! 2..8   reserved zero
+//! 8..16  value    u64 old value for COMPARE_SWAP / FETCH_ADD, else 0
+//! 16..   payload  READ_RESPONSE data; none for acknowledgements
+//! ```
+//!
+//! HELLO body ([`hello`]): `0..2` version u16 (highest spoken), `2` role u8,
+//! `3` reserved, `4..12` capabilities u64, `12..14` name_len u16 (≤ 255),
+//! `14..` UTF-8 name. The peer answers with its own HELLO and the same tag,
+//! or with an ACKNOWLEDGE carrying `UNKNOWN_CLIENT` or `VERSION_MISMATCH`.
+//!
+//! MAP body ([`map`]): `0..32` digest, `32..40` extent_size u64, `40..44`
+//! count u32, `44..48` reserved, then `count` entries of 24 bytes (start u64,
+//! len u64, region u32, server u16, socket u16) and nothing else.
+//!
+//! PING / PONG body ([`ping`]): one opaque u64 that PONG echoes.
+//!
+//! Reserved bytes, undefined flag bits and fields a clear flag disables must
+//! be zero; so every frame this crate accepts re-encodes to the same bytes.
+//!
+//! # Errors on a connection
+//!
+//! A frame whose header is bad ([`Error::breaks_framing`]) ends the
+//! connection: the stream cannot be framed any more. A frame with a good
+//! header and a bad body, or an unknown opcode, is answered with an error
+//! response carrying its tag ([`reply_to_malformed`], [`unsupported_reply`],
+//! [`error_reply`]) and the connection carries on.
+
+pub mod decoder;
+pub mod error;
+pub mod frame;
+pub mod hello;
+mod le;
+pub mod map;
+pub mod message;
+pub mod opcode;
+pub mod ping;
+pub mod request;
+pub mod response;
+pub mod status;
+
+pub use decoder::FrameDecoder;
+pub use error::{Error, Result};
+pub use message::{
+    ERROR_REPLY_LEN, Message, error_reply, error_response, parse_frame, reply_to_malformed,
+    unsupported_reply,
+};
+pub use opcode::Opcode;
+pub use request::{ExactlyOnce, Operation, Target};
+pub use response::ResponseKind;
+pub use status::Status;
+pub use topology::addr::{PmemAddr, RegionIndex, RegionOffset};
+
+/// A byte range of a fixed-width field.
+pub type Field = core::ops::Range<usize>;
+/// The byte range from a field to the end of the buffer.
+pub type Rest = core::ops::RangeFrom<usize>;

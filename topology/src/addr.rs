@@ -1,0 +1,106 @@
+//! Address newtypes for the three address spaces of the design.
+//!
+//! A [`VirtAddr`] is what an application uses, a [`PmemAddr`] is a location in
+//! the flat pool-wide PMEM space, and a [`RegionOffset`] is what a server sees:
+//! a region index plus a byte offset inside that region. They are distinct
+//! types so that one can never be passed where another is meant.
+
+use std::fmt;
+
+/// An address in the shared virtual address space that applications use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct VirtAddr(pub u64);
+
+/// An address in the flat, pool-wide PMEM address space.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct PmemAddr(pub u64);
+
+/// The wire-level index of a region: its position in the layout.
+///
+/// Stable as long as regions are only appended to the topology.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct RegionIndex(pub u32);
+
+/// A location inside one region: what a PMEM server executes requests on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct RegionOffset {
+    /// Which region.
+    pub region: RegionIndex,
+    /// Byte offset from the start of the region's data.
+    pub offset: u64,
+}
+
+macro_rules! addr_ops {
+    ($name:ident) => {
+        impl $name {
+            /// The raw address value.
+            pub const fn get(self) -> u64 {
+                self.0
+            }
+
+            /// This address moved forward by `bytes`, or `None` on overflow.
+            pub const fn checked_add(self, bytes: u64) -> Option<Self> {
+                match self.0.checked_add(bytes) {
+                    Some(v) => Some(Self(v)),
+                    None => None,
+                }
+            }
+
+            /// Bytes from `base` up to this address, or `None` when `base` is above it.
+            pub const fn checked_offset_from(self, base: Self) -> Option<u64> {
+                self.0.checked_sub(base.0)
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "{:#x}", self.0)
+            }
+        }
+    };
+}
+
+addr_ops!(VirtAddr);
+addr_ops!(PmemAddr);
+
+impl RegionOffset {
+    /// A location `offset` bytes into `region`.
+    pub const fn new(region: RegionIndex, offset: u64) -> Self {
+        Self { region, offset }
+    }
+}
+
+impl fmt::Display for RegionIndex {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "#{}", self.0)
+    }
+}
+
+impl fmt::Display for RegionOffset {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}+{:#x}", self.region, self.offset)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arithmetic_is_checked() {
+        assert_eq!(PmemAddr(10).checked_add(5), Some(PmemAddr(15)));
+        assert_eq!(PmemAddr(u64::MAX).checked_add(1), None);
+        assert_eq!(PmemAddr(15).checked_offset_from(PmemAddr(10)), Some(5));
+        assert_eq!(PmemAddr(5).checked_offset_from(PmemAddr(10)), None);
+    }
+
+    #[test]
+    fn display_is_hex() {
+        assert_eq!(PmemAddr(0x1000).to_string(), "0x1000");
+        assert_eq!(VirtAddr(0x20).to_string(), "0x20");
+        assert_eq!(
+            RegionOffset::new(RegionIndex(3), 0x40).to_string(),
+            "#3+0x40"
+        );
+    }
+}

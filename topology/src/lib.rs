@@ -1,0 +1,35 @@
+//! The pmem-fabric topology: a model of the whole fabric, read from a TOML file.
+//!
+//! - [`model`]: servers, sockets, PMEM devices and regions, server NICs, fabric
+//!   devices with ports and links, clients with RNICs (seed FIG. 1A–1C, 4A–4C).
+//! - [`load`]: reading the file through the `config` crate with `PMEMFABRIC_*`
+//!   environment overrides.
+//! - [`validate`]: every problem of a topology, each naming the file and item.
+//! - [`layout`]: the flat PMEM address space, a pure function of the topology,
+//!   with O(log n) lookup and a digest daemons and clients compare.
+//! - [`routes`]: the ordered paths from a client to a region.
+//!
+//! Nothing here does I/O beyond reading the file.
+
+pub mod addr;
+pub mod ids;
+pub mod layout;
+pub mod load;
+pub mod model;
+pub mod routes;
+pub mod size;
+pub mod validate;
+
+pub use addr::{PmemAddr, RegionIndex, RegionOffset, VirtAddr};
+pub use ids::{
+    ClientId, FabricDeviceId, NicId, PmemDeviceId, PortId, RegionId, RnicId, ServerId, SocketId,
+};
+pub use layout::{Layout, LayoutEntry, LayoutError, Location};
+pub use load::{EnvOverrides, LoadError};
+pub use model::{
+    AllowRange, CachePolicy, Client, FabricDevice, FabricLink, FabricPort, Persistence, PmemDevice,
+    Pool, Region, Rnic, Server, ServerNic, Socket, Topology,
+};
+pub use routes::Path;
+pub use size::ByteSize;
+pub use validate::{Problem, ProblemKind, ValidationErrors};

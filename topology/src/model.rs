@@ -1,0 +1,360 @@
+//! The fabric model as written in a topology file (seed FIG. 1A–1C, 4A–4C).
+//!
+//! PMEM servers have CPU sockets, each socket has PMEM devices and each device
+//! exports regions; server NICs hang off a socket. Fabric devices have
+//! client-facing ports and links to server NICs. Clients have RNICs, each wired
+//! to one fabric device. Plain serde structs: [`crate::validate`] checks them.
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{
+    ClientId, FabricDeviceId, NicId, PmemDeviceId, PortId, RegionId, RnicId, ServerId, SocketId,
+};
+use crate::size::{ByteSize, flex_u64, flex_u64_opt};
+
+/// A whole fabric: the pool settings, its servers, fabric devices and clients.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Topology {
+    /// Pool-wide settings.
+    #[serde(default)]
+    pub pool: Pool,
+    /// PMEM servers, in config order.
+    #[serde(default)]
+    pub servers: Vec<Server>,
+    /// Fabric devices (switch nodes), in config order.
+    #[serde(default)]
+    pub fabric_devices: Vec<FabricDevice>,
+    /// Client hosts, in config order.
+    #[serde(default)]
+    pub clients: Vec<Client>,
+    /// Where the topology was read from, for error messages.
+    #[serde(skip)]
+    pub source: String,
+}
+
+/// Pool-wide settings that shape the address layout.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Pool {
+    /// A name for the pool, used in default keys and reports.
+    #[serde(default = "Pool::default_name")]
+    pub name: String,
+    /// The unit of allocation and translation; every region size is a multiple.
+    #[serde(default = "Pool::default_extent_size")]
+    pub extent_size: ByteSize,
+    /// Where the first automatically placed region starts in PMEM address space.
+    #[serde(default = "Pool::default_base_address", with = "flex_u64")]
+    pub base_address: u64,
+    /// Alignment of automatically placed regions; defaults to the extent size.
+    #[serde(default)]
+    pub region_alignment: Option<ByteSize>,
+}
+
+impl Pool {
+    /// The default extent size: 2 MiB, the design's default.
+    pub const DEFAULT_EXTENT_SIZE: u64 = 2 << 20;
+    /// The default base of the PMEM address space (4 GiB), so that small
+    /// numbers are never valid PMEM addresses.
+    pub const DEFAULT_BASE_ADDRESS: u64 = 1 << 32;
+
+    fn default_name() -> String {
+        "pmem-fabric".to_owned()
+    }
+    fn default_extent_size() -> ByteSize {
+        ByteSize(Self::DEFAULT_EXTENT_SIZE)
+    }
+    fn default_base_address() -> u64 {
+        Self::DEFAULT_BASE_ADDRESS
+    }
+
+    /// The alignment used for automatically placed regions.
+    pub fn alignment(&self) -> u64 {
+        self.region_alignment.unwrap_or(self.extent_size).bytes()
+    }
+}
+
+impl Default for Pool {
+    fn default() -> Self {
+        Self {
+            name: Self::default_name(),
+            extent_size: Self::default_extent_size(),
+            base_address: Self::default_base_address(),
+            region_alignment: None,
+        }
+    }
+}
+
+/// A PMEM server: a DAX host exporting regions over its NICs.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Server {
+    /// The server's id.
+    pub id: ServerId,
+    /// Admin (metrics/health) listen address, `host:port`.
+    #[serde(default)]
+    pub admin: Option<String>,
+    /// Directory holding the region files; the daemon's flag overrides it.
+    #[serde(default)]
+    pub data_dir: Option<String>,
+    /// How the server makes writes durable.
+    #[serde(default)]
+    pub persistence: Persistence,
+    /// CPU sockets with their PMEM devices.
+    #[serde(default)]
+    pub sockets: Vec<Socket>,
+    /// Network interfaces, each attached to one socket.
+    #[serde(default)]
+    pub nics: Vec<ServerNic>,
+}
+
+/// A CPU socket of a server.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Socket {
+    /// The socket's id, unique within its server.
+    pub id: SocketId,
+    /// PMEM devices attached to this socket.
+    #[serde(default)]
+    pub devices: Vec<PmemDevice>,
+}
+
+/// A PMEM device attached to a socket.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PmemDevice {
+    /// The device's id, unique within its socket.
+    pub id: PmemDeviceId,
+    /// Regions carved from this device.
+    #[serde(default)]
+    pub regions: Vec<Region>,
+}
+
+/// A PMEM region: a contiguous piece of persistent memory exported to the pool.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Region {
+    /// The region's id, unique in the pool (e.g. `PA.1`).
+    pub id: RegionId,
+    /// Size in bytes; a multiple of the pool's extent size.
+    pub size: ByteSize,
+    /// An explicit PMEM address; by default regions are laid out in config order.
+    #[serde(
+        default,
+        with = "flex_u64_opt",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub address: Option<u64>,
+    /// The protection key requests must carry; derived from the pool name and
+    /// region id when absent.
+    #[serde(
+        default,
+        with = "flex_u64_opt",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub key: Option<u64>,
+    /// Whether the server writes through its CPU cache or around it.
+    #[serde(default)]
+    pub cache: CachePolicy,
+}
+
+/// How a PMEM server makes writes durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Persistence {
+    /// DAX (`MAP_SYNC` + cache-line write-back) where the filesystem supports
+    /// it, `msync` otherwise.
+    #[default]
+    Auto,
+    /// DAX only; the server refuses to start without it.
+    Dax,
+    /// `msync` of the written range.
+    Msync,
+    /// The system libpmem (PMDK), when the server is built with it.
+    Libpmem,
+}
+
+/// The seed's "use the server's cache or not".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CachePolicy {
+    /// Normal stores followed by cache-line write-back.
+    #[default]
+    WriteBack,
+    /// Non-temporal stores that bypass the cache.
+    NonTemporal,
+}
+
+/// A server network interface, attached to one CPU socket.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerNic {
+    /// The NIC's id, unique within its server.
+    pub id: NicId,
+    /// The socket whose PCIe root the NIC sits on.
+    pub socket: SocketId,
+    /// Listen address, `host:port`.
+    pub listen: String,
+}
+
+/// A fabric device: the switch/proxy daemon of one switch node.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct FabricDevice {
+    /// The device's id.
+    pub id: FabricDeviceId,
+    /// Admin (metrics/health) listen address, `host:port`.
+    #[serde(default)]
+    pub admin: Option<String>,
+    /// Client-facing ports.
+    #[serde(default)]
+    pub ports: Vec<FabricPort>,
+    /// Links to server NICs.
+    #[serde(default)]
+    pub links: Vec<FabricLink>,
+}
+
+/// A client-facing port of a fabric device.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct FabricPort {
+    /// The port's id, unique within its device.
+    pub id: PortId,
+    /// Listen address, `host:port`.
+    pub listen: String,
+}
+
+/// A link from a fabric device to one server NIC.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct FabricLink {
+    /// The server at the other end.
+    pub server: ServerId,
+    /// The server NIC at the other end.
+    pub nic: NicId,
+}
+
+/// A client host running applications over the pool.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Client {
+    /// The client's id.
+    pub id: ClientId,
+    /// RDMA NICs, each wired to one fabric device.
+    #[serde(default)]
+    pub rnics: Vec<Rnic>,
+    /// PMEM ranges the client may touch; empty means everything.
+    #[serde(default)]
+    pub allow: Vec<AllowRange>,
+}
+
+/// An RDMA NIC of a client.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rnic {
+    /// The RNIC's id, unique within its client.
+    pub id: RnicId,
+    /// The fabric device it is wired to.
+    pub fabric_device: FabricDeviceId,
+    /// The device port it is wired to; the device's first port by default.
+    #[serde(default)]
+    pub port: Option<PortId>,
+    /// Local address to bind outgoing connections to.
+    #[serde(default)]
+    pub local_addr: Option<String>,
+}
+
+/// A range of one region that a client may access.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AllowRange {
+    /// The region.
+    pub region: RegionId,
+    /// Start of the range inside the region.
+    #[serde(default)]
+    pub offset: ByteSize,
+    /// Length of the range; to the end of the region when absent.
+    #[serde(default)]
+    pub size: Option<ByteSize>,
+}
+
+/// A region with where it sits in the topology, as produced by
+/// [`Topology::regions`].
+#[derive(Debug, Clone, Copy)]
+pub struct RegionPlace<'a> {
+    /// The server that owns the region.
+    pub server: &'a Server,
+    /// The socket the region's device is attached to.
+    pub socket: &'a Socket,
+    /// The PMEM device the region is carved from.
+    pub device: &'a PmemDevice,
+    /// The region itself.
+    pub region: &'a Region,
+}
+
+impl Topology {
+    /// Every region in config order (servers, sockets, devices, regions).
+    pub fn regions(&self) -> impl Iterator<Item = RegionPlace<'_>> {
+        self.servers.iter().flat_map(|server| {
+            server.sockets.iter().flat_map(move |socket| {
+                socket.devices.iter().flat_map(move |device| {
+                    device.regions.iter().map(move |region| RegionPlace {
+                        server,
+                        socket,
+                        device,
+                        region,
+                    })
+                })
+            })
+        })
+    }
+
+    /// The server with this id.
+    pub fn server(&self, id: &ServerId) -> Option<&Server> {
+        self.servers.iter().find(|s| &s.id == id)
+    }
+
+    /// The fabric device with this id.
+    pub fn fabric_device(&self, id: &FabricDeviceId) -> Option<&FabricDevice> {
+        self.fabric_devices.iter().find(|d| &d.id == id)
+    }
+
+    /// The client with this id.
+    pub fn client(&self, id: &ClientId) -> Option<&Client> {
+        self.clients.iter().find(|c| &c.id == id)
+    }
+
+    /// Total bytes of PMEM over all regions.
+    pub fn capacity(&self) -> u64 {
+        self.regions().map(|p| p.region.size.bytes()).sum()
+    }
+}
+
+impl Server {
+    /// The NIC with this id.
+    pub fn nic(&self, id: &NicId) -> Option<&ServerNic> {
+        self.nics.iter().find(|n| &n.id == id)
+    }
+
+    /// The socket with this id.
+    pub fn socket(&self, id: &SocketId) -> Option<&Socket> {
+        self.sockets.iter().find(|s| &s.id == id)
+    }
+}
+
+impl FabricDevice {
+    /// The port with this id.
+    pub fn port(&self, id: &PortId) -> Option<&FabricPort> {
+        self.ports.iter().find(|p| &p.id == id)
+    }
+}
+
+impl Rnic {
+    /// The port this RNIC is wired to on `device`: the named one, or the first.
+    pub fn port_on<'a>(&self, device: &'a FabricDevice) -> Option<&'a FabricPort> {
+        match &self.port {
+            Some(id) => device.port(id),
+            None => device.ports.first(),
+        }
+    }
+}

@@ -1,0 +1,540 @@
+//! Checks a topology and reports every problem, each naming the file, the
+//! item and what is wrong.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+
+use crate::ids::{FabricDeviceId, RegionId, ServerId};
+use crate::layout::{RegionOverflow, place_regions};
+use crate::model::Topology;
+
+/// What is wrong with one item of a topology.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProblemKind {
+    /// Another item of the same kind and scope has this id.
+    DuplicateId,
+    /// The item names something the topology does not have.
+    UnknownReference {
+        /// What kind of thing is named (`"socket"`, `"server"`, …).
+        kind: &'static str,
+        /// The name that was not found.
+        id: String,
+    },
+    /// The pool's extent size is zero or not a power of two.
+    BadExtentSize {
+        /// The configured extent size.
+        size: u64,
+    },
+    /// A region of size zero.
+    ZeroSize,
+    /// A region size the extent size does not divide.
+    SizeNotExtentMultiple {
+        /// The region's size.
+        size: u64,
+        /// The pool's extent size.
+        extent: u64,
+    },
+    /// An explicit region address not aligned to the extent size.
+    AddressMisaligned {
+        /// The explicit address.
+        address: u64,
+        /// The pool's extent size.
+        extent: u64,
+    },
+    /// Two regions' explicit addresses overlap.
+    AddressOverlap {
+        /// The region this one overlaps.
+        other: RegionId,
+    },
+    /// The region does not fit below the end of the 64-bit address space.
+    AddressOverflow,
+    /// A fabric device without a link to a server: the fabric is not
+    /// non-blocking (seed 001: every fabric device reaches every server).
+    MissingLink {
+        /// The server the device cannot reach.
+        server: ServerId,
+    },
+    /// An RNIC wired to a fabric device that does not exist.
+    RnicUnreachable {
+        /// The device the RNIC names.
+        device: FabricDeviceId,
+    },
+    /// A fabric device without client-facing ports.
+    NoPorts,
+    /// A client without RNICs.
+    NoRnics,
+    /// A server without NICs.
+    NoNics,
+    /// The topology has no item of a required kind.
+    Empty {
+        /// What is missing (`"servers"`, …).
+        what: &'static str,
+    },
+    /// An address that does not parse.
+    BadAddress {
+        /// The text written.
+        address: String,
+        /// What was expected.
+        expected: &'static str,
+    },
+    /// Another item already listens on this address.
+    DuplicateListen {
+        /// The address.
+        address: SocketAddr,
+        /// The item that listens there first.
+        other: String,
+    },
+    /// An allow-list range that leaves its region.
+    AllowOutOfRange {
+        /// The region named by the range.
+        region: RegionId,
+        /// The region's size.
+        region_size: u64,
+    },
+}
+
+impl fmt::Display for ProblemKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::DuplicateId => write!(f, "duplicate id"),
+            Self::UnknownReference { kind, id } => write!(f, "refers to unknown {kind} {id:?}"),
+            Self::BadExtentSize { size } => {
+                write!(f, "extent size {size} is not a non-zero power of two")
+            }
+            Self::ZeroSize => write!(f, "size is zero"),
+            Self::SizeNotExtentMultiple { size, extent } => write!(
+                f,
+                "size {size} is not a multiple of the extent size {extent}"
+            ),
+            Self::AddressMisaligned { address, extent } => write!(
+                f,
+                "address {address:#x} is not aligned to the extent size {extent}"
+            ),
+            Self::AddressOverlap { other } => {
+                write!(
+                    f,
+                    "PMEM addresses overlap those of region {:?}",
+                    other.as_str()
+                )
+            }
+            Self::AddressOverflow => {
+                write!(
+                    f,
+                    "does not fit below the end of the 64-bit PMEM address space"
+                )
+            }
+            Self::MissingLink { server } => write!(
+                f,
+                "has no link to server {:?}; the fabric must be non-blocking \
+                 (every fabric device links to every server)",
+                server.as_str()
+            ),
+            Self::RnicUnreachable { device } => write!(
+                f,
+                "reaches no fabric device: fabric device {:?} does not exist",
+                device.as_str()
+            ),
+            Self::NoPorts => write!(f, "has no client-facing ports, so no RNIC can reach it"),
+            Self::NoRnics => write!(f, "has no RNICs, so it reaches no fabric device"),
+            Self::NoNics => write!(f, "has no NICs, so no fabric device can reach it"),
+            Self::Empty { what } => write!(f, "has no {what}"),
+            Self::BadAddress { address, expected } => {
+                write!(f, "address {address:?} is not {expected}")
+            }
+            Self::DuplicateListen { address, other } => {
+                write!(f, "listen address {address} is already used by {other}")
+            }
+            Self::AllowOutOfRange {
+                region,
+                region_size,
+            } => write!(
+                f,
+                "allowed range leaves region {:?} (size {region_size})",
+                region.as_str()
+            ),
+        }
+    }
+}
+
+/// One problem: which file, which item, what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// The topology file.
+    pub file: String,
+    /// The offending item, e.g. `fabric device "B"`.
+    pub item: String,
+    /// What is wrong with it.
+    pub kind: ProblemKind,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}: {}", self.file, self.item, self.kind)
+    }
+}
+
+/// Every problem found in a topology.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct ValidationErrors {
+    /// The problems, in the order the topology was walked.
+    pub problems: Vec<Problem>,
+}
+
+impl fmt::Display for ValidationErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} problem(s) in topology", self.problems.len())?;
+        for p in &self.problems {
+            write!(f, "\n  {p}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Collects problems while walking a topology.
+struct Checker<'a> {
+    topology: &'a Topology,
+    problems: Vec<Problem>,
+    listeners: HashMap<SocketAddr, String>,
+}
+
+impl Checker<'_> {
+    fn report(&mut self, item: impl Into<String>, kind: ProblemKind) {
+        self.problems.push(Problem {
+            file: self.topology.source.clone(),
+            item: item.into(),
+            kind,
+        });
+    }
+
+    /// Reports every id seen more than once, naming each repeat.
+    fn unique<'i>(&mut self, ids: impl IntoIterator<Item = (&'i str, String)>) {
+        let mut seen = HashSet::new();
+        for (id, item) in ids {
+            if !seen.insert(id) {
+                self.report(item, ProblemKind::DuplicateId);
+            }
+        }
+    }
+
+    /// Checks a `host:port` listen address and that nobody else uses it.
+    fn listen(&mut self, item: String, address: &str) {
+        match address.parse::<SocketAddr>() {
+            Ok(addr) if addr.port() == 0 => {}
+            Ok(addr) => {
+                if let Some(other) = self.listeners.get(&addr) {
+                    let other = other.clone();
+                    self.report(
+                        item,
+                        ProblemKind::DuplicateListen {
+                            address: addr,
+                            other,
+                        },
+                    );
+                } else {
+                    self.listeners.insert(addr, item);
+                }
+            }
+            Err(_) => self.report(
+                item,
+                ProblemKind::BadAddress {
+                    address: address.to_owned(),
+                    expected: "an IP address and port such as 127.0.0.1:7000",
+                },
+            ),
+        }
+    }
+
+    fn pool(&mut self) {
+        let pool = &self.topology.pool;
+        let extent = pool.extent_size.bytes();
+        if extent == 0 || !extent.is_power_of_two() {
+            self.report("pool", ProblemKind::BadExtentSize { size: extent });
+        }
+        for (what, empty) in [
+            ("servers", self.topology.servers.is_empty()),
+            ("fabric devices", self.topology.fabric_devices.is_empty()),
+            ("clients", self.topology.clients.is_empty()),
+        ] {
+            if empty {
+                self.report("topology", ProblemKind::Empty { what });
+            }
+        }
+    }
+
+    fn servers(&mut self) {
+        let t = self.topology;
+        self.unique(
+            t.servers
+                .iter()
+                .map(|s| (s.id.as_str(), format!("server {:?}", s.id.as_str()))),
+        );
+        for server in &t.servers {
+            let sid = server.id.as_str();
+            self.unique(server.sockets.iter().map(|s| {
+                (
+                    s.id.as_str(),
+                    format!("server {sid:?} socket {:?}", s.id.as_str()),
+                )
+            }));
+            self.unique(server.nics.iter().map(|n| {
+                (
+                    n.id.as_str(),
+                    format!("server {sid:?} NIC {:?}", n.id.as_str()),
+                )
+            }));
+            for socket in &server.sockets {
+                self.unique(socket.devices.iter().map(|d| {
+                    let item = format!(
+                        "server {sid:?} socket {:?} PMEM device {:?}",
+                        socket.id.as_str(),
+                        d.id.as_str()
+                    );
+                    (d.id.as_str(), item)
+                }));
+            }
+            if server.nics.is_empty() {
+                self.report(format!("server {sid:?}"), ProblemKind::NoNics);
+            }
+            for nic in &server.nics {
+                let item = format!("server {sid:?} NIC {:?}", nic.id.as_str());
+                if server.socket(&nic.socket).is_none() {
+                    let kind = ProblemKind::UnknownReference {
+                        kind: "socket",
+                        id: nic.socket.to_string(),
+                    };
+                    self.report(item.clone(), kind);
+                }
+                self.listen(item, &nic.listen);
+            }
+            if let Some(admin) = &server.admin {
+                self.listen(format!("server {sid:?} admin"), admin);
+            }
+        }
+    }
+
+    fn regions(&mut self) {
+        let t = self.topology;
+        let extent = t.pool.extent_size.bytes();
+        self.unique(
+            t.regions()
+                .map(|p| (p.region.id.as_str(), region_item(&p.region.id))),
+        );
+        for place in t.regions() {
+            let region = place.region;
+            let item = region_item(&region.id);
+            let size = region.size.bytes();
+            if size == 0 {
+                self.report(item.clone(), ProblemKind::ZeroSize);
+            } else if extent != 0 && size % extent != 0 {
+                self.report(
+                    item.clone(),
+                    ProblemKind::SizeNotExtentMultiple { size, extent },
+                );
+            }
+            if let Some(address) = region.address
+                && extent != 0
+                && address % extent != 0
+            {
+                self.report(item, ProblemKind::AddressMisaligned { address, extent });
+            }
+        }
+        self.region_overlaps();
+    }
+
+    /// Reports explicit placements that collide (automatic placement never
+    /// collides by construction) and regions that overflow the address space.
+    fn region_overlaps(&mut self) {
+        let t = self.topology;
+        match place_regions(t) {
+            Err(RegionOverflow(region)) => {
+                self.report(region_item(&region), ProblemKind::AddressOverflow);
+            }
+            Ok(starts) => {
+                let mut spans: Vec<(u64, u64, &RegionId)> = starts
+                    .iter()
+                    .zip(t.regions())
+                    .filter(|(_, p)| p.region.size.bytes() > 0)
+                    .map(|(&s, p)| (s, s + p.region.size.bytes(), &p.region.id))
+                    .collect();
+                spans.sort_unstable_by_key(|&(s, e, _)| (s, e));
+                let mut furthest: Option<(u64, &RegionId)> = None;
+                for (start, end, id) in spans {
+                    if let Some((reach, other)) = furthest
+                        && start < reach
+                    {
+                        let kind = ProblemKind::AddressOverlap {
+                            other: other.clone(),
+                        };
+                        self.report(region_item(id), kind);
+                    }
+                    if furthest.is_none_or(|(reach, _)| end > reach) {
+                        furthest = Some((end, id));
+                    }
+                }
+            }
+        }
+    }
+
+    fn fabric_devices(&mut self) {
+        let t = self.topology;
+        self.unique(
+            t.fabric_devices
+                .iter()
+                .map(|d| (d.id.as_str(), device_item(&d.id))),
+        );
+        for device in &t.fabric_devices {
+            let item = device_item(&device.id);
+            self.unique(
+                device
+                    .ports
+                    .iter()
+                    .map(|p| (p.id.as_str(), format!("{item} port {:?}", p.id.as_str()))),
+            );
+            if device.ports.is_empty() {
+                self.report(item.clone(), ProblemKind::NoPorts);
+            }
+            for port in &device.ports {
+                self.listen(format!("{item} port {:?}", port.id.as_str()), &port.listen);
+            }
+            if let Some(admin) = &device.admin {
+                self.listen(format!("{item} admin"), admin);
+            }
+            for (n, link) in device.links.iter().enumerate() {
+                let link_item = format!("{item} link #{} ({}/{})", n + 1, link.server, link.nic);
+                match t.server(&link.server) {
+                    None => self.report(
+                        link_item,
+                        ProblemKind::UnknownReference {
+                            kind: "server",
+                            id: link.server.to_string(),
+                        },
+                    ),
+                    Some(server) if server.nic(&link.nic).is_none() => self.report(
+                        link_item,
+                        ProblemKind::UnknownReference {
+                            kind: "server NIC",
+                            id: format!("{}/{}", link.server, link.nic),
+                        },
+                    ),
+                    Some(_) => {}
+                }
+            }
+            for server in &t.servers {
+                if !device.links.iter().any(|l| l.server == server.id) {
+                    let kind = ProblemKind::MissingLink {
+                        server: server.id.clone(),
+                    };
+                    self.report(item.clone(), kind);
+                }
+            }
+        }
+    }
+
+    fn clients(&mut self) {
+        let t = self.topology;
+        self.unique(
+            t.clients
+                .iter()
+                .map(|c| (c.id.as_str(), format!("client {:?}", c.id.as_str()))),
+        );
+        for client in &t.clients {
+            let cid = client.id.as_str();
+            self.unique(client.rnics.iter().map(|r| {
+                (
+                    r.id.as_str(),
+                    format!("client {cid:?} RNIC {:?}", r.id.as_str()),
+                )
+            }));
+            if client.rnics.is_empty() {
+                self.report(format!("client {cid:?}"), ProblemKind::NoRnics);
+            }
+            for rnic in &client.rnics {
+                let item = format!("client {cid:?} RNIC {:?}", rnic.id.as_str());
+                match t.fabric_device(&rnic.fabric_device) {
+                    None => self.report(
+                        item.clone(),
+                        ProblemKind::RnicUnreachable {
+                            device: rnic.fabric_device.clone(),
+                        },
+                    ),
+                    Some(device) => {
+                        if let Some(port) = &rnic.port
+                            && device.port(port).is_none()
+                        {
+                            let kind = ProblemKind::UnknownReference {
+                                kind: "port",
+                                id: format!("{}/{}", device.id, port),
+                            };
+                            self.report(item.clone(), kind);
+                        }
+                    }
+                }
+                if let Some(local) = &rnic.local_addr
+                    && local.parse::<IpAddr>().is_err()
+                    && local.parse::<SocketAddr>().is_err()
+                {
+                    let kind = ProblemKind::BadAddress {
+                        address: local.clone(),
+                        expected: "an IP address (optionally with a port)",
+                    };
+                    self.report(item, kind);
+                }
+            }
+            for (n, allow) in client.allow.iter().enumerate() {
+                let item = format!("client {cid:?} allow #{}", n + 1);
+                let Some(place) = t.regions().find(|p| p.region.id == allow.region) else {
+                    let kind = ProblemKind::UnknownReference {
+                        kind: "region",
+                        id: allow.region.to_string(),
+                    };
+                    self.report(item, kind);
+                    continue;
+                };
+                let region_size = place.region.size.bytes();
+                let offset = allow.offset.bytes();
+                let size = allow
+                    .size
+                    .map_or(region_size.saturating_sub(offset), |s| s.bytes());
+                if offset.checked_add(size).is_none_or(|end| end > region_size) {
+                    let kind = ProblemKind::AllowOutOfRange {
+                        region: allow.region.clone(),
+                        region_size,
+                    };
+                    self.report(item, kind);
+                }
+            }
+        }
+    }
+}
+
+fn region_item(id: &RegionId) -> String {
+    format!("region {:?}", id.as_str())
+}
+
+fn device_item(id: &FabricDeviceId) -> String {
+    format!("fabric device {:?}", id.as_str())
+}
+
+impl Topology {
+    /// Every problem of this topology, or `Ok` when there is none.
+    pub fn validate(&self) -> Result<(), ValidationErrors> {
+        let mut checker = Checker {
+            topology: self,
+            problems: Vec::new(),
+            listeners: HashMap::new(),
+        };
+        checker.pool();
+        checker.servers();
+        checker.regions();
+        checker.fabric_devices();
+        checker.clients();
+        if checker.problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ValidationErrors {
+                problems: checker.problems,
+            })
+        }
+    }
+}

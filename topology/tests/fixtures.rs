@@ -1,0 +1,270 @@
+//! Every shipped config validates; every broken fixture produces its error.
+
+use std::path::PathBuf;
+
+use topology::{EnvOverrides, Layout, LoadError, ProblemKind, Topology};
+
+fn configs() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../configs")
+}
+
+fn load(rel: &str) -> Topology {
+    let path = configs().join(rel);
+    Topology::load_with(&path, &EnvOverrides::None)
+        .unwrap_or_else(|e| panic!("{}: {e:?}", path.display()))
+}
+
+#[test]
+fn shipped_configs_are_valid() {
+    for name in ["default.toml", "single.toml", "fig4a.toml"] {
+        let topology = load(name);
+        if let Err(errors) = topology.validate() {
+            panic!("{name}: {errors}");
+        }
+        Layout::new(&topology).unwrap();
+    }
+}
+
+#[test]
+fn fig4a_has_the_seed_counts() {
+    let t = load("fig4a.toml");
+    assert_eq!(t.clients.len(), 9);
+    assert_eq!(t.fabric_devices.len(), 3);
+    assert_eq!(t.servers.len(), 6);
+    assert_eq!(t.regions().count(), 36);
+    for client in &t.clients {
+        assert_eq!(client.rnics.len(), 3, "client {}", client.id);
+    }
+    for server in &t.servers {
+        assert_eq!(server.sockets.len(), 2);
+        for socket in &server.sockets {
+            assert_eq!(socket.devices.len(), 3);
+        }
+    }
+}
+
+#[test]
+fn fig4a_without_one_link_names_device_and_server() {
+    let mut t = load("fig4a.toml");
+    let device = &mut t.fabric_devices[1];
+    let removed = device.links.remove(2);
+    let errors = t.validate().unwrap_err();
+    assert_eq!(errors.problems.len(), 1, "{errors}");
+    let problem = &errors.problems[0];
+    assert_eq!(
+        problem.kind,
+        ProblemKind::MissingLink {
+            server: removed.server.clone()
+        }
+    );
+    let text = problem.to_string();
+    assert!(text.contains("fabric device \"B\""), "{text}");
+    assert!(text.contains("server \"C\""), "{text}");
+    assert!(text.contains("fig4a.toml"), "{text}");
+}
+
+/// An invalid fixture's name, the item its first problem names, and a check
+/// of that problem's kind.
+type Expectation = (&'static str, &'static str, fn(&ProblemKind) -> bool);
+
+fn expectations() -> Vec<Expectation> {
+    vec![
+        ("duplicate-id", "region \"PA.1\"", |k| {
+            *k == ProblemKind::DuplicateId
+        }),
+        (
+            "unknown-reference",
+            "fabric device \"A\" link #2 (Z/n0)",
+            |k| matches!(k, ProblemKind::UnknownReference { kind: "server", id } if id == "Z"),
+        ),
+        (
+            "bad-extent-size",
+            "pool",
+            |k| matches!(k, ProblemKind::BadExtentSize { size } if *size == 3 << 20),
+        ),
+        ("zero-size", "region \"PA.1\"", |k| {
+            *k == ProblemKind::ZeroSize
+        }),
+        ("size-not-extent-multiple", "region \"PA.1\"", |k| {
+            matches!(k, ProblemKind::SizeNotExtentMultiple { .. })
+        }),
+        ("address-misaligned", "region \"PA.1\"", |k| {
+            matches!(
+                k,
+                ProblemKind::AddressMisaligned {
+                    address: 0x1_0000_1000,
+                    ..
+                }
+            )
+        }),
+        (
+            "address-overlap",
+            "region \"PA.2\"",
+            |k| matches!(k, ProblemKind::AddressOverlap { other } if other.as_str() == "PA.1"),
+        ),
+        ("address-overflow", "region \"PA.1\"", |k| {
+            *k == ProblemKind::AddressOverflow
+        }),
+        (
+            "missing-link",
+            "fabric device \"B\"",
+            |k| matches!(k, ProblemKind::MissingLink { server } if server.as_str() == "A"),
+        ),
+        (
+            "rnic-unreachable",
+            "client \"c1\" RNIC \"r0\"",
+            |k| matches!(k, ProblemKind::RnicUnreachable { device } if device.as_str() == "Q"),
+        ),
+        ("no-ports", "fabric device \"A\"", |k| {
+            *k == ProblemKind::NoPorts
+        }),
+        ("no-rnics", "client \"c1\"", |k| *k == ProblemKind::NoRnics),
+        ("no-nics", "server \"A\"", |k| *k == ProblemKind::NoNics),
+        ("empty", "topology", |k| {
+            matches!(k, ProblemKind::Empty { what: "clients" })
+        }),
+        (
+            "bad-address",
+            "server \"A\" NIC \"n0\"",
+            |k| matches!(k, ProblemKind::BadAddress { address, .. } if address == "server-a:seven-thousand"),
+        ),
+        (
+            "duplicate-listen",
+            "fabric device \"A\" port \"p0\"",
+            |k| matches!(k, ProblemKind::DuplicateListen { other, .. } if other == "server \"A\" NIC \"n0\""),
+        ),
+        ("allow-out-of-range", "client \"c1\" allow #1", |k| {
+            matches!(k, ProblemKind::AllowOutOfRange { .. })
+        }),
+    ]
+}
+
+#[test]
+fn every_invalid_fixture_reports_its_problem() {
+    let dir = configs().join("test-fixtures/invalid");
+    let expected = expectations();
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    assert_eq!(files.len(), expected.len(), "one expectation per fixture");
+    for (name, item, is_kind) in expected {
+        let path = dir.join(format!("{name}.toml"));
+        let t = Topology::load_with(&path, &EnvOverrides::None)
+            .unwrap_or_else(|e| panic!("{name}: {e:?}"));
+        let errors = t.validate().expect_err(name);
+        let first = &errors.problems[0];
+        assert_eq!(first.item, item, "{name}: {errors}");
+        assert!(is_kind(&first.kind), "{name}: {errors}");
+        assert!(
+            first.file.ends_with(&format!("{name}.toml")),
+            "{name}: {first}"
+        );
+        assert!(first.to_string().starts_with(&first.file), "{first}");
+    }
+}
+
+#[test]
+fn every_problem_is_reported_not_just_the_first() {
+    let mut t = load("default.toml");
+    t.clients[0].rnics.clear();
+    t.fabric_devices[0].links.clear();
+    t.servers[1].sockets[0].devices[0].regions[0].size = topology::ByteSize(3 << 20);
+    let errors = t.validate().unwrap_err();
+    let kinds: Vec<_> = errors.problems.iter().map(|p| &p.kind).collect();
+    assert!(kinds.contains(&&ProblemKind::NoRnics), "{errors}");
+    assert!(
+        kinds
+            .iter()
+            .any(|k| matches!(k, ProblemKind::SizeNotExtentMultiple { .. })),
+        "{errors}"
+    );
+    let missing = kinds
+        .iter()
+        .filter(|k| matches!(k, ProblemKind::MissingLink { .. }))
+        .count();
+    assert_eq!(missing, 2, "{errors}");
+}
+
+#[test]
+fn unparsable_fixtures_fail_with_file_and_key() {
+    let dir = configs().join("test-fixtures/unparsable");
+    let cases = [
+        ("not-toml", ""),
+        ("unknown-field", "extent_sise"),
+        ("bad-size", "parsecs"),
+        ("wrong-type", "servers"),
+    ];
+    for (name, needle) in cases {
+        let path = dir.join(format!("{name}.toml"));
+        let err = Topology::load_with(&path, &EnvOverrides::None).expect_err(name);
+        assert!(matches!(err, LoadError::Parse { .. }), "{name}: {err:?}");
+        let chain = format!("{err}: {}", std::error::Error::source(&err).unwrap());
+        assert!(chain.contains(&format!("{name}.toml")), "{chain}");
+        assert!(chain.contains(needle), "{name}: {chain}");
+    }
+}
+
+#[test]
+fn missing_file_names_it() {
+    let err = Topology::load_with("/nonexistent/topology.toml", &EnvOverrides::None).unwrap_err();
+    assert!(matches!(err, LoadError::Read { .. }));
+    assert!(err.to_string().contains("/nonexistent/topology.toml"));
+}
+
+#[test]
+fn environment_overrides_apply() {
+    let path = configs().join("default.toml");
+    let vars = [
+        ("PMEMFABRIC_POOL__EXTENT_SIZE", "4MiB"),
+        ("PMEMFABRIC_POOL__NAME", "overridden"),
+        ("UNRELATED", "x"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    let t = Topology::load_with(&path, &EnvOverrides::Vars(vars)).unwrap();
+    assert_eq!(t.pool.extent_size.bytes(), 4 << 20);
+    assert_eq!(t.pool.name, "overridden");
+    assert_eq!(t.servers.len(), 2, "the file's other values stay");
+}
+
+#[test]
+fn default_routes_prefer_same_socket() {
+    let t = load("default.toml");
+    let paths = t.routes(&"c1".into(), &"PB.2".into());
+    // Two RNICs × two links to server B each.
+    assert_eq!(paths.len(), 4);
+    assert!(paths[0].same_socket && paths[1].same_socket);
+    assert!(!paths[2].same_socket && !paths[3].same_socket);
+    assert_eq!(paths[0].rnic.as_str(), "r0");
+    assert_eq!(paths[0].server_nic.as_str(), "n1");
+    assert_eq!(paths[1].rnic.as_str(), "r1");
+    assert!(paths.iter().all(|p| p.server.as_str() == "B"));
+}
+
+#[test]
+fn fig4a_routes_fall_back_across_sockets() {
+    let t = load("fig4a.toml");
+    // PC.5 sits on server C's socket 1 (seed FIG. 4C). Device A reaches only
+    // C's socket-0 NIC, device B only socket 1, device C (odd-indexed server)
+    // socket 0.
+    let paths = t.routes(&"A".into(), &"PC.5".into());
+    let summary: Vec<_> = paths
+        .iter()
+        .map(|p| {
+            (
+                p.fabric_device.as_str(),
+                p.server_nic.as_str(),
+                p.same_socket,
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        vec![("B", "n1", true), ("A", "n0", false), ("C", "n0", false)]
+    );
+    assert!(t.routes(&"nobody".into(), &"PC.5".into()).is_empty());
+    assert!(t.routes(&"A".into(), &"PZ.9".into()).is_empty());
+}

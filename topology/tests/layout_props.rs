@@ -1,0 +1,194 @@
+//! Property tests of the PMEM address layout.
+
+use proptest::prelude::*;
+use topology::{
+    ByteSize, Client, FabricDevice, FabricLink, FabricPort, Layout, PmemAddr, PmemDevice, Pool,
+    Region, Rnic, Server, ServerNic, Socket, Topology,
+};
+
+const EXTENT: u64 = 2 << 20;
+const EXPLICIT_SLOT: u64 = 1 << 40;
+
+/// A region: its size in extents, and whether it gets an explicit address.
+type RegionSpec = (u64, bool);
+
+/// Builds a valid topology from nested region specs:
+/// servers → sockets → devices → regions.
+fn build(spec: &[Vec<Vec<Vec<RegionSpec>>>]) -> Topology {
+    let mut region_no = 0u64;
+    let servers: Vec<Server> = spec
+        .iter()
+        .enumerate()
+        .map(|(si, sockets)| Server {
+            id: format!("S{si}").as_str().into(),
+            admin: None,
+            data_dir: None,
+            persistence: Default::default(),
+            sockets: sockets
+                .iter()
+                .enumerate()
+                .map(|(ki, devices)| Socket {
+                    id: format!("{ki}").as_str().into(),
+                    devices: devices
+                        .iter()
+                        .enumerate()
+                        .map(|(di, regions)| PmemDevice {
+                            id: format!("d{di}").as_str().into(),
+                            regions: regions
+                                .iter()
+                                .map(|&(extents, explicit)| {
+                                    region_no += 1;
+                                    Region {
+                                        id: format!("R{region_no}").as_str().into(),
+                                        size: ByteSize(extents * EXTENT),
+                                        address: explicit.then_some(region_no * EXPLICIT_SLOT),
+                                        key: None,
+                                        cache: Default::default(),
+                                    }
+                                })
+                                .collect(),
+                        })
+                        .collect(),
+                })
+                .collect(),
+            nics: vec![ServerNic {
+                id: "n0".into(),
+                socket: "0".into(),
+                listen: format!("127.0.1.{}:7000", si + 1),
+            }],
+        })
+        .collect();
+    let links = servers
+        .iter()
+        .map(|s| FabricLink {
+            server: s.id.clone(),
+            nic: "n0".into(),
+        })
+        .collect();
+    Topology {
+        pool: Pool::default(),
+        servers,
+        fabric_devices: vec![FabricDevice {
+            id: "F".into(),
+            admin: None,
+            ports: vec![FabricPort {
+                id: "p0".into(),
+                listen: "127.0.2.1:7100".into(),
+            }],
+            links,
+        }],
+        clients: vec![Client {
+            id: "c".into(),
+            rnics: vec![Rnic {
+                id: "r0".into(),
+                fabric_device: "F".into(),
+                port: None,
+                local_addr: None,
+            }],
+            allow: vec![],
+        }],
+        source: "generated".into(),
+    }
+}
+
+fn spec_strategy() -> impl Strategy<Value = Vec<Vec<Vec<Vec<RegionSpec>>>>> {
+    let region = (1u64..8, prop::bool::weighted(0.2));
+    let device = prop::collection::vec(region, 0..4);
+    let socket = prop::collection::vec(device, 1..3);
+    let server = prop::collection::vec(socket, 1..3);
+    prop::collection::vec(server, 1..5)
+}
+
+/// The region holding `addr`, found by looking at every entry.
+fn linear_lookup(layout: &Layout, addr: u64) -> Option<(u32, u64)> {
+    layout
+        .entries()
+        .iter()
+        .find(|e| addr >= e.start.get() && addr < e.start.get() + e.len)
+        .map(|e| (e.region.0, addr - e.start.get()))
+}
+
+proptest! {
+    #[test]
+    fn layout_is_valid_deterministic_and_disjoint(spec in spec_strategy()) {
+        let topology = build(&spec);
+        prop_assert!(topology.validate().is_ok(), "{:?}", topology.validate());
+        let a = Layout::new(&topology).unwrap();
+        let b = Layout::new(&topology.clone()).unwrap();
+        prop_assert_eq!(&a, &b);
+        prop_assert_eq!(a.digest(), b.digest());
+        prop_assert_eq!(a.entries().len(), topology.regions().count());
+
+        let mut previous_end = 0;
+        for entry in a.entries_by_address() {
+            prop_assert!(entry.start.get() >= previous_end, "overlap at {}", entry.start);
+            prop_assert_eq!(entry.start.get() % EXTENT, 0);
+            previous_end = entry.end();
+        }
+        // Config order is kept: region indices follow the walk of the file.
+        for (entry, place) in a.entries().iter().zip(topology.regions()) {
+            prop_assert_eq!(&entry.region_id, &place.region.id);
+            prop_assert_eq!(&entry.server, &place.server.id);
+            prop_assert_eq!(&entry.socket, &place.socket.id);
+        }
+    }
+
+    #[test]
+    fn lookup_agrees_with_linear_scan(spec in spec_strategy(), probes in prop::collection::vec(any::<u64>(), 32)) {
+        let topology = build(&spec);
+        let layout = Layout::new(&topology).unwrap();
+        let mut addrs: Vec<u64> = probes;
+        for e in layout.entries() {
+            let s = e.start.get();
+            addrs.extend([s.wrapping_sub(1), s, s + 1, s + e.len / 2, e.end() - 1, e.end()]);
+        }
+        for addr in addrs {
+            let fast = layout.lookup(PmemAddr(addr)).map(|l| (l.offset.region.0, l.offset.offset));
+            prop_assert_eq!(fast, linear_lookup(&layout, addr), "addr {:#x}", addr);
+            if let Some(location) = layout.lookup(PmemAddr(addr)) {
+                prop_assert_eq!(layout.pmem_addr(location.offset), Some(PmemAddr(addr)));
+                prop_assert_eq!(location.remaining(), location.entry.len - location.offset.offset);
+            }
+        }
+    }
+}
+
+#[test]
+fn digest_changes_with_the_layout() {
+    let spec = vec![vec![vec![vec![(2, false), (3, false)]]]];
+    let base = Layout::new(&build(&spec)).unwrap();
+    let bigger = vec![vec![vec![vec![(2, false), (4, false)]]]];
+    assert_ne!(
+        base.digest(),
+        Layout::new(&build(&bigger)).unwrap().digest()
+    );
+    let mut renamed = build(&spec);
+    renamed.servers[0].id = "other".into();
+    assert_ne!(base.digest(), Layout::new(&renamed).unwrap().digest());
+    let mut rekeyed = build(&spec);
+    rekeyed.servers[0].sockets[0].devices[0].regions[0].key = Some(7);
+    assert_eq!(
+        base.digest(),
+        Layout::new(&rekeyed).unwrap().digest(),
+        "keys are not part of the public layout"
+    );
+}
+
+#[test]
+fn auto_placement_skips_explicit_regions() {
+    let mut t = build(&[vec![vec![vec![(1, false), (1, false), (1, false)]]]]);
+    // Pin the third region right where the second would go.
+    let second_start = Pool::DEFAULT_BASE_ADDRESS + EXTENT;
+    t.servers[0].sockets[0].devices[0].regions[2].address = Some(second_start);
+    assert!(t.validate().is_ok(), "{:?}", t.validate());
+    let layout = Layout::new(&t).unwrap();
+    let starts: Vec<u64> = layout.entries().iter().map(|e| e.start.get()).collect();
+    assert_eq!(
+        starts,
+        vec![
+            Pool::DEFAULT_BASE_ADDRESS,
+            second_start + EXTENT,
+            second_start
+        ]
+    );
+}
