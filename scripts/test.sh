@@ -4,11 +4,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# System packages the tests use, as PROBE:PACKAGE (see ensure-packages.sh).
-packages=()
-if ((${#packages[@]})); then
-  scripts/ensure-packages.sh "${packages[@]}"
-fi
+# System packages the tests use, as PROBE:PACKAGE (see ensure-packages.sh):
+# promtool checks every daemon's /metrics; libpmem backs pmem-server's
+# `libpmem` feature.
+scripts/ensure-packages.sh \
+  promtool:prometheus \
+  /usr/include/libpmem.h:libpmem-dev
 
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
 export PROPTEST_CASES=${PROPTEST_CASES:-256}
@@ -17,6 +18,10 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --locked --workspace --all-targets -- -D warnings
+cargo clippy --locked -p pmem-server --features libpmem --all-targets -- -D warnings
 echo "== cargo test"
 cargo test --locked --workspace
+echo "== cargo test -p pmem-server --features libpmem, daemons on libpmem"
+PMEM_IS_PMEM_FORCE=1 PMEM_SERVER_TEST_PERSISTENCE=libpmem \
+  cargo test --locked -p pmem-server --features libpmem
 echo "== all tests passed"

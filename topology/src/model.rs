@@ -174,6 +174,43 @@ pub enum Persistence {
     Libpmem,
 }
 
+impl Persistence {
+    /// Every mechanism, in documentation order.
+    pub const ALL: [Persistence; 4] = [Self::Auto, Self::Dax, Self::Msync, Self::Libpmem];
+
+    /// The configuration spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Dax => "dax",
+            Self::Msync => "msync",
+            Self::Libpmem => "libpmem",
+        }
+    }
+}
+
+impl std::fmt::Display for Persistence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A persistence name that is none of `auto`, `dax`, `msync`, `libpmem`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown persistence mechanism {0:?} (expected auto, dax, msync or libpmem)")]
+pub struct ParsePersistenceError(pub String);
+
+impl std::str::FromStr for Persistence {
+    type Err = ParsePersistenceError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|p| p.as_str() == text)
+            .ok_or_else(|| ParsePersistenceError(text.to_owned()))
+    }
+}
+
 /// The seed's "use the server's cache or not".
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]

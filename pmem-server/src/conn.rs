@@ -1,0 +1,123 @@
+//! One data connection: read frames, execute them, write the replies.
+//!
+//! Requests are pipelined: everything a read brings in is executed and the
+//! replies go back in one write. Memory per connection stays bounded: the
+//! decoder never holds more than one maximal frame, and replies are written
+//! out whenever they pass [`OUT_FLUSH_BYTES`].
+
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use proto::FrameDecoder;
+
+use crate::exec::Executor;
+
+/// Bytes read from the socket at a time.
+const READ_CHUNK: usize = 256 * 1024;
+/// Replies are written out once this many bytes are pending.
+pub const OUT_FLUSH_BYTES: usize = 1 << 20;
+/// How often a blocked read wakes up to check for shutdown.
+pub const SHUTDOWN_POLL: Duration = Duration::from_millis(100);
+
+/// Why a connection ended.
+#[derive(Debug)]
+pub enum ConnectionEnd {
+    /// The peer closed it.
+    PeerClosed,
+    /// The server is shutting down.
+    Shutdown,
+    /// The peer sent bytes that cannot be framed.
+    Malformed(proto::Error),
+    /// The socket failed.
+    Io(io::Error),
+}
+
+/// Serves one connection until the peer leaves, the stream breaks or
+/// `shutdown` is set. Frames already received when shutdown starts are still
+/// executed and answered.
+pub fn serve(mut stream: TcpStream, exec: &Executor, shutdown: &Arc<AtomicBool>) -> ConnectionEnd {
+    if let Err(e) = stream
+        .set_nodelay(true)
+        .and_then(|()| stream.set_read_timeout(Some(SHUTDOWN_POLL)))
+    {
+        return ConnectionEnd::Io(e);
+    }
+    let mut decoder = FrameDecoder::new();
+    let mut chunk = vec![0u8; READ_CHUNK];
+    let mut out = Vec::with_capacity(64 * 1024);
+    loop {
+        if shutdown.load(Ordering::Relaxed) {
+            return ConnectionEnd::Shutdown;
+        }
+        let n = match stream.read(&mut chunk) {
+            Ok(0) => return ConnectionEnd::PeerClosed,
+            Ok(n) => n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                continue;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return ConnectionEnd::Io(e),
+        };
+        let mut data = &chunk[..n];
+        let mut broken = None;
+        while !data.is_empty() {
+            let taken = match decoder.feed(data) {
+                Ok(taken) => taken,
+                Err(e) => {
+                    broken = Some(e);
+                    0
+                }
+            };
+            data = &data[taken..];
+            let drained = drain(&mut decoder, exec, &mut stream, &mut out);
+            match drained {
+                Ok(None) => {}
+                Ok(Some(e)) => broken = Some(e),
+                Err(e) => return ConnectionEnd::Io(e),
+            }
+            if broken.is_some() {
+                break;
+            }
+        }
+        if let Err(e) = stream.write_all(&out) {
+            return ConnectionEnd::Io(e);
+        }
+        out.clear();
+        if let Some(e) = broken {
+            return ConnectionEnd::Malformed(e);
+        }
+    }
+}
+
+/// Executes every complete frame the decoder holds. Returns the error that
+/// ended framing, if any.
+fn drain(
+    decoder: &mut FrameDecoder,
+    exec: &Executor,
+    stream: &mut TcpStream,
+    out: &mut Vec<u8>,
+) -> io::Result<Option<proto::Error>> {
+    loop {
+        match decoder.next_frame() {
+            Ok(Some(frame)) => {
+                if let Err(e) = exec.handle_frame(frame, out) {
+                    return Ok(Some(e));
+                }
+                if out.len() >= OUT_FLUSH_BYTES {
+                    stream.write_all(out)?;
+                    out.clear();
+                }
+            }
+            Ok(None) => return Ok(None),
+            Err(e) => return Ok(Some(e)),
+        }
+    }
+}

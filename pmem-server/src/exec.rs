@@ -1,0 +1,368 @@
+//! Executes one-sided operations on the server's regions.
+//!
+//! The executor is shared by every connection thread: regions are mapped once,
+//! atomics are atomic instructions on the mapping, and the only lock on the
+//! data path is the exactly-once table's per-shard lock, taken for
+//! COMPARE_SWAP / FETCH_ADD that ask for exactly-once execution.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use proto::frame::{self, Header};
+use proto::hello::{self, Capabilities, Role};
+use proto::request::{self, Operation, Target};
+use proto::response::{self, ResponseKind};
+use proto::{Message, Opcode, Status, map};
+use topology::{CachePolicy, Layout, LayoutEntry, RegionIndex, ServerId};
+
+use crate::dedup::{Dedup, DedupTable};
+use crate::metrics::ServerMetrics;
+use crate::region_file::{HEADER_LEN, RegionFile};
+
+/// The protocol version this server speaks.
+pub const PROTOCOL_VERSION: u16 = 1;
+
+/// What this server offers peers in HELLO.
+pub const CAPABILITIES: Capabilities = Capabilities(
+    Capabilities::PIPELINING.0
+        | Capabilities::EXACTLY_ONCE.0
+        | Capabilities::REGION_ADDRESSING.0
+        | Capabilities::PERSISTENT_ATOMICS.0,
+);
+
+/// A region this server exports: its place in the layout and its mapped file.
+#[derive(Debug)]
+pub struct ServedRegion {
+    /// The region's layout entry (index, key, size, cache policy).
+    pub entry: LayoutEntry,
+    /// The mapped file holding it.
+    pub file: RegionFile,
+}
+
+impl ServedRegion {
+    /// The mapping offset of `len` bytes at region offset `offset`, or
+    /// OUT_OF_BOUNDS when the range leaves the region.
+    fn span(&self, offset: u64, len: u64) -> Result<usize, Status> {
+        let end = offset.checked_add(len).ok_or(Status::OutOfBounds)?;
+        if end > self.file.data_len() {
+            return Err(Status::OutOfBounds);
+        }
+        usize::try_from(HEADER_LEN + offset).map_err(|_| Status::OutOfBounds)
+    }
+}
+
+/// The regions of one server and everything needed to execute on them.
+#[derive(Debug)]
+pub struct Executor {
+    server: ServerId,
+    layout: Layout,
+    /// Served regions by region index; `None` for other servers' regions.
+    regions: Vec<Option<ServedRegion>>,
+    dedup: DedupTable,
+    metrics: Arc<ServerMetrics>,
+}
+
+/// The result of one operation before it is encoded.
+struct Done {
+    status: Status,
+    value: u64,
+}
+
+impl Done {
+    fn ok(value: u64) -> Self {
+        Self {
+            status: Status::Ok,
+            value,
+        }
+    }
+}
+
+impl From<Status> for Done {
+    fn from(status: Status) -> Self {
+        Self { status, value: 0 }
+    }
+}
+
+/// Appends a frame header and response body for `kind` to `out`, with room
+/// for `payload_len` bytes of data that the caller appends next.
+fn push_response(
+    out: &mut Vec<u8>,
+    tag: u64,
+    kind: ResponseKind,
+    status: Status,
+    value: u64,
+    payload_len: usize,
+) {
+    let start = out.len();
+    let fixed = frame::HEADER_LEN + response::HEADER_LEN;
+    out.resize(start + fixed, 0);
+    let (head, body) = out[start..].split_at_mut(frame::HEADER_LEN);
+    Header {
+        opcode: kind.opcode(),
+        body_len: (response::HEADER_LEN + payload_len) as u32,
+        tag,
+    }
+    .emit(&mut frame::Packet::new_unchecked(head));
+    response::Repr {
+        kind,
+        status,
+        value,
+        payload: &[],
+    }
+    .emit(&mut response::Packet::new_unchecked(body));
+}
+
+impl Executor {
+    /// An executor over `regions` (this server's regions) of `layout`.
+    pub fn new(
+        server: ServerId,
+        layout: Layout,
+        regions: Vec<ServedRegion>,
+        metrics: Arc<ServerMetrics>,
+    ) -> Self {
+        let mut by_index: Vec<Option<ServedRegion>> =
+            (0..layout.entries().len()).map(|_| None).collect();
+        for region in regions {
+            let slot = region.entry.region.0 as usize;
+            if let Some(place) = by_index.get_mut(slot) {
+                *place = Some(region);
+            }
+        }
+        Self {
+            server,
+            layout,
+            regions: by_index,
+            dedup: DedupTable::default(),
+            metrics,
+        }
+    }
+
+    /// The regions this server serves.
+    pub fn regions(&self) -> impl Iterator<Item = &ServedRegion> {
+        self.regions.iter().flatten()
+    }
+
+    /// The metrics this executor records into.
+    pub fn metrics(&self) -> &Arc<ServerMetrics> {
+        &self.metrics
+    }
+
+    /// Handles one complete frame from a peer and appends the reply to `out`.
+    /// An error means the stream cannot be framed any more: close it.
+    pub fn handle_frame(&self, frame: &[u8], out: &mut Vec<u8>) -> Result<(), proto::Error> {
+        match proto::parse_frame(frame) {
+            Ok((message, tag)) => {
+                self.handle_message(message, tag, out);
+                Ok(())
+            }
+            Err(error) => {
+                self.metrics.malformed_frames.inc();
+                if let Some(reply) = proto::reply_to_malformed(frame, &error) {
+                    out.extend_from_slice(&reply);
+                }
+                if error.breaks_framing() {
+                    Err(error)
+                } else {
+                    Ok(())
+                }
+            }
+        }
+    }
+
+    fn handle_message(&self, message: Message<'_>, tag: u64, out: &mut Vec<u8>) {
+        match message {
+            Message::Request(req) => self.execute(&req, tag, out),
+            Message::Hello(peer) => {
+                let reply = if peer.version < PROTOCOL_VERSION {
+                    proto::error_response(Opcode::Hello, Status::VersionMismatch)
+                } else {
+                    Message::Hello(hello::Repr {
+                        version: PROTOCOL_VERSION,
+                        role: Role::Server,
+                        capabilities: CAPABILITIES,
+                        name: self.server.as_str(),
+                    })
+                };
+                encode(&reply, tag, out);
+            }
+            Message::MapRequest => {
+                encode(
+                    &Message::Map(map::Repr::from_layout(&self.layout)),
+                    tag,
+                    out,
+                );
+            }
+            Message::Ping(token) => encode(&Message::Pong(token), tag, out),
+            // Responses, MAPs and PONGs are never sent to a server; there is
+            // nobody to answer them for.
+            Message::Response(_) | Message::Map(_) | Message::Pong(_) => {
+                self.metrics.malformed_frames.inc();
+            }
+        }
+    }
+
+    /// The served region and offset a request addresses, or UNMAPPED.
+    fn resolve(&self, target: Target) -> Result<(&ServedRegion, u64), Status> {
+        let (index, offset) = match target {
+            Target::Region(at) => (at.region, at.offset),
+            Target::Pmem(addr) => {
+                let at = self.layout.lookup(addr).ok_or(Status::Unmapped)?;
+                (at.offset.region, at.offset.offset)
+            }
+        };
+        let region = self
+            .regions
+            .get(index.0 as usize)
+            .and_then(Option::as_ref)
+            .ok_or(Status::Unmapped)?;
+        Ok((region, offset))
+    }
+
+    /// Executes a one-sided request and appends its response to `out`.
+    fn execute(&self, req: &request::Repr<'_>, tag: u64, out: &mut Vec<u8>) {
+        let started = Instant::now();
+        self.metrics.in_flight.inc();
+        let op = req.operation;
+        let kind = ResponseKind::answering(op.opcode());
+        let status = if op == Operation::Read {
+            self.read(req, tag, out)
+        } else {
+            let done = self.execute_in_place(req).unwrap_or_else(Done::from);
+            push_response(out, tag, kind, done.status, done.value, 0);
+            done.status
+        };
+        self.metrics.in_flight.dec();
+        self.metrics.record(op, status, started.elapsed());
+    }
+
+    /// READ: the data goes straight from the mapping into the output buffer.
+    fn read(&self, req: &request::Repr<'_>, tag: u64, out: &mut Vec<u8>) -> Status {
+        let located = self
+            .resolve(req.target)
+            .and_then(|(region, offset)| check_key(region, req.key).map(|()| (region, offset)))
+            .and_then(|(region, offset)| {
+                let at = region.span(offset, u64::from(req.length))?;
+                Ok((region, at))
+            });
+        let (region, at) = match located {
+            Ok(found) => found,
+            Err(status) => {
+                push_response(out, tag, ResponseKind::ReadResponse, status, 0, 0);
+                return status;
+            }
+        };
+        let len = req.length as usize;
+        let start = out.len();
+        push_response(out, tag, ResponseKind::ReadResponse, Status::Ok, 0, len);
+        let data_at = out.len();
+        out.resize(data_at + len, 0);
+        if region.file.map.read(at, &mut out[data_at..]).is_err() {
+            out.truncate(start);
+            push_response(out, tag, ResponseKind::ReadResponse, Status::IoError, 0, 0);
+            return Status::IoError;
+        }
+        self.metrics.bytes_out.add(len as u64);
+        Status::Ok
+    }
+
+    /// Every operation but READ: no data comes back, only a status and value.
+    fn execute_in_place(&self, req: &request::Repr<'_>) -> Result<Done, Status> {
+        let (region, offset) = self.resolve(req.target)?;
+        check_key(region, req.key)?;
+        let map = &region.file.map;
+        let cache = if req.non_temporal {
+            CachePolicy::NonTemporal
+        } else {
+            region.entry.cache
+        };
+        let io = |_| Status::IoError;
+        match req.operation {
+            Operation::Read => Err(Status::BadRequest),
+            Operation::Write | Operation::WritePersist => {
+                let at = region.span(offset, req.payload.len() as u64)?;
+                if req.must_persist() {
+                    map.write_persist(at, req.payload, cache).map_err(io)?;
+                } else {
+                    map.write(at, req.payload, cache).map_err(io)?;
+                }
+                self.metrics.bytes_in.add(req.payload.len() as u64);
+                Ok(Done::ok(0))
+            }
+            Operation::Flush => {
+                let at = region.span(offset, u64::from(req.length))?;
+                map.persist(at, req.length as usize).map_err(io)?;
+                Ok(Done::ok(0))
+            }
+            Operation::CompareSwap | Operation::FetchAdd | Operation::AtomicWrite => {
+                if offset % 8 != 0 {
+                    return Err(Status::BadRequest);
+                }
+                let at = region.span(offset, 8)?;
+                let word = map.atomic_u64(at).map_err(|_| Status::BadRequest)?;
+                let apply = || -> Result<u64, Status> {
+                    let old = match req.operation {
+                        Operation::CompareSwap => {
+                            match word.compare_exchange(
+                                req.compare,
+                                req.operand,
+                                Ordering::SeqCst,
+                                Ordering::SeqCst,
+                            ) {
+                                Ok(old) | Err(old) => old,
+                            }
+                        }
+                        Operation::FetchAdd => word.fetch_add(req.operand, Ordering::SeqCst),
+                        _ => {
+                            word.store(req.operand, Ordering::SeqCst);
+                            0
+                        }
+                    };
+                    if req.persist {
+                        map.persist(at, 8).map_err(io)?;
+                    }
+                    Ok(old)
+                };
+                let once = req.exactly_once.filter(|_| {
+                    matches!(req.operation, Operation::CompareSwap | Operation::FetchAdd)
+                });
+                match once {
+                    None => apply().map(Done::ok),
+                    Some(id) => match self.dedup.run(id.client, id.seq, apply)? {
+                        Dedup::Applied(old) => Ok(Done::ok(old)),
+                        Dedup::Replayed(old) => {
+                            self.metrics.replays.inc();
+                            Ok(Done::ok(old))
+                        }
+                        Dedup::Stale => Err(Status::BadRequest),
+                    },
+                }
+            }
+        }
+    }
+
+    /// Makes every region durable (used at shutdown).
+    pub fn persist_all(&self) -> Result<(), crate::persist::PersistError> {
+        self.regions().try_for_each(|r| r.file.map.persist_all())
+    }
+
+    /// The region with this index, if this server serves it.
+    pub fn region(&self, index: RegionIndex) -> Option<&ServedRegion> {
+        self.regions.get(index.0 as usize).and_then(Option::as_ref)
+    }
+}
+
+fn check_key(region: &ServedRegion, key: u64) -> Result<(), Status> {
+    if key == region.entry.key {
+        Ok(())
+    } else {
+        Err(Status::AccessDenied)
+    }
+}
+
+/// Appends `message` as a frame; messages built here always fit a frame.
+fn encode(message: &Message<'_>, tag: u64, out: &mut Vec<u8>) {
+    if message.encode_into(tag, out).is_err() {
+        out.extend_from_slice(&proto::error_reply(message.opcode(), tag, Status::IoError));
+    }
+}

@@ -1,0 +1,21 @@
+//! pmem-server: exports the PMEM regions of one server and executes one-sided
+//! operations on them durably (seed 001, FIG. 1C / 4C).
+//!
+//! - [`persist`]: mapping region files (DAX with `MAP_SYNC` and cache-line
+//!   write-back, `msync`, or libpmem) and making ranges durable.
+//! - [`region_file`]: the on-disk region files and their headers.
+//! - [`exec`]: executing READ, WRITE, WRITE_PERSIST, FLUSH and the atomics,
+//!   with key and bounds checks.
+//! - [`dedup`]: the exactly-once window for retried atomics.
+//! - [`conn`] and [`server`]: connections, listeners and the daemon's life.
+//! - [`metrics`]: what `/metrics` exports.
+
+pub mod conn;
+pub mod dedup;
+pub mod exec;
+pub mod metrics;
+pub mod persist;
+pub mod region_file;
+pub mod server;
+
+pub use server::{RunningServer, ServerConfig, ServerError};

@@ -1,0 +1,126 @@
+//! The server's metrics, resolved once so the data path only touches atomics.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use proto::Status;
+use proto::request::Operation;
+use telemetry::{Counter, Family, Gauge, Histogram, Registry, RegistryError};
+
+/// Every one-sided operation, in metric order.
+pub const OPERATIONS: [Operation; 7] = [
+    Operation::Read,
+    Operation::Write,
+    Operation::WritePersist,
+    Operation::Flush,
+    Operation::CompareSwap,
+    Operation::FetchAdd,
+    Operation::AtomicWrite,
+];
+
+/// Status codes whose counters are cached; rarer ones are looked up each time.
+const STATUS_SLOTS: usize = 16;
+
+fn op_slot(op: Operation) -> usize {
+    OPERATIONS.iter().position(|o| *o == op).unwrap_or(0)
+}
+
+/// Counters and histograms of one pmem-server.
+#[derive(Debug)]
+pub struct ServerMetrics {
+    registry: Arc<Registry>,
+    ops: Arc<Family<Counter>>,
+    op_counters: [[OnceLock<Arc<Counter>>; STATUS_SLOTS]; OPERATIONS.len()],
+    latency: [Arc<Histogram>; OPERATIONS.len()],
+    /// Payload bytes received in WRITE / WRITE_PERSIST requests.
+    pub bytes_in: Arc<Counter>,
+    /// Payload bytes sent in READ responses.
+    pub bytes_out: Arc<Counter>,
+    /// Requests being executed right now.
+    pub in_flight: Arc<Gauge>,
+    /// Open data connections.
+    pub connections: Arc<Gauge>,
+    /// Data connections accepted since start.
+    pub connections_total: Arc<Counter>,
+    /// Connections refused because the limit was reached.
+    pub connections_refused: Arc<Counter>,
+    /// Frames that could not be parsed.
+    pub malformed_frames: Arc<Counter>,
+    /// Exactly-once atomics answered from the window instead of applied.
+    pub replays: Arc<Counter>,
+}
+
+impl ServerMetrics {
+    /// Registers the server's metrics in `registry`.
+    pub fn new(registry: Arc<Registry>) -> Result<Self, RegistryError> {
+        let r = &registry;
+        let ops = r.counter_family(
+            "pmem_server_operations_total",
+            "One-sided operations executed, by operation and status.",
+            &["op", "status"],
+        )?;
+        let latency_family = r.histogram_family(
+            "pmem_server_operation_duration_seconds",
+            "Time to execute one operation, persistence included.",
+            &["op"],
+            Histogram::latency_buckets(),
+        )?;
+        let latency = OPERATIONS.map(|op| latency_family.with(&[&op.opcode().to_string()]));
+        Ok(Self {
+            bytes_in: r.counter(
+                "pmem_server_received_bytes_total",
+                "Payload bytes received in WRITE and WRITE_PERSIST requests.",
+            )?,
+            bytes_out: r.counter(
+                "pmem_server_sent_bytes_total",
+                "Payload bytes sent in READ responses.",
+            )?,
+            in_flight: r.gauge("pmem_server_in_flight_requests", "Requests being executed.")?,
+            connections: r.gauge("pmem_server_connections", "Open data connections.")?,
+            connections_total: r.counter(
+                "pmem_server_accepted_connections_total",
+                "Data connections accepted.",
+            )?,
+            connections_refused: r.counter(
+                "pmem_server_refused_connections_total",
+                "Data connections refused because the connection limit was reached.",
+            )?,
+            malformed_frames: r.counter(
+                "pmem_server_malformed_frames_total",
+                "Frames that could not be parsed.",
+            )?,
+            replays: r.counter(
+                "pmem_server_exactly_once_replays_total",
+                "Exactly-once atomics answered from the result window instead of applied again.",
+            )?,
+            op_counters: Default::default(),
+            latency,
+            ops,
+            registry,
+        })
+    }
+
+    /// The registry the metrics live in.
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+
+    /// Records one executed operation.
+    pub fn record(&self, op: Operation, status: Status, elapsed: Duration) {
+        let slot = op_slot(op);
+        let labels = || [op.opcode().to_string(), status.to_string()];
+        match self.op_counters[slot].get(usize::from(u16::from(status))) {
+            Some(cell) => cell
+                .get_or_init(|| {
+                    let [op, status] = labels();
+                    self.ops.with(&[&op, &status])
+                })
+                .inc(),
+            None => {
+                let [op, status] = labels();
+                self.ops.with(&[&op, &status]).inc();
+            }
+        }
+        self.latency[slot].observe_duration(elapsed);
+    }
+}

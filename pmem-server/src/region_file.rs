@@ -1,0 +1,367 @@
+//! Region files: one file per PMEM region, a header followed by the data.
+//!
+//! ```text
+//! 0..8     magic       b"PMFABRGN"
+//! 8..12    version     u32 (1)
+//! 12..16   header_len  u32 (4096: data starts on its own page)
+//! 16..24   size        u64 bytes of region data
+//! 24..32   generation  u64, bumped every time a server opens the file
+//! 32..40   key         u64 protection key
+//! 40..44   index       u32 region index in the layout when last opened
+//! 44..46   id_len      u16
+//! 46..302  id          region id, UTF-8, at most 256 bytes
+//! 504..512 checksum    first 8 bytes of SHA-256 over 0..504
+//! ```
+//!
+//! On restart the server recognises its files and keeps their data. A file
+//! whose header names another region or another size is refused; nothing is
+//! ever reformatted unless the operator asks for it.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+use topology::LayoutEntry;
+
+use crate::persist::{PersistError, PersistPolicy, PmemMap};
+
+/// The first bytes of every region file.
+pub const MAGIC: [u8; 8] = *b"PMFABRGN";
+/// The header format version this server writes and reads.
+pub const VERSION: u32 = 1;
+/// Bytes before the region data: one page, so the data is page-aligned.
+pub const HEADER_LEN: u64 = 4096;
+/// The longest region id a header holds.
+pub const MAX_ID_LEN: usize = 256;
+
+const ENCODED_LEN: usize = 512;
+const CHECKSUM_AT: usize = 504;
+
+/// The identity and state recorded at the start of a region file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegionHeader {
+    /// The region's id.
+    pub region_id: String,
+    /// The region's index in the layout when the file was last opened.
+    pub region_index: u32,
+    /// Bytes of region data after the header.
+    pub size: u64,
+    /// How many times a server has opened (or formatted) the file.
+    pub generation: u64,
+    /// The protection key requests must carry.
+    pub key: u64,
+}
+
+/// A region file that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum RegionFileError {
+    /// An I/O call on the file failed.
+    #[error("{path}: cannot {op}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What was being done.
+        op: &'static str,
+        /// The failure.
+        #[source]
+        source: io::Error,
+    },
+    /// The file does not start with the region magic.
+    #[error("{path}: not a pmem-fabric region file (bad magic); use --format to recreate it")]
+    NotARegionFile {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The header was written by an unknown format version.
+    #[error("{path}: unsupported region file version {version} (this server reads {VERSION})")]
+    UnsupportedVersion {
+        /// The file.
+        path: PathBuf,
+        /// The version found.
+        version: u32,
+    },
+    /// The header checksum does not match its contents.
+    #[error("{path}: region header is corrupt (checksum mismatch)")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The header disagrees with the topology.
+    #[error(
+        "{path}: header {field} is {in_file} but the topology says {in_topology}; \
+         refusing to start (use --format to recreate the region, losing its data)"
+    )]
+    Mismatch {
+        /// The file.
+        path: PathBuf,
+        /// Which header field disagrees.
+        field: &'static str,
+        /// The value in the file.
+        in_file: String,
+        /// The value the topology gives.
+        in_topology: String,
+    },
+    /// The file is shorter than its header says.
+    #[error("{path}: file is {len} bytes, shorter than the {expected} bytes its header needs")]
+    Truncated {
+        /// The file.
+        path: PathBuf,
+        /// Its length.
+        len: u64,
+        /// The length header + data need.
+        expected: u64,
+    },
+    /// The region id cannot be a file name or does not fit the header.
+    #[error(
+        "region id {id:?} cannot name a region file (at most {MAX_ID_LEN} bytes, no '/' or NUL)"
+    )]
+    BadId {
+        /// The id.
+        id: String,
+    },
+    /// Mapping the file failed (the cause names the file).
+    #[error("cannot map region file")]
+    Map {
+        /// The file.
+        path: PathBuf,
+        /// The failure.
+        #[source]
+        source: PersistError,
+    },
+}
+
+fn checksum(bytes: &[u8]) -> [u8; 8] {
+    let digest = Sha256::digest(bytes);
+    let mut out = [0u8; 8];
+    out.copy_from_slice(&digest[..8]);
+    out
+}
+
+impl RegionHeader {
+    /// The header's on-disk bytes.
+    pub fn encode(&self) -> [u8; ENCODED_LEN] {
+        let mut b = [0u8; ENCODED_LEN];
+        b[0..8].copy_from_slice(&MAGIC);
+        b[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        b[12..16].copy_from_slice(&(HEADER_LEN as u32).to_le_bytes());
+        b[16..24].copy_from_slice(&self.size.to_le_bytes());
+        b[24..32].copy_from_slice(&self.generation.to_le_bytes());
+        b[32..40].copy_from_slice(&self.key.to_le_bytes());
+        b[40..44].copy_from_slice(&self.region_index.to_le_bytes());
+        let id = &self.region_id.as_bytes()[..self.region_id.len().min(MAX_ID_LEN)];
+        b[44..46].copy_from_slice(&(id.len() as u16).to_le_bytes());
+        b[46..46 + id.len()].copy_from_slice(id);
+        let sum = checksum(&b[..CHECKSUM_AT]);
+        b[CHECKSUM_AT..].copy_from_slice(&sum);
+        b
+    }
+
+    /// Reads a header from the first bytes of `path`'s file.
+    pub fn decode(path: &Path, b: &[u8; ENCODED_LEN]) -> Result<Self, RegionFileError> {
+        let path = || path.to_path_buf();
+        let u32_at = |at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+        let u64_at = |at: usize| {
+            let mut v = [0u8; 8];
+            v.copy_from_slice(&b[at..at + 8]);
+            u64::from_le_bytes(v)
+        };
+        if b[0..8] != MAGIC {
+            return Err(RegionFileError::NotARegionFile { path: path() });
+        }
+        let version = u32_at(8);
+        if version != VERSION {
+            return Err(RegionFileError::UnsupportedVersion {
+                path: path(),
+                version,
+            });
+        }
+        if checksum(&b[..CHECKSUM_AT]) != b[CHECKSUM_AT..] {
+            return Err(RegionFileError::Corrupt { path: path() });
+        }
+        let id_len = usize::from(u16::from_le_bytes([b[44], b[45]]));
+        if id_len > MAX_ID_LEN || u64::from(u32_at(12)) != HEADER_LEN {
+            return Err(RegionFileError::Corrupt { path: path() });
+        }
+        let region_id = std::str::from_utf8(&b[46..46 + id_len])
+            .map_err(|_| RegionFileError::Corrupt { path: path() })?
+            .to_owned();
+        Ok(Self {
+            region_id,
+            region_index: u32_at(40),
+            size: u64_at(16),
+            generation: u64_at(24),
+            key: u64_at(32),
+        })
+    }
+}
+
+/// The file that holds a region in `data_dir`.
+pub fn region_path(data_dir: &Path, region_id: &str) -> Result<PathBuf, RegionFileError> {
+    let bad = region_id.is_empty()
+        || region_id.len() > MAX_ID_LEN
+        || region_id.contains(['/', '\0'])
+        || region_id == "."
+        || region_id == "..";
+    if bad {
+        return Err(RegionFileError::BadId {
+            id: region_id.to_owned(),
+        });
+    }
+    Ok(data_dir.join(format!("{region_id}.pmem")))
+}
+
+/// An open, mapped region file.
+#[derive(Debug)]
+pub struct RegionFile {
+    /// Where the file is.
+    pub path: PathBuf,
+    /// Its header as of this open.
+    pub header: RegionHeader,
+    /// Whether this open created (or reformatted) the file.
+    pub created: bool,
+    /// The mapping of the whole file, header included.
+    pub map: PmemMap,
+}
+
+impl RegionFile {
+    /// Opens the file of `entry` in `data_dir`, creating it on first start
+    /// (or when `format` is set), checking its header against the topology
+    /// otherwise, and maps it with `policy`.
+    pub fn open(
+        data_dir: &Path,
+        entry: &LayoutEntry,
+        policy: PersistPolicy,
+        format: bool,
+    ) -> Result<Self, RegionFileError> {
+        let path = region_path(data_dir, entry.region_id.as_str())?;
+        let io_err = |op, source| RegionFileError::Io {
+            path: path.clone(),
+            op,
+            source,
+        };
+        let exists = path.try_exists().map_err(|e| io_err("check for", e))?;
+        let (header, created) = if exists && !format {
+            (Self::reopen(&path, entry)?, false)
+        } else {
+            (Self::create(&path, entry)?, true)
+        };
+        let map = PmemMap::open(&path, policy).map_err(|source| RegionFileError::Map {
+            path: path.clone(),
+            source,
+        })?;
+        Ok(Self {
+            path,
+            header,
+            created,
+            map,
+        })
+    }
+
+    /// Creates (or truncates) the file, sizes it and writes a fresh header.
+    fn create(path: &Path, entry: &LayoutEntry) -> Result<RegionHeader, RegionFileError> {
+        let io_err = |op, source| RegionFileError::Io {
+            path: path.to_path_buf(),
+            op,
+            source,
+        };
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)
+            .map_err(|e| io_err("create", e))?;
+        file.set_len(HEADER_LEN + entry.len)
+            .map_err(|e| io_err("size", e))?;
+        let header = RegionHeader {
+            region_id: entry.region_id.to_string(),
+            region_index: entry.region.0,
+            size: entry.len,
+            generation: 1,
+            key: entry.key,
+        };
+        write_header(path, &file, &header)?;
+        if let Some(dir) = path.parent() {
+            File::open(dir)
+                .and_then(|d| d.sync_all())
+                .map_err(|e| io_err("sync the directory of", e))?;
+        }
+        Ok(header)
+    }
+
+    /// Reads and checks an existing header, then records this open in it.
+    fn reopen(path: &Path, entry: &LayoutEntry) -> Result<RegionHeader, RegionFileError> {
+        let io_err = |op, source| RegionFileError::Io {
+            path: path.to_path_buf(),
+            op,
+            source,
+        };
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|e| io_err("open", e))?;
+        let len = file.metadata().map_err(|e| io_err("stat", e))?.len();
+        let mut raw = [0u8; ENCODED_LEN];
+        if len < ENCODED_LEN as u64 {
+            return Err(RegionFileError::NotARegionFile {
+                path: path.to_path_buf(),
+            });
+        }
+        file.read_exact_at(&mut raw, 0)
+            .map_err(|e| io_err("read the header of", e))?;
+        let mut header = RegionHeader::decode(path, &raw)?;
+        let mismatch = |field, in_file: String, in_topology: String| RegionFileError::Mismatch {
+            path: path.to_path_buf(),
+            field,
+            in_file,
+            in_topology,
+        };
+        if header.region_id != entry.region_id.as_str() {
+            return Err(mismatch(
+                "region id",
+                format!("{:?}", header.region_id),
+                format!("{:?}", entry.region_id.as_str()),
+            ));
+        }
+        if header.size != entry.len {
+            return Err(mismatch(
+                "size",
+                header.size.to_string(),
+                entry.len.to_string(),
+            ));
+        }
+        let expected = HEADER_LEN + header.size;
+        if len < expected {
+            return Err(RegionFileError::Truncated {
+                path: path.to_path_buf(),
+                len,
+                expected,
+            });
+        }
+        header.generation += 1;
+        header.key = entry.key;
+        header.region_index = entry.region.0;
+        write_header(path, &file, &header)?;
+        Ok(header)
+    }
+
+    /// Bytes of region data.
+    pub fn data_len(&self) -> u64 {
+        self.header.size
+    }
+}
+
+/// Writes `header` at the start of `file` and makes it durable.
+fn write_header(path: &Path, file: &File, header: &RegionHeader) -> Result<(), RegionFileError> {
+    let io_err = |op, source| RegionFileError::Io {
+        path: path.to_path_buf(),
+        op,
+        source,
+    };
+    file.write_all_at(&header.encode(), 0)
+        .map_err(|e| io_err("write the header of", e))?;
+    file.sync_all().map_err(|e| io_err("sync", e))
+}

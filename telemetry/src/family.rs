@@ -1,0 +1,141 @@
+//! Labelled families: one metric value per combination of label values.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, RwLock};
+
+use crate::metric::Metric;
+use crate::registry::RegistryError;
+use crate::{read, write};
+
+/// Metrics of one name with fixed label names, e.g. `["op", "status"]`, and one
+/// child per combination of label values, created on first use.
+///
+/// Looking a child up takes a lock (a read lock once it exists); hot paths look
+/// it up once and keep the `Arc`. A family without children renders only its
+/// `# HELP` and `# TYPE` lines. Children are rendered sorted by label values.
+pub struct Family<M> {
+    label_names: Box<[String]>,
+    children: RwLock<BTreeMap<Vec<String>, Arc<M>>>,
+    new_child: Box<dyn Fn() -> M + Send + Sync>,
+}
+
+impl<M: Metric> Family<M> {
+    pub(crate) fn new(
+        label_names: &[&str],
+        new_child: impl Fn() -> M + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            label_names: label_names.iter().map(|name| (*name).to_owned()).collect(),
+            children: RwLock::new(BTreeMap::new()),
+            new_child: Box::new(new_child),
+        }
+    }
+
+    /// The label names, in the order values are given.
+    pub fn label_names(&self) -> &[String] {
+        &self.label_names
+    }
+
+    /// The child for these label values, in the order of the label names,
+    /// created at zero if it does not exist yet.
+    ///
+    /// # Panics
+    ///
+    /// If the number of values differs from the number of label names: that is a
+    /// bug in the caller, which names its labels in code. [`Family::try_with`]
+    /// returns it as an error instead.
+    pub fn with(&self, label_values: &[&str]) -> Arc<M> {
+        self.try_with(label_values)
+            .unwrap_or_else(|error| panic!("metric family {:?}: {error}", self.label_names))
+    }
+
+    /// Like [`Family::with`], but a wrong number of values is an error.
+    pub fn try_with(&self, label_values: &[&str]) -> Result<Arc<M>, RegistryError> {
+        if label_values.len() != self.label_names.len() {
+            return Err(RegistryError::LabelCount {
+                expected: self.label_names.len(),
+                got: label_values.len(),
+            });
+        }
+        let key: Vec<String> = label_values
+            .iter()
+            .map(|value| (*value).to_owned())
+            .collect();
+        if let Some(child) = read(&self.children).get(&key) {
+            return Ok(Arc::clone(child));
+        }
+        let mut children = write(&self.children);
+        let child = children
+            .entry(key)
+            .or_insert_with(|| Arc::new((self.new_child)()));
+        Ok(Arc::clone(child))
+    }
+
+    /// Appends the samples of every child, sorted by label values.
+    pub(crate) fn encode_children(&self, name: &str, out: &mut String) {
+        let children = read(&self.children);
+        let mut labels = Vec::with_capacity(self.label_names.len());
+        for (values, child) in children.iter() {
+            labels.clear();
+            labels.extend(
+                self.label_names
+                    .iter()
+                    .map(String::as_str)
+                    .zip(values.iter().map(String::as_str)),
+            );
+            child.encode(name, &labels, out);
+        }
+    }
+}
+
+impl<M: fmt::Debug> fmt::Debug for Family<M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Family")
+            .field("label_names", &self.label_names)
+            .field("children", &*read(&self.children))
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Counter;
+
+    #[test]
+    fn children_are_shared_and_sorted() {
+        let family = Family::new(&["op", "status"], Counter::new);
+        family.with(&["WRITE", "OK"]).inc();
+        let read_ok = family.with(&["READ", "OK"]);
+        read_ok.add(2);
+        family.with(&["READ", "OK"]).inc();
+        assert_eq!(read_ok.get(), 3);
+
+        let mut out = String::new();
+        family.encode_children("ops_total", &mut out);
+        assert_eq!(
+            out,
+            "ops_total{op=\"READ\",status=\"OK\"} 3\nops_total{op=\"WRITE\",status=\"OK\"} 1\n"
+        );
+    }
+
+    #[test]
+    fn wrong_number_of_values() {
+        let family = Family::new(&["op"], Counter::new);
+        assert_eq!(
+            family.try_with(&["READ", "OK"]).unwrap_err(),
+            RegistryError::LabelCount {
+                expected: 1,
+                got: 2
+            }
+        );
+        assert!(family.try_with(&[]).is_err());
+    }
+
+    #[test]
+    #[should_panic(expected = "expected 2 label values, got 1")]
+    fn with_panics_on_wrong_number_of_values() {
+        Family::new(&["op", "status"], Counter::new).with(&["READ"]);
+    }
+}

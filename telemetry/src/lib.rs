@@ -1,0 +1,64 @@
+//! Metrics and the admin endpoint of the pmem-fabric daemons.
+//!
+//! - Hot paths update [`Counter`], [`Gauge`], [`GaugeF64`] and [`Histogram`] values
+//!   with relaxed atomics only; no lock is taken once a caller holds the `Arc`.
+//! - A [`Registry`] names them (alone or as a labelled [`Family`]), adds metrics
+//!   computed at scrape time, and renders the Prometheus text exposition format,
+//!   version 0.0.4.
+//! - An [`AdminServer`] serves that text on `/metrics`, next to `/healthz`, on its
+//!   own threads; [`http_get`] is the small client tests and the testbed use, and
+//!   [`promtool_check`] lints rendered text with `promtool check metrics`.
+//!
+//! ```
+//! use telemetry::{Histogram, Registry};
+//!
+//! let registry = Registry::new();
+//! let ops = registry.counter_family("pmem_ops_total", "Operations served.", &["op", "status"])?;
+//! let latency = registry.histogram(
+//!     "pmem_op_duration_seconds",
+//!     "Time to serve one operation.",
+//!     Histogram::latency_buckets(),
+//! )?;
+//!
+//! // Resolve the labelled child once, outside the hot path, then only touch atomics.
+//! let read_ok = ops.with(&["READ", "OK"]);
+//! read_ok.inc();
+//! latency.observe(0.000_3);
+//!
+//! assert!(registry.render().contains("pmem_ops_total{op=\"READ\",status=\"OK\"} 1\n"));
+//! # Ok::<(), telemetry::RegistryError>(())
+//! ```
+
+mod admin;
+mod client;
+mod family;
+mod metric;
+mod promtool;
+mod registry;
+mod render;
+
+pub use admin::{AdminError, AdminServer, Health, HealthCheck, METRICS_CONTENT_TYPE};
+pub use client::http_get;
+pub use family::Family;
+pub use metric::{Counter, Gauge, GaugeF64, Histogram, Metric};
+pub use promtool::promtool_check;
+pub use registry::{Registry, RegistryError, SampleFn};
+
+use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// Locks for reading. Nothing here panics while holding a lock, and the data
+/// behind every lock stays consistent even if a caller's callback did, so a
+/// poisoned lock is used as is.
+pub(crate) fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Locks for writing; see [`read`] about poisoning.
+pub(crate) fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Locks a mutex; see [`read`] about poisoning.
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
