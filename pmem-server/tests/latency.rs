@@ -32,7 +32,10 @@ fn write_persist_4k_round_trip_per_mode() {
         let server = match start(&config, &dir.path().join("data"), &["--persistence", mode]) {
             Ok(server) => server,
             Err(why) => {
-                println!("{mode:>8}: not available here ({})", why.lines().last().unwrap_or(""));
+                println!(
+                    "{mode:>8}: not available here ({})",
+                    why.lines().last().unwrap_or("")
+                );
                 continue;
             }
         };
