@@ -5,17 +5,18 @@
 //! decoder never holds more than one maximal frame, and replies are written
 //! out whenever they pass [`OUT_FLUSH_BYTES`].
 
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use proto::FrameDecoder;
+use proto::decoder::{ReadError, ReadOutcome};
 
 use crate::exec::Executor;
 
-/// Bytes read from the socket at a time.
+/// Most bytes read from the socket at a time.
 const READ_CHUNK: usize = 256 * 1024;
 /// Replies are written out once this many bytes are pending.
 pub const OUT_FLUSH_BYTES: usize = 1 << 20;
@@ -46,53 +47,42 @@ pub fn serve(mut stream: TcpStream, exec: &Executor, shutdown: &Arc<AtomicBool>)
         return ConnectionEnd::Io(e);
     }
     let mut decoder = FrameDecoder::new();
-    let mut chunk = vec![0u8; READ_CHUNK];
     let mut out = Vec::with_capacity(64 * 1024);
     loop {
         if shutdown.load(Ordering::Relaxed) {
             return ConnectionEnd::Shutdown;
         }
-        let n = match stream.read(&mut chunk) {
-            Ok(0) => return ConnectionEnd::PeerClosed,
-            Ok(n) => n,
-            Err(e)
+        // Bytes go from the socket straight into the decoder's buffer.
+        let read = decoder.read_from(&mut stream, READ_CHUNK);
+        let broken = match read {
+            Ok(ReadOutcome::Data(_) | ReadOutcome::Full) => None,
+            Ok(ReadOutcome::Eof) => Some(ConnectionEnd::PeerClosed),
+            Err(ReadError::Io(e))
                 if matches!(
                     e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
                 ) =>
             {
                 continue;
             }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(ReadError::Io(e)) => Some(ConnectionEnd::Io(e)),
+            Err(ReadError::Framing(e)) => Some(ConnectionEnd::Malformed(e)),
+        };
+        // Frames completed before a hang-up or a bad header are still answered.
+        let drained = drain(&mut decoder, exec, &mut stream, &mut out);
+        let end = match drained {
+            Ok(None) => broken,
+            Ok(Some(e)) => Some(ConnectionEnd::Malformed(e)),
             Err(e) => return ConnectionEnd::Io(e),
         };
-        let mut data = &chunk[..n];
-        let mut broken = None;
-        while !data.is_empty() {
-            let taken = match decoder.feed(data) {
-                Ok(taken) => taken,
-                Err(e) => {
-                    broken = Some(e);
-                    0
-                }
-            };
-            data = &data[taken..];
-            let drained = drain(&mut decoder, exec, &mut stream, &mut out);
-            match drained {
-                Ok(None) => {}
-                Ok(Some(e)) => broken = Some(e),
-                Err(e) => return ConnectionEnd::Io(e),
-            }
-            if broken.is_some() {
-                break;
-            }
-        }
         if let Err(e) = stream.write_all(&out) {
             return ConnectionEnd::Io(e);
         }
         out.clear();
-        if let Some(e) = broken {
-            return ConnectionEnd::Malformed(e);
+        if let Some(end) = end {
+            return end;
         }
     }
 }

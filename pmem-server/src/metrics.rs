@@ -1,37 +1,21 @@
 //! The server's metrics, resolved once so the data path only touches atomics.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use proto::Status;
 use proto::request::Operation;
-use telemetry::{Counter, Family, Gauge, Histogram, Registry, RegistryError};
-
-/// Every one-sided operation, in metric order.
-pub const OPERATIONS: [Operation; 7] = [
-    Operation::Read,
-    Operation::Write,
-    Operation::WritePersist,
-    Operation::Flush,
-    Operation::CompareSwap,
-    Operation::FetchAdd,
-    Operation::AtomicWrite,
-];
+use telemetry::{Counter, CounterTable, Gauge, Histogram, Registry, RegistryError};
 
 /// Status codes whose counters are cached; rarer ones are looked up each time.
 const STATUS_SLOTS: usize = 16;
-
-fn op_slot(op: Operation) -> usize {
-    OPERATIONS.iter().position(|o| *o == op).unwrap_or(0)
-}
 
 /// Counters and histograms of one pmem-server.
 #[derive(Debug)]
 pub struct ServerMetrics {
     registry: Arc<Registry>,
-    ops: Arc<Family<Counter>>,
-    op_counters: [[OnceLock<Arc<Counter>>; STATUS_SLOTS]; OPERATIONS.len()],
-    latency: [Arc<Histogram>; OPERATIONS.len()],
+    ops: CounterTable<{ Operation::ALL.len() }, STATUS_SLOTS>,
+    latency: [Arc<Histogram>; Operation::ALL.len()],
     /// Payload bytes received in WRITE / WRITE_PERSIST requests.
     pub bytes_in: Arc<Counter>,
     /// Payload bytes sent in READ responses.
@@ -65,7 +49,7 @@ impl ServerMetrics {
             &["op"],
             Histogram::latency_buckets(),
         )?;
-        let latency = OPERATIONS.map(|op| latency_family.with(&[&op.opcode().to_string()]));
+        let latency = Operation::ALL.map(|op| latency_family.with(&[&op.to_string()]));
         Ok(Self {
             bytes_in: r.counter(
                 "pmem_server_received_bytes_total",
@@ -93,9 +77,8 @@ impl ServerMetrics {
                 "pmem_server_exactly_once_replays_total",
                 "Exactly-once atomics answered from the result window instead of applied again.",
             )?,
-            op_counters: Default::default(),
             latency,
-            ops,
+            ops: CounterTable::new(ops),
             registry,
         })
     }
@@ -107,20 +90,9 @@ impl ServerMetrics {
 
     /// Records one executed operation.
     pub fn record(&self, op: Operation, status: Status, elapsed: Duration) {
-        let slot = op_slot(op);
-        let labels = || [op.opcode().to_string(), status.to_string()];
-        match self.op_counters[slot].get(usize::from(u16::from(status))) {
-            Some(cell) => cell
-                .get_or_init(|| {
-                    let [op, status] = labels();
-                    self.ops.with(&[&op, &status])
-                })
-                .inc(),
-            None => {
-                let [op, status] = labels();
-                self.ops.with(&[&op, &status]).inc();
-            }
-        }
-        self.latency[slot].observe_duration(elapsed);
+        let code = usize::from(u16::from(status));
+        self.ops
+            .inc(op.index(), code, || [op.to_string(), status.to_string()]);
+        self.latency[op.index()].observe_duration(elapsed);
     }
 }

@@ -1,17 +1,22 @@
 //! Every kind of bad input gets its status or closes only its own connection,
 //! while a second connection keeps working.
 
-mod common;
+use std::net::SocketAddr;
 
-use common::{Conn, ServerProcess, at, key, layout, start, write_topology};
 use proto::request::Repr;
 use proto::{Message, Opcode, Status};
+use testkit::{Conn, Daemon, at, key, layout, pmem_server_with, write_topology};
 use topology::Layout;
+
+/// This package's daemon, built with the features of the test run.
+const PMEM_SERVER: &str = env!("CARGO_BIN_EXE_pmem-server");
 
 struct Fixture {
     _dir: tempfile::TempDir,
     layout: Layout,
-    server: ServerProcess,
+    server: Daemon,
+    /// The server's data address (NIC n0).
+    data: SocketAddr,
     bystander: Conn,
 }
 
@@ -20,13 +25,16 @@ impl Fixture {
         let dir = tempfile::tempdir().expect("temp dir");
         let config = write_topology(dir.path(), &[("R1", "4MiB")]);
         let layout = layout(&config);
-        let server = start(&config, &dir.path().join("data"), &[]).expect("server starts");
-        let mut bystander = Conn::connect(server.data);
+        let server = pmem_server_with(PMEM_SERVER, &config, "S", &dir.path().join("data"), &[])
+            .expect("server starts");
+        let data = server.addr("nic.n0");
+        let mut bystander = Conn::connect(data);
         bystander.call(Repr::write(at(0, 0), key(&layout, 0), b"still here"));
         Self {
             _dir: dir,
             layout,
             server,
+            data,
             bystander,
         }
     }
@@ -56,7 +64,7 @@ fn read_frame(key: u64) -> Vec<u8> {
 #[test]
 fn wrong_key_is_access_denied() {
     let mut f = Fixture::new();
-    let mut conn = Conn::connect(f.server.data);
+    let mut conn = Conn::connect(f.data);
     for req in [
         Repr::read(at(0, 0), f.key() ^ 1, 8),
         Repr::write(at(0, 0), 0, b"x"),
@@ -76,7 +84,7 @@ fn wrong_key_is_access_denied() {
 #[test]
 fn out_of_range_addresses_touch_nothing() {
     let mut f = Fixture::new();
-    let mut conn = Conn::connect(f.server.data);
+    let mut conn = Conn::connect(f.data);
     let size = 4u64 << 20;
     let k = f.key();
     let cases = [
@@ -102,7 +110,7 @@ fn out_of_range_addresses_touch_nothing() {
 #[test]
 fn misaligned_atomics_are_bad_requests() {
     let mut f = Fixture::new();
-    let mut conn = Conn::connect(f.server.data);
+    let mut conn = Conn::connect(f.data);
     for offset in [1, 4, 7, 12] {
         assert_eq!(
             conn.call(Repr::fetch_add(at(0, offset), f.key(), 1)).status,
@@ -120,7 +128,7 @@ fn misaligned_atomics_are_bad_requests() {
 #[test]
 fn unknown_opcode_is_unsupported_and_the_connection_stays() {
     let mut f = Fixture::new();
-    let mut conn = Conn::connect(f.server.data);
+    let mut conn = Conn::connect(f.data);
     let mut frame = read_frame(f.key());
     frame[3] = 0x7f;
     conn.send_raw(&frame);
@@ -137,7 +145,7 @@ fn unknown_opcode_is_unsupported_and_the_connection_stays() {
 #[test]
 fn body_that_lies_about_its_payload_is_a_bad_request() {
     let mut f = Fixture::new();
-    let mut conn = Conn::connect(f.server.data);
+    let mut conn = Conn::connect(f.data);
     // A WRITE whose length field says 100 but carries 10 bytes.
     let mut frame = Message::Request(Repr::write(at(0, 0), f.key(), &[9; 10]))
         .encode_to_vec(5)
@@ -171,7 +179,7 @@ fn broken_framing_closes_only_that_connection() {
         }),
     ];
     for (what, damage) in damage {
-        let mut conn = Conn::connect(f.server.data);
+        let mut conn = Conn::connect(f.data);
         let mut frame = read_frame(f.key());
         damage(&mut frame);
         conn.send_raw(&frame);
@@ -188,7 +196,7 @@ fn broken_framing_closes_only_that_connection() {
 fn truncated_frame_then_hangup_is_harmless() {
     let mut f = Fixture::new();
     {
-        let mut conn = Conn::connect(f.server.data);
+        let mut conn = Conn::connect(f.data);
         let frame = Message::Request(Repr::write(at(0, 0), f.key(), &[0xee; 4096]))
             .encode_to_vec(1)
             .unwrap();
@@ -207,7 +215,7 @@ fn garbage_bytes_never_crash_the_server() {
     let mut f = Fixture::new();
     let mut seed = 0x2545_f491_4f6c_dd1du64;
     for _ in 0..50 {
-        let mut conn = Conn::connect(f.server.data);
+        let mut conn = Conn::connect(f.data);
         let mut frame = read_frame(f.key());
         // Flip a few bytes of the body, keeping the header valid half the time.
         for _ in 0..4 {
@@ -232,7 +240,7 @@ fn garbage_bytes_never_crash_the_server() {
 #[test]
 fn responses_sent_to_the_server_are_ignored() {
     let mut f = Fixture::new();
-    let mut conn = Conn::connect(f.server.data);
+    let mut conn = Conn::connect(f.data);
     conn.send(&proto::error_response(Opcode::Read, Status::Ok));
     conn.send(&Message::Ping(1));
     let reply = conn.recv();

@@ -1,10 +1,11 @@
 //! Atomics under contention across many connections, and exactly-once replay.
 
-mod common;
-
-use common::{Conn, at, key, layout, start, write_topology};
 use proto::request::Repr;
 use proto::{Message, Status};
+use testkit::{Conn, at, key, layout, pmem_server_with, write_topology};
+
+/// This package's daemon, built with the features of the test run.
+const PMEM_SERVER: &str = env!("CARGO_BIN_EXE_pmem-server");
 
 const CONNECTIONS: usize = 8;
 const ADDS_PER_CONNECTION: usize = 10_000;
@@ -16,12 +17,14 @@ fn fetch_add_from_eight_connections_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_topology(dir.path(), &[("R1", "4MiB")]);
     let layout = layout(&config);
-    let server = start(&config, &dir.path().join("data"), &[]).unwrap();
+    let server =
+        pmem_server_with(PMEM_SERVER, &config, "S", &dir.path().join("data"), &[]).unwrap();
     let k = key(&layout, 0);
+    let data = server.addr("nic.n0");
     std::thread::scope(|s| {
         for _ in 0..CONNECTIONS {
             s.spawn(|| {
-                let mut conn = Conn::connect(server.data);
+                let mut conn = Conn::connect(data);
                 let mut sent = 0;
                 let mut received = 0;
                 while received < ADDS_PER_CONNECTION {
@@ -35,7 +38,7 @@ fn fetch_add_from_eight_connections_loses_nothing() {
             });
         }
     });
-    let total = Conn::connect(server.data).call(Repr::fetch_add(at(0, 256), k, 0));
+    let total = Conn::connect(data).call(Repr::fetch_add(at(0, 256), k, 0));
     assert_eq!(total.value, (CONNECTIONS * ADDS_PER_CONNECTION) as u64);
 }
 
@@ -44,15 +47,17 @@ fn compare_swap_counter_under_contention_loses_no_increment() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_topology(dir.path(), &[("R1", "4MiB")]);
     let layout = layout(&config);
-    let server = start(&config, &dir.path().join("data"), &[]).unwrap();
+    let server =
+        pmem_server_with(PMEM_SERVER, &config, "S", &dir.path().join("data"), &[]).unwrap();
     let k = key(&layout, 0);
+    let data = server.addr("nic.n0");
     const THREADS: usize = 4;
     const INCREMENTS: usize = 1_000;
     let failed_swaps = std::sync::atomic::AtomicUsize::new(0);
     std::thread::scope(|s| {
         for _ in 0..THREADS {
             s.spawn(|| {
-                let mut conn = Conn::connect(server.data);
+                let mut conn = Conn::connect(data);
                 let mut seen = conn.call(Repr::fetch_add(at(0, 8), k, 0)).value;
                 for _ in 0..INCREMENTS {
                     loop {
@@ -69,7 +74,7 @@ fn compare_swap_counter_under_contention_loses_no_increment() {
             });
         }
     });
-    let total = Conn::connect(server.data).call(Repr::fetch_add(at(0, 8), k, 0));
+    let total = Conn::connect(data).call(Repr::fetch_add(at(0, 8), k, 0));
     assert_eq!(total.value, (THREADS * INCREMENTS) as u64);
     eprintln!(
         "{} failed swaps retried",
@@ -82,10 +87,12 @@ fn replayed_fetch_add_is_applied_once() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_topology(dir.path(), &[("R1", "4MiB")]);
     let layout = layout(&config);
-    let server = start(&config, &dir.path().join("data"), &[]).unwrap();
+    let server =
+        pmem_server_with(PMEM_SERVER, &config, "S", &dir.path().join("data"), &[]).unwrap();
     let k = key(&layout, 0);
-    let mut first_path = Conn::connect(server.data);
-    let mut second_path = Conn::connect(server.data);
+    let data = server.addr("nic.n0");
+    let mut first_path = Conn::connect(data);
+    let mut second_path = Conn::connect(data);
 
     let add = Repr::fetch_add(at(0, 16), k, 5).with_exactly_once(7, 1);
     let first = first_path.call(add);

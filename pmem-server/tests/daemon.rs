@@ -1,12 +1,13 @@
 //! The daemon's life: durability across kill -9, clean SIGTERM, region file
 //! headers, direct PMEM addressing, metrics.
 
-mod common;
-
-use common::{Conn, at, file_bytes, key, layout, start, write_topology};
 use proto::request::{Repr, Target};
 use proto::{Message, Opcode, Status};
 use std::time::Duration;
+use testkit::{Conn, at, file_bytes, key, layout, pmem_server_with, write_topology};
+
+/// This package's daemon, built with the features of the test run.
+const PMEM_SERVER: &str = env!("CARGO_BIN_EXE_pmem-server");
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
@@ -20,15 +21,15 @@ fn write_persist_survives_kill_9() {
     let config = write_topology(dir.path(), &[("R1", "4MiB"), ("R2", "4MiB")]);
     let layout = layout(&config);
     let data = dir.path().join("data");
-    let server = start(&config, &data, &[]).unwrap();
-    let mut conn = Conn::connect(server.data);
+    let server = pmem_server_with(PMEM_SERVER, &config, "S", &data, &[]).unwrap();
+    let mut conn = Conn::connect(server.addr("nic.n0"));
     let block = pattern(4096, 7);
     let reply = conn.call(Repr::write_persist(at(1, 8192), key(&layout, 1), &block));
     assert_eq!(reply.status, Status::Ok);
     server.kill9();
 
-    let server = start(&config, &data, &[]).unwrap();
-    let mut conn = Conn::connect(server.data);
+    let server = pmem_server_with(PMEM_SERVER, &config, "S", &data, &[]).unwrap();
+    let mut conn = Conn::connect(server.addr("nic.n0"));
     let reply = conn.call(Repr::read(at(1, 8192), key(&layout, 1), 4096));
     assert_eq!(reply.opcode, Opcode::ReadResponse);
     assert_eq!(reply.status, Status::Ok);
@@ -46,8 +47,8 @@ fn sigterm_drains_flushes_and_exits_zero() {
     let config = write_topology(dir.path(), &[("R1", "4MiB")]);
     let layout = layout(&config);
     let data = dir.path().join("data");
-    let server = start(&config, &data, &[]).unwrap();
-    let mut conn = Conn::connect(server.data);
+    let server = pmem_server_with(PMEM_SERVER, &config, "S", &data, &[]).unwrap();
+    let mut conn = Conn::connect(server.addr("nic.n0"));
     // Pipeline plain writes (no persist) and let SIGTERM make them durable.
     let blocks: Vec<Vec<u8>> = (0..64).map(|i| pattern(1024, i as u8)).collect();
     for (i, block) in blocks.iter().enumerate() {
@@ -74,17 +75,18 @@ fn restart_keeps_data_and_bumps_generation() {
     let config = write_topology(dir.path(), &[("R1", "4MiB")]);
     let layout = layout(&config);
     let data = dir.path().join("data");
-    let server = start(&config, &data, &[]).unwrap();
-    Conn::connect(server.data)
+    let server = pmem_server_with(PMEM_SERVER, &config, "S", &data, &[]).unwrap();
+    Conn::connect(server.addr("nic.n0"))
         .call(Repr::atomic_write(at(0, 0), key(&layout, 0), 0xfeed).with_persist());
     let (status, _) = server.terminate();
     assert!(status.success());
 
-    let server = start(&config, &data, &[]).unwrap();
-    let reply = Conn::connect(server.data).call(Repr::fetch_add(at(0, 0), key(&layout, 0), 1));
+    let server = pmem_server_with(PMEM_SERVER, &config, "S", &data, &[]).unwrap();
+    let reply =
+        Conn::connect(server.addr("nic.n0")).call(Repr::fetch_add(at(0, 0), key(&layout, 0), 1));
     assert_eq!(reply.value, 0xfeed);
     let (code, metrics) =
-        telemetry::http_get(server.admin, "/metrics", Duration::from_secs(5)).unwrap();
+        telemetry::http_get(server.addr("admin"), "/metrics", Duration::from_secs(5)).unwrap();
     assert_eq!(code, 200);
     assert!(
         metrics.contains("pmem_server_region_generation{region=\"R1\"} 2"),
@@ -98,14 +100,14 @@ fn header_mismatch_refuses_to_start_and_format_recovers() {
     let data = dir.path().join("data");
     let config = write_topology(dir.path(), &[("R1", "4MiB")]);
     let layout_before = layout(&config);
-    let server = start(&config, &data, &[]).unwrap();
-    Conn::connect(server.data)
+    let server = pmem_server_with(PMEM_SERVER, &config, "S", &data, &[]).unwrap();
+    Conn::connect(server.addr("nic.n0"))
         .call(Repr::atomic_write(at(0, 64), key(&layout_before, 0), 42).with_persist());
     server.terminate();
 
     // The same region, now 8 MiB in the topology.
     let config = write_topology(dir.path(), &[("R1", "8MiB")]);
-    let err = start(&config, &data, &[]).unwrap_err();
+    let err = pmem_server_with(PMEM_SERVER, &config, "S", &data, &[]).unwrap_err();
     assert!(err.contains("R1.pmem"), "{err}");
     assert!(
         err.contains("size is 4194304 but the topology says 8388608"),
@@ -120,12 +122,13 @@ fn header_mismatch_refuses_to_start_and_format_recovers() {
 
     // A file that is not a region file at all.
     std::fs::write(data.join("R1.pmem"), vec![0u8; 8192]).unwrap();
-    let err = start(&config, &data, &[]).unwrap_err();
+    let err = pmem_server_with(PMEM_SERVER, &config, "S", &data, &[]).unwrap_err();
     assert!(err.contains("not a pmem-fabric region file"), "{err}");
 
-    let server = start(&config, &data, &["--format"]).unwrap();
+    let server = pmem_server_with(PMEM_SERVER, &config, "S", &data, &["--format"]).unwrap();
     let layout_after = layout(&config);
-    let reply = Conn::connect(server.data).call(Repr::read(at(0, 64), key(&layout_after, 0), 8));
+    let reply =
+        Conn::connect(server.addr("nic.n0")).call(Repr::read(at(0, 64), key(&layout_after, 0), 8));
     assert_eq!(reply.status, Status::Ok);
     assert_eq!(reply.data, vec![0; 8], "--format starts from zeroes");
     assert_eq!(
@@ -140,8 +143,8 @@ fn pmem_addressed_requests_work_directly() {
     let config = write_topology(dir.path(), &[("R1", "4MiB"), ("R2", "4MiB")]);
     let layout = layout(&config);
     let data = dir.path().join("data");
-    let server = start(&config, &data, &[]).unwrap();
-    let mut conn = Conn::connect(server.data);
+    let server = pmem_server_with(PMEM_SERVER, &config, "S", &data, &[]).unwrap();
+    let mut conn = Conn::connect(server.addr("nic.n0"));
     let r2 = layout.entries()[1].start;
     let addr = Target::Pmem(r2.checked_add(100).unwrap());
     assert_eq!(
@@ -163,31 +166,18 @@ fn hello_map_and_ping_are_answered() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_topology(dir.path(), &[("R1", "4MiB"), ("R2", "2MiB")]);
     let layout = layout(&config);
-    let server = start(&config, &dir.path().join("data"), &[]).unwrap();
-    let mut conn = Conn::connect(server.data);
-    conn.send(&Message::Hello(proto::hello::Repr {
-        version: 1,
-        role: proto::hello::Role::Client,
-        capabilities: proto::hello::Capabilities::NONE,
-        name: "c",
-    }));
-    assert_eq!(conn.recv().opcode, Opcode::Hello);
+    let server =
+        pmem_server_with(PMEM_SERVER, &config, "S", &dir.path().join("data"), &[]).unwrap();
+    let mut conn = Conn::connect(server.addr("nic.n0"));
+    let hello = conn.hello("c");
+    assert_eq!(hello.opcode, Opcode::Hello);
+    assert_eq!(hello.data, b"S", "the server answers with its id");
 
-    // MAP carries the layout's digest and entries.
-    let tag = conn.send(&Message::MapRequest);
-    let mut buf = vec![0u8; 4096];
-    use std::io::Read;
-    let n = conn.stream.read(&mut buf).unwrap();
-    let (message, reply_tag) = proto::parse_frame(&buf[..n]).unwrap();
-    assert_eq!(reply_tag, tag);
-    match message {
-        Message::Map(map) => {
-            assert_eq!(map.digest, layout.digest());
-            assert_eq!(map.entries.len(), 2);
-            assert_eq!(map.entries[1].len, 2 << 20);
-        }
-        other => panic!("expected MAP, got {other:?}"),
-    }
+    // MAP carries the layout's digest and entries (`map` checks the tag).
+    let map = conn.map();
+    assert_eq!(map.digest, layout.digest());
+    assert_eq!(map.entries.len(), 2);
+    assert_eq!(map.entries[1].len, 2 << 20);
 
     conn.send(&Message::Ping(0xabc));
     let pong = conn.recv();
@@ -199,13 +189,14 @@ fn metrics_pass_promtool_and_count_operations() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_topology(dir.path(), &[("R1", "4MiB")]);
     let layout = layout(&config);
-    let server = start(&config, &dir.path().join("data"), &[]).unwrap();
-    let mut conn = Conn::connect(server.data);
+    let server =
+        pmem_server_with(PMEM_SERVER, &config, "S", &dir.path().join("data"), &[]).unwrap();
+    let mut conn = Conn::connect(server.addr("nic.n0"));
     conn.call(Repr::write_persist(at(0, 0), key(&layout, 0), &[1; 100]));
     conn.call(Repr::read(at(0, 0), key(&layout, 0), 100));
     conn.call(Repr::read(at(0, 0), key(&layout, 0) ^ 1, 100));
     let (code, text) =
-        telemetry::http_get(server.admin, "/metrics", Duration::from_secs(5)).unwrap();
+        telemetry::http_get(server.addr("admin"), "/metrics", Duration::from_secs(5)).unwrap();
     assert_eq!(code, 200);
     telemetry::promtool_check(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
     for line in [
@@ -215,12 +206,15 @@ fn metrics_pass_promtool_and_count_operations() {
         "pmem_server_received_bytes_total 100",
         "pmem_server_sent_bytes_total 100",
         "pmem_server_region_size_bytes{region=\"R1\"} 4194304",
-        &format!("pmem_server_persistence_mode{{mode=\"{}\"}} 1", server.mode),
+        &format!(
+            "pmem_server_persistence_mode{{mode=\"{}\"}} 1",
+            server.field("mode")
+        ),
     ] {
         assert!(text.contains(line), "missing {line:?} in\n{text}");
     }
     let (code, body) =
-        telemetry::http_get(server.admin, "/healthz", Duration::from_secs(5)).unwrap();
+        telemetry::http_get(server.addr("admin"), "/healthz", Duration::from_secs(5)).unwrap();
     assert_eq!((code, body.trim()), (200, "ok"));
 }
 
@@ -228,7 +222,7 @@ fn metrics_pass_promtool_and_count_operations() {
 fn bad_command_lines_fail_clearly() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_topology(dir.path(), &[("R1", "4MiB")]);
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pmem-server"))
+    let out = std::process::Command::new(PMEM_SERVER)
         .args(["--config"])
         .arg(&config)
         .args(["--server", "nobody"])
@@ -238,7 +232,7 @@ fn bad_command_lines_fail_clearly() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("no server \"nobody\""), "{stderr}");
 
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pmem-server"))
+    let out = std::process::Command::new(PMEM_SERVER)
         .args(["--config", "/nonexistent.toml", "--server", "S"])
         .output()
         .unwrap();
@@ -246,7 +240,7 @@ fn bad_command_lines_fail_clearly() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent.toml"));
 
     let data = dir.path().join("data");
-    let err = start(&config, &data, &["--persistence", "dax"]);
+    let err = pmem_server_with(PMEM_SERVER, &config, "S", &data, &["--persistence", "dax"]);
     if let Err(stderr) = err {
         // No DAX filesystem here: forcing DAX must refuse, naming the file.
         assert!(stderr.contains("R1.pmem"), "{stderr}");

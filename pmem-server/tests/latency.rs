@@ -3,13 +3,14 @@
 //! `cargo test --release -p pmem-server --test latency -- --ignored --nocapture`
 //! (add `--features libpmem` for the libpmem row).
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{Conn, at, key, layout, start, write_topology};
 use proto::Status;
 use proto::request::Repr;
+use testkit::{Conn, at, key, layout, pmem_server_with, write_topology};
+
+/// This package's daemon, built with the features of the test run.
+const PMEM_SERVER: &str = env!("CARGO_BIN_EXE_pmem-server");
 
 const ITERATIONS: usize = 2000;
 
@@ -29,7 +30,13 @@ fn write_persist_4k_round_trip_per_mode() {
         let dir = tempfile::tempdir().expect("temp dir");
         let config = write_topology(dir.path(), &[("R1", "64MiB")]);
         let layout = layout(&config);
-        let server = match start(&config, &dir.path().join("data"), &["--persistence", mode]) {
+        let server = match pmem_server_with(
+            PMEM_SERVER,
+            &config,
+            "S",
+            &dir.path().join("data"),
+            &["--persistence", mode],
+        ) {
             Ok(server) => server,
             Err(why) => {
                 println!(
@@ -39,7 +46,7 @@ fn write_persist_4k_round_trip_per_mode() {
                 continue;
             }
         };
-        let mut conn = Conn::connect(server.data);
+        let mut conn = Conn::connect(server.addr("nic.n0"));
         let block = vec![0x5a; 4096];
         let mut samples = Vec::with_capacity(ITERATIONS);
         for i in 0..ITERATIONS + 100 {

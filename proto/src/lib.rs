@@ -115,7 +115,7 @@ pub mod request;
 pub mod response;
 pub mod status;
 
-pub use decoder::FrameDecoder;
+pub use decoder::{FrameDecoder, ReadError, ReadOutcome};
 pub use error::{Error, Result};
 pub use message::{
     ERROR_REPLY_LEN, Message, error_reply, error_response, parse_frame, reply_to_malformed,

@@ -257,6 +257,12 @@ impl Operation {
         Operation::AtomicWrite,
     ];
 
+    /// The operation's position in [`Operation::ALL`], for tables indexed by
+    /// operation.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     /// The operation with this opcode, if it is a request opcode.
     pub fn from_opcode(opcode: Opcode) -> Option<Operation> {
         Some(match opcode {
@@ -618,6 +624,14 @@ impl<'a> Repr<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn operation_index_is_its_place_in_all() {
+        for (i, op) in Operation::ALL.into_iter().enumerate() {
+            assert_eq!(op.index(), i);
+            assert_eq!(Operation::from_opcode(op.opcode()), Some(op));
+        }
+    }
 
     // WRITE_PERSIST of "hello" to region 3 offset 0x1000, key 0xAABB, exactly
     // once as client 7 seq 42, non-temporal.

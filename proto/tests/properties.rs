@@ -1,8 +1,13 @@
 //! Property tests over whole frames: emit→parse is the identity, arbitrary
 //! bytes never panic, accepted frames re-encode to the same bytes, and the
-//! decoder frames any split of a valid stream identically.
+//! decoder frames any split of a valid stream identically, whether the bytes
+//! are fed or read from a reader.
+
+use std::collections::VecDeque;
+use std::io::{self, Read};
 
 use proptest::prelude::*;
+use proto::decoder::{ReadError, ReadOutcome};
 use proto::frame::{self, HEADER_LEN, MAX_DATA_LEN};
 use proto::hello::{self, Capabilities, Role};
 use proto::map::{self, MapEntry};
@@ -280,6 +285,87 @@ fn split<'a>(bytes: &'a [u8], cuts: &[usize]) -> Vec<&'a [u8]> {
     pieces
 }
 
+/// A reader handing out `pieces` in order, at most one piece (or what fits)
+/// per read, optionally returning `WouldBlock` before each read that has
+/// something; then the end of the stream.
+struct Pieces<'a> {
+    pieces: VecDeque<&'a [u8]>,
+    would_block: bool,
+    blocked: bool,
+}
+
+impl<'a> Pieces<'a> {
+    fn new(pieces: Vec<&'a [u8]>, would_block: bool) -> Self {
+        Pieces {
+            pieces: pieces.into_iter().filter(|p| !p.is_empty()).collect(),
+            would_block,
+            blocked: false,
+        }
+    }
+}
+
+impl Read for Pieces<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let Some(piece) = self.pieces.front_mut() else {
+            return Ok(0);
+        };
+        if self.would_block && !self.blocked {
+            self.blocked = true;
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        self.blocked = false;
+        let n = piece.len().min(buf.len());
+        buf[..n].copy_from_slice(&piece[..n]);
+        *piece = &piece[n..];
+        if piece.is_empty() {
+            self.pieces.pop_front();
+        }
+        Ok(n)
+    }
+}
+
+/// Reads `reader` through a decoder to its end, retrying on `WouldBlock`;
+/// drains after every read if `drain_each`, else only when the decoder is
+/// full or the reader blocks (like an event loop). Returns the frames and the
+/// framing error, if any.
+fn read_through(
+    decoder: &mut FrameDecoder,
+    reader: &mut impl Read,
+    max: usize,
+    drain_each: bool,
+) -> (Vec<Vec<u8>>, Option<Error>) {
+    let mut frames = Vec::new();
+    loop {
+        let outcome = decoder.read_from(reader, max);
+        assert!(decoder.buffered() <= decoder.capacity_limit());
+        let drain = drain_each || !matches!(outcome, Ok(ReadOutcome::Data(_)));
+        let mut error = None;
+        if drain {
+            loop {
+                match decoder.next_frame() {
+                    Ok(Some(frame)) => frames.push(frame.to_vec()),
+                    Ok(None) => break,
+                    Err(e) => {
+                        error = Some(e);
+                        break;
+                    }
+                }
+            }
+        }
+        match outcome {
+            Ok(ReadOutcome::Data(n)) => assert!(n >= 1 && n <= max.max(1)),
+            Ok(ReadOutcome::Full) => assert!(!drain_each, "full although drained"),
+            Ok(ReadOutcome::Eof) => return (frames, error),
+            Err(ReadError::Io(e)) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(ReadError::Io(e)) => panic!("{e}"),
+            Err(ReadError::Framing(e)) => {
+                assert_eq!(error.as_ref(), Some(&e));
+                return (frames, Some(e));
+            }
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
@@ -387,6 +473,58 @@ proptest! {
         }
         if let Some(error) = error {
             prop_assert!(error.breaks_framing());
+        }
+    }
+
+    #[test]
+    fn read_from_frames_any_split_like_feed(
+        specs in proptest::collection::vec(spec(), 1..8),
+        cuts in proptest::collection::vec(any::<usize>(), 0..16),
+        max in prop_oneof![1usize..64, 64usize..100_000, Just(256 * 1024)],
+        would_block in any::<bool>(),
+        drain_each in any::<bool>(),
+    ) {
+        let frames: Vec<Vec<u8>> = specs
+            .iter()
+            .enumerate()
+            .map(|(tag, spec)| spec.message().encode_to_vec(tag as u64).unwrap())
+            .collect();
+        let stream = frames.concat();
+        let mut fed = FrameDecoder::new();
+        let (by_feed, error) = decode(&mut fed, &split(&stream, &cuts));
+        prop_assert_eq!(error, None);
+        let mut read = FrameDecoder::new();
+        let mut reader = Pieces::new(split(&stream, &cuts), would_block);
+        let (by_read, error) = read_through(&mut read, &mut reader, max, drain_each);
+        prop_assert_eq!(error, None);
+        prop_assert_eq!(&by_read, &by_feed);
+        prop_assert_eq!(&by_read, &frames);
+        prop_assert_eq!(read.buffered(), 0);
+    }
+
+    #[test]
+    fn read_from_matches_feed_on_arbitrary_bytes(
+        bytes in proptest::collection::vec(any::<u8>(), 0..2048),
+        cuts in proptest::collection::vec(any::<usize>(), 0..16),
+        max_body_len in 0u32..1024,
+        max in prop_oneof![1usize..64, 64usize..4096, Just(256 * 1024)],
+        would_block in any::<bool>(),
+        drain_each in any::<bool>(),
+    ) {
+        // A few valid frames first, so the fuzzed tail gets past the magic sometimes.
+        let mut stream = Message::Ping(1).encode_to_vec(1).unwrap();
+        stream.extend(Message::MapRequest.encode_to_vec(2).unwrap());
+        stream.extend(Message::Pong(3).encode_to_vec(3).unwrap());
+        stream.extend_from_slice(&bytes);
+        let mut fed = FrameDecoder::with_max_body_len(max_body_len);
+        let by_feed = decode(&mut fed, &split(&stream, &cuts));
+        let mut read = FrameDecoder::with_max_body_len(max_body_len);
+        let mut reader = Pieces::new(split(&stream, &cuts), would_block);
+        let by_read = read_through(&mut read, &mut reader, max, drain_each);
+        prop_assert_eq!(&by_read, &by_feed);
+        prop_assert_eq!(read.error(), by_read.1.as_ref());
+        if by_read.1.is_some() {
+            prop_assert!(read.buffered() <= HEADER_LEN);
         }
     }
 }

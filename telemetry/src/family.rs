@@ -2,9 +2,9 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
-use crate::metric::Metric;
+use crate::metric::{Counter, Metric};
 use crate::registry::RegistryError;
 use crate::{read, write};
 
@@ -98,6 +98,43 @@ impl<M: fmt::Debug> fmt::Debug for Family<M> {
     }
 }
 
+/// The children of a two-label counter family, cached by small row and
+/// column indices (say, operation and status code), so a hot path finds its
+/// counter with one atomic load instead of a lock. Indices outside the table
+/// fall back to [`Family::with`].
+pub struct CounterTable<const ROWS: usize, const COLS: usize> {
+    family: Arc<Family<Counter>>,
+    cells: [[OnceLock<Arc<Counter>>; COLS]; ROWS],
+}
+
+impl<const ROWS: usize, const COLS: usize> CounterTable<ROWS, COLS> {
+    /// A table over `family`, which must have two label names.
+    pub fn new(family: Arc<Family<Counter>>) -> Self {
+        Self {
+            family,
+            cells: std::array::from_fn(|_| std::array::from_fn(|_| OnceLock::new())),
+        }
+    }
+
+    /// Increments the counter at (`row`, `col`); `labels` gives its two label
+    /// values the first time it is used.
+    pub fn inc(&self, row: usize, col: usize, labels: impl FnOnce() -> [String; 2]) {
+        let lookup = |labels: [String; 2]| self.family.with(&[&labels[0], &labels[1]]);
+        match self.cells.get(row).and_then(|r| r.get(col)) {
+            Some(cell) => cell.get_or_init(|| lookup(labels())).inc(),
+            None => lookup(labels()).inc(),
+        }
+    }
+}
+
+impl<const ROWS: usize, const COLS: usize> fmt::Debug for CounterTable<ROWS, COLS> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CounterTable")
+            .field("label_names", &self.family.label_names())
+            .finish_non_exhaustive()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -137,5 +174,28 @@ mod tests {
     #[should_panic(expected = "expected 2 label values, got 1")]
     fn with_panics_on_wrong_number_of_values() {
         Family::new(&["op", "status"], Counter::new).with(&["READ"]);
+    }
+
+    #[test]
+    fn counter_table_caches_children_and_falls_back_outside() {
+        let registry = crate::Registry::new();
+        let family = registry
+            .counter_family("ops_total", "Operations.", &["op", "status"])
+            .unwrap();
+        let table: CounterTable<2, 2> = CounterTable::new(family);
+        let labels = |op: &str, status: &str| [op.to_owned(), status.to_owned()];
+        table.inc(0, 1, || labels("READ", "DENIED"));
+        table.inc(0, 1, || panic!("cached: labels are not asked for again"));
+        table.inc(7, 9, || labels("ODD", "RARE"));
+        table.inc(7, 9, || labels("ODD", "RARE"));
+        let text = registry.render();
+        assert!(
+            text.contains("ops_total{op=\"READ\",status=\"DENIED\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ops_total{op=\"ODD\",status=\"RARE\"} 2"),
+            "{text}"
+        );
     }
 }

@@ -39,7 +39,7 @@ mod render;
 
 pub use admin::{AdminError, AdminServer, Health, HealthCheck, METRICS_CONTENT_TYPE};
 pub use client::http_get;
-pub use family::Family;
+pub use family::{CounterTable, Family};
 pub use metric::{Counter, Gauge, GaugeF64, Histogram, Metric};
 pub use promtool::promtool_check;
 pub use registry::{Registry, RegistryError, SampleFn};

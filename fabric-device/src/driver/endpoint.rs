@@ -1,0 +1,142 @@
+//! A non-blocking connection with a frame decoder on the way in and a
+//! bounded send queue on the way out.
+//!
+//! Small frames are queued and written together at the end of an event-loop
+//! turn (many replies per system call). A large frame goes out with one
+//! vectored write straight from its head and the payload slice it was
+//! relayed from, so the payload is not copied; only what the socket does not
+//! take at once is queued.
+
+use std::io::{self, IoSlice, Write};
+
+use mio::net::TcpStream;
+use proto::FrameDecoder;
+use proto::decoder::{ReadError, ReadOutcome};
+
+/// Frames at least this long are written directly instead of queued.
+const DIRECT_WRITE_MIN: usize = 16 * 1024;
+/// Most bytes read per read call.
+const READ_MAX: usize = 256 * 1024;
+
+/// What reading from an endpoint ended with.
+#[derive(Debug)]
+pub enum Fill {
+    /// The socket has nothing more for now.
+    Drained,
+    /// The decoder is full: hand frames out before reading more.
+    Full,
+    /// The peer closed the connection.
+    Closed,
+    /// The stream cannot be framed any more, or the socket failed.
+    Failed(String),
+}
+
+/// One connection's socket, decoder and send queue.
+#[derive(Debug)]
+pub struct Endpoint {
+    /// The socket.
+    pub stream: TcpStream,
+    /// Frames coming in.
+    pub decoder: FrameDecoder,
+    out: Vec<u8>,
+    out_pos: usize,
+}
+
+impl Endpoint {
+    /// An endpoint over a connected (or connecting) socket.
+    pub fn new(stream: TcpStream) -> Self {
+        Self {
+            stream,
+            decoder: FrameDecoder::new(),
+            out: Vec::new(),
+            out_pos: 0,
+        }
+    }
+
+    /// Bytes queued and not yet written.
+    pub fn pending_out(&self) -> usize {
+        self.out.len() - self.out_pos
+    }
+
+    /// Reads whatever the socket has, as far as the decoder has room.
+    pub fn fill(&mut self) -> Fill {
+        loop {
+            match self.decoder.read_from(&mut self.stream, READ_MAX) {
+                Ok(ReadOutcome::Data(_)) => continue,
+                Ok(ReadOutcome::Full) => return Fill::Full,
+                Ok(ReadOutcome::Eof) => return Fill::Closed,
+                Err(ReadError::Io(e)) if e.kind() == io::ErrorKind::WouldBlock => {
+                    return Fill::Drained;
+                }
+                Err(ReadError::Io(e)) => return Fill::Failed(e.to_string()),
+                Err(ReadError::Framing(e)) => return Fill::Failed(e.to_string()),
+            }
+        }
+    }
+
+    /// Sends one frame made of `head` and `payload`.
+    pub fn send(&mut self, head: &[u8], payload: &[u8]) -> io::Result<()> {
+        if head.len() + payload.len() < DIRECT_WRITE_MIN {
+            self.out.extend_from_slice(head);
+            self.out.extend_from_slice(payload);
+            return Ok(());
+        }
+        self.flush()?;
+        if self.pending_out() > 0 {
+            self.out.extend_from_slice(head);
+            self.out.extend_from_slice(payload);
+            return Ok(());
+        }
+        let written = write_parts(&mut self.stream, head, payload)?;
+        if written < head.len() {
+            self.out.extend_from_slice(&head[written..]);
+            self.out.extend_from_slice(payload);
+        } else {
+            self.out.extend_from_slice(&payload[written - head.len()..]);
+        }
+        Ok(())
+    }
+
+    /// Writes queued bytes until the socket would block.
+    pub fn flush(&mut self) -> io::Result<()> {
+        while self.out_pos < self.out.len() {
+            match self.stream.write(&self.out[self.out_pos..]) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => self.out_pos += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if self.out_pos == self.out.len() {
+            self.out.clear();
+            self.out_pos = 0;
+            if self.out.capacity() > 4 * DIRECT_WRITE_MIN * 16 {
+                self.out.shrink_to(DIRECT_WRITE_MIN * 16);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Writes as much of `head` then `payload` as the socket takes now, with
+/// vectored writes; returns how many bytes went out.
+fn write_parts(stream: &mut TcpStream, head: &[u8], payload: &[u8]) -> io::Result<usize> {
+    let total = head.len() + payload.len();
+    let mut written = 0;
+    while written < total {
+        let result = if written < head.len() {
+            stream.write_vectored(&[IoSlice::new(&head[written..]), IoSlice::new(payload)])
+        } else {
+            stream.write(&payload[written - head.len()..])
+        };
+        match result {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => written += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(written)
+}

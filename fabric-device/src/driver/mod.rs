@@ -1,0 +1,817 @@
+//! The event loop around the forwarding core: client ports, server links
+//! with reconnect and backoff, the admin endpoint, signals.
+//!
+//! One thread owns every socket and the [`Forwarder`]; mio tells it which
+//! sockets are ready. Each turn it reads what is there, lets the core decide,
+//! queues or writes the results, answers timeouts, reconnects links whose
+//! backoff has passed and flushes what is queued.
+
+mod endpoint;
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mio::net::{TcpListener, TcpStream};
+use mio::{Events, Interest, Poll, Token};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+use signal_hook_mio::v1_0::Signals;
+use telemetry::{AdminServer, Health, Registry};
+use topology::{FabricDeviceId, PortId, Topology};
+
+use crate::forward::{ClientAction, ConnId, Forwarder, ForwarderConfig, LinkAction, LinkId, Reply};
+use crate::map::{DeviceMap, MapError};
+use crate::metrics::DeviceMetrics;
+use endpoint::{Endpoint, Fill};
+
+const SIGNALS: Token = Token(usize::MAX - 1);
+const CLIENT_BASE: usize = 1 << 20;
+const LINK_BASE: usize = 1 << 40;
+/// Longest a poll waits, so housekeeping runs even when nothing happens.
+const MAX_POLL_WAIT: Duration = Duration::from_millis(250);
+/// A connect that has not completed after this long is a failed one.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Stop reading requests from a client whose replies pile up beyond this.
+const CLIENT_OUT_HIGH_WATER: usize = 8 << 20;
+
+/// Everything a fabric device needs to start.
+#[derive(Debug, Clone)]
+pub struct DeviceConfig {
+    /// The (valid) topology.
+    pub topology: Topology,
+    /// Where it was read from, re-read on SIGHUP.
+    pub topology_path: Option<PathBuf>,
+    /// Which fabric device this is.
+    pub device: FabricDeviceId,
+    /// The admin (metrics/health) address.
+    pub admin: SocketAddr,
+    /// Timeouts and backpressure of the core.
+    pub forwarder: ForwarderConfig,
+    /// First reconnect delay of a failed link; doubles up to `reconnect_max`.
+    pub reconnect_min: Duration,
+    /// Longest reconnect delay.
+    pub reconnect_max: Duration,
+    /// Client connections served at once; more are closed on accept.
+    pub max_clients: usize,
+}
+
+/// Why the device could not start or run.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    /// The topology has no usable map for this device.
+    #[error(transparent)]
+    Map(#[from] MapError),
+    /// A client-facing port cannot be bound.
+    #[error("port {port}: cannot listen on {addr}")]
+    Bind {
+        /// The port.
+        port: PortId,
+        /// Its address.
+        addr: String,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// The admin endpoint cannot start.
+    #[error("cannot start the admin endpoint")]
+    Admin(#[from] telemetry::AdminError),
+    /// Metrics cannot be registered.
+    #[error("cannot register metrics")]
+    Metrics(#[from] telemetry::RegistryError),
+    /// The event loop failed.
+    #[error("event loop failed")]
+    Poll(#[source] io::Error),
+}
+
+/// A server link's connection state.
+#[derive(Debug)]
+enum LinkConn {
+    /// Waiting to (re)connect.
+    Idle {
+        retry_at: Instant,
+        backoff: Duration,
+    },
+    /// Connect in progress.
+    Connecting {
+        endpoint: Endpoint,
+        since: Instant,
+        backoff: Duration,
+    },
+    /// Connected (handshaking or up, as the core knows).
+    Connected { endpoint: Endpoint },
+}
+
+/// A client connection.
+#[derive(Debug)]
+struct ClientConn {
+    endpoint: Endpoint,
+    /// Reading stopped for backpressure; resume when there is room.
+    paused: bool,
+    /// Close once the queued bytes are written.
+    closing: bool,
+}
+
+/// A bound fabric device, ready to run.
+#[derive(Debug)]
+pub struct Device {
+    config: DeviceConfig,
+    poll: Poll,
+    core: Forwarder,
+    metrics: Arc<DeviceMetrics>,
+    listeners: Vec<(PortId, TcpListener, SocketAddr)>,
+    clients: HashMap<ConnId, ClientConn>,
+    next_client: usize,
+    links: HashMap<LinkId, LinkConn>,
+    admin: AdminServer,
+    draining: Option<Instant>,
+}
+
+fn link_token(link: LinkId) -> Token {
+    Token(LINK_BASE + link.0 as usize)
+}
+
+fn log(device: &FabricDeviceId, message: std::fmt::Arguments<'_>) {
+    eprintln!("fabric-device {device}: {message}");
+}
+
+impl Device {
+    /// Builds the map, binds every client-facing port and the admin address.
+    pub fn bind(config: DeviceConfig) -> Result<Self, DeviceError> {
+        let map = DeviceMap::new(&config.topology, &config.device)?;
+        let registry = Arc::new(Registry::new());
+        let metrics = Arc::new(DeviceMetrics::new(Arc::clone(&registry))?);
+        let poll = Poll::new().map_err(DeviceError::Poll)?;
+        let spec = config
+            .topology
+            .fabric_device(&config.device)
+            .ok_or_else(|| MapError::UnknownDevice {
+                file: config.topology.source.clone(),
+                device: config.device.to_string(),
+            })?;
+        let mut listeners = Vec::new();
+        for (i, port) in spec.ports.iter().enumerate() {
+            let bind_err = |source| DeviceError::Bind {
+                port: port.id.clone(),
+                addr: port.listen.clone(),
+                source,
+            };
+            let addr: SocketAddr = port
+                .listen
+                .parse()
+                .map_err(|_| bind_err(io::ErrorKind::InvalidInput.into()))?;
+            let mut listener = TcpListener::bind(addr).map_err(bind_err)?;
+            let local = listener.local_addr().map_err(bind_err)?;
+            poll.registry()
+                .register(&mut listener, Token(i), Interest::READABLE)
+                .map_err(DeviceError::Poll)?;
+            listeners.push((port.id.clone(), listener, local));
+        }
+        let core = Forwarder::new(map, config.forwarder, Arc::clone(&metrics));
+        let now = Instant::now();
+        let links = core
+            .links()
+            .map(|(id, _)| {
+                let idle = LinkConn::Idle {
+                    retry_at: now,
+                    backoff: config.reconnect_min,
+                };
+                (id, idle)
+            })
+            .collect();
+        let health: telemetry::HealthCheck = Arc::new(|| Health::Healthy);
+        let admin = AdminServer::start(config.admin, registry, health)?;
+        Ok(Self {
+            config,
+            poll,
+            core,
+            metrics,
+            listeners,
+            clients: HashMap::new(),
+            next_client: CLIENT_BASE,
+            links,
+            admin,
+            draining: None,
+        })
+    }
+
+    /// The bound address of every client-facing port.
+    pub fn ports(&self) -> Vec<(PortId, SocketAddr)> {
+        self.listeners
+            .iter()
+            .map(|(id, _, addr)| (id.clone(), *addr))
+            .collect()
+    }
+
+    /// The bound admin address.
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin.local_addr()
+    }
+
+    /// Runs until SIGTERM or SIGINT, then drains: stops accepting and
+    /// reading, waits for the requests in flight (at most one request
+    /// timeout) and returns. SIGHUP reloads the topology.
+    pub fn run(mut self) -> Result<(), DeviceError> {
+        let mut signals = Signals::new([SIGTERM, SIGINT, SIGHUP]).map_err(DeviceError::Poll)?;
+        self.poll
+            .registry()
+            .register(&mut signals, SIGNALS, Interest::READABLE)
+            .map_err(DeviceError::Poll)?;
+        let mut events = Events::with_capacity(1024);
+        loop {
+            let now = Instant::now();
+            self.connect_due_links(now);
+            let wait = self.next_wakeup(now).saturating_duration_since(now);
+            match self.poll.poll(&mut events, Some(wait)) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(DeviceError::Poll(e)),
+            }
+            let now = Instant::now();
+            for event in events.iter() {
+                match event.token() {
+                    SIGNALS => {
+                        for signal in signals.pending() {
+                            self.on_signal(signal);
+                        }
+                    }
+                    Token(i) if i < self.listeners.len() => self.accept(i),
+                    Token(t) if t >= LINK_BASE => {
+                        let link = LinkId((t - LINK_BASE) as u32);
+                        self.on_link_event(link, event.is_writable(), now);
+                    }
+                    Token(t) => self.on_client_event(t as ConnId, now),
+                }
+            }
+            let expired = self.core.handle_timeouts(now);
+            self.deliver_all(expired);
+            self.resume_paused(now);
+            self.flush_all();
+            if let Some(deadline) = self.draining
+                && (self.core_in_flight() == 0 || now >= deadline)
+            {
+                self.flush_all();
+                log(&self.config.device, format_args!("drained, stopping"));
+                return Ok(());
+            }
+        }
+    }
+
+    fn core_in_flight(&self) -> i64 {
+        self.metrics.in_flight.get()
+    }
+
+    /// When the loop must wake up next: a request deadline, a link retry.
+    fn next_wakeup(&self, now: Instant) -> Instant {
+        let mut next = now + MAX_POLL_WAIT;
+        if let Some(deadline) = self.core.poll_timeout() {
+            next = next.min(deadline);
+        }
+        for conn in self.links.values() {
+            match conn {
+                LinkConn::Idle { retry_at, .. } => next = next.min(*retry_at),
+                LinkConn::Connecting { since, .. } => next = next.min(*since + CONNECT_TIMEOUT),
+                LinkConn::Connected { .. } => {}
+            }
+        }
+        next.max(now)
+    }
+
+    fn on_signal(&mut self, signal: i32) {
+        match signal {
+            SIGHUP => self.reload(),
+            _ => {
+                if self.draining.is_none() {
+                    log(
+                        &self.config.device,
+                        format_args!("signal {signal}, draining"),
+                    );
+                    self.draining = Some(Instant::now() + self.config.forwarder.request_timeout);
+                    for (_, listener, _) in &mut self.listeners {
+                        let _ = self.poll.registry().deregister(listener);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Re-reads the topology; a valid one replaces the map without touching
+    /// client connections, an invalid one is refused and logged.
+    fn reload(&mut self) {
+        let device = self.config.device.clone();
+        let Some(path) = self.config.topology_path.clone() else {
+            log(&device, format_args!("SIGHUP: no topology file to reload"));
+            return;
+        };
+        let loaded = Topology::load(&path)
+            .map_err(|e| error_chain(&e))
+            .and_then(|t| DeviceMap::new(&t, &device).map_err(|e| error_chain(&e)));
+        let map = match loaded {
+            Ok(map) => map,
+            Err(why) => {
+                log(
+                    &device,
+                    format_args!("reload refused, keeping the old map: {why}"),
+                );
+                self.metrics.reloads.with(&["refused"]).inc();
+                return;
+            }
+        };
+        let regions = map.layout.entries().len();
+        let outcome = self.core.reload(map);
+        self.deliver_all(outcome.failed);
+        let now = Instant::now();
+        for link in outcome.disconnect {
+            if let Some(
+                LinkConn::Connected { mut endpoint } | LinkConn::Connecting { mut endpoint, .. },
+            ) = self.links.remove(&link)
+            {
+                let _ = self.poll.registry().deregister(&mut endpoint.stream);
+            }
+        }
+        for link in outcome.reconnect {
+            self.link_failed(link, now, "server disagrees with the new map");
+        }
+        for link in outcome.connect {
+            self.links.insert(
+                link,
+                LinkConn::Idle {
+                    retry_at: now,
+                    backoff: self.config.reconnect_min,
+                },
+            );
+        }
+        self.metrics.reloads.with(&["applied"]).inc();
+        log(
+            &device,
+            format_args!("reloaded {}: {regions} regions", path.display()),
+        );
+    }
+
+    fn accept(&mut self, index: usize) {
+        loop {
+            let Some((_, listener, _)) = self.listeners.get(index) else {
+                return;
+            };
+            let (mut stream, _) = match listener.accept() {
+                Ok(accepted) => accepted,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    log(&self.config.device, format_args!("accept failed: {e}"));
+                    return;
+                }
+            };
+            if self.clients.len() >= self.config.max_clients || self.draining.is_some() {
+                continue;
+            }
+            let conn = self.next_client as ConnId;
+            self.next_client += 1;
+            let _ = stream.set_nodelay(true);
+            if self
+                .poll
+                .registry()
+                .register(
+                    &mut stream,
+                    Token(conn as usize),
+                    Interest::READABLE | Interest::WRITABLE,
+                )
+                .is_err()
+            {
+                continue;
+            }
+            self.core.client_opened(conn);
+            self.clients.insert(
+                conn,
+                ClientConn {
+                    endpoint: Endpoint::new(stream),
+                    paused: false,
+                    closing: false,
+                },
+            );
+        }
+    }
+
+    fn on_client_event(&mut self, conn: ConnId, now: Instant) {
+        let Some(client) = self.clients.get_mut(&conn) else {
+            return;
+        };
+        if let Err(e) = client.endpoint.flush() {
+            self.close_client(conn, &format!("write failed: {e}"));
+            return;
+        }
+        self.serve_client(conn, now);
+    }
+
+    /// Reads and handles a client's requests until its socket is drained or
+    /// backpressure pauses it.
+    fn serve_client(&mut self, conn: ConnId, now: Instant) {
+        loop {
+            let end = self.handle_client_frames(conn, now);
+            let Some(client) = self.clients.get_mut(&conn) else {
+                return;
+            };
+            match end {
+                FramesEnd::Paused => {
+                    client.paused = true;
+                    return;
+                }
+                FramesEnd::Close(why) => {
+                    let _ = client.endpoint.flush();
+                    self.close_client(conn, &why);
+                    return;
+                }
+                FramesEnd::Drained => {}
+            }
+            if self.draining.is_some() || client.closing {
+                return;
+            }
+            match client.endpoint.fill() {
+                Fill::Full => continue,
+                Fill::Drained => {
+                    // Complete frames may have arrived with the last read.
+                    if client.endpoint.decoder.buffered() == 0 {
+                        return;
+                    }
+                    match self.handle_client_frames(conn, now) {
+                        FramesEnd::Drained => return,
+                        FramesEnd::Paused => {
+                            if let Some(client) = self.clients.get_mut(&conn) {
+                                client.paused = true;
+                            }
+                            return;
+                        }
+                        FramesEnd::Close(why) => {
+                            self.close_client(conn, &why);
+                            return;
+                        }
+                    }
+                }
+                Fill::Closed => {
+                    // Answer what was received before the hang-up, then close.
+                    let _ = self.handle_client_frames(conn, now);
+                    self.close_client(conn, "peer closed");
+                    return;
+                }
+                Fill::Failed(why) => {
+                    let _ = self.handle_client_frames(conn, now);
+                    self.close_client(conn, &why);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Hands every complete frame a client sent to the core.
+    fn handle_client_frames(&mut self, conn: ConnId, now: Instant) -> FramesEnd {
+        let Self {
+            core,
+            clients,
+            links,
+            metrics,
+            ..
+        } = self;
+        let Some(client) = clients.get_mut(&conn) else {
+            return FramesEnd::Close("gone".into());
+        };
+        let ClientConn {
+            endpoint, closing, ..
+        } = client;
+        loop {
+            if *closing {
+                return FramesEnd::Drained;
+            }
+            if !core.client_has_room(conn) || endpoint.pending_out() > CLIENT_OUT_HIGH_WATER {
+                return FramesEnd::Paused;
+            }
+            let frame = match endpoint.decoder.next_frame() {
+                Ok(Some(frame)) => frame,
+                Ok(None) => return FramesEnd::Drained,
+                Err(e) => return FramesEnd::Close(format!("malformed stream: {e}")),
+            };
+            let started = Instant::now();
+            let sent = match core.client_frame(conn, frame, now) {
+                ClientAction::Forward {
+                    link,
+                    head,
+                    payload,
+                } => match links.get_mut(&link) {
+                    Some(LinkConn::Connected { endpoint: link_end }) => {
+                        link_end.send(&head, payload)
+                    }
+                    _ => Ok(()),
+                },
+                ClientAction::Reply(reply) => endpoint.send(reply.as_bytes(), &[]),
+                ClientAction::ReplyAndClose(reply) => {
+                    *closing = true;
+                    endpoint.send(reply.as_bytes(), &[])
+                }
+                ClientAction::Nothing => Ok(()),
+                ClientAction::Close => return FramesEnd::Close("unframeable stream".into()),
+            };
+            metrics.observe_device_time(started.elapsed());
+            if let Err(e) = sent {
+                return FramesEnd::Close(format!("write failed: {e}"));
+            }
+        }
+    }
+
+    fn close_client(&mut self, conn: ConnId, why: &str) {
+        if let Some(mut client) = self.clients.remove(&conn) {
+            let _ = self.poll.registry().deregister(&mut client.endpoint.stream);
+            if why != "peer closed" {
+                log(
+                    &self.config.device,
+                    format_args!("closed client connection {conn}: {why}"),
+                );
+            }
+        }
+        self.core.client_closed(conn);
+    }
+
+    /// Resumes clients paused for backpressure that have room again.
+    fn resume_paused(&mut self, now: Instant) {
+        let ready: Vec<ConnId> = self
+            .clients
+            .iter()
+            .filter(|(conn, c)| {
+                c.paused
+                    && self.core.client_has_room(**conn)
+                    && c.endpoint.pending_out() <= CLIENT_OUT_HIGH_WATER
+            })
+            .map(|(conn, _)| *conn)
+            .collect();
+        for conn in ready {
+            if let Some(client) = self.clients.get_mut(&conn) {
+                client.paused = false;
+            }
+            self.serve_client(conn, now);
+        }
+    }
+
+    /// Sends error replies produced by the core to their clients.
+    fn deliver_all(&mut self, replies: Vec<(ConnId, Reply)>) {
+        for (conn, reply) in replies {
+            if let Some(client) = self.clients.get_mut(&conn) {
+                let _ = client.endpoint.send(reply.as_bytes(), &[]);
+            }
+        }
+    }
+
+    /// Writes everything queued; closes clients that asked for it once
+    /// their queue is empty, and clients whose socket failed.
+    fn flush_all(&mut self) {
+        let mut close = Vec::new();
+        for (conn, client) in &mut self.clients {
+            match client.endpoint.flush() {
+                Ok(()) if client.closing && client.endpoint.pending_out() == 0 => {
+                    close.push((*conn, "refused".to_owned()));
+                }
+                Ok(()) => {}
+                Err(e) => close.push((*conn, format!("write failed: {e}"))),
+            }
+        }
+        for (conn, why) in close {
+            self.close_client(conn, &why);
+        }
+        let mut failed = Vec::new();
+        for (link, conn) in &mut self.links {
+            if let LinkConn::Connected { endpoint } = conn
+                && let Err(e) = endpoint.flush()
+            {
+                failed.push((*link, e.to_string()));
+            }
+        }
+        let now = Instant::now();
+        for (link, why) in failed {
+            self.link_failed(link, now, &why);
+        }
+    }
+
+    /// Starts connecting every idle link whose retry time has come, and
+    /// gives up on connects that take too long.
+    fn connect_due_links(&mut self, now: Instant) {
+        let due: Vec<LinkId> = self
+            .links
+            .iter()
+            .filter(|(_, c)| match c {
+                LinkConn::Idle { retry_at, .. } => *retry_at <= now,
+                LinkConn::Connecting { since, .. } => now >= *since + CONNECT_TIMEOUT,
+                LinkConn::Connected { .. } => false,
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for link in due {
+            if matches!(self.links.get(&link), Some(LinkConn::Connecting { .. })) {
+                self.link_failed(link, now, "connect timed out");
+                continue;
+            }
+            let backoff = match self.links.get(&link) {
+                Some(LinkConn::Idle { backoff, .. }) => *backoff,
+                _ => self.config.reconnect_min,
+            };
+            let Some(addr) = self
+                .core
+                .link_key(link)
+                .and_then(|k| k.addr.parse::<SocketAddr>().ok())
+            else {
+                continue;
+            };
+            match TcpStream::connect(addr) {
+                Ok(mut stream) => {
+                    let _ = stream.set_nodelay(true);
+                    let registered = self.poll.registry().register(
+                        &mut stream,
+                        link_token(link),
+                        Interest::READABLE | Interest::WRITABLE,
+                    );
+                    if registered.is_err() {
+                        self.schedule_retry(link, now, backoff);
+                        continue;
+                    }
+                    self.links.insert(
+                        link,
+                        LinkConn::Connecting {
+                            endpoint: Endpoint::new(stream),
+                            since: now,
+                            backoff,
+                        },
+                    );
+                }
+                Err(_) => self.schedule_retry(link, now, backoff),
+            }
+        }
+    }
+
+    fn schedule_retry(&mut self, link: LinkId, now: Instant, backoff: Duration) {
+        let next = (backoff * 2).min(self.config.reconnect_max);
+        self.links.insert(
+            link,
+            LinkConn::Idle {
+                retry_at: now + backoff,
+                backoff: next,
+            },
+        );
+    }
+
+    /// A link broke: fail its requests, close it and schedule a reconnect.
+    fn link_failed(&mut self, link: LinkId, now: Instant, why: &str) {
+        let was_up = matches!(self.links.get(&link), Some(LinkConn::Connected { .. }));
+        let backoff = match self.links.remove(&link) {
+            Some(LinkConn::Connected { mut endpoint }) => {
+                let _ = self.poll.registry().deregister(&mut endpoint.stream);
+                self.config.reconnect_min
+            }
+            Some(LinkConn::Connecting {
+                mut endpoint,
+                backoff,
+                ..
+            }) => {
+                let _ = self.poll.registry().deregister(&mut endpoint.stream);
+                backoff
+            }
+            Some(LinkConn::Idle { backoff, .. }) => backoff,
+            None => return,
+        };
+        if was_up && let Some(key) = self.core.link_key(link) {
+            log(
+                &self.config.device,
+                format_args!(
+                    "link to {}/{} ({}) down: {why}",
+                    key.server, key.nic, key.addr
+                ),
+            );
+        }
+        let failed = self.core.link_down(link);
+        self.deliver_all(failed);
+        self.schedule_retry(link, now, backoff);
+    }
+
+    fn on_link_event(&mut self, link: LinkId, writable: bool, now: Instant) {
+        if let Some(LinkConn::Connecting { endpoint, .. }) = self.links.get_mut(&link) {
+            if !writable {
+                return;
+            }
+            let connected = match endpoint.stream.take_error() {
+                Ok(None) => match endpoint.stream.peer_addr() {
+                    Ok(_) => Ok(true),
+                    Err(e) if e.kind() == io::ErrorKind::NotConnected => Ok(false),
+                    Err(e) => Err(e),
+                },
+                Ok(Some(e)) | Err(e) => Err(e),
+            };
+            match connected {
+                Ok(false) => return,
+                Ok(true) => {
+                    let Some(LinkConn::Connecting { mut endpoint, .. }) = self.links.remove(&link)
+                    else {
+                        return;
+                    };
+                    let hello = self.core.link_connected(link);
+                    let sent = endpoint.send(&hello, &[]).and_then(|()| endpoint.flush());
+                    self.links.insert(link, LinkConn::Connected { endpoint });
+                    if let Err(e) = sent {
+                        self.link_failed(link, now, &e.to_string());
+                    }
+                    return;
+                }
+                Err(e) => {
+                    self.link_failed(link, now, &e.to_string());
+                    return;
+                }
+            }
+        }
+        self.serve_link(link, now);
+    }
+
+    /// Reads a link's responses and relays them to their clients.
+    fn serve_link(&mut self, link: LinkId, now: Instant) {
+        loop {
+            let Some(LinkConn::Connected { endpoint }) = self.links.get_mut(&link) else {
+                return;
+            };
+            if let Err(e) = endpoint.flush() {
+                self.link_failed(link, now, &e.to_string());
+                return;
+            }
+            let fill = endpoint.fill();
+            if let Some(why) = self.handle_link_frames(link, now) {
+                self.link_failed(link, now, &why);
+                return;
+            }
+            match fill {
+                Fill::Full => continue,
+                Fill::Drained => return,
+                Fill::Closed => {
+                    self.link_failed(link, now, "server closed the connection");
+                    return;
+                }
+                Fill::Failed(why) => {
+                    self.link_failed(link, now, &why);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Hands every complete frame of a link to the core; returns why the
+    /// link must close, if it must.
+    fn handle_link_frames(&mut self, link: LinkId, now: Instant) -> Option<String> {
+        let Self {
+            core,
+            clients,
+            links,
+            metrics,
+            ..
+        } = self;
+        let Some(LinkConn::Connected { endpoint }) = links.get_mut(&link) else {
+            return None;
+        };
+        loop {
+            let frame = match endpoint.decoder.next_frame() {
+                Ok(Some(frame)) => frame,
+                Ok(None) => return None,
+                Err(e) => return Some(format!("malformed stream from server: {e}")),
+            };
+            let started = Instant::now();
+            match core.link_frame(link, frame, now) {
+                LinkAction::Deliver {
+                    conn,
+                    head,
+                    payload,
+                } => {
+                    if let Some(client) = clients.get_mut(&conn) {
+                        let _ = client.endpoint.send(&head, payload);
+                    }
+                }
+                LinkAction::Nothing => {}
+                LinkAction::Close(why) => return Some(why),
+            }
+            metrics.observe_device_time(started.elapsed());
+        }
+    }
+}
+
+/// How handling a client's buffered frames ended.
+#[derive(Debug)]
+enum FramesEnd {
+    /// Every complete frame was handled.
+    Drained,
+    /// Backpressure: stop reading this client for now.
+    Paused,
+    /// Close the connection.
+    Close(String),
+}
+
+/// An error and its causes on one line.
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

@@ -1,0 +1,1260 @@
+//! The forwarding core: lookup, rewrite, request-id mapping, link health and
+//! timeouts, with no sockets and no clock.
+//!
+//! The driver feeds it events — a frame from a client, a frame from a server
+//! link, a link going up or down, the time passing — together with `now`, and
+//! carries out what it returns: bytes to send to a link or a client, a
+//! connection to close. Large payloads are never copied here: a forwarded
+//! request is a rewritten 72-byte head plus a slice of the client's frame, a
+//! relayed response a rewritten 32-byte head plus a slice of the server's.
+//!
+//! Tags: every request forwarded on a link gets a tag unique on that link;
+//! the core remembers which client connection and client tag it stands for
+//! and restores them on the response. Control messages the device itself
+//! sends on a link (HELLO, MAP_REQUEST) carry tags with the top bit set.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use proto::frame::{self, Header};
+use proto::hello::{self, Capabilities, Role};
+use proto::request::{self, Operation, Target};
+use proto::{Message, Opcode, Status, map, response};
+use telemetry::Gauge;
+
+use crate::map::{DeviceMap, LinkKey};
+use crate::metrics::DeviceMetrics;
+
+/// The protocol version this device speaks.
+pub const PROTOCOL_VERSION: u16 = 1;
+/// Length of a forwarded request's rewritten head (frame + request header).
+pub const FORWARD_HEAD_LEN: usize = frame::HEADER_LEN + request::HEADER_LEN;
+/// Length of a relayed response's rewritten head (frame + response header).
+pub const REPLY_HEAD_LEN: usize = frame::HEADER_LEN + response::HEADER_LEN;
+/// Tags with this bit set are the device's own control messages on a link.
+const CONTROL_TAG: u64 = 1 << 63;
+const HELLO_TAG: u64 = CONTROL_TAG | 1;
+const MAP_TAG: u64 = CONTROL_TAG | 2;
+
+/// A client connection, as the driver numbers them.
+pub type ConnId = u64;
+
+/// A link to a server NIC, numbered by the core; stable across reloads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LinkId(pub u32);
+
+/// Tunables of the forwarding core.
+#[derive(Debug, Clone, Copy)]
+pub struct ForwarderConfig {
+    /// A forwarded request unanswered for this long is answered TIMEOUT.
+    pub request_timeout: Duration,
+    /// Requests a client may have in flight; the driver stops reading from a
+    /// client at the limit.
+    pub max_in_flight_per_client: usize,
+}
+
+impl Default for ForwarderConfig {
+    fn default() -> Self {
+        Self {
+            request_timeout: Duration::from_secs(5),
+            max_in_flight_per_client: 256,
+        }
+    }
+}
+
+/// Bytes for a client: an error reply without allocation, or a whole frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// A 32-byte error response.
+    Error([u8; proto::message::ERROR_REPLY_LEN]),
+    /// Any other frame (HELLO, MAP, PONG).
+    Frame(Vec<u8>),
+}
+
+impl Reply {
+    /// The bytes to send.
+    pub fn as_bytes(&self) -> &[u8] {
+        match self {
+            Reply::Error(bytes) => bytes,
+            Reply::Frame(bytes) => bytes,
+        }
+    }
+}
+
+/// What to do with a frame a client sent.
+#[derive(Debug)]
+pub enum ClientAction<'a> {
+    /// Send `head` then `payload` on `link`.
+    Forward {
+        /// The link.
+        link: LinkId,
+        /// The rewritten frame and request header.
+        head: [u8; FORWARD_HEAD_LEN],
+        /// The write data, untouched (empty for other operations).
+        payload: &'a [u8],
+    },
+    /// Send this back to the client.
+    Reply(Reply),
+    /// Send this back, then close the connection (a refused HELLO).
+    ReplyAndClose(Reply),
+    /// Nothing to answer (frames a client should not send, like responses).
+    Nothing,
+    /// The stream cannot be framed any more: close it.
+    Close,
+}
+
+/// What to do with a frame a server link sent.
+#[derive(Debug)]
+pub enum LinkAction<'a> {
+    /// Send `head` then `payload` to client connection `conn`.
+    Deliver {
+        /// The client connection.
+        conn: ConnId,
+        /// The response's frame and response header, with the client's tag.
+        head: [u8; REPLY_HEAD_LEN],
+        /// The read data, untouched.
+        payload: &'a [u8],
+    },
+    /// Nothing to send (a control reply, or a response nobody waits for).
+    Nothing,
+    /// The link is unusable (broken framing, or a server that disagrees
+    /// with the map): close it; then report [`Forwarder::link_down`].
+    Close(String),
+}
+
+/// A link's state as the core sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkStatus {
+    /// Not connected.
+    Down,
+    /// Connected; HELLO and MAP sent, answers awaited.
+    Handshaking,
+    /// Serving requests.
+    Up,
+}
+
+/// Where a request goes.
+#[derive(Debug, Clone, Copy)]
+struct Route {
+    region: u32,
+    offset: u64,
+    client_number: u32,
+    link: LinkId,
+}
+
+/// A request forwarded and not answered yet.
+#[derive(Debug)]
+struct Pending {
+    conn: ConnId,
+    client_tag: u64,
+    opcode: Opcode,
+    sent: Instant,
+    deadline: Instant,
+}
+
+#[derive(Debug)]
+struct Link {
+    key: LinkKey,
+    status: LinkStatus,
+    hello_ok: bool,
+    /// The server's MAP from the last handshake, rechecked on reload.
+    server_map: Option<map::Repr>,
+    next_tag: u64,
+    pending: HashMap<u64, Pending>,
+    up_gauge: Arc<Gauge>,
+}
+
+#[derive(Debug, Default)]
+struct Session {
+    /// The client's id once its HELLO was accepted.
+    client: Option<String>,
+    in_flight: usize,
+}
+
+/// What a reload changed.
+#[derive(Debug, Default)]
+pub struct ReloadOutcome {
+    /// New links to connect.
+    pub connect: Vec<LinkId>,
+    /// Links no longer in the topology: close them.
+    pub disconnect: Vec<LinkId>,
+    /// Links whose server disagrees with the new map: close them and
+    /// reconnect (with backoff), so the handshake checks again.
+    pub reconnect: Vec<LinkId>,
+    /// Replies for requests that were in flight on removed links.
+    pub failed: Vec<(ConnId, Reply)>,
+}
+
+/// The forwarding state of one fabric device.
+#[derive(Debug)]
+pub struct Forwarder {
+    config: ForwarderConfig,
+    map: DeviceMap,
+    /// Link ids by position in `map.links`.
+    link_ids: Vec<LinkId>,
+    links: HashMap<LinkId, Link>,
+    next_link: u32,
+    sessions: HashMap<ConnId, Session>,
+    deadlines: BTreeSet<(Instant, LinkId, u64)>,
+    metrics: Arc<DeviceMetrics>,
+}
+
+fn error_reply(opcode: Opcode, tag: u64, status: Status) -> Reply {
+    Reply::Error(proto::error_reply(opcode, tag, status))
+}
+
+fn frame_reply(message: &Message<'_>, tag: u64) -> Reply {
+    match message.encode_to_vec(tag) {
+        Ok(bytes) => Reply::Frame(bytes),
+        Err(_) => error_reply(message.opcode(), tag, Status::IoError),
+    }
+}
+
+impl Forwarder {
+    /// A core over `map`; every link starts down.
+    pub fn new(map: DeviceMap, config: ForwarderConfig, metrics: Arc<DeviceMetrics>) -> Self {
+        let mut core = Self {
+            config,
+            map,
+            link_ids: Vec::new(),
+            links: HashMap::new(),
+            next_link: 0,
+            sessions: HashMap::new(),
+            deadlines: BTreeSet::new(),
+            metrics,
+        };
+        core.link_ids = (0..core.map.links.len())
+            .map(|i| {
+                let key = core.map.links[i].key.clone();
+                core.add_link(key)
+            })
+            .collect();
+        core.metrics
+            .map_regions
+            .set(core.map.layout.entries().len() as i64);
+        core
+    }
+
+    fn add_link(&mut self, key: LinkKey) -> LinkId {
+        let id = LinkId(self.next_link);
+        self.next_link += 1;
+        let up_gauge = self.metrics.link_up(key.server.as_str(), key.nic.as_str());
+        up_gauge.set(0);
+        self.links.insert(
+            id,
+            Link {
+                key,
+                status: LinkStatus::Down,
+                hello_ok: false,
+                server_map: None,
+                next_tag: 1,
+                pending: HashMap::new(),
+                up_gauge,
+            },
+        );
+        id
+    }
+
+    /// The current map.
+    pub fn map(&self) -> &DeviceMap {
+        &self.map
+    }
+
+    /// Every link with its identity.
+    pub fn links(&self) -> impl Iterator<Item = (LinkId, &LinkKey)> {
+        self.links.iter().map(|(id, link)| (*id, &link.key))
+    }
+
+    /// A link's identity.
+    pub fn link_key(&self, link: LinkId) -> Option<&LinkKey> {
+        self.links.get(&link).map(|l| &l.key)
+    }
+
+    /// A link's status.
+    pub fn link_status(&self, link: LinkId) -> Option<LinkStatus> {
+        self.links.get(&link).map(|l| l.status)
+    }
+
+    /// A client connection opened.
+    pub fn client_opened(&mut self, conn: ConnId) {
+        self.sessions.insert(conn, Session::default());
+        self.metrics.clients.inc();
+    }
+
+    /// A client connection closed: responses still due to it are dropped.
+    pub fn client_closed(&mut self, conn: ConnId) {
+        if let Some(session) = self.sessions.remove(&conn) {
+            self.metrics.clients.dec();
+            self.metrics.in_flight.sub(session.in_flight as i64);
+        }
+    }
+
+    /// Whether `conn` may send another request now (backpressure).
+    pub fn client_has_room(&self, conn: ConnId) -> bool {
+        self.sessions
+            .get(&conn)
+            .is_some_and(|s| s.in_flight < self.config.max_in_flight_per_client)
+    }
+
+    /// Handles one complete frame from client connection `conn`.
+    pub fn client_frame<'a>(
+        &mut self,
+        conn: ConnId,
+        frame: &'a [u8],
+        now: Instant,
+    ) -> ClientAction<'a> {
+        let (message, tag) = match proto::parse_frame(frame) {
+            Ok(parsed) => parsed,
+            Err(error) => {
+                self.metrics.malformed_frames.inc();
+                return match proto::reply_to_malformed(frame, &error) {
+                    Some(reply) => ClientAction::Reply(Reply::Error(reply)),
+                    None if error.breaks_framing() => ClientAction::Close,
+                    None => ClientAction::Nothing,
+                };
+            }
+        };
+        match message {
+            Message::Request(req) => self.forward(conn, frame, &req, tag, now),
+            Message::Hello(hello) => self.hello(conn, &hello, tag),
+            Message::MapRequest => ClientAction::Reply(frame_reply(
+                &Message::Map(map::Repr::from_layout(&self.map.layout)),
+                tag,
+            )),
+            Message::Ping(token) => ClientAction::Reply(frame_reply(&Message::Pong(token), tag)),
+            Message::Response(_) | Message::Map(_) | Message::Pong(_) => {
+                self.metrics.malformed_frames.inc();
+                ClientAction::Nothing
+            }
+        }
+    }
+
+    fn hello(&mut self, conn: ConnId, hello: &hello::Repr<'_>, tag: u64) -> ClientAction<'static> {
+        if hello.version < PROTOCOL_VERSION {
+            return ClientAction::ReplyAndClose(error_reply(
+                Opcode::Hello,
+                tag,
+                Status::VersionMismatch,
+            ));
+        }
+        if !self.map.clients.contains_key(hello.name) {
+            return ClientAction::ReplyAndClose(error_reply(
+                Opcode::Hello,
+                tag,
+                Status::UnknownClient,
+            ));
+        }
+        if let Some(session) = self.sessions.get_mut(&conn) {
+            session.client = Some(hello.name.to_owned());
+        }
+        let reply = Message::Hello(hello::Repr {
+            version: PROTOCOL_VERSION,
+            role: Role::FabricDevice,
+            capabilities: Capabilities::PIPELINING
+                | Capabilities::EXACTLY_ONCE
+                | Capabilities::ZERO_COPY,
+            name: self.map.device.as_str(),
+        });
+        ClientAction::Reply(frame_reply(&reply, tag))
+    }
+
+    /// Where a request goes: its region, the offset in it, the client's
+    /// number and the link to use; or the status that refuses it.
+    fn route(&self, conn: ConnId, req: &request::Repr<'_>) -> Result<Route, Status> {
+        let name = self
+            .sessions
+            .get(&conn)
+            .and_then(|s| s.client.as_ref())
+            .ok_or(Status::UnknownClient)?;
+        let policy = self.map.clients.get(name).ok_or(Status::UnknownClient)?;
+        let (entry, offset) = match req.target {
+            Target::Pmem(addr) => {
+                let at = self.map.lookup(addr).ok_or(Status::Unmapped)?;
+                (at.entry, at.offset.offset)
+            }
+            Target::Region(at) => {
+                let entry = self.map.layout.entry(at.region).ok_or(Status::Unmapped)?;
+                if at.offset >= entry.len {
+                    return Err(Status::Unmapped);
+                }
+                (entry, at.offset)
+            }
+        };
+        let len = match req.operation {
+            Operation::Write | Operation::WritePersist => req.payload.len() as u64,
+            op if op.is_atomic() => 8,
+            _ => u64::from(req.length),
+        };
+        if !policy.allows(entry.start.get() + offset, len) {
+            return Err(Status::AccessDenied);
+        }
+        let link = self.map.region_links[entry.region.0 as usize]
+            .iter()
+            .map(|&i| self.link_ids[i])
+            .find(|id| {
+                self.links
+                    .get(id)
+                    .is_some_and(|l| l.status == LinkStatus::Up)
+            })
+            .ok_or(Status::ServerUnavailable)?;
+        Ok(Route {
+            region: entry.region.0,
+            offset,
+            client_number: policy.number,
+            link,
+        })
+    }
+
+    /// Routes a request, records it as pending and rewrites its head.
+    fn forward<'a>(
+        &mut self,
+        conn: ConnId,
+        frame: &'a [u8],
+        req: &request::Repr<'a>,
+        tag: u64,
+        now: Instant,
+    ) -> ClientAction<'a> {
+        let opcode = req.operation.opcode();
+        let route = match self.route(conn, req) {
+            Ok(route) => route,
+            Err(status) => {
+                self.metrics.record(opcode, status);
+                return ClientAction::Reply(error_reply(opcode, tag, status));
+            }
+        };
+        let Some(link) = self.links.get_mut(&route.link) else {
+            return ClientAction::Reply(error_reply(opcode, tag, Status::ServerUnavailable));
+        };
+        let link_tag = link.next_tag;
+        link.next_tag = (link.next_tag + 1) & !CONTROL_TAG;
+        let deadline = now + self.config.request_timeout;
+        link.pending.insert(
+            link_tag,
+            Pending {
+                conn,
+                client_tag: tag,
+                opcode,
+                sent: now,
+                deadline,
+            },
+        );
+        self.deadlines.insert((deadline, route.link, link_tag));
+        if let Some(session) = self.sessions.get_mut(&conn) {
+            session.in_flight += 1;
+        }
+        self.metrics.in_flight.inc();
+
+        let mut head = [0u8; FORWARD_HEAD_LEN];
+        head.copy_from_slice(&frame[..FORWARD_HEAD_LEN]);
+        let (frame_head, body) = head.split_at_mut(frame::HEADER_LEN);
+        frame::Packet::new_unchecked(frame_head).set_tag(link_tag);
+        let mut packet = request::Packet::new_unchecked(body);
+        packet.set_flags(packet.flags() | request::flags::REGION_ADDRESSED);
+        packet.set_region(route.region);
+        packet.set_addr(route.offset);
+        if req.exactly_once.is_some() {
+            packet.set_client(route.client_number);
+        }
+        self.metrics.bytes_to_servers.add(frame.len() as u64);
+        ClientAction::Forward {
+            link: route.link,
+            head,
+            payload: &frame[FORWARD_HEAD_LEN..],
+        }
+    }
+
+    /// The bytes to send on a link that just connected: HELLO and
+    /// MAP_REQUEST. The link is up once the server answers both and agrees
+    /// with the map.
+    pub fn link_connected(&mut self, link: LinkId) -> Vec<u8> {
+        let Some(state) = self.links.get_mut(&link) else {
+            return Vec::new();
+        };
+        state.status = LinkStatus::Handshaking;
+        state.hello_ok = false;
+        let mut out = Vec::new();
+        let hello = Message::Hello(hello::Repr {
+            version: PROTOCOL_VERSION,
+            role: Role::FabricDevice,
+            capabilities: Capabilities::PIPELINING | Capabilities::REGION_ADDRESSING,
+            name: self.map.device.as_str(),
+        });
+        for (message, tag) in [(hello, HELLO_TAG), (Message::MapRequest, MAP_TAG)] {
+            if message.encode_into(tag, &mut out).is_err() {
+                return Vec::new();
+            }
+        }
+        out
+    }
+
+    /// Handles one complete frame from a server link.
+    pub fn link_frame<'a>(
+        &mut self,
+        link_id: LinkId,
+        frame: &'a [u8],
+        now: Instant,
+    ) -> LinkAction<'a> {
+        let header = match Header::parse(frame) {
+            Ok(header) => header,
+            Err(e) => return LinkAction::Close(format!("bad frame from server: {e}")),
+        };
+        if header.tag & CONTROL_TAG != 0 {
+            return self.link_control(link_id, frame);
+        }
+        if !header.opcode.is_response() || frame.len() < REPLY_HEAD_LEN {
+            return LinkAction::Close(format!("unexpected {} frame from server", header.opcode));
+        }
+        let Some(link) = self.links.get_mut(&link_id) else {
+            return LinkAction::Nothing;
+        };
+        let Some(pending) = link.pending.remove(&header.tag) else {
+            // Answered already (timed out); nobody waits for it.
+            return LinkAction::Nothing;
+        };
+        self.deadlines
+            .remove(&(pending.deadline, link_id, header.tag));
+        self.metrics.in_flight.dec();
+        self.metrics
+            .server_rtt
+            .observe_duration(now.saturating_duration_since(pending.sent));
+        let Some(session) = self.sessions.get_mut(&pending.conn) else {
+            return LinkAction::Nothing;
+        };
+        session.in_flight = session.in_flight.saturating_sub(1);
+        let mut head = [0u8; REPLY_HEAD_LEN];
+        head.copy_from_slice(&frame[..REPLY_HEAD_LEN]);
+        frame::Packet::new_unchecked(&mut head[..frame::HEADER_LEN]).set_tag(pending.client_tag);
+        let status = response::Packet::new_unchecked(&head[frame::HEADER_LEN..]).status();
+        self.metrics.record(pending.opcode, status);
+        self.metrics.bytes_to_clients.add(frame.len() as u64);
+        LinkAction::Deliver {
+            conn: pending.conn,
+            head,
+            payload: &frame[REPLY_HEAD_LEN..],
+        }
+    }
+
+    /// The server's answers to the device's own HELLO and MAP_REQUEST.
+    fn link_control<'a>(&mut self, link_id: LinkId, frame: &[u8]) -> LinkAction<'a> {
+        let Some(link) = self.links.get_mut(&link_id) else {
+            return LinkAction::Nothing;
+        };
+        let server = link.key.server.clone();
+        match proto::parse_frame(frame) {
+            Ok((Message::Hello(hello), HELLO_TAG)) => {
+                if hello.role != Role::Server || hello.name != server.as_str() {
+                    return LinkAction::Close(format!(
+                        "expected server {server:?}, but {:?} ({:?}) answered",
+                        hello.name, hello.role
+                    ));
+                }
+                link.hello_ok = true;
+                LinkAction::Nothing
+            }
+            Ok((Message::Map(theirs), MAP_TAG)) => {
+                if !link.hello_ok {
+                    return LinkAction::Close("MAP before HELLO from server".into());
+                }
+                if !self.map.server_agrees(&server, &theirs) {
+                    return LinkAction::Close(format!(
+                        "server {server:?} serves a layout that disagrees with this device's map"
+                    ));
+                }
+                link.status = LinkStatus::Up;
+                link.up_gauge.set(1);
+                link.server_map = Some(theirs);
+                LinkAction::Nothing
+            }
+            Ok((other, tag)) => LinkAction::Close(format!(
+                "unexpected {} (tag {tag:#x}) answering the link handshake",
+                other.opcode()
+            )),
+            Err(e) => LinkAction::Close(format!("bad handshake frame from server: {e}")),
+        }
+    }
+
+    /// A link broke or was closed: every request in flight on it is answered
+    /// SERVER_UNAVAILABLE.
+    pub fn link_down(&mut self, link_id: LinkId) -> Vec<(ConnId, Reply)> {
+        let Some(link) = self.links.get_mut(&link_id) else {
+            return Vec::new();
+        };
+        link.status = LinkStatus::Down;
+        link.hello_ok = false;
+        link.server_map = None;
+        link.up_gauge.set(0);
+        let pending: Vec<(u64, Pending)> = link.pending.drain().collect();
+        pending
+            .into_iter()
+            .filter_map(|(tag, p)| {
+                self.deadlines.remove(&(p.deadline, link_id, tag));
+                self.answer(p, Status::ServerUnavailable)
+            })
+            .collect()
+    }
+
+    /// Settles a pending request with an error status for its client.
+    fn answer(&mut self, pending: Pending, status: Status) -> Option<(ConnId, Reply)> {
+        self.metrics.in_flight.dec();
+        let session = self.sessions.get_mut(&pending.conn)?;
+        session.in_flight = session.in_flight.saturating_sub(1);
+        self.metrics.record(pending.opcode, status);
+        Some((
+            pending.conn,
+            error_reply(pending.opcode, pending.client_tag, status),
+        ))
+    }
+
+    /// When [`Forwarder::handle_timeouts`] next has work.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.deadlines.first().map(|(deadline, _, _)| *deadline)
+    }
+
+    /// Answers TIMEOUT to every request whose deadline has passed.
+    pub fn handle_timeouts(&mut self, now: Instant) -> Vec<(ConnId, Reply)> {
+        let mut replies = Vec::new();
+        while let Some(&(deadline, link_id, tag)) = self.deadlines.first() {
+            if deadline > now {
+                break;
+            }
+            self.deadlines.pop_first();
+            let pending = self
+                .links
+                .get_mut(&link_id)
+                .and_then(|l| l.pending.remove(&tag));
+            if let Some(pending) = pending
+                && let Some(reply) = self.answer(pending, Status::Timeout)
+            {
+                replies.push(reply);
+            }
+        }
+        replies
+    }
+
+    /// Swaps in a new map without touching client connections. Links that
+    /// keep their identity keep their connection if their server's MAP
+    /// agrees with the new map, and are to be reconnected otherwise; new
+    /// links are to be connected, removed ones closed. Sessions of clients
+    /// the new topology no longer names lose their admission.
+    pub fn reload(&mut self, map: DeviceMap) -> ReloadOutcome {
+        let mut outcome = ReloadOutcome::default();
+        let mut by_key: HashMap<LinkKey, LinkId> = self
+            .links
+            .iter()
+            .map(|(id, l)| (l.key.clone(), *id))
+            .collect();
+        let mut link_ids = Vec::with_capacity(map.links.len());
+        for spec in &map.links {
+            match by_key.remove(&spec.key) {
+                Some(id) => link_ids.push(id),
+                None => {
+                    let id = self.add_link(spec.key.clone());
+                    outcome.connect.push(id);
+                    link_ids.push(id);
+                }
+            }
+        }
+        for (_, id) in by_key {
+            outcome.failed.extend(self.link_down(id));
+            self.links.remove(&id);
+            outcome.disconnect.push(id);
+        }
+        for &id in &link_ids {
+            let agrees = self.links.get(&id).is_none_or(|l| {
+                l.server_map
+                    .as_ref()
+                    .is_none_or(|theirs| map.server_agrees(&l.key.server, theirs))
+            });
+            if !agrees {
+                outcome.failed.extend(self.link_down(id));
+                outcome.reconnect.push(id);
+            }
+        }
+        for session in self.sessions.values_mut() {
+            if session
+                .client
+                .as_ref()
+                .is_some_and(|c| !map.clients.contains_key(c))
+            {
+                session.client = None;
+            }
+        }
+        self.link_ids = link_ids;
+        self.map = map;
+        self.metrics
+            .map_regions
+            .set(self.map.layout.entries().len() as i64);
+        outcome
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proto::request::Repr;
+    use proto::response;
+    use topology::{EnvOverrides, PmemAddr, RegionIndex, RegionOffset, Topology};
+
+    fn topology() -> Topology {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/default.toml");
+        Topology::load_with(path, &EnvOverrides::None).unwrap()
+    }
+
+    fn core_with(topology: &Topology, config: ForwarderConfig) -> Forwarder {
+        let map = DeviceMap::new(topology, &"A".into()).unwrap();
+        let metrics = Arc::new(DeviceMetrics::new(Arc::new(telemetry::Registry::new())).unwrap());
+        Forwarder::new(map, config, metrics)
+    }
+
+    fn core() -> Forwarder {
+        core_with(&topology(), ForwarderConfig::default())
+    }
+
+    fn link(core: &Forwarder, server: &str, nic: &str) -> LinkId {
+        core.links()
+            .find(|(_, k)| k.server.as_str() == server && k.nic.as_str() == nic)
+            .map(|(id, _)| id)
+            .unwrap()
+    }
+
+    /// Completes a link's handshake as its server would.
+    fn bring_up(core: &mut Forwarder, link: LinkId) {
+        let server = core.link_key(link).unwrap().server.to_string();
+        let sent = core.link_connected(link);
+        assert!(!sent.is_empty());
+        let hello = Message::Hello(hello::Repr {
+            version: 1,
+            role: Role::Server,
+            capabilities: Capabilities::NONE,
+            name: &server,
+        })
+        .encode_to_vec(HELLO_TAG)
+        .unwrap();
+        assert!(matches!(
+            core.link_frame(link, &hello, Instant::now()),
+            LinkAction::Nothing
+        ));
+        let map = Message::Map(map::Repr::from_layout(&core.map().layout))
+            .encode_to_vec(MAP_TAG)
+            .unwrap();
+        assert!(matches!(
+            core.link_frame(link, &map, Instant::now()),
+            LinkAction::Nothing
+        ));
+        assert_eq!(core.link_status(link), Some(LinkStatus::Up));
+    }
+
+    fn all_up(core: &mut Forwarder) {
+        let ids: Vec<LinkId> = core.links().map(|(id, _)| id).collect();
+        for id in ids {
+            bring_up(core, id);
+        }
+    }
+
+    fn hello(core: &mut Forwarder, conn: ConnId, name: &str) -> ClientAction<'static> {
+        core.client_opened(conn);
+        let frame = Message::Hello(hello::Repr {
+            version: 1,
+            role: Role::Client,
+            capabilities: Capabilities::NONE,
+            name,
+        })
+        .encode_to_vec(1)
+        .unwrap();
+        match core.client_frame(conn, &frame, Instant::now()) {
+            ClientAction::Reply(r) => ClientAction::Reply(r),
+            ClientAction::ReplyAndClose(r) => ClientAction::ReplyAndClose(r),
+            other => panic!("HELLO answered with {other:?}"),
+        }
+    }
+
+    fn pmem(core: &Forwarder, region: &str, offset: u64) -> Target {
+        let start = core.map().layout.entry_by_id(&region.into()).unwrap().start;
+        Target::Pmem(PmemAddr(start.get() + offset))
+    }
+
+    fn key(core: &Forwarder, region: &str) -> u64 {
+        core.map().layout.entry_by_id(&region.into()).unwrap().key
+    }
+
+    /// Status and tag of an error reply.
+    fn status_of(reply: &Reply) -> (Status, u64) {
+        let (message, tag) = proto::parse_frame(reply.as_bytes()).unwrap();
+        match message {
+            Message::Response(r) => (r.status, tag),
+            other => panic!("not a response: {other:?}"),
+        }
+    }
+
+    fn refused(action: ClientAction<'_>) -> Status {
+        match action {
+            ClientAction::Reply(reply) => status_of(&reply).0,
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    /// A response from a server to link tag `tag`.
+    fn server_response(tag: u64, status: Status, data: &[u8]) -> Vec<u8> {
+        let repr = if data.is_empty() {
+            response::Repr::ack(status)
+        } else {
+            response::Repr::read_data(data)
+        };
+        Message::Response(repr).encode_to_vec(tag).unwrap()
+    }
+
+    #[test]
+    fn read_is_rewritten_to_region_offset_and_relayed_back() {
+        let mut core = core();
+        all_up(&mut core);
+        hello(&mut core, 10, "c1");
+        let req = Message::Request(Repr::read(pmem(&core, "PB.2", 100), key(&core, "PB.2"), 64))
+            .encode_to_vec(7)
+            .unwrap();
+        let (link_id, head) = match core.client_frame(10, &req, Instant::now()) {
+            ClientAction::Forward {
+                link,
+                head,
+                payload,
+            } => {
+                assert!(payload.is_empty());
+                (link, head)
+            }
+            other => panic!("{other:?}"),
+        };
+        // PB.2 is on server B's socket 1: the link to B's NIC n1.
+        assert_eq!(link_id, link(&core, "B", "n1"));
+        let (message, link_tag) = proto::parse_frame(&head).unwrap();
+        let Message::Request(forwarded) = message else {
+            panic!("{message:?}")
+        };
+        assert_eq!(
+            forwarded.target,
+            Target::Region(RegionOffset::new(RegionIndex(3), 100))
+        );
+        assert_eq!(forwarded.length, 64);
+        assert_eq!(forwarded.key, key(&core, "PB.2"));
+
+        let data = [0xab; 64];
+        let response = server_response(link_tag, Status::Ok, &data);
+        match core.link_frame(link_id, &response, Instant::now()) {
+            LinkAction::Deliver {
+                conn,
+                head,
+                payload,
+            } => {
+                assert_eq!(conn, 10);
+                assert_eq!(payload, &data);
+                let mut frame = head.to_vec();
+                frame.extend_from_slice(payload);
+                let (message, tag) = proto::parse_frame(&frame).unwrap();
+                assert_eq!(tag, 7, "the client's own tag is restored");
+                assert!(matches!(message, Message::Response(r) if r.status == Status::Ok));
+            }
+            other => panic!("{other:?}"),
+        }
+        // Answered once: a duplicate response is dropped.
+        assert!(matches!(
+            core.link_frame(link_id, &response, Instant::now()),
+            LinkAction::Nothing
+        ));
+    }
+
+    #[test]
+    fn write_payload_is_relayed_untouched() {
+        let mut core = core();
+        all_up(&mut core);
+        hello(&mut core, 1, "c2");
+        let data: Vec<u8> = (0..=255).collect();
+        let req = Message::Request(Repr::write(
+            pmem(&core, "PA.1", 4096),
+            key(&core, "PA.1"),
+            &data,
+        ))
+        .encode_to_vec(3)
+        .unwrap();
+        match core.client_frame(1, &req, Instant::now()) {
+            ClientAction::Forward { head, payload, .. } => {
+                assert_eq!(payload, &data[..]);
+                assert_eq!(
+                    payload.as_ptr(),
+                    req[FORWARD_HEAD_LEN..].as_ptr(),
+                    "not copied"
+                );
+                let mut frame = head.to_vec();
+                frame.extend_from_slice(payload);
+                assert!(proto::parse_frame(&frame).is_ok());
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn falls_back_to_the_other_socket_then_to_server_unavailable() {
+        let mut core = core();
+        all_up(&mut core);
+        hello(&mut core, 1, "c1");
+        let read = |core: &Forwarder| {
+            Message::Request(Repr::read(pmem(core, "PB.2", 0), key(core, "PB.2"), 8))
+                .encode_to_vec(5)
+                .unwrap()
+        };
+        let same_socket = link(&core, "B", "n1");
+        let other_socket = link(&core, "B", "n0");
+        core.link_down(same_socket);
+        let req = read(&core);
+        match core.client_frame(1, &req, Instant::now()) {
+            ClientAction::Forward { link, .. } => assert_eq!(link, other_socket),
+            other => panic!("{other:?}"),
+        }
+        core.link_down(other_socket);
+        let req = read(&core);
+        assert_eq!(
+            refused(core.client_frame(1, &req, Instant::now())),
+            Status::ServerUnavailable
+        );
+        // Server A is unaffected.
+        let req = Message::Request(Repr::read(pmem(&core, "PA.1", 0), key(&core, "PA.1"), 8))
+            .encode_to_vec(6)
+            .unwrap();
+        assert!(matches!(
+            core.client_frame(1, &req, Instant::now()),
+            ClientAction::Forward { .. }
+        ));
+    }
+
+    #[test]
+    fn unknown_clients_and_addresses_are_refused() {
+        let mut core = core();
+        all_up(&mut core);
+        match hello(&mut core, 1, "intruder") {
+            ClientAction::ReplyAndClose(reply) => {
+                assert_eq!(status_of(&reply), (Status::UnknownClient, 1));
+            }
+            other => panic!("{other:?}"),
+        }
+        // Requests before an accepted HELLO are refused too.
+        let req = Message::Request(Repr::read(pmem(&core, "PA.1", 0), 0, 8))
+            .encode_to_vec(2)
+            .unwrap();
+        assert_eq!(
+            refused(core.client_frame(1, &req, Instant::now())),
+            Status::UnknownClient
+        );
+
+        hello(&mut core, 2, "c1");
+        let end = core.map().layout.entries_by_address().last().unwrap().end();
+        for target in [
+            Target::Pmem(PmemAddr(0)),
+            Target::Pmem(PmemAddr(end)),
+            Target::Region(RegionOffset::new(RegionIndex(99), 0)),
+            Target::Region(RegionOffset::new(RegionIndex(0), 64 << 20)),
+        ] {
+            let req = Message::Request(Repr::read(target, 0, 8))
+                .encode_to_vec(3)
+                .unwrap();
+            assert_eq!(
+                refused(core.client_frame(2, &req, Instant::now())),
+                Status::Unmapped,
+                "{target:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn lost_requests_time_out_and_late_answers_are_dropped() {
+        let mut core = core_with(
+            &topology(),
+            ForwarderConfig {
+                request_timeout: Duration::from_millis(100),
+                max_in_flight_per_client: 8,
+            },
+        );
+        all_up(&mut core);
+        hello(&mut core, 1, "c1");
+        let start = Instant::now();
+        let req = Message::Request(Repr::flush(pmem(&core, "PA.2", 0), key(&core, "PA.2"), 64))
+            .encode_to_vec(44)
+            .unwrap();
+        let (link_id, link_tag) = match core.client_frame(1, &req, start) {
+            ClientAction::Forward { link, head, .. } => {
+                (link, proto::parse_frame(&head).unwrap().1)
+            }
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            core.poll_timeout(),
+            Some(start + Duration::from_millis(100))
+        );
+        assert!(
+            core.handle_timeouts(start + Duration::from_millis(99))
+                .is_empty()
+        );
+        let expired = core.handle_timeouts(start + Duration::from_millis(100));
+        assert_eq!(expired.len(), 1);
+        assert_eq!(expired[0].0, 1);
+        assert_eq!(status_of(&expired[0].1), (Status::Timeout, 44));
+        assert_eq!(core.poll_timeout(), None);
+        let late = server_response(link_tag, Status::Ok, &[]);
+        assert!(matches!(
+            core.link_frame(link_id, &late, start),
+            LinkAction::Nothing
+        ));
+    }
+
+    #[test]
+    fn a_broken_link_fails_its_requests_at_once() {
+        let mut core = core();
+        all_up(&mut core);
+        hello(&mut core, 1, "c1");
+        hello(&mut core, 2, "c2");
+        let mut tags = Vec::new();
+        for (conn, tag) in [(1, 100), (2, 200), (1, 101)] {
+            let req = Message::Request(Repr::fetch_add(
+                pmem(&core, "PA.1", 8),
+                key(&core, "PA.1"),
+                1,
+            ))
+            .encode_to_vec(tag)
+            .unwrap();
+            match core.client_frame(conn, &req, Instant::now()) {
+                ClientAction::Forward { link, .. } => tags.push(link),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(tags.iter().all(|l| *l == tags[0]), "same region, same link");
+        let mut failed: Vec<(ConnId, (Status, u64))> = core
+            .link_down(tags[0])
+            .iter()
+            .map(|(conn, reply)| (*conn, status_of(reply)))
+            .collect();
+        failed.sort_by_key(|(_, (_, tag))| *tag);
+        assert_eq!(
+            failed,
+            vec![
+                (1, (Status::ServerUnavailable, 100)),
+                (1, (Status::ServerUnavailable, 101)),
+                (2, (Status::ServerUnavailable, 200)),
+            ]
+        );
+        assert_eq!(core.poll_timeout(), None, "their deadlines are gone too");
+    }
+
+    #[test]
+    fn responses_from_two_servers_return_out_of_order_to_many_clients() {
+        let mut core = core();
+        all_up(&mut core);
+        let mut sent = Vec::new();
+        for conn in 0..4u64 {
+            hello(&mut core, conn, if conn % 2 == 0 { "c1" } else { "c2" });
+            for (i, region) in ["PA.1", "PB.1"].iter().enumerate() {
+                let tag = conn * 10 + i as u64;
+                let req =
+                    Message::Request(Repr::read(pmem(&core, region, 0), key(&core, region), 8))
+                        .encode_to_vec(tag)
+                        .unwrap();
+                match core.client_frame(conn, &req, Instant::now()) {
+                    ClientAction::Forward { link, head, .. } => {
+                        sent.push((link, proto::parse_frame(&head).unwrap().1, conn, tag));
+                    }
+                    other => panic!("{other:?}"),
+                }
+            }
+        }
+        let mut link_tags: Vec<(LinkId, u64)> = sent.iter().map(|s| (s.0, s.1)).collect();
+        link_tags.sort();
+        link_tags.dedup();
+        assert_eq!(link_tags.len(), sent.len(), "tags are unique per link");
+        // Answer in reverse order.
+        for (link_id, link_tag, conn, tag) in sent.into_iter().rev() {
+            let response = server_response(link_tag, Status::Ok, &[tag as u8; 8]);
+            match core.link_frame(link_id, &response, Instant::now()) {
+                LinkAction::Deliver {
+                    conn: to,
+                    head,
+                    payload,
+                } => {
+                    assert_eq!(to, conn);
+                    assert_eq!(payload, &[tag as u8; 8]);
+                    let tag_back = frame::Packet::new_unchecked(&head[..]).tag();
+                    assert_eq!(tag_back, tag);
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn exactly_once_requests_carry_the_clients_own_number() {
+        let mut core = core();
+        all_up(&mut core);
+        hello(&mut core, 1, "c2");
+        let req = Message::Request(
+            Repr::fetch_add(pmem(&core, "PA.1", 0), key(&core, "PA.1"), 1)
+                .with_exactly_once(999, 5),
+        )
+        .encode_to_vec(1)
+        .unwrap();
+        match core.client_frame(1, &req, Instant::now()) {
+            ClientAction::Forward { head, .. } => {
+                let (Message::Request(fwd), _) = proto::parse_frame(&head).unwrap() else {
+                    panic!()
+                };
+                let once = fwd.exactly_once.unwrap();
+                assert_eq!((once.client, once.seq), (1, 5), "c2 is client number 1");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn allow_lists_are_enforced_before_any_server_sees_the_request() {
+        let mut t = topology();
+        t.clients[0].allow = vec![topology::AllowRange {
+            region: "PA.2".into(),
+            offset: topology::ByteSize(0),
+            size: Some(topology::ByteSize(1 << 20)),
+        }];
+        let mut core = core_with(&t, ForwarderConfig::default());
+        all_up(&mut core);
+        hello(&mut core, 1, "c1");
+        let inside = Message::Request(Repr::read(pmem(&core, "PA.2", 4096), key(&core, "PA.2"), 8))
+            .encode_to_vec(1)
+            .unwrap();
+        assert!(matches!(
+            core.client_frame(1, &inside, Instant::now()),
+            ClientAction::Forward { .. }
+        ));
+        for (region, offset, len) in [("PA.1", 0, 8), ("PA.2", (1 << 20) - 4, 8)] {
+            let req = Message::Request(Repr::read(
+                pmem(&core, region, offset),
+                key(&core, region),
+                len,
+            ))
+            .encode_to_vec(2)
+            .unwrap();
+            assert_eq!(
+                refused(core.client_frame(1, &req, Instant::now())),
+                Status::AccessDenied
+            );
+        }
+    }
+
+    #[test]
+    fn in_flight_limit_applies_per_client() {
+        let mut core = core_with(
+            &topology(),
+            ForwarderConfig {
+                request_timeout: Duration::from_secs(1),
+                max_in_flight_per_client: 2,
+            },
+        );
+        all_up(&mut core);
+        hello(&mut core, 1, "c1");
+        hello(&mut core, 2, "c2");
+        let mut last = None;
+        for tag in 0..2 {
+            let req = Message::Request(Repr::read(pmem(&core, "PA.1", 0), key(&core, "PA.1"), 8))
+                .encode_to_vec(tag)
+                .unwrap();
+            if let ClientAction::Forward { link, head, .. } =
+                core.client_frame(1, &req, Instant::now())
+            {
+                last = Some((link, proto::parse_frame(&head).unwrap().1));
+            }
+        }
+        assert!(!core.client_has_room(1));
+        assert!(core.client_has_room(2), "other clients are not held back");
+        let (link_id, link_tag) = last.unwrap();
+        core.link_frame(
+            link_id,
+            &server_response(link_tag, Status::Ok, &[0; 8]),
+            Instant::now(),
+        );
+        assert!(core.client_has_room(1));
+    }
+
+    #[test]
+    fn handshake_with_the_wrong_server_closes_the_link() {
+        let mut core = core();
+        let id = link(&core, "A", "n0");
+        core.link_connected(id);
+        let imposter = Message::Hello(hello::Repr {
+            version: 1,
+            role: Role::Server,
+            capabilities: Capabilities::NONE,
+            name: "B",
+        })
+        .encode_to_vec(HELLO_TAG)
+        .unwrap();
+        assert!(matches!(
+            core.link_frame(id, &imposter, Instant::now()),
+            LinkAction::Close(_)
+        ));
+
+        // A server whose map disagrees (its region moved) is refused too.
+        let id = link(&core, "A", "n1");
+        core.link_connected(id);
+        let hello = Message::Hello(hello::Repr {
+            version: 1,
+            role: Role::Server,
+            capabilities: Capabilities::NONE,
+            name: "A",
+        })
+        .encode_to_vec(HELLO_TAG)
+        .unwrap();
+        core.link_frame(id, &hello, Instant::now());
+        let mut theirs = map::Repr::from_layout(&core.map().layout);
+        theirs.entries[0].len /= 2;
+        let map = Message::Map(theirs).encode_to_vec(MAP_TAG).unwrap();
+        assert!(matches!(
+            core.link_frame(id, &map, Instant::now()),
+            LinkAction::Close(_)
+        ));
+        assert_ne!(core.link_status(id), Some(LinkStatus::Up));
+    }
+
+    #[test]
+    fn reload_adds_a_server_and_keeps_sessions_and_links() {
+        let mut core = core();
+        all_up(&mut core);
+        hello(&mut core, 1, "c1");
+        let before: Vec<LinkId> = core.links().map(|(id, _)| id).collect();
+
+        let mut bigger = topology();
+        let mut server = bigger.servers[1].clone();
+        server.id = "C".into();
+        server.admin = None;
+        server.sockets[0].devices[0].regions[0].id = "PC.1".into();
+        server.sockets[1].devices[0].regions[0].id = "PC.2".into();
+        for (i, nic) in server.nics.iter_mut().enumerate() {
+            nic.listen = format!("127.0.1.{}:7000", 10 + i);
+        }
+        bigger.servers.push(server);
+        for device in &mut bigger.fabric_devices {
+            device.links.push(topology::FabricLink {
+                server: "C".into(),
+                nic: "n0".into(),
+            });
+        }
+        let outcome = core.reload(DeviceMap::new(&bigger, &"A".into()).unwrap());
+        assert_eq!(outcome.connect.len(), 1);
+        assert!(outcome.disconnect.is_empty() && outcome.reconnect.is_empty());
+        for id in &before {
+            assert_eq!(
+                core.link_status(*id),
+                Some(LinkStatus::Up),
+                "old links stay up"
+            );
+        }
+        bring_up(&mut core, outcome.connect[0]);
+        let req = Message::Request(Repr::read(pmem(&core, "PC.2", 0), key(&core, "PC.2"), 8))
+            .encode_to_vec(1)
+            .unwrap();
+        match core.client_frame(1, &req, Instant::now()) {
+            ClientAction::Forward { link, .. } => assert_eq!(link, outcome.connect[0]),
+            other => panic!("the existing session uses the new region: {other:?}"),
+        }
+    }
+}

@@ -1,0 +1,14 @@
+//! fabric-device: the switch/proxy daemon of one switch node (seed 001,
+//! FIG. 3B, 4A–4C). It holds the PMEM address map and forwards each
+//! one-sided request to the server that owns the address, over the link on
+//! the region's CPU socket when that link is up.
+//!
+//! - [`map`]: the device's snapshot of the topology (links, routes, clients).
+//! - [`forward`]: the sans-IO forwarding core.
+//! - [`driver`]: the event loop that moves bytes between sockets and the core.
+//! - [`metrics`]: what `/metrics` exports.
+
+pub mod driver;
+pub mod forward;
+pub mod map;
+pub mod metrics;

@@ -1,0 +1,285 @@
+//! The device's view of the fabric: the PMEM address map, its links to
+//! server NICs, which links reach each region, and which clients it admits.
+//!
+//! A [`DeviceMap`] is an immutable snapshot built from a validated topology;
+//! a reload builds a new one and swaps it in.
+
+use std::collections::HashMap;
+
+use topology::{
+    FabricDeviceId, Layout, LayoutError, NicId, PmemAddr, ServerId, SocketId, Topology,
+};
+
+/// What identifies a link across reloads: the server NIC and its address.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct LinkKey {
+    /// The server at the other end.
+    pub server: ServerId,
+    /// The server NIC.
+    pub nic: NicId,
+    /// Where that NIC listens.
+    pub addr: String,
+}
+
+/// One link of this device to a server NIC.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkSpec {
+    /// Its identity.
+    pub key: LinkKey,
+    /// The CPU socket the NIC is attached to.
+    pub socket: SocketId,
+    /// The server's index in the layout (as MAP entries carry it).
+    pub server_index: u16,
+}
+
+/// A client the device admits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientPolicy {
+    /// The client's number: its position in the topology, stamped on its
+    /// exactly-once requests so one client cannot replay another's.
+    pub number: u32,
+    /// PMEM ranges `[start, end)` it may touch; empty means everything.
+    pub allow: Vec<(u64, u64)>,
+}
+
+impl ClientPolicy {
+    /// Whether `[addr, addr + len)` lies inside one allowed range.
+    pub fn allows(&self, addr: u64, len: u64) -> bool {
+        if self.allow.is_empty() {
+            return true;
+        }
+        let Some(end) = addr.checked_add(len) else {
+            return false;
+        };
+        self.allow.iter().any(|&(s, e)| addr >= s && end <= e)
+    }
+}
+
+/// Why a device map cannot be built.
+#[derive(Debug, thiserror::Error)]
+pub enum MapError {
+    /// The topology does not name this device.
+    #[error("{file}: no fabric device {device:?} in the topology")]
+    UnknownDevice {
+        /// The topology file.
+        file: String,
+        /// The device asked for.
+        device: String,
+    },
+    /// The topology has problems.
+    #[error("{0}")]
+    Invalid(#[from] topology::ValidationErrors),
+    /// The layout cannot be built.
+    #[error("{file}: invalid layout")]
+    Layout {
+        /// The topology file.
+        file: String,
+        /// Why.
+        #[source]
+        source: LayoutError,
+    },
+}
+
+/// Everything the forwarding core needs to know about the fabric.
+#[derive(Debug, Clone)]
+pub struct DeviceMap {
+    /// This device's id.
+    pub device: FabricDeviceId,
+    /// The PMEM address layout.
+    pub layout: Layout,
+    /// This device's links, in config order.
+    pub links: Vec<LinkSpec>,
+    /// For each region index, the positions in `links` that reach its
+    /// server: links on the region's socket first, then the others.
+    pub region_links: Vec<Vec<usize>>,
+    /// The admitted clients by id.
+    pub clients: HashMap<String, ClientPolicy>,
+    /// Where the topology came from.
+    pub source: String,
+}
+
+impl DeviceMap {
+    /// Builds the map of `device` from a topology, validating it first.
+    pub fn new(topology: &Topology, device: &FabricDeviceId) -> Result<Self, MapError> {
+        topology.validate()?;
+        let spec = topology
+            .fabric_device(device)
+            .ok_or_else(|| MapError::UnknownDevice {
+                file: topology.source.clone(),
+                device: device.to_string(),
+            })?;
+        let layout = Layout::new(topology).map_err(|source| MapError::Layout {
+            file: topology.source.clone(),
+            source,
+        })?;
+        let server_index: HashMap<&ServerId, u16> = layout
+            .entries()
+            .iter()
+            .map(|e| (&e.server, e.server_index))
+            .collect();
+        let links: Vec<LinkSpec> = spec
+            .links
+            .iter()
+            .filter_map(|link| {
+                let server = topology.server(&link.server)?;
+                let nic = server.nic(&link.nic)?;
+                let index = topology.servers.iter().position(|s| s.id == server.id)?;
+                Some(LinkSpec {
+                    key: LinkKey {
+                        server: server.id.clone(),
+                        nic: nic.id.clone(),
+                        addr: nic.listen.clone(),
+                    },
+                    socket: nic.socket.clone(),
+                    server_index: server_index
+                        .get(&server.id)
+                        .copied()
+                        .unwrap_or(u16::try_from(index).unwrap_or(u16::MAX)),
+                })
+            })
+            .collect();
+        let region_links = layout
+            .entries()
+            .iter()
+            .map(|entry| {
+                let mut reach: Vec<usize> = (0..links.len())
+                    .filter(|&i| links[i].key.server == entry.server)
+                    .collect();
+                reach.sort_by_key(|&i| links[i].socket != entry.socket);
+                reach
+            })
+            .collect();
+        let clients = topology
+            .clients
+            .iter()
+            .enumerate()
+            .map(|(number, client)| {
+                let allow = client
+                    .allow
+                    .iter()
+                    .filter_map(|range| {
+                        let entry = layout.entry_by_id(&range.region)?;
+                        let start = entry.start.get() + range.offset.bytes();
+                        let len = range
+                            .size
+                            .map_or(entry.len.saturating_sub(range.offset.bytes()), |s| {
+                                s.bytes()
+                            });
+                        Some((start, start.saturating_add(len)))
+                    })
+                    .collect();
+                let policy = ClientPolicy {
+                    number: u32::try_from(number).unwrap_or(u32::MAX),
+                    allow,
+                };
+                (client.id.to_string(), policy)
+            })
+            .collect();
+        Ok(Self {
+            device: spec.id.clone(),
+            layout,
+            links,
+            region_links,
+            clients,
+            source: topology.source.clone(),
+        })
+    }
+
+    /// Whether a server's MAP agrees with ours for every region this device
+    /// routes to that server (same index, start and length): the check that
+    /// a link talks to the server the topology means. Regions of other
+    /// servers, and regions the server knows but we do not, do not matter.
+    pub fn server_agrees(&self, server: &ServerId, theirs: &proto::map::Repr) -> bool {
+        self.layout
+            .entries()
+            .iter()
+            .filter(|e| &e.server == server)
+            .all(|ours| {
+                theirs
+                    .entries
+                    .iter()
+                    .any(|t| t.region == ours.region && t.start == ours.start && t.len == ours.len)
+            })
+    }
+
+    /// The region entry holding `addr`.
+    pub fn lookup(&self, addr: PmemAddr) -> Option<topology::Location<'_>> {
+        self.layout.lookup(addr)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use topology::EnvOverrides;
+
+    fn fig4a() -> Topology {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/fig4a.toml");
+        Topology::load_with(path, &EnvOverrides::None).unwrap()
+    }
+
+    #[test]
+    fn region_links_prefer_the_regions_socket() {
+        let t = fig4a();
+        let map = DeviceMap::new(&t, &"C".into()).unwrap();
+        assert_eq!(map.links.len(), 6);
+        // Device C links to server C's socket-0 NIC only (servers alternate).
+        let pc5 = map.layout.entry_by_id(&"PC.5".into()).unwrap();
+        let reach = &map.region_links[pc5.region.0 as usize];
+        assert_eq!(reach.len(), 1);
+        assert_eq!(map.links[reach[0]].key.server.as_str(), "C");
+        assert_eq!(map.links[reach[0]].socket.as_str(), "0");
+    }
+
+    #[test]
+    fn same_socket_links_come_first() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/default.toml");
+        let t = Topology::load_with(path, &EnvOverrides::None).unwrap();
+        let map = DeviceMap::new(&t, &"A".into()).unwrap();
+        let pb2 = map.layout.entry_by_id(&"PB.2".into()).unwrap();
+        let reach: Vec<(&str, &str)> = map.region_links[pb2.region.0 as usize]
+            .iter()
+            .map(|&i| {
+                (
+                    map.links[i].key.server.as_str(),
+                    map.links[i].key.nic.as_str(),
+                )
+            })
+            .collect();
+        assert_eq!(reach, vec![("B", "n1"), ("B", "n0")]);
+    }
+
+    #[test]
+    fn unknown_device_and_invalid_topology_are_errors() {
+        let t = fig4a();
+        assert!(matches!(
+            DeviceMap::new(&t, &"Z".into()),
+            Err(MapError::UnknownDevice { .. })
+        ));
+        let mut broken = t.clone();
+        broken.fabric_devices[0].links.pop();
+        assert!(matches!(
+            DeviceMap::new(&broken, &"A".into()),
+            Err(MapError::Invalid(_))
+        ));
+    }
+
+    #[test]
+    fn allow_lists_become_pmem_ranges() {
+        let mut t = fig4a();
+        t.clients[0].allow = vec![topology::AllowRange {
+            region: "PA.2".into(),
+            offset: topology::ByteSize(4096),
+            size: Some(topology::ByteSize(8192)),
+        }];
+        let map = DeviceMap::new(&t, &"A".into()).unwrap();
+        let pa2 = map.layout.entry_by_id(&"PA.2".into()).unwrap().start.get();
+        let a = &map.clients["A"];
+        assert!(a.allows(pa2 + 4096, 8192));
+        assert!(!a.allows(pa2 + 4096, 8193));
+        assert!(!a.allows(pa2, 1));
+        assert!(!a.allows(u64::MAX, 2));
+        assert!(map.clients["B"].allows(pa2, 1 << 20), "no list: everything");
+        assert_eq!(map.clients["B"].number, 1);
+    }
+}

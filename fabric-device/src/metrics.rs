@@ -1,0 +1,118 @@
+//! What the fabric device exports on `/metrics`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use proto::request::Operation;
+use proto::{Opcode, Status};
+use telemetry::{Counter, CounterTable, Family, Gauge, Histogram, Registry, RegistryError};
+/// Status codes whose counters are cached; rarer ones are looked up each time.
+const STATUS_SLOTS: usize = 16;
+
+/// Counters, gauges and histograms of one fabric device.
+#[derive(Debug)]
+pub struct DeviceMetrics {
+    registry: Arc<Registry>,
+    requests: CounterTable<{ Operation::ALL.len() }, STATUS_SLOTS>,
+    /// Bytes of frames forwarded to servers.
+    pub bytes_to_servers: Arc<Counter>,
+    /// Bytes of frames relayed back to clients.
+    pub bytes_to_clients: Arc<Counter>,
+    /// Time from a frame fully read to its forward (or reply) written.
+    pub device_time: Arc<Histogram>,
+    /// Time from forwarding a request to its response arriving.
+    pub server_rtt: Arc<Histogram>,
+    /// Requests forwarded and not yet answered.
+    pub in_flight: Arc<Gauge>,
+    /// Client connections open (HELLO or not).
+    pub clients: Arc<Gauge>,
+    /// Frames from clients that could not be parsed.
+    pub malformed_frames: Arc<Counter>,
+    links_up: Arc<Family<Gauge>>,
+    /// Regions in the current map.
+    pub map_regions: Arc<Gauge>,
+    /// Successful and refused reloads.
+    pub reloads: Arc<Family<Counter>>,
+}
+
+impl DeviceMetrics {
+    /// Registers the device's metrics in `registry`.
+    pub fn new(registry: Arc<Registry>) -> Result<Self, RegistryError> {
+        let r = &registry;
+        Ok(Self {
+            requests: CounterTable::new(r.counter_family(
+                "fabric_device_requests_total",
+                "One-sided requests answered to clients, by operation and status.",
+                &["op", "status"],
+            )?),
+            bytes_to_servers: r.counter(
+                "fabric_device_forwarded_bytes_to_servers_total",
+                "Bytes of request frames forwarded to PMEM servers.",
+            )?,
+            bytes_to_clients: r.counter(
+                "fabric_device_forwarded_bytes_to_clients_total",
+                "Bytes of response frames relayed back to clients.",
+            )?,
+            device_time: r.histogram(
+                "fabric_device_processing_seconds",
+                "Time a frame spends inside the device, from fully read to written on.",
+                Histogram::latency_buckets(),
+            )?,
+            server_rtt: r.histogram(
+                "fabric_device_server_round_trip_seconds",
+                "Time from forwarding a request to a server to its response arriving.",
+                Histogram::latency_buckets(),
+            )?,
+            in_flight: r.gauge(
+                "fabric_device_in_flight_requests",
+                "Requests forwarded to servers and not yet answered.",
+            )?,
+            clients: r.gauge(
+                "fabric_device_connected_clients",
+                "Client connections open.",
+            )?,
+            malformed_frames: r.counter(
+                "fabric_device_malformed_frames_total",
+                "Frames from clients that could not be parsed.",
+            )?,
+            links_up: r.gauge_family(
+                "fabric_device_link_up",
+                "1 when the link to a server NIC is up and agrees with the map, else 0.",
+                &["server", "nic"],
+            )?,
+            map_regions: r.gauge(
+                "fabric_device_map_regions",
+                "Regions in the device's current address map.",
+            )?,
+            reloads: r.counter_family(
+                "fabric_device_reloads_total",
+                "Topology reloads, by result.",
+                &["result"],
+            )?,
+            registry,
+        })
+    }
+
+    /// The registry the metrics live in.
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+
+    /// The up/down gauge of the link to `server`'s `nic`.
+    pub fn link_up(&self, server: &str, nic: &str) -> Arc<Gauge> {
+        self.links_up.with(&[server, nic])
+    }
+
+    /// Records a request answered with `status`.
+    pub fn record(&self, request: Opcode, status: Status) {
+        let row = Operation::from_opcode(request).map_or(usize::MAX, Operation::index);
+        let code = usize::from(u16::from(status));
+        self.requests
+            .inc(row, code, || [request.to_string(), status.to_string()]);
+    }
+
+    /// Records time spent inside the device.
+    pub fn observe_device_time(&self, elapsed: Duration) {
+        self.device_time.observe_duration(elapsed);
+    }
+}

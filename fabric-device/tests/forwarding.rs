@@ -1,0 +1,427 @@
+//! The fabric device between real pmem-servers and raw protocol clients.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use proto::request::{Repr, Target};
+use proto::{Message, Opcode, Status};
+use testkit::{Conn, Daemon, FabricSpec, Ports, file_bytes, layout};
+use topology::{Layout, PmemAddr};
+
+/// A running test fabric: servers A and B (and whatever a test adds), one
+/// fabric device F.
+struct Fabric {
+    dir: tempfile::TempDir,
+    ports: Ports,
+    config: PathBuf,
+    layout: Layout,
+    servers: HashMap<String, Daemon>,
+    device: Daemon,
+}
+
+const DEVICE_FLAGS: &[&str] = &[
+    "--request-timeout-ms",
+    "2000",
+    "--reconnect-min-ms",
+    "20",
+    "--reconnect-max-ms",
+    "200",
+];
+
+fn two_servers() -> FabricSpec {
+    FabricSpec::new()
+        .server("A", &[("A1", "4MiB"), ("A2", "4MiB")])
+        .server("B", &[("B1", "4MiB")])
+        .device("F")
+        .client("c1")
+        .client("c2")
+        .client("c3")
+        .client("c4")
+}
+
+fn data_dir(dir: &Path, server: &str) -> PathBuf {
+    dir.join("data").join(server)
+}
+
+fn start_server(dir: &Path, config: &Path, id: &str) -> Daemon {
+    testkit::pmem_server(config, id, &data_dir(dir, id), &[])
+        .unwrap_or_else(|e| panic!("pmem-server {id} did not start:\n{e}"))
+}
+
+impl Fabric {
+    fn start(spec: &FabricSpec) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut ports = Ports::new();
+        let config = spec.write(dir.path(), "topology.toml", &mut ports);
+        let servers = spec
+            .servers
+            .iter()
+            .map(|(id, _)| (id.clone(), start_server(dir.path(), &config, id)))
+            .collect();
+        let device = testkit::fabric_device(&config, "F", DEVICE_FLAGS)
+            .unwrap_or_else(|e| panic!("fabric-device did not start:\n{e}"));
+        let fabric = Self {
+            layout: layout(&config),
+            dir,
+            ports,
+            config,
+            servers,
+            device,
+        };
+        fabric.wait_links_up(spec.servers.len());
+        fabric
+    }
+
+    fn device_addr(&self) -> std::net::SocketAddr {
+        self.device.addr("port.p0")
+    }
+
+    fn client(&self, name: &str) -> Conn {
+        let mut conn = Conn::connect(self.device_addr());
+        let reply = conn.hello(name);
+        assert_eq!(reply.opcode, Opcode::Hello, "{reply:?}");
+        assert_eq!(reply.data, b"F");
+        conn
+    }
+
+    fn metrics(&self) -> String {
+        let (code, text) = telemetry::http_get(
+            self.device.addr("admin"),
+            "/metrics",
+            Duration::from_secs(5),
+        )
+        .expect("scrape the device");
+        assert_eq!(code, 200);
+        text
+    }
+
+    /// Waits until `count` link-up gauges read 1.
+    fn wait_links_up(&self, count: usize) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let text = self.metrics();
+            let up = text
+                .lines()
+                .filter(|l| l.starts_with("fabric_device_link_up{") && l.ends_with(" 1"))
+                .count();
+            if up >= count {
+                return;
+            }
+            assert!(Instant::now() < deadline, "links not up:\n{text}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn region(&self, id: &str) -> &topology::LayoutEntry {
+        self.layout.entry_by_id(&id.into()).expect("region")
+    }
+
+    fn pmem(&self, region: &str, offset: u64) -> Target {
+        Target::Pmem(PmemAddr(self.region(region).start.get() + offset))
+    }
+
+    fn key(&self, region: &str) -> u64 {
+        self.region(region).key
+    }
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(13) ^ seed)
+        .collect()
+}
+
+#[test]
+fn writes_land_in_the_owning_servers_file_at_the_right_offset() {
+    let fabric = Fabric::start(&two_servers());
+    let mut conn = fabric.client("c1");
+    let cases = [
+        ("A1", 0u64, 64usize),
+        ("A2", 1 << 20, 4096),
+        ("B1", 12345, 300_000),
+    ];
+    for (i, &(region, offset, len)) in cases.iter().enumerate() {
+        let data = pattern(len, i as u8);
+        let reply = conn.call(Repr::write(
+            fabric.pmem(region, offset),
+            fabric.key(region),
+            &data,
+        ));
+        assert_eq!(reply.status, Status::Ok, "{region}");
+        let read = conn.call(Repr::read(
+            fabric.pmem(region, offset),
+            fabric.key(region),
+            len as u32,
+        ));
+        assert_eq!(read.status, Status::Ok);
+        assert!(read.data == data, "{region}: read back what was written");
+        let server = &region[..1];
+        assert!(
+            file_bytes(&data_dir(fabric.dir.path(), server), region, offset, len) == data,
+            "{region}: the bytes are in server {server}'s file at offset {offset}"
+        );
+    }
+    // Nothing landed in the other server's file.
+    assert_eq!(
+        file_bytes(&data_dir(fabric.dir.path(), "B"), "B1", 0, 64),
+        vec![0; 64]
+    );
+}
+
+#[test]
+fn a_killed_server_is_unavailable_while_the_other_serves_and_comes_back() {
+    let mut fabric = Fabric::start(&two_servers());
+    let mut conn = fabric.client("c1");
+    let write_a = |conn: &mut Conn, fabric: &Fabric, v: u64| {
+        conn.call(Repr::atomic_write(
+            fabric.pmem("A1", 0),
+            fabric.key("A1"),
+            v,
+        ))
+    };
+    assert_eq!(write_a(&mut conn, &fabric, 1).status, Status::Ok);
+
+    fabric.servers.remove("A").expect("server A").kill9();
+    let started = Instant::now();
+    let status = loop {
+        let status = write_a(&mut conn, &fabric, 2).status;
+        if status != Status::Ok || started.elapsed() > Duration::from_secs(5) {
+            break status;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert_eq!(status, Status::ServerUnavailable);
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "seen within the timeout"
+    );
+    let b = conn.call(Repr::fetch_add(fabric.pmem("B1", 8), fabric.key("B1"), 1));
+    assert_eq!(b.status, Status::Ok, "server B keeps serving");
+
+    let restarted = start_server(fabric.dir.path(), &fabric.config, "A");
+    fabric.servers.insert("A".into(), restarted);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let reply = conn.call(Repr::fetch_add(fabric.pmem("A1", 0), fabric.key("A1"), 0));
+        if reply.status == Status::Ok {
+            assert_eq!(reply.value, 1, "the data survived the restart");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the link never came back");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn unknown_clients_unmapped_addresses_and_malformed_frames() {
+    let fabric = Fabric::start(&two_servers());
+    let mut stranger = Conn::connect(fabric.device_addr());
+    let reply = stranger.hello("mallory");
+    assert_eq!(reply.status, Status::UnknownClient);
+    assert_eq!(
+        stranger.try_recv(),
+        None,
+        "the device closes the connection"
+    );
+
+    let mut conn = fabric.client("c1");
+    let end = fabric
+        .layout
+        .entries_by_address()
+        .last()
+        .expect("a region")
+        .end();
+    for target in [
+        Target::Pmem(PmemAddr(0)),
+        Target::Pmem(PmemAddr(end + 4096)),
+    ] {
+        assert_eq!(conn.call(Repr::read(target, 0, 8)).status, Status::Unmapped);
+    }
+
+    // One client sends garbage; only its connection closes.
+    let mut vandal = fabric.client("c2");
+    vandal.send_raw(b"GET / HTTP/1.1\r\n\r\n");
+    assert_eq!(vandal.try_recv(), None);
+    let mut unknown_op = Message::Ping(1).encode_to_vec(77).expect("encode");
+    unknown_op[3] = 0x7e;
+    conn.send_raw(&unknown_op);
+    let reply = conn.recv();
+    assert_eq!((reply.tag, reply.status), (77, Status::Unsupported));
+    let ok = conn.call(Repr::read(fabric.pmem("A1", 0), fabric.key("A1"), 8));
+    assert_eq!(
+        ok.status,
+        Status::Ok,
+        "the well-behaved client is unaffected"
+    );
+    // A wrong key is relayed from the server as ACCESS_DENIED.
+    let denied = conn.call(Repr::read(fabric.pmem("A1", 0), fabric.key("A1") ^ 1, 8));
+    assert_eq!(denied.status, Status::AccessDenied);
+}
+
+#[test]
+fn sighup_reload_adds_a_server_without_dropping_clients() {
+    let spec = two_servers();
+    let mut fabric = Fabric::start(&spec);
+    let mut conn = fabric.client("c1");
+
+    let bigger = spec.clone().server("C", &[("C1", "4MiB")]);
+    let config = bigger.write(fabric.dir.path(), "topology.toml", &mut fabric.ports);
+    let new_layout = layout(&config);
+    let c1 = new_layout.entry_by_id(&"C1".into()).expect("C1").clone();
+    let c = start_server(fabric.dir.path(), &config, "C");
+    fabric.servers.insert("C".into(), c);
+    fabric.device.signal(libc::SIGHUP);
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let target = Target::Pmem(c1.start.checked_add(64).expect("address"));
+    loop {
+        let reply = conn.call(Repr::write(target, c1.key, b"new region"));
+        if reply.status == Status::Ok {
+            break;
+        }
+        assert!(
+            matches!(reply.status, Status::Unmapped | Status::ServerUnavailable),
+            "{reply:?}"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "the new region never became usable"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let read = conn.call(Repr::read(target, c1.key, 10));
+    assert_eq!(read.data, b"new region", "same connection, new region");
+    assert_eq!(
+        file_bytes(&data_dir(fabric.dir.path(), "C"), "C1", 64, 10),
+        b"new region"
+    );
+
+    // An invalid topology is refused and the old map keeps serving.
+    std::fs::write(&config, "[pool\nthis is not toml").expect("write");
+    fabric.device.signal(libc::SIGHUP);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !fabric.device.stderr_so_far().contains("reload refused") {
+        assert!(
+            Instant::now() < deadline,
+            "{}",
+            fabric.device.stderr_so_far()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(conn.call(Repr::read(target, c1.key, 10)).status, Status::Ok);
+    assert!(
+        fabric
+            .metrics()
+            .contains("fabric_device_reloads_total{result=\"refused\"} 1")
+    );
+}
+
+/// What a client expects back for a request it sent.
+#[derive(Debug)]
+enum Expect {
+    Ack,
+    Data(Vec<u8>),
+    Atomic,
+}
+
+#[test]
+fn many_clients_pipelining_mixed_operations_get_their_own_answers() {
+    let fabric = Fabric::start(&two_servers());
+    const OPS: usize = 1500;
+    const WINDOW: usize = 32;
+    std::thread::scope(|s| {
+        for (n, name) in ["c1", "c2", "c3", "c4"].into_iter().enumerate() {
+            let fabric = &fabric;
+            s.spawn(move || {
+                let mut conn = fabric.client(name);
+                let region = ["A1", "A2", "B1"][n % 3];
+                // Each client owns a 64 KiB slice; slot i holds 16 bytes.
+                let base = n as u64 * 65536;
+                let mut expected: HashMap<u64, Expect> = HashMap::new();
+                let mut written: HashMap<u64, Vec<u8>> = HashMap::new();
+                let mut sent = 0;
+                while sent < OPS || !expected.is_empty() {
+                    while sent < OPS && expected.len() < WINDOW {
+                        let slot = (sent % 256) as u64;
+                        let at = fabric.pmem(region, base + 4096 + slot * 16);
+                        let k = fabric.key(region);
+                        let data = pattern(16, sent as u8);
+                        let (req, expect) = match sent % 4 {
+                            0 => {
+                                written.insert(slot, data.clone());
+                                (Repr::write(at, k, &data), Expect::Ack)
+                            }
+                            1 if written.contains_key(&slot) => {
+                                (Repr::read(at, k, 16), Expect::Data(written[&slot].clone()))
+                            }
+                            2 => (
+                                Repr::fetch_add(fabric.pmem(region, base), k, 1),
+                                Expect::Atomic,
+                            ),
+                            _ => (
+                                Repr::compare_swap(fabric.pmem(region, base + 8), k, 0, 0),
+                                Expect::Atomic,
+                            ),
+                        };
+                        let tag = conn.send(&Message::Request(req));
+                        expected.insert(tag, expect);
+                        sent += 1;
+                    }
+                    let reply = conn.recv();
+                    let expect = expected
+                        .remove(&reply.tag)
+                        .unwrap_or_else(|| panic!("{name}: reply to a tag never sent: {reply:?}"));
+                    assert_eq!(reply.status, Status::Ok, "{name}: {reply:?}");
+                    match expect {
+                        Expect::Ack => assert_eq!(reply.opcode, Opcode::Acknowledge),
+                        Expect::Atomic => assert_eq!(reply.opcode, Opcode::AtomicAcknowledge),
+                        Expect::Data(data) => {
+                            assert_eq!(reply.opcode, Opcode::ReadResponse);
+                            assert_eq!(reply.data, data, "{name}: read its own write");
+                        }
+                    }
+                }
+                let count = conn.call(Repr::fetch_add(
+                    fabric.pmem(region, base),
+                    fabric.key(region),
+                    0,
+                ));
+                assert_eq!(
+                    count.value,
+                    (OPS / 4) as u64,
+                    "{name}: every increment applied once"
+                );
+            });
+        }
+    });
+}
+
+#[test]
+fn metrics_pass_promtool_and_sigterm_exits_cleanly() {
+    let fabric = Fabric::start(&two_servers());
+    let mut conn = fabric.client("c1");
+    conn.call(Repr::write_persist(
+        fabric.pmem("A1", 0),
+        fabric.key("A1"),
+        &[7; 64],
+    ));
+    conn.call(Repr::read(fabric.pmem("B1", 0), fabric.key("B1"), 64));
+    let text = fabric.metrics();
+    telemetry::promtool_check(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    for line in [
+        "fabric_device_requests_total{op=\"WRITE_PERSIST\",status=\"OK\"} 1",
+        "fabric_device_requests_total{op=\"READ\",status=\"OK\"} 1",
+        "fabric_device_link_up{server=\"A\",nic=\"n0\"} 1",
+        "fabric_device_link_up{server=\"B\",nic=\"n0\"} 1",
+        "fabric_device_connected_clients 1",
+        "fabric_device_in_flight_requests 0",
+        "fabric_device_map_regions 3",
+    ] {
+        assert!(text.contains(line), "missing {line:?}:\n{text}");
+    }
+    let Fabric { device, .. } = fabric;
+    let (status, stderr) = device.terminate();
+    assert!(status.success(), "{status:?}\n{stderr}");
+    assert!(stderr.contains("stopped cleanly"), "{stderr}");
+}

@@ -1,0 +1,91 @@
+//! The command lines of the fabric's daemons, with their admin endpoints on
+//! ephemeral loopback ports.
+//!
+//! Each daemon has three entry points: `*_spec` (the [`DaemonSpec`] to adjust
+//! before spawning), `*_with` (spawn a given executable, e.g. the package's
+//! own `env!("CARGO_BIN_EXE_…")`) and the plain one, which runs the binary
+//! [`binary`] builds.
+
+use std::path::{Path, PathBuf};
+
+use crate::binaries::binary;
+use crate::daemon::{Daemon, DaemonSpec};
+
+/// The variable that makes every test `pmem-server` use one persistence
+/// mechanism (`--persistence`), unless the test passes its own.
+pub const PMEM_SERVER_PERSISTENCE_VAR: &str = "PMEM_SERVER_TEST_PERSISTENCE";
+
+/// `program --config CONFIG --server SERVER --admin 127.0.0.1:0 --data-dir
+/// DATA_DIR EXTRA…`, plus `--persistence $PMEM_SERVER_TEST_PERSISTENCE` when
+/// that variable is set and `extra` does not choose a mechanism itself.
+pub fn pmem_server_spec(
+    program: impl Into<PathBuf>,
+    config: &Path,
+    server: &str,
+    data_dir: &Path,
+    extra: &[&str],
+) -> DaemonSpec {
+    let spec = DaemonSpec::new(program)
+        .arg("--config")
+        .arg(config)
+        .args(["--server", server, "--admin", "127.0.0.1:0", "--data-dir"])
+        .arg(data_dir)
+        .args(extra);
+    match std::env::var(PMEM_SERVER_PERSISTENCE_VAR) {
+        Ok(mode) if !extra.contains(&"--persistence") => spec.args(["--persistence", &mode]),
+        _ => spec,
+    }
+}
+
+/// Starts `program` as PMEM server `server` (see [`pmem_server_spec`]) and
+/// waits for its ready line
+/// (`ready server=S mode=M admin=ADDR nic.<id>=ADDR …`).
+pub fn pmem_server_with(
+    program: impl Into<PathBuf>,
+    config: &Path,
+    server: &str,
+    data_dir: &Path,
+    extra: &[&str],
+) -> Result<Daemon, String> {
+    Daemon::spawn(pmem_server_spec(program, config, server, data_dir, extra))
+}
+
+/// Starts the workspace's `pmem-server` binary (see [`pmem_server_with`]).
+pub fn pmem_server(
+    config: &Path,
+    server: &str,
+    data_dir: &Path,
+    extra: &[&str],
+) -> Result<Daemon, String> {
+    pmem_server_with(binary("pmem-server"), config, server, data_dir, extra)
+}
+
+/// `program --config CONFIG --device DEVICE --admin 127.0.0.1:0 EXTRA…`.
+pub fn fabric_device_spec(
+    program: impl Into<PathBuf>,
+    config: &Path,
+    device: &str,
+    extra: &[&str],
+) -> DaemonSpec {
+    DaemonSpec::new(program)
+        .arg("--config")
+        .arg(config)
+        .args(["--device", device, "--admin", "127.0.0.1:0"])
+        .args(extra)
+}
+
+/// Starts `program` as fabric device `device` (see [`fabric_device_spec`])
+/// and waits for its ready line (`ready device=D admin=ADDR port.<id>=ADDR …`).
+pub fn fabric_device_with(
+    program: impl Into<PathBuf>,
+    config: &Path,
+    device: &str,
+    extra: &[&str],
+) -> Result<Daemon, String> {
+    Daemon::spawn(fabric_device_spec(program, config, device, extra))
+}
+
+/// Starts the workspace's `fabric-device` binary (see [`fabric_device_with`]).
+pub fn fabric_device(config: &Path, device: &str, extra: &[&str]) -> Result<Daemon, String> {
+    fabric_device_with(binary("fabric-device"), config, device, extra)
+}

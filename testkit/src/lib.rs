@@ -1,0 +1,48 @@
+//! Test support for pmem-fabric: tests that run the real daemons.
+//!
+//! - [`binary`]: the path of a workspace binary, built on demand, for tests
+//!   of one package that run another package's daemon.
+//! - [`Daemon`]: a spawned daemon, ready once it printed its
+//!   `ready key=value …` line; signalled, terminated, killed when dropped,
+//!   its stderr always collected.
+//! - [`pmem_server`], [`fabric_device`]: the daemons' command lines, admin
+//!   endpoints on ephemeral ports.
+//! - [`Conn`]: a raw protocol client, with [`at`], [`key`], [`layout`] and
+//!   [`file_bytes`] to address regions and check their files.
+//! - [`write_topology`] (one server on ephemeral ports) and [`FabricSpec`]
+//!   (several servers, devices and clients on fixed [`Ports`]).
+//!
+//! ```no_run
+//! use proto::Status;
+//! use proto::request::Repr;
+//! use testkit::{Conn, at, key, layout, pmem_server, write_topology};
+//!
+//! let dir = tempfile::tempdir().expect("temp dir");
+//! let config = write_topology(dir.path(), &[("R1", "4MiB")]);
+//! let layout = layout(&config);
+//! let server = pmem_server(&config, "S", &dir.path().join("data"), &[])
+//!     .unwrap_or_else(|stderr| panic!("pmem-server did not start:\n{stderr}"));
+//! let mut conn = Conn::connect(server.addr("nic.n0"));
+//! assert_eq!(conn.hello("c").data, b"S");
+//! let reply = conn.call(Repr::write_persist(at(0, 0), key(&layout, 0), b"hello"));
+//! assert_eq!(reply.status, Status::Ok);
+//! let (status, _stderr) = server.terminate();
+//! assert!(status.success());
+//! ```
+
+mod binaries;
+mod conn;
+mod daemon;
+mod fabric;
+mod launch;
+
+pub use binaries::{binary, binary_in};
+pub use conn::{
+    Conn, IO_TIMEOUT, PROTOCOL_VERSION, REGION_FILE_HEADER_LEN, Reply, at, file_bytes, key, layout,
+};
+pub use daemon::{Daemon, DaemonSpec, READY_TIMEOUT, TERMINATE_TIMEOUT, parse_ready_line};
+pub use fabric::{FabricSpec, Ports, free_loopback_port, write_topology};
+pub use launch::{
+    PMEM_SERVER_PERSISTENCE_VAR, fabric_device, fabric_device_spec, fabric_device_with,
+    pmem_server, pmem_server_spec, pmem_server_with,
+};
