@@ -8,6 +8,7 @@
 //! - [`driver`]: the event loop that moves bytes between sockets and the core.
 //! - [`metrics`]: what `/metrics` exports.
 
+pub mod cli;
 pub mod driver;
 pub mod forward;
 pub mod map;

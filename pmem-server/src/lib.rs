@@ -10,6 +10,7 @@
 //! - [`conn`] and [`server`]: connections, listeners and the daemon's life.
 //! - [`metrics`]: what `/metrics` exports.
 
+pub mod cli;
 pub mod conn;
 pub mod dedup;
 pub mod exec;

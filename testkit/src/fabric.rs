@@ -23,26 +23,36 @@ use topology::{EnvOverrides, Topology};
 /// Ports [`free_loopback_port`] has handed out in this process.
 static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
 
-/// A loopback TCP port that was free a moment ago: bound on `127.0.0.1:0`,
-/// read and released. Never the same port twice in one process.
+/// Ports handed out come from below the kernel's ephemeral range
+/// (32768–60999 by default), so an outgoing connection can never take one
+/// between the check here and the daemon's bind.
+const PORT_RANGE: std::ops::Range<u16> = 20_000..32_000;
+
+/// A loopback TCP port that was free a moment ago (bound and released),
+/// outside the ephemeral range, never the same twice in one process; the
+/// search starts at a point derived from the process id and the clock, so
+/// concurrent test processes rarely even try the same port.
 ///
-/// Nothing reserves it afterwards, so another process may take it before
-/// the daemon meant to listen there does; on a test machine that is rare.
+/// Nothing reserves it afterwards; another test process may still take it,
+/// which the bind check makes rare.
 pub fn free_loopback_port() -> u16 {
     let mut handed_out = HANDED_OUT.lock().unwrap_or_else(PoisonError::into_inner);
-    // Ports already handed out stay bound until we find a new one, so the
-    // kernel cannot offer them again meanwhile.
-    let mut held = Vec::new();
-    for _ in 0..1000 {
-        let listener =
-            TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind a port on 127.0.0.1");
-        let port = listener.local_addr().expect("the bound address").port();
-        if handed_out.insert(port) {
+    let span = u32::from(PORT_RANGE.end - PORT_RANGE.start);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let seed = std::process::id().wrapping_mul(7919).wrapping_add(nanos);
+    for step in 0..span {
+        let port = PORT_RANGE.start + ((seed.wrapping_add(step.wrapping_mul(97))) % span) as u16;
+        if handed_out.contains(&port) {
+            continue;
+        }
+        if TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok() {
+            handed_out.insert(port);
             return port;
         }
-        held.push(listener);
     }
-    panic!("no loopback port that was not handed out already after 1000 tries")
+    panic!("no free loopback port in {PORT_RANGE:?}")
 }
 
 /// A TOML basic string.

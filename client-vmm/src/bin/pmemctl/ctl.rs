@@ -1,0 +1,312 @@
+//! What each command does with a connected pool, and how it fails.
+
+use std::io;
+use std::path::PathBuf;
+
+use client_vmm::{OpenError, Pool, PoolError, VIRT_BASE, error_chain};
+use topology::{ByteSize, LoadError, RegionId, VirtAddr};
+
+use crate::show;
+
+/// Why pmemctl failed; printed as one line with its causes.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    #[error(transparent)]
+    Open(#[from] OpenError),
+    #[error("{what}")]
+    Pool {
+        /// What was being done.
+        what: String,
+        #[source]
+        source: PoolError,
+        /// Advice appended after the causes.
+        hint: Option<String>,
+    },
+    #[error("{}: cannot read the data file", path.display())]
+    ReadData {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{}: cannot write the output file", path.display())]
+    WriteOut {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot write to stdout")]
+    Stdout(#[source] io::Error),
+}
+
+impl CliError {
+    /// The whole message: causes, then any hint.
+    pub fn message(&self) -> String {
+        let mut text = error_chain(self);
+        if let Self::Pool {
+            hint: Some(hint), ..
+        } = self
+        {
+            text.push_str("; ");
+            text.push_str(hint);
+        }
+        text
+    }
+}
+
+/// The bytes `DATA|@FILE|@@TEXT` stands for.
+pub fn payload(data: &str) -> Result<Vec<u8>, CliError> {
+    if let Some(text) = data.strip_prefix("@@") {
+        return Ok(format!("@{text}").into_bytes());
+    }
+    match data.strip_prefix('@') {
+        Some(file) => {
+            let path = PathBuf::from(file);
+            std::fs::read(&path).map_err(|source| CliError::ReadData { path, source })
+        }
+        None => Ok(data.as_bytes().to_vec()),
+    }
+}
+
+/// What a command prints on stdout.
+#[derive(Debug)]
+pub enum Output {
+    /// Text as it is.
+    Text(String),
+    /// A hex dump of `data`, read at `base`, written line by line.
+    Dump {
+        /// The virtual address of the first byte.
+        base: u64,
+        /// The bytes.
+        data: Vec<u8>,
+    },
+}
+
+impl Output {
+    /// Writes the output to `out`.
+    pub fn write_to(&self, out: &mut impl io::Write) -> io::Result<()> {
+        match self {
+            Self::Text(text) => out.write_all(text.as_bytes()),
+            Self::Dump { base, data } => show::write_hex_dump(out, *base, data),
+        }
+    }
+}
+
+/// A connected pool and what the commands do with it; each returns what to
+/// print.
+#[derive(Debug)]
+pub struct Ctl<'a> {
+    /// The pool.
+    pub pool: &'a Pool,
+    /// The client id, for headings.
+    pub client: &'a str,
+}
+
+impl Ctl<'_> {
+    /// A failed operation, with a hint when the address is outside the pool.
+    fn failed(&self, what: String, source: PoolError) -> CliError {
+        let hint = matches!(source, PoolError::Unmapped { .. }).then(|| {
+            let (start, len) = self.span();
+            format!(
+                "the pool's virtual space is {} ({}); `pmemctl map` shows every region",
+                show::range(start, len),
+                ByteSize(len)
+            )
+        });
+        CliError::Pool { what, source, hint }
+    }
+
+    /// The start and length of the whole virtual space.
+    fn span(&self) -> (u64, u64) {
+        let regions = self.pool.regions();
+        let start = regions
+            .iter()
+            .map(|(_, at, _)| at.get())
+            .min()
+            .unwrap_or(VIRT_BASE);
+        let end = regions
+            .iter()
+            .map(|(_, at, len)| at.get().saturating_add(*len))
+            .max()
+            .unwrap_or(VIRT_BASE);
+        (start, end.saturating_sub(start))
+    }
+
+    /// `read ADDR LEN [--out FILE]`.
+    pub fn read(&self, addr: u64, len: u64, out: Option<PathBuf>) -> Result<Output, CliError> {
+        let data = self
+            .pool
+            .read(VirtAddr(addr), len)
+            .map_err(|e| self.failed(format!("read {len} bytes at {addr:#x}"), e))?;
+        match out {
+            None => Ok(Output::Dump { base: addr, data }),
+            Some(path) => {
+                std::fs::write(&path, &data).map_err(|source| CliError::WriteOut {
+                    path: path.clone(),
+                    source,
+                })?;
+                Ok(Output::Text(format!(
+                    "read {} bytes at {} into {}\n",
+                    data.len(),
+                    show::range(addr, data.len() as u64),
+                    path.display()
+                )))
+            }
+        }
+    }
+
+    /// `write ADDR DATA [--persist]`, with the bytes DATA stands for.
+    pub fn write(&self, addr: u64, data: &[u8], persist: bool) -> Result<String, CliError> {
+        let len = data.len() as u64;
+        let result = if persist {
+            self.pool.write_persist(VirtAddr(addr), data)
+        } else {
+            self.pool.write(VirtAddr(addr), data)
+        };
+        result.map_err(|e| self.failed(format!("write {len} bytes at {addr:#x}"), e))?;
+        Ok(format!(
+            "wrote {len} bytes at {}{}\n",
+            show::range(addr, len),
+            if persist { ", persisted" } else { "" }
+        ))
+    }
+
+    /// `cas ADDR OLD NEW`.
+    pub fn cas(&self, addr: u64, old: u64, new: u64) -> Result<String, CliError> {
+        let was = self
+            .pool
+            .compare_and_swap(VirtAddr(addr), old, new)
+            .map_err(|e| self.failed(format!("compare-and-swap at {addr:#x}"), e))?;
+        Ok(if was == old {
+            format!(
+                "swapped: old value {}, now {}\n",
+                show::value(was),
+                show::value(new)
+            )
+        } else {
+            format!(
+                "not swapped: old value {}, expected {}\n",
+                show::value(was),
+                show::value(old)
+            )
+        })
+    }
+
+    /// `faa ADDR DELTA`.
+    pub fn faa(&self, addr: u64, delta: u64) -> Result<String, CliError> {
+        let was = self
+            .pool
+            .fetch_add(VirtAddr(addr), delta)
+            .map_err(|e| self.failed(format!("fetch-and-add at {addr:#x}"), e))?;
+        Ok(format!(
+            "old value {}, new value {}\n",
+            show::value(was),
+            show::value(was.wrapping_add(delta))
+        ))
+    }
+
+    /// `flush ADDR LEN`.
+    pub fn flush(&self, addr: u64, len: u64) -> Result<String, CliError> {
+        self.pool
+            .flush(VirtAddr(addr), len)
+            .map_err(|e| self.failed(format!("flush {len} bytes at {addr:#x}"), e))?;
+        Ok(format!(
+            "flushed {len} bytes at {}\n",
+            show::range(addr, len)
+        ))
+    }
+
+    /// `map`: regions, then paths.
+    pub fn map(&self) -> String {
+        let layout = self.pool.layout();
+        let regions = self.pool.regions();
+        let rows: Vec<Vec<String>> = regions
+            .iter()
+            .map(|(id, vstart, len)| {
+                let entry = layout.entry_by_id(&RegionId::new(id.as_str()));
+                let (server, socket, pmem) = entry.map_or_else(
+                    || ("?".to_owned(), "?".to_owned(), "?".to_owned()),
+                    |e| {
+                        (
+                            e.server.to_string(),
+                            e.socket.to_string(),
+                            show::range(e.start.get(), e.len),
+                        )
+                    },
+                );
+                vec![
+                    id.clone(),
+                    server,
+                    socket,
+                    show::range(vstart.get(), *len),
+                    pmem,
+                    ByteSize(*len).to_string(),
+                ]
+            })
+            .collect();
+        let (start, len) = self.span();
+        let mut text = format!(
+            "client {}: {} region{}, virtual space {} ({}), extent size {}\nlayout digest {}\n\n",
+            self.client,
+            regions.len(),
+            if regions.len() == 1 { "" } else { "s" },
+            show::range(start, len),
+            ByteSize(len),
+            ByteSize(layout.extent_size()),
+            layout.digest_hex()
+        );
+        text.push_str(&show::table(
+            &["REGION", "SERVER", "SOCKET", "VIRTUAL", "PMEM", "SIZE"],
+            &rows,
+        ));
+        text.push('\n');
+        text.push_str(&self.path_table());
+        text
+    }
+
+    /// Every path and its health, as a table.
+    fn path_table(&self) -> String {
+        let rows: Vec<Vec<String>> = self
+            .pool
+            .paths()
+            .into_iter()
+            .map(|p| {
+                vec![
+                    p.rnic,
+                    p.device,
+                    p.device_addr,
+                    if p.up { "up" } else { "down" }.to_owned(),
+                    p.outstanding.to_string(),
+                ]
+            })
+            .collect();
+        show::table(
+            &["RNIC", "DEVICE", "ADDRESS", "STATE", "OUTSTANDING"],
+            &rows,
+        )
+    }
+
+    /// `stat`: counters, then paths.
+    pub fn stat(&self) -> String {
+        let stats = self.pool.stats();
+        let paths = self.pool.paths();
+        let up = paths.iter().filter(|p| p.up).count();
+        let mut text = format!(
+            "client {} (counters of this pmemctl's connection)\n",
+            self.client
+        );
+        text.push_str(&show::table(
+            &["COUNTER", "VALUE"],
+            &[
+                vec!["requests".into(), stats.requests.to_string()],
+                vec!["retries".into(), stats.retries.to_string()],
+                vec!["failovers".into(), stats.failovers.to_string()],
+                vec!["reconnects".into(), stats.reconnects.to_string()],
+            ],
+        ));
+        text.push_str(&format!("\npaths: {up} of {} up\n", paths.len()));
+        text.push_str(&self.path_table());
+        text
+    }
+}

@@ -1,0 +1,375 @@
+//! One path's connection to its fabric device: handshake, then a writer task
+//! that batches frames into few writes and a reader task that hands each
+//! response to the request waiting for its tag.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use proto::hello::{self, Capabilities, Role};
+use proto::{FrameDecoder, Message, Status};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpSocket, TcpStream};
+use tokio::sync::{mpsc, oneshot};
+
+/// The protocol version this client speaks.
+pub const PROTOCOL_VERSION: u16 = 1;
+/// Most bytes the writer gathers into one write.
+const WRITE_BATCH: usize = 256 * 1024;
+
+/// A response as the application side needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Response {
+    /// Its status.
+    pub status: Status,
+    /// Old value of an atomic.
+    pub value: u64,
+    /// READ data.
+    pub data: Vec<u8>,
+}
+
+/// Why a path could not be connected.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// The address is not `ip:port`.
+    #[error("bad address {0:?}")]
+    BadAddress(String),
+    /// The socket could not be set up, bound or connected.
+    #[error("cannot connect to {addr}")]
+    Io {
+        /// Where.
+        addr: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The device did not answer the handshake in time.
+    #[error("{addr}: no answer to HELLO/MAP within {0:?}", .timeout)]
+    HandshakeTimeout {
+        /// Where.
+        addr: String,
+        /// How long we waited.
+        timeout: Duration,
+    },
+    /// The device refused the client.
+    #[error("{addr}: the fabric device refused client {client:?}: {status}")]
+    Refused {
+        /// Where.
+        addr: String,
+        /// Who we said we were.
+        client: String,
+        /// What it answered.
+        status: Status,
+    },
+    /// The device's address map is not ours.
+    #[error(
+        "{addr}: fabric device {device:?} serves layout {theirs} but this client's topology gives {ours}; \
+         both must load the same topology"
+    )]
+    DigestMismatch {
+        /// Where.
+        addr: String,
+        /// The device's name.
+        device: String,
+        /// Our digest (hex).
+        ours: String,
+        /// Theirs (hex).
+        theirs: String,
+    },
+    /// The device broke the protocol during the handshake.
+    #[error("{addr}: unexpected handshake answer: {what}")]
+    Protocol {
+        /// Where.
+        addr: String,
+        /// What arrived.
+        what: String,
+    },
+}
+
+type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Response>>>>;
+
+/// A live connection of one path.
+#[derive(Debug)]
+pub struct PathConn {
+    frames: mpsc::UnboundedSender<Vec<u8>>,
+    pending: Pending,
+    next_tag: AtomicU64,
+    alive: Arc<AtomicBool>,
+    /// The device's name from its HELLO.
+    pub device: String,
+}
+
+/// The connection is gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lost;
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Reads one complete frame from `stream` into `decoder`'s keeping.
+async fn read_frame(
+    stream: &mut TcpStream,
+    decoder: &mut FrameDecoder,
+) -> std::io::Result<Vec<u8>> {
+    let mut buf = [0u8; 4096];
+    loop {
+        match decoder.next_frame() {
+            Ok(Some(frame)) => return Ok(frame.to_vec()),
+            Ok(None) => {}
+            Err(e) => return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, e)),
+        }
+        let n = stream.read(&mut buf).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        let mut data = &buf[..n];
+        while !data.is_empty() {
+            let taken = decoder
+                .feed(data)
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+            data = &data[taken..];
+        }
+    }
+}
+
+/// Connects a path: binds the RNIC's local address when there is one, sends
+/// HELLO as `client`, fetches MAP and checks its digest against `digest`.
+/// `on_lost` runs once when the connection dies after the handshake.
+pub async fn connect(
+    device_addr: &str,
+    local_addr: Option<&str>,
+    client: &str,
+    digest: [u8; 32],
+    timeout: Duration,
+    on_lost: Box<dyn FnOnce() + Send>,
+) -> Result<PathConn, ConnectError> {
+    let addr: SocketAddr = device_addr
+        .parse()
+        .map_err(|_| ConnectError::BadAddress(device_addr.to_owned()))?;
+    let io_err = |source| ConnectError::Io {
+        addr: device_addr.to_owned(),
+        source,
+    };
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()
+    } else {
+        TcpSocket::new_v6()
+    }
+    .map_err(io_err)?;
+    if let Some(local) = local_addr {
+        let local: SocketAddr = local
+            .parse()
+            .or_else(|_| local.parse().map(|ip| SocketAddr::new(ip, 0)))
+            .map_err(|_| ConnectError::BadAddress(local.to_owned()))?;
+        socket.bind(local).map_err(io_err)?;
+    }
+    let handshake = async {
+        let mut stream = socket.connect(addr).await.map_err(io_err)?;
+        stream.set_nodelay(true).map_err(io_err)?;
+        let mut out = Vec::new();
+        let hello = Message::Hello(hello::Repr {
+            version: PROTOCOL_VERSION,
+            role: Role::Client,
+            capabilities: Capabilities::PIPELINING | Capabilities::EXACTLY_ONCE,
+            name: client,
+        });
+        let protocol = |what: String| ConnectError::Protocol {
+            addr: device_addr.to_owned(),
+            what,
+        };
+        for (message, tag) in [(hello, 1), (Message::MapRequest, 2)] {
+            message
+                .encode_into(tag, &mut out)
+                .map_err(|e| protocol(e.to_string()))?;
+        }
+        stream.write_all(&out).await.map_err(io_err)?;
+        let mut decoder = FrameDecoder::new();
+        let frame = read_frame(&mut stream, &mut decoder)
+            .await
+            .map_err(io_err)?;
+        let device = match proto::parse_frame(&frame) {
+            Ok((Message::Hello(h), 1)) => h.name.to_owned(),
+            Ok((Message::Response(r), 1)) => {
+                return Err(ConnectError::Refused {
+                    addr: device_addr.to_owned(),
+                    client: client.to_owned(),
+                    status: r.status,
+                });
+            }
+            Ok((other, tag)) => return Err(protocol(format!("{} with tag {tag}", other.opcode()))),
+            Err(e) => return Err(protocol(e.to_string())),
+        };
+        let frame = read_frame(&mut stream, &mut decoder)
+            .await
+            .map_err(io_err)?;
+        match proto::parse_frame(&frame) {
+            Ok((Message::Map(map), 2)) if map.digest == digest => {}
+            Ok((Message::Map(map), 2)) => {
+                return Err(ConnectError::DigestMismatch {
+                    addr: device_addr.to_owned(),
+                    device,
+                    ours: hex(&digest),
+                    theirs: hex(&map.digest),
+                });
+            }
+            Ok((other, tag)) => return Err(protocol(format!("{} with tag {tag}", other.opcode()))),
+            Err(e) => return Err(protocol(e.to_string())),
+        }
+        Ok((stream, decoder, device))
+    };
+    let (stream, decoder, device) =
+        tokio::time::timeout(timeout, handshake)
+            .await
+            .map_err(|_| ConnectError::HandshakeTimeout {
+                addr: device_addr.to_owned(),
+                timeout,
+            })??;
+
+    let (reader, writer) = stream.into_split();
+    let (frames, queue) = mpsc::unbounded_channel();
+    let pending: Pending = Arc::default();
+    let alive = Arc::new(AtomicBool::new(true));
+    let lost = Arc::new(Mutex::new(Some(on_lost)));
+    let die = {
+        let (pending, alive, lost) = (Arc::clone(&pending), Arc::clone(&alive), Arc::clone(&lost));
+        move || {
+            alive.store(false, Ordering::SeqCst);
+            // Dropping the senders wakes every waiter with "connection lost".
+            pending
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clear();
+            let callback = lost.lock().unwrap_or_else(PoisonError::into_inner).take();
+            if let Some(callback) = callback {
+                callback();
+            }
+        }
+    };
+    tokio::spawn(write_loop(writer, queue, die.clone()));
+    tokio::spawn(read_loop(reader, decoder, Arc::clone(&pending), die));
+    Ok(PathConn {
+        frames,
+        pending,
+        next_tag: AtomicU64::new(1),
+        alive,
+        device,
+    })
+}
+
+async fn write_loop(
+    mut writer: OwnedWriteHalf,
+    mut queue: mpsc::UnboundedReceiver<Vec<u8>>,
+    die: impl FnOnce(),
+) {
+    let mut batch = Vec::with_capacity(64 * 1024);
+    while let Some(first) = queue.recv().await {
+        batch.clear();
+        batch.extend_from_slice(&first);
+        while batch.len() < WRITE_BATCH {
+            match queue.try_recv() {
+                Ok(frame) => batch.extend_from_slice(&frame),
+                Err(_) => break,
+            }
+        }
+        if writer.write_all(&batch).await.is_err() {
+            break;
+        }
+    }
+    die();
+}
+
+/// Hands a response frame to the request waiting for its tag.
+fn deliver(frame: &[u8], pending: &Pending) {
+    let Ok((Message::Response(r), tag)) = proto::parse_frame(frame) else {
+        // Not a response (or malformed): nothing waits for it.
+        return;
+    };
+    let waiter = pending
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .remove(&tag);
+    if let Some(waiter) = waiter {
+        let _ = waiter.send(Response {
+            status: r.status,
+            value: r.value,
+            data: r.payload.to_vec(),
+        });
+    }
+}
+
+async fn read_loop(
+    mut reader: OwnedReadHalf,
+    mut decoder: FrameDecoder,
+    pending: Pending,
+    die: impl FnOnce(),
+) {
+    let mut buf = vec![0u8; 256 * 1024];
+    'outer: loop {
+        let n = match reader.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let mut data = &buf[..n];
+        while !data.is_empty() {
+            match decoder.feed(data) {
+                Ok(taken) => data = &data[taken..],
+                Err(_) => break 'outer,
+            }
+            // Drain after every feed: it makes room when a large frame
+            // filled the decoder.
+            loop {
+                match decoder.next_frame() {
+                    Ok(Some(frame)) => deliver(frame, &pending),
+                    Ok(None) => break,
+                    Err(_) => break 'outer,
+                }
+            }
+        }
+    }
+    die();
+}
+
+impl PathConn {
+    /// Whether the connection still works.
+    pub fn is_alive(&self) -> bool {
+        self.alive.load(Ordering::SeqCst)
+    }
+
+    /// Sends `message` with a fresh tag; the receiver gets its response, or
+    /// an error when the connection dies first.
+    pub fn send(&self, message: &Message<'_>) -> Result<(u64, oneshot::Receiver<Response>), Lost> {
+        if !self.is_alive() {
+            return Err(Lost);
+        }
+        let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
+        let bytes = message.encode_to_vec(tag).map_err(|_| Lost)?;
+        let (tx, rx) = oneshot::channel();
+        self.pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(tag, tx);
+        if self.frames.send(bytes).is_err() || !self.is_alive() {
+            self.forget(tag);
+            return Err(Lost);
+        }
+        Ok((tag, rx))
+    }
+
+    /// Stops waiting for `tag` (after a timeout).
+    pub fn forget(&self, tag: u64) {
+        self.pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&tag);
+    }
+}
+
+impl Drop for PathConn {
+    fn drop(&mut self) {
+        self.alive.store(false, Ordering::SeqCst);
+    }
+}

@@ -1,0 +1,160 @@
+//! What can go wrong for an application, said precisely.
+
+use std::fmt;
+
+use proto::Status;
+use topology::VirtAddr;
+
+use crate::conn::ConnectError;
+use crate::paths::{Failure, GiveUpReason};
+
+/// One path that was tried for a request, and how it failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TriedPath {
+    /// The RNIC.
+    pub rnic: String,
+    /// The fabric device it leads to.
+    pub device: String,
+    /// How the attempt failed.
+    pub failure: Failure,
+}
+
+/// The paths a failed request tried, in order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tried(pub Vec<TriedPath>);
+
+impl fmt::Display for Tried {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.is_empty() {
+            return f.write_str("no path was up");
+        }
+        for (i, t) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            let failure = match t.failure {
+                Failure::ConnectionLost => "connection lost",
+                Failure::Timeout => "timed out",
+                Failure::ServerUnavailable => "server unavailable",
+            };
+            write!(f, "{} via {}: {failure}", t.rnic, t.device)?;
+        }
+        Ok(())
+    }
+}
+
+/// An operation on the pool that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    /// The virtual address has no mapping.
+    #[error("{vaddr}: not mapped in the virtual address space")]
+    Unmapped {
+        /// The address.
+        vaddr: VirtAddr,
+    },
+    /// The server refused the key: the translation is stale (the memory was
+    /// freed and its key rotated) or the key is wrong.
+    #[error("{vaddr}: access denied (stale translation or wrong key)")]
+    AccessDenied {
+        /// The address.
+        vaddr: VirtAddr,
+    },
+    /// The client's allow-list or the region's bounds refuse the range.
+    #[error("{vaddr}: {len} bytes out of bounds")]
+    OutOfBounds {
+        /// The address.
+        vaddr: VirtAddr,
+        /// The length asked for.
+        len: u64,
+    },
+    /// An atomic on an address that is not 8-byte aligned.
+    #[error("{vaddr}: atomics need an 8-byte aligned address")]
+    Misaligned {
+        /// The address.
+        vaddr: VirtAddr,
+    },
+    /// The server answered with an error status.
+    #[error("{vaddr}: server {server} answered {status}")]
+    Rejected {
+        /// The address.
+        vaddr: VirtAddr,
+        /// The server.
+        server: String,
+        /// Its status.
+        status: Status,
+    },
+    /// No path to the server works.
+    #[error("{vaddr}: no path to server {server} works ({reason}; tried {tried})")]
+    NoPath {
+        /// The address.
+        vaddr: VirtAddr,
+        /// The server.
+        server: String,
+        /// Why the client stopped trying.
+        reason: Reason,
+        /// What was tried.
+        tried: Tried,
+    },
+    /// The pool is shutting down.
+    #[error("the pool is closed")]
+    Closed,
+}
+
+/// Why a request gave up, for messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reason(pub GiveUpReason);
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self.0 {
+            GiveUpReason::NoPath => "no path is up",
+            GiveUpReason::AllFailed => "every path failed",
+            GiveUpReason::Deadline => "the operation deadline passed",
+        })
+    }
+}
+
+/// A pool that could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The topology has problems.
+    #[error("{0}")]
+    Topology(#[from] topology::ValidationErrors),
+    /// The layout cannot be built.
+    #[error("invalid layout")]
+    Layout(#[from] topology::LayoutError),
+    /// The client and its paths cannot be set up.
+    #[error(transparent)]
+    Paths(#[from] crate::paths::PathError),
+    /// No path could be connected; each one's failure is listed.
+    #[error("client {client}: no fabric device could be reached: {}", list(.failures))]
+    Unreachable {
+        /// The client.
+        client: String,
+        /// Each path's failure.
+        failures: Vec<(String, ConnectError)>,
+    },
+    /// A device refused the client or disagrees with its topology: not
+    /// something a retry fixes.
+    #[error("client {client}: path {path}")]
+    Refused {
+        /// The client.
+        client: String,
+        /// The path.
+        path: String,
+        /// Why.
+        #[source]
+        source: Box<ConnectError>,
+    },
+    /// The runtime for the blocking API could not start.
+    #[error("cannot start the I/O runtime")]
+    Runtime(#[source] std::io::Error),
+}
+
+fn list(failures: &[(String, ConnectError)]) -> String {
+    failures
+        .iter()
+        .map(|(path, e)| format!("{path}: {}", crate::error_chain(e)))
+        .collect::<Vec<_>>()
+        .join("; ")
+}

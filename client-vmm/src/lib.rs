@@ -1,0 +1,47 @@
+//! client-vmm: the client side of pmem-fabric (seed 001, FIG. 1B, 2A–2C,
+//! 3A, 4B). Applications read, write and run atomics on one shared virtual
+//! address space; the library translates virtual addresses to PMEM
+//! addresses, picks the RNIC and fabric device for each request, and fails
+//! over when a path dies.
+//!
+//! - [`translate`]: the virtual space, the [`Translator`] trait and the TLB.
+//! - [`paths`]: the sans-IO path table: choice, health, probes, retries.
+//! - [`conn`]: one path's connection to its fabric device.
+//! - [`pool`]: the application API: [`AsyncPool`], [`Pool`] and [`Batch`].
+//! - [`error`]: what goes wrong, said precisely.
+//!
+//! ```no_run
+//! use client_vmm::{Pool, VIRT_BASE};
+//! use topology::{Topology, VirtAddr};
+//!
+//! let topology = Topology::load("configs/default.toml")?;
+//! let pool = Pool::connect(topology, "c1")?;
+//! let at = VirtAddr(VIRT_BASE);
+//! pool.write_persist(at, b"hello")?;
+//! assert_eq!(pool.read(at, 5)?, b"hello");
+//! let before = pool.fetch_add(VirtAddr(VIRT_BASE + 64), 1)?;
+//! # let _ = before;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+pub mod conn;
+pub mod error;
+pub mod paths;
+pub mod pool;
+pub mod translate;
+
+pub use error::{OpenError, PoolError};
+pub use pool::{AsyncPool, Batch, BatchOp, Completion, Pool, PoolBuilder, PoolOptions};
+pub use translate::{StaticTranslator, Translator, VIRT_BASE};
+
+/// An error and its causes on one line.
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

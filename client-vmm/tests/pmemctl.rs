@@ -1,0 +1,393 @@
+//! `pmemctl` against a real fabric: two PMEM servers, two fabric devices,
+//! one client with an RNIC on each device.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use client_vmm::{StaticTranslator, VIRT_BASE};
+use testkit::{Daemon, FabricSpec, Ports};
+use topology::{EnvOverrides, Layout, Topology};
+
+const DEVICES: [&str; 2] = ["F1", "F2"];
+const SERVERS: [&str; 2] = ["A", "B"];
+
+fn spec() -> FabricSpec {
+    FabricSpec::new()
+        .server("A", &[("A1", "4MiB"), ("A2", "4MiB")])
+        .server("B", &[("B1", "4MiB")])
+        .device(DEVICES[0])
+        .device(DEVICES[1])
+        .client("c1")
+}
+
+/// A topology written but nothing started.
+struct Setup {
+    dir: tempfile::TempDir,
+    config: PathBuf,
+}
+
+impl Setup {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let config = spec().write(dir.path(), "topology.toml", &mut Ports::new());
+        Self { dir, config }
+    }
+
+    /// Starts the servers and devices and waits until every device has its
+    /// links to both servers up.
+    fn start(self) -> Fabric {
+        let servers = SERVERS
+            .iter()
+            .map(|id| {
+                testkit::pmem_server(&self.config, id, &self.dir.path().join(id), &[])
+                    .unwrap_or_else(|e| panic!("pmem-server {id} did not start:\n{e}"))
+            })
+            .collect();
+        let devices: Vec<Daemon> = DEVICES
+            .iter()
+            .map(|id| {
+                testkit::fabric_device(&self.config, id, &[])
+                    .unwrap_or_else(|e| panic!("fabric-device {id} did not start:\n{e}"))
+            })
+            .collect();
+        for device in &devices {
+            wait_links_up(device);
+        }
+        let topology =
+            Topology::load_with(&self.config, &EnvOverrides::None).expect("load the topology");
+        let layout = Layout::new(&topology).expect("the layout");
+        Fabric {
+            setup: self,
+            layout,
+            _servers: servers,
+            _devices: devices,
+        }
+    }
+}
+
+/// A running fabric.
+struct Fabric {
+    setup: Setup,
+    layout: Layout,
+    _servers: Vec<Daemon>,
+    _devices: Vec<Daemon>,
+}
+
+impl Fabric {
+    fn path(&self, name: &str) -> PathBuf {
+        self.setup.dir.path().join(name)
+    }
+
+    /// `(id, virtual start, length)` of each region, in virtual order, as
+    /// the client library lays them out.
+    fn regions(&self) -> Vec<(String, u64, u64)> {
+        StaticTranslator::new(&self.layout)
+            .region_ranges()
+            .map(|(index, start, len)| {
+                let entry = self.layout.entry(index).expect("a region of the layout");
+                (entry.region_id.to_string(), start.get(), len)
+            })
+            .collect()
+    }
+
+    fn run(&self, args: &[&str]) -> Run {
+        pmemctl(&self.setup.config, "c1", args)
+    }
+
+    /// Runs a command that must succeed and returns its stdout.
+    fn ok(&self, args: &[&str]) -> String {
+        let run = self.run(args);
+        assert_eq!(run.code, Some(0), "pmemctl {args:?} failed: {run:?}");
+        run.stdout
+    }
+}
+
+/// Waits until the device's link gauges read 1 for every server.
+fn wait_links_up(device: &Daemon) {
+    let want: Vec<String> = SERVERS
+        .iter()
+        .map(|s| format!("fabric_device_link_up{{server=\"{s}\",nic=\"n0\"}} 1"))
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = telemetry::http_get(device.addr("admin"), "/metrics", Duration::from_secs(5))
+            .map(|(_, body)| body)
+            .unwrap_or_default();
+        if want.iter().all(|line| text.lines().any(|l| l == line)) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "links of {} not up:\n{text}",
+            device.ready_line()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// What one pmemctl run did.
+#[derive(Debug)]
+struct Run {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    /// Checks a failure: exit status `code`, exactly one stderr line in
+    /// pmemctl's format, no panic; returns the line.
+    fn error_line(&self, code: i32) -> &str {
+        assert_eq!(self.code, Some(code), "{self:?}");
+        assert!(!self.stderr.contains("panicked"), "{self:?}");
+        let lines: Vec<&str> = self.stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "one line on stderr: {self:?}");
+        assert!(lines[0].starts_with("pmemctl: error: "), "{self:?}");
+        lines[0]
+    }
+}
+
+fn pmemctl(config: &Path, client: &str, args: &[&str]) -> Run {
+    let output = Command::new(env!("CARGO_BIN_EXE_pmemctl"))
+        .arg("--config")
+        .arg(config)
+        .args(["--client", client, "--op-timeout-ms", "10000"])
+        .args(args)
+        .output()
+        .expect("run pmemctl");
+    Run {
+        code: output.status.code(),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+/// Deterministic pseudo-random bytes (xorshift64).
+fn noise(len: usize, mut state: u64) -> Vec<u8> {
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 24) as u8
+        })
+        .collect()
+}
+
+#[test]
+fn writes_and_reads_back_across_region_boundaries() {
+    let fabric = Setup::new().start();
+    let regions = fabric.regions();
+    assert_eq!(regions.len(), 3, "{regions:?}");
+    assert_eq!(regions[0].1, VIRT_BASE, "the space starts at VIRT_BASE");
+
+    // 300 KiB from 100 KiB before the end of the first region (A1 -> A2,
+    // same server), then 100 KiB before the end of the second (A2 -> B1,
+    // across servers).
+    for (i, (_, start, len)) in regions.iter().take(2).enumerate() {
+        let addr = start + len - (100 << 10);
+        let data = noise(300 << 10, 0x9e37_79b9_7f4a_7c15 + i as u64);
+        let input = fabric.path(&format!("in{i}.bin"));
+        let output = fabric.path(&format!("out{i}.bin"));
+        std::fs::write(&input, &data).unwrap();
+        let at = format!("{addr:#x}");
+        let wrote = fabric.ok(&["write", &at, &format!("@{}", input.display()), "--persist"]);
+        assert_eq!(
+            wrote,
+            format!(
+                "wrote 307200 bytes at {at}..{:#x}, persisted\n",
+                addr + (300 << 10)
+            )
+        );
+        let read = fabric.ok(&["read", &at, "300KiB", "--out", output.to_str().unwrap()]);
+        assert!(read.starts_with("read 307200 bytes at "), "{read}");
+        let back = std::fs::read(&output).unwrap();
+        assert_eq!(back.len(), data.len());
+        assert!(
+            back == data,
+            "the bytes read back differ from the ones written at {at}"
+        );
+    }
+
+    // The same range again, written with a size expression, read back in a
+    // hex dump.
+    let second = regions[1].1;
+    assert_eq!(second, VIRT_BASE + fabric.layout.entries()[0].len);
+    fabric.ok(&["write", "1TiB+4MiB-8", "hello, pmemctl!\u{1}"]);
+    let dump = fabric.ok(&["read", &format!("{:#x}", second - 8), "0x20"]);
+    let lines: Vec<&str> = dump.lines().collect();
+    let want_first = format!(
+        "{:#x}  68 65 6c 6c 6f 2c 20 70  6d 65 6d 63 74 6c 21 01  |hello, pmemctl!.|",
+        second - 8
+    );
+    assert_eq!(lines.len(), 2, "{dump}");
+    assert_eq!(lines[0], want_first);
+    assert!(
+        lines[1].starts_with(&format!("{:#x}  ", second + 8)),
+        "{dump}"
+    );
+    assert!(lines[1].ends_with('|'), "{dump}");
+    assert_eq!(lines[1].len(), lines[0].len(), "a full line: {dump}");
+
+    // A short read pads the hex columns so the gutter lines up.
+    let short = fabric.ok(&["read", "1TiB+4MiB-8", "3"]);
+    assert_eq!(
+        short,
+        format!(
+            "{:#x}  68 65 6c {}  |hel|\n",
+            second - 8,
+            " ".repeat(3 * 5 + 1 + 3 * 8 - 1)
+        )
+    );
+}
+
+#[test]
+fn atomics_map_and_stat() {
+    let fabric = Setup::new().start();
+    let regions = fabric.regions();
+    let word = format!("{:#x}", regions[2].1 + 64);
+
+    assert_eq!(
+        fabric.ok(&["faa", &word, "5"]),
+        "old value 0 (0x0), new value 5 (0x5)\n"
+    );
+    assert_eq!(
+        fabric.ok(&["faa", &word, "0x10"]),
+        "old value 5 (0x5), new value 21 (0x15)\n"
+    );
+    assert_eq!(
+        fabric.ok(&["cas", &word, "21", "100"]),
+        "swapped: old value 21 (0x15), now 100 (0x64)\n"
+    );
+    assert_eq!(
+        fabric.ok(&["cas", &word, "21", "7"]),
+        "not swapped: old value 100 (0x64), expected 21 (0x15)\n"
+    );
+    assert_eq!(
+        fabric.ok(&["faa", &word, "-1"]),
+        "old value 100 (0x64), new value 99 (0x63)\n"
+    );
+    let dump = fabric.ok(&["read", &word, "8"]);
+    assert!(dump.contains("  63 00 00 00 00 00 00 00 "), "{dump}");
+    assert_eq!(
+        fabric.ok(&["flush", &word, "8"]),
+        format!("flushed 8 bytes at {word}..{:#x}\n", regions[2].1 + 72)
+    );
+
+    let map = fabric.ok(&["map"]);
+    for (id, start, len) in &regions {
+        let entry = fabric
+            .layout
+            .entry_by_id(&id.as_str().into())
+            .expect("region");
+        let row = map
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(id.as_str()))
+            .unwrap_or_else(|| panic!("no row for {id}:\n{map}"));
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(
+            cells,
+            [
+                id.as_str(),
+                entry.server.as_str(),
+                entry.socket.as_str(),
+                &format!("{start:#x}..{:#x}", start + len),
+                &format!("{:#x}..{:#x}", entry.start.get(), entry.end()),
+                "4MiB",
+            ],
+            "{map}"
+        );
+    }
+    for (rnic, device) in [("r0", "F1"), ("r1", "F2")] {
+        let row = map
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(rnic))
+            .unwrap_or_else(|| panic!("no path row for {rnic}:\n{map}"));
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(cells.len(), 5, "{map}");
+        assert_eq!(cells[1], device, "{map}");
+        assert_eq!(cells[3], "up", "{map}");
+    }
+
+    let stat = fabric.ok(&["stat"]);
+    assert!(stat.contains("client c1"), "{stat}");
+    for counter in ["requests", "retries", "failovers", "reconnects"] {
+        assert!(
+            stat.lines().any(|l| l.starts_with(counter)),
+            "no {counter}:\n{stat}"
+        );
+    }
+    assert!(stat.contains("paths: 2 of 2 up"), "{stat}");
+}
+
+#[test]
+fn errors_are_one_line_and_never_panics() {
+    let setup = Setup::new();
+    let config = setup.config.clone();
+
+    // Nothing runs yet: no device can be reached.
+    let run = pmemctl(&config, "c1", &["--connect-timeout-ms", "500", "map"]);
+    let line = run.error_line(1);
+    assert!(line.contains("no fabric device could be reached"), "{line}");
+    assert!(line.contains("c1"), "{line}");
+
+    // Garbage addresses and numbers are usage errors.
+    for args in [
+        &["read", "zebra", "16"][..],
+        &["read", "1TiB+", "16"],
+        &["read", "", "16"],
+        &["read", "1TiB", "12 parsecs"],
+        &["faa", "1TiB", "--"],
+        &["cas", "1TiB", "1"],
+        &["frobnicate"],
+    ] {
+        let run = pmemctl(&config, "c1", args);
+        assert_eq!(run.code, Some(2), "{args:?}: {run:?}");
+        assert!(!run.stderr.contains("panicked"), "{args:?}: {run:?}");
+    }
+
+    // A topology file that is not there.
+    let missing_config = setup.dir.path().join("nope.toml");
+    let run = pmemctl(&missing_config, "c1", &["map"]);
+    let line = run.error_line(1);
+    assert!(line.contains("nope.toml"), "{line}");
+
+    // A data file that is not there, before anything connects.
+    let missing = setup.dir.path().join("missing-file");
+    let run = pmemctl(
+        &config,
+        "c1",
+        &["write", "1TiB", &format!("@{}", missing.display())],
+    );
+    let line = run.error_line(1);
+    assert!(line.contains(&missing.display().to_string()), "{line}");
+
+    let fabric = setup.start();
+
+    let run = fabric.run(&["write", "1TiB", &format!("@{}", missing.display())]);
+    let line = run.error_line(1);
+    assert!(line.contains("missing-file"), "{line}");
+
+    // A client the topology does not have.
+    let run = pmemctl(&config, "c9", &["read", "1TiB", "16"]);
+    let line = run.error_line(1);
+    assert!(line.contains("c9"), "{line}");
+
+    // Below the virtual space, and past its end.
+    let run = fabric.run(&["read", "0x1000", "16"]);
+    let line = run.error_line(1);
+    assert!(line.contains("0x1000"), "{line}");
+    assert!(line.contains("not mapped"), "{line}");
+    let end = fabric.regions().last().map(|r| r.1 + r.2).expect("regions");
+    let run = fabric.run(&["write", &format!("{:#x}", end - 4), "12345678"]);
+    run.error_line(1);
+    let run = fabric.run(&["read", "0", "16"]);
+    assert!(run.error_line(1).contains("0x0"), "{run:?}");
+
+    // Misaligned atomics are refused by the library, not a panic.
+    let run = fabric.run(&["faa", "1TiB+3", "1"]);
+    run.error_line(1);
+
+    // The fabric still works after all that.
+    fabric.ok(&["read", "1TiB", "16"]);
+}

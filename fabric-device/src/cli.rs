@@ -1,0 +1,112 @@
+//! The `fabric-device` command line: parse flags, load the topology, run the daemon.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use crate::driver::{Device, DeviceConfig, error_chain};
+use crate::forward::ForwarderConfig;
+use clap::Parser;
+use topology::Topology;
+
+/// Forwards one-sided requests from clients to the PMEM servers that own
+/// their addresses.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// The topology file (re-read on SIGHUP).
+    #[arg(long)]
+    config: PathBuf,
+    /// Which fabric device of the topology this is.
+    #[arg(long)]
+    device: String,
+    /// Admin address for /metrics and /healthz (overrides the topology).
+    #[arg(long)]
+    admin: Option<SocketAddr>,
+    /// A forwarded request unanswered for this many milliseconds gets TIMEOUT.
+    #[arg(long, default_value_t = 5000)]
+    request_timeout_ms: u64,
+    /// Requests one client connection may have in flight.
+    #[arg(long, default_value_t = 256)]
+    max_in_flight: usize,
+    /// First delay before reconnecting a failed server link, in milliseconds.
+    #[arg(long, default_value_t = 50)]
+    reconnect_min_ms: u64,
+    /// Longest delay between reconnect attempts, in milliseconds.
+    #[arg(long, default_value_t = 2000)]
+    reconnect_max_ms: u64,
+    /// Client connections served at once.
+    #[arg(long, default_value_t = 4096)]
+    max_clients: usize,
+}
+
+/// Runs the daemon with command-line arguments `args` (the first is the
+/// program name), as the `fabric-device` binary does.
+pub fn main_with_args<I, T>(args: I) -> ExitCode
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let args = match Args::try_parse_from(args) {
+        Ok(args) => args,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+        }
+    };
+    let topology = match Topology::load(&args.config) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("fabric-device: error: {}", error_chain(&e));
+            return ExitCode::FAILURE;
+        }
+    };
+    let Some(spec) = topology.fabric_device(&args.device.as_str().into()) else {
+        eprintln!(
+            "fabric-device: error: {}: no fabric device {:?} in the topology",
+            topology.source, args.device
+        );
+        return ExitCode::FAILURE;
+    };
+    let admin = args
+        .admin
+        .or_else(|| spec.admin.as_deref().and_then(|a| a.parse().ok()))
+        .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0)));
+    let config = DeviceConfig {
+        device: spec.id.clone(),
+        admin,
+        topology_path: Some(args.config.clone()),
+        forwarder: ForwarderConfig {
+            request_timeout: Duration::from_millis(args.request_timeout_ms),
+            max_in_flight_per_client: args.max_in_flight,
+        },
+        reconnect_min: Duration::from_millis(args.reconnect_min_ms),
+        reconnect_max: Duration::from_millis(args.reconnect_max_ms),
+        max_clients: args.max_clients,
+        topology,
+    };
+    let id = config.device.clone();
+    let device = match Device::bind(config) {
+        Ok(device) => device,
+        Err(e) => {
+            eprintln!("fabric-device: error: {}", error_chain(&e));
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut ready = format!("ready device={id} admin={}", device.admin_addr());
+    for (port, addr) in device.ports() {
+        ready.push_str(&format!(" port.{port}={addr}"));
+    }
+    println!("{ready}");
+    match device.run() {
+        Ok(()) => {
+            eprintln!("fabric-device {id}: stopped cleanly");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("fabric-device: error: {}", error_chain(&e));
+            ExitCode::FAILURE
+        }
+    }
+}

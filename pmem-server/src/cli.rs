@@ -1,0 +1,156 @@
+//! The `pmem-server` command line: parse flags, load the topology, run the daemon.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use crate::{RunningServer, ServerConfig};
+use clap::Parser;
+use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
+use topology::{Persistence, Topology};
+
+/// Exports the PMEM regions the topology gives one server.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// The topology file.
+    #[arg(long)]
+    config: PathBuf,
+    /// Which server of the topology this is.
+    #[arg(long)]
+    server: String,
+    /// Directory for the region files (overrides the topology).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Admin address for /metrics and /healthz (overrides the topology).
+    #[arg(long)]
+    admin: Option<SocketAddr>,
+    /// Persistence mechanism: auto, dax, msync or libpmem (overrides the topology).
+    #[arg(long, value_parser = parse_persistence)]
+    persistence: Option<Persistence>,
+    /// Recreate every region file of this server, discarding its data.
+    #[arg(long)]
+    format: bool,
+    /// Data connections served at once.
+    #[arg(long, default_value_t = 4096)]
+    max_connections: usize,
+}
+
+fn parse_persistence(text: &str) -> Result<Persistence, String> {
+    text.parse()
+        .map_err(|e: topology::model::ParsePersistenceError| e.to_string())
+}
+
+/// Prints an error with its whole cause chain.
+fn report(err: &dyn std::error::Error) {
+    eprint!("pmem-server: error: {err}");
+    let mut source = err.source();
+    while let Some(cause) = source {
+        eprint!(": {cause}");
+        source = cause.source();
+    }
+    eprintln!();
+}
+
+fn config(args: Args) -> Result<ServerConfig, ExitCode> {
+    let topology = Topology::load(&args.config).map_err(|e| {
+        report(&e);
+        ExitCode::FAILURE
+    })?;
+    if let Err(errors) = topology.validate() {
+        eprintln!("pmem-server: {errors}");
+        return Err(ExitCode::FAILURE);
+    }
+    let Some(server) = topology.server(&args.server.as_str().into()) else {
+        eprintln!(
+            "pmem-server: error: {}: no server {:?} in the topology",
+            topology.source, args.server
+        );
+        return Err(ExitCode::FAILURE);
+    };
+    let data_dir = args
+        .data_dir
+        .or_else(|| server.data_dir.as_ref().map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from("data").join(server.id.as_str()));
+    let admin = match args.admin {
+        Some(addr) => addr,
+        None => match server.admin.as_deref().map(str::parse::<SocketAddr>) {
+            Some(Ok(addr)) => addr,
+            Some(Err(_)) | None => SocketAddr::from(([127, 0, 0, 1], 0)),
+        },
+    };
+    let persistence = args.persistence.unwrap_or(server.persistence);
+    Ok(ServerConfig {
+        server: server.id.clone(),
+        data_dir,
+        admin,
+        persistence,
+        format: args.format,
+        max_connections: args.max_connections,
+        topology,
+    })
+}
+
+/// Runs the daemon with command-line arguments `args` (the first is the
+/// program name), as the `pmem-server` binary does.
+pub fn main_with_args<I, T>(args: I) -> ExitCode
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let args = match Args::try_parse_from(args) {
+        Ok(args) => args,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+        }
+    };
+    let config = match config(args) {
+        Ok(config) => config,
+        Err(code) => return code,
+    };
+    let mut signals = match Signals::new([SIGTERM, SIGINT]) {
+        Ok(signals) => signals,
+        Err(e) => {
+            report(&e);
+            return ExitCode::FAILURE;
+        }
+    };
+    let id = config.server.clone();
+    let data_dir = config.data_dir.clone();
+    let server = match RunningServer::start(config) {
+        Ok(server) => server,
+        Err(e) => {
+            report(&e);
+            return ExitCode::FAILURE;
+        }
+    };
+    let mode = server.mode().map_or("none", |m| m.as_str());
+    eprintln!(
+        "pmem-server {id}: persistence mode {mode}, data in {}",
+        data_dir.display()
+    );
+    let mut ready = format!(
+        "ready server={id} mode={mode} admin={}",
+        server.admin_addr()
+    );
+    for (nic, addr) in server.data_addrs() {
+        ready.push_str(&format!(" nic.{nic}={addr}"));
+    }
+    println!("{ready}");
+
+    if let Some(signal) = signals.forever().next() {
+        eprintln!("pmem-server {id}: signal {signal}, draining");
+    }
+    match server.stop() {
+        Ok(()) => {
+            eprintln!("pmem-server {id}: stopped cleanly");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            report(&e);
+            ExitCode::FAILURE
+        }
+    }
+}
