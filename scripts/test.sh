@@ -5,11 +5,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # System packages the tests use, as PROBE:PACKAGE (see ensure-packages.sh):
-# promtool checks every daemon's /metrics; libpmem backs pmem-server's
-# `libpmem` feature.
+# promtool and prometheus check every daemon's /metrics and scrape a whole
+# fabric; libpmem backs pmem-server's `libpmem` feature; ip (iproute2) builds
+# the testbed's network namespaces.
 scripts/ensure-packages.sh \
   promtool:prometheus \
-  /usr/include/libpmem.h:libpmem-dev
+  prometheus:prometheus \
+  /usr/include/libpmem.h:libpmem-dev \
+  ip:iproute2
 
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
 export PROPTEST_CASES=${PROPTEST_CASES:-256}

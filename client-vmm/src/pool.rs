@@ -753,7 +753,10 @@ impl Inner {
             let next = attempts.next(&lock(&self.table), now);
             let path = match next {
                 Next::Send(path) => path,
-                Next::GiveUp(give_up) if give_up.reason != GiveUpReason::Deadline => {
+                Next::GiveUp(give_up)
+                    if give_up.reason != GiveUpReason::Deadline
+                        && !server_is_down(&give_up.tried) =>
+                {
                     // Every path is down or failed for now: wait for one to
                     // come back (the prober restores them) until the
                     // operation's deadline.
@@ -798,7 +801,7 @@ impl Inner {
             let outcome = self.attempt(path, &repr, deadline).await;
             let now = Instant::now();
             match outcome {
-                Ok((response, current)) if response.status != Status::ServerUnavailable => {
+                Ok((response, current)) if !server_unreachable(response.status) => {
                     if current {
                         lock(&self.table).report_success(path, server, now);
                     }
@@ -898,7 +901,7 @@ impl Inner {
                 let repr = request::Repr::read(Target::Pmem(entry.start), entry.key, 0);
                 let deadline = now + self.options.paths.attempt_timeout;
                 match self.attempt(probe.path, &repr, deadline).await {
-                    Ok((r, true)) if r.status != Status::ServerUnavailable => {
+                    Ok((r, true)) if !server_unreachable(r.status) => {
                         lock(&self.table).report_success(probe.path, server, Instant::now());
                         self.restored.notify_waiters();
                     }
@@ -907,6 +910,21 @@ impl Inner {
             }
         }
     }
+}
+
+/// Whether a device's answer says it could not reach the server: it has no
+/// live link to it (SERVER_UNAVAILABLE) or its link stopped answering
+/// (TIMEOUT). Another device may still reach it.
+fn server_unreachable(status: Status) -> bool {
+    matches!(status, Status::ServerUnavailable | Status::Timeout)
+}
+
+/// Whether every path that was tried reported the server itself
+/// unavailable: the server is down, not a path. That is reported at once
+/// (requests in flight on a dead server fail visibly) instead of being
+/// waited out like a path outage.
+fn server_is_down(tried: &[(PathId, Failure)]) -> bool {
+    !tried.is_empty() && tried.iter().all(|(_, f)| *f == Failure::ServerUnavailable)
 }
 
 /// Runs due probes until the pool is dropped.

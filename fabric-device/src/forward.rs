@@ -611,9 +611,13 @@ impl Forwarder {
         self.deadlines.first().map(|(deadline, _, _)| *deadline)
     }
 
-    /// Answers TIMEOUT to every request whose deadline has passed.
-    pub fn handle_timeouts(&mut self, now: Instant) -> Vec<(ConnId, Reply)> {
+    /// Answers TIMEOUT to every request whose deadline has passed. Also
+    /// returns the links those requests were waiting on: a link that stops
+    /// answering (a cut cable keeps TCP quiet for minutes) is to be closed
+    /// and reconnected, which fails its other requests at once.
+    pub fn handle_timeouts(&mut self, now: Instant) -> (Vec<(ConnId, Reply)>, Vec<LinkId>) {
         let mut replies = Vec::new();
+        let mut silent = Vec::new();
         while let Some(&(deadline, link_id, tag)) = self.deadlines.first() {
             if deadline > now {
                 break;
@@ -623,13 +627,16 @@ impl Forwarder {
                 .links
                 .get_mut(&link_id)
                 .and_then(|l| l.pending.remove(&tag));
-            if let Some(pending) = pending
-                && let Some(reply) = self.answer(pending, Status::Timeout)
-            {
-                replies.push(reply);
+            if let Some(pending) = pending {
+                if !silent.contains(&link_id) {
+                    silent.push(link_id);
+                }
+                if let Some(reply) = self.answer(pending, Status::Timeout) {
+                    replies.push(reply);
+                }
             }
         }
-        replies
+        (replies, silent)
     }
 
     /// Swaps in a new map without touching client connections. Links that
@@ -989,9 +996,11 @@ mod tests {
         );
         assert!(
             core.handle_timeouts(start + Duration::from_millis(99))
+                .0
                 .is_empty()
         );
-        let expired = core.handle_timeouts(start + Duration::from_millis(100));
+        let (expired, silent) = core.handle_timeouts(start + Duration::from_millis(100));
+        assert_eq!(silent, vec![link_id], "the silent link is reported");
         assert_eq!(expired.len(), 1);
         assert_eq!(expired[0].0, 1);
         assert_eq!(status_of(&expired[0].1), (Status::Timeout, 44));

@@ -1,5 +1,5 @@
-//! A tiny blocking HTTP GET client, enough to scrape an admin endpoint from tests
-//! and the testbed.
+//! A tiny blocking HTTP GET client, enough to scrape an admin endpoint (or
+//! query Prometheus) from tests and the testbed.
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -74,11 +74,16 @@ fn parse_response(raw: &[u8]) -> io::Result<(u16, String)> {
     let status: u16 = code.parse().map_err(|_| invalid("malformed status code"))?;
 
     let mut body = &raw[head_len + 4..];
+    let mut dechunked = None;
     for line in lines {
         let Some((name, value)) = line.split_once(':') else {
             return Err(invalid("malformed header line"));
         };
-        if name.eq_ignore_ascii_case("content-length") {
+        if name.eq_ignore_ascii_case("transfer-encoding")
+            && value.trim().eq_ignore_ascii_case("chunked")
+        {
+            dechunked = Some(dechunk(body)?);
+        } else if name.eq_ignore_ascii_case("content-length") {
             let length: usize = value
                 .trim()
                 .parse()
@@ -91,8 +96,35 @@ fn parse_response(raw: &[u8]) -> io::Result<(u16, String)> {
             })?;
         }
     }
-    let body = String::from_utf8(body.to_vec()).map_err(|_| invalid("body is not UTF-8"))?;
+    let body = dechunked.unwrap_or_else(|| body.to_vec());
+    let body = String::from_utf8(body).map_err(|_| invalid("body is not UTF-8"))?;
     Ok((status, body))
+}
+
+/// Decodes a `Transfer-Encoding: chunked` body: hex size lines, each
+/// followed by that many bytes and CRLF, ending with a zero-size chunk.
+fn dechunk(mut raw: &[u8]) -> io::Result<Vec<u8>> {
+    let mut body = Vec::new();
+    loop {
+        let line_end = raw
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .ok_or_else(|| invalid("chunk size line does not end"))?;
+        let line = std::str::from_utf8(&raw[..line_end])
+            .map_err(|_| invalid("chunk size is not ASCII"))?;
+        let size_text = line.split(';').next().unwrap_or_default().trim();
+        let size =
+            usize::from_str_radix(size_text, 16).map_err(|_| invalid("malformed chunk size"))?;
+        raw = &raw[line_end + 2..];
+        if size == 0 {
+            return Ok(body);
+        }
+        let chunk = raw.get(..size).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::UnexpectedEof, "chunk shorter than its size")
+        })?;
+        body.extend_from_slice(chunk);
+        raw = raw.get(size + 2..).unwrap_or_default();
+    }
 }
 
 fn invalid(what: &str) -> io::Error {
@@ -111,6 +143,11 @@ mod tests {
         assert_eq!(parse_response(no_length).unwrap(), (404, "nope".to_owned()));
         let no_reason = b"HTTP/1.1 503\r\n\r\n";
         assert_eq!(parse_response(no_reason).unwrap(), (503, String::new()));
+        let chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nWiki\r\n6;x=y\r\npedia \r\n0\r\n\r\n";
+        assert_eq!(
+            parse_response(chunked).unwrap(),
+            (200, "Wikipedia ".to_owned())
+        );
     }
 
     #[test]
@@ -124,6 +161,8 @@ mod tests {
             b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n",
             b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nshort",
             b"HTTP/1.1 200 OK\r\n\r\n\xff",
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n9\r\nshort",
         ] {
             assert!(
                 parse_response(bad).is_err(),

@@ -1,7 +1,21 @@
 //! The testbed: brings whole pmem-fabric topologies up on one machine, drives
 //! and breaks them, and checks topology files.
+//!
+//! - [`launch`]: every daemon of a topology as a real process (loopback or
+//!   one network namespace per host, [`netns`]).
+//! - [`workload`]: what a client worker does and how it verifies.
+//! - [`run`]: `run`, `demo` and `chaos`: fabric, workers, faults, report.
+//! - [`report`]: `report.json`, `report.md` and the plots.
+//! - [`prometheus`]: a real Prometheus scraping every daemon.
+//! - [`summary`]: `testbed validate`'s summary.
 
+pub mod launch;
+pub mod netns;
+pub mod prometheus;
+pub mod report;
+pub mod run;
 pub mod summary;
+pub mod workload;
 
 /// The default topology (`configs/default.toml`), embedded so the testbed runs
 /// with no file at hand.
@@ -9,3 +23,18 @@ pub const DEFAULT_TOPOLOGY: &str = include_str!("../../configs/default.toml");
 
 /// The name the embedded default topology goes by in messages.
 pub const DEFAULT_TOPOLOGY_NAME: &str = "<embedded configs/default.toml>";
+
+/// Loads `file`, or the embedded default topology, with environment
+/// overrides.
+pub fn load_topology(
+    file: Option<&std::path::Path>,
+) -> Result<topology::Topology, topology::LoadError> {
+    match file {
+        Some(path) => topology::Topology::load(path),
+        None => topology::Topology::from_toml_str(
+            DEFAULT_TOPOLOGY_NAME,
+            DEFAULT_TOPOLOGY,
+            &topology::EnvOverrides::Process,
+        ),
+    }
+}

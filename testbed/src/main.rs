@@ -2,10 +2,16 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use clap::{Parser, Subcommand};
-use testbed::{DEFAULT_TOPOLOGY, DEFAULT_TOPOLOGY_NAME, summary};
-use topology::{EnvOverrides, Layout, Topology};
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+use testbed::launch::{DaemonKind, Fabric, LaunchOptions, NetMode};
+use testbed::prometheus::{PrometheusServer, ScrapeTarget};
+use testbed::run::{FaultKind, PlannedFault, RunOptions, Scenario};
+use testbed::workload::{Progress, WorkerConfig, Workload};
+use testbed::{load_topology, summary};
+use topology::Layout;
 
 /// Brings pmem-fabric topologies up on one machine, drives and checks them.
 #[derive(Debug, Parser)]
@@ -15,6 +21,23 @@ struct Cli {
     command: Command,
 }
 
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Net {
+    /// Every host on its own loopback address.
+    Loopback,
+    /// Every host in its own network namespace (needs root).
+    Netns,
+}
+
+impl From<Net> for NetMode {
+    fn from(net: Net) -> Self {
+        match net {
+            Net::Loopback => NetMode::Loopback,
+            Net::Netns => NetMode::Netns,
+        }
+    }
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Check a topology file and print a summary with its address map.
@@ -22,17 +45,140 @@ enum Command {
         /// The topology file; the embedded default topology when absent.
         file: Option<PathBuf>,
     },
-}
-
-fn load(file: Option<&PathBuf>) -> Result<Topology, topology::LoadError> {
-    match file {
-        Some(path) => Topology::load(path),
-        None => Topology::from_toml_str(
-            DEFAULT_TOPOLOGY_NAME,
-            DEFAULT_TOPOLOGY,
-            &EnvOverrides::Process,
-        ),
-    }
+    /// Start every daemon of a topology and keep them up until Ctrl-C.
+    Up {
+        /// The topology file; the embedded default topology when absent.
+        file: Option<PathBuf>,
+        /// How hosts are networked.
+        #[arg(long, value_enum, default_value = "loopback")]
+        net: Net,
+        /// Region files go to DIR/<server>.
+        #[arg(long, default_value = "data")]
+        data_dir: PathBuf,
+        /// Also start a Prometheus server scraping every daemon.
+        #[arg(long)]
+        prometheus: bool,
+    },
+    /// Remove the network namespaces a crashed `--net netns` run left behind
+    /// (and kill the daemons still running in them).
+    Down {
+        /// Only the run whose namespaces start with this prefix (`pfXXXX`);
+        /// every testbed run when absent.
+        #[arg(long)]
+        prefix: Option<String>,
+    },
+    /// Run a client workload on a fresh fabric, verify it and write a report.
+    Run {
+        /// The topology file; the embedded default topology when absent.
+        file: Option<PathBuf>,
+        /// ycsb-a, ycsb-b, ycsb-c, counter or mixed.
+        #[arg(long, default_value = "mixed")]
+        workload: Workload,
+        /// How many of the topology's clients run (all by default).
+        #[arg(long)]
+        clients: Option<usize>,
+        /// Seconds of workload.
+        #[arg(long, default_value_t = 10.0)]
+        duration: f64,
+        /// Value size in bytes.
+        #[arg(long, default_value_t = 256)]
+        size: u64,
+        /// Operations in flight per client.
+        #[arg(long, default_value_t = 8)]
+        depth: usize,
+        /// Keys per client.
+        #[arg(long, default_value_t = 4096)]
+        keys: u64,
+        /// Zipfian keys instead of uniform.
+        #[arg(long)]
+        zipfian: bool,
+        /// How hosts are networked.
+        #[arg(long, value_enum, default_value = "loopback")]
+        net: Net,
+        /// Keep region files here (a temporary folder by default).
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+        /// Reports go to DIR/<run-id>/.
+        #[arg(long, default_value = "reports")]
+        reports: PathBuf,
+    },
+    /// The demo: the default fabric, a mixed workload, a fabric device
+    /// killed half way and restarted, then a verified summary.
+    Demo {
+        /// Seconds of workload.
+        #[arg(long, default_value_t = 30.0)]
+        duration: f64,
+        /// Reports go to DIR/<run-id>/.
+        #[arg(long, default_value = "reports")]
+        reports: PathBuf,
+    },
+    /// Run a workload while injecting faults at seeded random times, and
+    /// check the contract: fabric-device faults are invisible to the
+    /// application, nothing acknowledged is lost.
+    Chaos {
+        /// The topology file; the embedded default topology when absent.
+        file: Option<PathBuf>,
+        /// kill-fabric, kill-server or cut-link (needs --net netns).
+        #[arg(long)]
+        scenario: Scenario,
+        /// How many faults.
+        #[arg(long, default_value_t = 2)]
+        faults: usize,
+        /// Seconds of workload.
+        #[arg(long, default_value_t = 10.0)]
+        duration: f64,
+        /// ycsb-a, ycsb-b, ycsb-c, counter or mixed.
+        #[arg(long, default_value = "mixed")]
+        workload: Workload,
+        /// Seed of the fault times and targets.
+        #[arg(long, default_value_t = 7)]
+        seed: u64,
+        /// How hosts are networked.
+        #[arg(long, value_enum, default_value = "loopback")]
+        net: Net,
+        /// Reports go to DIR/<run-id>/.
+        #[arg(long, default_value = "reports")]
+        reports: PathBuf,
+    },
+    /// Runs a daemon (used by the testbed to start the fabric's processes).
+    #[command(hide = true)]
+    Daemon {
+        /// pmem-server or fabric-device, then its arguments.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Runs one client's workload (used by `run`, `demo` and `chaos`).
+    #[command(hide = true)]
+    Worker {
+        #[arg(long)]
+        config: PathBuf,
+        #[arg(long)]
+        client: String,
+        #[arg(long)]
+        index: usize,
+        #[arg(long)]
+        clients: usize,
+        #[arg(long)]
+        workload: Workload,
+        #[arg(long)]
+        duration_ms: u64,
+        #[arg(long)]
+        size: u64,
+        #[arg(long)]
+        depth: usize,
+        #[arg(long)]
+        keys: u64,
+        #[arg(long)]
+        seed: u64,
+        #[arg(long)]
+        start_unix_ms: u64,
+        #[arg(long)]
+        bucket_ms: u64,
+        #[arg(long)]
+        zipfian: bool,
+        #[arg(long)]
+        out: PathBuf,
+    },
 }
 
 /// Prints an error with its whole cause chain.
@@ -47,7 +193,7 @@ fn print_chain(err: &dyn std::error::Error) {
 }
 
 fn validate(file: Option<&PathBuf>) -> ExitCode {
-    let topology = match load(file) {
+    let topology = match load_topology(file.map(PathBuf::as_path)) {
         Ok(t) => t,
         Err(err) => {
             print_chain(&err);
@@ -77,9 +223,256 @@ fn validate(file: Option<&PathBuf>) -> ExitCode {
     }
 }
 
+fn up(file: Option<&PathBuf>, net: Net, data_dir: PathBuf, prometheus: bool) -> anyhow::Result<()> {
+    let topology = load_topology(file.map(PathBuf::as_path))?;
+    let run_dir = PathBuf::from("reports").join(testbed::run::run_id("up"));
+    let mut options = LaunchOptions::new(data_dir, run_dir)?;
+    options.net = net.into();
+    let signals = signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM]);
+    let mut signals = signals.context("install signal handlers")?;
+    let run_dir = options.run_dir.clone();
+    let fabric = Fabric::start(&topology, options).context("bring the fabric up")?;
+    let endpoints = fabric.endpoints();
+    println!("{}", summary::endpoints_table(&endpoints));
+    println!("topology in use: {}", fabric.topology_path.display());
+    let _prometheus = if prometheus {
+        let targets: Vec<ScrapeTarget> = endpoints
+            .iter()
+            .filter_map(|e| {
+                let addr = e.admin.parse().ok()?;
+                Some(match e.kind {
+                    DaemonKind::PmemServer => ScrapeTarget::pmem_server(e.id.clone(), addr),
+                    DaemonKind::FabricDevice => ScrapeTarget::fabric_device(e.id.clone(), addr),
+                })
+            })
+            .collect();
+        let server = PrometheusServer::start(&run_dir.join("prometheus"), &targets)
+            .context("start Prometheus")?;
+        server
+            .wait_targets_up(Duration::from_secs(60))
+            .context("wait for Prometheus to scrape every daemon")?;
+        println!("prometheus: {} (every target up)", server.url());
+        Some(server)
+    } else {
+        None
+    };
+    println!("fabric is up; Ctrl-C or SIGTERM stops it");
+    let _ = signals.forever().next();
+    println!("stopping");
+    let mut clean = true;
+    for (kind, id, status) in fabric.stop() {
+        let ok = status.is_some_and(|s| s.success());
+        clean &= ok;
+        println!(
+            "  {} {id}: {}",
+            kind.program(),
+            if ok {
+                "stopped"
+            } else {
+                "did not stop cleanly"
+            }
+        );
+    }
+    anyhow::ensure!(clean, "some daemons did not stop cleanly");
+    Ok(())
+}
+
+fn run(options: &RunOptions, file: Option<&PathBuf>) -> anyhow::Result<bool> {
+    let topology = load_topology(file.map(PathBuf::as_path))?;
+    run_on(options, &topology)
+}
+
+fn run_on(options: &RunOptions, topology: &topology::Topology) -> anyhow::Result<bool> {
+    let outcome = testbed::run::execute(topology, &topology.source, options)?;
+    print!("{}", summary::run_summary(&outcome));
+    let violations = testbed::run::contract_violations(&outcome.report);
+    for line in &violations {
+        println!("  CONTRACT VIOLATED: {line}");
+    }
+    Ok(violations.is_empty() && outcome.unclean_exits.is_empty())
+}
+
+fn demo(duration: f64, reports: PathBuf) -> anyhow::Result<bool> {
+    let mut options = RunOptions::new("demo", Workload::Mixed);
+    options.duration = Duration::from_secs_f64(duration);
+    options.reports = reports;
+    options.faults = vec![PlannedFault {
+        at: Duration::from_secs_f64(duration / 2.0),
+        kind: FaultKind::KillFabric,
+        target: "A".to_owned(),
+        restore_after: Duration::from_secs_f64((duration / 6.0).max(0.5)),
+    }];
+    println!(
+        "pmem-fabric demo: default topology (2 PMEM servers, 2 fabric devices, 2 clients x 2 RNICs), \
+         mixed workload for {duration:.0} s, fabric device A killed half way and restarted"
+    );
+    run(&options, None)
+}
+
+fn worker(
+    config: WorkerConfig,
+    topology: PathBuf,
+    start_unix_ms: u64,
+    out: PathBuf,
+) -> anyhow::Result<()> {
+    let topology = topology::Topology::load(&topology)?;
+    let layout = Layout::new(&topology)?;
+    let space: u64 = layout.entries().iter().map(|e| e.len).sum();
+    let now_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let run_start = Instant::now()
+        .checked_sub(Duration::from_millis(now_ms.saturating_sub(start_unix_ms)))
+        .unwrap_or_else(Instant::now);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let result = runtime.block_on(async move {
+        let pool = client_vmm::AsyncPool::connect(topology, config.client.as_str())
+            .await
+            .map_err(|e| anyhow::anyhow!(client_vmm::error_chain(&e)))?;
+        let progress = std::sync::Arc::new(Progress::default());
+        let reporter = {
+            let progress = std::sync::Arc::clone(&progress);
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    println!(
+                        "progress ops={} errors={}",
+                        progress.ops.load(std::sync::atomic::Ordering::Relaxed),
+                        progress.errors.load(std::sync::atomic::Ordering::Relaxed)
+                    );
+                }
+            })
+        };
+        let result = testbed::workload::run(pool, config, space, run_start, progress).await;
+        reporter.abort();
+        anyhow::Ok(result)
+    })?;
+    let text = serde_json::to_string(&result)?;
+    std::fs::write(&out, text).with_context(|| format!("write {}", out.display()))?;
+    Ok(())
+}
+
+fn outcome(result: anyhow::Result<bool>) -> ExitCode {
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("testbed: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Validate { file } => validate(file.as_ref()),
+        Command::Up {
+            file,
+            net,
+            data_dir,
+            prometheus,
+        } => outcome(up(file.as_ref(), net, data_dir, prometheus).map(|()| true)),
+        Command::Down { prefix } => {
+            match testbed::netns::clean_up_crashed_runs(prefix.as_deref()) {
+                Ok((killed, removed)) => {
+                    println!(
+                        "killed {killed} leftover processes; removed {removed} namespaces and interfaces left by earlier runs"
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    print_chain(&e);
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Run {
+            file,
+            workload,
+            clients,
+            duration,
+            size,
+            depth,
+            keys,
+            zipfian,
+            net,
+            data_dir,
+            reports,
+        } => {
+            let mut options = RunOptions::new("run", workload);
+            options.clients = clients;
+            options.duration = Duration::from_secs_f64(duration);
+            options.size = size.max(16);
+            options.depth = depth.max(1);
+            options.keys = keys.max(1);
+            options.zipfian = zipfian;
+            options.net = net.into();
+            options.data_dir = data_dir;
+            options.reports = reports;
+            outcome(run(&options, file.as_ref()))
+        }
+        Command::Demo { duration, reports } => outcome(demo(duration, reports)),
+        Command::Chaos {
+            file,
+            scenario,
+            faults,
+            duration,
+            workload,
+            seed,
+            net,
+            reports,
+        } => outcome((|| {
+            let topology = load_topology(file.as_deref())?;
+            let mut options = RunOptions::new("chaos", workload);
+            options.duration = Duration::from_secs_f64(duration);
+            options.net = net.into();
+            options.reports = reports;
+            options.faults =
+                testbed::run::plan_faults(&topology, scenario, options.duration, faults, seed);
+            run_on(&options, &topology)
+        })()),
+        Command::Daemon { args } => match args.split_first() {
+            Some((name, _)) if name == "pmem-server" => pmem_server::cli::main_with_args(args),
+            Some((name, _)) if name == "fabric-device" => fabric_device::cli::main_with_args(args),
+            _ => {
+                eprintln!("testbed daemon: expected pmem-server or fabric-device");
+                ExitCode::from(2)
+            }
+        },
+        Command::Worker {
+            config,
+            client,
+            index,
+            clients,
+            workload,
+            duration_ms,
+            size,
+            depth,
+            keys,
+            seed,
+            start_unix_ms,
+            bucket_ms,
+            zipfian,
+            out,
+        } => {
+            let worker_config = WorkerConfig {
+                client,
+                index,
+                clients,
+                workload,
+                zipfian,
+                duration: Duration::from_millis(duration_ms),
+                size: size.max(16),
+                depth,
+                keys,
+                seed,
+                bucket_ms,
+            };
+            outcome(worker(worker_config, config, start_unix_ms, out).map(|()| true))
+        }
     }
 }

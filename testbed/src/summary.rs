@@ -4,6 +4,9 @@ use std::fmt::Write as _;
 
 use topology::{ByteSize, Layout, Topology};
 
+use crate::launch::Endpoint;
+use crate::run::RunOutcome;
+
 /// A table of text cells printed with aligned columns.
 #[derive(Debug, Default)]
 struct Table {
@@ -80,5 +83,111 @@ pub fn render(topology: &Topology, layout: &Layout) -> String {
         ]);
     }
     map.render(&mut out);
+    out
+}
+
+/// The table of daemons `testbed up` prints: data and admin addresses,
+/// data directories, namespaces.
+pub fn endpoints_table(endpoints: &[Endpoint]) -> String {
+    let mut table = Table::default();
+    table.row(["DAEMON", "ID", "DATA", "ADMIN", "DATA DIR / NAMESPACE"]);
+    for e in endpoints {
+        let data: Vec<String> = e.data.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let place = match (&e.data_dir, &e.namespace) {
+            (Some(dir), Some(ns)) => format!("{} ({ns})", dir.display()),
+            (Some(dir), None) => dir.display().to_string(),
+            (None, Some(ns)) => ns.clone(),
+            (None, None) => String::new(),
+        };
+        table.row([
+            e.kind.program().to_owned(),
+            e.id.clone(),
+            data.join(" "),
+            format!("http://{}/metrics", e.admin),
+            place,
+        ]);
+    }
+    let mut out = String::new();
+    table.render(&mut out);
+    out
+}
+
+/// What `run`, `demo` and `chaos` print at the end.
+pub fn run_summary(outcome: &RunOutcome) -> String {
+    let report = &outcome.report;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\n{} ({} workload, {} clients, {:.1} s)",
+        report.run_id,
+        report.workload,
+        report.clients.len(),
+        report.duration_s
+    );
+    let _ = writeln!(
+        out,
+        "  operations      {} ({:.0} ops/s)",
+        report.ops_total(),
+        report.ops_per_s()
+    );
+    let _ = writeln!(
+        out,
+        "  errors seen     {} (by the application)",
+        report.errors_total()
+    );
+    for fault in &report.faults {
+        let first = report
+            .timeline
+            .first_completion_after(fault.at_s)
+            .map_or_else(
+                || "none".to_owned(),
+                |t| format!("{:.1} ms", (t - fault.at_s) * 1000.0),
+            );
+        let recovery = fault
+            .recovery_ms
+            .map_or_else(|| "n/a".to_owned(), |ms| format!("{ms:.0} ms"));
+        let _ = writeln!(
+            out,
+            "  fault           {} {} at {:.2} s: next request completed after {first}, \
+             throughput back after {recovery}, {} errors",
+            fault.kind, fault.target, fault.at_s, fault.errors_seen
+        );
+    }
+    let v = &report.verification;
+    let _ = writeln!(
+        out,
+        "  verification    {} ({} keys, {} counters checked)",
+        if v.passed { "PASSED" } else { "FAILED" },
+        v.keys_checked,
+        v.counters_checked
+    );
+    for line in &v.mismatches {
+        let _ = writeln!(out, "    {line}");
+    }
+    let _ = writeln!(out, "\n{}", crate::report::summary_table(report));
+    let _ = writeln!(
+        out,
+        "  report          {}",
+        outcome.files.markdown.display()
+    );
+    let _ = writeln!(
+        out,
+        "  plots           {}, {}",
+        outcome.files.latency_cdf.display(),
+        outcome.files.throughput.display()
+    );
+    let _ = writeln!(out, "  raw figures     {}", outcome.files.json.display());
+    let admins: Vec<String> = outcome
+        .endpoints
+        .iter()
+        .map(|e| format!("{} {}: http://{}/metrics", e.kind.program(), e.id, e.admin))
+        .collect();
+    let _ = writeln!(out, "  metrics (while it ran):");
+    for line in admins {
+        let _ = writeln!(out, "    {line}");
+    }
+    for line in &outcome.unclean_exits {
+        let _ = writeln!(out, "  did not stop cleanly: {line}");
+    }
     out
 }

@@ -245,8 +245,11 @@ impl Device {
                     Token(t) => self.on_client_event(t as ConnId, now),
                 }
             }
-            let expired = self.core.handle_timeouts(now);
+            let (expired, silent) = self.core.handle_timeouts(now);
             self.deliver_all(expired);
+            for link in silent {
+                self.link_failed(link, now, "requests timed out");
+            }
             self.resume_paused(now);
             self.flush_all();
             if let Some(deadline) = self.draining

@@ -1,0 +1,588 @@
+//! Starting every daemon of a topology as a real process, watching them,
+//! killing and restarting them on purpose, and stopping them cleanly.
+//!
+//! The daemons run from the testbed's own executable (`testbed daemon
+//! pmem-server …`, `testbed daemon fabric-device …`), which links both
+//! daemons' libraries: one binary to build, and every daemon still a
+//! separate process. In netns mode each runs inside its host's namespace.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use topology::Topology;
+
+use crate::netns::{self, NetPlan, NetnsGuard};
+
+/// How hosts are networked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NetMode {
+    /// Every host on its own loopback address (as the topology gives them).
+    #[default]
+    Loopback,
+    /// Every host in its own network namespace, links as veth pairs.
+    Netns,
+}
+
+/// Which daemon.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum DaemonKind {
+    /// A pmem-server.
+    PmemServer,
+    /// A fabric-device.
+    FabricDevice,
+}
+
+impl DaemonKind {
+    /// The daemon's program name.
+    pub fn program(self) -> &'static str {
+        match self {
+            DaemonKind::PmemServer => "pmem-server",
+            DaemonKind::FabricDevice => "fabric-device",
+        }
+    }
+}
+
+/// How to bring a fabric up.
+#[derive(Debug, Clone)]
+pub struct LaunchOptions {
+    /// Loopback or namespaces.
+    pub net: NetMode,
+    /// Region files go to `data_dir/<server>`.
+    pub data_dir: PathBuf,
+    /// The effective topology and daemon logs go here.
+    pub run_dir: PathBuf,
+    /// The executable with the `daemon` subcommand (the testbed itself).
+    pub program: PathBuf,
+    /// Extra flags for every fabric device.
+    pub device_args: Vec<String>,
+    /// How long a daemon may take to report ready and a device to bring
+    /// its links up.
+    pub ready_timeout: Duration,
+}
+
+impl LaunchOptions {
+    /// Options for a fabric on loopback, run by this executable.
+    pub fn new(data_dir: PathBuf, run_dir: PathBuf) -> Result<Self, LaunchError> {
+        Ok(Self {
+            net: NetMode::Loopback,
+            data_dir,
+            run_dir,
+            program: std::env::current_exe().map_err(LaunchError::Io)?,
+            device_args: vec![
+                "--request-timeout-ms".into(),
+                "2000".into(),
+                "--reconnect-min-ms".into(),
+                "20".into(),
+                "--reconnect-max-ms".into(),
+                "500".into(),
+            ],
+            ready_timeout: Duration::from_secs(30),
+        })
+    }
+}
+
+/// Why a fabric could not be brought up or managed.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    /// The topology has problems.
+    #[error("{0}")]
+    Topology(#[from] topology::ValidationErrors),
+    /// Network namespaces could not be set up.
+    #[error("cannot set up network namespaces")]
+    Netns(#[from] netns::NetnsError),
+    /// A file or process operation failed.
+    #[error("I/O failed")]
+    Io(#[source] std::io::Error),
+    /// The effective topology could not be written.
+    #[error("cannot write the effective topology")]
+    Serialize(#[from] toml::ser::Error),
+    /// A daemon exited or stayed silent instead of reporting ready.
+    #[error("{kind} {id} did not start: {why} (log: {log})", kind = .kind.program())]
+    NotReady {
+        /// Which daemon.
+        kind: DaemonKind,
+        /// Its id.
+        id: String,
+        /// What happened.
+        why: String,
+        /// Its log file.
+        log: String,
+    },
+    /// No such link in this fabric (or not in netns mode).
+    #[error("no link {0:?} in this fabric (links are cut only with --net netns)")]
+    UnknownLink(String),
+    /// No such daemon in this fabric.
+    #[error("no {kind} {id} in this fabric", kind = .kind.program())]
+    Unknown {
+        /// Which daemon.
+        kind: DaemonKind,
+        /// Its id.
+        id: String,
+    },
+}
+
+/// One running daemon.
+#[derive(Debug)]
+struct Daemon {
+    child: Child,
+    fields: BTreeMap<String, String>,
+    args: Vec<OsString>,
+    log: PathBuf,
+}
+
+/// A row of the endpoint table `testbed up` prints.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    /// Which daemon.
+    pub kind: DaemonKind,
+    /// Its id.
+    pub id: String,
+    /// Data addresses (`nic.n0=…` / `port.p0=…`).
+    pub data: Vec<(String, String)>,
+    /// Admin address.
+    pub admin: String,
+    /// Region files (servers).
+    pub data_dir: Option<PathBuf>,
+    /// Network namespace (netns mode).
+    pub namespace: Option<String>,
+}
+
+/// A running fabric: every pmem-server and fabric device of a topology.
+#[derive(Debug)]
+pub struct Fabric {
+    /// The topology as the daemons run it (addresses rewritten in netns mode).
+    pub topology: Topology,
+    /// Where that topology was written.
+    pub topology_path: PathBuf,
+    options: LaunchOptions,
+    daemons: BTreeMap<(DaemonKind, String), Daemon>,
+    net: Option<(NetPlan, NetnsGuard)>,
+}
+
+/// Reads the `ready key=value …` line a daemon prints on stdout.
+fn wait_ready(child: &mut Child, timeout: Duration) -> Result<BTreeMap<String, String>, String> {
+    let stdout = child.stdout.take().ok_or("no stdout")?;
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        for line in lines.by_ref().map_while(Result::ok) {
+            if let Some(rest) = line.strip_prefix("ready ") {
+                let fields = rest
+                    .split_whitespace()
+                    .filter_map(|kv| kv.split_once('='))
+                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                    .collect();
+                let _ = tx.send(fields);
+                break;
+            }
+        }
+        // Keep draining so the daemon never blocks on a full pipe.
+        for _ in lines {}
+    });
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Ok(fields) = rx.recv_timeout(Duration::from_millis(50)) {
+            return Ok(fields);
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!("exited with {status}"));
+        }
+        if Instant::now() >= deadline {
+            return Err(format!("no ready line within {timeout:?}"));
+        }
+    }
+}
+
+/// The last lines of a log file, for error messages.
+pub fn log_tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+impl Fabric {
+    /// Starts every server, then every fabric device, and waits until each
+    /// reports ready and every device's links are up.
+    pub fn start(topology: &Topology, options: LaunchOptions) -> Result<Self, LaunchError> {
+        topology.validate()?;
+        std::fs::create_dir_all(options.run_dir.join("logs")).map_err(LaunchError::Io)?;
+        let (topology, net) = match options.net {
+            NetMode::Loopback => (topology.clone(), None),
+            NetMode::Netns => {
+                netns::require_root()?;
+                let prefix = netns::fresh_prefix()?;
+                let (plan, rewritten) = netns::plan(topology, &prefix)?;
+                let guard = netns::apply(&plan)?;
+                (rewritten, Some((plan, guard)))
+            }
+        };
+        let topology_path = options.run_dir.join("topology.toml");
+        let mut text = toml::to_string(&topology)?;
+        text.insert_str(
+            0,
+            "# The topology as this run's daemons use it (written by testbed).\n",
+        );
+        std::fs::write(&topology_path, text).map_err(LaunchError::Io)?;
+        let mut fabric = Self {
+            topology: topology.clone(),
+            topology_path,
+            options,
+            daemons: BTreeMap::new(),
+            net,
+        };
+        let servers: Vec<String> = topology.servers.iter().map(|s| s.id.to_string()).collect();
+        let devices: Vec<String> = topology
+            .fabric_devices
+            .iter()
+            .map(|d| d.id.to_string())
+            .collect();
+        for id in &servers {
+            fabric.spawn(DaemonKind::PmemServer, id)?;
+        }
+        for id in &servers {
+            fabric.await_ready(DaemonKind::PmemServer, id)?;
+        }
+        for id in &devices {
+            fabric.spawn(DaemonKind::FabricDevice, id)?;
+        }
+        for id in &devices {
+            fabric.await_ready(DaemonKind::FabricDevice, id)?;
+        }
+        Ok(fabric)
+    }
+
+    fn namespace(&self, kind: DaemonKind, id: &str) -> Option<String> {
+        let (plan, _) = self.net.as_ref()?;
+        let host = match kind {
+            DaemonKind::PmemServer => netns::HostKind::Server,
+            DaemonKind::FabricDevice => netns::HostKind::FabricDevice,
+        };
+        plan.namespace_of(host, id).map(str::to_owned)
+    }
+
+    /// The namespace a client runs in (netns mode).
+    pub fn client_namespace(&self, client: &str) -> Option<String> {
+        let (plan, _) = self.net.as_ref()?;
+        plan.namespace_of(netns::HostKind::Client, client)
+            .map(str::to_owned)
+    }
+
+    /// A command running `program` as this fabric's client `client` (inside
+    /// its namespace in netns mode).
+    pub fn client_command(&self, client: &str, program: &Path) -> Command {
+        match self.client_namespace(client) {
+            Some(ns) => netns::command_in(&ns, program),
+            None => Command::new(program),
+        }
+    }
+
+    /// The admin address a daemon should use: the topology's, or any port.
+    fn admin_addr(&self, kind: DaemonKind, id: &str) -> String {
+        let given = match kind {
+            DaemonKind::PmemServer => self
+                .topology
+                .server(&id.into())
+                .and_then(|s| s.admin.clone()),
+            DaemonKind::FabricDevice => self
+                .topology
+                .fabric_device(&id.into())
+                .and_then(|d| d.admin.clone()),
+        };
+        given.unwrap_or_else(|| "127.0.0.1:0".to_owned())
+    }
+
+    fn spawn(&mut self, kind: DaemonKind, id: &str) -> Result<(), LaunchError> {
+        let mut args: Vec<OsString> =
+            vec!["daemon".into(), kind.program().into(), "--config".into()];
+        args.push(self.topology_path.clone().into());
+        match kind {
+            DaemonKind::PmemServer => {
+                args.extend(["--server".into(), id.into(), "--data-dir".into()]);
+                args.push(self.options.data_dir.join(id).into());
+            }
+            DaemonKind::FabricDevice => {
+                args.extend(["--device".into(), id.into()]);
+                args.extend(self.options.device_args.iter().map(OsString::from));
+            }
+        }
+        args.extend(["--admin".into(), self.admin_addr(kind, id).into()]);
+        self.launch(kind, id, args)
+    }
+
+    fn launch(
+        &mut self,
+        kind: DaemonKind,
+        id: &str,
+        args: Vec<OsString>,
+    ) -> Result<(), LaunchError> {
+        let log = self
+            .options
+            .run_dir
+            .join("logs")
+            .join(format!("{}-{id}.log", kind.program()));
+        let log_file = File::options()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .map_err(LaunchError::Io)?;
+        let mut command = match self.namespace(kind, id) {
+            Some(ns) => netns::command_in(&ns, &self.options.program),
+            None => Command::new(&self.options.program),
+        };
+        let child = command
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log_file))
+            .spawn()
+            .map_err(LaunchError::Io)?;
+        self.daemons.insert(
+            (kind, id.to_owned()),
+            Daemon {
+                child,
+                fields: BTreeMap::new(),
+                args,
+                log,
+            },
+        );
+        Ok(())
+    }
+
+    fn daemon_mut(&mut self, kind: DaemonKind, id: &str) -> Result<&mut Daemon, LaunchError> {
+        self.daemons
+            .get_mut(&(kind, id.to_owned()))
+            .ok_or_else(|| LaunchError::Unknown {
+                kind,
+                id: id.to_owned(),
+            })
+    }
+
+    fn await_ready(&mut self, kind: DaemonKind, id: &str) -> Result<(), LaunchError> {
+        let timeout = self.options.ready_timeout;
+        let daemon = self.daemon_mut(kind, id)?;
+        match wait_ready(&mut daemon.child, timeout) {
+            Ok(fields) => daemon.fields = fields,
+            Err(why) => {
+                let tail = log_tail(&daemon.log, 5);
+                return Err(LaunchError::NotReady {
+                    kind,
+                    id: id.to_owned(),
+                    why: format!("{why}; last log lines:\n{tail}"),
+                    log: daemon.log.display().to_string(),
+                });
+            }
+        }
+        if kind == DaemonKind::FabricDevice {
+            self.await_links(id)?;
+        }
+        Ok(())
+    }
+
+    /// Waits until a device reports every one of its links up.
+    fn await_links(&self, id: &str) -> Result<(), LaunchError> {
+        let links = self
+            .topology
+            .fabric_device(&id.into())
+            .map_or(0, |d| d.links.len());
+        let admin = self.admin(DaemonKind::FabricDevice, id)?;
+        let deadline = Instant::now() + self.options.ready_timeout;
+        loop {
+            let up = telemetry::http_get(admin, "/metrics", Duration::from_secs(2))
+                .map(|(_, text)| {
+                    text.lines()
+                        .filter(|l| l.starts_with("fabric_device_link_up{") && l.ends_with(" 1"))
+                        .count()
+                })
+                .unwrap_or(0);
+            if up >= links {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(LaunchError::NotReady {
+                    kind: DaemonKind::FabricDevice,
+                    id: id.to_owned(),
+                    why: format!("only {up} of {links} links up"),
+                    log: self.log_path(DaemonKind::FabricDevice, id),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn log_path(&self, kind: DaemonKind, id: &str) -> String {
+        self.daemons
+            .get(&(kind, id.to_owned()))
+            .map_or_else(String::new, |d| d.log.display().to_string())
+    }
+
+    /// A daemon's admin address.
+    pub fn admin(&self, kind: DaemonKind, id: &str) -> Result<SocketAddr, LaunchError> {
+        self.daemons
+            .get(&(kind, id.to_owned()))
+            .and_then(|d| d.fields.get("admin"))
+            .and_then(|a| a.parse().ok())
+            .ok_or_else(|| LaunchError::Unknown {
+                kind,
+                id: id.to_owned(),
+            })
+    }
+
+    /// Every daemon's addresses, for the table `testbed up` prints.
+    pub fn endpoints(&self) -> Vec<Endpoint> {
+        self.daemons
+            .iter()
+            .map(|((kind, id), d)| Endpoint {
+                kind: *kind,
+                id: id.clone(),
+                data: d
+                    .fields
+                    .iter()
+                    .filter(|(k, _)| k.starts_with("nic.") || k.starts_with("port."))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+                admin: d.fields.get("admin").cloned().unwrap_or_default(),
+                data_dir: (*kind == DaemonKind::PmemServer).then(|| self.options.data_dir.join(id)),
+                namespace: self.namespace(*kind, id),
+            })
+            .collect()
+    }
+
+    /// Kills a daemon with SIGKILL; returns when the signal was sent, after
+    /// the process is gone.
+    pub fn kill(&mut self, kind: DaemonKind, id: &str) -> Result<Instant, LaunchError> {
+        let daemon = self.daemon_mut(kind, id)?;
+        let sent = Instant::now();
+        let _ = daemon.child.kill();
+        let _ = daemon.child.wait();
+        Ok(sent)
+    }
+
+    /// Starts a killed (or stopped) daemon again with the same arguments
+    /// and waits until it is ready (and, for a device, its links are up).
+    pub fn restart(&mut self, kind: DaemonKind, id: &str) -> Result<(), LaunchError> {
+        let args = self
+            .daemons
+            .remove(&(kind, id.to_owned()))
+            .map(|mut d| {
+                let _ = d.child.kill();
+                let _ = d.child.wait();
+                d.args
+            })
+            .ok_or_else(|| LaunchError::Unknown {
+                kind,
+                id: id.to_owned(),
+            })?;
+        self.launch(kind, id, args)?;
+        self.await_ready(kind, id)
+    }
+
+    /// Takes a topology link down or up (netns mode). `target` names it as
+    /// `CLIENT/RNIC` (a client's RNIC) or `DEVICE>SERVER/NIC` (a fabric
+    /// device's link to a server NIC).
+    pub fn set_link(&self, target: &str, up: bool) -> Result<(), LaunchError> {
+        let unknown = || LaunchError::UnknownLink(target.to_owned());
+        let (plan, _) = self.net.as_ref().ok_or_else(unknown)?;
+        let link = match target.split_once('>') {
+            Some((device, rest)) => {
+                let (server, nic) = rest.split_once('/').ok_or_else(unknown)?;
+                netns::LinkRef::ServerLink {
+                    device: device.into(),
+                    server: server.into(),
+                    nic: nic.into(),
+                }
+            }
+            None => {
+                let (client, rnic) = target.split_once('/').ok_or_else(unknown)?;
+                let device = self
+                    .topology
+                    .client(&client.into())
+                    .and_then(|c| c.rnics.iter().find(|r| r.id.as_str() == rnic))
+                    .map(|r| r.fabric_device.clone())
+                    .ok_or_else(unknown)?;
+                netns::LinkRef::Rnic {
+                    client: client.into(),
+                    rnic: rnic.into(),
+                    device,
+                }
+            }
+        };
+        let veth = plan.link(&link).ok_or_else(unknown)?;
+        netns::set_link(veth, up)?;
+        Ok(())
+    }
+
+    /// The network plan (netns mode).
+    pub fn net_plan(&self) -> Option<&NetPlan> {
+        self.net.as_ref().map(|(plan, _)| plan)
+    }
+
+    /// Stops every device, then every server, with SIGTERM, and returns
+    /// each daemon's exit status; namespaces are removed afterwards.
+    pub fn stop(mut self) -> Vec<(DaemonKind, String, Option<ExitStatus>)> {
+        let mut statuses = Vec::new();
+        for kind in [DaemonKind::FabricDevice, DaemonKind::PmemServer] {
+            let ids: Vec<String> = self
+                .daemons
+                .keys()
+                .filter(|(k, _)| *k == kind)
+                .map(|(_, id)| id.clone())
+                .collect();
+            for id in &ids {
+                if let Some(d) = self.daemons.get(&(kind, id.clone())) {
+                    terminate(&d.child);
+                }
+            }
+            for id in ids {
+                if let Some(mut d) = self.daemons.remove(&(kind, id.clone())) {
+                    statuses.push((
+                        kind,
+                        id,
+                        wait_or_kill(&mut d.child, Duration::from_secs(15)),
+                    ));
+                }
+            }
+        }
+        statuses
+    }
+}
+
+/// Sends SIGTERM to a child.
+fn terminate(child: &Child) {
+    if let Ok(pid) = i32::try_from(child.id()) {
+        // SAFETY: kill(2) on our own child's pid; no memory is involved.
+        unsafe {
+            libc::kill(pid, libc::SIGTERM);
+        }
+    }
+}
+
+/// Waits for a child to exit, killing it after `limit`.
+fn wait_or_kill(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + limit;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return Some(status),
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            _ => {
+                let _ = child.kill();
+                return child.wait().ok().filter(|_| false);
+            }
+        }
+    }
+}
+
+impl Drop for Fabric {
+    fn drop(&mut self) {
+        for daemon in self.daemons.values_mut() {
+            let _ = daemon.child.kill();
+            let _ = daemon.child.wait();
+        }
+    }
+}

@@ -1,0 +1,661 @@
+//! `testbed run`, `demo` and `chaos`: bring a fabric up, run one worker
+//! process per client, inject the planned faults, then verify, report and
+//! stop everything.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, bail};
+use client_vmm::AsyncPool;
+use indicatif::{ProgressBar, ProgressStyle};
+use topology::Topology;
+
+use crate::launch::{DaemonKind, Endpoint, Fabric, LaunchOptions, NetMode};
+use crate::report::{FaultRecord, ReportFiles, RunReport, Timeline, Verification, write_report};
+use crate::workload::keys::counter_word;
+use crate::workload::{CounterTally, WorkerResult, Workload};
+
+/// A fault to inject during a run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlannedFault {
+    /// When, from the start of the workload.
+    pub at: Duration,
+    /// What.
+    pub kind: FaultKind,
+    /// Which daemon.
+    pub target: String,
+    /// How long until the target is restarted.
+    pub restore_after: Duration,
+}
+
+/// The faults the testbed injects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultKind {
+    /// SIGKILL a fabric device, restart it later.
+    KillFabric,
+    /// SIGKILL a pmem-server, restart it later.
+    KillServer,
+    /// Take a link down, bring it back later (netns only).
+    CutLink,
+}
+
+impl FaultKind {
+    /// The name reports use.
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultKind::KillFabric => "kill-fabric",
+            FaultKind::KillServer => "kill-server",
+            FaultKind::CutLink => "cut-link",
+        }
+    }
+
+    fn from_name(name: &str) -> Option<Self> {
+        [
+            FaultKind::KillFabric,
+            FaultKind::KillServer,
+            FaultKind::CutLink,
+        ]
+        .into_iter()
+        .find(|k| k.name() == name)
+    }
+
+    /// Injects the fault; returns when it took effect.
+    fn inject(self, fabric: &mut Fabric, target: &str) -> anyhow::Result<Instant> {
+        Ok(match self {
+            FaultKind::KillFabric => fabric.kill(DaemonKind::FabricDevice, target)?,
+            FaultKind::KillServer => fabric.kill(DaemonKind::PmemServer, target)?,
+            FaultKind::CutLink => {
+                let at = Instant::now();
+                fabric.set_link(target, false)?;
+                at
+            }
+        })
+    }
+
+    /// Undoes the fault.
+    fn restore(self, fabric: &mut Fabric, target: &str) -> anyhow::Result<()> {
+        match self {
+            FaultKind::KillFabric => fabric.restart(DaemonKind::FabricDevice, target)?,
+            FaultKind::KillServer => fabric.restart(DaemonKind::PmemServer, target)?,
+            FaultKind::CutLink => fabric.set_link(target, true)?,
+        }
+        Ok(())
+    }
+}
+
+/// Everything a run needs.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// `run`, `demo` or `chaos`, for the report.
+    pub command: String,
+    /// The workload.
+    pub workload: Workload,
+    /// Zipfian keys.
+    pub zipfian: bool,
+    /// How many of the topology's clients run a worker (all when `None`).
+    pub clients: Option<usize>,
+    /// How long the workload runs.
+    pub duration: Duration,
+    /// Value size in bytes.
+    pub size: u64,
+    /// Operations in flight per client.
+    pub depth: usize,
+    /// Keys per client.
+    pub keys: u64,
+    /// Seed of the workload.
+    pub seed: u64,
+    /// Loopback or netns.
+    pub net: NetMode,
+    /// Region files go here (a folder inside the report, removed after the
+    /// run, when `None`).
+    pub data_dir: Option<PathBuf>,
+    /// Reports go to `reports/<run-id>/`.
+    pub reports: PathBuf,
+    /// Faults to inject.
+    pub faults: Vec<PlannedFault>,
+    /// Show a progress bar.
+    pub progress: bool,
+}
+
+impl RunOptions {
+    /// Options for `workload` with the testbed's defaults.
+    pub fn new(command: &str, workload: Workload) -> Self {
+        Self {
+            command: command.to_owned(),
+            workload,
+            zipfian: false,
+            clients: None,
+            duration: Duration::from_secs(10),
+            size: 256,
+            depth: 8,
+            keys: 4096,
+            seed: 42,
+            net: NetMode::Loopback,
+            data_dir: None,
+            reports: PathBuf::from("reports"),
+            faults: Vec::new(),
+            progress: true,
+        }
+    }
+}
+
+/// What a run produced.
+#[derive(Debug)]
+pub struct RunOutcome {
+    /// The report.
+    pub report: RunReport,
+    /// Where it was written.
+    pub files: ReportFiles,
+    /// The daemons' addresses while it ran.
+    pub endpoints: Vec<Endpoint>,
+    /// Daemons that did not exit cleanly at the end.
+    pub unclean_exits: Vec<String>,
+}
+
+/// The chaos scenarios.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scenario {
+    /// SIGKILL fabric devices and restart them.
+    KillFabric,
+    /// SIGKILL pmem-servers and restart them.
+    KillServer,
+    /// Take client RNIC links and device-to-server links down and up
+    /// (netns only).
+    CutLink,
+}
+
+impl std::str::FromStr for Scenario {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "kill-fabric" => Ok(Scenario::KillFabric),
+            "kill-server" => Ok(Scenario::KillServer),
+            "cut-link" => Ok(Scenario::CutLink),
+            other => Err(format!(
+                "unknown scenario {other:?} (kill-fabric, kill-server, cut-link)"
+            )),
+        }
+    }
+}
+
+/// `count` faults of `scenario` at seeded random times in the middle of a
+/// run of `duration`, each target restarted after a tenth of the run.
+pub fn plan_faults(
+    topology: &Topology,
+    scenario: Scenario,
+    duration: Duration,
+    count: usize,
+    seed: u64,
+) -> Vec<PlannedFault> {
+    let mut rng = crate::workload::keys::Rng::new(seed);
+    let (kind, targets): (FaultKind, Vec<String>) = match scenario {
+        Scenario::KillFabric => (
+            FaultKind::KillFabric,
+            topology
+                .fabric_devices
+                .iter()
+                .map(|d| d.id.to_string())
+                .collect(),
+        ),
+        Scenario::KillServer => (
+            FaultKind::KillServer,
+            topology.servers.iter().map(|s| s.id.to_string()).collect(),
+        ),
+        Scenario::CutLink => {
+            let rnics = topology
+                .clients
+                .iter()
+                .flat_map(|c| c.rnics.iter().map(move |r| format!("{}/{}", c.id, r.id)));
+            let server_links = topology.fabric_devices.iter().flat_map(|d| {
+                d.links
+                    .iter()
+                    .map(move |l| format!("{}>{}/{}", d.id, l.server, l.nic))
+            });
+            (FaultKind::CutLink, rnics.chain(server_links).collect())
+        }
+    };
+    let restore_after = duration.mul_f64(0.1).max(Duration::from_millis(500));
+    let window = duration.mul_f64(0.6);
+    (0..count)
+        .map(|i| {
+            let slot = window.mul_f64(1.0 / count.max(1) as f64);
+            let at =
+                duration.mul_f64(0.2) + slot.mul_f64(i as f64) + slot.mul_f64(rng.unit() * 0.5);
+            PlannedFault {
+                at,
+                kind,
+                target: targets[rng.below(targets.len() as u64) as usize].clone(),
+                restore_after,
+            }
+        })
+        .collect()
+}
+
+/// Where a run broke the fabric's contract: faults of a fabric device must
+/// be invisible to the application (another path exists), and nothing
+/// acknowledged may be lost (the verification).
+pub fn contract_violations(report: &RunReport) -> Vec<String> {
+    let mut violations = Vec::new();
+    for fault in &report.faults {
+        let path_fault =
+            fault.kind == FaultKind::KillFabric.name() || fault.kind == FaultKind::CutLink.name();
+        if path_fault && fault.errors_seen > 0 {
+            violations.push(format!(
+                "{} {} at {:.2} s: the application saw {} errors although another path existed",
+                fault.kind, fault.target, fault.at_s, fault.errors_seen
+            ));
+        }
+    }
+    if !report.verification.passed {
+        violations.push("acknowledged data was missing or wrong after the run".to_owned());
+    }
+    violations
+}
+
+/// Width of the timeline buckets: fine enough to time a failover.
+const BUCKET_MS: u64 = 1;
+
+/// A run id: UTC date and time, the command, and the process id.
+pub fn run_id(command: &str) -> String {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (proleptic Gregorian).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}{month:02}{day:02}-{:02}{:02}{:02}-{command}-{}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        std::process::id()
+    )
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// One worker process and its live counters.
+struct WorkerProcess {
+    client: String,
+    child: Child,
+    out: PathBuf,
+    ops: Arc<AtomicU64>,
+    errors: Arc<AtomicU64>,
+}
+
+/// Runs a whole workload against a fresh fabric of `topology`.
+pub fn execute(
+    topology: &Topology,
+    topology_name: &str,
+    options: &RunOptions,
+) -> anyhow::Result<RunOutcome> {
+    let run_id = run_id(&options.command);
+    let run_dir = options.reports.join(&run_id);
+    std::fs::create_dir_all(run_dir.join("workers"))
+        .with_context(|| format!("create {}", run_dir.display()))?;
+    let (data_dir, temporary_data) = match &options.data_dir {
+        Some(dir) => (dir.clone(), false),
+        None => (run_dir.join("data"), true),
+    };
+    let mut launch = LaunchOptions::new(data_dir.clone(), run_dir.clone())?;
+    launch.net = options.net;
+    let mut fabric = Fabric::start(topology, launch).context("bring the fabric up")?;
+    let endpoints = fabric.endpoints();
+    let clients: Vec<String> = topology
+        .clients
+        .iter()
+        .take(options.clients.unwrap_or(usize::MAX))
+        .map(|c| c.id.to_string())
+        .collect();
+    if clients.is_empty() {
+        bail!("{topology_name}: no clients to run a workload");
+    }
+
+    let started_unix_ms = unix_ms();
+    let start = Instant::now();
+    let mut workers = Vec::new();
+    for (index, client) in clients.iter().enumerate() {
+        workers.push(spawn_worker(
+            &fabric,
+            &run_dir,
+            options,
+            client,
+            index,
+            clients.len(),
+            started_unix_ms,
+        )?);
+    }
+    let bar = progress_bar(options);
+    let mut faults: Vec<FaultRecord> = Vec::new();
+    let mut pending: Vec<&PlannedFault> = options.faults.iter().collect();
+    let mut restores: Vec<(Instant, usize)> = Vec::new();
+    let limit = options.duration + Duration::from_secs(120);
+    loop {
+        let elapsed = start.elapsed();
+        let ops: u64 = workers.iter().map(|w| w.ops.load(Ordering::Relaxed)).sum();
+        let errors: u64 = workers
+            .iter()
+            .map(|w| w.errors.load(Ordering::Relaxed))
+            .sum();
+        bar.set_position(elapsed.as_millis().min(options.duration.as_millis()) as u64);
+        bar.set_message(format!(
+            "{:>9.0} ops/s  {ops} ops  {errors} errors",
+            ops as f64 / elapsed.as_secs_f64().max(0.001)
+        ));
+        while let Some(i) = pending.iter().position(|f| f.at <= elapsed) {
+            let fault = pending.remove(i);
+            let at = fault
+                .kind
+                .inject(&mut fabric, &fault.target)
+                .with_context(|| format!("{} {}", fault.kind.name(), fault.target))?;
+            bar.println(format!(
+                "  {:>6.2}s  {} {}",
+                at.duration_since(start).as_secs_f64(),
+                fault.kind.name(),
+                fault.target
+            ));
+            restores.push((at + fault.restore_after, faults.len()));
+            faults.push(FaultRecord {
+                at_s: at.duration_since(start).as_secs_f64(),
+                kind: fault.kind.name().to_owned(),
+                target: fault.target.clone(),
+                restored_at_s: None,
+                recovery_ms: None,
+                errors_seen: 0,
+            });
+        }
+        while let Some(i) = restores
+            .iter()
+            .position(|(when, _)| *when <= Instant::now())
+        {
+            let (_, record) = restores.remove(i);
+            let fault = &mut faults[record];
+            if let Some(kind) = FaultKind::from_name(&fault.kind) {
+                kind.restore(&mut fabric, &fault.target)
+                    .with_context(|| format!("undo {} {}", fault.kind, fault.target))?;
+            }
+            fault.restored_at_s = Some(start.elapsed().as_secs_f64());
+            bar.println(format!(
+                "  {:>6.2}s  restarted {}",
+                start.elapsed().as_secs_f64(),
+                fault.target
+            ));
+        }
+        let all_done = workers
+            .iter_mut()
+            .all(|w| matches!(w.child.try_wait(), Ok(Some(_))));
+        if all_done && pending.is_empty() && restores.is_empty() {
+            break;
+        }
+        if elapsed > limit {
+            bar.abandon();
+            for w in &mut workers {
+                let _ = w.child.kill();
+            }
+            bail!("workers did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    bar.finish_and_clear();
+    let duration_s = start.elapsed().as_secs_f64();
+
+    let mut report = RunReport {
+        run_id: run_id.clone(),
+        command: options.command.clone(),
+        topology: topology_name.to_owned(),
+        workload: options.workload.name().to_owned(),
+        clients: clients.clone(),
+        started_unix_ms,
+        duration_s,
+        ops: BTreeMap::new(),
+        timeline: Timeline::new(BUCKET_MS),
+        faults,
+        verification: Verification::default(),
+        notes: Vec::new(),
+    };
+    let mut counters: BTreeMap<u64, CounterTally> = BTreeMap::new();
+    let mut verification = Verification::default();
+    for worker in &mut workers {
+        let status = worker.child.wait().context("wait for a worker")?;
+        let text = std::fs::read_to_string(&worker.out);
+        let result: WorkerResult = match text.map(|t| serde_json::from_str(&t)) {
+            Ok(Ok(result)) => result,
+            _ => {
+                verification.push_mismatch(format!(
+                    "worker {} ({status}) left no result; see {}",
+                    worker.client,
+                    run_dir
+                        .join("logs")
+                        .join(format!("worker-{}.log", worker.client))
+                        .display()
+                ));
+                continue;
+            }
+        };
+        report.merge_ops(&result.ops);
+        report.timeline.merge(&result.timeline);
+        for (w, tally) in &result.counters {
+            let total = counters.entry(*w).or_default();
+            total.acked += tally.acked;
+            total.uncertain += tally.uncertain;
+        }
+        verification.keys_checked += result.verification.keys_checked;
+        verification.counters_checked += result.verification.counters_checked;
+        for line in &result.verification.mismatches {
+            verification.push_mismatch(format!("{}: {line}", result.client));
+        }
+    }
+    check_counters(&fabric, &clients[0], &counters, &mut verification);
+    verification.passed = verification.mismatches.is_empty();
+    report.verification = verification;
+    for fault in &mut report.faults {
+        let from = fault.at_s;
+        let to = fault.restored_at_s.unwrap_or(duration_s) + 1.0;
+        let first = (from * 1000.0 / BUCKET_MS as f64) as usize;
+        let last = (to * 1000.0 / BUCKET_MS as f64) as usize;
+        fault.errors_seen = (first..last).map(|i| report.timeline.errors_at(i)).sum();
+        if let Some(next) = report.timeline.first_completion_after(fault.at_s) {
+            report.notes.push(format!(
+                "{} {} at {:.3}s: first completed request {:.1} ms later",
+                fault.kind,
+                fault.target,
+                fault.at_s,
+                (next - fault.at_s) * 1000.0
+            ));
+        }
+    }
+    report.fill_recovery();
+
+    let unclean_exits: Vec<String> = fabric
+        .stop()
+        .into_iter()
+        .filter(|(_, _, status)| !status.is_some_and(|s| s.success()))
+        .map(|(kind, id, status)| format!("{} {id}: {status:?}", kind.program()))
+        .collect();
+    for line in &unclean_exits {
+        report.notes.push(format!("did not stop cleanly: {line}"));
+    }
+    for line in contract_violations(&report) {
+        report.notes.push(format!("contract violated: {line}"));
+    }
+    if temporary_data {
+        let _ = std::fs::remove_dir_all(&data_dir);
+    }
+    let files = write_report(&run_dir, &report).context("write the report")?;
+    Ok(RunOutcome {
+        report,
+        files,
+        endpoints,
+        unclean_exits,
+    })
+}
+
+fn progress_bar(options: &RunOptions) -> ProgressBar {
+    if !options.progress {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(options.duration.as_millis() as u64);
+    let style = ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {msg}")
+        .unwrap_or_else(|_| ProgressStyle::default_bar());
+    bar.set_style(style);
+    bar
+}
+
+/// Starts `testbed worker` for `client`.
+fn spawn_worker(
+    fabric: &Fabric,
+    run_dir: &Path,
+    options: &RunOptions,
+    client: &str,
+    index: usize,
+    clients: usize,
+    start_unix_ms: u64,
+) -> anyhow::Result<WorkerProcess> {
+    let program = std::env::current_exe().context("find the testbed executable")?;
+    let out = run_dir.join("workers").join(format!("{client}.json"));
+    let log = run_dir.join("logs").join(format!("worker-{client}.log"));
+    let log_file =
+        std::fs::File::create(&log).with_context(|| format!("create {}", log.display()))?;
+    let mut command = fabric.client_command(client, &program);
+    command
+        .arg("worker")
+        .arg("--config")
+        .arg(&fabric.topology_path)
+        .args([
+            "--client",
+            client,
+            "--index",
+            &index.to_string(),
+            "--clients",
+            &clients.to_string(),
+        ])
+        .args(["--workload", options.workload.name()])
+        .args(["--duration-ms", &options.duration.as_millis().to_string()])
+        .args([
+            "--size",
+            &options.size.to_string(),
+            "--depth",
+            &options.depth.to_string(),
+        ])
+        .args([
+            "--keys",
+            &options.keys.to_string(),
+            "--seed",
+            &(options.seed + index as u64).to_string(),
+        ])
+        .args([
+            "--start-unix-ms",
+            &start_unix_ms.to_string(),
+            "--bucket-ms",
+            &BUCKET_MS.to_string(),
+        ])
+        .arg("--out")
+        .arg(&out);
+    if options.zipfian {
+        command.arg("--zipfian");
+    }
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(log_file))
+        .spawn()
+        .context("start a worker")?;
+    let (ops, errors) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    if let Some(stdout) = child.stdout.take() {
+        let (ops, errors) = (Arc::clone(&ops), Arc::clone(&errors));
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                for field in line.split_whitespace() {
+                    match field.split_once('=') {
+                        Some(("ops", n)) => ops.store(n.parse().unwrap_or(0), Ordering::Relaxed),
+                        Some(("errors", n)) => {
+                            errors.store(n.parse().unwrap_or(0), Ordering::Relaxed)
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        });
+    }
+    Ok(WorkerProcess {
+        client: client.to_owned(),
+        child,
+        out,
+        ops,
+        errors,
+    })
+}
+
+/// Compares every shared counter word with the increments the workers saw
+/// acknowledged (plus those that failed visibly and may have applied).
+fn check_counters(
+    fabric: &Fabric,
+    client: &str,
+    counters: &BTreeMap<u64, CounterTally>,
+    verification: &mut Verification,
+) {
+    if counters.is_empty() {
+        return;
+    }
+    let topology = fabric.topology.clone();
+    let client_id = client.to_owned();
+    let words: Vec<(u64, CounterTally)> = counters.iter().map(|(w, t)| (*w, *t)).collect();
+    let read_all = move || -> Result<Vec<(u64, CounterTally, u64)>, String> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        runtime.block_on(async move {
+            let pool = AsyncPool::connect(topology, client_id.as_str())
+                .await
+                .map_err(|e| client_vmm::error_chain(&e))?;
+            let mut out = Vec::new();
+            for (w, tally) in words {
+                let value = pool
+                    .fetch_add(counter_word(w), 0)
+                    .await
+                    .map_err(|e| client_vmm::error_chain(&e))?;
+                out.push((w, tally, value));
+            }
+            Ok(out)
+        })
+    };
+    let values = match fabric.client_namespace(client) {
+        Some(ns) => {
+            crate::netns::in_namespace(&ns, read_all).unwrap_or_else(|e| Err(e.to_string()))
+        }
+        None => read_all(),
+    };
+    match values {
+        Err(why) => verification.push_mismatch(format!("cannot read the counters: {why}")),
+        Ok(values) => {
+            for (w, tally, value) in values {
+                verification.counters_checked += 1;
+                if value < tally.acked || value > tally.acked + tally.uncertain {
+                    verification.push_mismatch(format!(
+                        "counter {w}: {value}, but {} increments were acknowledged ({} uncertain)",
+                        tally.acked, tally.uncertain
+                    ));
+                }
+            }
+        }
+    }
+}

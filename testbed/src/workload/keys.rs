@@ -1,0 +1,206 @@
+//! Where a workload's keys live in the virtual space, what a key's value
+//! looks like, and how keys are picked.
+
+use client_vmm::VIRT_BASE;
+use topology::VirtAddr;
+
+/// Bytes at the start of the space holding the shared counter words.
+pub const COUNTER_AREA: u64 = 4096;
+/// Shared counter words (FETCH_ADD targets of every client).
+pub const COUNTERS: u64 = COUNTER_AREA / 8;
+/// Words at the start of each client's slice for its own CAS / atomic
+/// writes.
+pub const OWN_WORDS: u64 = 64;
+
+/// One client's part of the virtual space.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeySpace {
+    /// First byte of the client's slice.
+    pub start: u64,
+    /// Bytes per key slot (value size rounded up to 64).
+    pub slot: u64,
+    /// Keys in the slice.
+    pub keys: u64,
+}
+
+impl KeySpace {
+    /// The slice of client `index` of `clients` in a space of `space` bytes,
+    /// with up to `keys` values of `size` bytes.
+    pub fn new(space: u64, index: usize, clients: usize, size: u64, keys: u64) -> Self {
+        let slice = (space.saturating_sub(COUNTER_AREA)) / clients.max(1) as u64;
+        let slice = slice - slice % 4096;
+        let start = VIRT_BASE + COUNTER_AREA + slice * index as u64;
+        let slot = size.div_ceil(64) * 64;
+        let room = slice.saturating_sub(OWN_WORDS * 8) / slot.max(1);
+        Self {
+            start,
+            slot,
+            keys: keys.min(room).max(1),
+        }
+    }
+
+    /// Where key `k`'s value lives.
+    pub fn key_addr(&self, k: u64) -> VirtAddr {
+        VirtAddr(self.start + OWN_WORDS * 8 + k * self.slot)
+    }
+
+    /// The client's own atomic word `w`.
+    pub fn own_word(&self, w: u64) -> VirtAddr {
+        VirtAddr(self.start + 8 * (w % OWN_WORDS))
+    }
+}
+
+/// Shared counter word `w`.
+pub fn counter_word(w: u64) -> VirtAddr {
+    VirtAddr(VIRT_BASE + 8 * (w % COUNTERS))
+}
+
+/// A small deterministic generator (xorshift64*).
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator from a seed (any value).
+    pub fn new(seed: u64) -> Self {
+        Self(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
+    }
+
+    /// The next value.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// A value in `0..n`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
+
+    /// A value in `[0, 1)`.
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// The value of key `key` at version `version`: the version, the key, then
+/// bytes derived from both, so a read proves which write it saw.
+pub fn value(key: u64, version: u64, size: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(size);
+    out.extend_from_slice(&version.to_le_bytes());
+    out.extend_from_slice(&key.to_le_bytes());
+    let mut rng = Rng::new(key.rotate_left(17) ^ version);
+    while out.len() < size {
+        out.extend_from_slice(&rng.next_u64().to_le_bytes());
+    }
+    out.truncate(size);
+    out
+}
+
+/// What a value read back says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Seen {
+    /// Never written (all zeroes).
+    Empty,
+    /// The value of this version.
+    Version(u64),
+    /// Bytes no write of this key produced.
+    Garbage,
+}
+
+/// Decodes a value read back for `key`.
+pub fn decode(key: u64, bytes: &[u8]) -> Seen {
+    if bytes.iter().all(|&b| b == 0) {
+        return Seen::Empty;
+    }
+    let Some(version) = bytes
+        .get(..8)
+        .and_then(|b| b.try_into().ok())
+        .map(u64::from_le_bytes)
+    else {
+        return Seen::Garbage;
+    };
+    if value(key, version, bytes.len()) == bytes {
+        Seen::Version(version)
+    } else {
+        Seen::Garbage
+    }
+}
+
+/// Picks keys uniformly or with a Zipfian skew (θ = 0.99, as YCSB).
+#[derive(Debug, Clone)]
+pub enum KeyPicker {
+    /// Every key equally likely.
+    Uniform(u64),
+    /// Key k with probability ∝ 1/(k+1)^θ; the cumulative weights.
+    Zipfian(Vec<f64>),
+}
+
+impl KeyPicker {
+    /// A picker over `keys` keys.
+    pub fn new(keys: u64, zipfian: bool) -> Self {
+        if !zipfian {
+            return Self::Uniform(keys.max(1));
+        }
+        let mut total = 0.0;
+        let mut cdf: Vec<f64> = (0..keys.max(1))
+            .map(|k| {
+                total += 1.0 / ((k + 1) as f64).powf(0.99);
+                total
+            })
+            .collect();
+        for w in &mut cdf {
+            *w /= total;
+        }
+        Self::Zipfian(cdf)
+    }
+
+    /// The next key.
+    pub fn pick(&self, rng: &mut Rng) -> u64 {
+        match self {
+            Self::Uniform(n) => rng.below(*n),
+            Self::Zipfian(cdf) => {
+                let u = rng.unit();
+                cdf.partition_point(|&w| w < u).min(cdf.len() - 1) as u64
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_prove_their_key_and_version() {
+        let v = value(7, 3, 100);
+        assert_eq!(decode(7, &v), Seen::Version(3));
+        assert_eq!(decode(8, &v), Seen::Garbage);
+        let mut torn = v.clone();
+        torn[60] ^= 1;
+        assert_eq!(decode(7, &torn), Seen::Garbage);
+        assert_eq!(decode(7, &[0; 100]), Seen::Empty);
+    }
+
+    #[test]
+    fn slices_do_not_overlap() {
+        let space = 128 << 20;
+        let a = KeySpace::new(space, 0, 2, 1000, 1 << 30);
+        let b = KeySpace::new(space, 1, 2, 1000, 1 << 30);
+        assert!(a.key_addr(a.keys - 1).get() + a.slot <= b.start);
+        assert!(b.key_addr(b.keys - 1).get() + b.slot <= VIRT_BASE + space);
+        assert!(counter_word(COUNTERS - 1).get() + 8 <= a.start);
+    }
+
+    #[test]
+    fn zipfian_prefers_small_keys() {
+        let picker = KeyPicker::new(1000, true);
+        let mut rng = Rng::new(1);
+        let low = (0..10_000).filter(|_| picker.pick(&mut rng) < 10).count();
+        assert!(low > 2_000, "{low}");
+        let uniform = KeyPicker::new(1000, false);
+        let low = (0..10_000).filter(|_| uniform.pick(&mut rng) < 10).count();
+        assert!(low < 300, "{low}");
+    }
+}

@@ -1,0 +1,483 @@
+//! Client workloads: what a `testbed worker` process does against the pool,
+//! how it remembers every acknowledged write, and how it checks them.
+//!
+//! Each worker owns a slice of the virtual space for its keys and its own
+//! atomic words; the counter words at the start of the space are shared by
+//! all workers. A write takes its key for its duration, so acknowledged
+//! versions of a key are strictly ordered and the last one must be what a
+//! final read finds (or a later write whose acknowledgement was lost).
+
+pub mod keys;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use client_vmm::AsyncPool;
+use serde::{Deserialize, Serialize};
+
+use crate::report::{OpStats, Timeline, Verification};
+use keys::{KeyPicker, KeySpace, Rng, Seen, counter_word, decode, value};
+
+/// The workloads `testbed run` offers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Workload {
+    /// 50 % reads, 50 % updates.
+    YcsbA,
+    /// 95 % reads, 5 % updates.
+    YcsbB,
+    /// Reads only.
+    YcsbC,
+    /// FETCH_ADD on shared counter words.
+    Counter,
+    /// Every operation, persistent writes included.
+    Mixed,
+}
+
+impl Workload {
+    /// Every workload.
+    pub const ALL: [Workload; 5] = [
+        Workload::YcsbA,
+        Workload::YcsbB,
+        Workload::YcsbC,
+        Workload::Counter,
+        Workload::Mixed,
+    ];
+
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::YcsbA => "ycsb-a",
+            Workload::YcsbB => "ycsb-b",
+            Workload::YcsbC => "ycsb-c",
+            Workload::Counter => "counter",
+            Workload::Mixed => "mixed",
+        }
+    }
+}
+
+impl FromStr for Workload {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|w| w.name() == s)
+            .ok_or_else(|| {
+                format!("unknown workload {s:?} (ycsb-a, ycsb-b, ycsb-c, counter, mixed)")
+            })
+    }
+}
+
+/// One operation a workload issues.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Read,
+    Write,
+    WritePersist,
+    Flush,
+    FetchAdd,
+    CompareSwap,
+    AtomicWrite,
+}
+
+impl Op {
+    fn name(self) -> &'static str {
+        match self {
+            Op::Read => "READ",
+            Op::Write => "WRITE",
+            Op::WritePersist => "WRITE_PERSIST",
+            Op::Flush => "FLUSH",
+            Op::FetchAdd => "FETCH_ADD",
+            Op::CompareSwap => "COMPARE_SWAP",
+            Op::AtomicWrite => "ATOMIC_WRITE",
+        }
+    }
+}
+
+impl Workload {
+    /// Draws the next operation.
+    fn draw(self, rng: &mut Rng) -> Op {
+        let p = rng.below(100);
+        match self {
+            Workload::YcsbA => {
+                if p < 50 {
+                    Op::Read
+                } else {
+                    Op::Write
+                }
+            }
+            Workload::YcsbB => {
+                if p < 95 {
+                    Op::Read
+                } else {
+                    Op::Write
+                }
+            }
+            Workload::YcsbC => Op::Read,
+            Workload::Counter => Op::FetchAdd,
+            Workload::Mixed => match p {
+                0..35 => Op::Read,
+                35..55 => Op::Write,
+                55..70 => Op::WritePersist,
+                70..80 => Op::FetchAdd,
+                80..85 => Op::CompareSwap,
+                85..90 => Op::AtomicWrite,
+                _ => Op::Flush,
+            },
+        }
+    }
+}
+
+/// What one worker is asked to do.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WorkerConfig {
+    /// The client id it runs as.
+    pub client: String,
+    /// Its position among the run's clients (which slice it owns).
+    pub index: usize,
+    /// How many clients the run has.
+    pub clients: usize,
+    /// The workload.
+    pub workload: Workload,
+    /// Zipfian instead of uniform keys.
+    pub zipfian: bool,
+    /// How long to issue operations.
+    pub duration: Duration,
+    /// Value size in bytes (at least 16).
+    pub size: u64,
+    /// Operations in flight at once.
+    pub depth: usize,
+    /// Keys wanted (fewer when the slice is smaller).
+    pub keys: u64,
+    /// Seed of the operation mix and keys.
+    pub seed: u64,
+    /// Width of the timeline's buckets.
+    pub bucket_ms: u64,
+}
+
+/// Acknowledged FETCH_ADDs on one shared counter word.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CounterTally {
+    /// Increments acknowledged.
+    pub acked: u64,
+    /// Increments that failed visibly (they may or may not have applied).
+    pub uncertain: u64,
+}
+
+/// What a worker reports when it is done.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WorkerResult {
+    /// The client id.
+    pub client: String,
+    /// Statistics by operation name.
+    pub ops: BTreeMap<String, OpStats>,
+    /// Completions over time, from the run's start.
+    pub timeline: Timeline,
+    /// Acknowledged increments per shared counter word (by word index).
+    pub counters: BTreeMap<u64, CounterTally>,
+    /// The check of this worker's own keys and words.
+    pub verification: Verification,
+}
+
+/// The state of one key.
+#[derive(Debug, Default, Clone)]
+struct KeyState {
+    /// Last acknowledged version (0: none).
+    acked: u64,
+    /// Versions written after it without an acknowledgement.
+    unacked: Vec<u64>,
+    /// Highest version ever sent.
+    highest: u64,
+}
+
+/// State shared by a worker's tasks.
+#[derive(Debug, Default)]
+struct Shared {
+    keys: HashMap<u64, KeyState>,
+    busy: HashSet<u64>,
+    words: HashMap<u64, (u64, bool)>,
+    busy_words: HashSet<u64>,
+    counters: BTreeMap<u64, CounterTally>,
+    mismatches: Vec<String>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Live progress, read by whoever prints it.
+#[derive(Debug, Default)]
+pub struct Progress {
+    /// Operations completed.
+    pub ops: AtomicU64,
+    /// Operations that failed.
+    pub errors: AtomicU64,
+}
+
+/// Everything one task of a worker records.
+#[derive(Debug)]
+struct TaskRecord {
+    ops: BTreeMap<String, OpStats>,
+    timeline: Timeline,
+}
+
+/// Runs the workload on `pool` until `config.duration` has passed since
+/// `run_start`, then checks every key and word the worker owns.
+pub async fn run(
+    pool: AsyncPool,
+    config: WorkerConfig,
+    space: u64,
+    run_start: Instant,
+    progress: Arc<Progress>,
+) -> WorkerResult {
+    let keys = KeySpace::new(
+        space,
+        config.index,
+        config.clients,
+        config.size,
+        config.keys,
+    );
+    let picker = Arc::new(KeyPicker::new(keys.keys, config.zipfian));
+    let shared = Arc::new(Mutex::new(Shared::default()));
+    let deadline = Instant::now() + config.duration;
+    let tasks: Vec<_> = (0..config.depth.max(1))
+        .map(|t| {
+            let (pool, shared, picker, progress, config) = (
+                pool.clone(),
+                Arc::clone(&shared),
+                Arc::clone(&picker),
+                Arc::clone(&progress),
+                config.clone(),
+            );
+            tokio::spawn(async move {
+                let mut rng = Rng::new(config.seed ^ ((t as u64 + 1) << 32));
+                let mut record = TaskRecord {
+                    ops: BTreeMap::new(),
+                    timeline: Timeline::new(config.bucket_ms),
+                };
+                while Instant::now() < deadline {
+                    let op = config.workload.draw(&mut rng);
+                    let started = Instant::now();
+                    let outcome = step(&pool, &keys, &picker, &shared, &config, op, &mut rng).await;
+                    let at = started.duration_since(run_start) + started.elapsed();
+                    let stats = record.ops.entry(op.name().to_owned()).or_default();
+                    match outcome {
+                        Some(Ok(bytes)) => {
+                            stats.record_ok(started.elapsed(), bytes);
+                            record.timeline.record(at, true);
+                            progress.ops.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Some(Err(())) => {
+                            stats.record_error();
+                            record.timeline.record(at, false);
+                            progress.errors.fetch_add(1, Ordering::Relaxed);
+                        }
+                        None => {}
+                    }
+                }
+                record
+            })
+        })
+        .collect();
+    let mut ops: BTreeMap<String, OpStats> = BTreeMap::new();
+    let mut timeline = Timeline::new(config.bucket_ms);
+    for task in tasks {
+        if let Ok(record) = task.await {
+            for (name, stats) in &record.ops {
+                ops.entry(name.clone()).or_default().merge(stats);
+            }
+            timeline.merge(&record.timeline);
+        }
+    }
+    let verification = verify(&pool, &keys, &shared, config.size).await;
+    let counters = lock(&shared).counters.clone();
+    WorkerResult {
+        client: config.client,
+        ops,
+        timeline,
+        counters,
+        verification,
+    }
+}
+
+/// Picks a key nobody else is writing and takes it.
+fn take_key(shared: &Mutex<Shared>, picker: &KeyPicker, rng: &mut Rng) -> Option<u64> {
+    let mut s = lock(shared);
+    (0..8).map(|_| picker.pick(rng)).find(|k| s.busy.insert(*k))
+}
+
+/// One operation; `None` when nothing could be issued (every key busy).
+/// `Ok` carries the payload bytes moved.
+async fn step(
+    pool: &AsyncPool,
+    keys: &KeySpace,
+    picker: &KeyPicker,
+    shared: &Mutex<Shared>,
+    config: &WorkerConfig,
+    op: Op,
+    rng: &mut Rng,
+) -> Option<Result<u64, ()>> {
+    let size = config.size;
+    match op {
+        Op::Read => {
+            let k = picker.pick(rng);
+            let highest = lock(shared).keys.get(&k).map_or(0, |s| s.highest);
+            let result = pool.read(keys.key_addr(k), size).await;
+            Some(result.map_err(drop).map(|bytes| {
+                match decode(k, &bytes) {
+                    Seen::Empty => {}
+                    Seen::Version(v)
+                        if v <= highest.max(lock(shared).keys.get(&k).map_or(0, |s| s.highest)) => {
+                    }
+                    seen => lock(shared).mismatches.push(format!(
+                        "{}: read of key {k} saw {seen:?}, never written",
+                        config.client
+                    )),
+                }
+                size
+            }))
+        }
+        Op::Write | Op::WritePersist => {
+            let k = take_key(shared, picker, rng)?;
+            let version = {
+                let mut s = lock(shared);
+                let state = s.keys.entry(k).or_default();
+                state.highest += 1;
+                state.highest
+            };
+            let data = value(k, version, size as usize);
+            let result = if op == Op::Write {
+                pool.write(keys.key_addr(k), &data).await
+            } else {
+                pool.write_persist(keys.key_addr(k), &data).await
+            };
+            let mut s = lock(shared);
+            let state = s.keys.entry(k).or_default();
+            let ok = result.is_ok();
+            if ok {
+                state.acked = version;
+                state.unacked.clear();
+            } else {
+                state.unacked.push(version);
+            }
+            s.busy.remove(&k);
+            Some(if ok { Ok(size) } else { Err(()) })
+        }
+        Op::Flush => {
+            let k = picker.pick(rng);
+            let len = size * (1 + rng.below(16));
+            let len = len.min((keys.keys - k) * keys.slot);
+            Some(
+                pool.flush(keys.key_addr(k), len)
+                    .await
+                    .map(|()| 0)
+                    .map_err(drop),
+            )
+        }
+        Op::FetchAdd => {
+            let w = rng.below(keys::COUNTERS);
+            let result = pool.fetch_add(counter_word(w), 1).await;
+            let mut s = lock(shared);
+            let tally = s.counters.entry(w).or_default();
+            match result {
+                Ok(_) => tally.acked += 1,
+                Err(_) => tally.uncertain += 1,
+            }
+            Some(result.map(|_| 8).map_err(drop))
+        }
+        Op::CompareSwap | Op::AtomicWrite => {
+            let w = rng.below(keys::OWN_WORDS);
+            let (expected, certain) = {
+                let mut s = lock(shared);
+                if !s.busy_words.insert(w) {
+                    return None;
+                }
+                s.words.get(&w).copied().unwrap_or((0, true))
+            };
+            let addr = keys.own_word(w);
+            let (result, new) = if op == Op::CompareSwap {
+                let new = expected.wrapping_add(1);
+                let result = pool.compare_and_swap(addr, expected, new).await;
+                if let Ok(old) = result
+                    && certain
+                    && old != expected
+                {
+                    lock(shared).mismatches.push(format!(
+                        "{}: compare_and_swap on own word {w} found {old}, the model says {expected}",
+                        config.client
+                    ));
+                }
+                (result.map(drop), new)
+            } else {
+                let new = rng.next_u64();
+                (pool.atomic_write(addr, new).await, new)
+            };
+            let mut s = lock(shared);
+            let ok = result.is_ok();
+            s.words
+                .insert(w, (if ok { new } else { expected }, certain && ok));
+            s.busy_words.remove(&w);
+            Some(if ok { Ok(8) } else { Err(()) })
+        }
+    }
+}
+
+/// Reads back every key and word the worker wrote and checks each holds
+/// its last acknowledged value (or a later unacknowledged one).
+async fn verify(
+    pool: &AsyncPool,
+    keys: &KeySpace,
+    shared: &Mutex<Shared>,
+    size: u64,
+) -> Verification {
+    let (key_states, words, mut mismatches) = {
+        let s = lock(shared);
+        (s.keys.clone(), s.words.clone(), s.mismatches.clone())
+    };
+    let mut checked = 0;
+    for (k, state) in &key_states {
+        if state.acked == 0 && state.unacked.is_empty() {
+            continue;
+        }
+        checked += 1;
+        let problem = match pool.read(keys.key_addr(*k), size).await {
+            Err(e) => Some(format!("key {k}: read back failed: {e}")),
+            Ok(bytes) => match decode(*k, &bytes) {
+                Seen::Version(v) if v == state.acked || state.unacked.contains(&v) => None,
+                Seen::Empty if state.acked == 0 => None,
+                seen => Some(format!(
+                    "key {k}: acknowledged version {} but found {seen:?}",
+                    state.acked
+                )),
+            },
+        };
+        mismatches.extend(problem);
+    }
+    let mut counters_checked = 0;
+    for (w, (expected, certain)) in &words {
+        if !certain {
+            continue;
+        }
+        counters_checked += 1;
+        match pool.fetch_add(keys.own_word(*w), 0).await {
+            Ok(found) if found == *expected => {}
+            Ok(found) => {
+                mismatches.push(format!("own word {w}: expected {expected}, found {found}"))
+            }
+            Err(e) => mismatches.push(format!("own word {w}: read back failed: {e}")),
+        }
+    }
+    let mut verification = Verification {
+        keys_checked: checked,
+        counters_checked,
+        ..Verification::default()
+    };
+    for line in mismatches {
+        verification.push_mismatch(line);
+    }
+    verification.passed = verification.mismatches.is_empty();
+    verification
+}

@@ -1,0 +1,384 @@
+//! `testbed run`, `chaos`, `demo` and `up` as users run them: the real
+//! binary, real daemons, real reports.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use testkit::{FabricSpec, Ports};
+
+/// Two servers, two fabric devices, two clients with one RNIC per device,
+/// on free loopback ports.
+fn topology(dir: &Path) -> PathBuf {
+    FabricSpec::new()
+        .server("A", &[("A1", "16MiB"), ("A2", "16MiB")])
+        .server("B", &[("B1", "16MiB"), ("B2", "16MiB")])
+        .device("F1")
+        .device("F2")
+        .client("c1")
+        .client("c2")
+        .write(dir, "topology.toml", &mut Ports::new())
+}
+
+fn testbed(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_testbed"))
+        .args(args)
+        .output()
+        .expect("run testbed")
+}
+
+/// Runs testbed with a fresh topology and report folder; returns its output
+/// and the report folder.
+fn run_in_fresh_fabric(args: &[&str]) -> (Output, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = topology(dir.path());
+    let reports = dir.path().join("reports");
+    let mut all: Vec<&str> = args.to_vec();
+    all.insert(1, config.to_str().expect("utf-8 path"));
+    all.extend(["--reports", reports.to_str().expect("utf-8 path")]);
+    (testbed(&all), dir)
+}
+
+fn text(output: &Output) -> String {
+    format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+/// The single report folder under `dir/reports`.
+fn report_dir(dir: &Path) -> PathBuf {
+    let mut runs: Vec<PathBuf> = std::fs::read_dir(dir.join("reports"))
+        .expect("reports folder")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    runs.remove(0)
+}
+
+fn assert_report(dir: &Path) -> serde_json::Value {
+    let run = report_dir(dir);
+    for file in [
+        "report.json",
+        "report.md",
+        "latency_cdf.svg",
+        "throughput.svg",
+    ] {
+        assert!(
+            run.join(file).is_file(),
+            "{file} missing in {}",
+            run.display()
+        );
+    }
+    let json = std::fs::read_to_string(run.join("report.json")).expect("read report.json");
+    serde_json::from_str(&json).expect("report.json parses")
+}
+
+fn run_workload(workload: &str) {
+    let (output, dir) = run_in_fresh_fabric(&[
+        "run",
+        "--workload",
+        workload,
+        "--duration",
+        "1.5",
+        "--depth",
+        "4",
+    ]);
+    let out = text(&output);
+    assert!(output.status.success(), "{out}");
+    assert!(out.contains("verification    PASSED"), "{out}");
+    let report = assert_report(dir.path());
+    assert_eq!(report["workload"], workload);
+    let ops: u64 = report["ops"]
+        .as_object()
+        .expect("ops")
+        .values()
+        .map(|op| op["count"].as_u64().unwrap_or(0))
+        .sum();
+    assert!(ops > 100, "{workload}: only {ops} operations\n{out}");
+    assert_eq!(report["verification"]["passed"], true);
+}
+
+#[test]
+fn run_ycsb_a() {
+    run_workload("ycsb-a");
+}
+
+#[test]
+fn run_ycsb_b() {
+    run_workload("ycsb-b");
+}
+
+#[test]
+fn run_ycsb_c() {
+    run_workload("ycsb-c");
+}
+
+#[test]
+fn run_counter() {
+    run_workload("counter");
+}
+
+#[test]
+fn run_mixed() {
+    run_workload("mixed");
+}
+
+/// A short chaos run with one fault; returns its output and report.
+fn chaos(scenario: &str) -> (String, serde_json::Value) {
+    let (output, dir) = run_in_fresh_fabric(&[
+        "chaos",
+        "--scenario",
+        scenario,
+        "--faults",
+        "1",
+        "--duration",
+        "3",
+    ]);
+    let out = text(&output);
+    assert!(output.status.success(), "{out}");
+    assert!(out.contains("verification    PASSED"), "{out}");
+    let report = assert_report(dir.path());
+    let faults = report["faults"].as_array().expect("faults");
+    assert_eq!(faults.len(), 1, "{out}");
+    assert_eq!(faults[0]["kind"], scenario);
+    assert!(
+        faults[0]["restored_at_s"].is_number(),
+        "the target came back"
+    );
+    (out, report)
+}
+
+#[test]
+fn chaos_kill_fabric_is_invisible_to_the_application() {
+    let (out, _) = chaos("kill-fabric");
+    assert!(out.contains("errors seen     0"), "{out}");
+}
+
+#[test]
+fn chaos_kill_server_loses_nothing_acknowledged() {
+    let (_, report) = chaos("kill-server");
+    assert_eq!(report["verification"]["passed"], true);
+}
+
+#[test]
+fn demo_runs_the_default_fabric_and_passes() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let reports = dir.path().join("reports");
+    let output = testbed(&[
+        "demo",
+        "--duration",
+        "4",
+        "--reports",
+        reports.to_str().expect("path"),
+    ]);
+    let out = text(&output);
+    assert!(output.status.success(), "{out}");
+    for needle in [
+        "verification    PASSED",
+        "errors seen     0",
+        "kill-fabric A",
+        "report.md",
+        "http://127.0.2.1:9200/metrics",
+    ] {
+        assert!(out.contains(needle), "missing {needle:?} in\n{out}");
+    }
+    assert_report(dir.path());
+}
+
+/// A `testbed up` process and the lines it printed before "fabric is up".
+struct Up {
+    child: std::process::Child,
+    lines: std::io::Lines<BufReader<std::process::ChildStdout>>,
+    table: Vec<String>,
+    dir: tempfile::TempDir,
+}
+
+fn start_up(extra: &[&str]) -> Up {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = topology(dir.path());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_testbed"))
+        .args(["up", config.to_str().expect("path"), "--data-dir"])
+        .arg(dir.path().join("data"))
+        .args(extra)
+        .current_dir(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start testbed up");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut table = Vec::new();
+    for line in lines.by_ref() {
+        let line = line.expect("line");
+        if line.contains("fabric is up") {
+            break;
+        }
+        table.push(line);
+    }
+    assert!(!table.is_empty(), "testbed up printed nothing");
+    Up {
+        child,
+        lines,
+        table,
+        dir,
+    }
+}
+
+impl Up {
+    /// SIGTERM, then every daemon must report stopped and the exit be 0.
+    fn stop(mut self) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(i32::try_from(self.child.id()).expect("pid"), libc::SIGTERM);
+        }
+        let rest: Vec<String> = self.lines.map_while(Result::ok).collect();
+        let status = self.child.wait().expect("wait");
+        assert!(status.success(), "{rest:#?}");
+        assert_eq!(
+            rest.iter().filter(|l| l.ends_with(": stopped")).count(),
+            4,
+            "{rest:#?}"
+        );
+    }
+}
+
+#[test]
+fn up_serves_every_daemon_until_sigterm() {
+    let up = start_up(&[]);
+    // Every daemon is listed, and its /metrics passes promtool.
+    let admins: Vec<String> = up
+        .table
+        .iter()
+        .filter_map(|l| l.split_whitespace().find(|w| w.starts_with("http://")))
+        .map(|url| {
+            url.trim_start_matches("http://")
+                .trim_end_matches("/metrics")
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(admins.len(), 4, "{:#?}", up.table);
+    for admin in &admins {
+        let (code, metrics) = telemetry::http_get(
+            admin.parse().expect("address"),
+            "/metrics",
+            Duration::from_secs(5),
+        )
+        .expect("scrape");
+        assert_eq!(code, 200);
+        telemetry::promtool_check(&metrics).unwrap_or_else(|e| panic!("{admin}: {e}"));
+    }
+    assert!(
+        up.dir.path().join("data/A/A1.pmem").is_file(),
+        "region files in the data dir"
+    );
+    up.stop();
+}
+
+#[test]
+fn up_with_prometheus_scrapes_every_daemon() {
+    let up = start_up(&["--prometheus"]);
+    let url = up
+        .table
+        .iter()
+        .find_map(|l| l.strip_prefix("prometheus: http://"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no prometheus line in {:#?}", up.table))
+        .to_owned();
+    let (code, body) = telemetry::http_get(
+        url.parse().expect("address"),
+        "/api/v1/targets",
+        Duration::from_secs(5),
+    )
+    .expect("query Prometheus");
+    assert_eq!(code, 200);
+    let targets: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    let active = targets["data"]["activeTargets"]
+        .as_array()
+        .expect("targets");
+    assert_eq!(active.len(), 4, "{body}");
+    assert!(active.iter().all(|t| t["health"] == "up"), "{body}");
+    up.stop();
+}
+
+#[test]
+fn netns_up_then_crash_then_down_leaves_nothing() {
+    let up = start_up(&["--net", "netns"]);
+    assert!(
+        up.table.iter().any(|l| l.contains("pf")),
+        "daemons run in namespaces: {:#?}",
+        up.table
+    );
+    // Every daemon answers on its management address from the root namespace.
+    for admin in up
+        .table
+        .iter()
+        .filter_map(|l| l.split_whitespace().find(|w| w.starts_with("http://")))
+        .map(|url| {
+            url.trim_start_matches("http://")
+                .trim_end_matches("/metrics")
+        })
+    {
+        let (code, _) = telemetry::http_get(
+            admin.parse().expect("address"),
+            "/healthz",
+            Duration::from_secs(5),
+        )
+        .expect("reach the daemon's admin address");
+        assert_eq!(code, 200);
+    }
+    let prefix = up
+        .table
+        .iter()
+        .flat_map(|l| l.split_whitespace())
+        .find_map(|w| w.trim_matches(|c| c == '(' || c == ')').split_once("-s-"))
+        .map(|(prefix, _)| prefix.to_owned())
+        .expect("a server namespace in the table");
+    // Crash the testbed: its daemons and namespaces are left behind...
+    let mut up = up;
+    up.child.kill().expect("kill testbed");
+    up.child.wait().expect("reap");
+    let leftovers = || {
+        let out = Command::new("ip")
+            .args(["netns", "list"])
+            .output()
+            .expect("ip netns list");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.starts_with(&format!("{prefix}-")))
+            .count()
+    };
+    assert!(leftovers() > 0, "the crash left namespaces");
+    // ...and `testbed down` removes them.
+    let out = testbed(&["down", "--prefix", &prefix]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(leftovers(), 0, "{}", text(&out));
+}
+
+#[test]
+fn netns_chaos_cut_link_is_invisible_to_the_application() {
+    let (output, dir) = run_in_fresh_fabric(&[
+        "chaos",
+        "--scenario",
+        "cut-link",
+        "--net",
+        "netns",
+        "--faults",
+        "2",
+        "--duration",
+        "4",
+    ]);
+    let out = text(&output);
+    assert!(output.status.success(), "{out}");
+    assert!(out.contains("errors seen     0"), "{out}");
+    assert!(out.contains("verification    PASSED"), "{out}");
+    let report = assert_report(dir.path());
+    let faults = report["faults"].as_array().expect("faults");
+    assert_eq!(faults.len(), 2);
+    assert!(
+        faults
+            .iter()
+            .all(|f| f["kind"] == "cut-link" && f["restored_at_s"].is_number())
+    );
+}
