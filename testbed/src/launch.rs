@@ -454,6 +454,15 @@ impl Fabric {
             .collect()
     }
 
+    /// The ids of every daemon of `kind`.
+    pub fn daemon_ids(&self, kind: DaemonKind) -> Vec<String> {
+        self.daemons
+            .keys()
+            .filter(|(k, _)| *k == kind)
+            .map(|(_, id)| id.clone())
+            .collect()
+    }
+
     /// Kills a daemon with SIGKILL; returns when the signal was sent, after
     /// the process is gone.
     pub fn kill(&mut self, kind: DaemonKind, id: &str) -> Result<Instant, LaunchError> {

@@ -118,7 +118,7 @@ enum Command {
     Chaos {
         /// The topology file; the embedded default topology when absent.
         file: Option<PathBuf>,
-        /// kill-fabric, kill-server or cut-link (needs --net netns).
+        /// kill-fabric, kill-server, cut-link (needs --net netns) or restart-all.
         #[arg(long)]
         scenario: Scenario,
         /// How many faults.

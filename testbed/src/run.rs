@@ -42,7 +42,12 @@ pub enum FaultKind {
     KillServer,
     /// Take a link down, bring it back later (netns only).
     CutLink,
+    /// SIGKILL every daemon, restart them all later.
+    RestartAll,
 }
+
+/// Every daemon kind, devices first: the order faults kill them in.
+const ALL_DAEMONS: [DaemonKind; 2] = [DaemonKind::FabricDevice, DaemonKind::PmemServer];
 
 impl FaultKind {
     /// The name reports use.
@@ -51,6 +56,7 @@ impl FaultKind {
             FaultKind::KillFabric => "kill-fabric",
             FaultKind::KillServer => "kill-server",
             FaultKind::CutLink => "cut-link",
+            FaultKind::RestartAll => "restart-all",
         }
     }
 
@@ -59,6 +65,7 @@ impl FaultKind {
             FaultKind::KillFabric,
             FaultKind::KillServer,
             FaultKind::CutLink,
+            FaultKind::RestartAll,
         ]
         .into_iter()
         .find(|k| k.name() == name)
@@ -74,6 +81,15 @@ impl FaultKind {
                 fabric.set_link(target, false)?;
                 at
             }
+            FaultKind::RestartAll => {
+                let at = Instant::now();
+                for kind in ALL_DAEMONS {
+                    for id in fabric.daemon_ids(kind) {
+                        fabric.kill(kind, &id)?;
+                    }
+                }
+                at
+            }
         })
     }
 
@@ -83,6 +99,14 @@ impl FaultKind {
             FaultKind::KillFabric => fabric.restart(DaemonKind::FabricDevice, target)?,
             FaultKind::KillServer => fabric.restart(DaemonKind::PmemServer, target)?,
             FaultKind::CutLink => fabric.set_link(target, true)?,
+            FaultKind::RestartAll => {
+                // Servers first, so the devices' links come up at once.
+                for kind in ALL_DAEMONS.into_iter().rev() {
+                    for id in fabric.daemon_ids(kind) {
+                        fabric.restart(kind, &id)?;
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -167,6 +191,8 @@ pub enum Scenario {
     /// Take client RNIC links and device-to-server links down and up
     /// (netns only).
     CutLink,
+    /// Kill every daemon and restart them all.
+    RestartAll,
 }
 
 impl std::str::FromStr for Scenario {
@@ -177,8 +203,9 @@ impl std::str::FromStr for Scenario {
             "kill-fabric" => Ok(Scenario::KillFabric),
             "kill-server" => Ok(Scenario::KillServer),
             "cut-link" => Ok(Scenario::CutLink),
+            "restart-all" => Ok(Scenario::RestartAll),
             other => Err(format!(
-                "unknown scenario {other:?} (kill-fabric, kill-server, cut-link)"
+                "unknown scenario {other:?} (kill-fabric, kill-server, cut-link, restart-all)"
             )),
         }
     }
@@ -219,6 +246,7 @@ pub fn plan_faults(
             });
             (FaultKind::CutLink, rnics.chain(server_links).collect())
         }
+        Scenario::RestartAll => (FaultKind::RestartAll, vec!["all".to_owned()]),
     };
     let restore_after = duration.mul_f64(0.1).max(Duration::from_millis(500));
     let window = duration.mul_f64(0.6);

@@ -164,6 +164,12 @@ fn chaos_kill_server_loses_nothing_acknowledged() {
 }
 
 #[test]
+fn chaos_restart_all_loses_nothing_acknowledged() {
+    let (_, report) = chaos("restart-all");
+    assert_eq!(report["faults"][0]["target"], "all");
+}
+
+#[test]
 fn demo_runs_the_default_fabric_and_passes() {
     let dir = tempfile::tempdir().expect("temp dir");
     let reports = dir.path().join("reports");
