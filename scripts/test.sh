@@ -7,12 +7,17 @@ cd "$(dirname "$0")/.."
 # System packages the tests use, as PROBE:PACKAGE (see ensure-packages.sh):
 # promtool and prometheus check every daemon's /metrics and scrape a whole
 # fabric; libpmem backs pmem-server's `libpmem` feature; ip (iproute2) builds
-# the testbed's network namespaces.
+# the testbed's network namespaces; sockperf, iperf3 and redis are the floors
+# and the peer `testbed bench --quick` measures against.
 scripts/ensure-packages.sh \
   promtool:prometheus \
   prometheus:prometheus \
   /usr/include/libpmem.h:libpmem-dev \
-  ip:iproute2
+  ip:iproute2 \
+  sockperf:sockperf \
+  iperf3:iperf3 \
+  redis-server:redis-server \
+  redis-benchmark:redis-tools
 
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
 export PROPTEST_CASES=${PROPTEST_CASES:-256}

@@ -454,6 +454,21 @@ impl Fabric {
             .collect()
     }
 
+    /// A running daemon's process id.
+    pub fn pid(&self, kind: DaemonKind, id: &str) -> Option<u32> {
+        self.daemons
+            .get(&(kind, id.to_owned()))
+            .map(|d| d.child.id())
+    }
+
+    /// A daemon's field from its ready line (`nic.n0`, `port.p0`, `admin`).
+    pub fn ready_field(&self, kind: DaemonKind, id: &str, field: &str) -> Option<&str> {
+        self.daemons
+            .get(&(kind, id.to_owned()))
+            .and_then(|d| d.fields.get(field))
+            .map(String::as_str)
+    }
+
     /// The ids of every daemon of `kind`.
     pub fn daemon_ids(&self, kind: DaemonKind) -> Vec<String> {
         self.daemons

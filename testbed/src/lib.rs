@@ -9,6 +9,7 @@
 //! - [`prometheus`]: a real Prometheus scraping every daemon.
 //! - [`summary`]: `testbed validate`'s summary.
 
+pub mod bench;
 pub mod launch;
 pub mod netns;
 pub mod prometheus;

@@ -140,6 +140,16 @@ enum Command {
         #[arg(long, default_value = "reports")]
         reports: PathBuf,
     },
+    /// Measure pmem-fabric against the network floor (sockperf, iperf3) and
+    /// redis, and write the ratios with plots.
+    Bench {
+        /// A short smoke run (checks the report is complete, not the targets).
+        #[arg(long)]
+        quick: bool,
+        /// Where the report goes (reports/<run-id>/ by default).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// Runs a daemon (used by the testbed to start the fabric's processes).
     #[command(hide = true)]
     Daemon {
@@ -416,6 +426,21 @@ fn main() -> ExitCode {
             outcome(run(&options, file.as_ref()))
         }
         Command::Demo { duration, reports } => outcome(demo(duration, reports)),
+        Command::Bench { quick, out } => outcome((|| {
+            let out =
+                out.unwrap_or_else(|| PathBuf::from("reports").join(testbed::run::run_id("bench")));
+            let (report, files) = testbed::bench::run(quick, &out)?;
+            println!("ratio                               value");
+            for (name, value) in &report.ratios {
+                println!("{name:<35} {value:>6.2}");
+            }
+            println!(
+                "\nreport: {}\nraw figures: {}",
+                files.markdown.display(),
+                files.json.display()
+            );
+            Ok(true)
+        })()),
         Command::Chaos {
             file,
             scenario,

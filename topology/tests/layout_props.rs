@@ -2,8 +2,8 @@
 
 use proptest::prelude::*;
 use topology::{
-    ByteSize, Client, FabricDevice, FabricLink, FabricPort, Layout, PmemAddr, PmemDevice, Pool,
-    Region, Rnic, Server, ServerNic, Socket, Topology,
+    ByteSize, CachePolicy, Client, FabricDevice, FabricLink, FabricPort, Layout, LayoutEntry,
+    PmemAddr, PmemDevice, Pool, Region, RegionIndex, Rnic, Server, ServerNic, Socket, Topology,
 };
 
 const EXTENT: u64 = 2 << 20;
@@ -108,7 +108,90 @@ fn linear_lookup(layout: &Layout, addr: u64) -> Option<(u32, u64)> {
         .map(|e| (e.region.0, addr - e.start.get()))
 }
 
+/// A synthetic layout of regions `(start, len)` in this config order.
+fn synthetic(extent: u64, spans: &[(u64, u64)]) -> Layout {
+    let entries = spans
+        .iter()
+        .enumerate()
+        .map(|(i, &(start, len))| LayoutEntry {
+            start: PmemAddr(start),
+            len,
+            region: RegionIndex(0),
+            region_id: format!("R{i}").as_str().into(),
+            server: "S".into(),
+            server_index: 0,
+            socket: "0".into(),
+            socket_index: 0,
+            device: "d".into(),
+            key: i as u64,
+            cache: CachePolicy::WriteBack,
+        })
+        .collect();
+    Layout::from_entries(extent, entries).expect("synthetic regions do not overlap")
+}
+
+/// Regions `(start, len)` from `(gap, size)` pairs in `unit`s, each size
+/// `tail` bytes longer, the whole shuffled by `order`.
+fn spans(
+    base: u64,
+    unit: u64,
+    tail: u64,
+    shape: &[(u64, u64)],
+    order: &[usize],
+) -> Vec<(u64, u64)> {
+    let mut cursor = base;
+    let mut spans: Vec<(u64, u64)> = shape
+        .iter()
+        .map(|&(gap, size)| {
+            let start = cursor + gap * unit;
+            let len = size * unit + tail;
+            cursor = start + len;
+            (start, len)
+        })
+        .collect();
+    let n = spans.len();
+    for (i, &j) in order.iter().enumerate().take(n) {
+        spans.swap(i, j % n);
+    }
+    spans
+}
+
 proptest! {
+    /// Lookups in synthetic layouts agree with a linear scan whether the
+    /// layout is extent-aligned and dense (looked up through the extent
+    /// table) or not (binary search): lengths one byte past whole extents,
+    /// starts a few bytes off, or a 1 TiB gap.
+    #[test]
+    fn synthetic_lookup_agrees_with_linear_scan(
+        extent in prop_oneof![Just(EXTENT), 2u64..10_000],
+        base in 0u64..(1 << 50),
+        kind in 0u8..4,
+        shape in prop::collection::vec((0u64..3, 1u64..5), 1..50),
+        order in prop::collection::vec(any::<usize>(), 50),
+        probes in prop::collection::vec(any::<u64>(), 16),
+    ) {
+        let mut spans = spans(base, extent, u64::from(kind == 1), &shape, &order);
+        if kind == 2 {
+            // The highest region moves 3 bytes up, off the extent grid.
+            if let Some(top) = spans.iter_mut().max_by_key(|&&mut (s, _)| s) {
+                top.0 += 3;
+            }
+        }
+        if kind == 3 {
+            let far = spans.iter().map(|&(s, l)| s + l).max().unwrap_or(base) + (1 << 40);
+            spans.push((far, extent));
+        }
+        let layout = synthetic(extent, &spans);
+        let mut addrs = probes;
+        for &(s, len) in &spans {
+            addrs.extend([s.wrapping_sub(1), s, s + len / 2, s + len - 1, s + len]);
+        }
+        for addr in addrs {
+            let fast = layout.lookup(PmemAddr(addr)).map(|l| (l.offset.region.0, l.offset.offset));
+            prop_assert_eq!(fast, linear_lookup(&layout, addr), "addr {:#x}", addr);
+        }
+    }
+
     #[test]
     fn layout_is_valid_deterministic_and_disjoint(spec in spec_strategy()) {
         let topology = build(&spec);

@@ -499,3 +499,90 @@ pub fn throughput_svg(report: &RunReport) -> String {
     }
     svg.finish()
 }
+
+/// A line chart of named series of (x, y) points on linear axes from zero,
+/// with a legend: e.g. throughput against the number of clients.
+pub fn xy_chart(
+    title: &str,
+    x_title: &str,
+    y_title: &str,
+    series: &[(&str, Vec<(f64, f64)>)],
+) -> String {
+    let frame = Frame {
+        left: 80.0,
+        top: 40.0,
+        right: WIDTH - 200.0,
+        bottom: HEIGHT - 55.0,
+    };
+    let mut svg = Svg::new(title);
+    let finite = series
+        .iter()
+        .flat_map(|(_, points)| points.iter())
+        .filter(|(x, y)| x.is_finite() && y.is_finite());
+    let (x_max, y_max) = finite.fold((0.0f64, 0.0f64), |(xm, ym), (x, y)| {
+        (xm.max(*x), ym.max(*y))
+    });
+    let x_max = if x_max > 0.0 { x_max } else { 1.0 };
+    let y_max = if y_max > 0.0 { y_max * 1.1 } else { 1.0 };
+    let (x_step, y_step) = (nice_step(x_max, 8.0), nice_step(y_max, 6.0));
+    let (x_axis, y_axis) = (
+        (x_max / x_step).ceil() * x_step,
+        (y_max / y_step).ceil() * y_step,
+    );
+    let x_of = |v: f64| frame.left + (v / x_axis).clamp(0.0, 1.0) * frame.width();
+    let y_of = |v: f64| frame.bottom - (v / y_axis).clamp(0.0, 1.0) * frame.height();
+    for i in 0..=(x_axis / x_step).round() as usize {
+        let v = i as f64 * x_step;
+        svg.line(
+            (x_of(v), frame.top),
+            (x_of(v), frame.bottom),
+            r##"stroke="#e4e4e4""##,
+        );
+        svg.text(
+            (x_of(v), frame.bottom + 16.0),
+            "middle",
+            &tick_label(v, x_step, 0.0),
+            "",
+        );
+    }
+    for i in 0..=(y_axis / y_step).round() as usize {
+        let v = i as f64 * y_step;
+        svg.line(
+            (frame.left, y_of(v)),
+            (frame.right, y_of(v)),
+            r##"stroke="#e4e4e4""##,
+        );
+        svg.text(
+            (frame.left - 6.0, y_of(v) + 4.0),
+            "end",
+            &tick_label(v, y_step, y_axis),
+            "",
+        );
+    }
+    svg.axes(frame, x_title, y_title);
+    let mut drawn = 0;
+    for (i, (name, points)) in series.iter().enumerate() {
+        let colour = PALETTE[i % PALETTE.len()];
+        let mapped: Vec<(f64, f64)> = points
+            .iter()
+            .filter(|(x, y)| x.is_finite() && y.is_finite())
+            .map(|(x, y)| (x_of(*x), y_of(*y)))
+            .collect();
+        if mapped.is_empty() {
+            continue;
+        }
+        svg.polyline(&mapped, colour, name);
+        let y = frame.top + 14.0 + 18.0 * drawn as f64;
+        svg.line(
+            (frame.right + 12.0, y - 4.0),
+            (frame.right + 32.0, y - 4.0),
+            &format!(r#"stroke="{colour}" stroke-width="3""#),
+        );
+        svg.text((frame.right + 38.0, y), "start", name, "");
+        drawn += 1;
+    }
+    if drawn == 0 {
+        svg.no_data(frame);
+    }
+    svg.finish()
+}

@@ -1,0 +1,213 @@
+//! A lean benchmark client: raw protocol frames over a blocking socket, with
+//! reused buffers, so a measurement sees the daemons' data path and not a
+//! client library.
+
+use std::io::{self, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use proto::decoder::{ReadError, ReadOutcome};
+use proto::hello::{self, Capabilities, Role};
+use proto::request::{Repr, Target};
+use proto::{FrameDecoder, Message, Status};
+
+use crate::report::LatencyHistogram;
+
+/// One request shape, repeated.
+#[derive(Debug, Clone, Copy)]
+pub struct Shape {
+    /// The operation.
+    pub op: BenchOp,
+    /// Where (PMEM address; the device or server resolves it).
+    pub target: Target,
+    /// The region's key.
+    pub key: u64,
+    /// Bytes read or written.
+    pub size: u32,
+}
+
+/// The operations the bench measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BenchOp {
+    /// READ.
+    Read,
+    /// WRITE.
+    Write,
+    /// WRITE_PERSIST.
+    WritePersist,
+    /// COMPARE_SWAP (always fails to swap: compares against a value never stored).
+    CompareSwap,
+}
+
+impl BenchOp {
+    /// The protocol name.
+    pub fn name(self) -> &'static str {
+        match self {
+            BenchOp::Read => "READ",
+            BenchOp::Write => "WRITE",
+            BenchOp::WritePersist => "WRITE_PERSIST",
+            BenchOp::CompareSwap => "COMPARE_SWAP",
+        }
+    }
+}
+
+/// A connection to a fabric device (after HELLO) or straight to a server.
+#[derive(Debug)]
+pub struct BenchConn {
+    stream: TcpStream,
+    decoder: FrameDecoder,
+    frame: Vec<u8>,
+    next_tag: u64,
+}
+
+fn other(what: String) -> io::Error {
+    io::Error::other(what)
+}
+
+impl BenchConn {
+    /// Connects; sends HELLO as `client` when given (fabric devices need it).
+    pub fn connect(addr: SocketAddr, client: Option<&str>) -> io::Result<Self> {
+        let stream = TcpStream::connect(addr)?;
+        stream.set_nodelay(true)?;
+        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+        let mut conn = Self {
+            stream,
+            decoder: FrameDecoder::new(),
+            frame: Vec::with_capacity(2 << 20),
+            next_tag: 1,
+        };
+        if let Some(name) = client {
+            let hello = Message::Hello(hello::Repr {
+                version: 1,
+                role: Role::Client,
+                capabilities: Capabilities::PIPELINING,
+                name,
+            });
+            conn.frame.clear();
+            hello
+                .encode_into(0, &mut conn.frame)
+                .map_err(|e| other(e.to_string()))?;
+            conn.stream.write_all(&conn.frame)?;
+            let (opcode, status) = conn.recv_one()?;
+            if opcode != proto::Opcode::Hello || status != Status::Ok {
+                return Err(other(format!("HELLO refused: {status}")));
+            }
+        }
+        Ok(conn)
+    }
+
+    /// Encodes a request of `shape` (payload from `data`) into the send
+    /// buffer.
+    fn encode(&mut self, shape: &Shape, data: &[u8]) -> io::Result<()> {
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        let payload = &data[..shape.size as usize];
+        let repr = match shape.op {
+            BenchOp::Read => Repr::read(shape.target, shape.key, shape.size),
+            BenchOp::Write => Repr::write(shape.target, shape.key, payload),
+            BenchOp::WritePersist => Repr::write_persist(shape.target, shape.key, payload),
+            BenchOp::CompareSwap => Repr::compare_swap(shape.target, shape.key, u64::MAX, 1),
+        };
+        Message::Request(repr)
+            .encode_into(tag, &mut self.frame)
+            .map_err(|e| other(e.to_string()))
+    }
+
+    /// Sends `count` requests of `shape` in one write.
+    pub fn send(&mut self, shape: &Shape, data: &[u8], count: usize) -> io::Result<()> {
+        self.frame.clear();
+        for _ in 0..count {
+            self.encode(shape, data)?;
+        }
+        self.stream.write_all(&self.frame)
+    }
+
+    /// Receives one response; returns its opcode and status.
+    fn recv_one(&mut self) -> io::Result<(proto::Opcode, Status)> {
+        loop {
+            if let Some(frame) = self
+                .decoder
+                .next_frame()
+                .map_err(|e| other(e.to_string()))?
+            {
+                let (message, _) = proto::parse_frame(frame).map_err(|e| other(e.to_string()))?;
+                let status = match &message {
+                    Message::Response(r) => r.status,
+                    _ => Status::Ok,
+                };
+                return Ok((message.opcode(), status));
+            }
+            match self.decoder.read_from(&mut self.stream, 4 << 20) {
+                Ok(ReadOutcome::Data(_) | ReadOutcome::Full) => {}
+                Ok(ReadOutcome::Eof) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Err(ReadError::Io(e)) => return Err(e),
+                Err(ReadError::Framing(e)) => return Err(other(e.to_string())),
+            }
+        }
+    }
+
+    /// Receives one response and fails unless it is OK.
+    pub fn recv_ok(&mut self) -> io::Result<()> {
+        match self.recv_one()? {
+            (_, Status::Ok) => Ok(()),
+            (_, status) => Err(other(format!("request failed: {status}"))),
+        }
+    }
+}
+
+/// Round trips at queue depth 1: `warmup` unrecorded, then requests until
+/// `duration` passes or `max` were recorded.
+pub fn latency(
+    conn: &mut BenchConn,
+    shape: &Shape,
+    warmup: usize,
+    duration: Duration,
+    max: usize,
+) -> io::Result<LatencyHistogram> {
+    let data = vec![0x5a; shape.size as usize];
+    for _ in 0..warmup {
+        conn.send(shape, &data, 1)?;
+        conn.recv_ok()?;
+    }
+    let mut histogram = LatencyHistogram::new();
+    let deadline = Instant::now() + duration;
+    while (histogram.count() as usize) < max && Instant::now() < deadline {
+        let started = Instant::now();
+        conn.send(shape, &data, 1)?;
+        conn.recv_ok()?;
+        histogram.record_duration(started.elapsed());
+    }
+    Ok(histogram)
+}
+
+/// Completed operations per second with `depth` requests kept in flight on
+/// `conn`, for `duration` (responses are refilled in batches, as a
+/// pipelining client does).
+pub fn pipelined(
+    conn: &mut BenchConn,
+    shape: &Shape,
+    depth: usize,
+    duration: Duration,
+) -> io::Result<(u64, Duration)> {
+    let data = vec![0x5a; shape.size as usize];
+    let depth = depth.max(1);
+    conn.send(shape, &data, depth)?;
+    let mut outstanding = depth;
+    let mut completed = 0u64;
+    let started = Instant::now();
+    let deadline = started + duration;
+    let refill = (depth / 2).max(1);
+    let mut done_since_refill = 0;
+    while outstanding > 0 {
+        conn.recv_ok()?;
+        outstanding -= 1;
+        completed += 1;
+        done_since_refill += 1;
+        if Instant::now() < deadline && done_since_refill >= refill {
+            conn.send(shape, &data, done_since_refill)?;
+            outstanding += done_since_refill;
+            done_since_refill = 0;
+        }
+    }
+    Ok((completed, started.elapsed()))
+}

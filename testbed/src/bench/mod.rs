@@ -1,0 +1,665 @@
+//! `testbed bench`: pmem-fabric measured against the network floor and
+//! against what users would pick instead, in one run on one machine (see
+//! BENCHMARKS.md). Every figure that matters is a ratio of two numbers taken
+//! by the same command.
+
+pub mod client;
+pub mod peers;
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+use proto::request::Target;
+use serde::{Deserialize, Serialize};
+use topology::{EnvOverrides, Layout, Topology};
+
+use crate::launch::{DaemonKind, Fabric, LaunchOptions};
+use crate::report::{LatencyHistogram, OpStats, RunReport};
+use client::{BenchConn, BenchOp, Shape};
+use peers::{Quantiles, RedisConfig, RedisResult, RedisServer};
+
+/// How long and how hard each measurement runs.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct Plan {
+    /// Length of each timed measurement.
+    pub seconds: f64,
+    /// Most latency samples per case.
+    pub samples: usize,
+    /// Client connections for throughput (same for redis).
+    pub clients: usize,
+    /// Requests in flight per connection (redis pipeline).
+    pub depth: usize,
+    /// Client counts for the throughput curve.
+    pub client_steps: [usize; 3],
+    /// Requests redis-benchmark sends per test.
+    pub redis_requests: u64,
+}
+
+impl Plan {
+    /// The full bench, or the short smoke run.
+    pub fn new(quick: bool) -> Self {
+        if quick {
+            Self {
+                seconds: 0.3,
+                samples: 2_000,
+                clients: 2,
+                depth: 8,
+                client_steps: [1, 2, 2],
+                redis_requests: 20_000,
+            }
+        } else {
+            Self {
+                seconds: 3.0,
+                samples: 50_000,
+                clients: 4,
+                depth: 16,
+                client_steps: [1, 2, 4],
+                redis_requests: 400_000,
+            }
+        }
+    }
+
+    fn duration(&self) -> Duration {
+        Duration::from_secs_f64(self.seconds)
+    }
+}
+
+/// One pmem-fabric latency case.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LatencyCase {
+    /// `direct` or `fabric`.
+    pub path: String,
+    /// Operation.
+    pub op: String,
+    /// Bytes.
+    pub size: u32,
+    /// The round trips.
+    pub quantiles: Quantiles,
+}
+
+/// One throughput or bandwidth figure.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RateCase {
+    /// `direct`, `fabric` or `redis`.
+    pub system: String,
+    /// Operation.
+    pub op: String,
+    /// Bytes per operation.
+    pub size: u64,
+    /// Connections.
+    pub clients: usize,
+    /// In flight per connection.
+    pub depth: usize,
+    /// Operations per second.
+    pub ops_per_s: f64,
+    /// Bytes per second.
+    pub bytes_per_s: f64,
+    /// pmem-server CPU seconds per million operations (pmem-fabric only).
+    pub server_cpu_s_per_million: Option<f64>,
+    /// fabric-device CPU seconds per million operations (fabric path only).
+    pub device_cpu_s_per_million: Option<f64>,
+}
+
+/// Everything `testbed bench` measured.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BenchReport {
+    /// Short smoke run or the full bench.
+    pub quick: bool,
+    /// How it ran.
+    pub plan: Plan,
+    /// CPUs of the machine.
+    pub cpus: usize,
+    /// sockperf ping-pong round trips by message size, unpinned: the
+    /// scheduler places client and server as it places the fabric's
+    /// processes, so this is the floor the ratios use.
+    pub floor_rtt: BTreeMap<u32, Quantiles>,
+    /// sockperf 64 B with client and server pinned to the same CPU: the
+    /// floor without a cross-CPU wake-up (for context; on this VM a wake-up
+    /// of an idle CPU costs tens of microseconds).
+    pub floor_rtt_same_cpu: Quantiles,
+    /// iperf3, one stream, bytes per second.
+    pub floor_bw_bytes_per_s: f64,
+    /// pmem-fabric round trips at queue depth 1.
+    pub latency: Vec<LatencyCase>,
+    /// Throughput and bandwidth of every system.
+    pub rates: Vec<RateCase>,
+    /// redis GET/SET and redis-aof SET results.
+    pub redis: Vec<RedisResult>,
+    /// The tracked ratios (BENCHMARKS.md).
+    pub ratios: BTreeMap<String, f64>,
+}
+
+/// Where a bench run's files went.
+#[derive(Debug, Clone)]
+pub struct BenchFiles {
+    /// `report.json`.
+    pub json: PathBuf,
+    /// `report.md`.
+    pub markdown: PathBuf,
+    /// `latency_cdf.svg`.
+    pub latency_cdf: PathBuf,
+    /// `throughput_vs_clients.svg`.
+    pub throughput: PathBuf,
+}
+
+/// A port below the ephemeral range that is free now.
+fn free_port(taken: &mut Vec<u16>) -> anyhow::Result<u16> {
+    let start = 20_000 + (std::process::id() % 10_000) as u16;
+    (0..10_000u16)
+        .map(|i| 20_000 + (start - 20_000 + i * 7) % 10_000)
+        .find(|p| !taken.contains(p) && TcpListener::bind((Ipv4Addr::LOCALHOST, *p)).is_ok())
+        .inspect(|p| taken.push(*p))
+        .context("no free loopback port")
+}
+
+/// The bench fabric: one server with one 256 MiB region, one fabric
+/// device, one client, on free loopback ports.
+fn bench_topology() -> anyhow::Result<Topology> {
+    let mut taken = Vec::new();
+    let (server, device) = (free_port(&mut taken)?, free_port(&mut taken)?);
+    let text = format!(
+        "[pool]\nname = \"bench\"\nextent_size = \"2MiB\"\n\n\
+         [[servers]]\nid = \"S\"\n[[servers.sockets]]\nid = \"0\"\n\
+         [[servers.sockets.devices]]\nid = \"pmem0\"\n\
+         [[servers.sockets.devices.regions]]\nid = \"R\"\nsize = \"256MiB\"\n\
+         [[servers.nics]]\nid = \"n0\"\nsocket = \"0\"\nlisten = \"127.0.0.1:{server}\"\n\n\
+         [[fabric_devices]]\nid = \"F\"\nports = [{{ id = \"p0\", listen = \"127.0.0.1:{device}\" }}]\n\
+         links = [{{ server = \"S\", nic = \"n0\" }}]\n\n\
+         [[clients]]\nid = \"c\"\nrnics = [{{ id = \"r0\", fabric_device = \"F\" }}]\n"
+    );
+    Ok(Topology::from_toml_str(
+        "<bench topology>",
+        &text,
+        &EnvOverrides::None,
+    )?)
+}
+
+/// The two ways into the fabric.
+#[derive(Debug, Clone, Copy)]
+struct Paths {
+    direct: SocketAddr,
+    fabric: SocketAddr,
+}
+
+impl Paths {
+    fn connect(&self, path: &str) -> anyhow::Result<BenchConn> {
+        Ok(match path {
+            "direct" => BenchConn::connect(self.direct, None)?,
+            _ => BenchConn::connect(self.fabric, Some("c"))?,
+        })
+    }
+}
+
+fn quantiles(h: &LatencyHistogram) -> Quantiles {
+    Quantiles {
+        p50_us: h.quantile(0.5) as f64,
+        p99_us: h.quantile(0.99) as f64,
+        p999_us: h.quantile(0.999) as f64,
+        max_us: h.max() as f64,
+        samples: h.count(),
+    }
+}
+
+/// Runs the whole bench and writes its report into `out`.
+pub fn run(quick: bool, out: &Path) -> anyhow::Result<(BenchReport, BenchFiles)> {
+    let plan = Plan::new(quick);
+    std::fs::create_dir_all(out).with_context(|| format!("create {}", out.display()))?;
+    peers::ensure_tools(peers::TOOLS)?;
+
+    let floor_rtt: BTreeMap<u32, Quantiles> = [64u32, 4096]
+        .into_iter()
+        .map(|size| Ok((size, peers::sockperf_rtt(size as usize, plan.duration())?)))
+        .collect::<anyhow::Result<_>>()?;
+    let floor_same_cpu = peers::sockperf_rtt_pinned(64, plan.duration(), 0, 0)?.quantiles;
+    let floor_bw = peers::iperf3_bandwidth(plan.duration())?;
+
+    // pmem-fabric: region files and redis files share the filesystem of `out`.
+    let topology = bench_topology()?;
+    let layout = Layout::new(&topology)?;
+    let region = &layout.entries()[0];
+    let mut launch = LaunchOptions::new(out.join("data"), out.join("run"))?;
+    launch.device_args.clear();
+    let fabric = Fabric::start(&topology, launch).context("bring the bench fabric up")?;
+    let addr = |kind, id, field| -> anyhow::Result<SocketAddr> {
+        fabric
+            .ready_field(kind, id, field)
+            .and_then(|a| a.parse().ok())
+            .with_context(|| format!("no {field} address"))
+    };
+    let paths = Paths {
+        direct: addr(DaemonKind::PmemServer, "S", "nic.n0")?,
+        fabric: addr(DaemonKind::FabricDevice, "F", "port.p0")?,
+    };
+    let pids = (
+        fabric.pid(DaemonKind::PmemServer, "S"),
+        fabric.pid(DaemonKind::FabricDevice, "F"),
+    );
+    let shape = |op, size: u32| Shape {
+        op,
+        target: Target::Pmem(region.start),
+        key: region.key,
+        size,
+    };
+
+    let mut latency = Vec::new();
+    let mut histograms = BTreeMap::new();
+    for path in ["direct", "fabric"] {
+        let mut conn = paths.connect(path)?;
+        for (op, size) in [
+            (BenchOp::Read, 64),
+            (BenchOp::Read, 4096),
+            (BenchOp::Write, 64),
+            (BenchOp::Write, 4096),
+            (BenchOp::WritePersist, 64),
+            (BenchOp::WritePersist, 4096),
+            (BenchOp::CompareSwap, 8),
+        ] {
+            let h = client::latency(
+                &mut conn,
+                &shape(op, size),
+                200,
+                plan.duration(),
+                plan.samples,
+            )?;
+            latency.push(LatencyCase {
+                path: path.to_owned(),
+                op: op.name().to_owned(),
+                size,
+                quantiles: quantiles(&h),
+            });
+            histograms.insert(format!("{path} {} {size} B", op.name()), h);
+        }
+    }
+
+    let mut rates = Vec::new();
+    let mut steps: Vec<usize> = plan.client_steps.to_vec();
+    steps.dedup();
+    for path in ["direct", "fabric"] {
+        for (op, size, depth) in [
+            (BenchOp::Read, 64, plan.depth),
+            (BenchOp::Write, 64, plan.depth),
+            (BenchOp::Read, 1 << 20, 4),
+            (BenchOp::Write, 1 << 20, 4),
+        ] {
+            let client_counts = if size == 64 && op == BenchOp::Read {
+                steps.clone()
+            } else if size == 64 {
+                vec![plan.clients]
+            } else {
+                vec![1]
+            };
+            for clients in client_counts {
+                rates.push(rate(
+                    &paths,
+                    path,
+                    &shape(op, size),
+                    clients,
+                    depth,
+                    plan.duration(),
+                    pids,
+                )?);
+            }
+        }
+    }
+    let (_, _) = pids;
+    drop(fabric);
+
+    let mut redis = Vec::new();
+    let server = RedisServer::start(&RedisConfig {
+        aof_always: false,
+        dir: out.join("redis"),
+    })?;
+    for test in ["GET", "SET"] {
+        let counts = if test == "GET" {
+            steps.clone()
+        } else {
+            vec![plan.clients]
+        };
+        for clients in counts {
+            let r = peers::redis_benchmark(
+                &server,
+                test,
+                64,
+                clients,
+                plan.depth,
+                plan.redis_requests,
+            )?;
+            rates.push(RateCase {
+                system: "redis".into(),
+                op: test.into(),
+                size: 64,
+                clients,
+                depth: plan.depth,
+                ops_per_s: r.ops_per_s,
+                bytes_per_s: r.ops_per_s * 64.0,
+                server_cpu_s_per_million: None,
+                device_cpu_s_per_million: None,
+            });
+            redis.push(r);
+        }
+    }
+    drop(server);
+    let aof = RedisServer::start(&RedisConfig {
+        aof_always: true,
+        dir: out.join("redis-aof"),
+    })?;
+    let aof_requests = (plan.samples as u64).min(20_000);
+    redis.push(peers::redis_benchmark(
+        &aof,
+        "SET",
+        4096,
+        1,
+        1,
+        aof_requests,
+    )?);
+    drop(aof);
+
+    let mut report = BenchReport {
+        quick,
+        plan,
+        cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        floor_rtt,
+        floor_rtt_same_cpu: floor_same_cpu,
+        floor_bw_bytes_per_s: floor_bw,
+        latency,
+        rates,
+        redis,
+        ratios: BTreeMap::new(),
+    };
+    report.ratios = ratios(&report);
+    let files = write(out, &report, &histograms)?;
+    Ok((report, files))
+}
+
+/// Operations per second of `clients` connections with `depth` in flight
+/// each, and the daemons' CPU time per million operations.
+fn rate(
+    paths: &Paths,
+    path: &str,
+    shape: &Shape,
+    clients: usize,
+    depth: usize,
+    duration: Duration,
+    (server, device): (Option<u32>, Option<u32>),
+) -> anyhow::Result<RateCase> {
+    let cpu = |pid: Option<u32>| pid.and_then(|p| peers::cpu_seconds(p).ok());
+    let mut conns = (0..clients)
+        .map(|_| paths.connect(path))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let (server_before, device_before) = (cpu(server), cpu(device));
+    let results: Vec<std::io::Result<(u64, Duration)>> = std::thread::scope(|s| {
+        let handles: Vec<_> = conns
+            .iter_mut()
+            .map(|conn| s.spawn(move || client::pipelined(conn, shape, depth, duration)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(std::io::Error::other("bench thread panicked")))
+            })
+            .collect()
+    });
+    let mut ops = 0;
+    let mut elapsed = Duration::ZERO;
+    for result in results {
+        let (n, took) = result?;
+        ops += n;
+        elapsed = elapsed.max(took);
+    }
+    let per_million = |before: Option<f64>, pid| {
+        let after = cpu(pid)?;
+        Some((after - before?) / ops.max(1) as f64 * 1e6)
+    };
+    let ops_per_s = ops as f64 / elapsed.as_secs_f64().max(1e-9);
+    Ok(RateCase {
+        system: path.to_owned(),
+        op: shape.op.name().to_owned(),
+        size: u64::from(shape.size),
+        clients,
+        depth,
+        ops_per_s,
+        bytes_per_s: ops_per_s * f64::from(shape.size),
+        server_cpu_s_per_million: per_million(server_before, server),
+        device_cpu_s_per_million: if path == "fabric" {
+            per_million(device_before, device)
+        } else {
+            None
+        },
+    })
+}
+
+/// The ratios BENCHMARKS.md and the bench issue track.
+pub fn ratios(report: &BenchReport) -> BTreeMap<String, f64> {
+    let p50 = |path: &str, op: &str, size: u32| {
+        report
+            .latency
+            .iter()
+            .find(|c| c.path == path && c.op == op && c.size == size)
+            .map_or(f64::NAN, |c| c.quantiles.p50_us)
+    };
+    let rate = |system: &str, op: &str, size: u64, clients: usize| {
+        report
+            .rates
+            .iter()
+            .find(|r| r.system == system && r.op == op && r.size == size && r.clients == clients)
+            .map_or(f64::NAN, |r| r.ops_per_s)
+    };
+    let floor = report.floor_rtt.get(&64).map_or(f64::NAN, |q| q.p50_us);
+    let clients = report.plan.clients;
+    let redis_aof = report
+        .redis
+        .iter()
+        .find(|r| r.test == "SET" && r.value_size == 4096 && r.clients == 1)
+        .map_or(f64::NAN, |r| r.latency.p50_us);
+    let mib = (1u64 << 20) as f64;
+    BTreeMap::from([
+        (
+            "fabric_p50_over_floor_rtt".into(),
+            p50("fabric", "READ", 64) / floor,
+        ),
+        (
+            "direct_p50_over_floor_rtt".into(),
+            p50("direct", "READ", 64) / floor,
+        ),
+        (
+            "fabric_tput_over_redis".into(),
+            rate("fabric", "READ", 64, clients) / rate("redis", "GET", 64, clients),
+        ),
+        (
+            "fabric_bw_over_floor_bw".into(),
+            rate("fabric", "READ", 1 << 20, 1) * mib / report.floor_bw_bytes_per_s,
+        ),
+        (
+            "direct_bw_over_floor_bw".into(),
+            rate("direct", "READ", 1 << 20, 1) * mib / report.floor_bw_bytes_per_s,
+        ),
+        (
+            "fabric_persist_p50_over_redis_aof".into(),
+            p50("fabric", "WRITE_PERSIST", 4096) / redis_aof,
+        ),
+    ])
+}
+
+/// Writes report.json, report.md and the plots.
+fn write(
+    out: &Path,
+    report: &BenchReport,
+    histograms: &BTreeMap<String, LatencyHistogram>,
+) -> anyhow::Result<BenchFiles> {
+    let files = BenchFiles {
+        json: out.join("report.json"),
+        markdown: out.join("report.md"),
+        latency_cdf: out.join("latency_cdf.svg"),
+        throughput: out.join("throughput_vs_clients.svg"),
+    };
+    std::fs::write(&files.json, serde_json::to_string_pretty(report)?)
+        .with_context(|| format!("write {}", files.json.display()))?;
+    std::fs::write(&files.markdown, markdown(report))
+        .with_context(|| format!("write {}", files.markdown.display()))?;
+    // The run report's CDF plot draws one curve per named series.
+    let series = RunReport {
+        run_id: "bench".into(),
+        command: "bench".into(),
+        topology: "<bench topology>".into(),
+        workload: "latency at queue depth 1".into(),
+        clients: vec!["c".into()],
+        started_unix_ms: 0,
+        duration_s: 0.0,
+        ops: histograms
+            .iter()
+            .filter(|(name, _)| name.contains(" 64 B") || name.contains("4096"))
+            .map(|(name, h)| {
+                (
+                    name.clone(),
+                    OpStats {
+                        count: h.count(),
+                        errors: 0,
+                        bytes: 0,
+                        latency: h.clone(),
+                    },
+                )
+            })
+            .collect(),
+        timeline: Default::default(),
+        faults: Vec::new(),
+        verification: Default::default(),
+        notes: Vec::new(),
+    };
+    std::fs::write(&files.latency_cdf, crate::report::latency_cdf_svg(&series))
+        .with_context(|| format!("write {}", files.latency_cdf.display()))?;
+    let curve = |system: &str, op: &str| -> Vec<(f64, f64)> {
+        report
+            .rates
+            .iter()
+            .filter(|r| r.system == system && r.op == op && r.size == 64)
+            .map(|r| (r.clients as f64, r.ops_per_s))
+            .collect()
+    };
+    let chart = crate::report::xy_chart(
+        "64 B throughput against clients",
+        "clients",
+        "operations per second",
+        &[
+            ("pmem-fabric (fabric path) READ", curve("fabric", "READ")),
+            ("pmem-fabric (direct) READ", curve("direct", "READ")),
+            ("redis GET", curve("redis", "GET")),
+        ],
+    );
+    std::fs::write(&files.throughput, chart)
+        .with_context(|| format!("write {}", files.throughput.display()))?;
+    Ok(files)
+}
+
+/// The report's readable summary.
+pub fn markdown(report: &BenchReport) -> String {
+    use std::fmt::Write as _;
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "# pmem-fabric bench{}\n\n{} CPUs; each figure is one measurement of {} s; ratios are taken within this run.\n",
+        if report.quick {
+            " (quick smoke run: figures are not meaningful)"
+        } else {
+            ""
+        },
+        report.cpus,
+        report.plan.seconds
+    );
+    let _ = writeln!(
+        md,
+        "## Ratios\n\n| ratio | value | target |\n|---|---:|---|"
+    );
+    let targets = [
+        ("fabric_p50_over_floor_rtt", "≤ 2.3"),
+        ("direct_p50_over_floor_rtt", "≤ 1.2"),
+        ("fabric_tput_over_redis", "≥ 1.0"),
+        ("fabric_bw_over_floor_bw", "≥ 0.5"),
+        ("direct_bw_over_floor_bw", "≥ 0.8"),
+        ("fabric_persist_p50_over_redis_aof", "≤ 0.5"),
+    ];
+    for (name, target) in targets {
+        let value = report.ratios.get(name).copied().unwrap_or(f64::NAN);
+        let _ = writeln!(md, "| `{name}` | {value:.2} | {target} |");
+    }
+    let _ = writeln!(
+        md,
+        "\n## Floors\n\n| what | p50 µs | p99 µs | p99.9 µs |\n|---|---:|---:|---:|"
+    );
+    for (size, q) in &report.floor_rtt {
+        let _ = writeln!(
+            md,
+            "| sockperf ping-pong {size} B, full RTT | {:.1} | {:.1} | {:.1} |",
+            q.p50_us, q.p99_us, q.p999_us
+        );
+    }
+    let q = &report.floor_rtt_same_cpu;
+    let _ = writeln!(
+        md,
+        "| sockperf ping-pong 64 B, both on CPU 0 (context only) | {:.1} | {:.1} | {:.1} |",
+        q.p50_us, q.p99_us, q.p999_us
+    );
+    let _ = writeln!(
+        md,
+        "\nThe ratios use the unpinned floor: pmem-fabric's client, device and server are \
+         not pinned either.\n\niperf3, one stream: {:.2} GB/s\n",
+        report.floor_bw_bytes_per_s / 1e9
+    );
+    let _ = writeln!(
+        md,
+        "## pmem-fabric latency, queue depth 1\n\n| path | op | size B | p50 µs | p99 µs | p99.9 µs | samples |\n|---|---|---:|---:|---:|---:|---:|"
+    );
+    for c in &report.latency {
+        let q = &c.quantiles;
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {:.1} | {:.1} | {:.1} | {} |",
+            c.path, c.op, c.size, q.p50_us, q.p99_us, q.p999_us, q.samples
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\n## Throughput and bandwidth\n\n| system | op | size B | clients | depth | ops/s | MB/s | server CPU s / M ops | device CPU s / M ops |\n|---|---|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    let cpu = |v: Option<f64>| v.map_or_else(|| "–".to_owned(), |v| format!("{v:.1}"));
+    for r in &report.rates {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {:.0} | {:.1} | {} | {} |",
+            r.system,
+            r.op,
+            r.size,
+            r.clients,
+            r.depth,
+            r.ops_per_s,
+            r.bytes_per_s / 1e6,
+            cpu(r.server_cpu_s_per_million),
+            cpu(r.device_cpu_s_per_million)
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\n## redis\n\n| test | value B | clients | pipeline | ops/s | p50 µs | p99 µs |\n|---|---:|---:|---:|---:|---:|---:|"
+    );
+    for r in &report.redis {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {:.0} | {:.1} | {:.1} |",
+            r.test,
+            r.value_size,
+            r.clients,
+            r.pipeline,
+            r.ops_per_s,
+            r.latency.p50_us,
+            r.latency.p99_us
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\nThe last redis row is `appendonly yes`, `appendfsync always`, its files on the same filesystem as the region files.\n\n![latency CDF](latency_cdf.svg)\n\n![throughput against clients](throughput_vs_clients.svg)"
+    );
+    md
+}

@@ -1,0 +1,791 @@
+//! The floors and peers of `testbed bench` (`testbed::bench::peers`) with the
+//! real tools from the distribution's packages: sockperf, iperf3,
+//! redis-server and redis-benchmark, installed by `ensure_tools` when
+//! missing (a test fails, never skips, when they cannot be). Then every
+//! output parser on outputs captured from the real tools on a 2-core Debian
+//! 12 machine (sockperf 3.7, iperf3 3.12, redis 7.0.15).
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use testbed::bench::peers::{
+    self, PeerError, Quantiles, RedisConfig, RedisServer, TOOLS, cpu_seconds, ensure_tools,
+    iperf3_bandwidth, listening_inodes, missing_tools, parse_iperf3_json, parse_proc_stat,
+    parse_redis_benchmark, parse_sockperf, parse_sockperf_full_log, redis_benchmark, sockperf_rtt,
+    sockperf_rtt_pinned, sockperf_rtt_run,
+};
+use testbed::report::LatencyHistogram;
+
+/// The tool tests run one at a time: on two cores, two benchmarks at once
+/// would measure each other, and each checks that it left no server behind.
+static ONE_TOOL_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// Takes the tool lock and makes sure the tools are installed.
+fn tools() -> MutexGuard<'static, ()> {
+    let guard = ONE_TOOL_AT_A_TIME
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    let started = Instant::now();
+    if let Err(e) = ensure_tools(TOOLS) {
+        panic!("the bench tools must be installable here: {e}");
+    }
+    let took = started.elapsed();
+    if took > Duration::from_secs(1) {
+        eprintln!("ensure_tools installed the missing packages in {took:.1?}");
+    }
+    assert!(missing_tools(TOOLS).is_empty());
+    guard
+}
+
+/// This process's children that are bench tools, running or unreaped.
+fn tool_children() -> Vec<String> {
+    let me = std::process::id().to_string();
+    std::fs::read_dir("/proc")
+        .expect("read /proc")
+        .filter_map(Result::ok)
+        .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
+        .filter(|stat| {
+            let parent = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1).map(str::to_owned));
+            parent.as_deref() == Some(me.as_str())
+        })
+        .filter(|stat| {
+            ["sockperf", "iperf3", "redis-server", "redis-benchmark"]
+                .iter()
+                .any(|name| stat.contains(&format!("({name})")))
+        })
+        .collect()
+}
+
+fn assert_no_tool_left() {
+    let left = tool_children();
+    assert!(left.is_empty(), "servers left behind: {left:?}");
+}
+
+/// Files under `dir` whose name contains `.aof`, with their sizes.
+fn aof_files(dir: &Path) -> Vec<(String, u64)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir)
+        .expect("read dir")
+        .filter_map(Result::ok)
+    {
+        let path = entry.path();
+        if path.is_dir() {
+            found.extend(aof_files(&path));
+        } else if path.to_string_lossy().contains(".aof") {
+            let size = entry.metadata().expect("metadata").len();
+            found.push((path.display().to_string(), size));
+        }
+    }
+    found
+}
+
+fn sane(q: &Quantiles, what: &str) {
+    assert!(q.p50_us > 0.0, "{what}: {q:?}");
+    assert!(q.p99_us >= q.p50_us, "{what}: {q:?}");
+    assert!(q.p999_us >= q.p99_us, "{what}: {q:?}");
+    assert!(q.max_us >= q.p999_us, "{what}: {q:?}");
+    assert!(q.samples > 0, "{what}: {q:?}");
+}
+
+// ---------------------------------------------------------------------------
+// The real tools.
+
+#[test]
+fn tools_are_installed_or_installable() {
+    let _tools = tools();
+    for (program, _) in TOOLS {
+        assert!(
+            missing_tools(&[(program, "unused")]).is_empty(),
+            "{program} not on PATH"
+        );
+    }
+}
+
+#[test]
+fn sockperf_64_byte_round_trips() {
+    let _tools = tools();
+    let started = Instant::now();
+    let run = sockperf_rtt_run(64, Duration::from_secs(1)).expect("sockperf");
+    let took = started.elapsed();
+    eprintln!("sockperf 64 B: {:?} in {took:.1?}", run.quantiles);
+    let q = run.quantiles;
+    assert!(q.p50_us > 1.0 && q.p50_us < 10_000.0, "{q:?}");
+    sane(&q, "sockperf");
+    assert!(q.samples > 100, "{q:?}");
+    assert!(run.avg_us > 0.0);
+    assert_eq!(run.msg_size, 64);
+    // The full log holds exactly the observations the summary counts.
+    assert_eq!(run.histogram.count(), q.samples);
+    let p50 = run.histogram.quantile(0.5) as f64;
+    assert!(
+        (p50 - q.p50_us).abs() <= q.p50_us * 0.05 + 1.0,
+        "{p50} vs {q:?}"
+    );
+    // One second of measurement plus sockperf's fixed two-second settle.
+    assert!(took < Duration::from_secs(8), "took {took:?}");
+    assert_no_tool_left();
+}
+
+#[test]
+fn sockperf_4096_bytes_through_the_short_form() {
+    let _tools = tools();
+    let q = sockperf_rtt(4096, Duration::from_millis(300)).expect("sockperf");
+    sane(&q, "sockperf 4096");
+    assert!(q.p50_us < 10_000.0, "{q:?}");
+    assert_no_tool_left();
+}
+
+#[test]
+fn sockperf_pinned_to_one_cpu() {
+    let _tools = tools();
+    let run = sockperf_rtt_pinned(64, Duration::from_secs(1), 0, 0).expect("sockperf on CPU 0");
+    eprintln!("sockperf 64 B, both on CPU 0: {:?}", run.quantiles);
+    sane(&run.quantiles, "pinned sockperf");
+    assert!(run.quantiles.p50_us < 10_000.0, "{:?}", run.quantiles);
+    assert_eq!(run.histogram.count(), run.quantiles.samples);
+    assert_no_tool_left();
+}
+
+#[test]
+fn iperf3_one_stream_moves_over_100_mb_per_second() {
+    let _tools = tools();
+    let started = Instant::now();
+    let bytes_per_s = iperf3_bandwidth(Duration::from_secs(1)).expect("iperf3");
+    let took = started.elapsed();
+    eprintln!("iperf3: {:.2} GB/s in {took:.1?}", bytes_per_s / 1e9);
+    assert!(bytes_per_s > 100e6, "{bytes_per_s} B/s");
+    assert!(took < Duration::from_secs(6), "took {took:?}");
+    assert_no_tool_left();
+}
+
+#[test]
+fn redis_get_and_set_pipelined() {
+    let _tools = tools();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let server = RedisServer::start(&RedisConfig {
+        aof_always: false,
+        dir: dir.path().join("redis"),
+    })
+    .expect("redis-server");
+    assert!(server.port() > 0);
+    assert!(!server.aof_always());
+    assert_eq!(server.dir(), dir.path().join("redis"));
+    let cpu_before = cpu_seconds(server.pid()).expect("cpu");
+    for test in ["SET", "get"] {
+        let started = Instant::now();
+        let r = redis_benchmark(&server, test, 64, 50, 16, 100_000).expect("redis-benchmark");
+        eprintln!(
+            "redis {}: {:.0} ops/s, {:?} in {:.1?}",
+            r.test,
+            r.ops_per_s,
+            r.latency,
+            started.elapsed()
+        );
+        assert_eq!(r.test, test.to_ascii_uppercase());
+        assert_eq!((r.clients, r.pipeline, r.value_size), (50, 16, 64));
+        assert!(r.ops_per_s > 10_000.0, "{r:?}");
+        sane(&r.latency, test);
+        assert!(r.latency.p50_us < 1_000_000.0, "{r:?}");
+        assert_eq!(r.latency.samples, 100_000);
+        assert_eq!(r.histogram.count(), 100_000);
+        // The JSON form round-trips.
+        let json = serde_json::to_string(&r).expect("json");
+        let back: peers::RedisResult = serde_json::from_str(&json).expect("parse json");
+        let close = |a: f64, b: f64| (a - b).abs() <= b.abs() * 1e-12;
+        assert!(close(back.latency.p50_us, r.latency.p50_us), "{back:?}");
+        assert!(close(back.latency.p999_us, r.latency.p999_us), "{back:?}");
+        assert_eq!(back.latency.samples, r.latency.samples);
+        assert_eq!(back.histogram, r.histogram);
+    }
+    let cpu_after = cpu_seconds(server.pid()).expect("cpu");
+    assert!(cpu_after > cpu_before, "{cpu_before} -> {cpu_after}");
+    assert!(matches!(
+        redis_benchmark(&server, "INCR", 64, 1, 1, 10),
+        Err(PeerError::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        redis_benchmark(&server, "GET", 64, 0, 1, 10),
+        Err(PeerError::InvalidArgument(_))
+    ));
+    let pid = server.pid();
+    drop(server);
+    assert!(
+        !Path::new(&format!("/proc/{pid}")).exists(),
+        "redis {pid} still there"
+    );
+    assert_no_tool_left();
+    // A server that is gone fails fast instead of hanging redis-benchmark.
+}
+
+#[test]
+fn redis_aof_always_set_4k_one_client() {
+    let _tools = tools();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let server = RedisServer::start(&RedisConfig {
+        aof_always: true,
+        dir: dir.path().to_owned(),
+    })
+    .expect("redis-server");
+    assert!(server.aof_always());
+    let started = Instant::now();
+    let r = redis_benchmark(&server, "SET", 4096, 1, 1, 1_000).expect("redis-benchmark");
+    eprintln!(
+        "redis-aof SET 4 KiB: {:.0} ops/s, {:?} in {:.1?}",
+        r.ops_per_s,
+        r.latency,
+        started.elapsed()
+    );
+    assert!(r.latency.p50_us > 0.0, "{r:?}");
+    sane(&r.latency, "aof SET");
+    assert_eq!((r.clients, r.pipeline, r.value_size), (1, 1, 4096));
+    let files = aof_files(dir.path());
+    let bytes: u64 = files.iter().map(|(_, size)| size).sum();
+    assert!(bytes >= 1_000 * 4096, "append-only files: {files:?}");
+    drop(server);
+    assert_no_tool_left();
+}
+
+#[test]
+fn redis_that_cannot_start_names_the_problem() {
+    let _tools = tools();
+    let dir = tempfile::tempdir().expect("temp dir");
+    // A file where the folder should be.
+    let file = dir.path().join("not-a-dir");
+    std::fs::write(&file, b"x").expect("write");
+    let err = RedisServer::start(&RedisConfig {
+        aof_always: true,
+        dir: file,
+    })
+    .expect_err("redis in a file");
+    assert!(matches!(err, PeerError::Io(_)), "{err}");
+    assert_no_tool_left();
+}
+
+#[test]
+fn cpu_seconds_of_a_busy_child_grows() {
+    let mut child = Command::new("sh")
+        .args(["-c", "while :; do :; done"])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn sh");
+    let before = cpu_seconds(child.id()).expect("cpu before");
+    let spin = Instant::now();
+    while spin.elapsed() < Duration::from_millis(500) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let after = cpu_seconds(child.id()).expect("cpu after");
+    child.kill().expect("kill");
+    child.wait().expect("wait");
+    assert!(after >= before + 0.1, "{before} -> {after}");
+    assert!(after < 10.0, "{after}");
+    assert!(
+        cpu_seconds(child.id()).is_err(),
+        "a reaped child has no /proc entry"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Installation errors.
+
+#[test]
+fn a_missing_tool_is_named_with_its_package() {
+    let tools = [
+        ("sh", "dash"),
+        ("no-such-program-pmem-fabric", "no-such-package-pmem-fabric"),
+    ];
+    assert_eq!(
+        missing_tools(&tools),
+        vec![("no-such-program-pmem-fabric", "no-such-package-pmem-fabric")]
+    );
+    assert!(ensure_tools(&[("sh", "dash")]).is_ok());
+    assert!(ensure_tools(&[]).is_ok());
+    let err = PeerError::Missing {
+        package: "redis-tools".into(),
+        program: "redis-benchmark".into(),
+        why: "apt-get install failed: E: Unable to locate package redis-tools".into(),
+    };
+    let text = err.to_string();
+    for part in [
+        "`redis-benchmark`",
+        "`redis-tools`",
+        "apt-get install -y --no-install-recommends redis-tools",
+        "Unable to locate package",
+    ] {
+        assert!(text.contains(part), "{part:?} not in {text:?}");
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The parsers, on captured outputs.
+
+#[test]
+fn parses_sockperf_summary() {
+    let stats = parse_sockperf(SOCKPERF_64).expect("parse");
+    assert_eq!(
+        stats.quantiles,
+        Quantiles {
+            p50_us: 74.750,
+            p99_us: 151.344,
+            p999_us: 545.538,
+            max_us: 3809.097,
+            samples: 19743,
+        }
+    );
+    assert_eq!(stats.avg_us, 78.466);
+    // Half round trips (no --full-rtt) are refused rather than halved.
+    let half = SOCKPERF_64.replace("Round trip is", "Latency is");
+    assert!(matches!(
+        parse_sockperf(&half),
+        Err(PeerError::Parse { .. })
+    ));
+    // An error run has no figures.
+    let refused = "sockperf: \u{1b}[2;35m== version #3.7-no.git == \u{1b}[0m\n\
+                   sockperf: ERROR: Can`t connect socket (errno=111 Connection refused)\n";
+    let err = parse_sockperf(refused).expect_err("no figures");
+    assert!(err.to_string().contains("Connection refused"), "{err}");
+}
+
+#[test]
+fn parses_sockperf_full_log() {
+    let h = parse_sockperf_full_log(SOCKPERF_FULL_LOG).expect("parse");
+    assert_eq!(h.count(), 9);
+    assert_eq!(h.min(), 55); // 55.492 µs
+    assert_eq!(h.max(), 61); // 60.990 µs
+    assert_eq!(h.quantile(0.5), 59);
+    assert!(parse_sockperf_full_log("no table here\n").is_err());
+}
+
+#[test]
+fn parses_iperf3_json() {
+    let bytes_per_s = parse_iperf3_json(IPERF3_JSON).expect("parse");
+    assert_eq!(bytes_per_s, 15_650_294_562.775806 / 8.0);
+    let refused = r#"{
+	"start":	{
+		"connected":	[],
+		"version":	"iperf 3.12",
+		"system_info":	"Linux vm 6.18.44-fc-v669 #1 SMP PREEMPT_DYNAMIC @0 x86_64"
+	},
+	"intervals":	[],
+	"end":	{
+	},
+	"error":	"unable to connect to server: Connection refused"
+}"#;
+    let err = parse_iperf3_json(refused).expect_err("error member");
+    assert!(matches!(err, PeerError::Failed { .. }), "{err}");
+    assert!(err.to_string().contains("Connection refused"), "{err}");
+    assert!(matches!(
+        parse_iperf3_json("iperf3: error - unable to connect"),
+        Err(PeerError::Parse { .. })
+    ));
+}
+
+#[test]
+fn parses_redis_benchmark_get() {
+    let r = parse_redis_benchmark("GET", REDIS_GET).expect("parse");
+    assert_eq!(r.ops_per_s, 367_647.03);
+    assert_eq!(
+        r.latency,
+        Quantiles {
+            p50_us: 1879.0,
+            p99_us: 3895.0,
+            p999_us: 4543.0,
+            max_us: 4943.0,
+            samples: 200_000,
+        }
+    );
+    assert_eq!(r.histogram.count(), 200_000);
+    assert_eq!(r.histogram.max(), 4943);
+    assert_eq!(r.histogram.min(), 423);
+    let p50 = r.histogram.quantile(0.5) as f64;
+    assert!((1850.0..=1920.0).contains(&p50), "{p50}");
+    // Another test's output does not pass for this one.
+    assert!(matches!(
+        parse_redis_benchmark("SET", REDIS_GET),
+        Err(PeerError::Parse { .. })
+    ));
+}
+
+#[test]
+fn parses_redis_benchmark_aof_set() {
+    let r = parse_redis_benchmark("set", REDIS_AOF_SET).expect("parse");
+    assert_eq!(r.ops_per_s, 2873.56);
+    assert_eq!(
+        r.latency,
+        Quantiles {
+            p50_us: 319.0,
+            p99_us: 687.0,
+            p999_us: 4799.0,
+            max_us: 5471.0,
+            samples: 2000,
+        }
+    );
+    assert_eq!(r.histogram.count(), 2000);
+    assert_eq!(r.histogram.max(), 5471);
+    // Cut before the summary: no throughput.
+    let cut = &REDIS_AOF_SET[..REDIS_AOF_SET.find("Summary:").expect("summary")];
+    let err = parse_redis_benchmark("SET", cut).expect_err("no summary");
+    assert!(err.to_string().contains("throughput summary"), "{err}");
+}
+
+#[test]
+fn parses_one_test_of_several() {
+    let both = format!("{REDIS_GET}{REDIS_AOF_SET}");
+    let get = parse_redis_benchmark("GET", &both).expect("GET");
+    assert_eq!(get.latency.samples, 200_000);
+    assert_eq!(get.latency.max_us, 4943.0);
+    assert_eq!(get.histogram.max(), 4943);
+    let set = parse_redis_benchmark("SET", &both).expect("SET");
+    assert_eq!(set.ops_per_s, 2873.56);
+    assert_eq!(set.histogram.count(), 2000);
+}
+
+#[test]
+fn parses_proc_stat() {
+    // `cargo`: utime 7, stime 6 ticks.
+    let cargo = "9521 (cargo) S 9520 9517 975 0 -1 4194304 9371 28980 6 5 7 6 75 13 20 0 4 0 \
+                 504319 275554304 13432 18446744073709551615 94790941523008 94790965748464 \
+                 140730526203520 0 0 0 0 4096 1600 0 0 0 17 1 0 0 0 0 0 94790966875696 \
+                 94790966945232 94791842873344 140730526206312 140730526206406 140730526206406 \
+                 140730526207925 0\n";
+    assert_eq!(parse_proc_stat(cargo, 100.0), Some(0.13));
+    // A program named `busy) (x`: the name ends at the last parenthesis.
+    let odd = "9622 (busy) (x) S 1 9618 25476 0 -1 4194304 137 0 0 0 3 2 0 0 20 0 1 0 504877 \
+               2990080 444 18446744073709551615 94538391064576 94538391082505 140722444415952 \
+               0 0 0 0 6 0 1 0 0 17 1 0 0 0 0 0 94538391096592 94538391097856 94538440679424 \
+               140722444421860 140722444421876 140722444421876 140722444423146 0\n";
+    assert_eq!(parse_proc_stat(odd, 100.0), Some(0.05));
+    assert_eq!(parse_proc_stat("garbage", 100.0), None);
+    assert_eq!(parse_proc_stat("1 (x) S 1 2", 100.0), None);
+}
+
+#[test]
+fn finds_listening_sockets_in_proc_net_tcp() {
+    let tcp = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:75AB 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 395122 1 000000009f939caa 100 0 0 10 0
+   1: 0100007F:76BC 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 395127 1 000000007c8653f4 100 0 0 10 0
+   2: 0100007F:75AB 0100007F:8A3E 01 00000000:00000000 00:00000000 00000000     0        0 395130 1 000000007c8653f5 20 4 30 10 -1
+";
+    assert_eq!(listening_inodes(tcp, 30123), vec![395122]);
+    assert_eq!(listening_inodes(tcp, 30396), vec![395127]);
+    assert!(listening_inodes(tcp, 35390).is_empty());
+}
+
+#[test]
+fn quantiles_of_a_histogram() {
+    let mut h = LatencyHistogram::new();
+    for us in 1..=1000 {
+        h.record(us);
+    }
+    let q = Quantiles::from_histogram(&h);
+    assert_eq!(q.samples, 1000);
+    assert_eq!(q.max_us, 1000.0);
+    assert!((q.p50_us - 500.0).abs() <= 8.0, "{q:?}");
+    assert!((q.p99_us - 990.0).abs() <= 16.0, "{q:?}");
+}
+
+// ---------------------------------------------------------------------------
+// Captured outputs.
+
+/// sockperf 3.7 `ping-pong --tcp -m 64 -t 2 --full-rtt` on this machine (colours included).
+const SOCKPERF_64: &str = "sockperf: \u{1b}[2;35m== version #3.7-no.git == \u{1b}[0m
+sockperf[CLIENT] send on:sockperf: using recvfrom() to block on socket(s)
+
+[ 0] IP = 127.0.0.1       PORT = 23456 # TCP
+sockperf: Warmup stage (sending a few dummy messages)...
+sockperf: Starting test...
+sockperf: Test end (interrupted by timer)
+sockperf: Test ended
+sockperf: [Total Run] RunTime=2.001 sec; Warm up time=400 msec; SentMessages=28458; ReceivedMessages=28457
+sockperf: ========= Printing statistics for Server No: 0
+sockperf: [Valid Duration] RunTime=1.550 sec; SentMessages=19743; ReceivedMessages=19743
+sockperf: \u{1b}[2;35m====> avg-rtt=78.466 (std-dev=48.271)\u{1b}[0m
+sockperf: # dropped messages = 0; # duplicated messages = 0; # out-of-order messages = 0
+sockperf: Summary: Round trip is 78.466 usec
+sockperf: \u{1b}[2;35mTotal 19743 observations\u{1b}[0m; each percentile contains 197.43 observations
+sockperf: ---> <MAX> observation = 3809.097
+sockperf: ---> percentile 99.999 = 3809.097
+sockperf: ---> percentile 99.990 = 1575.326
+sockperf: ---> percentile 99.900 =  545.538
+sockperf: ---> percentile 99.000 =  151.344
+sockperf: ---> percentile 90.000 =   92.026
+sockperf: ---> percentile 75.000 =   82.932
+sockperf: ---> percentile 50.000 =   74.750
+sockperf: ---> percentile 25.000 =   68.291
+sockperf: ---> <MIN> observation =   22.333
+";
+
+/// The head of a `--full-log` file of sockperf 3.7 (`-m 64 -t 1 --full-rtt`), cut after 9 samples.
+const SOCKPERF_FULL_LOG: &str = "------------------------------
+test was performed using the following parameters: --mps=600000 --burst=1 --reply-every=1 --msg-size=64 --time=1 --full-rtt
+------------------------------
+sockperf: [Total Run] RunTime=1.001 sec; Warm up time=400 msec; SentMessages=16386; ReceivedMessages=16385
+sockperf: ========= Printing statistics for Server No: 0
+sockperf: [Valid Duration] RunTime=0.550 sec; SentMessages=7259; ReceivedMessages=7259
+sockperf: \u{1b}[2;35m====> avg-rtt=75.780 (std-dev=42.894)\u{1b}[0m
+sockperf: # dropped messages = 0; # duplicated messages = 0; # out-of-order messages = 0
+sockperf: \u{1b}[2;35mTotal 7259 observations\u{1b}[0m; each percentile contains 72.59 observations
+sockperf: ---> <MAX> observation = 2637.762
+sockperf: ---> percentile 99.999 = 2637.762
+sockperf: ---> percentile 99.990 = 1488.676
+sockperf: ---> percentile 99.900 =  419.899
+sockperf: ---> percentile 99.000 =  132.986
+sockperf: ---> percentile 90.000 =   86.918
+sockperf: ---> percentile 75.000 =   78.125
+sockperf: ---> percentile 50.000 =   72.116
+sockperf: ---> percentile 25.000 =   67.920
+sockperf: ---> <MIN> observation =   19.498
+------------------------------
+packet, txTime(sec), rxTime(sec), rtt(usec)
+0, 2.417110156, 2.417171146, 60.990
+1, 2.417171186, 2.417230274, 59.088
+2, 2.417230314, 2.417287298, 56.984
+3, 2.417287338, 2.417345524, 58.186
+4, 2.417345564, 2.417401056, 55.492
+5, 2.417401086, 2.417460093, 59.007
+6, 2.417460123, 2.417516977, 56.854
+7, 2.417517017, 2.417575894, 58.877
+8, 2.417575934, 2.417634640, 58.706
+------------------------------
+";
+
+/// `iperf3 -c 127.0.0.1 -t 1 -J` (3.12) on this machine.
+const IPERF3_JSON: &str = "{
+\t\"start\":\t{
+\t\t\"connected\":\t[{
+\t\t\t\t\"socket\":\t5,
+\t\t\t\t\"local_host\":\t\"127.0.0.1\",
+\t\t\t\t\"local_port\":\t34666,
+\t\t\t\t\"remote_host\":\t\"127.0.0.1\",
+\t\t\t\t\"remote_port\":\t23462
+\t\t\t}],
+\t\t\"version\":\t\"iperf 3.12\",
+\t\t\"system_info\":\t\"Linux vm 6.18.44-fc-v669 #1 SMP PREEMPT_DYNAMIC @0 x86_64\",
+\t\t\"timestamp\":\t{
+\t\t\t\"time\":\t\"Sun, 22 Nov 2026 02:32:36 GMT\",
+\t\t\t\"timesecs\":\t1795314756
+\t\t},
+\t\t\"connecting_to\":\t{
+\t\t\t\"host\":\t\"127.0.0.1\",
+\t\t\t\"port\":\t23462
+\t\t},
+\t\t\"cookie\":\t\"7fd4aconsaejpxjupdcvqvblerm2uckz6ftr\",
+\t\t\"tcp_mss_default\":\t32768,
+\t\t\"target_bitrate\":\t0,
+\t\t\"sock_bufsize\":\t0,
+\t\t\"sndbuf_actual\":\t16384,
+\t\t\"rcvbuf_actual\":\t131072,
+\t\t\"test_start\":\t{
+\t\t\t\"protocol\":\t\"TCP\",
+\t\t\t\"num_streams\":\t1,
+\t\t\t\"blksize\":\t131072,
+\t\t\t\"omit\":\t0,
+\t\t\t\"duration\":\t1,
+\t\t\t\"bytes\":\t0,
+\t\t\t\"blocks\":\t0,
+\t\t\t\"reverse\":\t0,
+\t\t\t\"tos\":\t0,
+\t\t\t\"target_bitrate\":\t0
+\t\t}
+\t},
+\t\"intervals\":\t[{
+\t\t\t\"streams\":\t[{
+\t\t\t\t\t\"socket\":\t5,
+\t\t\t\t\t\"start\":\t0,
+\t\t\t\t\t\"end\":\t1.00394,
+\t\t\t\t\t\"seconds\":\t1.0039399862289429,
+\t\t\t\t\t\"bytes\":\t1966080000,
+\t\t\t\t\t\"bits_per_second\":\t15666912580.184023,
+\t\t\t\t\t\"retransmits\":\t8,
+\t\t\t\t\t\"snd_cwnd\":\t1571592,
+\t\t\t\t\t\"snd_wnd\":\t32900096,
+\t\t\t\t\t\"rtt\":\t139,
+\t\t\t\t\t\"rttvar\":\t70,
+\t\t\t\t\t\"pmtu\":\t65535,
+\t\t\t\t\t\"omitted\":\tfalse,
+\t\t\t\t\t\"sender\":\ttrue
+\t\t\t\t}],
+\t\t\t\"sum\":\t{
+\t\t\t\t\"start\":\t0,
+\t\t\t\t\"end\":\t1.00394,
+\t\t\t\t\"seconds\":\t1.0039399862289429,
+\t\t\t\t\"bytes\":\t1966080000,
+\t\t\t\t\"bits_per_second\":\t15666912580.184023,
+\t\t\t\t\"retransmits\":\t8,
+\t\t\t\t\"omitted\":\tfalse,
+\t\t\t\t\"sender\":\ttrue
+\t\t\t}
+\t\t}],
+\t\"end\":\t{
+\t\t\"streams\":\t[{
+\t\t\t\t\"sender\":\t{
+\t\t\t\t\t\"socket\":\t5,
+\t\t\t\t\t\"start\":\t0,
+\t\t\t\t\t\"end\":\t1.00394,
+\t\t\t\t\t\"seconds\":\t1.00394,
+\t\t\t\t\t\"bytes\":\t1966080000,
+\t\t\t\t\t\"bits_per_second\":\t15666912365.280792,
+\t\t\t\t\t\"retransmits\":\t8,
+\t\t\t\t\t\"max_snd_cwnd\":\t1571592,
+\t\t\t\t\t\"max_snd_wnd\":\t32900096,
+\t\t\t\t\t\"max_rtt\":\t139,
+\t\t\t\t\t\"min_rtt\":\t139,
+\t\t\t\t\t\"mean_rtt\":\t139,
+\t\t\t\t\t\"sender\":\ttrue
+\t\t\t\t},
+\t\t\t\t\"receiver\":\t{
+\t\t\t\t\t\"socket\":\t5,
+\t\t\t\t\t\"start\":\t0,
+\t\t\t\t\t\"end\":\t1.004336,
+\t\t\t\t\t\"seconds\":\t1.00394,
+\t\t\t\t\t\"bytes\":\t1964769280,
+\t\t\t\t\t\"bits_per_second\":\t15650294562.775806,
+\t\t\t\t\t\"sender\":\ttrue
+\t\t\t\t}
+\t\t\t}],
+\t\t\"sum_sent\":\t{
+\t\t\t\"start\":\t0,
+\t\t\t\"end\":\t1.00394,
+\t\t\t\"seconds\":\t1.00394,
+\t\t\t\"bytes\":\t1966080000,
+\t\t\t\"bits_per_second\":\t15666912365.280792,
+\t\t\t\"retransmits\":\t8,
+\t\t\t\"sender\":\ttrue
+\t\t},
+\t\t\"sum_received\":\t{
+\t\t\t\"start\":\t0,
+\t\t\t\"end\":\t1.004336,
+\t\t\t\"seconds\":\t1.004336,
+\t\t\t\"bytes\":\t1964769280,
+\t\t\t\"bits_per_second\":\t15650294562.775806,
+\t\t\t\"sender\":\ttrue
+\t\t},
+\t\t\"cpu_utilization_percent\":\t{
+\t\t\t\"host_total\":\t22.826191742157334,
+\t\t\t\"host_user\":\t0,
+\t\t\t\"host_system\":\t22.826191742157334,
+\t\t\t\"remote_total\":\t67.642086356005947,
+\t\t\t\"remote_user\":\t1.8658759760004937,
+\t\t\t\"remote_system\":\t65.776110813517946
+\t\t},
+\t\t\"sender_tcp_congestion\":\t\"bbr\",
+\t\t\"receiver_tcp_congestion\":\t\"bbr\"
+\t}
+}
+";
+
+/// `redis-benchmark -t get -d 64 -c 50 -P 16 -n 200000 -r 100000` (7.0.15), progress lines and all.
+const REDIS_GET: &str = " \rGET: rps=0.0 (overall: 0.0) avg_msec=-nan (overall: -nan)\r                                                          \rGET: rps=365269.8 (overall: 363826.1) avg_msec=1.955 (overall: 1.955)\r                                                                      \rGET: rps=375012.0 (overall: 369396.8) avg_msec=1.902 (overall: 1.928)\r                                                                      \r====== GET ======
+  200000 requests completed in 0.54 seconds
+  50 parallel clients
+  64 bytes payload
+  keep alive: 1
+  host configuration \"save\":\x20
+  host configuration \"appendonly\": no
+  multi-thread: no
+
+Latency by percentile distribution:
+0.000% <= 0.423 milliseconds (cumulative count 48)
+50.000% <= 1.879 milliseconds (cumulative count 100512)
+75.000% <= 2.327 milliseconds (cumulative count 150528)
+87.500% <= 2.671 milliseconds (cumulative count 175120)
+93.750% <= 3.023 milliseconds (cumulative count 187504)
+96.875% <= 3.383 milliseconds (cumulative count 193760)
+98.438% <= 3.663 milliseconds (cumulative count 196896)
+99.219% <= 3.991 milliseconds (cumulative count 198448)
+99.609% <= 4.247 milliseconds (cumulative count 199232)
+99.805% <= 4.479 milliseconds (cumulative count 199616)
+99.902% <= 4.543 milliseconds (cumulative count 199808)
+99.951% <= 4.647 milliseconds (cumulative count 199904)
+99.976% <= 4.695 milliseconds (cumulative count 199952)
+99.988% <= 4.735 milliseconds (cumulative count 199984)
+99.994% <= 4.943 milliseconds (cumulative count 200000)
+100.000% <= 4.943 milliseconds (cumulative count 200000)
+
+Cumulative distribution of latencies:
+0.000% <= 0.103 milliseconds (cumulative count 0)
+0.104% <= 0.503 milliseconds (cumulative count 208)
+0.408% <= 0.607 milliseconds (cumulative count 816)
+0.992% <= 0.703 milliseconds (cumulative count 1984)
+1.592% <= 0.807 milliseconds (cumulative count 3184)
+2.768% <= 0.903 milliseconds (cumulative count 5536)
+5.096% <= 1.007 milliseconds (cumulative count 10192)
+8.248% <= 1.103 milliseconds (cumulative count 16496)
+12.392% <= 1.207 milliseconds (cumulative count 24784)
+16.696% <= 1.303 milliseconds (cumulative count 33392)
+21.632% <= 1.407 milliseconds (cumulative count 43264)
+26.928% <= 1.503 milliseconds (cumulative count 53856)
+33.232% <= 1.607 milliseconds (cumulative count 66464)
+39.416% <= 1.703 milliseconds (cumulative count 78832)
+45.896% <= 1.807 milliseconds (cumulative count 91792)
+51.712% <= 1.903 milliseconds (cumulative count 103424)
+57.968% <= 2.007 milliseconds (cumulative count 115936)
+63.592% <= 2.103 milliseconds (cumulative count 127184)
+94.528% <= 3.103 milliseconds (cumulative count 189056)
+99.504% <= 4.103 milliseconds (cumulative count 199008)
+100.000% <= 5.103 milliseconds (cumulative count 200000)
+
+Summary:
+  throughput summary: 367647.03 requests per second
+  latency summary (msec):
+          avg       min       p50       p95       p99       max
+        1.940     0.416     1.879     3.151     3.895     4.943
+
+";
+
+/// `redis-benchmark -t set -d 4096 -c 1 -P 1 -n 2000 -r 10000` against `appendfsync always` (7.0.15).
+const REDIS_AOF_SET: &str = " \rSET: rps=0.0 (overall: inf) avg_msec=0.700 (overall: 0.700)\r                                                            \rSET: rps=3274.9 (overall: 3278.9) avg_msec=0.296 (overall: 0.297)\r                                                                  \rSET: rps=2672.0 (overall: 2976.0) avg_msec=0.365 (overall: 0.327)\r                                                                  \r====== SET ======
+  2000 requests completed in 0.70 seconds
+  1 parallel clients
+  4096 bytes payload
+  keep alive: 1
+  host configuration \"save\":\x20
+  host configuration \"appendonly\": yes
+  multi-thread: no
+
+Latency by percentile distribution:
+0.000% <= 0.215 milliseconds (cumulative count 8)
+50.000% <= 0.319 milliseconds (cumulative count 1007)
+75.000% <= 0.359 milliseconds (cumulative count 1541)
+87.500% <= 0.383 milliseconds (cumulative count 1785)
+93.750% <= 0.407 milliseconds (cumulative count 1894)
+96.875% <= 0.431 milliseconds (cumulative count 1940)
+98.438% <= 0.527 milliseconds (cumulative count 1969)
+99.219% <= 0.863 milliseconds (cumulative count 1985)
+99.609% <= 1.599 milliseconds (cumulative count 1993)
+99.805% <= 3.927 milliseconds (cumulative count 1997)
+99.902% <= 4.799 milliseconds (cumulative count 1999)
+99.951% <= 5.471 milliseconds (cumulative count 2000)
+100.000% <= 5.471 milliseconds (cumulative count 2000)
+
+Cumulative distribution of latencies:
+0.000% <= 0.103 milliseconds (cumulative count 0)
+37.500% <= 0.303 milliseconds (cumulative count 750)
+94.700% <= 0.407 milliseconds (cumulative count 1894)
+98.350% <= 0.503 milliseconds (cumulative count 1967)
+98.850% <= 0.607 milliseconds (cumulative count 1977)
+99.050% <= 0.703 milliseconds (cumulative count 1981)
+99.100% <= 0.807 milliseconds (cumulative count 1982)
+99.250% <= 0.903 milliseconds (cumulative count 1985)
+99.300% <= 1.007 milliseconds (cumulative count 1986)
+99.350% <= 1.103 milliseconds (cumulative count 1987)
+99.400% <= 1.207 milliseconds (cumulative count 1988)
+99.450% <= 1.303 milliseconds (cumulative count 1989)
+99.550% <= 1.503 milliseconds (cumulative count 1991)
+99.650% <= 1.607 milliseconds (cumulative count 1993)
+99.750% <= 1.703 milliseconds (cumulative count 1995)
+99.800% <= 3.103 milliseconds (cumulative count 1996)
+99.850% <= 4.103 milliseconds (cumulative count 1997)
+99.950% <= 5.103 milliseconds (cumulative count 1999)
+100.000% <= 6.103 milliseconds (cumulative count 2000)
+
+Summary:
+  throughput summary: 2873.56 requests per second
+  latency summary (msec):
+          avg       min       p50       p95       p99       max
+        0.339     0.208     0.319     0.415     0.687     5.471
+
+";
