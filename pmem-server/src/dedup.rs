@@ -6,9 +6,16 @@
 //! instead of being applied twice. The table is sharded by client id: clients
 //! in different shards never contend, and the check-apply-record step of one
 //! client is serialised only with the clients sharing its shard.
+//!
+//! With a [`WindowStore`] the windows are also written to a mapped file, so
+//! a server restarted after a crash still answers a retried atomic from the
+//! window instead of applying it again.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
+
+use crate::dedup_store::{LoadedWindow, WindowStore};
 
 /// Results remembered per client.
 pub const WINDOW: usize = 4096;
@@ -22,6 +29,19 @@ struct ClientWindow {
     order: VecDeque<u64>,
     /// The highest sequence number ever evicted; older ones are unknowable.
     evicted_up_to: Option<u64>,
+    /// Results recorded so far (the store's ring position).
+    head: u64,
+}
+
+impl From<LoadedWindow> for ClientWindow {
+    fn from(loaded: LoadedWindow) -> Self {
+        Self {
+            results: loaded.results.iter().copied().collect(),
+            order: loaded.results.iter().map(|(seq, _)| *seq).collect(),
+            evicted_up_to: loaded.evicted_up_to,
+            head: loaded.head,
+        }
+    }
 }
 
 /// What happened to an exactly-once request.
@@ -39,24 +59,47 @@ pub enum Dedup {
 #[derive(Debug)]
 pub struct DedupTable {
     shards: Vec<Mutex<HashMap<u32, ClientWindow>>>,
+    store: Option<WindowStore>,
+    /// Whether a failure to record has been reported already.
+    store_failed: AtomicBool,
 }
 
 impl Default for DedupTable {
     fn default() -> Self {
         Self {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            store: None,
+            store_failed: AtomicBool::new(false),
         }
     }
 }
 
 impl DedupTable {
+    /// A table backed by `store`, starting from the windows it held.
+    pub fn with_store(store: WindowStore, loaded: HashMap<u32, LoadedWindow>) -> Self {
+        let table = Self {
+            store: Some(store),
+            ..Self::default()
+        };
+        for (client, window) in loaded {
+            table.shards[client as usize % SHARDS]
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(client, window.into());
+        }
+        table
+    }
+
     /// Runs `apply` unless (`client`, `seq`) was seen before, recording its
     /// result. `apply` runs under the client's shard lock, so two copies of
     /// the same request racing in on two paths apply once.
+    /// With a store, the result is written to it before this returns
+    /// (durably when `persist`).
     pub fn run<E>(
         &self,
         client: u32,
         seq: u64,
+        persist: bool,
         apply: impl FnOnce() -> Result<u64, E>,
     ) -> Result<Dedup, E> {
         let shard = &self.shards[client as usize % SHARDS];
@@ -77,13 +120,68 @@ impl DedupTable {
             window.results.remove(&old);
             window.evicted_up_to = Some(window.evicted_up_to.map_or(old, |e| e.max(old)));
         }
+        if let Some(store) = &self.store {
+            let recorded = store.record(
+                client,
+                window.head,
+                seq,
+                value,
+                window.evicted_up_to,
+                persist,
+            );
+            match recorded {
+                Ok(true) => {}
+                Ok(false) => self.report_once(&format!(
+                    "exactly-once window file is full; client {client} is remembered in memory only"
+                )),
+                Err(e) => self.report_once(&format!("cannot record an exactly-once result: {e}")),
+            }
+        }
+        window.head += 1;
         Ok(Dedup::Applied(value))
+    }
+
+    /// Logs a store problem the first time it happens.
+    fn report_once(&self, what: &str) {
+        if !self.store_failed.swap(true, Ordering::Relaxed) {
+            eprintln!("pmem-server: {what}");
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl DedupTable {
+        fn run_test<E>(
+            &self,
+            client: u32,
+            seq: u64,
+            apply: impl FnOnce() -> Result<u64, E>,
+        ) -> Result<Dedup, E> {
+            self.run(client, seq, false, apply)
+        }
+    }
+
+    #[test]
+    fn a_stored_window_answers_after_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let counter = AtomicU64::new(0);
+        {
+            let (store, loaded) =
+                WindowStore::open(dir.path(), topology::Persistence::Msync, false).unwrap();
+            let table = DedupTable::with_store(store, loaded);
+            assert_eq!(table.run_test(4, 77, add(&counter)), Ok(Dedup::Applied(0)));
+        }
+        // A new incarnation of the server, as after kill -9 and a restart.
+        let (store, loaded) =
+            WindowStore::open(dir.path(), topology::Persistence::Msync, false).unwrap();
+        let table = DedupTable::with_store(store, loaded);
+        assert_eq!(table.run_test(4, 77, add(&counter)), Ok(Dedup::Replayed(0)));
+        assert_eq!(counter.load(Ordering::SeqCst), 1, "applied once");
+        assert_eq!(table.run_test(4, 78, add(&counter)), Ok(Dedup::Applied(1)));
+    }
     use std::convert::Infallible;
     use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -95,18 +193,21 @@ mod tests {
     fn replay_returns_first_result_without_applying() {
         let table = DedupTable::default();
         let counter = AtomicU64::new(10);
-        assert_eq!(table.run(7, 1, add(&counter)), Ok(Dedup::Applied(10)));
-        assert_eq!(table.run(7, 1, add(&counter)), Ok(Dedup::Replayed(10)));
+        assert_eq!(table.run_test(7, 1, add(&counter)), Ok(Dedup::Applied(10)));
+        assert_eq!(table.run_test(7, 1, add(&counter)), Ok(Dedup::Replayed(10)));
         assert_eq!(counter.load(Ordering::SeqCst), 11);
         // Same sequence number from another client is a different request.
-        assert_eq!(table.run(8, 1, add(&counter)), Ok(Dedup::Applied(11)));
+        assert_eq!(table.run_test(8, 1, add(&counter)), Ok(Dedup::Applied(11)));
     }
 
     #[test]
     fn failed_apply_is_not_recorded() {
         let table = DedupTable::default();
-        assert_eq!(table.run(1, 5, || Err::<u64, _>("boom")), Err("boom"));
-        assert_eq!(table.run(1, 5, || Ok::<_, ()>(3)), Ok(Dedup::Applied(3)));
+        assert_eq!(table.run_test(1, 5, || Err::<u64, _>("boom")), Err("boom"));
+        assert_eq!(
+            table.run_test(1, 5, || Ok::<_, ()>(3)),
+            Ok(Dedup::Applied(3))
+        );
     }
 
     #[test]
@@ -115,13 +216,16 @@ mod tests {
         let counter = AtomicU64::new(0);
         for seq in 0..(WINDOW as u64 + 10) {
             assert!(matches!(
-                table.run(3, seq, add(&counter)),
+                table.run_test(3, seq, add(&counter)),
                 Ok(Dedup::Applied(_))
             ));
         }
-        assert_eq!(table.run(3, 0, add(&counter)), Ok(Dedup::Stale));
-        assert_eq!(table.run(3, 9, add(&counter)), Ok(Dedup::Stale));
-        assert_eq!(table.run(3, 10, add(&counter)), Ok(Dedup::Replayed(10)));
+        assert_eq!(table.run_test(3, 0, add(&counter)), Ok(Dedup::Stale));
+        assert_eq!(table.run_test(3, 9, add(&counter)), Ok(Dedup::Stale));
+        assert_eq!(
+            table.run_test(3, 10, add(&counter)),
+            Ok(Dedup::Replayed(10))
+        );
         assert_eq!(counter.load(Ordering::SeqCst), WINDOW as u64 + 10);
     }
 
@@ -133,7 +237,7 @@ mod tests {
             for _ in 0..4 {
                 s.spawn(|| {
                     for seq in 0..1000 {
-                        table.run(9, seq, add(&counter)).unwrap();
+                        table.run_test(9, seq, add(&counter)).unwrap();
                     }
                 });
             }

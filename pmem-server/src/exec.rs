@@ -119,6 +119,7 @@ impl Executor {
         server: ServerId,
         layout: Layout,
         regions: Vec<ServedRegion>,
+        dedup: DedupTable,
         metrics: Arc<ServerMetrics>,
     ) -> Self {
         let mut by_index: Vec<Option<ServedRegion>> =
@@ -133,7 +134,7 @@ impl Executor {
             server,
             layout,
             regions: by_index,
-            dedup: DedupTable::default(),
+            dedup,
             metrics,
         }
     }
@@ -328,7 +329,7 @@ impl Executor {
                 });
                 match once {
                     None => apply().map(Done::ok),
-                    Some(id) => match self.dedup.run(id.client, id.seq, apply)? {
+                    Some(id) => match self.dedup.run(id.client, id.seq, req.persist, apply)? {
                         Dedup::Applied(old) => Ok(Done::ok(old)),
                         Dedup::Replayed(old) => {
                             self.metrics.replays.inc();

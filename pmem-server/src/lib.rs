@@ -6,13 +6,15 @@
 //! - [`region_file`]: the on-disk region files and their headers.
 //! - [`exec`]: executing READ, WRITE, WRITE_PERSIST, FLUSH and the atomics,
 //!   with key and bounds checks.
-//! - [`dedup`]: the exactly-once window for retried atomics.
+//! - [`dedup`] and [`dedup_store`]: the exactly-once window for retried
+//!   atomics, kept in a mapped file so it survives a restart.
 //! - [`conn`] and [`server`]: connections, listeners and the daemon's life.
 //! - [`metrics`]: what `/metrics` exports.
 
 pub mod cli;
 pub mod conn;
 pub mod dedup;
+pub mod dedup_store;
 pub mod exec;
 pub mod metrics;
 pub mod persist;

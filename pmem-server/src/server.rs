@@ -14,6 +14,8 @@ use telemetry::{AdminServer, Health, Registry};
 use topology::{Layout, NicId, Persistence, ServerId, Topology};
 
 use crate::conn::{self, SHUTDOWN_POLL};
+use crate::dedup::DedupTable;
+use crate::dedup_store::{StoreError, WindowStore};
 use crate::exec::{Executor, ServedRegion};
 use crate::metrics::ServerMetrics;
 use crate::persist::PersistMode;
@@ -70,6 +72,9 @@ pub enum ServerError {
     /// A region file cannot be used.
     #[error(transparent)]
     Region(#[from] RegionFileError),
+    /// The exactly-once window file cannot be used.
+    #[error(transparent)]
+    Window(#[from] StoreError),
     /// A NIC's listen address cannot be bound.
     #[error("NIC {nic}: cannot listen on {addr}")]
     Bind {
@@ -267,7 +272,16 @@ impl RunningServer {
         let registry = Arc::new(Registry::new());
         let metrics = Arc::new(ServerMetrics::new(Arc::clone(&registry))?);
         register_region_metrics(&registry, &regions, mode)?;
-        let exec = Arc::new(Executor::new(server.id.clone(), layout, regions, metrics));
+        let (store, windows) =
+            WindowStore::open(&config.data_dir, config.persistence, config.format)?;
+        let dedup = DedupTable::with_store(store, windows);
+        let exec = Arc::new(Executor::new(
+            server.id.clone(),
+            layout,
+            regions,
+            dedup,
+            metrics,
+        ));
 
         let mut listeners = Vec::new();
         for nic in &server.nics {

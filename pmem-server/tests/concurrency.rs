@@ -121,3 +121,34 @@ fn replayed_fetch_add_is_applied_once() {
         "not swapped twice"
     );
 }
+
+#[test]
+fn exactly_once_holds_across_a_server_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_topology(dir.path(), &[("R1", "4MiB")]);
+    let layout = layout(&config);
+    let data = dir.path().join("data");
+    let k = key(&layout, 0);
+    let server = pmem_server_with(PMEM_SERVER, &config, "S", &data, &[]).unwrap();
+    let add = Repr::fetch_add(at(0, 32), k, 10).with_exactly_once(3, 500);
+    let first = Conn::connect(server.addr("nic.n0")).call(add);
+    assert_eq!((first.status, first.value), (Status::Ok, 0));
+    // The response might have been lost: the server dies before the client
+    // hears back, and the client retries against the restarted server.
+    server.kill9();
+    let server = pmem_server_with(PMEM_SERVER, &config, "S", &data, &[]).unwrap();
+    let mut conn = Conn::connect(server.addr("nic.n0"));
+    let retry = conn.call(add);
+    assert_eq!(
+        (retry.status, retry.value),
+        (Status::Ok, 0),
+        "answered from the window"
+    );
+    let now = conn.call(Repr::fetch_add(at(0, 32), k, 0));
+    assert_eq!(now.value, 10, "applied once");
+    // `--format` starts a fresh window along with fresh regions.
+    server.kill9();
+    let server = pmem_server_with(PMEM_SERVER, &config, "S", &data, &["--format"]).unwrap();
+    let fresh = Conn::connect(server.addr("nic.n0")).call(add);
+    assert_eq!((fresh.status, fresh.value), (Status::Ok, 0));
+}
