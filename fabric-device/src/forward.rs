@@ -23,7 +23,8 @@ use proto::request::{self, Operation, Target};
 use proto::{Message, Opcode, Status, map, response};
 use telemetry::Gauge;
 
-use crate::map::{DeviceMap, LinkKey};
+use crate::idmap::IdMap;
+use crate::map::{ClientPolicy, DeviceMap, LinkKey};
 use crate::metrics::DeviceMetrics;
 
 /// The protocol version this device speaks.
@@ -161,14 +162,15 @@ struct Link {
     /// The server's MAP from the last handshake, rechecked on reload.
     server_map: Option<map::Repr>,
     next_tag: u64,
-    pending: HashMap<u64, Pending>,
+    pending: IdMap<u64, Pending>,
     up_gauge: Arc<Gauge>,
 }
 
 #[derive(Debug, Default)]
 struct Session {
-    /// The client's id once its HELLO was accepted.
-    client: Option<String>,
+    /// The client's id and policy once its HELLO was accepted (refreshed on
+    /// reload), so requests need no lookup by name.
+    client: Option<(String, ClientPolicy)>,
     in_flight: usize,
 }
 
@@ -193,9 +195,9 @@ pub struct Forwarder {
     map: DeviceMap,
     /// Link ids by position in `map.links`.
     link_ids: Vec<LinkId>,
-    links: HashMap<LinkId, Link>,
+    links: IdMap<LinkId, Link>,
     next_link: u32,
-    sessions: HashMap<ConnId, Session>,
+    sessions: IdMap<ConnId, Session>,
     deadlines: BTreeSet<(Instant, LinkId, u64)>,
     metrics: Arc<DeviceMetrics>,
 }
@@ -218,9 +220,9 @@ impl Forwarder {
             config,
             map,
             link_ids: Vec::new(),
-            links: HashMap::new(),
+            links: IdMap::default(),
             next_link: 0,
-            sessions: HashMap::new(),
+            sessions: IdMap::default(),
             deadlines: BTreeSet::new(),
             metrics,
         };
@@ -249,7 +251,7 @@ impl Forwarder {
                 hello_ok: false,
                 server_map: None,
                 next_tag: 1,
-                pending: HashMap::new(),
+                pending: IdMap::default(),
                 up_gauge,
             },
         );
@@ -338,15 +340,15 @@ impl Forwarder {
                 Status::VersionMismatch,
             ));
         }
-        if !self.map.clients.contains_key(hello.name) {
+        let Some(policy) = self.map.clients.get(hello.name) else {
             return ClientAction::ReplyAndClose(error_reply(
                 Opcode::Hello,
                 tag,
                 Status::UnknownClient,
             ));
-        }
+        };
         if let Some(session) = self.sessions.get_mut(&conn) {
-            session.client = Some(hello.name.to_owned());
+            session.client = Some((hello.name.to_owned(), policy.clone()));
         }
         let reply = Message::Hello(hello::Repr {
             version: PROTOCOL_VERSION,
@@ -362,12 +364,11 @@ impl Forwarder {
     /// Where a request goes: its region, the offset in it, the client's
     /// number and the link to use; or the status that refuses it.
     fn route(&self, conn: ConnId, req: &request::Repr<'_>) -> Result<Route, Status> {
-        let name = self
+        let (_, policy) = self
             .sessions
             .get(&conn)
             .and_then(|s| s.client.as_ref())
             .ok_or(Status::UnknownClient)?;
-        let policy = self.map.clients.get(name).ok_or(Status::UnknownClient)?;
         let (entry, offset) = match req.target {
             Target::Pmem(addr) => {
                 let at = self.map.lookup(addr).ok_or(Status::Unmapped)?;
@@ -679,13 +680,10 @@ impl Forwarder {
             }
         }
         for session in self.sessions.values_mut() {
-            if session
+            session.client = session
                 .client
-                .as_ref()
-                .is_some_and(|c| !map.clients.contains_key(c))
-            {
-                session.client = None;
-            }
+                .take()
+                .and_then(|(name, _)| map.clients.get(&name).map(|p| (name, p.clone())));
         }
         self.link_ids = link_ids;
         self.map = map;

@@ -11,5 +11,6 @@
 pub mod cli;
 pub mod driver;
 pub mod forward;
+pub mod idmap;
 pub mod map;
 pub mod metrics;

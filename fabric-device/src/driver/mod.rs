@@ -8,7 +8,6 @@
 
 mod endpoint;
 
-use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -23,6 +22,7 @@ use telemetry::{AdminServer, Health, Registry};
 use topology::{FabricDeviceId, PortId, Topology};
 
 use crate::forward::{ClientAction, ConnId, Forwarder, ForwarderConfig, LinkAction, LinkId, Reply};
+use crate::idmap::IdMap;
 use crate::map::{DeviceMap, MapError};
 use crate::metrics::DeviceMetrics;
 use endpoint::{Endpoint, Fill};
@@ -122,9 +122,9 @@ pub struct Device {
     core: Forwarder,
     metrics: Arc<DeviceMetrics>,
     listeners: Vec<(PortId, TcpListener, SocketAddr)>,
-    clients: HashMap<ConnId, ClientConn>,
+    clients: IdMap<ConnId, ClientConn>,
     next_client: usize,
-    links: HashMap<LinkId, LinkConn>,
+    links: IdMap<LinkId, LinkConn>,
     admin: AdminServer,
     draining: Option<Instant>,
 }
@@ -189,7 +189,7 @@ impl Device {
             core,
             metrics,
             listeners,
-            clients: HashMap::new(),
+            clients: IdMap::default(),
             next_client: CLIENT_BASE,
             links,
             admin,
@@ -493,7 +493,7 @@ impl Device {
                 Ok(None) => return FramesEnd::Drained,
                 Err(e) => return FramesEnd::Close(format!("malformed stream: {e}")),
             };
-            let started = Instant::now();
+            let started = metrics.start_timing();
             let sent = match core.client_frame(conn, frame, now) {
                 ClientAction::Forward {
                     link,
@@ -513,7 +513,9 @@ impl Device {
                 ClientAction::Nothing => Ok(()),
                 ClientAction::Close => return FramesEnd::Close("unframeable stream".into()),
             };
-            metrics.observe_device_time(started.elapsed());
+            if let Some(started) = started {
+                metrics.observe_device_time(started.elapsed());
+            }
             if let Err(e) = sent {
                 return FramesEnd::Close(format!("write failed: {e}"));
             }
@@ -777,7 +779,7 @@ impl Device {
                 Ok(None) => return None,
                 Err(e) => return Some(format!("malformed stream from server: {e}")),
             };
-            let started = Instant::now();
+            let started = metrics.start_timing();
             match core.link_frame(link, frame, now) {
                 LinkAction::Deliver {
                     conn,
@@ -791,7 +793,9 @@ impl Device {
                 LinkAction::Nothing => {}
                 LinkAction::Close(why) => return Some(why),
             }
-            metrics.observe_device_time(started.elapsed());
+            if let Some(started) = started {
+                metrics.observe_device_time(started.elapsed());
+            }
         }
     }
 }
