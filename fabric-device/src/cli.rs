@@ -36,6 +36,10 @@ struct Args {
     /// Longest delay between reconnect attempts, in milliseconds.
     #[arg(long, default_value_t = 2000)]
     reconnect_max_ms: u64,
+    /// Spin on the sockets for this many microseconds after each event
+    /// before sleeping (lower latency for a whole CPU; 0 = off).
+    #[arg(long, default_value_t = 0)]
+    busy_poll_us: u64,
     /// Client connections served at once.
     #[arg(long, default_value_t = 4096)]
     max_clients: usize,
@@ -84,6 +88,7 @@ where
         reconnect_min: Duration::from_millis(args.reconnect_min_ms),
         reconnect_max: Duration::from_millis(args.reconnect_max_ms),
         max_clients: args.max_clients,
+        busy_poll: Duration::from_micros(args.busy_poll_us),
         topology,
     };
     let id = config.device.clone();

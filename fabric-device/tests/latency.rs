@@ -44,7 +44,10 @@ fn device_overhead_on_a_64_byte_read() {
     let layout = layout(&config);
     let entry = &layout.entries()[0];
     let server = testkit::pmem_server(&config, "A", &dir.path().join("A"), &[]).expect("server");
-    let device = testkit::fabric_device(&config, "F", &[]).expect("device");
+    // Extra device flags to compare, e.g. FABRIC_DEVICE_FLAGS="--busy-poll-us 200".
+    let flags = std::env::var("FABRIC_DEVICE_FLAGS").unwrap_or_default();
+    let flags: Vec<&str> = flags.split_whitespace().collect();
+    let device = testkit::fabric_device(&config, "F", &flags).expect("device");
 
     let mut direct = Conn::connect(server.addr("nic.n0"));
     let mut fabric = Conn::connect(device.addr("port.p0"));

@@ -56,6 +56,10 @@ pub struct DeviceConfig {
     pub reconnect_max: Duration,
     /// Client connections served at once; more are closed on accept.
     pub max_clients: usize,
+    /// Spin on the sockets for this long after the last event before
+    /// sleeping in the kernel: trades a CPU for the wake-up latency of an
+    /// idle one. Zero (the default) never spins.
+    pub busy_poll: Duration,
 }
 
 /// Why the device could not start or run.
@@ -220,16 +224,25 @@ impl Device {
             .register(&mut signals, SIGNALS, Interest::READABLE)
             .map_err(DeviceError::Poll)?;
         let mut events = Events::with_capacity(1024);
+        let mut last_event = Instant::now();
         loop {
             let now = Instant::now();
             self.connect_due_links(now);
-            let wait = self.next_wakeup(now).saturating_duration_since(now);
+            let spinning = now.saturating_duration_since(last_event) < self.config.busy_poll;
+            let wait = if spinning {
+                Duration::ZERO
+            } else {
+                self.next_wakeup(now).saturating_duration_since(now)
+            };
             match self.poll.poll(&mut events, Some(wait)) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(DeviceError::Poll(e)),
             }
             let now = Instant::now();
+            if !events.is_empty() {
+                last_event = now;
+            }
             for event in events.iter() {
                 match event.token() {
                     SIGNALS => {
