@@ -59,6 +59,13 @@ pub enum PoolError {
         /// The address.
         vaddr: VirtAddr,
     },
+    /// The address belonged to an allocation that has been freed: its key
+    /// was rotated and the page table no longer maps it.
+    #[error("{vaddr}: use after free (the allocation holding it was freed)")]
+    UseAfterFree {
+        /// The address.
+        vaddr: VirtAddr,
+    },
     /// The client's allow-list or the region's bounds refuse the range.
     #[error("{vaddr}: {len} bytes out of bounds")]
     OutOfBounds {

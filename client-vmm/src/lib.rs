@@ -8,6 +8,7 @@
 //! - [`paths`]: the sans-IO path table: choice, health, probes, retries.
 //! - [`conn`]: one path's connection to its fabric device.
 //! - [`pool`]: the application API: [`AsyncPool`], [`Pool`] and [`Batch`].
+//! - [`alloc`]: the lock-free allocator and named objects, all in PMEM.
 //! - [`error`]: what goes wrong, said precisely.
 //!
 //! ```no_run
@@ -24,12 +25,14 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod alloc;
 pub mod conn;
 pub mod error;
 pub mod paths;
 pub mod pool;
 pub mod translate;
 
+pub use alloc::{AllocError, Allocator, Placement};
 pub use error::{OpenError, PoolError};
 pub use pool::{AsyncPool, Batch, BatchOp, Completion, Pool, PoolBuilder, PoolOptions};
 pub use translate::{StaticTranslator, Translator, VIRT_BASE};

@@ -17,7 +17,9 @@ use futures::future::join_all;
 use proto::request::{self, Operation, Target};
 use proto::{Message, Status};
 use tokio::sync::{Notify, Semaphore};
-use topology::{ClientId, Layout, PmemAddr, RegionIndex, Topology, VirtAddr};
+use topology::{ClientId, Layout, MetaLayout, PmemAddr, RegionIndex, Topology, VirtAddr};
+
+use crate::alloc::records;
 
 use crate::conn::{self, PathConn, Response};
 use crate::error::{OpenError, PoolError, Reason, Tried, TriedPath};
@@ -213,8 +215,11 @@ pub struct PathStatus {
 #[derive(Debug)]
 struct Inner {
     client: ClientId,
+    /// The client's position in the topology.
+    client_index: u16,
+    pool_name: String,
     layout: Layout,
-    translator: Arc<dyn Translator>,
+    translator: Backing,
     tlb: Tlb,
     table: Mutex<PathTable>,
     slots: Vec<Mutex<Slot>>,
@@ -226,6 +231,15 @@ struct Inner {
     restored: Notify,
     stats: Stats,
     options: PoolOptions,
+}
+
+/// What translates virtual addresses when the TLB misses.
+#[derive(Debug)]
+enum Backing {
+    /// A translator in memory (the static space, or the caller's).
+    Fixed(Arc<dyn Translator>),
+    /// The allocator's page table in PMEM, read with one-sided READs.
+    PageTable(MetaLayout),
 }
 
 /// The pool, for async code (tokio). Cheap to clone.
@@ -253,18 +267,18 @@ struct Piece {
 
 /// A request to send, before it has a path.
 #[derive(Debug, Clone, Copy)]
-struct Spec<'a> {
-    operation: Operation,
-    length: u32,
-    operand: u64,
-    compare: u64,
-    payload: &'a [u8],
-    persist: bool,
-    exactly_once: bool,
+pub(crate) struct Spec<'a> {
+    pub(crate) operation: Operation,
+    pub(crate) length: u32,
+    pub(crate) operand: u64,
+    pub(crate) compare: u64,
+    pub(crate) payload: &'a [u8],
+    pub(crate) persist: bool,
+    pub(crate) exactly_once: bool,
 }
 
 impl Spec<'_> {
-    fn plain(operation: Operation, length: u32) -> Self {
+    pub(crate) fn plain(operation: Operation, length: u32) -> Self {
         Self {
             operation,
             length,
@@ -309,14 +323,26 @@ impl AsyncPool {
         topology.validate()?;
         let layout = Layout::new(&topology)?;
         let table = PathTable::new(&topology, &layout, &client, options.paths)?;
-        let translator: Arc<dyn Translator> =
-            translator.unwrap_or_else(|| Arc::new(StaticTranslator::new(&layout)));
+        let translator = match (translator, layout.meta()) {
+            (Some(custom), _) => Backing::Fixed(custom),
+            (None, Some(meta)) => Backing::PageTable(meta.clone()),
+            (None, None) => Backing::Fixed(Arc::new(StaticTranslator::new(&layout))),
+        };
+        let extent = layout.extent_size();
         let slots = table.paths().iter().map(|_| Mutex::default()).collect();
         let start_seq = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(1, |d| d.as_nanos() as u64);
+        let client_index = topology
+            .clients
+            .iter()
+            .position(|c| c.id == client)
+            .and_then(|i| u16::try_from(i).ok())
+            .unwrap_or(u16::MAX);
         let inner = Arc::new(Inner {
-            tlb: Tlb::new(translator.extent_size(), options.tlb_capacity),
+            client_index,
+            pool_name: topology.pool.name.clone(),
+            tlb: Tlb::new(extent, options.tlb_capacity),
             translator,
             client,
             layout,
@@ -369,7 +395,7 @@ impl AsyncPool {
     /// Reads `len` bytes at `vaddr`.
     pub async fn read(&self, vaddr: VirtAddr, len: u64) -> Result<Vec<u8>, PoolError> {
         let _op = self.inner.in_flight.begin();
-        let pieces = self.inner.plan(vaddr, len)?;
+        let pieces = self.inner.plan(vaddr, len).await?;
         let results = join_all(pieces.iter().map(|piece| {
             let length = piece.len as u32;
             self.inner
@@ -400,7 +426,7 @@ impl AsyncPool {
         operation: Operation,
     ) -> Result<(), PoolError> {
         let _op = self.inner.in_flight.begin();
-        let pieces = self.inner.plan(vaddr, data.len() as u64)?;
+        let pieces = self.inner.plan(vaddr, data.len() as u64).await?;
         let mut offset = 0usize;
         let sends = pieces.iter().map(|piece| {
             let payload = &data[offset..offset + piece.len as usize];
@@ -421,7 +447,7 @@ impl AsyncPool {
     /// Makes `len` bytes at `vaddr` durable.
     pub async fn flush(&self, vaddr: VirtAddr, len: u64) -> Result<(), PoolError> {
         let _op = self.inner.in_flight.begin();
-        let pieces = self.inner.plan(vaddr, len)?;
+        let pieces = self.inner.plan(vaddr, len).await?;
         let results = join_all(pieces.iter().map(|piece| {
             self.inner
                 .send_piece(*piece, Spec::plain(Operation::Flush, piece.len as u32))
@@ -469,7 +495,7 @@ impl AsyncPool {
             return Err(PoolError::Misaligned { vaddr });
         }
         let _op = self.inner.in_flight.begin();
-        let pieces = self.inner.plan(vaddr, 8)?;
+        let pieces = self.inner.plan(vaddr, 8).await?;
         let [piece] = pieces[..] else {
             return Err(PoolError::Misaligned { vaddr });
         };
@@ -523,6 +549,73 @@ impl AsyncPool {
         }
     }
 
+    /// Reads `len` bytes at a PMEM address with `key` (allocator metadata).
+    pub(crate) async fn pmem_read(
+        &self,
+        at: PmemAddr,
+        key: u64,
+        len: u32,
+    ) -> Result<Vec<u8>, PoolError> {
+        let mut out = Vec::with_capacity(len as usize);
+        let mut done = 0u32;
+        while done < len {
+            let take = (len - done).min(MAX_PIECE as u32);
+            let spec = Spec::plain(Operation::Read, take);
+            let at = PmemAddr(at.get() + u64::from(done));
+            out.extend_from_slice(&self.inner.raw(at, key, spec).await?.data);
+            done += take;
+        }
+        Ok(out)
+    }
+
+    /// Writes `data` at a PMEM address with `key`, durably.
+    pub(crate) async fn pmem_write(
+        &self,
+        at: PmemAddr,
+        key: u64,
+        data: &[u8],
+    ) -> Result<(), PoolError> {
+        for (i, chunk) in data.chunks(MAX_PIECE as usize).enumerate() {
+            let spec = Spec {
+                payload: chunk,
+                ..Spec::plain(Operation::WritePersist, chunk.len() as u32)
+            };
+            let at = PmemAddr(at.get() + (i as u64) * MAX_PIECE);
+            self.inner.raw(at, key, spec).await?;
+        }
+        Ok(())
+    }
+
+    /// A durable, exactly-once atomic on the word at a PMEM address; returns
+    /// the old value (COMPARE_SWAP swapped when it equals `compare`).
+    pub(crate) async fn pmem_atomic(
+        &self,
+        at: PmemAddr,
+        key: u64,
+        operation: Operation,
+        operand: u64,
+        compare: u64,
+    ) -> Result<u64, PoolError> {
+        let spec = Spec {
+            operand,
+            compare,
+            persist: true,
+            exactly_once: operation != Operation::AtomicWrite,
+            ..Spec::plain(operation, 8)
+        };
+        Ok(self.inner.raw(at, key, spec).await?.value)
+    }
+
+    /// Caches a translation the allocator just created.
+    pub(crate) fn install_translation(&self, t: Translation) {
+        self.inner.install(t);
+    }
+
+    /// Drops the cached translation of `vaddr`'s extent.
+    pub(crate) fn invalidate_translation(&self, vaddr: VirtAddr) {
+        self.inner.invalidate(vaddr);
+    }
+
     /// The virtual range of every region: (region id, start, length).
     pub fn regions(&self) -> Vec<(String, VirtAddr, u64)> {
         let translator = StaticTranslator::new(&self.inner.layout);
@@ -538,6 +631,17 @@ impl AsyncPool {
     /// The layout the pool uses.
     pub fn layout(&self) -> &Layout {
         &self.inner.layout
+    }
+
+    /// The pool's name.
+    pub fn pool_name(&self) -> &str {
+        &self.inner.pool_name
+    }
+
+    /// The client's position in the topology (its owner number in the
+    /// allocator's records).
+    pub fn client_index(&self) -> u16 {
+        self.inner.client_index
     }
 
     /// Every path and how it is doing.
@@ -621,15 +725,116 @@ impl Inner {
         self.prober.notify_one();
     }
 
-    fn translate(&self, vaddr: VirtAddr) -> Result<Translation, PoolError> {
-        self.tlb
-            .translate(self.translator.as_ref(), vaddr)
-            .map_err(|_| PoolError::Unmapped { vaddr })
+    async fn translate(&self, vaddr: VirtAddr) -> Result<Translation, PoolError> {
+        match &self.translator {
+            Backing::Fixed(translator) => self
+                .tlb
+                .translate(translator.as_ref(), vaddr)
+                .map_err(|_| PoolError::Unmapped { vaddr }),
+            Backing::PageTable(meta) => {
+                if let Some(t) = self.tlb.get(vaddr) {
+                    return Ok(t);
+                }
+                let t = self.walk(meta, vaddr).await?;
+                self.tlb.insert(t);
+                Ok(t)
+            }
+        }
+    }
+
+    /// Reads `vaddr`'s page-table entry: its translation, or why it has none.
+    async fn walk(&self, meta: &MetaLayout, vaddr: VirtAddr) -> Result<Translation, PoolError> {
+        let unmapped = PoolError::Unmapped { vaddr };
+        let index = records::vextent_of(meta, vaddr).ok_or(unmapped)?;
+        let table = meta.meta_region();
+        let at = meta.page_table_entry(index);
+        let bytes = self
+            .raw(
+                at,
+                table.key,
+                Spec::plain(Operation::Read, records::PT_ENTRY_LEN as u32),
+            )
+            .await?
+            .data;
+        let entry = records::PtEntry::decode(&bytes).ok_or(PoolError::Unmapped { vaddr })?;
+        match entry.control.state {
+            records::EntryState::Live => {
+                let pmem = PmemAddr(entry.pmem);
+                let region = self
+                    .layout
+                    .lookup(pmem)
+                    .map(|at| at.offset.region)
+                    .ok_or(PoolError::Unmapped { vaddr })?;
+                Ok(Translation {
+                    vbase: records::vbase_of(meta, index),
+                    len: meta.extent_size(),
+                    pmem,
+                    key: entry.key,
+                    region,
+                })
+            }
+            records::EntryState::Free | records::EntryState::Freeing
+                if entry.control.generation > 0 =>
+            {
+                Err(PoolError::UseAfterFree { vaddr })
+            }
+            _ => Err(PoolError::Unmapped { vaddr }),
+        }
+    }
+
+    /// Sends one request addressed by PMEM address and key (the allocator's
+    /// metadata accesses), failing over like any other; a status other than
+    /// OK becomes an error.
+    async fn raw(&self, pmem: PmemAddr, key: u64, spec: Spec<'_>) -> Result<Response, PoolError> {
+        let vaddr = VirtAddr(pmem.get());
+        let region = self
+            .layout
+            .lookup(pmem)
+            .map(|at| at.offset.region)
+            .ok_or(PoolError::Unmapped { vaddr })?;
+        let piece = Piece {
+            vaddr,
+            pmem,
+            len: u64::from(spec.length),
+            key,
+            region,
+        };
+        let response = self.send_with_failover(piece, spec).await?;
+        match response.status {
+            Status::Ok => Ok(response),
+            status => Err(self.status_error(piece, status)),
+        }
+    }
+
+    /// The error for a final non-OK status of `piece`.
+    fn status_error(&self, piece: Piece, status: Status) -> PoolError {
+        let vaddr = piece.vaddr;
+        match status {
+            Status::AccessDenied => PoolError::AccessDenied { vaddr },
+            Status::Unmapped => PoolError::Unmapped { vaddr },
+            Status::OutOfBounds => PoolError::OutOfBounds {
+                vaddr,
+                len: piece.len,
+            },
+            status => PoolError::Rejected {
+                vaddr,
+                server: self.server_name(piece.region),
+                status,
+            },
+        }
+    }
+
+    fn install(&self, t: Translation) {
+        self.tlb.insert(t);
+    }
+
+    fn invalidate(&self, vaddr: VirtAddr) {
+        self.tlb.invalidate(vaddr);
     }
 
     /// Splits `[vaddr, vaddr + len)` into PMEM pieces: one per run of
     /// extents contiguous in PMEM with the same key, at most [`MAX_PIECE`].
-    fn plan(&self, vaddr: VirtAddr, len: u64) -> Result<Vec<Piece>, PoolError> {
+    async fn plan(&self, vaddr: VirtAddr, len: u64) -> Result<Vec<Piece>, PoolError> {
         let end = vaddr
             .get()
             .checked_add(len)
@@ -637,7 +842,7 @@ impl Inner {
         let mut pieces: Vec<Piece> = Vec::new();
         let mut at = vaddr.get();
         while at < end {
-            let t = self.translate(VirtAddr(at))?;
+            let t = self.translate(VirtAddr(at)).await?;
             let take = t.remaining(VirtAddr(at)).min(end - at);
             let pmem = t.pmem_of(VirtAddr(at));
             match pieces.last_mut() {
@@ -661,7 +866,7 @@ impl Inner {
         }
         if pieces.is_empty() {
             // A zero-length access still names one address.
-            let t = self.translate(vaddr)?;
+            let t = self.translate(vaddr).await?;
             pieces.push(Piece {
                 vaddr,
                 pmem: t.pmem_of(vaddr),
@@ -682,7 +887,7 @@ impl Inner {
             Status::Ok => return Ok(response),
             status @ (Status::AccessDenied | Status::Unmapped) => {
                 self.tlb.invalidate(piece.vaddr);
-                let fresh = self.translate(piece.vaddr)?;
+                let fresh = self.translate(piece.vaddr).await?;
                 if fresh.pmem_of(piece.vaddr) != piece.pmem || fresh.key != piece.key {
                     let piece = Piece {
                         pmem: fresh.pmem_of(piece.vaddr),
@@ -701,20 +906,7 @@ impl Inner {
             }
             status => status,
         };
-        let vaddr = piece.vaddr;
-        Err(match status {
-            Status::AccessDenied => PoolError::AccessDenied { vaddr },
-            Status::Unmapped => PoolError::Unmapped { vaddr },
-            Status::OutOfBounds => PoolError::OutOfBounds {
-                vaddr,
-                len: piece.len,
-            },
-            status => PoolError::Rejected {
-                vaddr,
-                server: self.server_name(piece.region),
-                status,
-            },
-        })
+        Err(self.status_error(piece, status))
     }
 
     /// Sends one request on the best path, and again on others while paths
@@ -1079,6 +1271,12 @@ impl Pool {
     /// A builder with options.
     pub fn builder(topology: Topology, client: impl Into<ClientId>) -> PoolBuilder {
         AsyncPool::builder(topology, client)
+    }
+
+    /// Runs `future` (for example an [`Allocator`](crate::Allocator) call)
+    /// on the pool's runtime and waits for it.
+    pub fn block_on<F: std::future::Future>(&self, future: F) -> F::Output {
+        self.runtime.block_on(future)
     }
 
     /// The async handle, sharing this pool's connections.

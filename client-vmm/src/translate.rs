@@ -167,6 +167,20 @@ impl Tlb {
         Ok(t)
     }
 
+    /// The cached translation of `vaddr`'s extent, if any.
+    pub fn get(&self, vaddr: VirtAddr) -> Option<Translation> {
+        self.lock().get(&(vaddr.get() / self.extent)).copied()
+    }
+
+    /// Caches `t` (replacing what was cached for its extent).
+    pub fn insert(&self, t: Translation) {
+        let mut entries = self.lock();
+        if entries.len() >= self.capacity {
+            entries.clear();
+        }
+        entries.insert(t.vbase.get() / self.extent, t);
+    }
+
     /// Drops the cached translation of `vaddr`'s extent.
     pub fn invalidate(&self, vaddr: VirtAddr) {
         self.lock().remove(&(vaddr.get() / self.extent));

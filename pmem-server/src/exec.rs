@@ -52,6 +52,50 @@ impl ServedRegion {
     }
 }
 
+/// Which key opens each extent of a region of a pool with an allocator: the
+/// region's extent key table, in the region's own mapping (see
+/// [`topology::meta`]). Reserved (metadata) extents and unallocated ones
+/// open with the region key; an allocated extent only with its own key, so
+/// rotating that key on free cuts off every stale translation at once.
+#[derive(Debug, Clone, Copy)]
+struct ExtentKeys {
+    extent: u64,
+    reserved: u64,
+    /// Mapping offset of the key table.
+    table_at: usize,
+}
+
+impl ExtentKeys {
+    fn of(layout: &Layout, region: RegionIndex) -> Option<Self> {
+        let meta = layout.meta()?.region(region)?;
+        Some(Self {
+            extent: layout.extent_size().max(1),
+            reserved: meta.reserved,
+            table_at: usize::try_from(HEADER_LEN + meta.key_table_offset()).ok()?,
+        })
+    }
+
+    /// Whether `key` opens `[offset, offset + len)` (already bounds-checked).
+    fn admits(&self, region: &ServedRegion, key: u64, offset: u64, len: u64) -> bool {
+        let first = offset / self.extent;
+        let last = (offset + len.max(1) - 1) / self.extent;
+        (first..=last).all(|extent| {
+            let installed = if extent < self.reserved {
+                0
+            } else {
+                self.table_at
+                    .checked_add(extent as usize * 8)
+                    .and_then(|at| region.file.map.atomic_u64(at).ok())
+                    .map_or(u64::MAX, |word| word.load(Ordering::Acquire))
+            };
+            match installed {
+                0 => key == region.entry.key,
+                allocated => key == allocated,
+            }
+        })
+    }
+}
+
 /// The regions of one server and everything needed to execute on them.
 #[derive(Debug)]
 pub struct Executor {
@@ -59,6 +103,8 @@ pub struct Executor {
     layout: Layout,
     /// Served regions by region index; `None` for other servers' regions.
     regions: Vec<Option<ServedRegion>>,
+    /// Per-extent keys by region index, for pools with an allocator.
+    extent_keys: Vec<Option<ExtentKeys>>,
     dedup: DedupTable,
     metrics: Arc<ServerMetrics>,
 }
@@ -130,10 +176,14 @@ impl Executor {
                 *place = Some(region);
             }
         }
+        let extent_keys = (0..layout.entries().len() as u32)
+            .map(|i| ExtentKeys::of(&layout, RegionIndex(i)))
+            .collect();
         Self {
             server,
             layout,
             regions: by_index,
+            extent_keys,
             dedup,
             metrics,
         }
@@ -239,13 +289,12 @@ impl Executor {
 
     /// READ: the data goes straight from the mapping into the output buffer.
     fn read(&self, req: &request::Repr<'_>, tag: u64, out: &mut Vec<u8>) -> Status {
-        let located = self
-            .resolve(req.target)
-            .and_then(|(region, offset)| check_key(region, req.key).map(|()| (region, offset)))
-            .and_then(|(region, offset)| {
-                let at = region.span(offset, u64::from(req.length))?;
-                Ok((region, at))
-            });
+        let len = u64::from(req.length);
+        let located = self.resolve(req.target).and_then(|(region, offset)| {
+            let at = region.span(offset, len)?;
+            self.check_key(region, req.key, offset, len)?;
+            Ok((region, at))
+        });
         let (region, at) = match located {
             Ok(found) => found,
             Err(status) => {
@@ -270,7 +319,13 @@ impl Executor {
     /// Every operation but READ: no data comes back, only a status and value.
     fn execute_in_place(&self, req: &request::Repr<'_>) -> Result<Done, Status> {
         let (region, offset) = self.resolve(req.target)?;
-        check_key(region, req.key)?;
+        let len = match req.operation {
+            Operation::Write | Operation::WritePersist => req.payload.len() as u64,
+            Operation::CompareSwap | Operation::FetchAdd | Operation::AtomicWrite => 8,
+            Operation::Read | Operation::Flush => u64::from(req.length),
+        };
+        region.span(offset, len)?;
+        self.check_key(region, req.key, offset, len)?;
         let map = &region.file.map;
         let cache = if req.non_temporal {
             CachePolicy::NonTemporal
@@ -342,6 +397,26 @@ impl Executor {
         }
     }
 
+    /// ACCESS_DENIED unless `key` opens `[offset, offset + len)` of `region`
+    /// (a range already checked against the region's bounds).
+    fn check_key(
+        &self,
+        region: &ServedRegion,
+        key: u64,
+        offset: u64,
+        len: u64,
+    ) -> Result<(), Status> {
+        let admitted = match self.extent_keys.get(region.entry.region.0 as usize) {
+            Some(Some(keys)) => keys.admits(region, key, offset, len),
+            _ => key == region.entry.key,
+        };
+        if admitted {
+            Ok(())
+        } else {
+            Err(Status::AccessDenied)
+        }
+    }
+
     /// Makes every region durable (used at shutdown).
     pub fn persist_all(&self) -> Result<(), crate::persist::PersistError> {
         self.regions().try_for_each(|r| r.file.map.persist_all())
@@ -350,14 +425,6 @@ impl Executor {
     /// The region with this index, if this server serves it.
     pub fn region(&self, index: RegionIndex) -> Option<&ServedRegion> {
         self.regions.get(index.0 as usize).and_then(Option::as_ref)
-    }
-}
-
-fn check_key(region: &ServedRegion, key: u64) -> Result<(), Status> {
-    if key == region.entry.key {
-        Ok(())
-    } else {
-        Err(Status::AccessDenied)
     }
 }
 

@@ -165,6 +165,8 @@ pub struct FabricSpec {
     pub sockets_per_server: usize,
     /// The pool's extent size; every region size must be a multiple.
     pub extent_size: String,
+    /// The lines of `[pool.allocator]`, when the pool has an allocator.
+    pub allocator: Option<String>,
 }
 
 impl Default for FabricSpec {
@@ -175,6 +177,7 @@ impl Default for FabricSpec {
             clients: Vec::new(),
             sockets_per_server: 1,
             extent_size: "1MiB".to_owned(),
+            allocator: None,
         }
     }
 }
@@ -204,6 +207,13 @@ impl FabricSpec {
     /// Adds a client.
     pub fn client(mut self, id: &str) -> Self {
         self.clients.push(id.to_owned());
+        self
+    }
+
+    /// Gives the pool an allocator: `settings` are the lines of its
+    /// `[pool.allocator]` table (may be empty for the defaults).
+    pub fn allocator(mut self, settings: &str) -> Self {
+        self.allocator = Some(settings.to_owned());
         self
     }
 
@@ -237,6 +247,9 @@ impl FabricSpec {
             "# Written by testkit.\n[pool]\nname = \"test\"\nextent_size = {}",
             quoted(&self.extent_size)
         );
+        if let Some(settings) = &self.allocator {
+            let _ = writeln!(t, "[pool.allocator]\n{settings}");
+        }
         for (server, regions) in &self.servers {
             let _ = writeln!(t, "\n[[servers]]\nid = {}", quoted(server));
             for socket in 0..sockets {

@@ -13,6 +13,7 @@ use sha2::{Digest, Sha256};
 
 use crate::addr::{PmemAddr, RegionIndex, RegionOffset};
 use crate::ids::{PmemDeviceId, RegionId, ServerId, SocketId};
+use crate::meta::MetaLayout;
 use crate::model::{CachePolicy, Topology};
 
 /// One region's place in the PMEM address space.
@@ -107,6 +108,9 @@ pub enum LayoutError {
         /// The most the wire format can number.
         max: usize,
     },
+    /// The allocator's metadata cannot be laid out.
+    #[error("allocator metadata: {0}")]
+    Allocator(#[from] crate::meta::MetaError),
 }
 
 /// The PMEM address map of a pool.
@@ -136,12 +140,16 @@ pub struct Layout {
     /// The region of every extent, for dense layouts.
     table: Option<ExtentTable>,
     digest: [u8; 32],
+    /// Where the allocator's metadata lives, for pools with an allocator.
+    meta: Option<MetaLayout>,
 }
 
 impl PartialEq for Layout {
     fn eq(&self, other: &Self) -> bool {
         // `starts`, `by_start`, `table` and `digest` are functions of these.
-        self.extent_size == other.extent_size && self.entries == other.entries
+        self.extent_size == other.extent_size
+            && self.entries == other.entries
+            && self.meta == other.meta
     }
 }
 
@@ -351,7 +359,30 @@ impl Layout {
                 cache: region.cache,
             });
         }
-        Self::from_entries(topology.pool.extent_size.bytes(), entries)
+        let layout = Self::from_entries(topology.pool.extent_size.bytes(), entries)?;
+        match &topology.pool.allocator {
+            Some(config) => {
+                let meta = MetaLayout::new(layout.extent_size, &layout.entries, config)?;
+                Ok(layout.with_meta(meta))
+            }
+            None => Ok(layout),
+        }
+    }
+
+    /// This layout with the allocator's metadata at `meta`; the digest
+    /// covers it, so daemons and clients agree on it too.
+    pub fn with_meta(mut self, meta: MetaLayout) -> Self {
+        let mut hash = Sha256::new();
+        hash.update(self.digest);
+        meta.digest_into(&mut hash);
+        self.digest = hash.finalize().into();
+        self.meta = Some(meta);
+        self
+    }
+
+    /// The allocator's metadata layout, if the pool has an allocator.
+    pub fn meta(&self) -> Option<&MetaLayout> {
+        self.meta.as_ref()
     }
 
     /// A layout from explicit entries (their `region` field is renumbered to
@@ -400,6 +431,7 @@ impl Layout {
             by_start,
             table,
             digest,
+            meta: None,
         })
     }
 

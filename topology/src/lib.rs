@@ -7,6 +7,7 @@
 //! - [`validate`]: every problem of a topology, each naming the file and item.
 //! - [`layout`]: the flat PMEM address space, a pure function of the topology,
 //!   with O(log n) lookup and a digest daemons and clients compare.
+//! - [`meta`]: where the allocator's metadata lives in PMEM.
 //! - [`routes`]: the ordered paths from a client to a region.
 //!
 //! Nothing here does I/O beyond reading the file.
@@ -15,6 +16,7 @@ pub mod addr;
 pub mod ids;
 pub mod layout;
 pub mod load;
+pub mod meta;
 pub mod model;
 pub mod routes;
 pub mod size;
@@ -26,9 +28,10 @@ pub use ids::{
 };
 pub use layout::{Layout, LayoutEntry, LayoutError, Location};
 pub use load::{EnvOverrides, LoadError};
+pub use meta::{MetaError, MetaLayout, RegionMeta};
 pub use model::{
-    AllowRange, CachePolicy, Client, FabricDevice, FabricLink, FabricPort, Persistence, PmemDevice,
-    Pool, Region, Rnic, Server, ServerNic, Socket, Topology,
+    AllocatorConfig, AllowRange, CachePolicy, Client, FabricDevice, FabricLink, FabricPort,
+    Persistence, PmemDevice, Pool, Region, Rnic, Server, ServerNic, Socket, Topology,
 };
 pub use routes::Path;
 pub use size::ByteSize;

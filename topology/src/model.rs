@@ -49,6 +49,29 @@ pub struct Pool {
     /// Alignment of automatically placed regions; defaults to the extent size.
     #[serde(default)]
     pub region_alignment: Option<ByteSize>,
+    /// The allocator's PMEM-resident metadata; absent for a static pool
+    /// (the regions laid end to end, no allocation).
+    #[serde(default)]
+    pub allocator: Option<AllocatorConfig>,
+}
+
+/// Where and how large the allocator's metadata is (`[pool.allocator]`).
+///
+/// With an allocator, every region keeps its first extent for its free-extent
+/// bitmap and extent key table, and the metadata region keeps further
+/// extents for the superblock, page table and name directory.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AllocatorConfig {
+    /// The region holding the pool metadata; defaults to the first region.
+    #[serde(default)]
+    pub metadata_region: Option<RegionId>,
+    /// Virtual extents the page table maps; defaults to four per data extent.
+    #[serde(default)]
+    pub page_table_entries: Option<u64>,
+    /// Entries of the name directory; defaults to 256.
+    #[serde(default)]
+    pub names: Option<u64>,
 }
 
 impl Pool {
@@ -81,6 +104,7 @@ impl Default for Pool {
             extent_size: Self::default_extent_size(),
             base_address: Self::default_base_address(),
             region_alignment: None,
+            allocator: None,
         }
     }
 }

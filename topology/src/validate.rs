@@ -85,6 +85,8 @@ pub enum ProblemKind {
         /// The item that listens there first.
         other: String,
     },
+    /// The allocator's metadata cannot be laid out.
+    AllocatorMetadata(crate::meta::MetaError),
     /// An allow-list range that leaves its region.
     AllowOutOfRange {
         /// The region named by the range.
@@ -98,6 +100,7 @@ impl fmt::Display for ProblemKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::DuplicateId => write!(f, "duplicate id"),
+            Self::AllocatorMetadata(e) => write!(f, "{e}"),
             Self::UnknownReference { kind, id } => write!(f, "refers to unknown {kind} {id:?}"),
             Self::BadExtentSize { size } => {
                 write!(f, "extent size {size} is not a non-zero power of two")
@@ -242,6 +245,31 @@ impl Checker<'_> {
                     expected: "an IP address and port such as 127.0.0.1:7000",
                 },
             ),
+        }
+    }
+
+    /// `[pool.allocator]`: its region exists and its metadata fits.
+    fn allocator(&mut self) {
+        let Some(config) = &self.topology.pool.allocator else {
+            return;
+        };
+        let item = "pool.allocator";
+        if let Some(id) = &config.metadata_region
+            && !self.topology.regions().any(|p| &p.region.id == id)
+        {
+            let kind = ProblemKind::UnknownReference {
+                kind: "region",
+                id: id.to_string(),
+            };
+            self.report(item, kind);
+            return;
+        }
+        if !self.problems.is_empty() {
+            // The layout the metadata extends is itself broken.
+            return;
+        }
+        if let Err(crate::layout::LayoutError::Allocator(e)) = crate::Layout::new(self.topology) {
+            self.report(item, ProblemKind::AllocatorMetadata(e));
         }
     }
 
@@ -529,6 +557,7 @@ impl Topology {
         checker.regions();
         checker.fabric_devices();
         checker.clients();
+        checker.allocator();
         if checker.problems.is_empty() {
             Ok(())
         } else {

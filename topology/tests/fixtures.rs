@@ -136,6 +136,17 @@ fn expectations() -> Vec<Expectation> {
         ("allow-out-of-range", "client \"c1\" allow #1", |k| {
             matches!(k, ProblemKind::AllowOutOfRange { .. })
         }),
+        ("allocator-too-large", "pool.allocator", |k| {
+            matches!(
+                k,
+                ProblemKind::AllocatorMetadata(topology::MetaError::MetadataTooLarge { .. })
+            )
+        }),
+        (
+            "allocator-unknown-region",
+            "pool.allocator",
+            |k| matches!(k, ProblemKind::UnknownReference { kind: "region", id } if id == "PA.9"),
+        ),
     ]
 }
 

@@ -1,0 +1,96 @@
+//! What goes wrong when allocating, said precisely.
+
+use topology::VirtAddr;
+
+use crate::error::PoolError;
+
+/// An allocator operation that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AllocError {
+    /// The topology has no `[pool.allocator]`.
+    #[error("pool {pool:?} has no allocator: add a [pool.allocator] table to its topology")]
+    NoAllocator {
+        /// The pool's name.
+        pool: String,
+    },
+    /// The pool's metadata has not been written yet.
+    #[error("pool {pool:?} is not formatted (run `pmemctl format`)")]
+    NotFormatted {
+        /// The pool's name.
+        pool: String,
+    },
+    /// The superblock was written for another layout or format.
+    #[error("pool {pool:?} was formatted differently: {what}; reformat it or use its topology")]
+    FormatMismatch {
+        /// The pool's name.
+        pool: String,
+        /// What differs.
+        what: String,
+    },
+    /// The pool is formatted and `--force` was not given.
+    #[error("pool {pool:?} is already formatted; formatting again frees everything in it")]
+    AlreadyFormatted {
+        /// The pool's name.
+        pool: String,
+    },
+    /// No free space for the allocation where the placement allows.
+    #[error("out of memory: no room for {size} bytes ({placement})")]
+    OutOfMemory {
+        /// Bytes asked for.
+        size: u64,
+        /// Where they could have gone.
+        placement: String,
+    },
+    /// Every page-table entry near the cursor is in use.
+    #[error("the page table has no run of {extents} free virtual extents")]
+    PageTableFull {
+        /// Extents asked for.
+        extents: u64,
+    },
+    /// A zero-byte allocation.
+    #[error("cannot allocate zero bytes")]
+    ZeroSize,
+    /// `free` of an address that is not the start of a live allocation.
+    #[error("{vaddr}: not the start of an allocation ({reason})")]
+    InvalidFree {
+        /// The address.
+        vaddr: VirtAddr,
+        /// Why.
+        reason: &'static str,
+    },
+    /// `free` of an allocation already freed.
+    #[error("{vaddr}: double free")]
+    DoubleFree {
+        /// The address.
+        vaddr: VirtAddr,
+    },
+    /// A named object of this name exists (or is being created).
+    #[error("a named object {0:?} already exists")]
+    NameExists(String),
+    /// No named object of this name.
+    #[error("no named object {0:?}")]
+    NameNotFound(String),
+    /// A name that is empty or too long.
+    #[error("name {name:?} must be 1 to {max} bytes")]
+    BadName {
+        /// The name.
+        name: String,
+        /// The longest allowed.
+        max: usize,
+    },
+    /// Every name-directory entry is taken.
+    #[error("the name directory is full ({0} entries)")]
+    NamesFull(u64),
+    /// A placement naming a server or socket the pool does not have.
+    #[error("placement: {0}")]
+    BadPlacement(String),
+    /// Metadata that does not decode: the pool is damaged (run `pmemctl scrub`).
+    #[error("damaged metadata at {what}")]
+    Corrupt {
+        /// Which record.
+        what: String,
+    },
+    /// The pool operation underneath failed.
+    #[error(transparent)]
+    Pool(#[from] PoolError),
+}
