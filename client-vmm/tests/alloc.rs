@@ -347,6 +347,16 @@ fn a_named_object_is_shared_between_clients() {
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].name, "orders");
     assert_eq!(listed[0].extents.len(), 3, "{listed:?}");
+    let servers: std::collections::BTreeSet<&str> = listed[0]
+        .extents
+        .iter()
+        .map(|(s, _, _)| s.as_str())
+        .collect();
+    assert_eq!(
+        servers.len(),
+        2,
+        "round-robin over both servers: {listed:?}"
+    );
     assert!(matches!(
         p2.block_on(a2.alloc_named("orders", 64, &Placement::RoundRobin)),
         Err(AllocError::NameExists(_))

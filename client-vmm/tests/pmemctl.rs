@@ -1,5 +1,6 @@
 //! `pmemctl` against a real fabric: two PMEM servers, two fabric devices,
-//! one client with an RNIC on each device.
+//! one client with an RNIC on each device; and the allocator commands on
+//! the same fabric with `[pool.allocator]` and a second client.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -21,6 +22,18 @@ fn spec() -> FabricSpec {
         .client("c1")
 }
 
+/// The same fabric with an allocator (1 MiB extents) and a second client.
+fn alloc_spec() -> FabricSpec {
+    FabricSpec::new()
+        .server("A", &[("A1", "8MiB"), ("A2", "4MiB")])
+        .server("B", &[("B1", "8MiB")])
+        .device(DEVICES[0])
+        .device(DEVICES[1])
+        .client("c1")
+        .client("c2")
+        .allocator("")
+}
+
 /// A topology written but nothing started.
 struct Setup {
     dir: tempfile::TempDir,
@@ -29,8 +42,12 @@ struct Setup {
 
 impl Setup {
     fn new() -> Self {
+        Self::with(&spec())
+    }
+
+    fn with(spec: &FabricSpec) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
-        let config = spec().write(dir.path(), "topology.toml", &mut Ports::new());
+        let config = spec.write(dir.path(), "topology.toml", &mut Ports::new());
         Self { dir, config }
     }
 
@@ -92,13 +109,26 @@ impl Fabric {
     }
 
     fn run(&self, args: &[&str]) -> Run {
-        pmemctl(&self.setup.config, "c1", args)
+        self.run_as("c1", args)
+    }
+
+    fn run_as(&self, client: &str, args: &[&str]) -> Run {
+        pmemctl(&self.setup.config, client, args)
     }
 
     /// Runs a command that must succeed and returns its stdout.
     fn ok(&self, args: &[&str]) -> String {
-        let run = self.run(args);
-        assert_eq!(run.code, Some(0), "pmemctl {args:?} failed: {run:?}");
+        self.ok_as("c1", args)
+    }
+
+    /// Runs a command as `client` that must succeed and returns its stdout.
+    fn ok_as(&self, client: &str, args: &[&str]) -> String {
+        let run = self.run_as(client, args);
+        assert_eq!(
+            run.code,
+            Some(0),
+            "pmemctl --client {client} {args:?} failed: {run:?}"
+        );
         run.stdout
     }
 }
@@ -388,6 +418,219 @@ fn errors_are_one_line_and_never_panics() {
     let run = fabric.run(&["faa", "1TiB+3", "1"]);
     run.error_line(1);
 
+    // Allocator commands on a pool without an allocator.
+    for args in [&["alloc", "64"][..], &["format"], &["df"]] {
+        let run = fabric.run(args);
+        let line = run.error_line(1);
+        assert!(
+            line.contains("pool \"test\" has no allocator: add a [pool.allocator] table"),
+            "{args:?}: {line}"
+        );
+    }
+
     // The fabric still works after all that.
     fabric.ok(&["read", "1TiB", "16"]);
+}
+
+/// The address a pmemctl line ends with (`alloc` and `open` put it last).
+fn last_addr(line: &str) -> u64 {
+    let word = line.split_whitespace().last().unwrap_or_default();
+    u64::from_str_radix(word.trim_start_matches("0x"), 16)
+        .unwrap_or_else(|e| panic!("no address at the end of {line:?}: {e}"))
+}
+
+/// The cells of the `df` row whose first cell is `first`.
+fn df_row(df: &str, first: &str) -> Vec<String> {
+    df.lines()
+        .map(|l| l.split_whitespace().map(str::to_owned).collect::<Vec<_>>())
+        .find(|cells| cells.first().map(String::as_str) == Some(first))
+        .unwrap_or_else(|| panic!("no {first} row in\n{df}"))
+}
+
+/// (used, free) extents of the `df` total row.
+fn df_total(df: &str) -> (u64, u64) {
+    let cells = df_row(df, "total");
+    let number = |i: usize| cells[i].parse::<u64>().expect("a count");
+    assert_eq!(number(2), number(3) + number(4), "{df}");
+    (number(3), number(4))
+}
+
+#[test]
+fn allocator_session_format_alloc_ls_df_free_scrub() {
+    let fabric = Setup::with(&alloc_spec()).start();
+
+    // Not formatted yet: allocating says what to do.
+    let run = fabric.run(&["alloc", "64"]);
+    let line = run.error_line(1);
+    assert!(line.contains("allocate 64 bytes: "), "{line}");
+    assert!(
+        line.contains("pool \"test\" is not formatted (run `pmemctl format`)"),
+        "{line}"
+    );
+
+    let formatted = fabric.ok(&["format"]);
+    assert!(
+        formatted.starts_with("formatted pool \"test\": "),
+        "{formatted}"
+    );
+    assert!(
+        formatted.contains(" extents of 1MiB free in 3 regions"),
+        "{formatted}"
+    );
+    let df = fabric.ok(&["df"]);
+    let (used, capacity) = df_total(&df);
+    assert_eq!(used, 0, "{df}");
+    assert!(capacity >= 10, "{df}");
+    assert!(
+        formatted.contains(&format!(": {capacity} extents of 1MiB")),
+        "{formatted}\n{df}"
+    );
+    assert!(df.contains("slabs: none"), "{df}");
+
+    // A named object of three extents, created by c2, spread over both
+    // servers.
+    let line = fabric.ok_as("c2", &["alloc", "3MiB", "--name", "orders"]);
+    assert!(
+        line.starts_with("allocated 3145728 bytes (3MiB) as \"orders\" at 0x"),
+        "{line}"
+    );
+    let orders = last_addr(&line);
+    assert!(orders >= VIRT_BASE, "{line}");
+
+    let ls = fabric.ok(&["ls"]);
+    let header: Vec<&str> = ls
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        header,
+        ["NAME", "ADDRESS", "SIZE", "OWNER", "EXTENTS"],
+        "{ls}"
+    );
+    let row: Vec<&str> = ls
+        .lines()
+        .find(|l| l.starts_with("orders "))
+        .unwrap_or_else(|| panic!("no orders row:\n{ls}"))
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        row[..4],
+        ["orders", &format!("{orders:#x}"), "3MiB", "c2"],
+        "{ls}"
+    );
+    let places: Vec<&str> = row[4].split(',').collect();
+    let count: usize = places
+        .iter()
+        .map(|p| {
+            p.split_once('*')
+                .map_or(1, |(_, n)| n.parse().expect("a count"))
+        })
+        .sum();
+    assert_eq!(count, 3, "three extents: {ls}");
+    assert!(
+        places.iter().any(|p| p.starts_with("A/A")) && places.iter().any(|p| p.starts_with("B/B1")),
+        "round-robin over both servers: {ls}"
+    );
+
+    let df = fabric.ok(&["df"]);
+    assert_eq!(df_total(&df), (3, capacity - 3), "{df}");
+    let used: u64 = ["A1", "A2", "B1"]
+        .iter()
+        .map(|region| {
+            let row = df
+                .lines()
+                .map(|l| l.split_whitespace().collect::<Vec<_>>())
+                .find(|cells| cells.get(1) == Some(region))
+                .unwrap_or_else(|| panic!("no {region} row:\n{df}"));
+            row[3].parse::<u64>().expect("used extents")
+        })
+        .sum();
+    assert_eq!(used, 3, "{df}");
+
+    // c1 opens it and uses it across an extent boundary.
+    let opened = fabric.ok(&["open", "orders"]);
+    assert_eq!(
+        opened,
+        format!("\"orders\": 3145728 bytes (3MiB) at {orders:#x}\n")
+    );
+    let at = format!("{:#x}", orders + (1 << 20) - 8);
+    let wrote = fabric.ok(&["write", &at, "orders across extents", "--persist"]);
+    assert!(wrote.starts_with("wrote 21 bytes at "), "{wrote}");
+    let dump = fabric.ok_as("c2", &["read", &at, "21"]);
+    assert!(dump.contains("|orders across ex|\n"), "{dump}");
+    assert!(dump.ends_with("|tents|\n"), "{dump}");
+
+    let removed = fabric.ok(&["rm", "orders"]);
+    assert_eq!(removed, "removed \"orders\"\n");
+    let run = fabric.run(&["read", &at, "8"]);
+    let line = run.error_line(1);
+    assert!(line.contains("use after free"), "{line}");
+    let run = fabric.run(&["open", "orders"]);
+    let line = run.error_line(1);
+    assert!(line.contains("no named object \"orders\""), "{line}");
+    assert!(line.contains("`pmemctl ls`"), "{line}");
+    assert_eq!(fabric.ok(&["ls"]), "no named objects\n");
+    let df = fabric.ok(&["df"]);
+    assert_eq!(df_total(&df), (0, capacity), "all free again: {df}");
+
+    // A small object from a slab, freed twice.
+    let line = fabric.ok(&["alloc", "64"]);
+    assert!(line.starts_with("allocated 64 bytes at 0x"), "{line}");
+    let small = format!("{:#x}", last_addr(&line));
+    let df = fabric.ok(&["df"]);
+    assert!(
+        df.contains("slabs: 1 (1MiB in extents), 1 object in use (64 bytes)"),
+        "{df}"
+    );
+    assert_eq!(fabric.ok(&["free", &small]), format!("freed {small}\n"));
+    let run = fabric.run(&["free", &small]);
+    let line = run.error_line(1);
+    assert!(line.contains("double free"), "{line}");
+    assert!(line.contains(&small), "{line}");
+
+    // Placement: a server the pool does not have, then one it has.
+    let run = fabric.run(&["alloc", "2MiB", "--server", "Z"]);
+    let line = run.error_line(1);
+    assert!(
+        line.contains("placement: the pool has no region on server Z"),
+        "{line}"
+    );
+    let line = fabric.ok(&["alloc", "2MiB", "--server", "B", "--name", "pinned"]);
+    assert!(line.contains("as \"pinned\""), "{line}");
+    let ls = fabric.ok(&["ls"]);
+    assert!(
+        ls.lines()
+            .any(|l| l.starts_with("pinned ") && l.ends_with(" B/B1*2")),
+        "{ls}"
+    );
+    let run = fabric.run(&["alloc", "1MiB", "--name", "pinned"]);
+    let line = run.error_line(1);
+    assert!(
+        line.contains("a named object \"pinned\" already exists"),
+        "{line}"
+    );
+
+    // Formatting again is refused, with what to do about it.
+    let run = fabric.run(&["format"]);
+    let line = run.error_line(1);
+    assert!(
+        line.contains(
+            "pool \"test\" is already formatted; formatting again frees everything in it"
+        ),
+        "{line}"
+    );
+    assert!(line.ends_with("add --force to format it anyway"), "{line}");
+    assert!(
+        fabric.ok(&["ls"]).contains("pinned"),
+        "format refused kept the data"
+    );
+
+    assert_eq!(fabric.ok(&["scrub"]), "pool is consistent\n");
+
+    // --force wipes everything.
+    fabric.ok(&["format", "--force"]);
+    assert_eq!(fabric.ok(&["ls"]), "no named objects\n");
+    assert_eq!(df_total(&fabric.ok(&["df"])), (0, capacity));
 }

@@ -5,6 +5,9 @@
 //! pmem-server …`, `testbed daemon fabric-device …`), which links both
 //! daemons' libraries: one binary to build, and every daemon still a
 //! separate process. In netns mode each runs inside its host's namespace.
+//!
+//! A topology with `[pool.allocator]` gets its pool formatted once the
+//! daemons are ready, on the first start only ([`Fabric::start`]).
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -16,6 +19,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use client_vmm::{AllocError, Allocator, AsyncPool, error_chain};
 use topology::Topology;
 
 use crate::netns::{self, NetPlan, NetnsGuard};
@@ -126,6 +130,25 @@ pub enum LaunchError {
         /// Its id.
         id: String,
     },
+    /// The pool's allocator could not be attached to or formatted.
+    #[error("pool {pool:?}: cannot prepare the allocator as client {client}: {why}")]
+    Allocator {
+        /// The pool's name.
+        pool: String,
+        /// The client that tried.
+        client: String,
+        /// What went wrong, with its causes.
+        why: String,
+    },
+}
+
+/// What [`Fabric::start`] found of the pool's allocator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AllocatorState {
+    /// The pool was not formatted; the testbed formatted it.
+    Formatted,
+    /// The pool was formatted already (its data is kept).
+    AlreadyFormatted,
 }
 
 /// One running daemon.
@@ -164,6 +187,8 @@ pub struct Fabric {
     options: LaunchOptions,
     daemons: BTreeMap<(DaemonKind, String), Daemon>,
     net: Option<(NetPlan, NetnsGuard)>,
+    /// The allocator's state after start, when the pool has one.
+    pub allocator: Option<AllocatorState>,
 }
 
 /// Reads the `ready key=value …` line a daemon prints on stdout.
@@ -209,7 +234,8 @@ pub fn log_tail(path: &Path, lines: usize) -> String {
 
 impl Fabric {
     /// Starts every server, then every fabric device, and waits until each
-    /// reports ready and every device's links are up.
+    /// reports ready and every device's links are up. A pool with an
+    /// allocator is then formatted if it is not yet, and one line says so.
     pub fn start(topology: &Topology, options: LaunchOptions) -> Result<Self, LaunchError> {
         topology.validate()?;
         std::fs::create_dir_all(options.run_dir.join("logs")).map_err(LaunchError::Io)?;
@@ -236,6 +262,7 @@ impl Fabric {
             options,
             daemons: BTreeMap::new(),
             net,
+            allocator: None,
         };
         let servers: Vec<String> = topology.servers.iter().map(|s| s.id.to_string()).collect();
         let devices: Vec<String> = topology
@@ -255,7 +282,68 @@ impl Fabric {
         for id in &devices {
             fabric.await_ready(DaemonKind::FabricDevice, id)?;
         }
+        fabric.allocator = fabric.format_if_needed()?;
+        if let Some(state) = fabric.allocator {
+            let pool = &fabric.topology.pool.name;
+            match state {
+                AllocatorState::Formatted => {
+                    println!("allocator: formatted pool {pool:?} (first start)");
+                }
+                AllocatorState::AlreadyFormatted => {
+                    println!("allocator: pool {pool:?} already formatted, its data kept");
+                }
+            }
+        }
         Ok(fabric)
+    }
+
+    /// With `[pool.allocator]`: attaches as the first client (inside its
+    /// namespace in netns mode) and formats the pool if it is not
+    /// formatted. A pool formatted for another layout is an error, not
+    /// reformatted.
+    fn format_if_needed(&self) -> Result<Option<AllocatorState>, LaunchError> {
+        let (Some(_), Some(client)) =
+            (&self.topology.pool.allocator, self.topology.clients.first())
+        else {
+            return Ok(None);
+        };
+        let client = client.id.to_string();
+        let topology = self.topology.clone();
+        let as_client = client.clone();
+        let prepare = move || -> Result<AllocatorState, String> {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| format!("cannot start a runtime: {e}"))?;
+            runtime.block_on(async move {
+                let pool = AsyncPool::connect(topology, as_client.as_str())
+                    .await
+                    .map_err(|e| error_chain(&e))?;
+                match Allocator::attach(pool.clone()).await {
+                    Ok(_) => Ok(AllocatorState::AlreadyFormatted),
+                    Err(AllocError::NotFormatted { .. }) => {
+                        match Allocator::format(pool, false).await {
+                            Ok(_) => Ok(AllocatorState::Formatted),
+                            // Someone formatted it in between.
+                            Err(AllocError::AlreadyFormatted { .. }) => {
+                                Ok(AllocatorState::AlreadyFormatted)
+                            }
+                            Err(e) => Err(error_chain(&e)),
+                        }
+                    }
+                    Err(e) => Err(error_chain(&e)),
+                }
+            })
+        };
+        let result = match self.client_namespace(&client) {
+            Some(ns) => netns::in_namespace(&ns, prepare)?,
+            None => prepare(),
+        };
+        result.map(Some).map_err(|why| LaunchError::Allocator {
+            pool: self.topology.pool.name.clone(),
+            client,
+            why,
+        })
     }
 
     fn namespace(&self, kind: DaemonKind, id: &str) -> Option<String> {

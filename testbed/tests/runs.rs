@@ -205,6 +205,11 @@ struct Up {
 fn start_up(extra: &[&str]) -> Up {
     let dir = tempfile::tempdir().expect("temp dir");
     let config = topology(dir.path());
+    start_up_in(dir, &config, extra)
+}
+
+/// `testbed up CONFIG --data-dir DIR/data` run in `dir`.
+fn start_up_in(dir: tempfile::TempDir, config: &Path, extra: &[&str]) -> Up {
     let mut child = Command::new(env!("CARGO_BIN_EXE_testbed"))
         .args(["up", config.to_str().expect("path"), "--data-dir"])
         .arg(dir.path().join("data"))
@@ -233,8 +238,9 @@ fn start_up(extra: &[&str]) -> Up {
 }
 
 impl Up {
-    /// SIGTERM, then every daemon must report stopped and the exit be 0.
-    fn stop(mut self) {
+    /// SIGTERM, then every daemon must report stopped and the exit be 0;
+    /// returns the folder, data included.
+    fn stop(mut self) -> tempfile::TempDir {
         // SAFETY: kill(2) on our own child's pid.
         unsafe {
             libc::kill(i32::try_from(self.child.id()).expect("pid"), libc::SIGTERM);
@@ -247,6 +253,7 @@ impl Up {
             4,
             "{rest:#?}"
         );
+        self.dir
     }
 }
 
@@ -279,6 +286,61 @@ fn up_serves_every_daemon_until_sigterm() {
         up.dir.path().join("data/A/A1.pmem").is_file(),
         "region files in the data dir"
     );
+    up.stop();
+}
+
+/// Connects `client` and attaches to the pool's allocator.
+fn attach(config: &Path, client: &str) -> (client_vmm::Pool, client_vmm::Allocator) {
+    let topology = topology::Topology::load(config).expect("topology");
+    let pool = client_vmm::Pool::connect(topology, client).expect("connect");
+    let allocator = pool
+        .block_on(client_vmm::Allocator::attach(pool.handle().clone()))
+        .unwrap_or_else(|e| panic!("attach: {}", client_vmm::error_chain(&e)));
+    (pool, allocator)
+}
+
+#[test]
+fn up_formats_a_pool_with_an_allocator_once() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = FabricSpec::new()
+        .server("A", &[("A1", "8MiB")])
+        .server("B", &[("B1", "8MiB")])
+        .device("F1")
+        .device("F2")
+        .client("c1")
+        .allocator("")
+        .write(dir.path(), "topology.toml", &mut Ports::new());
+
+    let up = start_up_in(dir, &config, &[]);
+    assert!(
+        up.table
+            .iter()
+            .any(|l| l == "allocator: formatted pool \"test\" (first start)"),
+        "{:#?}",
+        up.table
+    );
+    let (pool, allocator) = attach(&config, "c1");
+    let at = pool
+        .block_on(allocator.alloc_named("kept", 4096, &client_vmm::Placement::RoundRobin))
+        .expect("alloc_named");
+    pool.write_persist(at, b"still here").expect("write");
+    drop((allocator, pool));
+    let dir = up.stop();
+
+    // The same data dir again: formatted already, nothing lost.
+    let up = start_up_in(dir, &config, &[]);
+    assert!(
+        up.table
+            .iter()
+            .any(|l| l == "allocator: pool \"test\" already formatted, its data kept"),
+        "{:#?}",
+        up.table
+    );
+    let (pool, allocator) = attach(&config, "c1");
+    let (again, size) = pool.block_on(allocator.open("kept")).expect("open");
+    assert_eq!((again, size), (at, 4096));
+    assert_eq!(pool.read(at, 10).expect("read"), b"still here");
+    drop((allocator, pool));
     up.stop();
 }
 

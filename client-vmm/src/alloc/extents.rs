@@ -56,8 +56,11 @@ impl Allocator {
         };
         let (head, controls) = self.reserve_run(n, kind).await?;
         let mut claimed = Vec::with_capacity(n as usize);
+        let turn = self
+            .round_robin
+            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
         for j in 0..n {
-            match self.claim_extent(placement, j).await {
+            match self.claim_extent(placement, turn + j).await {
                 Ok(Some(c)) => claimed.push(c),
                 outcome => {
                     self.abandon(head, &controls, &claimed).await;
@@ -245,13 +248,13 @@ impl Allocator {
         }
     }
 
-    /// Claims a free PMEM extent for extent `j` of an allocation.
+    /// Claims a free PMEM extent on round-robin turn `turn`.
     async fn claim_extent(
         &self,
         placement: &Placement,
-        j: u64,
+        turn: u64,
     ) -> Result<Option<Claimed>, AllocError> {
-        for region in self.candidates(placement, j)? {
+        for region in self.candidates(placement, turn)? {
             if let Some(extent) = self.claim_in(region).await? {
                 let key = self.fresh_key();
                 let meta = self.region(region)?;
@@ -267,8 +270,9 @@ impl Allocator {
         Ok(None)
     }
 
-    /// Regions to try for extent `j`, best first.
-    fn candidates(&self, placement: &Placement, j: u64) -> Result<Vec<RegionIndex>, AllocError> {
+    /// Regions to try on round-robin turn `turn`, best first: the turn's
+    /// server, then the next ones; within a server its regions in turn.
+    fn candidates(&self, placement: &Placement, turn: u64) -> Result<Vec<RegionIndex>, AllocError> {
         let layout = self.pool.layout();
         let servers: Vec<u16> = {
             let mut s: Vec<u16> = layout.entries().iter().map(|e| e.server_index).collect();
@@ -287,10 +291,6 @@ impl Allocator {
                 "the pool has no region on {placement}"
             )));
         }
-        let turn = self
-            .round_robin
-            .fetch_add(u64::from(j == 0), std::sync::atomic::Ordering::Relaxed)
-            + j;
         let first = servers
             .get((turn % servers.len().max(1) as u64) as usize)
             .copied();
@@ -302,7 +302,8 @@ impl Allocator {
                 let distance = (u64::from(e.server_index) + servers.len() as u64
                     - u64::from(first.unwrap_or(0)))
                     % servers.len().max(1) as u64;
-                let spread = (u64::from(e.region.0) + turn) % layout.entries().len() as u64;
+                let spread = (u64::from(e.region.0) + turn / servers.len().max(1) as u64)
+                    % layout.entries().len() as u64;
                 (distance as u16, spread, e.region)
             })
             .collect();

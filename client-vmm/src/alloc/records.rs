@@ -475,8 +475,8 @@ mod tests {
             assert_eq!(s.slot_at(s.object_at(2) + 1), None);
         }
         let small = c.slab(0);
-        assert_eq!(small.words, 512);
-        assert_eq!(small.data, 64 + 2 * 512 * 8);
+        // 2 MiB less the header and two 510-word bitmaps, in 64 B objects.
+        assert_eq!((small.slots, small.words, small.data), (32_639, 510, 8256));
     }
 
     #[test]

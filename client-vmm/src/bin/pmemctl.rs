@@ -1,5 +1,7 @@
 //! `pmemctl`: read, write and run atomics on a pmem-fabric pool from the
-//! command line, and show the client's address map, paths and counters.
+//! command line, show the client's address map, paths and counters, and
+//! drive the pool's allocator (format, alloc, free, named objects, df,
+//! scrub).
 
 use std::io::{self, Write};
 use std::path::PathBuf;
@@ -7,11 +9,13 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use client_vmm::Pool;
-use topology::Topology;
+use client_vmm::{Placement, Pool};
+use topology::{ServerId, SocketId, Topology};
 
 use crate::ctl::{CliError, Ctl, Output, payload};
 
+#[path = "pmemctl/allocator.rs"]
+mod allocator;
 #[path = "pmemctl/ctl.rs"]
 mod ctl;
 #[path = "pmemctl/num.rs"]
@@ -26,9 +30,24 @@ pool's virtual space starts at 1TiB (0x10000000000), so `pmemctl read 1TiB 16`
 reads the first 16 bytes of the pool; `pmemctl map` shows where every region
 lies.
 
-Example:
+With an allocator (a topology with [pool.allocator], such as
+configs/alloc.toml), addresses come from `alloc` instead: format the pool
+once, then allocate, name, free and inspect memory. A freed allocation's keys
+are rotated, so using its address afterwards fails with a use-after-free error;
+`scrub` reclaims what a crashed client left half-allocated.
+
+Examples:
   pmemctl --config configs/default.toml --client c1 write 1TiB+64 hello --persist
-  pmemctl --config configs/default.toml --client c1 read 1TiB 128";
+  pmemctl --config configs/default.toml --client c1 read 1TiB 128
+  pmemctl --config configs/alloc.toml --client c1 format
+  pmemctl --config configs/alloc.toml --client c1 alloc 3MiB --name orders
+  pmemctl --config configs/alloc.toml --client c2 open orders
+  pmemctl --config configs/alloc.toml --client c1 alloc 4MiB --server B --socket 1
+  pmemctl --config configs/alloc.toml --client c1 free 0x10000600000
+  pmemctl --config configs/alloc.toml --client c1 ls
+  pmemctl --config configs/alloc.toml --client c1 df
+  pmemctl --config configs/alloc.toml --client c1 rm orders
+  pmemctl --config configs/alloc.toml --client c1 scrub";
 
 /// Reads, writes and runs atomics on a pmem-fabric pool as one client of it.
 #[derive(Debug, Parser)]
@@ -120,6 +139,53 @@ enum Command {
     /// Shows this client's counters (for this pmemctl's own connection) and
     /// a summary of its paths.
     Stat,
+    /// Writes the allocator's empty metadata: every extent free, no named
+    /// objects. Refuses a formatted pool unless --force.
+    Format {
+        /// Format even a formatted pool, freeing everything in it.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Allocates SIZE bytes; prints the size and the virtual address.
+    Alloc {
+        /// Bytes to allocate (64, 0x1000, 4KiB, 3MiB).
+        #[arg(value_parser = num::parse_number)]
+        size: u64,
+        /// Create it as a named object every client can `open`.
+        #[arg(long, value_name = "NAME")]
+        name: Option<String>,
+        /// Place its extents on this server only (sizes up to a quarter
+        /// extent come from slabs and follow it only when a new slab is made).
+        #[arg(long, value_name = "SERVER")]
+        server: Option<String>,
+        /// Place its extents on this CPU socket of --server only.
+        #[arg(long, value_name = "SOCKET", requires = "server")]
+        socket: Option<String>,
+    },
+    /// Frees the allocation starting at ADDR (its keys are rotated).
+    Free {
+        /// The virtual address `alloc` printed.
+        #[arg(value_parser = num::parse_number)]
+        addr: u64,
+    },
+    /// Prints the size and virtual address of the named object NAME.
+    Open {
+        /// The object's name.
+        name: String,
+    },
+    /// Removes the named object NAME and frees its memory.
+    Rm {
+        /// The object's name.
+        name: String,
+    },
+    /// Lists the named objects: address, size, owner and extents (as
+    /// SERVER/REGION, `*N` for N of them in a row in one region).
+    Ls,
+    /// Shows capacity used and free per server and region, and slab usage.
+    Df,
+    /// Reclaims what clients that crashed mid-allocation left behind, and
+    /// says what it reclaimed. Run it when no client is allocating.
+    Scrub,
 }
 
 fn main() -> ExitCode {
@@ -142,6 +208,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         _ => None,
     };
     let topology = Topology::load(&cli.config)?;
+    let clients: Vec<String> = topology.clients.iter().map(|c| c.id.to_string()).collect();
     let mut builder = Pool::builder(topology, cli.client.as_str());
     if let Some(ms) = cli.attempt_timeout_ms {
         builder = builder.attempt_timeout(Duration::from_millis(ms));
@@ -156,6 +223,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
     let ctl = Ctl {
         pool: &pool,
         client: &cli.client,
+        clients: &clients,
     };
     let output = match cli.command {
         Command::Read { addr, len, out } => ctl.read(addr, len, out)?,
@@ -167,12 +235,36 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Flush { addr, len } => Output::Text(ctl.flush(addr, len)?),
         Command::Map => Output::Text(ctl.map()),
         Command::Stat => Output::Text(ctl.stat()),
+        Command::Format { force } => Output::Text(ctl.format(force)?),
+        Command::Alloc {
+            size,
+            name,
+            server,
+            socket,
+        } => Output::Text(ctl.alloc(size, name.as_deref(), &placement(server, socket))?),
+        Command::Free { addr } => Output::Text(ctl.free(addr)?),
+        Command::Open { name } => Output::Text(ctl.open(&name)?),
+        Command::Rm { name } => Output::Text(ctl.remove(&name)?),
+        Command::Ls => Output::Text(ctl.list()?),
+        Command::Df => Output::Text(ctl.df()?),
+        Command::Scrub => Output::Text(ctl.scrub()?),
     };
     let mut stdout = io::BufWriter::new(io::stdout().lock());
     output
         .write_to(&mut stdout)
         .and_then(|()| stdout.flush())
         .map_err(CliError::Stdout)
+}
+
+/// The placement `--server` and `--socket` ask for.
+fn placement(server: Option<String>, socket: Option<String>) -> Placement {
+    match (server, socket) {
+        (Some(server), Some(socket)) => {
+            Placement::Socket(ServerId::new(server), SocketId::new(socket))
+        }
+        (Some(server), None) => Placement::Server(ServerId::new(server)),
+        (None, _) => Placement::RoundRobin,
+    }
 }
 
 #[cfg(test)]
@@ -184,6 +276,31 @@ mod tests {
         assert_eq!(client_vmm::VIRT_BASE, 1 << 40, "the help says 1TiB");
         assert!(AFTER_HELP.contains(&format!("({:#x})", client_vmm::VIRT_BASE)));
         assert_eq!(num::parse_number("1TiB"), Ok(client_vmm::VIRT_BASE));
+    }
+
+    #[test]
+    fn placement_follows_server_and_socket() {
+        assert_eq!(placement(None, None), Placement::RoundRobin);
+        assert_eq!(
+            placement(Some("B".into()), None),
+            Placement::Server(ServerId::new("B"))
+        );
+        assert_eq!(
+            placement(Some("B".into()), Some("1".into())),
+            Placement::Socket(ServerId::new("B"), SocketId::new("1"))
+        );
+    }
+
+    #[test]
+    fn socket_needs_a_server() {
+        let args = ["pmemctl", "--config", "t.toml", "--client", "c1"];
+        let parse = |more: &[&str]| Cli::try_parse_from(args.iter().chain(more));
+        assert!(parse(&["alloc", "64", "--socket", "1"]).is_err());
+        let cli = parse(&["alloc", "4KiB", "--server", "A", "--socket", "1"]).expect("parses");
+        assert!(
+            matches!(cli.command, Command::Alloc { size: 4096, .. }),
+            "{cli:?}"
+        );
     }
 
     #[test]

@@ -3,7 +3,7 @@
 use std::io;
 use std::path::PathBuf;
 
-use client_vmm::{OpenError, Pool, PoolError, VIRT_BASE, error_chain};
+use client_vmm::{AllocError, OpenError, Pool, PoolError, VIRT_BASE, error_chain};
 use topology::{ByteSize, LoadError, RegionId, VirtAddr};
 
 use crate::show;
@@ -21,6 +21,15 @@ pub enum CliError {
         what: String,
         #[source]
         source: PoolError,
+        /// Advice appended after the causes.
+        hint: Option<String>,
+    },
+    #[error("{what}")]
+    Alloc {
+        /// What was being done.
+        what: String,
+        #[source]
+        source: AllocError,
         /// Advice appended after the causes.
         hint: Option<String>,
     },
@@ -45,6 +54,9 @@ impl CliError {
     pub fn message(&self) -> String {
         let mut text = error_chain(self);
         if let Self::Pool {
+            hint: Some(hint), ..
+        }
+        | Self::Alloc {
             hint: Some(hint), ..
         } = self
         {
@@ -101,6 +113,9 @@ pub struct Ctl<'a> {
     pub pool: &'a Pool,
     /// The client id, for headings.
     pub client: &'a str,
+    /// Every client id of the topology, in order (an allocation's owner is
+    /// an index into it).
+    pub clients: &'a [String],
 }
 
 impl Ctl<'_> {

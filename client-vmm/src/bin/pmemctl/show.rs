@@ -55,6 +55,19 @@ pub fn value(v: u64) -> String {
     format!("{v} ({v:#x})")
 }
 
+/// A size in bytes, with its binary unit when it has one: `64 bytes`,
+/// `3145728 bytes (3MiB)`.
+pub fn size(bytes: u64) -> String {
+    let unit = topology::ByteSize(bytes).to_string();
+    if unit.ends_with("iB") {
+        format!("{bytes} bytes ({unit})")
+    } else if bytes == 1 {
+        "1 byte".to_owned()
+    } else {
+        format!("{bytes} bytes")
+    }
+}
+
 /// `[start, start + len)` as `0x…..0x…`.
 pub fn range(start: u64, len: u64) -> String {
     format!("{start:#x}..{:#x}", start.saturating_add(len))
@@ -137,5 +150,11 @@ mod tests {
     fn values_and_ranges() {
         assert_eq!(value(255), "255 (0xff)");
         assert_eq!(range(0x1000, 0x10), "0x1000..0x1010");
+        assert_eq!(size(1), "1 byte");
+        assert_eq!(size(64), "64 bytes");
+        assert_eq!(size(1000), "1000 bytes");
+        assert_eq!(size(3 << 20), "3145728 bytes (3MiB)");
+        assert_eq!(size(1536), "1536 bytes");
+        assert_eq!(size(3 << 10), "3072 bytes (3KiB)");
     }
 }
