@@ -276,7 +276,6 @@ impl Allocator {
         let layout = self.pool.layout();
         let servers: Vec<u16> = {
             let mut s: Vec<u16> = layout.entries().iter().map(|e| e.server_index).collect();
-            s.dedup();
             s.sort_unstable();
             s.dedup();
             s

@@ -151,9 +151,8 @@ impl Allocator {
         let mut held: HashMap<u64, u64> = HashMap::new();
         for (i, entry) in table.iter().enumerate() {
             let i = i as u64;
-            if let Some(&head) = live.get(&i) {
+            if live.contains_key(&i) {
                 held.insert(entry.pmem, entry.key);
-                let _ = head;
                 continue;
             }
             if entry.control.state != EntryState::Free {
