@@ -440,6 +440,15 @@ impl FrameDecoder {
         }
     }
 
+    /// Tells the decoder the reader is known to be empty without a read
+    /// that would block: a caller that saw [`read_from`](Self::read_from)
+    /// return fewer bytes than it asked for (a TCP socket's receive queue
+    /// was drained) calls this instead of reading once more for
+    /// `WouldBlock`. Memory is released as after a `WouldBlock`.
+    pub fn reader_drained(&mut self) {
+        self.found_reader_empty();
+    }
+
     /// `read_from` found the reader empty: releases memory if recent frames
     /// and what was held since the last time were small.
     fn found_reader_empty(&mut self) {
@@ -1183,6 +1192,30 @@ mod tests {
         let mut reader = Pieces::new(&stream[cut..], &[usize::MAX], false);
         let (got, error) = read_all(&mut decoder, &mut reader, 256 * 1024);
         assert_eq!((&got[..], error), (&frames[1..], None));
+        assert!(decoder.buf.capacity() <= RETAINED_CAPACITY);
+    }
+
+    #[test]
+    fn reader_drained_releases_like_would_block() {
+        let data = vec![7u8; 1 << 20];
+        let big = Message::Response(response::Repr::read_data(&data))
+            .encode_to_vec(1)
+            .unwrap();
+        let mut decoder = FrameDecoder::new();
+        let mut reader = Pieces::new(&big, &[usize::MAX], false);
+        let (got, _) = read_all(&mut decoder, &mut reader, 256 * 1024);
+        assert_eq!(got.len(), 1);
+        decoder.reader_drained();
+        assert!(decoder.buf.capacity() > RETAINED_CAPACITY);
+        let (_, frames) = sample_stream();
+        let ping = &frames[0];
+        for _ in 0..SMALL_FRAMES_BEFORE_RELEASE {
+            let mut input = &ping[..];
+            assert!(decoder.read_from(&mut input, 256 * 1024).is_ok());
+            assert_eq!(decoder.next_frame(), Ok(Some(&ping[..])));
+            // A short read: the caller knows the socket is empty.
+            decoder.reader_drained();
+        }
         assert!(decoder.buf.capacity() <= RETAINED_CAPACITY);
     }
 

@@ -14,6 +14,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use mio::event::Event;
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
@@ -243,34 +244,39 @@ impl Device {
             if !events.is_empty() {
                 last_event = now;
             }
-            for event in events.iter() {
-                match event.token() {
-                    SIGNALS => {
-                        for signal in signals.pending() {
-                            self.on_signal(signal);
-                        }
-                    }
-                    Token(i) if i < self.listeners.len() => self.accept(i),
-                    Token(t) if t >= LINK_BASE => {
-                        let link = LinkId((t - LINK_BASE) as u32);
-                        self.on_link_event(link, event.is_writable(), now);
-                    }
-                    Token(t) => self.on_client_event(t as ConnId, now),
-                }
-            }
+            self.dispatch(&events, &mut signals, now);
             let (expired, silent) = self.core.handle_timeouts(now);
             self.deliver_all(expired);
             for link in silent {
                 self.link_failed(link, now, "requests timed out");
             }
             self.resume_paused(now);
-            self.flush_all();
+            self.flush_all(now);
             if let Some(deadline) = self.draining
                 && (self.core_in_flight() == 0 || now >= deadline)
             {
-                self.flush_all();
+                self.flush_all(now);
                 log(&self.config.device, format_args!("drained, stopping"));
                 return Ok(());
+            }
+        }
+    }
+
+    /// Handles one batch of readiness events.
+    fn dispatch(&mut self, events: &Events, signals: &mut Signals, now: Instant) {
+        for event in events.iter() {
+            match event.token() {
+                SIGNALS => {
+                    for signal in signals.pending() {
+                        self.on_signal(signal);
+                    }
+                }
+                Token(i) if i < self.listeners.len() => self.accept(i),
+                Token(t) if t >= LINK_BASE => {
+                    let link = LinkId((t - LINK_BASE) as u32);
+                    self.on_link_event(link, event, now);
+                }
+                Token(t) => self.on_client_event(t as ConnId, event, now),
             }
         }
     }
@@ -409,10 +415,11 @@ impl Device {
         }
     }
 
-    fn on_client_event(&mut self, conn: ConnId, now: Instant) {
+    fn on_client_event(&mut self, conn: ConnId, event: &Event, now: Instant) {
         let Some(client) = self.clients.get_mut(&conn) else {
             return;
         };
+        client.endpoint.note_event(event);
         if let Err(e) = client.endpoint.flush() {
             self.close_client(conn, &format!("write failed: {e}"));
             return;
@@ -578,8 +585,21 @@ impl Device {
     }
 
     /// Writes everything queued; closes clients that asked for it once
-    /// their queue is empty, and clients whose socket failed.
-    fn flush_all(&mut self) {
+    /// their queue is empty, and clients whose socket failed. Links go
+    /// first: the servers can start on their requests while the replies to
+    /// clients are written.
+    fn flush_all(&mut self, now: Instant) {
+        let mut failed = Vec::new();
+        for (link, conn) in &mut self.links {
+            if let LinkConn::Connected { endpoint } = conn
+                && let Err(e) = endpoint.flush()
+            {
+                failed.push((*link, e.to_string()));
+            }
+        }
+        for (link, why) in failed {
+            self.link_failed(link, now, &why);
+        }
         let mut close = Vec::new();
         for (conn, client) in &mut self.clients {
             match client.endpoint.flush() {
@@ -592,18 +612,6 @@ impl Device {
         }
         for (conn, why) in close {
             self.close_client(conn, &why);
-        }
-        let mut failed = Vec::new();
-        for (link, conn) in &mut self.links {
-            if let LinkConn::Connected { endpoint } = conn
-                && let Err(e) = endpoint.flush()
-            {
-                failed.push((*link, e.to_string()));
-            }
-        }
-        let now = Instant::now();
-        for (link, why) in failed {
-            self.link_failed(link, now, &why);
         }
     }
 
@@ -706,9 +714,9 @@ impl Device {
         self.schedule_retry(link, now, backoff);
     }
 
-    fn on_link_event(&mut self, link: LinkId, writable: bool, now: Instant) {
+    fn on_link_event(&mut self, link: LinkId, event: &Event, now: Instant) {
         if let Some(LinkConn::Connecting { endpoint, .. }) = self.links.get_mut(&link) {
-            if !writable {
+            if !event.is_writable() {
                 return;
             }
             let connected = match endpoint.stream.take_error() {
@@ -726,6 +734,7 @@ impl Device {
                     else {
                         return;
                     };
+                    endpoint.note_event(event);
                     let hello = self.core.link_connected(link);
                     let sent = endpoint.send(&hello, &[]).and_then(|()| endpoint.flush());
                     self.links.insert(link, LinkConn::Connected { endpoint });
@@ -739,6 +748,9 @@ impl Device {
                     return;
                 }
             }
+        }
+        if let Some(LinkConn::Connected { endpoint }) = self.links.get_mut(&link) {
+            endpoint.note_event(event);
         }
         self.serve_link(link, now);
     }
