@@ -117,6 +117,8 @@ struct ClientConn {
     paused: bool,
     /// Close once the queued bytes are written.
     closing: bool,
+    /// Listed in [`Device::to_flush`].
+    to_flush: bool,
 }
 
 /// A bound fabric device, ready to run.
@@ -128,6 +130,11 @@ pub struct Device {
     metrics: Arc<DeviceMetrics>,
     listeners: Vec<(PortId, TcpListener, SocketAddr)>,
     clients: IdMap<ConnId, ClientConn>,
+    /// Clients with bytes queued since the last flush: only these are
+    /// written at the end of a turn, however many clients are connected.
+    to_flush: Vec<ConnId>,
+    /// Clients paused for backpressure, checked at the end of a turn.
+    paused: Vec<ConnId>,
     next_client: usize,
     links: IdMap<LinkId, LinkConn>,
     admin: AdminServer,
@@ -195,6 +202,8 @@ impl Device {
             metrics,
             listeners,
             clients: IdMap::default(),
+            to_flush: Vec::new(),
+            paused: Vec::new(),
             next_client: CLIENT_BASE,
             links,
             admin,
@@ -410,6 +419,7 @@ impl Device {
                     endpoint: Endpoint::new(stream),
                     paused: false,
                     closing: false,
+                    to_flush: false,
                 },
             );
         }
@@ -437,7 +447,7 @@ impl Device {
             };
             match end {
                 FramesEnd::Paused => {
-                    client.paused = true;
+                    self.pause(conn);
                     return;
                 }
                 FramesEnd::Close(why) => {
@@ -460,9 +470,7 @@ impl Device {
                     match self.handle_client_frames(conn, now) {
                         FramesEnd::Drained => return,
                         FramesEnd::Paused => {
-                            if let Some(client) = self.clients.get_mut(&conn) {
-                                client.paused = true;
-                            }
+                            self.pause(conn);
                             return;
                         }
                         FramesEnd::Close(why) => {
@@ -486,8 +494,31 @@ impl Device {
         }
     }
 
+    /// Stops reading a client until [`Device::resume_paused`] finds room.
+    fn pause(&mut self, conn: ConnId) {
+        if let Some(client) = self.clients.get_mut(&conn)
+            && !client.paused
+        {
+            client.paused = true;
+            self.paused.push(conn);
+        }
+    }
+
+    /// Lists a client for the end-of-turn flush if it has bytes queued.
+    fn queue_flush(&mut self, conn: ConnId) {
+        if let Some(client) = self.clients.get_mut(&conn) {
+            mark_to_flush(&mut self.to_flush, conn, client);
+        }
+    }
+
     /// Hands every complete frame a client sent to the core.
     fn handle_client_frames(&mut self, conn: ConnId, now: Instant) -> FramesEnd {
+        let end = self.client_frames(conn, now);
+        self.queue_flush(conn);
+        end
+    }
+
+    fn client_frames(&mut self, conn: ConnId, now: Instant) -> FramesEnd {
         let Self {
             core,
             clients,
@@ -557,21 +588,21 @@ impl Device {
 
     /// Resumes clients paused for backpressure that have room again.
     fn resume_paused(&mut self, now: Instant) {
-        let ready: Vec<ConnId> = self
-            .clients
-            .iter()
-            .filter(|(conn, c)| {
-                c.paused
-                    && self.core.client_has_room(**conn)
-                    && c.endpoint.pending_out() <= CLIENT_OUT_HIGH_WATER
-            })
-            .map(|(conn, _)| *conn)
-            .collect();
-        for conn in ready {
-            if let Some(client) = self.clients.get_mut(&conn) {
+        if self.paused.is_empty() {
+            return;
+        }
+        for conn in std::mem::take(&mut self.paused) {
+            let Some(client) = self.clients.get_mut(&conn) else {
+                continue;
+            };
+            if self.core.client_has_room(conn)
+                && client.endpoint.pending_out() <= CLIENT_OUT_HIGH_WATER
+            {
                 client.paused = false;
+                self.serve_client(conn, now);
+            } else {
+                self.paused.push(conn);
             }
-            self.serve_client(conn, now);
         }
     }
 
@@ -580,6 +611,7 @@ impl Device {
         for (conn, reply) in replies {
             if let Some(client) = self.clients.get_mut(&conn) {
                 let _ = client.endpoint.send(reply.as_bytes(), &[]);
+                mark_to_flush(&mut self.to_flush, conn, client);
             }
         }
     }
@@ -601,13 +633,18 @@ impl Device {
             self.link_failed(link, now, &why);
         }
         let mut close = Vec::new();
-        for (conn, client) in &mut self.clients {
+        for conn in std::mem::take(&mut self.to_flush) {
+            let Some(client) = self.clients.get_mut(&conn) else {
+                continue;
+            };
+            client.to_flush = false;
             match client.endpoint.flush() {
                 Ok(()) if client.closing && client.endpoint.pending_out() == 0 => {
-                    close.push((*conn, "refused".to_owned()));
+                    close.push((conn, "refused".to_owned()));
                 }
-                Ok(()) => {}
-                Err(e) => close.push((*conn, format!("write failed: {e}"))),
+                // The socket took part: try again next turn.
+                Ok(()) => mark_to_flush(&mut self.to_flush, conn, client),
+                Err(e) => close.push((conn, format!("write failed: {e}"))),
             }
         }
         for (conn, why) in close {
@@ -791,6 +828,7 @@ impl Device {
         let Self {
             core,
             clients,
+            to_flush,
             links,
             metrics,
             ..
@@ -813,6 +851,7 @@ impl Device {
                 } => {
                     if let Some(client) = clients.get_mut(&conn) {
                         let _ = client.endpoint.send(&head, payload);
+                        mark_to_flush(to_flush, conn, client);
                     }
                 }
                 LinkAction::Nothing => {}
@@ -834,6 +873,14 @@ enum FramesEnd {
     Paused,
     /// Close the connection.
     Close(String),
+}
+
+/// Lists `client` in `to_flush` once, if it has bytes queued.
+fn mark_to_flush(to_flush: &mut Vec<ConnId>, conn: ConnId, client: &mut ClientConn) {
+    if !client.to_flush && client.endpoint.pending_out() > 0 {
+        client.to_flush = true;
+        to_flush.push(conn);
+    }
 }
 
 /// An error and its causes on one line.
