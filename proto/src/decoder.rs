@@ -256,6 +256,13 @@ impl FrameDecoder {
         self.end - self.start
     }
 
+    /// Bytes of a frame not complete yet (0 when everything held is whole
+    /// frames): a caller can tell a peer that is mid-way through sending a
+    /// frame from one that has finished a batch.
+    pub fn partial(&self) -> usize {
+        self.end - self.frontier
+    }
+
     /// Whether [`FrameDecoder::read_from`] has room to read (false = drain
     /// frames first). Says nothing about a framing error; see
     /// [`FrameDecoder::error`].
@@ -1193,6 +1200,22 @@ mod tests {
         let (got, error) = read_all(&mut decoder, &mut reader, 256 * 1024);
         assert_eq!((&got[..], error), (&frames[1..], None));
         assert!(decoder.buf.capacity() <= RETAINED_CAPACITY);
+    }
+
+    #[test]
+    fn partial_counts_the_bytes_of_an_incomplete_frame() {
+        let (stream, frames) = sample_stream();
+        let mut decoder = FrameDecoder::new();
+        assert_eq!(decoder.partial(), 0);
+        let cut = frames[0].len() + 5;
+        assert_eq!(decoder.feed(&stream[..cut]), Ok(cut));
+        assert_eq!(decoder.partial(), 5);
+        assert_eq!(decoder.buffered(), cut);
+        assert_eq!(decoder.next_frame(), Ok(Some(&frames[0][..])));
+        assert_eq!(decoder.partial(), 5);
+        let rest = frames[1].len() - 5;
+        assert_eq!(decoder.feed(&stream[cut..cut + rest]), Ok(rest));
+        assert_eq!(decoder.partial(), 0);
     }
 
     #[test]

@@ -75,9 +75,12 @@ impl Endpoint {
     ///
     /// A read that returns fewer bytes than it asked for has emptied the
     /// socket's receive queue (TCP copies until the queue is empty or the
-    /// buffer full), so the socket counts as drained without another read
-    /// that would only say `WouldBlock`: bytes arriving later raise a new
-    /// readiness event (mio registers edge-triggered). A hang-up already
+    /// buffer full). When it also ended on a frame boundary (the peer
+    /// finished a batch), the socket counts as drained without another
+    /// read that would only say `WouldBlock`: bytes arriving later raise a
+    /// new readiness event (mio registers edge-triggered). In the middle of
+    /// a frame (a large payload streaming in) it reads on, since more is
+    /// about to arrive. A hang-up already
     /// reported raises none, so after [`note_event`](Self::note_event) saw
     /// one, reading goes on to the end of the stream.
     pub fn fill(&mut self) -> Fill {
@@ -87,7 +90,9 @@ impl Endpoint {
                 short: false,
             };
             match self.decoder.read_from(&mut probe, READ_MAX) {
-                Ok(ReadOutcome::Data(_)) if probe.short && !self.hangup_seen => {
+                Ok(ReadOutcome::Data(_))
+                    if probe.short && !self.hangup_seen && self.decoder.partial() == 0 =>
+                {
                     self.decoder.reader_drained();
                     return Fill::Drained;
                 }
