@@ -80,9 +80,9 @@ impl Endpoint {
     /// read that would only say `WouldBlock`: bytes arriving later raise a
     /// new readiness event (mio registers edge-triggered). In the middle of
     /// a frame (a large payload streaming in) it reads on, since more is
-    /// about to arrive. A hang-up already
-    /// reported raises none, so after [`note_event`](Self::note_event) saw
-    /// one, reading goes on to the end of the stream.
+    /// about to arrive. A hang-up already reported raises no new event, so
+    /// after [`note_event`](Self::note_event) saw one, reading goes on to
+    /// the end of the stream.
     pub fn fill(&mut self) -> Fill {
         loop {
             let mut probe = ShortReadProbe {
