@@ -13,7 +13,7 @@
 //! and restores them on the response. Control messages the device itself
 //! sends on a link (HELLO, MAP_REQUEST) carry tags with the top bit set.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -23,6 +23,7 @@ use proto::request::{self, Operation, Target};
 use proto::{Message, Opcode, Status, map, response};
 use telemetry::Gauge;
 
+use crate::deadline::{Deadline, DeadlineQueue};
 use crate::idmap::IdMap;
 use crate::map::{ClientPolicy, DeviceMap, LinkKey};
 use crate::metrics::DeviceMetrics;
@@ -151,7 +152,6 @@ struct Pending {
     client_tag: u64,
     opcode: Opcode,
     sent: Instant,
-    deadline: Instant,
 }
 
 #[derive(Debug)]
@@ -198,8 +198,16 @@ pub struct Forwarder {
     links: IdMap<LinkId, Link>,
     next_link: u32,
     sessions: IdMap<ConnId, Session>,
-    deadlines: BTreeSet<(Instant, LinkId, u64)>,
+    deadlines: DeadlineQueue,
     metrics: Arc<DeviceMetrics>,
+}
+
+/// Whether the request a deadline stands for still waits for its response
+/// (link tags are never reused, so the tag alone tells).
+fn is_pending(links: &IdMap<LinkId, Link>, deadline: &Deadline) -> bool {
+    links
+        .get(&deadline.link)
+        .is_some_and(|l| l.pending.contains_key(&deadline.tag))
 }
 
 fn error_reply(opcode: Opcode, tag: u64, status: Status) -> Reply {
@@ -223,7 +231,7 @@ impl Forwarder {
             links: IdMap::default(),
             next_link: 0,
             sessions: IdMap::default(),
-            deadlines: BTreeSet::new(),
+            deadlines: DeadlineQueue::default(),
             metrics,
         };
         core.link_ids = (0..core.map.links.len())
@@ -437,10 +445,17 @@ impl Forwarder {
                 client_tag: tag,
                 opcode,
                 sent: now,
-                deadline,
             },
         );
-        self.deadlines.insert((deadline, route.link, link_tag));
+        let links = &self.links;
+        self.deadlines.push(
+            Deadline {
+                at: deadline,
+                link: route.link,
+                tag: link_tag,
+            },
+            |d| is_pending(links, d),
+        );
         if let Some(session) = self.sessions.get_mut(&conn) {
             session.in_flight += 1;
         }
@@ -513,8 +528,8 @@ impl Forwarder {
             // Answered already (timed out); nobody waits for it.
             return LinkAction::Nothing;
         };
-        self.deadlines
-            .remove(&(pending.deadline, link_id, header.tag));
+        let links = &self.links;
+        self.deadlines.trim(|d| is_pending(links, d));
         self.metrics.in_flight.dec();
         self.metrics
             .server_rtt
@@ -585,13 +600,12 @@ impl Forwarder {
         link.hello_ok = false;
         link.server_map = None;
         link.up_gauge.set(0);
-        let pending: Vec<(u64, Pending)> = link.pending.drain().collect();
+        let pending: Vec<Pending> = link.pending.drain().map(|(_, p)| p).collect();
+        let links = &self.links;
+        self.deadlines.trim(|d| is_pending(links, d));
         pending
             .into_iter()
-            .filter_map(|(tag, p)| {
-                self.deadlines.remove(&(p.deadline, link_id, tag));
-                self.answer(p, Status::ServerUnavailable)
-            })
+            .filter_map(|p| self.answer(p, Status::ServerUnavailable))
             .collect()
     }
 
@@ -609,7 +623,7 @@ impl Forwarder {
 
     /// When [`Forwarder::handle_timeouts`] next has work.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.deadlines.first().map(|(deadline, _, _)| *deadline)
+        self.deadlines.first()
     }
 
     /// Answers TIMEOUT to every request whose deadline has passed. Also
@@ -619,11 +633,10 @@ impl Forwarder {
     pub fn handle_timeouts(&mut self, now: Instant) -> (Vec<(ConnId, Reply)>, Vec<LinkId>) {
         let mut replies = Vec::new();
         let mut silent = Vec::new();
-        while let Some(&(deadline, link_id, tag)) = self.deadlines.first() {
-            if deadline > now {
-                break;
-            }
-            self.deadlines.pop_first();
+        while let Some(Deadline {
+            link: link_id, tag, ..
+        }) = self.deadlines.pop_due(now)
+        {
             let pending = self
                 .links
                 .get_mut(&link_id)
@@ -637,6 +650,8 @@ impl Forwarder {
                 }
             }
         }
+        let links = &self.links;
+        self.deadlines.trim(|d| is_pending(links, d));
         (replies, silent)
     }
 

@@ -5,10 +5,12 @@
 //!
 //! - [`map`]: the device's snapshot of the topology (links, routes, clients).
 //! - [`forward`]: the sans-IO forwarding core.
+//! - [`deadline`]: its request deadlines, in a FIFO.
 //! - [`driver`]: the event loop that moves bytes between sockets and the core.
 //! - [`metrics`]: what `/metrics` exports.
 
 pub mod cli;
+pub mod deadline;
 pub mod driver;
 pub mod forward;
 pub mod idmap;

@@ -425,3 +425,48 @@ fn metrics_pass_promtool_and_sigterm_exits_cleanly() {
     assert!(status.success(), "{status:?}\n{stderr}");
     assert!(stderr.contains("stopped cleanly"), "{stderr}");
 }
+
+#[test]
+fn large_reads_from_two_servers_interleave_intact_with_small_replies() {
+    // Large bodies arrive over many reads while the other link's small
+    // replies for the same client keep coming: each reply must go out
+    // whole, never inside another one.
+    let fabric = Fabric::start(&two_servers());
+    let mut conn = fabric.client("c1");
+    let big = 1 << 20;
+    let a = pattern(big, 11);
+    let b = pattern(big, 29);
+    for (region, data) in [("A1", &a), ("B1", &b)] {
+        let reply = conn.call(Repr::write(
+            fabric.pmem(region, 0),
+            fabric.key(region),
+            data,
+        ));
+        assert_eq!(reply.status, Status::Ok, "{region}");
+    }
+    let mut expected: HashMap<u64, Vec<u8>> = HashMap::new();
+    for _ in 0..6 {
+        for (region, data, offset, len) in [
+            ("A1", &a, 0usize, big),
+            ("B1", &b, 5, 16),
+            ("B1", &b, 100, 700_000),
+            ("A1", &a, 7, 16),
+        ] {
+            let req = Repr::read(
+                fabric.pmem(region, offset as u64),
+                fabric.key(region),
+                len as u32,
+            );
+            let tag = conn.send(&Message::Request(req));
+            expected.insert(tag, data[offset..offset + len].to_vec());
+        }
+    }
+    while !expected.is_empty() {
+        let reply = conn.recv();
+        assert_eq!(reply.status, Status::Ok, "{reply:?}");
+        let want = expected
+            .remove(&reply.tag)
+            .unwrap_or_else(|| panic!("reply to a tag never sent: {}", reply.tag));
+        assert!(reply.data == want, "tag {}: the bytes read back", reply.tag);
+    }
+}

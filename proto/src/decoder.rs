@@ -256,6 +256,13 @@ impl FrameDecoder {
         self.end - self.start
     }
 
+    /// Bytes of a frame not complete yet (0 when everything held is whole
+    /// frames): a caller can tell a peer that is mid-way through sending a
+    /// frame from one that has finished a batch.
+    pub fn partial(&self) -> usize {
+        self.end - self.frontier
+    }
+
     /// Whether [`FrameDecoder::read_from`] has room to read (false = drain
     /// frames first). Says nothing about a framing error; see
     /// [`FrameDecoder::error`].
@@ -438,6 +445,15 @@ impl FrameDecoder {
             self.buf.truncate(RETAINED_CAPACITY);
             self.buf.shrink_to(RETAINED_CAPACITY);
         }
+    }
+
+    /// Tells the decoder the reader is known to be empty without a read
+    /// that would block: a caller that saw [`read_from`](Self::read_from)
+    /// return fewer bytes than it asked for (a TCP socket's receive queue
+    /// was drained) calls this instead of reading once more for
+    /// `WouldBlock`. Memory is released as after a `WouldBlock`.
+    pub fn reader_drained(&mut self) {
+        self.found_reader_empty();
     }
 
     /// `read_from` found the reader empty: releases memory if recent frames
@@ -1183,6 +1199,46 @@ mod tests {
         let mut reader = Pieces::new(&stream[cut..], &[usize::MAX], false);
         let (got, error) = read_all(&mut decoder, &mut reader, 256 * 1024);
         assert_eq!((&got[..], error), (&frames[1..], None));
+        assert!(decoder.buf.capacity() <= RETAINED_CAPACITY);
+    }
+
+    #[test]
+    fn partial_counts_the_bytes_of_an_incomplete_frame() {
+        let (stream, frames) = sample_stream();
+        let mut decoder = FrameDecoder::new();
+        assert_eq!(decoder.partial(), 0);
+        let cut = frames[0].len() + 5;
+        assert_eq!(decoder.feed(&stream[..cut]), Ok(cut));
+        assert_eq!(decoder.partial(), 5);
+        assert_eq!(decoder.buffered(), cut);
+        assert_eq!(decoder.next_frame(), Ok(Some(&frames[0][..])));
+        assert_eq!(decoder.partial(), 5);
+        let rest = frames[1].len() - 5;
+        assert_eq!(decoder.feed(&stream[cut..cut + rest]), Ok(rest));
+        assert_eq!(decoder.partial(), 0);
+    }
+
+    #[test]
+    fn reader_drained_releases_like_would_block() {
+        let data = vec![7u8; 1 << 20];
+        let big = Message::Response(response::Repr::read_data(&data))
+            .encode_to_vec(1)
+            .unwrap();
+        let mut decoder = FrameDecoder::new();
+        let mut reader = Pieces::new(&big, &[usize::MAX], false);
+        let (got, _) = read_all(&mut decoder, &mut reader, 256 * 1024);
+        assert_eq!(got.len(), 1);
+        decoder.reader_drained();
+        assert!(decoder.buf.capacity() > RETAINED_CAPACITY);
+        let (_, frames) = sample_stream();
+        let ping = &frames[0];
+        for _ in 0..SMALL_FRAMES_BEFORE_RELEASE {
+            let mut input = &ping[..];
+            assert!(decoder.read_from(&mut input, 256 * 1024).is_ok());
+            assert_eq!(decoder.next_frame(), Ok(Some(&ping[..])));
+            // A short read: the caller knows the socket is empty.
+            decoder.reader_drained();
+        }
         assert!(decoder.buf.capacity() <= RETAINED_CAPACITY);
     }
 

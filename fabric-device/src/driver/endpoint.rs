@@ -7,7 +7,7 @@
 //! relayed from, so the payload is not copied; only what the socket does not
 //! take at once is queued.
 
-use std::io::{self, IoSlice, Write};
+use std::io::{self, IoSlice, Read, Write};
 
 use mio::net::TcpStream;
 use proto::FrameDecoder;
@@ -40,6 +40,10 @@ pub struct Endpoint {
     pub decoder: FrameDecoder,
     out: Vec<u8>,
     out_pos: usize,
+    /// An event said the peer hung up or the socket failed: read on to the
+    /// end or the error instead of stopping after a short read, since no
+    /// further event will come.
+    hangup_seen: bool,
 }
 
 impl Endpoint {
@@ -50,6 +54,7 @@ impl Endpoint {
             decoder: FrameDecoder::new(),
             out: Vec::new(),
             out_pos: 0,
+            hangup_seen: false,
         }
     }
 
@@ -58,10 +63,39 @@ impl Endpoint {
         self.out.len() - self.out_pos
     }
 
+    /// Notes what a readiness event said about the peer: once it hung up
+    /// (or the socket failed), [`fill`](Self::fill) reads until the end.
+    pub fn note_event(&mut self, event: &mio::event::Event) {
+        if event.is_read_closed() || event.is_error() {
+            self.hangup_seen = true;
+        }
+    }
+
     /// Reads whatever the socket has, as far as the decoder has room.
+    ///
+    /// A read that returns fewer bytes than it asked for has emptied the
+    /// socket's receive queue (TCP copies until the queue is empty or the
+    /// buffer full). When it also ended on a frame boundary (the peer
+    /// finished a batch), the socket counts as drained without another
+    /// read that would only say `WouldBlock`: bytes arriving later raise a
+    /// new readiness event (mio registers edge-triggered). In the middle of
+    /// a frame (a large payload streaming in) it reads on, since more is
+    /// about to arrive. A hang-up already reported raises no new event, so
+    /// after [`note_event`](Self::note_event) saw one, reading goes on to
+    /// the end of the stream.
     pub fn fill(&mut self) -> Fill {
         loop {
-            match self.decoder.read_from(&mut self.stream, READ_MAX) {
+            let mut probe = ShortReadProbe {
+                stream: &mut self.stream,
+                short: false,
+            };
+            match self.decoder.read_from(&mut probe, READ_MAX) {
+                Ok(ReadOutcome::Data(_))
+                    if probe.short && !self.hangup_seen && self.decoder.partial() == 0 =>
+                {
+                    self.decoder.reader_drained();
+                    return Fill::Drained;
+                }
                 Ok(ReadOutcome::Data(_)) => continue,
                 Ok(ReadOutcome::Full) => return Fill::Full,
                 Ok(ReadOutcome::Eof) => return Fill::Closed,
@@ -116,6 +150,21 @@ impl Endpoint {
             }
         }
         Ok(())
+    }
+}
+
+/// A socket reader that notes whether a read returned less than it was
+/// asked for.
+struct ShortReadProbe<'a> {
+    stream: &'a mut TcpStream,
+    short: bool,
+}
+
+impl Read for ShortReadProbe<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.stream.read(buf)?;
+        self.short = n > 0 && n < buf.len();
+        Ok(n)
     }
 }
 

@@ -14,6 +14,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use mio::event::Event;
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
@@ -116,6 +117,8 @@ struct ClientConn {
     paused: bool,
     /// Close once the queued bytes are written.
     closing: bool,
+    /// Listed in [`Device::to_flush`].
+    to_flush: bool,
 }
 
 /// A bound fabric device, ready to run.
@@ -127,6 +130,11 @@ pub struct Device {
     metrics: Arc<DeviceMetrics>,
     listeners: Vec<(PortId, TcpListener, SocketAddr)>,
     clients: IdMap<ConnId, ClientConn>,
+    /// Clients with bytes queued since the last flush: only these are
+    /// written at the end of a turn, however many clients are connected.
+    to_flush: Vec<ConnId>,
+    /// Clients paused for backpressure, checked at the end of a turn.
+    paused: Vec<ConnId>,
     next_client: usize,
     links: IdMap<LinkId, LinkConn>,
     admin: AdminServer,
@@ -194,6 +202,8 @@ impl Device {
             metrics,
             listeners,
             clients: IdMap::default(),
+            to_flush: Vec::new(),
+            paused: Vec::new(),
             next_client: CLIENT_BASE,
             links,
             admin,
@@ -243,34 +253,39 @@ impl Device {
             if !events.is_empty() {
                 last_event = now;
             }
-            for event in events.iter() {
-                match event.token() {
-                    SIGNALS => {
-                        for signal in signals.pending() {
-                            self.on_signal(signal);
-                        }
-                    }
-                    Token(i) if i < self.listeners.len() => self.accept(i),
-                    Token(t) if t >= LINK_BASE => {
-                        let link = LinkId((t - LINK_BASE) as u32);
-                        self.on_link_event(link, event.is_writable(), now);
-                    }
-                    Token(t) => self.on_client_event(t as ConnId, now),
-                }
-            }
+            self.dispatch(&events, &mut signals, now);
             let (expired, silent) = self.core.handle_timeouts(now);
             self.deliver_all(expired);
             for link in silent {
                 self.link_failed(link, now, "requests timed out");
             }
             self.resume_paused(now);
-            self.flush_all();
+            self.flush_all(now);
             if let Some(deadline) = self.draining
                 && (self.core_in_flight() == 0 || now >= deadline)
             {
-                self.flush_all();
+                self.flush_all(now);
                 log(&self.config.device, format_args!("drained, stopping"));
                 return Ok(());
+            }
+        }
+    }
+
+    /// Handles one batch of readiness events.
+    fn dispatch(&mut self, events: &Events, signals: &mut Signals, now: Instant) {
+        for event in events.iter() {
+            match event.token() {
+                SIGNALS => {
+                    for signal in signals.pending() {
+                        self.on_signal(signal);
+                    }
+                }
+                Token(i) if i < self.listeners.len() => self.accept(i),
+                Token(t) if t >= LINK_BASE => {
+                    let link = LinkId((t - LINK_BASE) as u32);
+                    self.on_link_event(link, event, now);
+                }
+                Token(t) => self.on_client_event(t as ConnId, event, now),
             }
         }
     }
@@ -404,15 +419,17 @@ impl Device {
                     endpoint: Endpoint::new(stream),
                     paused: false,
                     closing: false,
+                    to_flush: false,
                 },
             );
         }
     }
 
-    fn on_client_event(&mut self, conn: ConnId, now: Instant) {
+    fn on_client_event(&mut self, conn: ConnId, event: &Event, now: Instant) {
         let Some(client) = self.clients.get_mut(&conn) else {
             return;
         };
+        client.endpoint.note_event(event);
         if let Err(e) = client.endpoint.flush() {
             self.close_client(conn, &format!("write failed: {e}"));
             return;
@@ -430,7 +447,7 @@ impl Device {
             };
             match end {
                 FramesEnd::Paused => {
-                    client.paused = true;
+                    self.pause(conn);
                     return;
                 }
                 FramesEnd::Close(why) => {
@@ -453,9 +470,7 @@ impl Device {
                     match self.handle_client_frames(conn, now) {
                         FramesEnd::Drained => return,
                         FramesEnd::Paused => {
-                            if let Some(client) = self.clients.get_mut(&conn) {
-                                client.paused = true;
-                            }
+                            self.pause(conn);
                             return;
                         }
                         FramesEnd::Close(why) => {
@@ -479,8 +494,31 @@ impl Device {
         }
     }
 
+    /// Stops reading a client until [`Device::resume_paused`] finds room.
+    fn pause(&mut self, conn: ConnId) {
+        if let Some(client) = self.clients.get_mut(&conn)
+            && !client.paused
+        {
+            client.paused = true;
+            self.paused.push(conn);
+        }
+    }
+
+    /// Lists a client for the end-of-turn flush if it has bytes queued.
+    fn queue_flush(&mut self, conn: ConnId) {
+        if let Some(client) = self.clients.get_mut(&conn) {
+            mark_to_flush(&mut self.to_flush, conn, client);
+        }
+    }
+
     /// Hands every complete frame a client sent to the core.
     fn handle_client_frames(&mut self, conn: ConnId, now: Instant) -> FramesEnd {
+        let end = self.client_frames(conn, now);
+        self.queue_flush(conn);
+        end
+    }
+
+    fn client_frames(&mut self, conn: ConnId, now: Instant) -> FramesEnd {
         let Self {
             core,
             clients,
@@ -550,21 +588,21 @@ impl Device {
 
     /// Resumes clients paused for backpressure that have room again.
     fn resume_paused(&mut self, now: Instant) {
-        let ready: Vec<ConnId> = self
-            .clients
-            .iter()
-            .filter(|(conn, c)| {
-                c.paused
-                    && self.core.client_has_room(**conn)
-                    && c.endpoint.pending_out() <= CLIENT_OUT_HIGH_WATER
-            })
-            .map(|(conn, _)| *conn)
-            .collect();
-        for conn in ready {
-            if let Some(client) = self.clients.get_mut(&conn) {
+        if self.paused.is_empty() {
+            return;
+        }
+        for conn in std::mem::take(&mut self.paused) {
+            let Some(client) = self.clients.get_mut(&conn) else {
+                continue;
+            };
+            if self.core.client_has_room(conn)
+                && client.endpoint.pending_out() <= CLIENT_OUT_HIGH_WATER
+            {
                 client.paused = false;
+                self.serve_client(conn, now);
+            } else {
+                self.paused.push(conn);
             }
-            self.serve_client(conn, now);
         }
     }
 
@@ -573,26 +611,16 @@ impl Device {
         for (conn, reply) in replies {
             if let Some(client) = self.clients.get_mut(&conn) {
                 let _ = client.endpoint.send(reply.as_bytes(), &[]);
+                mark_to_flush(&mut self.to_flush, conn, client);
             }
         }
     }
 
     /// Writes everything queued; closes clients that asked for it once
-    /// their queue is empty, and clients whose socket failed.
-    fn flush_all(&mut self) {
-        let mut close = Vec::new();
-        for (conn, client) in &mut self.clients {
-            match client.endpoint.flush() {
-                Ok(()) if client.closing && client.endpoint.pending_out() == 0 => {
-                    close.push((*conn, "refused".to_owned()));
-                }
-                Ok(()) => {}
-                Err(e) => close.push((*conn, format!("write failed: {e}"))),
-            }
-        }
-        for (conn, why) in close {
-            self.close_client(conn, &why);
-        }
+    /// their queue is empty, and clients whose socket failed. Links go
+    /// first: the servers can start on their requests while the replies to
+    /// clients are written.
+    fn flush_all(&mut self, now: Instant) {
         let mut failed = Vec::new();
         for (link, conn) in &mut self.links {
             if let LinkConn::Connected { endpoint } = conn
@@ -601,9 +629,26 @@ impl Device {
                 failed.push((*link, e.to_string()));
             }
         }
-        let now = Instant::now();
         for (link, why) in failed {
             self.link_failed(link, now, &why);
+        }
+        let mut close = Vec::new();
+        for conn in std::mem::take(&mut self.to_flush) {
+            let Some(client) = self.clients.get_mut(&conn) else {
+                continue;
+            };
+            client.to_flush = false;
+            match client.endpoint.flush() {
+                Ok(()) if client.closing && client.endpoint.pending_out() == 0 => {
+                    close.push((conn, "refused".to_owned()));
+                }
+                // The socket took part: try again next turn.
+                Ok(()) => mark_to_flush(&mut self.to_flush, conn, client),
+                Err(e) => close.push((conn, format!("write failed: {e}"))),
+            }
+        }
+        for (conn, why) in close {
+            self.close_client(conn, &why);
         }
     }
 
@@ -706,9 +751,9 @@ impl Device {
         self.schedule_retry(link, now, backoff);
     }
 
-    fn on_link_event(&mut self, link: LinkId, writable: bool, now: Instant) {
+    fn on_link_event(&mut self, link: LinkId, event: &Event, now: Instant) {
         if let Some(LinkConn::Connecting { endpoint, .. }) = self.links.get_mut(&link) {
-            if !writable {
+            if !event.is_writable() {
                 return;
             }
             let connected = match endpoint.stream.take_error() {
@@ -726,6 +771,7 @@ impl Device {
                     else {
                         return;
                     };
+                    endpoint.note_event(event);
                     let hello = self.core.link_connected(link);
                     let sent = endpoint.send(&hello, &[]).and_then(|()| endpoint.flush());
                     self.links.insert(link, LinkConn::Connected { endpoint });
@@ -739,6 +785,9 @@ impl Device {
                     return;
                 }
             }
+        }
+        if let Some(LinkConn::Connected { endpoint }) = self.links.get_mut(&link) {
+            endpoint.note_event(event);
         }
         self.serve_link(link, now);
     }
@@ -779,6 +828,7 @@ impl Device {
         let Self {
             core,
             clients,
+            to_flush,
             links,
             metrics,
             ..
@@ -801,6 +851,7 @@ impl Device {
                 } => {
                     if let Some(client) = clients.get_mut(&conn) {
                         let _ = client.endpoint.send(&head, payload);
+                        mark_to_flush(to_flush, conn, client);
                     }
                 }
                 LinkAction::Nothing => {}
@@ -822,6 +873,14 @@ enum FramesEnd {
     Paused,
     /// Close the connection.
     Close(String),
+}
+
+/// Lists `client` in `to_flush` once, if it has bytes queued.
+fn mark_to_flush(to_flush: &mut Vec<ConnId>, conn: ConnId, client: &mut ClientConn) {
+    if !client.to_flush && client.endpoint.pending_out() > 0 {
+        client.to_flush = true;
+        to_flush.push(conn);
+    }
 }
 
 /// An error and its causes on one line.
