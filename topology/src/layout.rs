@@ -6,12 +6,10 @@
 //! not collide with an explicitly placed one. Daemons and clients that read the
 //! same file derive the same layout and compare [`Layout::digest`] to be sure.
 
-use std::fmt;
-use std::num::NonZeroU64;
-
 use sha2::{Digest, Sha256};
 
 use crate::addr::{PmemAddr, RegionIndex, RegionOffset};
+use crate::extent_table::ExtentTable;
 use crate::ids::{PmemDeviceId, RegionId, ServerId, SocketId};
 use crate::meta::MetaLayout;
 use crate::model::{CachePolicy, Topology};
@@ -119,10 +117,11 @@ pub enum LayoutError {
 /// whole number of extents from the lowest start and is a whole number of
 /// extents long (always so for a validated topology), and the regions cover
 /// about a quarter of the span they sit in (with some slack for small
-/// layouts), the layout keeps an extent table with one `u32` per extent of
-/// that span: the region index + 1, or 0 for a hole. That costs 4 bytes per
-/// extent (per 2 MiB with the default extent size): about 11 MB for
-/// 1,000,000 regions of 1–4 extents, and never more than 256 MiB (64 Mi
+/// layouts), the layout keeps an extent table (see
+/// `extent_table.rs`) with one 8-byte slot per extent of that span:
+/// which region holds the extent and which of its extents it is. That costs
+/// 8 bytes per extent (per 2 MiB with the default extent size): about 22 MB
+/// for 1,000,000 regions of 1–4 extents, and never more than 256 MiB (32 Mi
 /// slots). Other layouts are looked up by binary search over the sorted
 /// start addresses, in O(log n).
 ///
@@ -154,97 +153,6 @@ impl PartialEq for Layout {
 }
 
 impl Eq for Layout {}
-
-/// How an offset from the table's base becomes a slot number.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Step {
-    /// The extent size is `1 << shift`.
-    Shift(u32),
-    /// Any other extent size.
-    Divide(NonZeroU64),
-}
-
-/// The region of every extent between the lowest region start and the
-/// highest region end: derived state of a dense [`Layout`].
-#[derive(Clone)]
-struct ExtentTable {
-    /// The address of slot 0: the lowest region start.
-    base: u64,
-    /// Slot number of `addr` is `(addr - base) / extent_size`.
-    step: Step,
-    /// For each extent from `base`: its region's index + 1, or 0 for a hole.
-    slots: Box<[u32]>,
-}
-
-impl fmt::Debug for ExtentTable {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ExtentTable")
-            .field("base", &self.base)
-            .field("step", &self.step)
-            .field("slots", &self.slots.len())
-            .finish()
-    }
-}
-
-impl ExtentTable {
-    /// The most slots a table may have (256 MiB of `u32`s).
-    const MAX_SLOTS: u64 = 64 << 20;
-    /// A table may span at most this many times the extents its regions
-    /// cover, plus [`Self::SLACK_SLOTS`] …
-    const SPARSITY: u64 = 4;
-    /// … so that small layouts with a few holes get one too.
-    const SLACK_SLOTS: u64 = 1024;
-
-    /// The table of `entries` (valid, non-overlapping, renumbered), or
-    /// `None` when some region is not extent-aligned relative to the lowest
-    /// start, or the layout is too sparse or too large for a table.
-    fn build(extent_size: u64, entries: &[LayoutEntry]) -> Option<Self> {
-        let size = NonZeroU64::new(extent_size)?;
-        let base = entries.iter().map(|e| e.start.get()).min()?;
-        let end = entries.iter().map(LayoutEntry::end).max()?;
-        let mut covered = 0u64;
-        for e in entries {
-            if (e.start.get() - base) % extent_size != 0 || e.len % extent_size != 0 {
-                return None;
-            }
-            covered = covered.saturating_add(e.len / extent_size);
-        }
-        // Exact: `end` is the end of an aligned region.
-        let span = (end - base) / extent_size;
-        let limit = covered
-            .saturating_mul(Self::SPARSITY)
-            .saturating_add(Self::SLACK_SLOTS)
-            .min(Self::MAX_SLOTS);
-        if span > limit {
-            return None;
-        }
-        let mut slots = vec![0u32; usize::try_from(span).ok()?].into_boxed_slice();
-        for e in entries {
-            let first = usize::try_from((e.start.get() - base) / extent_size).ok()?;
-            let count = usize::try_from(e.len / extent_size).ok()?;
-            // Region indices are below `u32::MAX` (checked by `from_entries`).
-            slots[first..first + count].fill(e.region.0 + 1);
-        }
-        let step = if size.is_power_of_two() {
-            Step::Shift(size.trailing_zeros())
-        } else {
-            Step::Divide(size)
-        };
-        Some(Self { base, step, slots })
-    }
-
-    /// The index of the region whose extents hold `addr`, if any.
-    #[inline]
-    fn region_at(&self, addr: u64) -> Option<u32> {
-        let rel = addr.checked_sub(self.base)?;
-        let slot = match self.step {
-            Step::Shift(shift) => rel >> shift,
-            Step::Divide(size) => rel / size,
-        };
-        let value = *self.slots.get(usize::try_from(slot).ok()?)?;
-        value.checked_sub(1)
-    }
-}
 
 /// Rounds `value` up to a multiple of `align` (a power of two or any non-zero
 /// value), or `None` on overflow.
@@ -456,11 +364,18 @@ impl Layout {
     /// table load), in O(log n) otherwise (see [`Layout`]).
     #[inline]
     pub fn lookup(&self, addr: PmemAddr) -> Option<Location<'_>> {
-        let index = match &self.table {
-            Some(table) => table.region_at(addr.get()),
-            None => self.search(addr.get()),
-        }?;
-        self.locate(index, addr)
+        match &self.table {
+            Some(table) => {
+                let (index, offset) = table.locate(addr.get())?;
+                // Only the entry's address, not the entry, is needed here.
+                let entry = self.entries.get(index as usize)?;
+                Some(Location {
+                    entry,
+                    offset: RegionOffset::new(RegionIndex(index), offset),
+                })
+            }
+            None => self.locate(self.search(addr.get())?, addr),
+        }
     }
 
     /// The index of the region with the highest start at or below `addr`
@@ -526,6 +441,7 @@ impl Layout {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::extent_table::Step;
     use crate::load::EnvOverrides;
 
     fn default_topology() -> Topology {
@@ -634,8 +550,7 @@ mod tests {
         let searched = pair(layout.search(addr).and_then(|i| layout.locate(i, at)));
         assert_eq!(searched, scan, "binary search at {addr:#x}");
         if let Some(table) = &layout.table {
-            let tabled = pair(table.region_at(addr).and_then(|i| layout.locate(i, at)));
-            assert_eq!(tabled, scan, "extent table at {addr:#x}");
+            assert_eq!(table.locate(addr), scan, "extent table at {addr:#x}");
         }
         assert_eq!(pair(layout.lookup(at)), scan, "lookup at {addr:#x}");
         scan
@@ -647,9 +562,9 @@ mod tests {
         let table = layout.table.as_ref().unwrap();
         assert_eq!(table.base, 1 << 32);
         assert_eq!(table.step, Step::Shift(21));
-        assert_eq!(table.slots.len(), 4 * 32);
-        assert_eq!(table.slots[0], 1);
-        assert_eq!(table.slots[4 * 32 - 1], 4);
+        assert_eq!(table.len(), 4 * 32);
+        assert_eq!(table.slot(0).and_then(|s| s.get()), Some((0, 0)));
+        assert_eq!(table.slot(4 * 32 - 1).and_then(|s| s.get()), Some((3, 31)));
     }
 
     #[test]
@@ -695,7 +610,7 @@ mod tests {
         // the base is not extent-aligned, only the offsets from it are.
         let base = u64::MAX - 3 * MIB2;
         let layout = layout(MIB2, &[(base, MIB2), (base + 2 * MIB2, MIB2)]);
-        assert_eq!(layout.table.as_ref().unwrap().slots.len(), 3);
+        assert_eq!(layout.table.as_ref().unwrap().len(), 3);
         assert_eq!(look(&layout, base), Some((0, 0)));
         assert_eq!(look(&layout, base + MIB2), None);
         assert_eq!(look(&layout, u64::MAX - 1), Some((1, MIB2 - 1)));
@@ -708,7 +623,7 @@ mod tests {
         let layout = layout(3000, &[(10_000, 6000), (19_000, 3000)]);
         let table = layout.table.as_ref().unwrap();
         assert!(matches!(table.step, Step::Divide(d) if d.get() == 3000));
-        assert_eq!(&*table.slots, &[1, 1, 0, 2]);
+        assert_eq!(table.regions(), [1, 1, 0, 2]);
         for (addr, want) in [
             (9_999, None),
             (10_000, Some((0, 0))),
@@ -721,6 +636,34 @@ mod tests {
         ] {
             assert_eq!(look(&layout, addr), want, "at {addr}");
         }
+    }
+
+    #[test]
+    fn large_tables_sit_on_huge_pages_and_clone() {
+        // 300,001 slots of 8 bytes: past the 2 MiB where tables leave the heap.
+        let extent = 4096;
+        let base = 1 << 40;
+        let first = 200_000 * extent;
+        let second = base + first + extent;
+        let layout = layout(extent, &[(base, first), (second, 100_000 * extent)]);
+        let table = layout.table.as_ref().unwrap();
+        assert_eq!(table.len(), 300_001);
+        assert!(table.on_huge_boundary());
+        let copy = layout.clone();
+        assert!(copy.table.as_ref().unwrap().on_huge_boundary());
+        for l in [&layout, &copy] {
+            assert_eq!(look(l, base), Some((0, 0)));
+            assert_eq!(look(l, base + first - 1), Some((0, first - 1)));
+            assert_eq!(look(l, base + first), None, "the one-extent hole");
+            assert_eq!(
+                look(l, second + 12_345 * extent + 7),
+                Some((1, 12_345 * extent + 7))
+            );
+            assert_eq!(look(l, second + 100_000 * extent), None, "one past the end");
+        }
+        // Small tables stay on the heap.
+        let small = Layout::new(&default_topology()).unwrap();
+        assert!(!small.table.as_ref().unwrap().on_huge_boundary());
     }
 
     #[test]
@@ -749,7 +692,7 @@ mod tests {
         assert_eq!(look(&empty, base), None);
         // Up to the slack, holes do not matter.
         let holey = layout(MIB2, &[(base, MIB2), (base + 1024 * MIB2, MIB2)]);
-        assert_eq!(holey.table.as_ref().unwrap().slots.len(), 1025);
+        assert_eq!(holey.table.as_ref().unwrap().len(), 1025);
     }
 
     #[test]
@@ -764,7 +707,7 @@ mod tests {
                 (base + 3 * MIB2, 0),
             ],
         );
-        assert_eq!(&*layout.table.as_ref().unwrap().slots, &[2, 0, 0]);
+        assert_eq!(layout.table.as_ref().unwrap().regions(), [2, 0, 0]);
         assert_eq!(look(&layout, base), Some((1, 0)));
         assert_eq!(look(&layout, base + MIB2), None);
         assert_eq!(look(&layout, base + 3 * MIB2), None);

@@ -13,6 +13,7 @@
 //! Nothing here does I/O beyond reading the file.
 
 pub mod addr;
+mod extent_table;
 pub mod ids;
 pub mod layout;
 pub mod load;
