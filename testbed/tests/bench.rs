@@ -50,13 +50,28 @@ fn quick_bench_writes_a_complete_report() {
             "{system} missing"
         );
     }
-    assert!(
-        rates
-            .iter()
-            .filter(|r| r["system"] == "fabric")
-            .all(|r| r["server_cpu_s_per_million"].is_number()),
-        "server CPU per million operations reported for every fabric workload"
-    );
+    // Server CPU per million operations for every workload of every
+    // system; device CPU exactly on the fabric path.
+    let latency = report["latency"].as_array().expect("latency");
+    for case in rates.iter().chain(latency) {
+        let system = case.get("system").unwrap_or(&case["path"]);
+        let server = case["server_cpu_s_per_million"].as_f64();
+        assert!(
+            server.is_some_and(|v| v.is_finite() && v >= 0.0),
+            "server CPU per million operations missing: {case}"
+        );
+        assert_eq!(
+            case["device_cpu_s_per_million"].is_number(),
+            system == "fabric",
+            "device CPU per million operations: {case}"
+        );
+    }
+    for redis in report["redis"].as_array().expect("redis") {
+        assert!(
+            redis["server_cpu_s_per_million"].is_number(),
+            "redis-server CPU per million requests missing: {redis}"
+        );
+    }
     let markdown = std::fs::read_to_string(out.join("report.md")).expect("read report.md");
     assert!(markdown.contains("`fabric_tput_over_redis`"));
 }

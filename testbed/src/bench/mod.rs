@@ -78,6 +78,12 @@ pub struct LatencyCase {
     pub size: u32,
     /// The round trips.
     pub quantiles: Quantiles,
+    /// pmem-server CPU seconds per million operations.
+    #[serde(default)]
+    pub server_cpu_s_per_million: Option<f64>,
+    /// fabric-device CPU seconds per million operations (fabric path only).
+    #[serde(default)]
+    pub device_cpu_s_per_million: Option<f64>,
 }
 
 /// One throughput or bandwidth figure.
@@ -97,7 +103,8 @@ pub struct RateCase {
     pub ops_per_s: f64,
     /// Bytes per second.
     pub bytes_per_s: f64,
-    /// pmem-server CPU seconds per million operations (pmem-fabric only).
+    /// Server (pmem-server or redis-server) CPU seconds per million
+    /// operations.
     pub server_cpu_s_per_million: Option<f64>,
     /// fabric-device CPU seconds per million operations (fabric path only).
     pub device_cpu_s_per_million: Option<f64>,
@@ -257,6 +264,7 @@ pub fn run(quick: bool, out: &Path) -> anyhow::Result<(BenchReport, BenchFiles)>
             (BenchOp::WritePersist, 4096),
             (BenchOp::CompareSwap, 8),
         ] {
+            let meter = CpuMeter::start(path, pids);
             let h = client::latency(
                 &mut conn,
                 &shape(op, size),
@@ -264,11 +272,16 @@ pub fn run(quick: bool, out: &Path) -> anyhow::Result<(BenchReport, BenchFiles)>
                 plan.duration(),
                 plan.samples,
             )?;
+            // The 200 warm-up round trips count too: they cost the same.
+            let (server_cpu_s_per_million, device_cpu_s_per_million) =
+                meter.per_million(h.count() + 200);
             latency.push(LatencyCase {
                 path: path.to_owned(),
                 op: op.name().to_owned(),
                 size,
                 quantiles: quantiles(&h),
+                server_cpu_s_per_million,
+                device_cpu_s_per_million,
             });
             histograms.insert(format!("{path} {} {size} B", op.name()), h);
         }
@@ -304,7 +317,6 @@ pub fn run(quick: bool, out: &Path) -> anyhow::Result<(BenchReport, BenchFiles)>
             }
         }
     }
-    let (_, _) = pids;
     drop(fabric);
 
     let mut redis = Vec::new();
@@ -335,7 +347,7 @@ pub fn run(quick: bool, out: &Path) -> anyhow::Result<(BenchReport, BenchFiles)>
                 depth: plan.depth,
                 ops_per_s: r.ops_per_s,
                 bytes_per_s: r.ops_per_s * 64.0,
-                server_cpu_s_per_million: None,
+                server_cpu_s_per_million: r.server_cpu_s_per_million,
                 device_cpu_s_per_million: None,
             });
             redis.push(r);
@@ -383,13 +395,12 @@ fn rate(
     clients: usize,
     depth: usize,
     duration: Duration,
-    (server, device): (Option<u32>, Option<u32>),
+    daemons: (Option<u32>, Option<u32>),
 ) -> anyhow::Result<RateCase> {
-    let cpu = |pid: Option<u32>| pid.and_then(|p| peers::cpu_seconds(p).ok());
     let mut conns = (0..clients)
         .map(|_| paths.connect(path))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let (server_before, device_before) = (cpu(server), cpu(device));
+    let meter = CpuMeter::start(path, daemons);
     let results: Vec<std::io::Result<(u64, Duration)>> = std::thread::scope(|s| {
         let handles: Vec<_> = conns
             .iter_mut()
@@ -410,10 +421,7 @@ fn rate(
         ops += n;
         elapsed = elapsed.max(took);
     }
-    let per_million = |before: Option<f64>, pid| {
-        let after = cpu(pid)?;
-        Some((after - before?) / ops.max(1) as f64 * 1e6)
-    };
+    let (server_cpu_s_per_million, device_cpu_s_per_million) = meter.per_million(ops);
     let ops_per_s = ops as f64 / elapsed.as_secs_f64().max(1e-9);
     Ok(RateCase {
         system: path.to_owned(),
@@ -423,13 +431,45 @@ fn rate(
         depth,
         ops_per_s,
         bytes_per_s: ops_per_s * f64::from(shape.size),
-        server_cpu_s_per_million: per_million(server_before, server),
-        device_cpu_s_per_million: if path == "fabric" {
-            per_million(device_before, device)
-        } else {
-            None
-        },
+        server_cpu_s_per_million,
+        device_cpu_s_per_million,
     })
+}
+
+/// The CPU time the daemons (pmem-server, and the fabric device on the
+/// fabric path) spend on one measurement.
+struct CpuMeter {
+    server: Option<(u32, f64)>,
+    device: Option<(u32, f64)>,
+}
+
+impl CpuMeter {
+    /// Starts counting for `path` with the daemons' pids `(server, device)`.
+    fn start(path: &str, (server, device): (Option<u32>, Option<u32>)) -> Self {
+        let reading = |pid: Option<u32>| {
+            let pid = pid?;
+            Some((pid, peers::cpu_seconds(pid).ok()?))
+        };
+        Self {
+            server: reading(server),
+            device: if path == "fabric" {
+                reading(device)
+            } else {
+                None
+            },
+        }
+    }
+
+    /// CPU seconds per million of `ops` operations since the start, of the
+    /// server and of the device.
+    fn per_million(&self, ops: u64) -> (Option<f64>, Option<f64>) {
+        let since = |start: Option<(u32, f64)>| {
+            let (pid, before) = start?;
+            let after = peers::cpu_seconds(pid).ok()?;
+            Some((after - before) / ops.max(1) as f64 * 1e6)
+        };
+        (since(self.server), since(self.device))
+    }
 }
 
 /// The ratios BENCHMARKS.md and the bench issue track.
@@ -610,21 +650,29 @@ pub fn markdown(report: &BenchReport) -> String {
     );
     let _ = writeln!(
         md,
-        "## pmem-fabric latency, queue depth 1\n\n| path | op | size B | p50 µs | p99 µs | p99.9 µs | samples |\n|---|---|---:|---:|---:|---:|---:|"
+        "## pmem-fabric latency, queue depth 1\n\n| path | op | size B | p50 µs | p99 µs | p99.9 µs | samples | server CPU s / M ops | device CPU s / M ops |\n|---|---|---:|---:|---:|---:|---:|---:|---:|"
     );
+    let cpu = |v: Option<f64>| v.map_or_else(|| "–".to_owned(), |v| format!("{v:.1}"));
     for c in &report.latency {
         let q = &c.quantiles;
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {:.1} | {:.1} | {:.1} | {} |",
-            c.path, c.op, c.size, q.p50_us, q.p99_us, q.p999_us, q.samples
+            "| {} | {} | {} | {:.1} | {:.1} | {:.1} | {} | {} | {} |",
+            c.path,
+            c.op,
+            c.size,
+            q.p50_us,
+            q.p99_us,
+            q.p999_us,
+            q.samples,
+            cpu(c.server_cpu_s_per_million),
+            cpu(c.device_cpu_s_per_million)
         );
     }
     let _ = writeln!(
         md,
         "\n## Throughput and bandwidth\n\n| system | op | size B | clients | depth | ops/s | MB/s | server CPU s / M ops | device CPU s / M ops |\n|---|---|---:|---:|---:|---:|---:|---:|---:|"
     );
-    let cpu = |v: Option<f64>| v.map_or_else(|| "–".to_owned(), |v| format!("{v:.1}"));
     for r in &report.rates {
         let _ = writeln!(
             md,
@@ -642,19 +690,20 @@ pub fn markdown(report: &BenchReport) -> String {
     }
     let _ = writeln!(
         md,
-        "\n## redis\n\n| test | value B | clients | pipeline | ops/s | p50 µs | p99 µs |\n|---|---:|---:|---:|---:|---:|---:|"
+        "\n## redis\n\n| test | value B | clients | pipeline | ops/s | p50 µs | p99 µs | server CPU s / M ops |\n|---|---:|---:|---:|---:|---:|---:|---:|"
     );
     for r in &report.redis {
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {:.0} | {:.1} | {:.1} |",
+            "| {} | {} | {} | {} | {:.0} | {:.1} | {:.1} | {} |",
             r.test,
             r.value_size,
             r.clients,
             r.pipeline,
             r.ops_per_s,
             r.latency.p50_us,
-            r.latency.p99_us
+            r.latency.p99_us,
+            cpu(r.server_cpu_s_per_million)
         );
     }
     let _ = writeln!(

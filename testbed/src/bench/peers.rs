@@ -716,6 +716,9 @@ pub struct RedisResult {
     /// cumulative distributions, µs); a step function with a few dozen
     /// steps, for a CDF plot.
     pub histogram: LatencyHistogram,
+    /// redis-server CPU seconds per million requests of this test.
+    #[serde(default)]
+    pub server_cpu_s_per_million: Option<f64>,
 }
 
 /// The figures of one redis-benchmark test.
@@ -785,9 +788,14 @@ pub fn redis_benchmark(
         &REDIS_KEYSPACE.to_string(),
     ]);
     let timeout = Duration::from_secs(30) + Duration::from_millis(requests);
+    let cpu_before = cpu_seconds(server.pid()).ok();
     let done = run("redis-benchmark", &args, timeout)?;
+    let server_cpu_s_per_million = cpu_before
+        .zip(cpu_seconds(server.pid()).ok())
+        .map(|(before, after)| (after - before) / requests as f64 * 1e6);
     let figures = parse_redis_benchmark(&test, &done.stdout)?;
     Ok(RedisResult {
+        server_cpu_s_per_million,
         test,
         ops_per_s: figures.ops_per_s,
         latency: figures.latency,
