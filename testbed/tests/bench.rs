@@ -72,6 +72,12 @@ fn quick_bench_writes_a_complete_report() {
             "redis-server CPU per million requests missing: {redis}"
         );
     }
+    assert!(
+        report["plan"]["device_busy_poll_us"]
+            .as_u64()
+            .is_some_and(|us| us > 0),
+        "the device's busy polling is part of the plan"
+    );
     let markdown = std::fs::read_to_string(out.join("report.md")).expect("read report.md");
     assert!(markdown.contains("`fabric_tput_over_redis`"));
 }
