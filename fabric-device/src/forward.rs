@@ -377,17 +377,20 @@ impl Forwarder {
             .get(&conn)
             .and_then(|s| s.client.as_ref())
             .ok_or(Status::UnknownClient)?;
-        let (entry, offset) = match req.target {
+        // The region index, the offset in it and the PMEM address; a
+        // PMEM-addressed request needs only the map's extent table, not the
+        // region's entry.
+        let (region, offset, addr) = match req.target {
             Target::Pmem(addr) => {
                 let at = self.map.lookup(addr).ok_or(Status::Unmapped)?;
-                (at.entry, at.offset.offset)
+                (at.offset.region, at.offset.offset, addr.get())
             }
             Target::Region(at) => {
                 let entry = self.map.layout.entry(at.region).ok_or(Status::Unmapped)?;
                 if at.offset >= entry.len {
                     return Err(Status::Unmapped);
                 }
-                (entry, at.offset)
+                (entry.region, at.offset, entry.start.get() + at.offset)
             }
         };
         let len = match req.operation {
@@ -395,10 +398,14 @@ impl Forwarder {
             op if op.is_atomic() => 8,
             _ => u64::from(req.length),
         };
-        if !policy.allows(entry.start.get() + offset, len) {
+        if !policy.allows(addr, len) {
             return Err(Status::AccessDenied);
         }
-        let link = self.map.region_links[entry.region.0 as usize]
+        let link = self
+            .map
+            .region_links
+            .get(region.0 as usize)
+            .ok_or(Status::Unmapped)?
             .iter()
             .map(|&i| self.link_ids[i])
             .find(|id| {
@@ -408,7 +415,7 @@ impl Forwarder {
             })
             .ok_or(Status::ServerUnavailable)?;
         Ok(Route {
-            region: entry.region.0,
+            region: region.0,
             offset,
             client_number: policy.number,
             link,
@@ -1161,6 +1168,26 @@ mod tests {
                 Status::AccessDenied
             );
         }
+        // Region-addressed requests are held to the same ranges.
+        let region_read = |region: &str, offset: u64| {
+            let index = core.map.layout.entry_by_id(&region.into()).unwrap().region;
+            Message::Request(Repr::read(
+                Target::Region(RegionOffset::new(index, offset)),
+                key(&core, region),
+                8,
+            ))
+            .encode_to_vec(3)
+            .unwrap()
+        };
+        let (inside, outside) = (region_read("PA.2", 4096), region_read("PA.1", 0));
+        assert!(matches!(
+            core.client_frame(1, &inside, Instant::now()),
+            ClientAction::Forward { .. }
+        ));
+        assert_eq!(
+            refused(core.client_frame(1, &outside, Instant::now())),
+            Status::AccessDenied
+        );
     }
 
     #[test]
