@@ -308,9 +308,42 @@ impl Fabric {
             return Ok(None);
         };
         let client = client.id.to_string();
+        self.as_client(&client, |pool| async move {
+            match Allocator::attach(pool.clone()).await {
+                Ok(_) => Ok(AllocatorState::AlreadyFormatted),
+                Err(AllocError::NotFormatted { .. }) => {
+                    match Allocator::format(pool, false).await {
+                        Ok(_) => Ok(AllocatorState::Formatted),
+                        // Someone formatted it in between.
+                        Err(AllocError::AlreadyFormatted { .. }) => {
+                            Ok(AllocatorState::AlreadyFormatted)
+                        }
+                        Err(e) => Err(error_chain(&e)),
+                    }
+                }
+                Err(e) => Err(error_chain(&e)),
+            }
+        })
+        .map(Some)
+        .map_err(|why| LaunchError::Allocator {
+            pool: self.topology.pool.name.clone(),
+            client,
+            why,
+        })
+    }
+
+    /// Connects to the pool as `client` (inside its namespace in netns
+    /// mode) on a runtime of its own and runs `work` with that pool; any
+    /// failure comes back as its message.
+    pub fn as_client<T, F, Fut>(&self, client: &str, work: F) -> Result<T, String>
+    where
+        T: Send,
+        F: FnOnce(AsyncPool) -> Fut + Send,
+        Fut: std::future::Future<Output = Result<T, String>>,
+    {
         let topology = self.topology.clone();
-        let as_client = client.clone();
-        let prepare = move || -> Result<AllocatorState, String> {
+        let as_client = client.to_owned();
+        let connect_and_work = move || -> Result<T, String> {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -319,31 +352,15 @@ impl Fabric {
                 let pool = AsyncPool::connect(topology, as_client.as_str())
                     .await
                     .map_err(|e| error_chain(&e))?;
-                match Allocator::attach(pool.clone()).await {
-                    Ok(_) => Ok(AllocatorState::AlreadyFormatted),
-                    Err(AllocError::NotFormatted { .. }) => {
-                        match Allocator::format(pool, false).await {
-                            Ok(_) => Ok(AllocatorState::Formatted),
-                            // Someone formatted it in between.
-                            Err(AllocError::AlreadyFormatted { .. }) => {
-                                Ok(AllocatorState::AlreadyFormatted)
-                            }
-                            Err(e) => Err(error_chain(&e)),
-                        }
-                    }
-                    Err(e) => Err(error_chain(&e)),
-                }
+                work(pool).await
             })
         };
-        let result = match self.client_namespace(&client) {
-            Some(ns) => netns::in_namespace(&ns, prepare)?,
-            None => prepare(),
-        };
-        result.map(Some).map_err(|why| LaunchError::Allocator {
-            pool: self.topology.pool.name.clone(),
-            client,
-            why,
-        })
+        match self.client_namespace(client) {
+            Some(ns) => {
+                netns::in_namespace(&ns, connect_and_work).unwrap_or_else(|e| Err(error_chain(&e)))
+            }
+            None => connect_and_work(),
+        }
     }
 
     fn namespace(&self, kind: DaemonKind, id: &str) -> Option<String> {

@@ -186,6 +186,9 @@ enum Command {
         bucket_ms: u64,
         #[arg(long)]
         zipfian: bool,
+        /// Zero the worker's slice first (a reused data directory).
+        #[arg(long)]
+        clear: bool,
         #[arg(long)]
         out: PathBuf,
     },
@@ -326,8 +329,6 @@ fn worker(
     out: PathBuf,
 ) -> anyhow::Result<()> {
     let topology = topology::Topology::load(&topology)?;
-    let layout = Layout::new(&topology)?;
-    let space: u64 = layout.entries().iter().map(|e| e.len).sum();
     let now_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
@@ -342,6 +343,14 @@ fn worker(
         let pool = client_vmm::AsyncPool::connect(topology, config.client.as_str())
             .await
             .map_err(|e| anyhow::anyhow!(client_vmm::error_chain(&e)))?;
+        let space = testbed::workload::space::open(&pool)
+            .await
+            .map_err(|why| anyhow::anyhow!("where the keys live: {why}"))?;
+        if config.clear {
+            testbed::workload::clear_slice(&pool, space, &config)
+                .await
+                .map_err(|e| anyhow::anyhow!("clear the slice: {}", client_vmm::error_chain(&e)))?;
+        }
         let progress = std::sync::Arc::new(Progress::default());
         let reporter = {
             let progress = std::sync::Arc::clone(&progress);
@@ -482,6 +491,7 @@ fn main() -> ExitCode {
             start_unix_ms,
             bucket_ms,
             zipfian,
+            clear,
             out,
         } => {
             let worker_config = WorkerConfig {
@@ -496,6 +506,7 @@ fn main() -> ExitCode {
                 keys,
                 seed,
                 bucket_ms,
+                clear,
             };
             outcome(worker(worker_config, config, start_unix_ms, out).map(|()| true))
         }

@@ -11,13 +11,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
-use client_vmm::AsyncPool;
 use indicatif::{ProgressBar, ProgressStyle};
-use topology::Topology;
+use topology::{Topology, VirtAddr};
 
 use crate::launch::{DaemonKind, Endpoint, Fabric, LaunchOptions, NetMode};
 use crate::report::{FaultRecord, ReportFiles, RunReport, Timeline, Verification, write_report};
-use crate::workload::keys::counter_word;
+use crate::workload::keys::{COUNTER_AREA, KeySpace, counter_word};
+use crate::workload::space;
 use crate::workload::{CounterTally, WorkerResult, Workload};
 
 /// A fault to inject during a run.
@@ -356,6 +356,20 @@ pub fn execute(
     if clients.is_empty() {
         bail!("{topology_name}: no clients to run a workload");
     }
+    // On an allocator pool the keys live in a named object made here, once.
+    // The counters may hold what an earlier run on the same data left: the
+    // check counts from what they hold now.
+    let need = KeySpace::bytes_needed(clients.len(), options.size, options.keys);
+    let (space, counters_before) = fabric
+        .as_client(&clients[0], |pool| async move {
+            let space = space::prepare(&pool, need).await?;
+            let before = pool
+                .read(VirtAddr(space.base), COUNTER_AREA)
+                .await
+                .map_err(|e| format!("read the counters: {}", client_vmm::error_chain(&e)))?;
+            Ok((space, counter_values(&before)))
+        })
+        .map_err(|why| anyhow::anyhow!("{topology_name}: where the keys live: {why}"))?;
 
     let started_unix_ms = unix_ms();
     let start = Instant::now();
@@ -491,7 +505,13 @@ pub fn execute(
             verification.push_mismatch(format!("{}: {line}", result.client));
         }
     }
-    check_counters(&fabric, &clients[0], &counters, &mut verification);
+    check_counters(
+        &fabric,
+        &clients[0],
+        (space.base, &counters_before),
+        &counters,
+        &mut verification,
+    );
     verification.passed = verification.mismatches.is_empty();
     report.verification = verification;
     for fault in &mut report.faults {
@@ -600,6 +620,10 @@ fn spawn_worker(
     if options.zipfian {
         command.arg("--zipfian");
     }
+    // A data directory given by the user may hold an earlier run's keys.
+    if options.data_dir.is_some() {
+        command.arg("--clear");
+    }
     let mut child = command
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -632,54 +656,50 @@ fn spawn_worker(
     })
 }
 
-/// Compares every shared counter word with the increments the workers saw
-/// acknowledged (plus those that failed visibly and may have applied).
+/// The counter words in `bytes` (little-endian `u64`s).
+fn counter_values(bytes: &[u8]) -> Vec<u64> {
+    bytes
+        .chunks_exact(8)
+        .map(|w| u64::from_le_bytes(w.try_into().unwrap_or_default()))
+        .collect()
+}
+
+/// Compares how much every shared counter word (of the space at `base`)
+/// grew since `before` with the increments the workers saw acknowledged
+/// (plus those that failed visibly and may have applied).
 fn check_counters(
     fabric: &Fabric,
     client: &str,
+    (base, before): (u64, &[u64]),
     counters: &BTreeMap<u64, CounterTally>,
     verification: &mut Verification,
 ) {
     if counters.is_empty() {
         return;
     }
-    let topology = fabric.topology.clone();
-    let client_id = client.to_owned();
     let words: Vec<(u64, CounterTally)> = counters.iter().map(|(w, t)| (*w, *t)).collect();
-    let read_all = move || -> Result<Vec<(u64, CounterTally, u64)>, String> {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| e.to_string())?;
-        runtime.block_on(async move {
-            let pool = AsyncPool::connect(topology, client_id.as_str())
+    let values = fabric.as_client(client, |pool| async move {
+        let mut out = Vec::new();
+        for (w, tally) in words {
+            let value = pool
+                .fetch_add(counter_word(base, w), 0)
                 .await
                 .map_err(|e| client_vmm::error_chain(&e))?;
-            let mut out = Vec::new();
-            for (w, tally) in words {
-                let value = pool
-                    .fetch_add(counter_word(w), 0)
-                    .await
-                    .map_err(|e| client_vmm::error_chain(&e))?;
-                out.push((w, tally, value));
-            }
-            Ok(out)
-        })
-    };
-    let values = match fabric.client_namespace(client) {
-        Some(ns) => {
-            crate::netns::in_namespace(&ns, read_all).unwrap_or_else(|e| Err(e.to_string()))
+            out.push((w, tally, value));
         }
-        None => read_all(),
-    };
+        Ok(out)
+    });
     match values {
         Err(why) => verification.push_mismatch(format!("cannot read the counters: {why}")),
         Ok(values) => {
             for (w, tally, value) in values {
                 verification.counters_checked += 1;
-                if value < tally.acked || value > tally.acked + tally.uncertain {
+                let start = before.get(w as usize).copied().unwrap_or(0);
+                let grew = value.wrapping_sub(start);
+                if grew < tally.acked || grew > tally.acked + tally.uncertain {
                     verification.push_mismatch(format!(
-                        "counter {w}: {value}, but {} increments were acknowledged ({} uncertain)",
+                        "counter {w}: grew by {grew} (from {start} to {value}), but {} increments \
+                         were acknowledged ({} uncertain)",
                         tally.acked, tally.uncertain
                     ));
                 }

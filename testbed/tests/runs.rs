@@ -344,6 +344,100 @@ fn up_formats_a_pool_with_an_allocator_once() {
     up.stop();
 }
 
+/// `testbed run` with `--data-dir` on `config`, reports under `reports`.
+fn run_on_data(config: &Path, data: &Path, reports: &Path, extra: &[&str]) -> (bool, String) {
+    let mut args = vec![
+        "run",
+        config.to_str().expect("utf-8 path"),
+        "--data-dir",
+        data.to_str().expect("utf-8 path"),
+        "--reports",
+        reports.to_str().expect("utf-8 path"),
+        "--duration",
+        "1",
+        "--depth",
+        "4",
+    ];
+    args.extend(extra);
+    let output = testbed(&args);
+    (output.status.success(), text(&output))
+}
+
+#[test]
+fn runs_on_an_allocator_pool_keep_their_keys_in_a_named_object() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = FabricSpec::new()
+        .server("A", &[("A1", "16MiB")])
+        .server("B", &[("B1", "16MiB")])
+        .device("F1")
+        .device("F2")
+        .client("c1")
+        .client("c2")
+        .allocator("")
+        .write(dir.path(), "topology.toml", &mut Ports::new());
+    let (data, reports) = (dir.path().join("data"), dir.path().join("reports"));
+
+    let (ok, out) = run_on_data(&config, &data, &reports, &["--workload", "mixed"]);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("formatted pool \"test\" (first start)"),
+        "{out}"
+    );
+    assert!(out.contains("verification    PASSED"), "{out}");
+    assert!(!out.contains(" 0 counters checked"), "{out}");
+
+    // The same data again: the object is reused, and what the first run
+    // left in it does not count against the second.
+    let (ok, out) = run_on_data(&config, &data, &reports, &["--workload", "mixed"]);
+    assert!(ok, "{out}");
+    assert!(out.contains("already formatted, its data kept"), "{out}");
+    assert!(out.contains("verification    PASSED"), "{out}");
+
+    // A run that needs more than the object holds says what to do.
+    let (ok, out) = run_on_data(
+        &config,
+        &data,
+        &reports,
+        &["--workload", "ycsb-a", "--keys", "100000"],
+    );
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("named object \"testbed.workload\" holds")
+            && out.contains("pmemctl rm testbed.workload"),
+        "{out}"
+    );
+
+    // The counters live where the object says: the runs incremented them.
+    let up = start_up_in(dir, &config, &[]);
+    let (pool, allocator) = attach(&config, "c1");
+    let (base, size) = pool
+        .block_on(allocator.open("testbed.workload"))
+        .expect("the run's named object");
+    assert!(size >= 2 << 20, "{size}");
+    let used = pool.read(base, 4096).expect("read the counters");
+    assert!(
+        used.iter().any(|&b| b != 0),
+        "the counters were never incremented"
+    );
+    drop((allocator, pool));
+    up.stop();
+}
+
+#[test]
+fn a_reused_data_dir_counts_from_what_it_holds() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = topology(dir.path());
+    let (data, reports) = (dir.path().join("data"), dir.path().join("reports"));
+    for round in 0..2 {
+        let (ok, out) = run_on_data(&config, &data, &reports, &["--workload", "counter"]);
+        assert!(ok, "round {round}: {out}");
+        assert!(
+            out.contains("verification    PASSED"),
+            "round {round}: {out}"
+        );
+    }
+}
+
 #[test]
 fn up_with_prometheus_scrapes_every_daemon() {
     let up = start_up(&["--prometheus"]);

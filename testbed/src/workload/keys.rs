@@ -1,7 +1,6 @@
 //! Where a workload's keys live in the virtual space, what a key's value
 //! looks like, and how keys are picked.
 
-use client_vmm::VIRT_BASE;
 use topology::VirtAddr;
 
 /// Bytes at the start of the space holding the shared counter words.
@@ -15,6 +14,8 @@ pub const OWN_WORDS: u64 = 64;
 /// One client's part of the virtual space.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KeySpace {
+    /// First byte of the whole space: the shared counter words.
+    pub counters: u64,
     /// First byte of the client's slice.
     pub start: u64,
     /// Bytes per key slot (value size rounded up to 64).
@@ -24,19 +25,32 @@ pub struct KeySpace {
 }
 
 impl KeySpace {
-    /// The slice of client `index` of `clients` in a space of `space` bytes,
-    /// with up to `keys` values of `size` bytes.
-    pub fn new(space: u64, index: usize, clients: usize, size: u64, keys: u64) -> Self {
+    /// The slice of client `index` of `clients` in the `space` bytes from
+    /// virtual address `base`, with up to `keys` values of `size` bytes.
+    pub fn new(base: u64, space: u64, index: usize, clients: usize, size: u64, keys: u64) -> Self {
         let slice = (space.saturating_sub(COUNTER_AREA)) / clients.max(1) as u64;
         let slice = slice - slice % 4096;
-        let start = VIRT_BASE + COUNTER_AREA + slice * index as u64;
-        let slot = size.div_ceil(64) * 64;
+        let start = base + COUNTER_AREA + slice * index as u64;
+        let slot = Self::slot(size);
         let room = slice.saturating_sub(OWN_WORDS * 8) / slot.max(1);
         Self {
+            counters: base,
             start,
             slot,
             keys: keys.min(room).max(1),
         }
+    }
+
+    /// Bytes of space in which `clients` clients each get room for `keys`
+    /// values of `size` bytes (and their own words), plus the counters.
+    pub fn bytes_needed(clients: usize, size: u64, keys: u64) -> u64 {
+        let slice = (OWN_WORDS * 8 + keys.max(1) * Self::slot(size)).next_multiple_of(4096);
+        COUNTER_AREA + slice * clients.max(1) as u64
+    }
+
+    /// Bytes per key slot: the value size rounded up to 64.
+    fn slot(size: u64) -> u64 {
+        size.div_ceil(64) * 64
     }
 
     /// Where key `k`'s value lives.
@@ -50,9 +64,9 @@ impl KeySpace {
     }
 }
 
-/// Shared counter word `w`.
-pub fn counter_word(w: u64) -> VirtAddr {
-    VirtAddr(VIRT_BASE + 8 * (w % COUNTERS))
+/// Shared counter word `w` of the space starting at `base`.
+pub fn counter_word(base: u64, w: u64) -> VirtAddr {
+    VirtAddr(base + 8 * (w % COUNTERS))
 }
 
 /// A small deterministic generator (xorshift64*).
@@ -185,12 +199,26 @@ mod tests {
 
     #[test]
     fn slices_do_not_overlap() {
-        let space = 128 << 20;
-        let a = KeySpace::new(space, 0, 2, 1000, 1 << 30);
-        let b = KeySpace::new(space, 1, 2, 1000, 1 << 30);
+        let (base, space) = (1 << 40, 128 << 20);
+        let a = KeySpace::new(base, space, 0, 2, 1000, 1 << 30);
+        let b = KeySpace::new(base, space, 1, 2, 1000, 1 << 30);
         assert!(a.key_addr(a.keys - 1).get() + a.slot <= b.start);
-        assert!(b.key_addr(b.keys - 1).get() + b.slot <= VIRT_BASE + space);
-        assert!(counter_word(COUNTERS - 1).get() + 8 <= a.start);
+        assert!(b.key_addr(b.keys - 1).get() + b.slot <= base + space);
+        assert!(counter_word(base, COUNTERS - 1).get() + 8 <= a.start);
+        assert!(counter_word(base, 0).get() >= base);
+    }
+
+    #[test]
+    fn bytes_needed_hold_every_key_of_every_client() {
+        let base = 1 << 40;
+        for (clients, size, keys) in [(1, 64, 1), (2, 1000, 8192), (3, 4096, 100), (8, 1, 7)] {
+            let space = KeySpace::bytes_needed(clients, size, keys);
+            for index in 0..clients {
+                let k = KeySpace::new(base, space, index, clients, size, keys);
+                assert_eq!(k.keys, keys, "{clients} clients, {size} B, {keys} keys");
+                assert!(k.key_addr(keys - 1).get() + size <= base + space);
+            }
+        }
     }
 
     #[test]

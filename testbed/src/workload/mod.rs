@@ -8,6 +8,7 @@
 //! final read finds (or a later write whose acknowledgement was lost).
 
 pub mod keys;
+pub mod space;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::str::FromStr;
@@ -17,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use client_vmm::AsyncPool;
 use serde::{Deserialize, Serialize};
+use topology::VirtAddr;
 
 use crate::report::{OpStats, Timeline, Verification};
 use keys::{KeyPicker, KeySpace, Rng, Seen, counter_word, decode, value};
@@ -156,6 +158,10 @@ pub struct WorkerConfig {
     pub seed: u64,
     /// Width of the timeline's buckets.
     pub bucket_ms: u64,
+    /// Zero the slice before the run: its data may hold an earlier run's
+    /// keys and words (a reused data directory).
+    #[serde(default)]
+    pub clear: bool,
 }
 
 /// Acknowledged FETCH_ADDs on one shared counter word.
@@ -224,22 +230,48 @@ struct TaskRecord {
     timeline: Timeline,
 }
 
-/// Runs the workload on `pool` until `config.duration` has passed since
-/// `run_start`, then checks every key and word the worker owns.
-pub async fn run(
-    pool: AsyncPool,
-    config: WorkerConfig,
-    space: u64,
-    run_start: Instant,
-    progress: Arc<Progress>,
-) -> WorkerResult {
-    let keys = KeySpace::new(
-        space,
+/// The slice of `space` the worker of `config` owns.
+fn key_space(space: space::Space, config: &WorkerConfig) -> KeySpace {
+    KeySpace::new(
+        space.base,
+        space.len,
         config.index,
         config.clients,
         config.size,
         config.keys,
-    );
+    )
+}
+
+/// Zeroes the slice of `space` the worker of `config` owns (its own words
+/// and every key slot), in 1 MiB writes.
+pub async fn clear_slice(
+    pool: &AsyncPool,
+    space: space::Space,
+    config: &WorkerConfig,
+) -> Result<(), client_vmm::PoolError> {
+    const CHUNK: u64 = 1 << 20;
+    let keys = key_space(space, config);
+    let end = keys.key_addr(keys.keys.saturating_sub(1)).get() + keys.slot;
+    let zeros = vec![0u8; CHUNK as usize];
+    let mut at = keys.start;
+    while at < end {
+        let len = (end - at).min(CHUNK);
+        pool.write(VirtAddr(at), &zeros[..len as usize]).await?;
+        at += len;
+    }
+    Ok(())
+}
+
+/// Runs the workload on `pool` in `space` until `config.duration` has
+/// passed since `run_start`, then checks every key and word the worker owns.
+pub async fn run(
+    pool: AsyncPool,
+    config: WorkerConfig,
+    space: space::Space,
+    run_start: Instant,
+    progress: Arc<Progress>,
+) -> WorkerResult {
+    let keys = key_space(space, &config);
     let picker = Arc::new(KeyPicker::new(keys.keys, config.zipfian));
     let shared = Arc::new(Mutex::new(Shared::default()));
     let deadline = Instant::now() + config.duration;
@@ -379,7 +411,7 @@ async fn step(
         }
         Op::FetchAdd => {
             let w = rng.below(keys::COUNTERS);
-            let result = pool.fetch_add(counter_word(w), 1).await;
+            let result = pool.fetch_add(counter_word(keys.counters, w), 1).await;
             let mut s = lock(shared);
             let tally = s.counters.entry(w).or_default();
             match result {
