@@ -78,6 +78,18 @@ fn quick_bench_writes_a_complete_report() {
             .is_some_and(|us| us > 0),
         "the device's busy polling is part of the plan"
     );
+    // The device's memory per idle connection, measured with real ones.
+    let memory = &report["device_memory"];
+    assert_eq!(memory["connections"], report["plan"]["idle_connections"]);
+    let (before, after) = (
+        memory["rss_before"].as_u64().expect("rss_before"),
+        memory["rss_after"].as_u64().expect("rss_after"),
+    );
+    assert!(
+        before > 0 && after > before,
+        "100 client connections must cost the device memory: {memory}"
+    );
     let markdown = std::fs::read_to_string(out.join("report.md")).expect("read report.md");
     assert!(markdown.contains("`fabric_tput_over_redis`"));
+    assert!(markdown.contains("per idle client connection"));
 }

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use testbed::bench::peers::{
     self, PeerError, Quantiles, RedisConfig, RedisServer, TOOLS, cpu_seconds, ensure_tools,
     iperf3_bandwidth, listening_inodes, missing_tools, parse_iperf3_json, parse_proc_stat,
-    parse_redis_benchmark, parse_sockperf, parse_sockperf_full_log, redis_benchmark, sockperf_rtt,
-    sockperf_rtt_pinned, sockperf_rtt_run,
+    parse_redis_benchmark, parse_sockperf, parse_sockperf_full_log, parse_vm_rss, redis_benchmark,
+    resident_bytes, sockperf_rtt, sockperf_rtt_pinned, sockperf_rtt_run,
 };
 use testbed::report::LatencyHistogram;
 
@@ -460,6 +460,26 @@ fn parses_proc_stat() {
     assert_eq!(parse_proc_stat(odd, 100.0), Some(0.05));
     assert_eq!(parse_proc_stat("garbage", 100.0), None);
     assert_eq!(parse_proc_stat("1 (x) S 1 2", 100.0), None);
+}
+
+#[test]
+fn parses_vm_rss() {
+    let status = "Name:\tfabric-device\nVmPeak:\t  10000 kB\nVmRSS:\t    5432 kB\nThreads:\t2\n";
+    assert_eq!(parse_vm_rss(status), Some(5432 * 1024));
+    assert_eq!(parse_vm_rss("VmRSS:\t5432 MB\n"), None);
+    assert_eq!(parse_vm_rss("VmRSS:\n"), None);
+    assert_eq!(
+        parse_vm_rss("Name:\tkthreadd\n"),
+        None,
+        "kernel threads have no VmRSS"
+    );
+    // This process has some resident memory; a process that does not exist
+    // is an error that names the file.
+    assert!(resident_bytes(std::process::id()).expect("own VmRSS") > 0);
+    let missing = resident_bytes(u32::MAX)
+        .expect_err("no such process")
+        .to_string();
+    assert!(missing.contains("/proc/4294967295/status"), "{missing}");
 }
 
 #[test]

@@ -43,6 +43,10 @@ pub struct Plan {
     /// sleeping vCPU on this VM takes tens of microseconds to wake.
     #[serde(default)]
     pub device_busy_poll_us: u64,
+    /// Idle client connections opened to measure the device's memory per
+    /// connection.
+    #[serde(default)]
+    pub idle_connections: usize,
 }
 
 impl Plan {
@@ -62,6 +66,7 @@ impl Plan {
                 client_steps: [1, 2, 2],
                 redis_requests: 20_000,
                 device_busy_poll_us: Self::DEVICE_BUSY_POLL_US,
+                idle_connections: 100,
             }
         } else {
             Self {
@@ -72,6 +77,7 @@ impl Plan {
                 client_steps: [1, 2, 4],
                 redis_requests: 400_000,
                 device_busy_poll_us: Self::DEVICE_BUSY_POLL_US,
+                idle_connections: 1_000,
             }
         }
     }
@@ -149,8 +155,24 @@ pub struct BenchReport {
     pub rates: Vec<RateCase>,
     /// redis GET/SET and redis-aof SET results.
     pub redis: Vec<RedisResult>,
+    /// The fabric device's resident memory per idle client connection.
+    #[serde(default)]
+    pub device_memory: Option<ConnectionMemory>,
     /// The tracked ratios (BENCHMARKS.md).
     pub ratios: BTreeMap<String, f64>,
+}
+
+/// What idle client connections cost the fabric device in memory.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct ConnectionMemory {
+    /// Connections opened (after HELLO) and held while measuring.
+    pub connections: usize,
+    /// The device's resident set before, bytes.
+    pub rss_before: u64,
+    /// With the connections open, bytes.
+    pub rss_after: u64,
+    /// (after − before) ÷ connections.
+    pub bytes_per_connection: f64,
 }
 
 /// Where a bench run's files went.
@@ -261,6 +283,12 @@ pub fn run(quick: bool, out: &Path) -> anyhow::Result<(BenchReport, BenchFiles)>
         fabric.pid(DaemonKind::PmemServer, "S"),
         fabric.pid(DaemonKind::FabricDevice, "F"),
     );
+    // Before any traffic, so freed buffers of earlier connections do not
+    // hide what new ones cost.
+    let device_memory = match pids.1 {
+        Some(device) => Some(connection_memory(&paths, device, plan.idle_connections)?),
+        None => None,
+    };
     let shape = |op, size: u32| Shape {
         op,
         target: Target::Pmem(region.start),
@@ -396,6 +424,7 @@ pub fn run(quick: bool, out: &Path) -> anyhow::Result<(BenchReport, BenchFiles)>
         latency,
         rates,
         redis,
+        device_memory,
         ratios: BTreeMap::new(),
     };
     report.ratios = ratios(&report);
@@ -451,6 +480,30 @@ fn rate(
         bytes_per_s: ops_per_s * f64::from(shape.size),
         server_cpu_s_per_million,
         device_cpu_s_per_million,
+    })
+}
+
+/// Opens `count` client connections to the fabric device (each says
+/// HELLO and waits for the answer, so the device has set it up), and
+/// measures the device's resident memory before and with them open.
+fn connection_memory(paths: &Paths, device: u32, count: usize) -> anyhow::Result<ConnectionMemory> {
+    let count = count.max(1);
+    let rss_before = peers::resident_bytes(device)?;
+    let mut conns = Vec::with_capacity(count);
+    for i in 0..count {
+        conns.push(
+            paths
+                .connect("fabric")
+                .with_context(|| format!("idle client connection {} of {count}", i + 1))?,
+        );
+    }
+    let rss_after = peers::resident_bytes(device)?;
+    drop(conns);
+    Ok(ConnectionMemory {
+        connections: count,
+        rss_before,
+        rss_after,
+        bytes_per_connection: rss_after.saturating_sub(rss_before) as f64 / count as f64,
     })
 }
 
@@ -713,6 +766,17 @@ pub fn markdown(report: &BenchReport) -> String {
          goes out), as redis-benchmark's `-P` does; 1 MiB rows keep a sliding window of \
          `depth` in flight."
     );
+    if let Some(m) = &report.device_memory {
+        let _ = writeln!(
+            md,
+            "\nFabric device memory: {:.1} KiB resident per idle client connection \
+             ({} connections after HELLO; {:.1} → {:.1} MiB).",
+            m.bytes_per_connection / 1024.0,
+            m.connections,
+            m.rss_before as f64 / (1 << 20) as f64,
+            m.rss_after as f64 / (1 << 20) as f64
+        );
+    }
     let _ = writeln!(
         md,
         "\n## redis\n\n| test | value B | clients | pipeline | ops/s | p50 µs | p99 µs | server CPU s / M ops |\n|---|---:|---:|---:|---:|---:|---:|---:|"

@@ -1017,6 +1017,27 @@ pub fn cpu_seconds(pid: u32) -> Result<f64, PeerError> {
     })
 }
 
+/// The resident set of process `pid` in bytes (`VmRSS` of
+/// `/proc/PID/status`).
+pub fn resident_bytes(pid: u32) -> Result<u64, PeerError> {
+    let path = format!("/proc/{pid}/status");
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| io::Error::new(e.kind(), format!("read {path}: {e}")))?;
+    parse_vm_rss(&text).ok_or_else(|| PeerError::Parse {
+        program: path,
+        what: "VmRSS".into(),
+        output_tail: tail(&text),
+    })
+}
+
+/// `VmRSS:   1234 kB` → 1234 × 1024.
+pub fn parse_vm_rss(status: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let mut fields = line.split_whitespace().skip(1);
+    let kib: u64 = fields.next()?.parse().ok()?;
+    (fields.next()? == "kB").then_some(kib * 1024)
+}
+
 /// (utime + stime) / `ticks_per_second` from the text of `/proc/PID/stat`;
 /// the command name in parentheses may hold spaces and parentheses.
 pub fn parse_proc_stat(text: &str, ticks_per_second: f64) -> Option<f64> {
