@@ -41,13 +41,7 @@ impl Fabric {
     fn start() -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let config = spec().write(dir.path(), "topology.toml", &mut Ports::new());
-        let servers = ["A", "B"]
-            .iter()
-            .map(|id| {
-                testkit::pmem_server(&config, id, &dir.path().join(id), &[])
-                    .unwrap_or_else(|e| panic!("pmem-server {id}:\n{e}"))
-            })
-            .collect();
+        let servers = testkit::pmem_servers(&config, &["A", "B"], dir.path());
         let device = testkit::fabric_device(&config, "F1", &[])
             .unwrap_or_else(|e| panic!("fabric-device:\n{e}"));
         let fabric = Self {

@@ -77,13 +77,7 @@ impl Fabric {
     fn start() -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let config = spec().write(dir.path(), "topology.toml", &mut Ports::new());
-        let servers = ["A", "B"]
-            .iter()
-            .map(|id| {
-                testkit::pmem_server(&config, id, &dir.path().join(id), &[])
-                    .unwrap_or_else(|e| panic!("pmem-server {id}:\n{e}"))
-            })
-            .collect();
+        let servers = testkit::pmem_servers(&config, &["A", "B"], dir.path());
         let devices = ["F1", "F2"]
             .iter()
             .map(|id| (id.to_string(), start_device(&config, id)))

@@ -54,13 +54,7 @@ impl Setup {
     /// Starts the servers and devices and waits until every device has its
     /// links to both servers up.
     fn start(self) -> Fabric {
-        let servers = SERVERS
-            .iter()
-            .map(|id| {
-                testkit::pmem_server(&self.config, id, &self.dir.path().join(id), &[])
-                    .unwrap_or_else(|e| panic!("pmem-server {id} did not start:\n{e}"))
-            })
-            .collect();
+        let servers = testkit::pmem_servers(&self.config, &SERVERS, self.dir.path());
         let devices: Vec<Daemon> = DEVICES
             .iter()
             .map(|id| {

@@ -60,6 +60,19 @@ pub fn pmem_server(
     pmem_server_with(binary("pmem-server"), config, server, data_dir, extra)
 }
 
+/// Starts the workspace's `pmem-server` for each of `servers`, each with
+/// its data in `dir/<server>`; panics naming the server that did not start
+/// (for tests).
+pub fn pmem_servers(config: &Path, servers: &[&str], dir: &Path) -> Vec<Daemon> {
+    servers
+        .iter()
+        .map(|id| {
+            pmem_server(config, id, &dir.join(id), &[])
+                .unwrap_or_else(|e| panic!("pmem-server {id} did not start:\n{e}"))
+        })
+        .collect()
+}
+
 /// `program --config CONFIG --device DEVICE --admin 127.0.0.1:0 EXTRA…`.
 pub fn fabric_device_spec(
     program: impl Into<PathBuf>,

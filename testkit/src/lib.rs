@@ -44,5 +44,5 @@ pub use daemon::{Daemon, DaemonSpec, READY_TIMEOUT, TERMINATE_TIMEOUT, parse_rea
 pub use fabric::{FabricSpec, Ports, free_loopback_port, write_topology};
 pub use launch::{
     PMEM_SERVER_PERSISTENCE_VAR, fabric_device, fabric_device_spec, fabric_device_with,
-    pmem_server, pmem_server_spec, pmem_server_with,
+    pmem_server, pmem_server_spec, pmem_server_with, pmem_servers,
 };
