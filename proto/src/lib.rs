@@ -113,6 +113,7 @@ pub mod opcode;
 pub mod ping;
 pub mod request;
 pub mod response;
+pub mod roce;
 pub mod status;
 
 pub use decoder::{FrameDecoder, ReadError, ReadOutcome};
