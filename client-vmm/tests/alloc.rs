@@ -44,6 +44,7 @@ impl Fabric {
         let servers = testkit::pmem_servers(&config, &["A", "B"], dir.path());
         let device = testkit::fabric_device(&config, "F1", &[])
             .unwrap_or_else(|e| panic!("fabric-device:\n{e}"));
+        device.wait_links_up(servers.len());
         let fabric = Self {
             _dir: dir,
             config,

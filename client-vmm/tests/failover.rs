@@ -41,28 +41,10 @@ struct Fabric {
 fn start_device(config: &Path, id: &str) -> Daemon {
     let device = testkit::fabric_device(config, id, DEVICE_FLAGS)
         .unwrap_or_else(|e| panic!("fabric-device {id} did not start:\n{e}"));
-    wait_links_up(&device, 2);
+    device.wait_links_up(2);
     device
 }
 
-/// Waits until the device's links to `servers` servers are up.
-fn wait_links_up(device: &Daemon, servers: usize) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let text = telemetry::http_get(device.addr("admin"), "/metrics", Duration::from_secs(5))
-            .map(|(_, text)| text)
-            .unwrap_or_default();
-        let up = text
-            .lines()
-            .filter(|l| l.starts_with("fabric_device_link_up{") && l.ends_with(" 1"))
-            .count();
-        if up >= servers {
-            return;
-        }
-        assert!(Instant::now() < deadline, "links not up:\n{text}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 fn device_requests(device: &Daemon) -> u64 {
     let (_, text) = telemetry::http_get(device.addr("admin"), "/metrics", Duration::from_secs(5))

@@ -63,7 +63,7 @@ impl Setup {
             })
             .collect();
         for device in &devices {
-            wait_links_up(device);
+            device.wait_links_up(SERVERS.len());
         }
         let topology =
             Topology::load_with(&self.config, &EnvOverrides::None).expect("load the topology");
@@ -127,28 +127,6 @@ impl Fabric {
     }
 }
 
-/// Waits until the device's link gauges read 1 for every server.
-fn wait_links_up(device: &Daemon) {
-    let want: Vec<String> = SERVERS
-        .iter()
-        .map(|s| format!("fabric_device_link_up{{server=\"{s}\",nic=\"n0\"}} 1"))
-        .collect();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let text = telemetry::http_get(device.addr("admin"), "/metrics", Duration::from_secs(5))
-            .map(|(_, body)| body)
-            .unwrap_or_default();
-        if want.iter().all(|line| text.lines().any(|l| l == line)) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "links of {} not up:\n{text}",
-            device.ready_line()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 /// What one pmemctl run did.
 #[derive(Debug)]

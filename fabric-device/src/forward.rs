@@ -292,6 +292,24 @@ impl Forwarder {
         self.metrics.clients.inc();
     }
 
+    /// Opens a session already bound to `client`, for traffic that arrives
+    /// on behalf of a client authenticated elsewhere (a RoCE queue pair set
+    /// up over that client's connection). Refused for a client the
+    /// topology does not name.
+    pub fn open_session_as(&mut self, conn: ConnId, client: &str) -> Result<(), Status> {
+        let policy = self
+            .map
+            .clients
+            .get(client)
+            .ok_or(Status::UnknownClient)?
+            .clone();
+        self.client_opened(conn);
+        if let Some(session) = self.sessions.get_mut(&conn) {
+            session.client = Some((client.to_owned(), policy));
+        }
+        Ok(())
+    }
+
     /// A client connection closed: responses still due to it are dropped.
     pub fn client_closed(&mut self, conn: ConnId) {
         if let Some(session) = self.sessions.remove(&conn) {

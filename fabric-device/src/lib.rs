@@ -16,3 +16,4 @@ pub mod forward;
 pub mod idmap;
 pub mod map;
 pub mod metrics;
+pub mod roce;

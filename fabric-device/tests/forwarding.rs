@@ -69,7 +69,7 @@ impl Fabric {
             servers,
             device,
         };
-        fabric.wait_links_up(spec.servers.len());
+        fabric.device.wait_links_up(spec.servers.len());
         fabric
     }
 
@@ -94,23 +94,6 @@ impl Fabric {
         .expect("scrape the device");
         assert_eq!(code, 200);
         text
-    }
-
-    /// Waits until `count` link-up gauges read 1.
-    fn wait_links_up(&self, count: usize) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let text = self.metrics();
-            let up = text
-                .lines()
-                .filter(|l| l.starts_with("fabric_device_link_up{") && l.ends_with(" 1"))
-                .count();
-            if up >= count {
-                return;
-            }
-            assert!(Instant::now() < deadline, "links not up:\n{text}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
     }
 
     fn region(&self, id: &str) -> &topology::LayoutEntry {

@@ -295,6 +295,35 @@ impl Daemon {
         })
     }
 
+    /// For a fabric device: waits until at least `count` of its links to
+    /// server NICs are up (their `fabric_device_link_up` gauges read 1), so
+    /// that requests right after start do not meet a link still handshaking.
+    ///
+    /// # Panics
+    ///
+    /// When they are not up within 20 s; the message holds the metrics.
+    pub fn wait_links_up(&self, count: usize) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let text = telemetry::http_get(self.addr("admin"), "/metrics", Duration::from_secs(5))
+                .map(|(_, body)| body)
+                .unwrap_or_default();
+            let up = text
+                .lines()
+                .filter(|l| l.starts_with("fabric_device_link_up{") && l.ends_with(" 1"))
+                .count();
+            if up >= count {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{}: {up} of {count} links up after 20 s:\n{text}",
+                self.ready_line
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// The process id.
     pub fn pid(&self) -> u32 {
         self.child.id()

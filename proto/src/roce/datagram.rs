@@ -47,6 +47,8 @@ pub struct IpFields {
 /// A datagram whose every layer and ICRC were checked.
 #[derive(Debug, Clone, Copy)]
 pub struct Datagram<'a> {
+    /// Length of the whole IPv4 datagram.
+    pub total_len: usize,
     /// The IPv4 fields.
     pub ip: IpFields,
     /// UDP source port (senders vary it per QP for ECMP).
@@ -108,6 +110,7 @@ impl<'a> Datagram<'a> {
             });
         }
         Ok(Datagram {
+            total_len: total,
             ip: IpFields {
                 src,
                 dst,

@@ -275,6 +275,13 @@ impl QueuePair {
                 return;
             }
         };
+        self.handle_checked(now, &checked);
+    }
+
+    /// Takes a datagram the caller already checked (e.g. to find its QP by
+    /// the BTH's destination QP): the same as [`QueuePair::handle_datagram`]
+    /// without checking the ICRC again.
+    pub fn handle_checked(&mut self, now: Instant, checked: &Datagram<'_>) {
         let Ok(repr) = packet::Repr::parse(&checked.transport) else {
             self.counters.malformed += 1;
             return;
@@ -285,7 +292,7 @@ impl QueuePair {
             return;
         }
         self.counters.packets_received += 1;
-        self.counters.bytes_received += bytes.len() as u64;
+        self.counters.bytes_received += checked.total_len as u64;
         if repr.bth.opcode.is_request() {
             self.responder.handle_request(&repr, &mut self.counters);
         } else {

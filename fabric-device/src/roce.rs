@@ -1,0 +1,347 @@
+//! RoCEv2 queue pairs the device terminates, bridged to the forwarding core.
+//!
+//! A client's RNIC talks Reliable Connection to the device: each of its
+//! queue pairs ends here in a [`QueuePair`] (sans-IO, from `proto::roce::rc`).
+//! The queue pair's responder asks for memory operations; the gateway turns
+//! each into a request of the device's own protocol addressed by PMEM
+//! address (the RETH / AtomicETH virtual address is a PMEM address of the
+//! pool) and hands it to the [`Forwarder`] as if the client had sent it on
+//! a connection of its own, so routing, allow-lists, link choice and
+//! timeouts are the ones TCP clients get. The server's answer comes back as
+//! a response on that connection and completes the operation; the queue
+//! pair turns it into READ responses, ATOMIC ACKs, ACKs or NAKs.
+//!
+//! R_Keys: RDMA carries a 32-bit R_Key where the pool uses 64-bit region
+//! keys, so each queue pair gets a table from the R_Keys it was given at
+//! set-up to the region keys they stand for. An R_Key outside the table is
+//! a remote access error and never reaches a server.
+//!
+//! A queue pair is set up on behalf of a client already authenticated on a
+//! control connection and acts with that client's identity and grants;
+//! datagrams for an unknown QP number, or from another address than the
+//! one the queue pair was set up with, are dropped and counted.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use proto::frame;
+use proto::request::{self, Target};
+use proto::roce::Datagram;
+use proto::roce::rc::{
+    AccessError, Counters, Execution, MemoryOp, MemoryReply, QpConfig, QueuePair,
+};
+use proto::{Message, PmemAddr, Status, response};
+
+use crate::forward::{ClientAction, ConnId, Forwarder, LinkId};
+
+/// Connection ids of queue pairs, far above the driver's socket numbering.
+const QP_CONN_BASE: ConnId = 1 << 62;
+
+/// What a queue pair is set up with.
+#[derive(Debug, Clone)]
+pub struct QpSetup {
+    /// The client the queue pair acts for (authenticated by the caller).
+    pub client: String,
+    /// The queue pair's attributes; `local_qpn` is assigned by the gateway.
+    pub config: QpConfig,
+    /// R_Keys the client may use, with the region keys they stand for.
+    pub rkeys: Vec<(u32, u64)>,
+}
+
+/// Why a queue pair could not be set up.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SetupError {
+    /// The forwarding core refused the client.
+    #[error("client refused: {0:?}")]
+    Client(Status),
+    /// The attributes are out of range.
+    #[error("queue pair attributes")]
+    Config(#[source] proto::roce::rc::ConfigError),
+}
+
+/// Counters of the gateway as a whole (per-QP ones live in each QP).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GatewayCounters {
+    /// Datagrams dropped for a bad ICRC before a QP could be found.
+    pub icrc_errors: u64,
+    /// Datagrams dropped as malformed before a QP could be found.
+    pub malformed: u64,
+    /// Datagrams for a QP number the device does not have.
+    pub unknown_qp: u64,
+    /// Operations refused locally for an R_Key outside the QP's table.
+    pub bad_rkeys: u64,
+}
+
+/// What the core was asked to do for one execution.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Read,
+    Atomic,
+    Other,
+}
+
+#[derive(Debug)]
+struct GatewayQp {
+    qp: QueuePair,
+    conn: ConnId,
+    rkeys: HashMap<u32, u64>,
+    /// Requests forwarded for this QP: tag → (ticket, kind).
+    forwarded: HashMap<u64, (u64, Kind)>,
+    next_tag: u64,
+}
+
+/// The RoCE queue pairs of one device port.
+#[derive(Debug, Default)]
+pub struct RoceGateway {
+    qps: HashMap<u32, GatewayQp>,
+    by_conn: HashMap<ConnId, u32>,
+    next_qpn: u32,
+    counters: GatewayCounters,
+    /// Index for round-robin transmission.
+    turn: usize,
+}
+
+impl RoceGateway {
+    /// A gateway with no queue pairs.
+    pub fn new() -> Self {
+        RoceGateway {
+            next_qpn: 0x100,
+            ..Self::default()
+        }
+    }
+
+    /// Gateway-wide counters.
+    pub fn counters(&self) -> &GatewayCounters {
+        &self.counters
+    }
+
+    /// Each queue pair's number and counters.
+    pub fn qp_counters(&self) -> impl Iterator<Item = (u32, &Counters)> {
+        self.qps.iter().map(|(qpn, q)| (*qpn, q.qp.counters()))
+    }
+
+    /// Sets up a queue pair for `setup.client`; returns its QP number.
+    pub fn open(&mut self, fwd: &mut Forwarder, mut setup: QpSetup) -> Result<u32, SetupError> {
+        let qpn = self.next_qpn;
+        setup.config.local_qpn = qpn;
+        let qp = QueuePair::new(setup.config).map_err(SetupError::Config)?;
+        let conn = QP_CONN_BASE + u64::from(qpn);
+        fwd.open_session_as(conn, &setup.client)
+            .map_err(SetupError::Client)?;
+        self.next_qpn = (qpn + 1) & 0xFF_FFFF;
+        self.qps.insert(
+            qpn,
+            GatewayQp {
+                qp,
+                conn,
+                rkeys: setup.rkeys.into_iter().collect(),
+                forwarded: HashMap::new(),
+                next_tag: 1,
+            },
+        );
+        self.by_conn.insert(conn, qpn);
+        Ok(qpn)
+    }
+
+    /// Tears a queue pair down; answers still due to it are dropped.
+    pub fn close(&mut self, fwd: &mut Forwarder, qpn: u32) {
+        if let Some(q) = self.qps.remove(&qpn) {
+            self.by_conn.remove(&q.conn);
+            fwd.client_closed(q.conn);
+        }
+    }
+
+    /// Whether `conn` is one of the gateway's queue pairs.
+    pub fn owns(&self, conn: ConnId) -> bool {
+        self.by_conn.contains_key(&conn)
+    }
+
+    /// Takes a datagram from the port and forwards what its QP needs done;
+    /// `send` gets each forwarded request as a head and a payload for a link.
+    pub fn handle_datagram(
+        &mut self,
+        now: Instant,
+        bytes: &[u8],
+        fwd: &mut Forwarder,
+        send: impl FnMut(LinkId, &[u8], &[u8]),
+    ) {
+        let checked = match Datagram::new_checked(bytes) {
+            Ok(d) => d,
+            Err(proto::roce::Error::BadIcrc { .. }) => {
+                self.counters.icrc_errors += 1;
+                return;
+            }
+            Err(_) => {
+                self.counters.malformed += 1;
+                return;
+            }
+        };
+        let qpn = checked.transport.bth().dest_qp();
+        let Some(q) = self.qps.get_mut(&qpn) else {
+            self.counters.unknown_qp += 1;
+            return;
+        };
+        q.qp.handle_checked(now, &checked);
+        pump(q, fwd, now, &mut self.counters, send);
+    }
+
+    /// A response the forwarding core relayed to queue pair connection `conn`
+    /// (`LinkAction::Deliver`), or an error reply it made for one (a timeout,
+    /// a link lost): completes the operation it answers. Returns false when
+    /// `conn` is not a queue pair's.
+    pub fn deliver(&mut self, conn: ConnId, head: &[u8], payload: &[u8]) -> bool {
+        let Some(q) = self.by_conn.get(&conn).and_then(|n| self.qps.get_mut(n)) else {
+            return false;
+        };
+        let Some((tag, status, value)) = parse_response_head(head) else {
+            return true;
+        };
+        let Some((ticket, kind)) = q.forwarded.remove(&tag) else {
+            return true;
+        };
+        let result = match (status, kind) {
+            (Status::Ok, Kind::Read) => Ok(MemoryReply::Read(payload.to_vec())),
+            (Status::Ok, Kind::Atomic) => Ok(MemoryReply::Atomic(value)),
+            (Status::Ok, Kind::Other) => Ok(MemoryReply::Done),
+            (status, _) => Err(access_error(status)),
+        };
+        q.qp.complete_execution(ticket, result);
+        true
+    }
+
+    /// Writes the next datagram any queue pair has to send into `buf`.
+    pub fn poll_transmit(&mut self, now: Instant, buf: &mut Vec<u8>) -> bool {
+        let n = self.qps.len();
+        if n == 0 {
+            return false;
+        }
+        let qpns: Vec<u32> = self.qps.keys().copied().collect();
+        for i in 0..n {
+            let qpn = qpns[(self.turn + i) % n];
+            if let Some(q) = self.qps.get_mut(&qpn)
+                && q.qp.poll_transmit(now, buf)
+            {
+                self.turn = (self.turn + i + 1) % n;
+                return true;
+            }
+        }
+        false
+    }
+
+    /// The earliest timer of any queue pair.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.qps.values().filter_map(|q| q.qp.poll_timeout()).min()
+    }
+
+    /// Fires the queue pairs' timers that are due.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        for q in self.qps.values_mut() {
+            if q.qp.poll_timeout().is_some_and(|t| t <= now) {
+                q.qp.handle_timeout(now);
+            }
+        }
+    }
+}
+
+/// Forwards every memory operation `q`'s responder asks for.
+fn pump(
+    q: &mut GatewayQp,
+    fwd: &mut Forwarder,
+    now: Instant,
+    counters: &mut GatewayCounters,
+    mut send: impl FnMut(LinkId, &[u8], &[u8]),
+) {
+    let mut frame = Vec::new();
+    while let Some(Execution { ticket, op }) = q.qp.poll_execution() {
+        let Some((req, kind)) = request_for(&op, &q.rkeys) else {
+            counters.bad_rkeys += 1;
+            q.qp.complete_execution(ticket, Err(AccessError::BadKey));
+            continue;
+        };
+        let tag = q.next_tag;
+        q.next_tag += 1;
+        frame.clear();
+        if Message::Request(req).encode_into(tag, &mut frame).is_err() {
+            q.qp.complete_execution(ticket, Err(AccessError::Failed));
+            continue;
+        }
+        match fwd.client_frame(q.conn, &frame, now) {
+            ClientAction::Forward {
+                link,
+                head,
+                payload,
+            } => {
+                q.forwarded.insert(tag, (ticket, kind));
+                send(link, &head, payload);
+            }
+            ClientAction::Reply(reply) | ClientAction::ReplyAndClose(reply) => {
+                let status = parse_response_head(reply.as_bytes())
+                    .map_or(Status::IoError, |(_, status, _)| status);
+                q.qp.complete_execution(ticket, Err(access_error(status)));
+            }
+            ClientAction::Nothing | ClientAction::Close => {
+                q.qp.complete_execution(ticket, Err(AccessError::Failed));
+            }
+        }
+    }
+}
+
+/// The device request that performs `op`, with the region key its R_Key
+/// stands for; `None` for an R_Key the queue pair was not given.
+fn request_for<'a>(
+    op: &'a MemoryOp,
+    rkeys: &HashMap<u32, u64>,
+) -> Option<(request::Repr<'a>, Kind)> {
+    let at = |va: u64| Target::Pmem(PmemAddr(va));
+    let key = |rkey: &u32| rkeys.get(rkey).copied();
+    Some(match op {
+        MemoryOp::Read { va, rkey, len } => {
+            (request::Repr::read(at(*va), key(rkey)?, *len), Kind::Read)
+        }
+        MemoryOp::Write { va, rkey, data } => {
+            (request::Repr::write(at(*va), key(rkey)?, data), Kind::Other)
+        }
+        MemoryOp::CompareSwap {
+            va,
+            rkey,
+            compare,
+            swap,
+        } => (
+            request::Repr::compare_swap(at(*va), key(rkey)?, *compare, *swap),
+            Kind::Atomic,
+        ),
+        MemoryOp::FetchAdd { va, rkey, add } => (
+            request::Repr::fetch_add(at(*va), key(rkey)?, *add),
+            Kind::Atomic,
+        ),
+        // The 8 bytes are a memory image; the server stores the operand
+        // little-endian, so these bytes land as given.
+        MemoryOp::AtomicWrite { va, rkey, value } => (
+            request::Repr::atomic_write(at(*va), key(rkey)?, u64::from_le_bytes(*value)),
+            Kind::Other,
+        ),
+        MemoryOp::Flush { va, rkey, len, .. } => {
+            (request::Repr::flush(at(*va), key(rkey)?, *len), Kind::Other)
+        }
+    })
+}
+
+/// The tag, status and value of a response frame's first 32 bytes.
+fn parse_response_head(head: &[u8]) -> Option<(u64, Status, u64)> {
+    let header = frame::Header::parse(head.get(..frame::HEADER_LEN)?).ok()?;
+    let body = head.get(frame::HEADER_LEN..frame::HEADER_LEN + response::HEADER_LEN)?;
+    let packet = response::Packet::new_unchecked(body);
+    Some((header.tag, packet.status(), packet.value()))
+}
+
+/// The RDMA access error a device status stands for.
+fn access_error(status: Status) -> AccessError {
+    match status {
+        Status::AccessDenied | Status::UnknownClient => AccessError::NotPermitted,
+        Status::OutOfBounds | Status::Unmapped => AccessError::OutOfBounds,
+        _ => AccessError::Failed,
+    }
+}
+
+#[cfg(test)]
+mod tests;
