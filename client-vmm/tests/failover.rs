@@ -45,7 +45,6 @@ fn start_device(config: &Path, id: &str) -> Daemon {
     device
 }
 
-
 fn device_requests(device: &Daemon) -> u64 {
     let (_, text) = telemetry::http_get(device.addr("admin"), "/metrics", Duration::from_secs(5))
         .expect("scrape");

@@ -4,7 +4,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
 
 use client_vmm::{StaticTranslator, VIRT_BASE};
 use testkit::{Daemon, FabricSpec, Ports};
@@ -126,7 +125,6 @@ impl Fabric {
         run.stdout
     }
 }
-
 
 /// What one pmemctl run did.
 #[derive(Debug)]

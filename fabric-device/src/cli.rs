@@ -103,6 +103,9 @@ where
     for (port, addr) in device.ports() {
         ready.push_str(&format!(" port.{port}={addr}"));
     }
+    for (port, ip) in device.roce_ports() {
+        ready.push_str(&format!(" roce.{port}={ip}"));
+    }
     println!("{ready}");
     match device.run() {
         Ok(()) => {

@@ -100,6 +100,14 @@ pub enum ClientAction<'a> {
     Reply(Reply),
     /// Send this back, then close the connection (a refused HELLO).
     ReplyAndClose(Reply),
+    /// The authenticated client asks for a RoCEv2 queue pair with this end:
+    /// set one up (see `roce`) and answer QP_ACCEPT with `tag`, or refuse.
+    ConnectQp {
+        /// The client's end.
+        end: proto::qp::Endpoint,
+        /// The request's tag, for the answer.
+        tag: u64,
+    },
     /// Nothing to answer (frames a client should not send, like responses).
     Nothing,
     /// The stream cannot be framed any more: close it.
@@ -310,6 +318,14 @@ impl Forwarder {
         Ok(())
     }
 
+    /// The client a connection authenticated as, if it did.
+    pub fn session_client(&self, conn: ConnId) -> Option<&str> {
+        self.sessions
+            .get(&conn)
+            .and_then(|s| s.client.as_ref())
+            .map(|(name, _)| name.as_str())
+    }
+
     /// A client connection closed: responses still due to it are dropped.
     pub fn client_closed(&mut self, conn: ConnId) {
         if let Some(session) = self.sessions.remove(&conn) {
@@ -351,7 +367,13 @@ impl Forwarder {
                 tag,
             )),
             Message::Ping(token) => ClientAction::Reply(frame_reply(&Message::Pong(token), tag)),
-            Message::Response(_) | Message::Map(_) | Message::Pong(_) => {
+            Message::QpConnect(end) if self.session_client(conn).is_some() => {
+                ClientAction::ConnectQp { end, tag }
+            }
+            Message::QpConnect(_) => {
+                ClientAction::Reply(error_reply(Opcode::QpConnect, tag, Status::UnknownClient))
+            }
+            Message::Response(_) | Message::Map(_) | Message::Pong(_) | Message::QpAccept(_) => {
                 self.metrics.malformed_frames.inc();
                 ClientAction::Nothing
             }

@@ -17,3 +17,4 @@ pub mod idmap;
 pub mod map;
 pub mod metrics;
 pub mod roce;
+pub mod roce_metrics;

@@ -97,6 +97,8 @@ pub struct RoceGateway {
     by_conn: HashMap<ConnId, u32>,
     next_qpn: u32,
     counters: GatewayCounters,
+    /// Counters of the queue pairs already closed.
+    closed: Counters,
     /// Index for round-robin transmission.
     turn: usize,
 }
@@ -113,6 +115,15 @@ impl RoceGateway {
     /// Gateway-wide counters.
     pub fn counters(&self) -> &GatewayCounters {
         &self.counters
+    }
+
+    /// Counters summed over every queue pair the gateway had, closed ones included.
+    pub fn totals(&self) -> Counters {
+        let mut totals = self.closed;
+        for q in self.qps.values() {
+            totals.add(q.qp.counters());
+        }
+        totals
     }
 
     /// Each queue pair's number and counters.
@@ -146,6 +157,7 @@ impl RoceGateway {
     /// Tears a queue pair down; answers still due to it are dropped.
     pub fn close(&mut self, fwd: &mut Forwarder, qpn: u32) {
         if let Some(q) = self.qps.remove(&qpn) {
+            self.closed.add(q.qp.counters());
             self.by_conn.remove(&q.conn);
             fwd.client_closed(q.conn);
         }
@@ -279,7 +291,7 @@ fn pump(
                     .map_or(Status::IoError, |(_, status, _)| status);
                 q.qp.complete_execution(ticket, Err(access_error(status)));
             }
-            ClientAction::Nothing | ClientAction::Close => {
+            ClientAction::Nothing | ClientAction::Close | ClientAction::ConnectQp { .. } => {
                 q.qp.complete_execution(ticket, Err(AccessError::Failed));
             }
         }

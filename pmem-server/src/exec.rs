@@ -245,9 +245,15 @@ impl Executor {
                 );
             }
             Message::Ping(token) => encode(&Message::Pong(token), tag, out),
+            // A server terminates no queue pairs on this transport.
+            Message::QpConnect(_) => encode(
+                &proto::error_response(Opcode::QpConnect, Status::Unsupported),
+                tag,
+                out,
+            ),
             // Responses, MAPs and PONGs are never sent to a server; there is
             // nobody to answer them for.
-            Message::Response(_) | Message::Map(_) | Message::Pong(_) => {
+            Message::Response(_) | Message::Map(_) | Message::Pong(_) | Message::QpAccept(_) => {
                 self.metrics.malformed_frames.inc();
             }
         }

@@ -53,6 +53,8 @@
 //! | MAP | 0xE2 | [`map`] |
 //! | PING | 0xE3 | [`ping`] |
 //! | PONG | 0xE4 | [`ping`] |
+//! | QP_CONNECT | 0xE5 | [`qp`] (a RoCEv2 queue pair's end) |
+//! | QP_ACCEPT | 0xE6 | [`qp`] (the device's end and R_Keys) |
 //!
 //! Request body, 56 bytes then the payload ([`request`]):
 //!
@@ -111,6 +113,7 @@ pub mod map;
 pub mod message;
 pub mod opcode;
 pub mod ping;
+pub mod qp;
 pub mod request;
 pub mod response;
 pub mod roce;

@@ -7,7 +7,7 @@ use crate::opcode::Opcode;
 use crate::request::{self, Operation};
 use crate::response::{self, ResponseKind};
 use crate::status::Status;
-use crate::{hello, map, ping};
+use crate::{hello, map, ping, qp};
 
 /// Any message of the protocol: the body of one frame, typed by its opcode.
 ///
@@ -28,6 +28,10 @@ pub enum Message<'a> {
     Ping(u64),
     /// Answer to a PING, echoing its value.
     Pong(u64),
+    /// Set up a RoCEv2 queue pair with the client's end.
+    QpConnect(qp::Endpoint),
+    /// The device's end of a new queue pair and its R_Keys.
+    QpAccept(qp::Accept<'a>),
 }
 
 impl<'a> Message<'a> {
@@ -41,6 +45,8 @@ impl<'a> Message<'a> {
             Message::Map(_) => Opcode::Map,
             Message::Ping(_) => Opcode::Ping,
             Message::Pong(_) => Opcode::Pong,
+            Message::QpConnect(_) => Opcode::QpConnect,
+            Message::QpAccept(_) => Opcode::QpAccept,
         }
     }
 
@@ -79,6 +85,8 @@ impl<'a> Message<'a> {
             Opcode::Pong => Ok(Message::Pong(
                 ping::Repr::parse(&ping::Packet::new_checked(body)?)?.value,
             )),
+            Opcode::QpConnect => qp::Endpoint::parse_connect(body).map(Message::QpConnect),
+            Opcode::QpAccept => qp::Accept::parse(body).map(Message::QpAccept),
             other => Err(Error::UnknownOpcode {
                 opcode: other.into(),
                 tag: frame.tag(),
@@ -95,6 +103,8 @@ impl<'a> Message<'a> {
             Message::MapRequest => 0,
             Message::Map(m) => m.buffer_len(),
             Message::Ping(_) | Message::Pong(_) => ping::HEADER_LEN,
+            Message::QpConnect(_) => qp::ENDPOINT_LEN,
+            Message::QpAccept(a) => a.buffer_len(),
         }
     }
 
@@ -110,7 +120,12 @@ impl<'a> Message<'a> {
             Message::Request(r) => r.check()?,
             Message::Response(r) => r.check()?,
             Message::Hello(h) => h.check()?,
-            Message::MapRequest | Message::Map(_) | Message::Ping(_) | Message::Pong(_) => {}
+            Message::MapRequest
+            | Message::Map(_)
+            | Message::Ping(_)
+            | Message::Pong(_)
+            | Message::QpConnect(_)
+            | Message::QpAccept(_) => {}
         }
         let body_len = self.body_len();
         if body_len > MAX_BODY_LEN as usize {
@@ -151,6 +166,8 @@ impl<'a> Message<'a> {
             Message::Ping(value) | Message::Pong(value) => {
                 ping::Repr { value: *value }.emit(&mut ping::Packet::new_unchecked(body))
             }
+            Message::QpConnect(e) => e.emit(body),
+            Message::QpAccept(a) => a.emit(body),
         }
         Ok(len)
     }

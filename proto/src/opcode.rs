@@ -45,13 +45,17 @@ pub enum Opcode {
     Ping,
     /// Answer to [`Opcode::Ping`] (0xE4).
     Pong,
+    /// Set up a RoCEv2 queue pair: the client's end (0xE5).
+    QpConnect,
+    /// The device's end of a new queue pair and its R_Keys (0xE6).
+    QpAccept,
     /// Any other value.
     Unknown(u8),
 }
 
 impl Opcode {
     /// Every named opcode, in numeric order.
-    pub const ALL: [Opcode; 15] = [
+    pub const ALL: [Opcode; 17] = [
         Opcode::Write,
         Opcode::Read,
         Opcode::ReadResponse,
@@ -67,6 +71,8 @@ impl Opcode {
         Opcode::Map,
         Opcode::Ping,
         Opcode::Pong,
+        Opcode::QpConnect,
+        Opcode::QpAccept,
     ];
 
     /// Whether this is one of the seven one-sided request operations.
@@ -132,6 +138,8 @@ impl Opcode {
             Opcode::Map => "MAP",
             Opcode::Ping => "PING",
             Opcode::Pong => "PONG",
+            Opcode::QpConnect => "QP_CONNECT",
+            Opcode::QpAccept => "QP_ACCEPT",
             Opcode::Unknown(_) => "UNKNOWN",
         }
     }
@@ -155,6 +163,8 @@ impl From<u8> for Opcode {
             0xE2 => Opcode::Map,
             0xE3 => Opcode::Ping,
             0xE4 => Opcode::Pong,
+            0xE5 => Opcode::QpConnect,
+            0xE6 => Opcode::QpAccept,
             other => Opcode::Unknown(other),
         }
     }
@@ -178,6 +188,8 @@ impl From<Opcode> for u8 {
             Opcode::Map => 0xE2,
             Opcode::Ping => 0xE3,
             Opcode::Pong => 0xE4,
+            Opcode::QpConnect => 0xE5,
+            Opcode::QpAccept => 0xE6,
             Opcode::Unknown(other) => other,
         }
     }

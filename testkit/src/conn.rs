@@ -61,7 +61,10 @@ impl Reply {
             ),
             Message::Ping(v) | Message::Pong(v) => (Status::Ok, v, body.to_vec()),
             Message::Map(m) => (Status::Ok, m.entries.len() as u64, body.to_vec()),
-            Message::Request(_) | Message::MapRequest => (Status::Ok, 0, body.to_vec()),
+            Message::Request(_)
+            | Message::MapRequest
+            | Message::QpConnect(_)
+            | Message::QpAccept(_) => (Status::Ok, 0, body.to_vec()),
         };
         Reply {
             opcode,

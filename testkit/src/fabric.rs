@@ -167,6 +167,21 @@ pub struct FabricSpec {
     pub extent_size: String,
     /// The lines of `[pool.allocator]`, when the pool has an allocator.
     pub allocator: Option<String>,
+    /// Devices whose port has a RoCEv2 side: device id → the port's
+    /// interface, the IPv4 address its control listener binds, and its
+    /// RoCEv2 address.
+    pub roce: std::collections::BTreeMap<String, RoceSpec>,
+}
+
+/// The RoCEv2 side of a test device's port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoceSpec {
+    /// The network interface the device does raw packet I/O on.
+    pub interface: String,
+    /// The address the port's control (TCP) listener binds.
+    pub control_ip: String,
+    /// The port's RoCEv2 address (answered by the device, not the kernel).
+    pub roce_ip: String,
 }
 
 impl Default for FabricSpec {
@@ -178,6 +193,7 @@ impl Default for FabricSpec {
             sockets_per_server: 1,
             extent_size: "1MiB".to_owned(),
             allocator: None,
+            roce: std::collections::BTreeMap::new(),
         }
     }
 }
@@ -214,6 +230,12 @@ impl FabricSpec {
     /// `[pool.allocator]` table (may be empty for the defaults).
     pub fn allocator(mut self, settings: &str) -> Self {
         self.allocator = Some(settings.to_owned());
+        self
+    }
+
+    /// Gives `device`'s port a RoCEv2 side (see [`RoceSpec`]).
+    pub fn roce_port(mut self, device: &str, spec: RoceSpec) -> Self {
+        self.roce.insert(device.to_owned(), spec);
         self
     }
 
@@ -286,10 +308,18 @@ impl FabricSpec {
                 device: device.clone(),
                 port: "p0".to_owned(),
             });
+            let port_line = match self.roce.get(device) {
+                Some(r) => format!(
+                    "{{ id = \"p0\", listen = \"{}:{listen}\", roce = {{ interface = {}, ip = {} }} }}",
+                    r.control_ip,
+                    quoted(&r.interface),
+                    quoted(&r.roce_ip)
+                ),
+                None => format!("{{ id = \"p0\", listen = \"127.0.0.1:{listen}\" }}"),
+            };
             let _ = writeln!(
                 t,
-                "\n[[fabric_devices]]\nid = {}\n\
-                 ports = [{{ id = \"p0\", listen = \"127.0.0.1:{listen}\" }}]\nlinks = [",
+                "\n[[fabric_devices]]\nid = {}\nports = [{port_line}]\nlinks = [",
                 quoted(device)
             );
             for (server, _) in &self.servers {

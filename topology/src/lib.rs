@@ -32,7 +32,7 @@ pub use load::{EnvOverrides, LoadError};
 pub use meta::{MetaError, MetaLayout, RegionMeta};
 pub use model::{
     AllocatorConfig, AllowRange, CachePolicy, Client, FabricDevice, FabricLink, FabricPort,
-    Persistence, PmemDevice, Pool, Region, Rnic, Server, ServerNic, Socket, Topology,
+    Persistence, PmemDevice, Pool, Region, Rnic, RocePort, Server, ServerNic, Socket, Topology,
 };
 pub use routes::Path;
 pub use size::ByteSize;

@@ -281,8 +281,31 @@ pub struct FabricDevice {
 pub struct FabricPort {
     /// The port's id, unique within its device.
     pub id: PortId,
-    /// Listen address, `host:port`.
+    /// Listen address, `host:port`: the control connection (HELLO, MAP,
+    /// QP set-up) and the TCP transport.
     pub listen: String,
+    /// RoCEv2 on this port: RDMA NICs reach the device here.
+    #[serde(default)]
+    pub roce: Option<RocePort>,
+}
+
+/// The RoCEv2 side of a fabric device port: raw packet I/O on a network
+/// interface, with an IPv4 address the device answers ARP for itself (the
+/// host's kernel must not own it, or it would answer UDP 4791 too).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RocePort {
+    /// The network interface, e.g. `"veth-roce0"`.
+    pub interface: String,
+    /// The port's IPv4 address (its RoCEv2 GID is `::ffff:` and this).
+    pub ip: String,
+    /// Path MTU offered to queue pairs (256, 512, 1024, 2048 or 4096).
+    #[serde(default = "default_roce_mtu")]
+    pub mtu: u16,
+}
+
+fn default_roce_mtu() -> u16 {
+    1024
 }
 
 /// A link from a fabric device to one server NIC.

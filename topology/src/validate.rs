@@ -404,6 +404,36 @@ impl Checker<'_> {
         }
     }
 
+    fn roce_port(&mut self, item: &str, roce: &crate::model::RocePort) {
+        if roce.ip.parse::<std::net::Ipv4Addr>().is_err() {
+            self.report(
+                format!("{item} roce"),
+                ProblemKind::BadAddress {
+                    address: roce.ip.clone(),
+                    expected: "an IPv4 address",
+                },
+            );
+        }
+        if roce.interface.is_empty() || roce.interface.len() > 15 {
+            self.report(
+                format!("{item} roce"),
+                ProblemKind::BadAddress {
+                    address: roce.interface.clone(),
+                    expected: "a network interface name (1 to 15 bytes)",
+                },
+            );
+        }
+        if ![256, 512, 1024, 2048, 4096].contains(&roce.mtu) {
+            self.report(
+                format!("{item} roce"),
+                ProblemKind::BadAddress {
+                    address: roce.mtu.to_string(),
+                    expected: "a RoCE path MTU (256, 512, 1024, 2048 or 4096)",
+                },
+            );
+        }
+    }
+
     fn fabric_devices(&mut self) {
         let t = self.topology;
         self.unique(
@@ -423,7 +453,11 @@ impl Checker<'_> {
                 self.report(item.clone(), ProblemKind::NoPorts);
             }
             for port in &device.ports {
-                self.listen(format!("{item} port {:?}", port.id.as_str()), &port.listen);
+                let port_item = format!("{item} port {:?}", port.id.as_str());
+                self.listen(port_item.clone(), &port.listen);
+                if let Some(roce) = &port.roce {
+                    self.roce_port(&port_item, roce);
+                }
             }
             if let Some(admin) = &device.admin {
                 self.listen(format!("{item} admin"), admin);

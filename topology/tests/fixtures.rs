@@ -124,6 +124,11 @@ fn expectations() -> Vec<Expectation> {
             matches!(k, ProblemKind::Empty { what: "clients" })
         }),
         (
+            "bad-roce-address",
+            "fabric device \"A\" port \"p0\" roce",
+            |k| matches!(k, ProblemKind::BadAddress { address, .. } if address == "fe80::1"),
+        ),
+        (
             "bad-address",
             "server \"A\" NIC \"n0\"",
             |k| matches!(k, ProblemKind::BadAddress { address, .. } if address == "server-a:seven-thousand"),

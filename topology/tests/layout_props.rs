@@ -74,6 +74,7 @@ fn build(spec: &[Vec<Vec<Vec<RegionSpec>>>]) -> Topology {
             ports: vec![FabricPort {
                 id: "p0".into(),
                 listen: "127.0.2.1:7100".into(),
+                roce: None,
             }],
             links,
         }],

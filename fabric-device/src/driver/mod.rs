@@ -7,6 +7,7 @@
 //! backoff has passed and flushes what is queued.
 
 mod endpoint;
+mod roce_port;
 
 use std::io;
 use std::net::SocketAddr;
@@ -26,9 +27,16 @@ use crate::forward::{ClientAction, ConnId, Forwarder, ForwarderConfig, LinkActio
 use crate::idmap::IdMap;
 use crate::map::{DeviceMap, MapError};
 use crate::metrics::DeviceMetrics;
+use crate::roce_metrics::RoceMetrics;
 use endpoint::{Endpoint, Fill};
+use roce_port::RoceEndpoint;
+pub use roce_port::{PortCounters, RocePortError};
 
 const SIGNALS: Token = Token(usize::MAX - 1);
+/// The RoCE ports' reader threads have frames waiting.
+const ROCE_WAKE: Token = Token(usize::MAX - 2);
+/// How often RoCE counters are published for `/metrics`.
+const ROCE_PUBLISH: Duration = Duration::from_millis(100);
 const CLIENT_BASE: usize = 1 << 20;
 const LINK_BASE: usize = 1 << 40;
 /// Longest a poll waits, so housekeeping runs even when nothing happens.
@@ -89,6 +97,15 @@ pub enum DeviceError {
     /// The event loop failed.
     #[error("event loop failed")]
     Poll(#[source] io::Error),
+    /// A port's RoCEv2 side cannot start.
+    #[error("port {port}: RoCEv2")]
+    Roce {
+        /// The port.
+        port: PortId,
+        /// Why.
+        #[source]
+        source: RocePortError,
+    },
 }
 
 /// A server link's connection state.
@@ -113,6 +130,8 @@ enum LinkConn {
 #[derive(Debug)]
 struct ClientConn {
     endpoint: Endpoint,
+    /// Index of the port it connected to.
+    port: usize,
     /// Reading stopped for backpressure; resume when there is room.
     paused: bool,
     /// Close once the queued bytes are written.
@@ -129,6 +148,12 @@ pub struct Device {
     core: Forwarder,
     metrics: Arc<DeviceMetrics>,
     listeners: Vec<(PortId, TcpListener, SocketAddr)>,
+    /// The RoCEv2 side of each port that has one, by port index.
+    roce: Vec<Option<RoceEndpoint>>,
+    roce_metrics: RoceMetrics,
+    roce_published: Instant,
+    /// RoCE traffic since the last publication: publish within [`ROCE_PUBLISH`].
+    roce_dirty: bool,
     clients: IdMap<ConnId, ClientConn>,
     /// Clients with bytes queued since the last flush: only these are
     /// written at the end of a turn, however many clients are connected.
@@ -164,7 +189,19 @@ impl Device {
                 device: config.device.to_string(),
             })?;
         let mut listeners = Vec::new();
+        let mut roce = Vec::new();
+        let waker =
+            Arc::new(mio::Waker::new(poll.registry(), ROCE_WAKE).map_err(DeviceError::Poll)?);
         for (i, port) in spec.ports.iter().enumerate() {
+            roce.push(match &port.roce {
+                Some(r) => Some(RoceEndpoint::open(r, Arc::clone(&waker)).map_err(|source| {
+                    DeviceError::Roce {
+                        port: port.id.clone(),
+                        source,
+                    }
+                })?),
+                None => None,
+            });
             let bind_err = |source| DeviceError::Bind {
                 port: port.id.clone(),
                 addr: port.listen.clone(),
@@ -181,6 +218,7 @@ impl Device {
                 .map_err(DeviceError::Poll)?;
             listeners.push((port.id.clone(), listener, local));
         }
+        let roce_metrics = RoceMetrics::register(&registry)?;
         let core = Forwarder::new(map, config.forwarder, Arc::clone(&metrics));
         let now = Instant::now();
         let links = core
@@ -201,6 +239,10 @@ impl Device {
             core,
             metrics,
             listeners,
+            roce,
+            roce_metrics,
+            roce_published: now,
+            roce_dirty: true,
             clients: IdMap::default(),
             to_flush: Vec::new(),
             paused: Vec::new(),
@@ -216,6 +258,15 @@ impl Device {
         self.listeners
             .iter()
             .map(|(id, _, addr)| (id.clone(), *addr))
+            .collect()
+    }
+
+    /// The RoCEv2 address of every port that has one.
+    pub fn roce_ports(&self) -> Vec<(PortId, std::net::Ipv4Addr)> {
+        self.listeners
+            .iter()
+            .zip(&self.roce)
+            .filter_map(|((id, _, _), r)| r.as_ref().map(|r| (id.clone(), r.ip())))
             .collect()
     }
 
@@ -256,6 +307,7 @@ impl Device {
             self.dispatch(&events, &mut signals, now);
             let (expired, silent) = self.core.handle_timeouts(now);
             self.deliver_all(expired);
+            self.roce_turn(now);
             for link in silent {
                 self.link_failed(link, now, "requests timed out");
             }
@@ -280,6 +332,7 @@ impl Device {
                         self.on_signal(signal);
                     }
                 }
+                ROCE_WAKE => self.roce_receive(now),
                 Token(i) if i < self.listeners.len() => self.accept(i),
                 Token(t) if t >= LINK_BASE => {
                     let link = LinkId((t - LINK_BASE) as u32);
@@ -299,6 +352,14 @@ impl Device {
         let mut next = now + MAX_POLL_WAIT;
         if let Some(deadline) = self.core.poll_timeout() {
             next = next.min(deadline);
+        }
+        for port in self.roce.iter().flatten() {
+            if let Some(t) = port.gateway.poll_timeout() {
+                next = next.min(t);
+            }
+        }
+        if self.roce_dirty {
+            next = next.min(self.roce_published + ROCE_PUBLISH);
         }
         for conn in self.links.values() {
             match conn {
@@ -381,6 +442,54 @@ impl Device {
         );
     }
 
+    /// Takes the frames the RoCE ports' readers queued.
+    fn roce_receive(&mut self, now: Instant) {
+        self.roce_dirty = true;
+        let Self {
+            core, links, roce, ..
+        } = self;
+        for port in roce.iter_mut().flatten() {
+            port.receive(now, core, |link, head, payload| {
+                if let Some(LinkConn::Connected { endpoint }) = links.get_mut(&link) {
+                    let _ = endpoint.send(head, payload);
+                }
+            });
+        }
+    }
+
+    /// Fires the queue pairs' timers, sends what they have ready and, at
+    /// most every [`ROCE_PUBLISH`], publishes their counters.
+    fn roce_turn(&mut self, now: Instant) {
+        for port in self.roce.iter_mut().flatten() {
+            port.gateway.handle_timeout(now);
+            self.roce_dirty |= port.transmit(now);
+        }
+        if self.roce_dirty && now >= self.roce_published + ROCE_PUBLISH {
+            self.roce_published = now;
+            self.roce_dirty = false;
+            let snapshots = self
+                .listeners
+                .iter()
+                .zip(&self.roce)
+                .filter_map(|((id, _, _), r)| r.as_ref().map(|r| r.snapshot(id.as_str())))
+                .collect();
+            self.roce_metrics.publish(snapshots);
+        }
+    }
+
+    /// Hands a response (or an error reply) for a queue pair's connection
+    /// to its gateway; false when `conn` is not a queue pair's.
+    fn roce_deliver(
+        roce: &mut [Option<RoceEndpoint>],
+        conn: ConnId,
+        head: &[u8],
+        payload: &[u8],
+    ) -> bool {
+        roce.iter_mut()
+            .flatten()
+            .any(|port| port.gateway.deliver(conn, head, payload))
+    }
+
     fn accept(&mut self, index: usize) {
         loop {
             let Some((_, listener, _)) = self.listeners.get(index) else {
@@ -417,6 +526,7 @@ impl Device {
                 conn,
                 ClientConn {
                     endpoint: Endpoint::new(stream),
+                    port: index,
                     paused: false,
                     closing: false,
                     to_flush: false,
@@ -524,13 +634,17 @@ impl Device {
             clients,
             links,
             metrics,
+            roce,
             ..
         } = self;
         let Some(client) = clients.get_mut(&conn) else {
             return FramesEnd::Close("gone".into());
         };
         let ClientConn {
-            endpoint, closing, ..
+            endpoint,
+            closing,
+            port,
+            ..
         } = client;
         loop {
             if *closing {
@@ -561,6 +675,18 @@ impl Device {
                     *closing = true;
                     endpoint.send(reply.as_bytes(), &[])
                 }
+                ClientAction::ConnectQp { end, tag } => {
+                    let reply = match roce.get_mut(*port).and_then(Option::as_mut) {
+                        Some(roce_port) => roce_port.connect(core, conn, end, tag),
+                        None => proto::error_reply(
+                            proto::Opcode::QpConnect,
+                            tag,
+                            proto::Status::Unsupported,
+                        )
+                        .to_vec(),
+                    };
+                    endpoint.send(&reply, &[])
+                }
                 ClientAction::Nothing => Ok(()),
                 ClientAction::Close => return FramesEnd::Close("unframeable stream".into()),
             };
@@ -582,6 +708,9 @@ impl Device {
                     format_args!("closed client connection {conn}: {why}"),
                 );
             }
+        }
+        for port in self.roce.iter_mut().flatten() {
+            port.control_closed(&mut self.core, conn);
         }
         self.core.client_closed(conn);
     }
@@ -609,6 +738,9 @@ impl Device {
     /// Sends error replies produced by the core to their clients.
     fn deliver_all(&mut self, replies: Vec<(ConnId, Reply)>) {
         for (conn, reply) in replies {
+            if Self::roce_deliver(&mut self.roce, conn, reply.as_bytes(), &[]) {
+                continue;
+            }
             if let Some(client) = self.clients.get_mut(&conn) {
                 let _ = client.endpoint.send(reply.as_bytes(), &[]);
                 mark_to_flush(&mut self.to_flush, conn, client);
@@ -831,6 +963,7 @@ impl Device {
             to_flush,
             links,
             metrics,
+            roce,
             ..
         } = self;
         let Some(LinkConn::Connected { endpoint }) = links.get_mut(&link) else {
@@ -849,7 +982,9 @@ impl Device {
                     head,
                     payload,
                 } => {
-                    if let Some(client) = clients.get_mut(&conn) {
+                    if Self::roce_deliver(roce, conn, &head, payload) {
+                        // A queue pair's operation: its gateway answered it.
+                    } else if let Some(client) = clients.get_mut(&conn) {
                         let _ = client.endpoint.send(&head, payload);
                         mark_to_flush(to_flush, conn, client);
                     }

@@ -194,6 +194,50 @@ pub struct Counters {
     pub stale_responses: u64,
 }
 
+impl Counters {
+    /// Adds `other` to these counters (totals over several queue pairs).
+    pub fn add(&mut self, other: &Counters) {
+        let Counters {
+            packets_sent,
+            bytes_sent,
+            packets_received,
+            bytes_received,
+            icrc_errors,
+            malformed,
+            foreign,
+            duplicates,
+            out_of_sequence,
+            naks_sent_sequence,
+            naks_sent_rnr,
+            naks_sent_invalid,
+            naks_sent_access,
+            naks_sent_operational,
+            naks_received,
+            retransmissions,
+            timeouts,
+            stale_responses,
+        } = other;
+        self.packets_sent += packets_sent;
+        self.bytes_sent += bytes_sent;
+        self.packets_received += packets_received;
+        self.bytes_received += bytes_received;
+        self.icrc_errors += icrc_errors;
+        self.malformed += malformed;
+        self.foreign += foreign;
+        self.duplicates += duplicates;
+        self.out_of_sequence += out_of_sequence;
+        self.naks_sent_sequence += naks_sent_sequence;
+        self.naks_sent_rnr += naks_sent_rnr;
+        self.naks_sent_invalid += naks_sent_invalid;
+        self.naks_sent_access += naks_sent_access;
+        self.naks_sent_operational += naks_sent_operational;
+        self.naks_received += naks_received;
+        self.retransmissions += retransmissions;
+        self.timeouts += timeouts;
+        self.stale_responses += stale_responses;
+    }
+}
+
 /// Why a receive could not be posted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("receive queue full")]
@@ -208,6 +252,7 @@ pub struct QueuePair {
     counters: Counters,
     /// Alternates between the two halves so neither starves the other.
     responder_turn: bool,
+    /// IPv4 identification of the next datagram.
     ident: u16,
 }
 
@@ -221,7 +266,7 @@ impl QueuePair {
             config,
             counters: Counters::default(),
             responder_turn: true,
-            ident: 0,
+            ident: 1,
         })
     }
 
@@ -346,7 +391,9 @@ impl QueuePair {
         self.responder_turn = !self.responder_turn;
         match sent {
             Some(true) => {
-                self.ident = self.ident.wrapping_add(1);
+                // Never 0: raw IP sockets replace an identification of 0,
+                // which the ICRC covers.
+                self.ident = self.ident.wrapping_add(1).max(1);
                 self.counters.packets_sent += 1;
                 self.counters.bytes_sent += buf.len() as u64;
                 true

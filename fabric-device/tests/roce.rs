@@ -1,0 +1,293 @@
+//! The fabric device's RoCEv2 port with real kernel packets: a client in a
+//! network namespace, behind a veth pair, sets up a queue pair over its
+//! control connection and runs RDMA READ, WRITE, atomics and FLUSH through
+//! the device to real pmem-servers. Needs root (network namespaces, raw
+//! sockets), as CI has.
+
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use proto::request::{Repr, Target};
+use proto::roce::rc::{CompletionKind, WcStatus, WorkOp, WorkRequest};
+use testkit::roce::RawRoceClient;
+use testkit::{Conn, FabricSpec, Ports, RoceSpec, layout};
+use topology::PmemAddr;
+
+const SUBNET: &str = "10.251.0";
+const CHILD_ENV: &str = "PF_ROCE_CHILD";
+
+/// A network namespace with a veth pair: the host end is the device's
+/// port, the other end the client's interface.
+struct Veth {
+    ns: String,
+    host: String,
+}
+
+fn ip(args: &[&str]) {
+    let status = Command::new("ip")
+        .args(args)
+        .status()
+        .unwrap_or_else(|e| panic!("ip {args:?}: {e} (iproute2 needed)"));
+    assert!(status.success(), "ip {args:?} failed");
+}
+
+impl Veth {
+    fn create() -> Self {
+        let id = std::process::id() % 100_000;
+        let (ns, host, peer) = (
+            format!("pfroce{id}"),
+            format!("pfrh{id}"),
+            format!("pfrc{id}"),
+        );
+        let _ = Command::new("ip").args(["netns", "del", &ns]).status();
+        ip(&["netns", "add", &ns]);
+        let veth = Veth {
+            ns: ns.clone(),
+            host: host.clone(),
+        };
+        ip(&["link", "add", &host, "type", "veth", "peer", "name", &peer]);
+        ip(&["link", "set", &peer, "netns", &ns]);
+        ip(&["addr", "add", &format!("{SUBNET}.254/24"), "dev", &host]);
+        ip(&["link", "set", &host, "up"]);
+        let in_ns = |args: &[&str]| {
+            let mut all = vec!["netns", "exec", &ns, "ip"];
+            all.extend_from_slice(args);
+            ip(&all);
+        };
+        in_ns(&["addr", "add", &format!("{SUBNET}.2/24"), "dev", &peer]);
+        in_ns(&["link", "set", &peer, "up"]);
+        in_ns(&["link", "set", "lo", "up"]);
+        veth
+    }
+}
+
+impl Drop for Veth {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.host])
+            .status();
+        let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
+    }
+}
+
+/// The byte pattern the client writes at `offset` of region `region`.
+fn pattern(region: u32, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u32 * 7 + region * 31) as u8)
+        .collect()
+}
+
+const WRITE_LEN: usize = 3000;
+const COUNTER_AT: u64 = 0x10_000;
+
+#[test]
+fn a_raw_rc_client_reaches_the_pool_through_the_roce_port() {
+    let veth = Veth::create();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let spec = FabricSpec::new()
+        .server("A", &[("A1", "4MiB")])
+        .server("B", &[("B1", "4MiB")])
+        .device("F")
+        .client("c0")
+        .roce_port(
+            "F",
+            RoceSpec {
+                interface: veth.host.clone(),
+                control_ip: format!("{SUBNET}.254"),
+                roce_ip: format!("{SUBNET}.1"),
+            },
+        );
+    let config = spec.write(dir.path(), "topology.toml", &mut Ports::new());
+    let _servers = testkit::pmem_servers(&config, &["A", "B"], dir.path());
+    let device = testkit::fabric_device(&config, "F", &[])
+        .unwrap_or_else(|e| panic!("fabric-device did not start:\n{e}"));
+    device.wait_links_up(2);
+    assert_eq!(device.field("roce.p0"), format!("{SUBNET}.1"));
+
+    let control = device.addr("port.p0");
+    let exe = std::env::current_exe().expect("test binary");
+    let out = Command::new("ip")
+        .args(["netns", "exec", &veth.ns])
+        .arg(&exe)
+        .args(["--exact", "roce_client_process", "--ignored", "--nocapture"])
+        .env(CHILD_ENV, format!("{control};{}", config.display()))
+        .output()
+        .expect("client process");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("roce-client-ok"),
+        "client failed:\n{stdout}\n{stderr}\ndevice:\n{}",
+        device.stderr_so_far()
+    );
+
+    // What the client wrote over RoCE reads back over the TCP transport.
+    let layout = layout(&config);
+    let mut conn = Conn::connect(control);
+    conn.hello("c0");
+    for entry in layout.entries() {
+        let reply = conn.call(Repr::read(
+            Target::Pmem(entry.start),
+            entry.key,
+            WRITE_LEN as u32,
+        ));
+        assert_eq!(
+            reply.data,
+            pattern(entry.region.0, WRITE_LEN),
+            "region {}",
+            entry.region_id
+        );
+        let counter = PmemAddr(entry.start.get() + COUNTER_AT);
+        let reply = conn.call(Repr::read(Target::Pmem(counter), entry.key, 16));
+        let mut expected = 10u64.to_le_bytes().to_vec();
+        expected.extend_from_slice(b"placed!!");
+        assert_eq!(reply.data, expected, "region {}", entry.region_id);
+    }
+
+    // The device publishes RoCE counters within 100 ms of traffic.
+    let scrape = || {
+        telemetry::http_get(device.addr("admin"), "/metrics", Duration::from_secs(5))
+            .map(|(_, body)| body)
+            .expect("metrics")
+    };
+    let value = |metrics: &str, prefix: &str| -> f64 {
+        metrics
+            .lines()
+            .filter(|l| l.starts_with(prefix))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let received = "fabric_device_roce_packets_received_total{port=\"p0\"}";
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let mut metrics = scrape();
+    while value(&metrics, received) < 10.0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+        metrics = scrape();
+    }
+    assert!(value(&metrics, received) >= 10.0, "{metrics}");
+    assert!(
+        value(&metrics, "fabric_device_roce_arp_replies_total") >= 1.0,
+        "{metrics}"
+    );
+    let naks = "fabric_device_roce_naks_sent_total{port=\"p0\",qp=\"all\",kind=\"remote_access\"}";
+    assert_eq!(value(&metrics, naks), 1.0, "the bad R_Key: {metrics}");
+    let icrc = "fabric_device_roce_dropped_total{port=\"p0\",reason=\"icrc_error\"}";
+    assert_eq!(value(&metrics, icrc), 0.0);
+    telemetry::promtool_check(&metrics).expect("promtool accepts the metrics");
+}
+
+/// The client process, started inside the namespace by the test above.
+#[test]
+#[ignore = "the RoCE client process that a_raw_rc_client_reaches_the_pool_through_the_roce_port starts"]
+fn roce_client_process() {
+    let Ok(args) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let (control, config) = args.split_once(';').expect("control;config");
+    let layout = layout(&PathBuf::from(config));
+    let mut conn = Conn::connect(control.parse().expect("control address"));
+    conn.hello("c0");
+    let local: Ipv4Addr = format!("{SUBNET}.2").parse().expect("ip");
+    let mut client = RawRoceClient::connect(&mut conn, local, 0x42).expect("queue pair");
+    let mut expected = Vec::new();
+    let mut id = 0;
+    let mut post = |client: &mut RawRoceClient, op, kind| {
+        id += 1;
+        client.qp.post(WorkRequest::new(id, op)).expect("post");
+        expected.push(kind);
+    };
+    for entry in layout.entries() {
+        let region = entry.region.0;
+        let at = |off: u64| client.remote(region, entry.start.get() + off);
+        let data = pattern(region, WRITE_LEN);
+        let (w, r, f, a1, aw, p) = (
+            at(0),
+            at(0),
+            at(COUNTER_AT),
+            at(COUNTER_AT),
+            at(COUNTER_AT + 8),
+            at(0),
+        );
+        post(
+            &mut client,
+            WorkOp::Write {
+                remote: w,
+                data: data.clone(),
+                imm: None,
+            },
+            CompletionKind::Write,
+        );
+        post(
+            &mut client,
+            WorkOp::Read {
+                remote: r,
+                len: WRITE_LEN as u32,
+            },
+            CompletionKind::Read(data),
+        );
+        post(
+            &mut client,
+            WorkOp::AtomicWrite {
+                remote: f,
+                value: 0u64.to_le_bytes(),
+            },
+            CompletionKind::AtomicWrite,
+        );
+        post(
+            &mut client,
+            WorkOp::FetchAdd { remote: a1, add: 7 },
+            CompletionKind::Atomic(0),
+        );
+        post(
+            &mut client,
+            WorkOp::CompareSwap {
+                remote: f,
+                compare: 7,
+                swap: 10,
+            },
+            CompletionKind::Atomic(7),
+        );
+        post(
+            &mut client,
+            WorkOp::AtomicWrite {
+                remote: aw,
+                value: *b"placed!!",
+            },
+            CompletionKind::AtomicWrite,
+        );
+        post(
+            &mut client,
+            WorkOp::persist(p, WRITE_LEN as u32),
+            CompletionKind::Flush,
+        );
+    }
+    let done = client.run(Duration::from_secs(30)).expect("completions");
+    let got: Vec<_> = done.iter().map(|c| (c.status, c.kind.clone())).collect();
+    let want: Vec<_> = expected
+        .into_iter()
+        .map(|k| (WcStatus::Success, k))
+        .collect();
+    assert!(
+        got == want,
+        "completions differ:\n got {got:?}\nwant {want:?}"
+    );
+    // A key the device did not hand out is refused without touching memory.
+    let entry = &layout.entries()[0];
+    let mut bad = client.remote(entry.region.0, entry.start.get());
+    bad.rkey = bad.rkey.wrapping_add(1);
+    client
+        .qp
+        .post(WorkRequest::new(
+            999,
+            WorkOp::Read {
+                remote: bad,
+                len: 8,
+            },
+        ))
+        .expect("post");
+    let refused = client.run(Duration::from_secs(30)).expect("completion");
+    assert_eq!(refused[0].status, WcStatus::RemoteAccessError);
+    println!("roce-client-ok {} work requests", got.len() + 1);
+}

@@ -1,0 +1,261 @@
+//! QP_CONNECT and QP_ACCEPT: setting up a RoCEv2 queue pair over the
+//! control connection a client already has with its fabric device.
+//!
+//! The client (authenticated on that connection with HELLO) sends
+//! QP_CONNECT with its queue pair's end; the device creates its own queue
+//! pair, bound to that client, and answers QP_ACCEPT with its end and the
+//! R_Keys to use for each region (RDMA carries 32-bit R_Keys; each stands
+//! for a region's 64-bit key on this queue pair only).
+//!
+//! QP_CONNECT body, 16 bytes ([`Endpoint`]):
+//!
+//! ```text
+//! 0..4    qpn       u32, 24 bits used
+//! 4..8    psn       u32, first PSN this end sends, 24 bits used
+//! 8..12   ipv4      the end's RoCEv2 address (GID ::ffff:a.b.c.d), network order
+//! 12..14  mtu       u16, path MTU (256, 512, 1024, 2048 or 4096)
+//! 14..16  reserved  zero
+//! ```
+//!
+//! QP_ACCEPT body: the device's [`Endpoint`] (16 bytes), then `count` u32
+//! and `count` entries of 8 bytes: region index u32, R_Key u32.
+
+use crate::error::{Error, Result};
+use crate::le;
+
+/// Byte ranges of the bodies.
+pub mod field {
+    use crate::Field;
+
+    /// QP number.
+    pub const QPN: Field = 0..4;
+    /// First PSN.
+    pub const PSN: Field = 4..8;
+    /// IPv4 address.
+    pub const IPV4: Field = 8..12;
+    /// Path MTU.
+    pub const MTU: Field = 12..14;
+    /// Reserved.
+    pub const RESERVED: Field = 14..16;
+    /// Number of R_Key entries (QP_ACCEPT).
+    pub const COUNT: Field = 16..20;
+}
+
+/// Length of an [`Endpoint`] (the whole QP_CONNECT body).
+pub const ENDPOINT_LEN: usize = 16;
+/// Length of one R_Key entry.
+pub const RKEY_ENTRY_LEN: usize = 8;
+/// Most R_Key entries a QP_ACCEPT may carry.
+pub const MAX_RKEYS: usize = 1 << 16;
+
+/// One end of a queue pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Endpoint {
+    /// QP number (24 bits).
+    pub qpn: u32,
+    /// First PSN this end sends (24 bits).
+    pub psn: u32,
+    /// RoCEv2 address.
+    pub ip: core::net::Ipv4Addr,
+    /// Path MTU.
+    pub mtu: u16,
+}
+
+impl Endpoint {
+    /// Parses an endpoint from the first 16 bytes of `body`.
+    pub fn parse(body: &[u8]) -> Result<Endpoint> {
+        if body.len() < ENDPOINT_LEN {
+            return Err(Error::Truncated {
+                needed: ENDPOINT_LEN,
+                got: body.len(),
+            });
+        }
+        let qpn = le::u32_at(&body[field::QPN]);
+        let psn = le::u32_at(&body[field::PSN]);
+        for (what, value) in [("qp qpn", qpn), ("qp psn", psn)] {
+            if value >> 24 != 0 {
+                return Err(Error::ReservedBits {
+                    what,
+                    value: u64::from(value),
+                });
+            }
+        }
+        let reserved = le::u16_at(&body[field::RESERVED]);
+        if reserved != 0 {
+            return Err(Error::ReservedBits {
+                what: "qp reserved",
+                value: u64::from(reserved),
+            });
+        }
+        let mut ip = [0; 4];
+        ip.copy_from_slice(&body[field::IPV4]);
+        Ok(Endpoint {
+            qpn,
+            psn,
+            ip: ip.into(),
+            mtu: le::u16_at(&body[field::MTU]),
+        })
+    }
+
+    /// Writes the endpoint into the first 16 bytes of `body`.
+    pub fn emit(&self, body: &mut [u8]) {
+        le::put_u32(&mut body[field::QPN], self.qpn & 0xFF_FFFF);
+        le::put_u32(&mut body[field::PSN], self.psn & 0xFF_FFFF);
+        body[field::IPV4].copy_from_slice(&self.ip.octets());
+        le::put_u16(&mut body[field::MTU], self.mtu);
+        le::put_u16(&mut body[field::RESERVED], 0);
+    }
+
+    /// Parses a QP_CONNECT body: exactly one endpoint.
+    pub fn parse_connect(body: &[u8]) -> Result<Endpoint> {
+        if body.len() > ENDPOINT_LEN {
+            return Err(Error::LengthMismatch {
+                what: "qp connect body",
+                expected: ENDPOINT_LEN,
+                got: body.len(),
+            });
+        }
+        Endpoint::parse(body)
+    }
+}
+
+/// A QP_ACCEPT: the device's end and the R_Key table, borrowed from the frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Accept<'a> {
+    /// The device's end.
+    pub endpoint: Endpoint,
+    /// `count` entries of (region index, R_Key), little-endian u32 pairs.
+    rkeys: &'a [u8],
+}
+
+impl<'a> Accept<'a> {
+    /// An accept over an encoded R_Key table (see [`encode_rkeys`]).
+    pub fn new(endpoint: Endpoint, rkeys: &'a [u8]) -> Result<Self> {
+        check_table(rkeys)?;
+        Ok(Accept { endpoint, rkeys })
+    }
+
+    /// Parses a QP_ACCEPT body.
+    pub fn parse(body: &'a [u8]) -> Result<Accept<'a>> {
+        let endpoint = Endpoint::parse(body)?;
+        let header = field::COUNT.end;
+        if body.len() < header {
+            return Err(Error::Truncated {
+                needed: header,
+                got: body.len(),
+            });
+        }
+        let count = le::u32_at(&body[field::COUNT]) as usize;
+        let table = &body[header..];
+        if count > MAX_RKEYS || table.len() != count * RKEY_ENTRY_LEN {
+            return Err(Error::LengthMismatch {
+                what: "qp accept r_key table",
+                expected: count.min(MAX_RKEYS) * RKEY_ENTRY_LEN,
+                got: table.len(),
+            });
+        }
+        Ok(Accept {
+            endpoint,
+            rkeys: table,
+        })
+    }
+
+    /// The (region index, R_Key) entries.
+    pub fn rkeys(&self) -> impl Iterator<Item = (u32, u32)> + 'a {
+        self.rkeys
+            .chunks_exact(RKEY_ENTRY_LEN)
+            .map(|e| (le::u32_at(&e[..4]), le::u32_at(&e[4..])))
+    }
+
+    /// Length of the body.
+    pub fn buffer_len(&self) -> usize {
+        field::COUNT.end + self.rkeys.len()
+    }
+
+    /// Writes the body into a buffer of [`Accept::buffer_len`] bytes.
+    pub fn emit(&self, body: &mut [u8]) {
+        self.endpoint.emit(body);
+        let count = (self.rkeys.len() / RKEY_ENTRY_LEN) as u32;
+        le::put_u32(&mut body[field::COUNT], count);
+        body[field::COUNT.end..].copy_from_slice(self.rkeys);
+    }
+}
+
+fn check_table(rkeys: &[u8]) -> Result<()> {
+    if !rkeys.len().is_multiple_of(RKEY_ENTRY_LEN) || rkeys.len() / RKEY_ENTRY_LEN > MAX_RKEYS {
+        return Err(Error::LengthMismatch {
+            what: "qp accept r_key table",
+            expected: rkeys.len() - rkeys.len() % RKEY_ENTRY_LEN,
+            got: rkeys.len(),
+        });
+    }
+    Ok(())
+}
+
+/// Encodes (region index, R_Key) pairs as a QP_ACCEPT table.
+pub fn encode_rkeys(pairs: &[(u32, u32)]) -> Vec<u8> {
+    let mut out = vec![0; pairs.len() * RKEY_ENTRY_LEN];
+    for (entry, (region, rkey)) in out.chunks_exact_mut(RKEY_ENTRY_LEN).zip(pairs) {
+        le::put_u32(&mut entry[..4], *region);
+        le::put_u32(&mut entry[4..], *rkey);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const END: Endpoint = Endpoint {
+        qpn: 0x11,
+        psn: 0xABCDEF,
+        ip: core::net::Ipv4Addr::new(10, 66, 0, 2),
+        mtu: 1024,
+    };
+
+    #[test]
+    fn endpoint_round_trips_and_refuses_wide_fields() {
+        let mut body = [0u8; 16];
+        END.emit(&mut body);
+        assert_eq!(
+            body,
+            [
+                0x11, 0, 0, 0, 0xEF, 0xCD, 0xAB, 0, 10, 66, 0, 2, 0x00, 0x04, 0, 0
+            ]
+        );
+        assert_eq!(Endpoint::parse_connect(&body), Ok(END));
+        body[3] = 1;
+        assert!(matches!(
+            Endpoint::parse(&body),
+            Err(Error::ReservedBits { what: "qp qpn", .. })
+        ));
+        assert!(matches!(
+            Endpoint::parse(&body[..15]),
+            Err(Error::Truncated { .. })
+        ));
+        assert!(matches!(
+            Endpoint::parse_connect(&[0u8; 17]),
+            Err(Error::LengthMismatch { .. })
+        ));
+    }
+
+    #[test]
+    fn accept_round_trips_its_rkey_table() {
+        let table = encode_rkeys(&[(0, 0x100), (3, 0xDEAD)]);
+        let accept = Accept::new(END, &table).unwrap();
+        let mut body = vec![0; accept.buffer_len()];
+        accept.emit(&mut body);
+        let parsed = Accept::parse(&body).unwrap();
+        assert_eq!(parsed, accept);
+        assert_eq!(
+            parsed.rkeys().collect::<Vec<_>>(),
+            [(0, 0x100), (3, 0xDEAD)]
+        );
+        body.pop();
+        assert!(Accept::parse(&body).is_err());
+        let mut lying = body.clone();
+        lying.truncate(20);
+        le::put_u32(&mut lying[16..20], u32::MAX);
+        assert!(Accept::parse(&lying).is_err());
+    }
+}
