@@ -23,7 +23,7 @@ use super::work::{Completion, CompletionKind, WcStatus};
 use super::{Counters, QpConfig};
 use crate::roce::aeth::{self, NakCode, Syndrome};
 use crate::roce::packet::Repr;
-use crate::roce::{Opcode, Psn, bth, feth};
+use crate::roce::{Opcode, Psn, bth, feth, reth};
 
 const MSN_MASK: u32 = 0xFF_FFFF;
 
@@ -342,21 +342,7 @@ impl Responder {
         match (op, found, packet.reth) {
             (Opcode::ReadRequest, Some(r), Some(reth)) if matches!(r.kind, ResourceKind::Read) => {
                 let skip = psn.distance_from(r.psn) as usize;
-                let then = Then::Read {
-                    psn,
-                    msn: r.msn,
-                    skip,
-                };
-                if reth.dma_len == 0 {
-                    self.complete_now(then, MemoryReply::Read(Vec::new()));
-                } else {
-                    let op = MemoryOp::Read {
-                        va: reth.va,
-                        rkey: reth.rkey,
-                        len: reth.dma_len,
-                    };
-                    self.push_execution(op, then);
-                }
+                self.execute_read(reth, psn, r.msn, skip);
             }
             (Opcode::CompareSwap | Opcode::FetchAdd, Some(r), _) if r.psn == psn => {
                 if let ResourceKind::Atomic(Some(original)) = r.kind {
@@ -378,9 +364,17 @@ impl Responder {
                     });
                 }
             }
-            (op, _, _) if !op.is_request() => {}
-            (Opcode::ReadRequest | Opcode::CompareSwap | Opcode::FetchAdd, _, _) => {}
-            (Opcode::Flush | Opcode::AtomicWrite, _, _) => {}
+            // A READ, atomic, FLUSH or ATOMIC_WRITE no resource remembers (or
+            // one still executing) is dropped: the requester asks again.
+            (
+                Opcode::ReadRequest
+                | Opcode::CompareSwap
+                | Opcode::FetchAdd
+                | Opcode::Flush
+                | Opcode::AtomicWrite,
+                _,
+                _,
+            ) => {}
             // WRITE and SEND: acknowledge again, up to the last PSN received.
             _ => {
                 let ack = self.ack(self.epsn.sub(1));
@@ -481,11 +475,13 @@ impl Responder {
             msn: self.msn,
             kind: ResourceKind::Read,
         });
-        let then = Then::Read {
-            psn,
-            msn: self.msn,
-            skip: 0,
-        };
+        self.execute_read(reth, psn, self.msn, 0);
+    }
+
+    /// Reads what `reth` names for a READ response at `psn`, `skip` packets
+    /// into the original response (a zero-length READ touches no memory).
+    fn execute_read(&mut self, reth: reth::Repr, psn: Psn, msn: u32, skip: usize) {
+        let then = Then::Read { psn, msn, skip };
         if reth.dma_len == 0 {
             self.complete_now(then, MemoryReply::Read(Vec::new()));
         } else {
