@@ -11,66 +11,13 @@ use std::time::Duration;
 
 use proto::request::{Repr, Target};
 use proto::roce::rc::{CompletionKind, WcStatus, WorkOp, WorkRequest};
+use testkit::netns::VethNamespace;
 use testkit::roce::RawRoceClient;
 use testkit::{Conn, FabricSpec, Ports, RoceSpec, layout};
 use topology::PmemAddr;
 
 const SUBNET: &str = "10.251.0";
 const CHILD_ENV: &str = "PF_ROCE_CHILD";
-
-/// A network namespace with a veth pair: the host end is the device's
-/// port, the other end the client's interface.
-struct Veth {
-    ns: String,
-    host: String,
-}
-
-fn ip(args: &[&str]) {
-    let status = Command::new("ip")
-        .args(args)
-        .status()
-        .unwrap_or_else(|e| panic!("ip {args:?}: {e} (iproute2 needed)"));
-    assert!(status.success(), "ip {args:?} failed");
-}
-
-impl Veth {
-    fn create() -> Self {
-        let id = std::process::id() % 100_000;
-        let (ns, host, peer) = (
-            format!("pfroce{id}"),
-            format!("pfrh{id}"),
-            format!("pfrc{id}"),
-        );
-        let _ = Command::new("ip").args(["netns", "del", &ns]).status();
-        ip(&["netns", "add", &ns]);
-        let veth = Veth {
-            ns: ns.clone(),
-            host: host.clone(),
-        };
-        ip(&["link", "add", &host, "type", "veth", "peer", "name", &peer]);
-        ip(&["link", "set", &peer, "netns", &ns]);
-        ip(&["addr", "add", &format!("{SUBNET}.254/24"), "dev", &host]);
-        ip(&["link", "set", &host, "up"]);
-        let in_ns = |args: &[&str]| {
-            let mut all = vec!["netns", "exec", &ns, "ip"];
-            all.extend_from_slice(args);
-            ip(&all);
-        };
-        in_ns(&["addr", "add", &format!("{SUBNET}.2/24"), "dev", &peer]);
-        in_ns(&["link", "set", &peer, "up"]);
-        in_ns(&["link", "set", "lo", "up"]);
-        veth
-    }
-}
-
-impl Drop for Veth {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["link", "del", &self.host])
-            .status();
-        let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
-    }
-}
 
 /// The byte pattern the client writes at `offset` of region `region`.
 fn pattern(region: u32, len: usize) -> Vec<u8> {
@@ -84,7 +31,7 @@ const COUNTER_AT: u64 = 0x10_000;
 
 #[test]
 fn a_raw_rc_client_reaches_the_pool_through_the_roce_port() {
-    let veth = Veth::create();
+    let veth = VethNamespace::create("pfroce", SUBNET).expect("network namespace (root needed)");
     let dir = tempfile::tempdir().expect("temp dir");
     let spec = FabricSpec::new()
         .server("A", &[("A1", "4MiB")])

@@ -14,6 +14,7 @@ pub mod launch;
 pub mod netns;
 pub mod prometheus;
 pub mod report;
+pub mod roce_bench;
 pub mod run;
 pub mod summary;
 pub mod workload;

@@ -150,6 +150,20 @@ enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// The fabric device's CPU per operation on its RoCEv2 port next to its
+    /// TCP port, in interleaved rounds (needs root: a network namespace and
+    /// raw sockets).
+    BenchRoce {
+        /// A short smoke run.
+        #[arg(long)]
+        quick: bool,
+        /// Interleaved rounds (default 5; 2 with --quick).
+        #[arg(long)]
+        rounds: Option<usize>,
+        /// Where the report goes (reports/<run-id>/ by default).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// Runs a daemon (used by the testbed to start the fabric's processes).
     #[command(hide = true)]
     Daemon {
@@ -435,6 +449,16 @@ fn main() -> ExitCode {
             outcome(run(&options, file.as_ref()))
         }
         Command::Demo { duration, reports } => outcome(demo(duration, reports)),
+        Command::BenchRoce { quick, rounds, out } => outcome((|| {
+            let out = out.unwrap_or_else(|| {
+                PathBuf::from("reports").join(testbed::run::run_id("bench-roce"))
+            });
+            let plan = testbed::roce_bench::RocePlan::new(quick, rounds);
+            let report = testbed::roce_bench::run(plan, &out)?;
+            print!("{}", testbed::roce_bench::markdown(&report));
+            println!("\nreport: {}", out.display());
+            Ok(true)
+        })()),
         Command::Bench { quick, out } => outcome((|| {
             let out =
                 out.unwrap_or_else(|| PathBuf::from("reports").join(testbed::run::run_id("bench")));

@@ -35,6 +35,7 @@ mod conn;
 mod daemon;
 mod fabric;
 mod launch;
+pub mod netns;
 pub mod roce;
 
 pub use binaries::{binary, binary_in};

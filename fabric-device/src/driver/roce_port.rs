@@ -88,6 +88,9 @@ pub struct RoceEndpoint {
     tx: Box<dyn DataLinkSender>,
     rx: Receiver<Vec<u8>>,
     overflow: Arc<Mutex<u64>>,
+    /// Set by the reader when it queues a frame and has woken the loop;
+    /// cleared by the loop before it drains, so one wake covers a burst.
+    woken: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
     reader: Option<JoinHandle<()>>,
     neighbors: HashMap<Ipv4Addr, EthernetAddress>,
@@ -143,9 +146,11 @@ impl RoceEndpoint {
         let (to_loop, rx): (SyncSender<Vec<u8>>, _) = sync_channel(RX_QUEUE);
         let stop = Arc::new(AtomicBool::new(false));
         let overflow = Arc::new(Mutex::new(0));
+        let woken = Arc::new(AtomicBool::new(false));
         let reader = {
             let stop = Arc::clone(&stop);
             let overflow = Arc::clone(&overflow);
+            let woken = Arc::clone(&woken);
             std::thread::Builder::new()
                 .name(format!("roce-rx-{}", spec.interface))
                 .spawn(move || {
@@ -156,7 +161,9 @@ impl RoceEndpoint {
                         }
                         match to_loop.try_send(frame.to_vec()) {
                             Ok(()) => {
-                                let _ = wake.wake();
+                                if !woken.swap(true, Ordering::AcqRel) {
+                                    let _ = wake.wake();
+                                }
                             }
                             Err(TrySendError::Full(_)) => {
                                 if let Ok(mut n) = overflow.lock() {
@@ -177,6 +184,7 @@ impl RoceEndpoint {
             tx,
             rx,
             overflow,
+            woken,
             stop,
             reader: Some(reader),
             neighbors: HashMap::new(),
@@ -221,6 +229,7 @@ impl RoceEndpoint {
         core: &mut Forwarder,
         mut send: impl FnMut(LinkId, &[u8], &[u8]),
     ) {
+        self.woken.store(false, Ordering::Release);
         while let Ok(frame) = self.rx.try_recv() {
             self.counters.frames_in += 1;
             let Ok(eth) = EthernetFrame::new_checked(&frame[..]) else {

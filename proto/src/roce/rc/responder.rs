@@ -4,7 +4,9 @@
 //! - A request at the expected PSN is executed (through the memory side,
 //!   see [`super::memory`]) and answered in order: READ responses cut to the
 //!   path MTU, ATOMIC ACKs, ACKs where the requester asked for one (a run
-//!   of ACKs not yet sent collapses into the newest).
+//!   of ACKs not yet sent collapses into the newest). The packets of a
+//!   WRITE are handed to memory as one operation at the end of the message,
+//!   where an ACK is asked for, or every 64 KiB.
 //! - A request past the expected PSN means some were lost: one PSN sequence
 //!   error NAK, then silence until the expected PSN arrives.
 //! - A request before the expected PSN is a duplicate: WRITE and SEND are
@@ -26,6 +28,8 @@ use crate::roce::packet::Repr;
 use crate::roce::{Opcode, Psn, bth, feth, reth};
 
 const MSN_MASK: u32 = 0xFF_FFFF;
+/// Most bytes of a WRITE staged before they are handed to memory.
+const WRITE_STAGE_LIMIT: usize = 64 * 1024;
 
 /// What the responder sends for one slot of its in-order reply queue.
 #[derive(Debug)]
@@ -97,6 +101,9 @@ enum Inbound {
         rkey: u32,
         remaining: u64,
         recv: Option<u64>,
+        /// Bytes received and not yet handed out, from `staged_va` on.
+        staged: Vec<u8>,
+        staged_va: u64,
     },
     Send {
         recv: PostedRecv,
@@ -565,19 +572,29 @@ impl Responder {
         let psn = packet.bth.psn;
         let op = packet.bth.opcode;
         let with_imm = matches!(op, Opcode::WriteOnlyImm | Opcode::WriteLastImm);
-        let (va, rkey, remaining, recv) = match (self.inbound.take(), packet.reth) {
-            (
-                Some(Inbound::Write {
-                    va,
-                    rkey,
-                    remaining,
-                    recv,
-                }),
-                _,
-            ) => (va, rkey, remaining, recv),
-            (_, Some(reth)) => (reth.va, reth.rkey, u64::from(reth.dma_len), None),
-            _ => return self.fail(psn, NakCode::InvalidRequest, counters),
-        };
+        let (va, rkey, remaining, recv, mut staged, staged_va) =
+            match (self.inbound.take(), packet.reth) {
+                (
+                    Some(Inbound::Write {
+                        va,
+                        rkey,
+                        remaining,
+                        recv,
+                        staged,
+                        staged_va,
+                    }),
+                    _,
+                ) => (va, rkey, remaining, recv, staged, staged_va),
+                (_, Some(reth)) => (
+                    reth.va,
+                    reth.rkey,
+                    u64::from(reth.dma_len),
+                    None,
+                    Vec::new(),
+                    reth.va,
+                ),
+                _ => return self.fail(psn, NakCode::InvalidRequest, counters),
+            };
         let len = packet.payload.len() as u64;
         let last = op.ends_message();
         if len > remaining || (last && len != remaining) {
@@ -600,6 +617,15 @@ impl Responder {
             (_, recv) => recv,
         };
         self.epsn = self.epsn.next();
+        staged.extend_from_slice(packet.payload);
+        // Packets of one message are handed to memory together: at its end,
+        // where the requester asks for an ACK, or every WRITE_STAGE_LIMIT bytes.
+        let flush = last || packet.bth.ack_req || staged.len() >= WRITE_STAGE_LIMIT;
+        let (data, next_staged) = if flush {
+            (std::mem::take(&mut staged), va.wrapping_add(len))
+        } else {
+            (Vec::new(), staged_va)
+        };
         if last {
             self.end_message();
             if let Some(wr_id) = recv {
@@ -618,20 +644,25 @@ impl Responder {
                 rkey,
                 remaining: remaining - len,
                 recv,
+                staged,
+                staged_va: next_staged,
             });
+        }
+        if !flush {
+            return;
         }
         let then = Then::Ack {
             psn,
             msn: self.msn,
             ack: packet.bth.ack_req,
         };
-        if len == 0 {
+        if data.is_empty() {
             self.complete_now(then, MemoryReply::Done);
         } else {
             let op = MemoryOp::Write {
-                va,
+                va: staged_va,
                 rkey,
-                data: packet.payload.to_vec(),
+                data,
             };
             self.push_execution(op, then);
         }

@@ -1,0 +1,437 @@
+//! `testbed bench-roce`: the fabric device's cost per operation on its
+//! RoCEv2 port next to its TCP port, measured on this host.
+//!
+//! A pmem-server and a fabric device run as processes; the device's port
+//! has a RoCEv2 side on a veth pair whose other end sits in a network
+//! namespace. The RoCE load comes from the RC requester of `proto` over raw
+//! IPv4 sockets in that namespace (`testkit::roce::RawRoceClient`), the TCP
+//! load from a plain protocol connection, both with the same operations,
+//! sizes and batches, in interleaved rounds (TCP, RoCE, TCP, RoCE, …). The
+//! device's CPU time per operation comes from `/proc`; each round gives a
+//! RoCE ÷ TCP ratio, and the report gives the median and the spread.
+//! Needs root (namespaces, raw sockets).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use proto::Message;
+use proto::request::{Repr, Target};
+use proto::roce::rc::{WcStatus, WorkOp, WorkRequest};
+use serde::{Deserialize, Serialize};
+use testkit::netns::VethNamespace;
+use testkit::roce::RawRoceClient;
+use testkit::{Conn, Daemon, FabricSpec, Ports, RoceSpec};
+use topology::{LayoutEntry, PmemAddr};
+
+use crate::bench::peers::cpu_seconds;
+use crate::report::LatencyHistogram;
+
+/// How long and how hard each measurement runs.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct RocePlan {
+    /// Length of each throughput measurement.
+    pub seconds: f64,
+    /// Interleaved rounds (TCP then RoCE, per operation).
+    pub rounds: usize,
+    /// Operations in flight per batch.
+    pub depth: usize,
+    /// Operations timed one at a time for latency, per system and operation.
+    pub samples: usize,
+}
+
+impl RocePlan {
+    /// The full measurement, or a short smoke run.
+    pub fn new(quick: bool, rounds: Option<usize>) -> Self {
+        let (seconds, default_rounds, samples) = if quick {
+            (0.2, 2, 200)
+        } else {
+            (2.0, 5, 5_000)
+        };
+        RocePlan {
+            seconds,
+            rounds: rounds.unwrap_or(default_rounds).max(1),
+            depth: 16,
+            samples,
+        }
+    }
+}
+
+/// The operations compared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RoceOp {
+    /// 64-byte READ.
+    Read64,
+    /// 4 KiB WRITE.
+    Write4k,
+    /// 8-byte FETCH_ADD.
+    FetchAdd,
+}
+
+impl RoceOp {
+    const ALL: [RoceOp; 3] = [RoceOp::Read64, RoceOp::Write4k, RoceOp::FetchAdd];
+
+    fn name(self) -> &'static str {
+        match self {
+            RoceOp::Read64 => "64 B READ",
+            RoceOp::Write4k => "4 KiB WRITE",
+            RoceOp::FetchAdd => "8 B FETCH_ADD",
+        }
+    }
+}
+
+/// One system's figures for one operation in one round.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct Measured {
+    /// Operations per second through the device.
+    pub ops_per_s: f64,
+    /// The device's CPU time per operation, in µs.
+    pub device_us_per_op: f64,
+}
+
+/// One round of one operation: TCP and RoCE side by side.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct RoundFigures {
+    /// The operation.
+    pub op: RoceOp,
+    /// Over the TCP port.
+    pub tcp: Measured,
+    /// Over the RoCEv2 port.
+    pub roce: Measured,
+}
+
+/// Median and spread of a figure over the rounds.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct Spread {
+    /// The median.
+    pub median: f64,
+    /// The smallest value.
+    pub min: f64,
+    /// The largest value.
+    pub max: f64,
+}
+
+impl Spread {
+    fn of(mut values: Vec<f64>) -> Spread {
+        values.sort_by(f64::total_cmp);
+        let n = values.len();
+        let median = if n == 0 {
+            f64::NAN
+        } else if n % 2 == 1 {
+            values[n / 2]
+        } else {
+            (values[n / 2 - 1] + values[n / 2]) / 2.0
+        };
+        Spread {
+            median,
+            min: values.first().copied().unwrap_or(f64::NAN),
+            max: values.last().copied().unwrap_or(f64::NAN),
+        }
+    }
+}
+
+/// The summary of one operation.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OpSummary {
+    /// The operation.
+    pub op: RoceOp,
+    /// Device CPU per op on RoCE ÷ on TCP, per round.
+    pub device_cpu_ratio: Spread,
+    /// Device µs of CPU per op over TCP.
+    pub tcp_device_us_per_op: Spread,
+    /// Device µs of CPU per op over RoCE.
+    pub roce_device_us_per_op: Spread,
+    /// Operations per second over TCP.
+    pub tcp_ops_per_s: Spread,
+    /// Operations per second over RoCE.
+    pub roce_ops_per_s: Spread,
+    /// Latency at queue depth 1 over TCP: p50 and p99 in µs.
+    pub tcp_latency_us: (u64, u64),
+    /// Latency at queue depth 1 over RoCE: p50 and p99 in µs.
+    pub roce_latency_us: (u64, u64),
+}
+
+/// Everything `bench-roce` measured.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RoceBenchReport {
+    /// How it was measured.
+    pub plan: RocePlan,
+    /// Every round's raw figures.
+    pub rounds: Vec<RoundFigures>,
+    /// Per operation: medians and spreads.
+    pub summary: Vec<OpSummary>,
+    /// Median over the operations of the device CPU ratio RoCE ÷ TCP (target ≤ 1.0).
+    pub roce_device_cpu_per_op_over_tcp: f64,
+}
+
+const SUBNET: &str = "10.252.0";
+const COUNTER_AT: u64 = 0x1000;
+
+/// The fabric under measurement.
+struct Setup {
+    _dir: tempfile::TempDir,
+    veth: VethNamespace,
+    _server: Vec<Daemon>,
+    device: Daemon,
+    region: LayoutEntry,
+}
+
+impl Setup {
+    fn start() -> anyhow::Result<Setup> {
+        let veth = VethNamespace::create("pfbench", SUBNET)
+            .context("creating the network namespace (bench-roce needs root)")?;
+        let dir = tempfile::tempdir().context("temp dir")?;
+        let spec = FabricSpec::new()
+            .server("A", &[("A1", "64MiB")])
+            .device("F")
+            .client("c0")
+            .roce_port(
+                "F",
+                RoceSpec {
+                    interface: veth.host.clone(),
+                    control_ip: veth.addr(254).to_string(),
+                    roce_ip: veth.addr(1).to_string(),
+                },
+            );
+        let config = spec.write(dir.path(), "topology.toml", &mut Ports::new());
+        let server = testkit::pmem_servers(&config, &["A"], dir.path());
+        let device = testkit::fabric_device(&config, "F", &[])
+            .map_err(|e| anyhow::anyhow!("fabric-device did not start:\n{e}"))?;
+        device.wait_links_up(1);
+        let region = testkit::layout(&config).entries()[0].clone();
+        Ok(Setup {
+            _dir: dir,
+            veth,
+            _server: server,
+            device,
+            region,
+        })
+    }
+
+    fn control(&self) -> Conn {
+        let mut conn = Conn::connect(self.device.addr("port.p0"));
+        conn.hello("c0");
+        conn
+    }
+
+    fn device_cpu(&self) -> anyhow::Result<f64> {
+        Ok(cpu_seconds(self.device.pid())?)
+    }
+}
+
+/// The device request for `op` (TCP).
+fn tcp_request<'a>(op: RoceOp, region: &LayoutEntry, data: &'a [u8]) -> Repr<'a> {
+    let at = |off: u64| Target::Pmem(PmemAddr(region.start.get() + off));
+    match op {
+        RoceOp::Read64 => Repr::read(at(0), region.key, 64),
+        RoceOp::Write4k => Repr::write(at(0x10_000), region.key, data),
+        RoceOp::FetchAdd => Repr::fetch_add(at(COUNTER_AT), region.key, 1),
+    }
+}
+
+/// The work request for `op` (RoCE).
+fn roce_op(op: RoceOp, client: &RawRoceClient, region: &LayoutEntry, data: &[u8]) -> WorkOp {
+    let at = |off: u64| client.remote(region.region.0, region.start.get() + off);
+    match op {
+        RoceOp::Read64 => WorkOp::Read {
+            remote: at(0),
+            len: 64,
+        },
+        RoceOp::Write4k => WorkOp::Write {
+            remote: at(0x10_000),
+            data: data.to_vec(),
+            imm: None,
+        },
+        RoceOp::FetchAdd => WorkOp::FetchAdd {
+            remote: at(COUNTER_AT),
+            add: 1,
+        },
+    }
+}
+
+/// Runs batches of `depth` TCP requests for `seconds`; returns ops/s.
+fn tcp_load(setup: &Setup, plan: &RocePlan, op: RoceOp, data: &[u8]) -> anyhow::Result<f64> {
+    let mut conn = setup.control();
+    let req = tcp_request(op, &setup.region, data);
+    let start = Instant::now();
+    let mut ops = 0u64;
+    while start.elapsed().as_secs_f64() < plan.seconds {
+        for _ in 0..plan.depth {
+            conn.send(&Message::Request(req));
+        }
+        for _ in 0..plan.depth {
+            let reply = conn.recv();
+            if reply.status != proto::Status::Ok {
+                bail!("{}: TCP request answered {}", op.name(), reply.status);
+            }
+        }
+        ops += plan.depth as u64;
+    }
+    Ok(ops as f64 / start.elapsed().as_secs_f64())
+}
+
+/// Runs batches of `depth` RoCE work requests for `seconds` from inside the
+/// namespace; returns ops/s.
+fn roce_load(setup: &Setup, plan: &RocePlan, op: RoceOp, data: &[u8]) -> anyhow::Result<f64> {
+    with_roce_client(setup, |client| {
+        let start = Instant::now();
+        let mut ops = 0u64;
+        let mut id = 0;
+        while start.elapsed().as_secs_f64() < plan.seconds {
+            for _ in 0..plan.depth {
+                id += 1;
+                let work = roce_op(op, client, &setup.region, data);
+                client.qp.post(WorkRequest::new(id, work))?;
+            }
+            check(client.run(Duration::from_secs(10))?, op)?;
+            ops += plan.depth as u64;
+        }
+        Ok(ops as f64 / start.elapsed().as_secs_f64())
+    })
+}
+
+fn check(done: Vec<proto::roce::rc::Completion>, op: RoceOp) -> anyhow::Result<()> {
+    match done.iter().find(|c| c.status != WcStatus::Success) {
+        Some(c) => bail!("{}: RoCE work request ended {:?}", op.name(), c.status),
+        None => Ok(()),
+    }
+}
+
+/// Runs `body` on a thread inside the namespace with a fresh queue pair.
+fn with_roce_client<T: Send>(
+    setup: &Setup,
+    body: impl FnOnce(&mut RawRoceClient) -> anyhow::Result<T> + Send,
+) -> anyhow::Result<T> {
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                setup.veth.enter_on_this_thread()?;
+                let mut control = setup.control();
+                let mut client = RawRoceClient::connect(&mut control, setup.veth.addr(2), 0x500)?;
+                body(&mut client)
+            })
+            .join()
+            .map_err(|_| anyhow::anyhow!("the RoCE load thread panicked"))?
+    })
+}
+
+/// Latency at queue depth 1: p50 and p99 in µs, TCP then RoCE.
+fn latencies(
+    setup: &Setup,
+    plan: &RocePlan,
+    op: RoceOp,
+    data: &[u8],
+) -> anyhow::Result<((u64, u64), (u64, u64))> {
+    let mut conn = setup.control();
+    let req = tcp_request(op, &setup.region, data);
+    let mut tcp = LatencyHistogram::new();
+    for _ in 0..plan.samples {
+        let started = Instant::now();
+        conn.call(req);
+        tcp.record_duration(started.elapsed());
+    }
+    let roce = with_roce_client(setup, |client| {
+        let mut h = LatencyHistogram::new();
+        for id in 0..plan.samples as u64 {
+            let work = roce_op(op, client, &setup.region, data);
+            let started = Instant::now();
+            client.qp.post(WorkRequest::new(id, work))?;
+            check(client.run(Duration::from_secs(10))?, op)?;
+            h.record_duration(started.elapsed());
+        }
+        Ok(h)
+    })?;
+    let q = |h: &LatencyHistogram| (h.quantile(0.5), h.quantile(0.99));
+    Ok((q(&tcp), q(&roce)))
+}
+
+/// Runs the whole comparison.
+pub fn run(plan: RocePlan, out: &Path) -> anyhow::Result<RoceBenchReport> {
+    let setup = Setup::start()?;
+    let data = vec![0xA5u8; 4096];
+    let mut rounds = Vec::new();
+    for _ in 0..plan.rounds {
+        for op in RoceOp::ALL {
+            let measure = |load: &dyn Fn() -> anyhow::Result<f64>| -> anyhow::Result<Measured> {
+                let before = setup.device_cpu()?;
+                let started = Instant::now();
+                let ops_per_s = load()?;
+                let elapsed = started.elapsed().as_secs_f64();
+                let cpu = setup.device_cpu()? - before;
+                let ops = ops_per_s * elapsed;
+                Ok(Measured {
+                    ops_per_s,
+                    device_us_per_op: cpu * 1e6 / ops.max(1.0),
+                })
+            };
+            let tcp = measure(&|| tcp_load(&setup, &plan, op, &data))?;
+            let roce = measure(&|| roce_load(&setup, &plan, op, &data))?;
+            rounds.push(RoundFigures { op, tcp, roce });
+        }
+    }
+    let mut summary = Vec::new();
+    for op in RoceOp::ALL {
+        let of = |f: fn(&RoundFigures) -> f64| {
+            Spread::of(rounds.iter().filter(|r| r.op == op).map(f).collect())
+        };
+        let (tcp_latency_us, roce_latency_us) = latencies(&setup, &plan, op, &data)?;
+        summary.push(OpSummary {
+            op,
+            device_cpu_ratio: of(|r| r.roce.device_us_per_op / r.tcp.device_us_per_op),
+            tcp_device_us_per_op: of(|r| r.tcp.device_us_per_op),
+            roce_device_us_per_op: of(|r| r.roce.device_us_per_op),
+            tcp_ops_per_s: of(|r| r.tcp.ops_per_s),
+            roce_ops_per_s: of(|r| r.roce.ops_per_s),
+            tcp_latency_us,
+            roce_latency_us,
+        });
+    }
+    let overall = Spread::of(summary.iter().map(|s| s.device_cpu_ratio.median).collect()).median;
+    let report = RoceBenchReport {
+        plan,
+        rounds,
+        summary,
+        roce_device_cpu_per_op_over_tcp: overall,
+    };
+    std::fs::create_dir_all(out).with_context(|| format!("create {}", out.display()))?;
+    let json = out.join("roce-bench.json");
+    std::fs::write(&json, serde_json::to_string_pretty(&report)?)
+        .with_context(|| format!("write {}", json.display()))?;
+    std::fs::write(out.join("roce-bench.md"), markdown(&report))
+        .with_context(|| format!("write {}", out.display()))?;
+    Ok(report)
+}
+
+/// The report as a Markdown table.
+pub fn markdown(report: &RoceBenchReport) -> String {
+    let mut text = format!(
+        "# Fabric device: RoCEv2 port vs TCP port\n\n{} interleaved rounds of {:.1} s per \
+         system and operation, batches of {}; device CPU from /proc. Medians, (min–max).\n\n\
+         | operation | device µs/op TCP | device µs/op RoCE | RoCE ÷ TCP | ops/s TCP | ops/s RoCE | p50/p99 µs TCP | p50/p99 µs RoCE |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|\n",
+        report.plan.rounds, report.plan.seconds, report.plan.depth
+    );
+    for s in &report.summary {
+        let f = |x: &Spread, digits: usize| {
+            format!("{:.d$} ({:.d$}–{:.d$})", x.median, x.min, x.max, d = digits)
+        };
+        text.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {}/{} | {}/{} |\n",
+            s.op.name(),
+            f(&s.tcp_device_us_per_op, 2),
+            f(&s.roce_device_us_per_op, 2),
+            f(&s.device_cpu_ratio, 2),
+            f(&s.tcp_ops_per_s, 0),
+            f(&s.roce_ops_per_s, 0),
+            s.tcp_latency_us.0,
+            s.tcp_latency_us.1,
+            s.roce_latency_us.0,
+            s.roce_latency_us.1,
+        ));
+    }
+    text.push_str(&format!(
+        "\n`roce_device_cpu_per_op_over_tcp` (median over the operations): **{:.2}** (target ≤ 1.0)\n",
+        report.roce_device_cpu_per_op_over_tcp
+    ));
+    text
+}
