@@ -172,7 +172,25 @@ struct Link {
     next_tag: u64,
     pending: IdMap<u64, Pending>,
     up_gauge: Arc<Gauge>,
+    /// The first connection attempt has not ended yet (no handshake done,
+    /// no failure): requests for its server wait instead of failing.
+    starting: bool,
 }
+
+/// A request that arrived while every link to its region was still
+/// starting; it is handled again once one is up (or none is starting).
+#[derive(Debug)]
+struct Parked {
+    conn: ConnId,
+    region: u32,
+    frame: Vec<u8>,
+    opcode: Opcode,
+    tag: u64,
+    deadline: Instant,
+}
+
+/// Requests parked at most, over all clients; beyond, they fail at once.
+const MAX_PARKED: usize = 4096;
 
 #[derive(Debug, Default)]
 struct Session {
@@ -207,6 +225,7 @@ pub struct Forwarder {
     next_link: u32,
     sessions: IdMap<ConnId, Session>,
     deadlines: DeadlineQueue,
+    parked: Vec<Parked>,
     metrics: Arc<DeviceMetrics>,
 }
 
@@ -240,6 +259,7 @@ impl Forwarder {
             next_link: 0,
             sessions: IdMap::default(),
             deadlines: DeadlineQueue::default(),
+            parked: Vec::new(),
             metrics,
         };
         core.link_ids = (0..core.map.links.len())
@@ -269,6 +289,7 @@ impl Forwarder {
                 next_tag: 1,
                 pending: IdMap::default(),
                 up_gauge,
+                starting: true,
             },
         );
         id
@@ -328,6 +349,7 @@ impl Forwarder {
 
     /// A client connection closed: responses still due to it are dropped.
     pub fn client_closed(&mut self, conn: ConnId) {
+        self.parked.retain(|p| p.conn != conn);
         if let Some(session) = self.sessions.remove(&conn) {
             self.metrics.clients.dec();
             self.metrics.in_flight.sub(session.in_flight as i64);
@@ -474,6 +496,9 @@ impl Forwarder {
         let opcode = req.operation.opcode();
         let route = match self.route(conn, req) {
             Ok(route) => route,
+            Err(Status::ServerUnavailable) if self.park(conn, frame, req, tag, now) => {
+                return ClientAction::Nothing;
+            }
             Err(status) => {
                 self.metrics.record(opcode, status);
                 return ClientAction::Reply(error_reply(opcode, tag, status));
@@ -525,6 +550,81 @@ impl Forwarder {
             head,
             payload: &frame[FORWARD_HEAD_LEN..],
         }
+    }
+
+    /// The region a request addresses, if it addresses one.
+    fn region_of(&self, req: &request::Repr<'_>) -> Option<u32> {
+        match req.target {
+            Target::Pmem(addr) => self.map.lookup(addr).map(|at| at.offset.region.0),
+            Target::Region(at) => self.map.layout.entry(at.region).map(|e| e.region.0),
+        }
+    }
+
+    /// Whether some link to `region` is still on its first attempt.
+    fn region_starting(&self, region: u32) -> bool {
+        self.map
+            .region_links
+            .get(region as usize)
+            .is_some_and(|links| {
+                links.iter().any(|&i| {
+                    self.links
+                        .get(&self.link_ids[i])
+                        .is_some_and(|l| l.starting && l.status != LinkStatus::Up)
+                })
+            })
+    }
+
+    /// Keeps a request for a server whose links are still starting (right
+    /// after the device starts), bounded by the request timeout and
+    /// [`MAX_PARKED`]; false when it must fail now.
+    fn park(
+        &mut self,
+        conn: ConnId,
+        frame: &[u8],
+        req: &request::Repr<'_>,
+        tag: u64,
+        now: Instant,
+    ) -> bool {
+        let Some(region) = self.region_of(req) else {
+            return false;
+        };
+        if self.parked.len() >= MAX_PARKED || !self.region_starting(region) {
+            return false;
+        }
+        self.parked.push(Parked {
+            conn,
+            region,
+            frame: frame.to_vec(),
+            opcode: req.operation.opcode(),
+            tag,
+            deadline: now + self.config.request_timeout,
+        });
+        if let Some(session) = self.sessions.get_mut(&conn) {
+            session.in_flight += 1;
+        }
+        true
+    }
+
+    /// Parked requests that can go now (a link to their region is up, or
+    /// none is starting any more): the driver hands each to
+    /// [`Forwarder::client_frame`] again, which forwards or refuses it.
+    pub fn take_unparked(&mut self) -> Vec<(ConnId, Vec<u8>)> {
+        if self.parked.is_empty() {
+            return Vec::new();
+        }
+        let (ready, waiting): (Vec<Parked>, Vec<Parked>) = std::mem::take(&mut self.parked)
+            .into_iter()
+            .partition(|p| !self.region_starting(p.region));
+        self.parked = waiting;
+        ready
+            .into_iter()
+            .map(|p| {
+                if let Some(session) = self.sessions.get_mut(&p.conn) {
+                    session.in_flight = session.in_flight.saturating_sub(1);
+                }
+                (p.conn, p.frame)
+            })
+            .collect()
     }
 
     /// The bytes to send on a link that just connected: HELLO and
@@ -626,6 +726,7 @@ impl Forwarder {
                 }
                 link.status = LinkStatus::Up;
                 link.up_gauge.set(1);
+                link.starting = false;
                 link.server_map = Some(theirs);
                 LinkAction::Nothing
             }
@@ -644,6 +745,7 @@ impl Forwarder {
             return Vec::new();
         };
         link.status = LinkStatus::Down;
+        link.starting = false;
         link.hello_ok = false;
         link.server_map = None;
         link.up_gauge.set(0);
@@ -670,7 +772,11 @@ impl Forwarder {
 
     /// When [`Forwarder::handle_timeouts`] next has work.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.deadlines.first()
+        let parked = self.parked.iter().map(|p| p.deadline).min();
+        match (self.deadlines.first(), parked) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Answers TIMEOUT to every request whose deadline has passed. Also
@@ -699,6 +805,17 @@ impl Forwarder {
         }
         let links = &self.links;
         self.deadlines.trim(|d| is_pending(links, d));
+        let (expired, parked): (Vec<Parked>, Vec<Parked>) = std::mem::take(&mut self.parked)
+            .into_iter()
+            .partition(|p| p.deadline <= now);
+        self.parked = parked;
+        for p in expired {
+            if let Some(session) = self.sessions.get_mut(&p.conn) {
+                session.in_flight = session.in_flight.saturating_sub(1);
+                self.metrics.record(p.opcode, Status::Timeout);
+                replies.push((p.conn, error_reply(p.opcode, p.tag, Status::Timeout)));
+            }
+        }
         (replies, silent)
     }
 
@@ -989,6 +1106,75 @@ mod tests {
             core.client_frame(1, &req, Instant::now()),
             ClientAction::Forward { .. }
         ));
+    }
+
+    #[test]
+    fn requests_wait_for_links_still_on_their_first_attempt() {
+        let mut core = core();
+        hello(&mut core, 1, "c1");
+        let t0 = Instant::now();
+        let req = Message::Request(Repr::read(pmem(&core, "PA.1", 0), key(&core, "PA.1"), 8))
+            .encode_to_vec(7)
+            .unwrap();
+        assert!(matches!(
+            core.client_frame(1, &req, t0),
+            ClientAction::Nothing
+        ));
+        assert!(core.take_unparked().is_empty(), "no link up yet");
+        assert!(
+            core.poll_timeout().is_some(),
+            "the parked request has a deadline"
+        );
+        all_up(&mut core);
+        let unparked = core.take_unparked();
+        assert_eq!(unparked, vec![(1, req.clone())]);
+        assert!(matches!(
+            core.client_frame(1, &unparked[0].1, t0),
+            ClientAction::Forward { .. }
+        ));
+    }
+
+    #[test]
+    fn parked_requests_fail_when_the_first_attempt_fails_or_time_runs_out() {
+        let mut core = core();
+        hello(&mut core, 1, "c1");
+        let t0 = Instant::now();
+        let read = |core: &Forwarder, region: &str, tag| {
+            Message::Request(Repr::read(pmem(core, region, 0), key(core, region), 8))
+                .encode_to_vec(tag)
+                .unwrap()
+        };
+        let (a, b) = (read(&core, "PA.1", 1), read(&core, "PB.2", 2));
+        assert!(matches!(
+            core.client_frame(1, &a, t0),
+            ClientAction::Nothing
+        ));
+        assert!(matches!(
+            core.client_frame(1, &b, t0),
+            ClientAction::Nothing
+        ));
+        // Server A's links both fail their first connect: its request is
+        // refused, server B's keeps waiting.
+        for nic in ["n0", "n1"] {
+            let id = link(&core, "A", nic);
+            core.link_down(id);
+        }
+        let unparked = core.take_unparked();
+        assert_eq!(unparked.len(), 1);
+        assert_eq!(
+            refused(core.client_frame(1, &unparked[0].1, t0)),
+            Status::ServerUnavailable
+        );
+        // Now a request for A fails at once: A is no longer starting.
+        assert_eq!(
+            refused(core.client_frame(1, &a, t0)),
+            Status::ServerUnavailable
+        );
+        let late = t0 + ForwarderConfig::default().request_timeout;
+        let (replies, _) = core.handle_timeouts(late);
+        let statuses: Vec<_> = replies.iter().map(|(_, r)| status_of(r)).collect();
+        assert_eq!(statuses, vec![(Status::Timeout, 2)]);
+        assert_eq!(core.poll_timeout(), None);
     }
 
     #[test]

@@ -291,7 +291,12 @@ fn pump(
                     .map_or(Status::IoError, |(_, status, _)| status);
                 q.qp.complete_execution(ticket, Err(access_error(status)));
             }
-            ClientAction::Nothing | ClientAction::Close | ClientAction::ConnectQp { .. } => {
+            // Parked until a link to the server comes up: the answer
+            // arrives later under the same tag.
+            ClientAction::Nothing => {
+                q.forwarded.insert(tag, (ticket, kind));
+            }
+            ClientAction::Close | ClientAction::ConnectQp { .. } => {
                 q.qp.complete_execution(ticket, Err(AccessError::Failed));
             }
         }

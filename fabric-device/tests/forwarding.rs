@@ -453,3 +453,39 @@ fn large_reads_from_two_servers_interleave_intact_with_small_replies() {
         assert!(reply.data == want, "tag {}: the bytes read back", reply.tag);
     }
 }
+
+#[test]
+fn a_request_right_after_start_waits_for_the_links_instead_of_failing() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let spec = two_servers();
+    let config = spec.write(dir.path(), "topology.toml", &mut Ports::new());
+    let servers: Vec<Daemon> = ["A", "B"]
+        .iter()
+        .map(|id| start_server(dir.path(), &config, id))
+        .collect();
+    // Server B is stopped: its kernel accepts the device's connection, but
+    // nobody answers the handshake until it continues.
+    servers[1].signal(libc::SIGSTOP);
+    let device = testkit::fabric_device(&config, "F", DEVICE_FLAGS)
+        .unwrap_or_else(|e| panic!("fabric-device did not start:\n{e}"));
+    let layout = layout(&config);
+    let entry = layout.entry_by_id(&"B1".into()).expect("region B1");
+    let mut conn = Conn::connect(device.addr("port.p0"));
+    conn.hello("c1");
+    let resume = std::thread::spawn({
+        let pid = servers[1].pid();
+        move || {
+            std::thread::sleep(Duration::from_millis(300));
+            // SAFETY: kill has no memory preconditions; pid is our child.
+            unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+        }
+    });
+    let started = Instant::now();
+    let reply = conn.call(Repr::read(Target::Pmem(entry.start), entry.key, 8));
+    resume.join().expect("resume thread");
+    assert_eq!(reply.status, Status::Ok, "{reply:?}");
+    assert!(
+        started.elapsed() >= Duration::from_millis(250),
+        "it waited for the handshake"
+    );
+}

@@ -305,6 +305,7 @@ impl Device {
                 last_event = now;
             }
             self.dispatch(&events, &mut signals, now);
+            self.replay_parked(now);
             let (expired, silent) = self.core.handle_timeouts(now);
             self.deliver_all(expired);
             self.roce_turn(now);
@@ -440,6 +441,30 @@ impl Device {
             &device,
             format_args!("reloaded {}: {regions} regions", path.display()),
         );
+    }
+
+    /// Hands the requests the core parked while their links were starting
+    /// back to it, now that they can be forwarded or refused.
+    fn replay_parked(&mut self, now: Instant) {
+        for (conn, frame) in self.core.take_unparked() {
+            match self.core.client_frame(conn, &frame, now) {
+                ClientAction::Forward {
+                    link,
+                    head,
+                    payload,
+                } => {
+                    // A link that went away again answers through its
+                    // pending request's timeout, as for any client request.
+                    if let Some(LinkConn::Connected { endpoint }) = self.links.get_mut(&link) {
+                        let _ = endpoint.send(&head, payload);
+                    }
+                }
+                ClientAction::Reply(reply) | ClientAction::ReplyAndClose(reply) => {
+                    self.deliver_all(vec![(conn, reply)]);
+                }
+                ClientAction::Nothing | ClientAction::Close | ClientAction::ConnectQp { .. } => {}
+            }
+        }
     }
 
     /// Takes the frames the RoCE ports' readers queued.
