@@ -16,7 +16,7 @@ use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 
 /// The protocol version this client speaks.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub use proto::PROTOCOL_VERSION;
 /// Most bytes the writer gathers into one write.
 const WRITE_BATCH: usize = 256 * 1024;
 

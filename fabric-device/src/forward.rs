@@ -29,7 +29,7 @@ use crate::map::{ClientPolicy, DeviceMap, LinkKey};
 use crate::metrics::DeviceMetrics;
 
 /// The protocol version this device speaks.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub use proto::PROTOCOL_VERSION;
 /// Length of a forwarded request's rewritten head (frame + request header).
 pub const FORWARD_HEAD_LEN: usize = frame::HEADER_LEN + request::HEADER_LEN;
 /// Length of a relayed response's rewritten head (frame + response header).

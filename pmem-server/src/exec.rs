@@ -21,7 +21,7 @@ use crate::metrics::ServerMetrics;
 use crate::region_file::{HEADER_LEN, RegionFile};
 
 /// The protocol version this server speaks.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub use proto::PROTOCOL_VERSION;
 
 /// What this server offers peers in HELLO.
 pub const CAPABILITIES: Capabilities = Capabilities(

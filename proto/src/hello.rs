@@ -17,6 +17,10 @@ use core::fmt;
 use crate::error::{Error, Result};
 use crate::le;
 
+/// The protocol version every daemon and client of this build speaks; a
+/// peer announcing a lower one is refused with `VERSION_MISMATCH`.
+pub const PROTOCOL_VERSION: u16 = 1;
+
 /// Byte ranges of a HELLO body.
 pub mod field {
     use crate::{Field, Rest};

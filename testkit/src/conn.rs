@@ -14,7 +14,7 @@ use proto::{FrameDecoder, Message, Opcode, Status, map};
 use topology::{EnvOverrides, Layout, RegionIndex, RegionOffset, Topology};
 
 /// The protocol version [`Conn::hello`] announces.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub use proto::PROTOCOL_VERSION;
 /// How long a [`Conn`] waits to connect or for a reply before panicking.
 pub const IO_TIMEOUT: Duration = Duration::from_secs(20);
 /// Bytes before the data in a region file (pmem-server's header page).
