@@ -32,6 +32,10 @@ struct Args {
     /// Recreate every region file of this server, discarding its data.
     #[arg(long)]
     format: bool,
+    /// Start with an empty exactly-once window, also when its file is
+    /// damaged (retried atomics from before may then apply twice).
+    #[arg(long)]
+    reset_exactly_once: bool,
     /// Data connections served at once.
     #[arg(long, default_value_t = 4096)]
     max_connections: usize,
@@ -87,6 +91,7 @@ fn config(args: Args) -> Result<ServerConfig, ExitCode> {
         admin,
         persistence,
         format: args.format,
+        reset_exactly_once: args.reset_exactly_once,
         max_connections: args.max_connections,
         topology,
     })

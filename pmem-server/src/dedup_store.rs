@@ -57,6 +57,18 @@ pub enum StoreError {
         source: io::Error,
     },
     /// Mapping or accessing it failed.
+    #[error(
+        "{path}: the exactly-once window file is damaged ({why}); resetting it could apply \
+         retried atomics twice. Restore it, or start with --reset-exactly-once to begin an \
+         empty window"
+    )]
+    Damaged {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// Mapping or accessing it failed.
     #[error("{path}: cannot use the exactly-once window file")]
     Map {
         /// The file.
@@ -99,12 +111,12 @@ fn u32_at(bytes: &[u8], at: usize) -> u32 {
 
 impl WindowStore {
     /// Opens (or creates) the window file in `dir` and returns what it holds
-    /// per client. A file from another format version, or `format`, starts
-    /// empty.
+    /// per client. A new (empty) file, or `reset`, starts empty; a file of
+    /// the wrong size or with a bad header is [`StoreError::Damaged`].
     pub fn open(
         dir: &Path,
         persistence: Persistence,
-        format: bool,
+        reset: bool,
     ) -> Result<(Self, HashMap<u32, LoadedWindow>), StoreError> {
         let path = dir.join(FILE_NAME);
         let create_err = |source| StoreError::Create {
@@ -123,14 +135,26 @@ impl WindowStore {
             .open(&path)
             .map_err(create_err)?;
         let mut header = [0u8; 20];
-        let fresh = format || file.metadata().map_err(create_err)?.len() != FILE_LEN as u64 || {
+        let len = file.metadata().map_err(create_err)?.len();
+        let fresh = reset || len == 0;
+        if !fresh {
             use std::os::unix::fs::FileExt;
-            file.read_exact_at(&mut header, 0).is_err()
-                || header[..8] != MAGIC
-                || u32_at(&header, 8) != VERSION
+            let why = if len != FILE_LEN as u64 {
+                Some(format!("{len} bytes, expected {FILE_LEN}"))
+            } else if file.read_exact_at(&mut header, 0).is_err() || header[..8] != MAGIC {
+                Some("bad magic".to_owned())
+            } else if u32_at(&header, 8) != VERSION
                 || u32_at(&header, 12) as usize != SLOTS
                 || u32_at(&header, 16) as usize != RING
-        };
+            {
+                Some("another format version or geometry".to_owned())
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(StoreError::Damaged { path, why });
+            }
+        }
         if fresh {
             file.set_len(0).map_err(create_err)?;
             file.set_len(FILE_LEN as u64).map_err(create_err)?;

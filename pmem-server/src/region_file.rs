@@ -16,6 +16,13 @@
 //! On restart the server recognises its files and keeps their data. A file
 //! whose header names another region or another size is refused; nothing is
 //! ever reformatted unless the operator asks for it.
+//!
+//! Region files are fully allocated (`posix_fallocate`) when created and
+//! when reopened, so a filesystem that cannot hold them fails at start with
+//! the file and the shortfall, never later with SIGBUS on a write. The data
+//! directory keeps a manifest (`regions.manifest`) of the regions it has
+//! held: a listed region whose file is gone stops the server instead of
+//! being recreated empty.
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -120,6 +127,31 @@ pub enum RegionFileError {
     BadId {
         /// The id.
         id: String,
+    },
+    /// The filesystem cannot hold the file.
+    #[error(
+        "{path}: the filesystem cannot hold the region file: it needs {needed} bytes, \
+         {available} are free; free space, give the server another --data-dir, or shrink the region"
+    )]
+    NoSpace {
+        /// The file.
+        path: PathBuf,
+        /// Bytes the file needs.
+        needed: u64,
+        /// Bytes free on its filesystem.
+        available: u64,
+    },
+    /// A region the data directory held has lost its file.
+    #[error(
+        "{path}: region file is missing, but {manifest} says this data directory held it; \
+         its data is gone unless the file is restored. Restore it, or start with --format \
+         to recreate the regions empty"
+    )]
+    Missing {
+        /// The missing file.
+        path: PathBuf,
+        /// The manifest that lists it.
+        manifest: PathBuf,
     },
     /// Mapping the file failed (the cause names the file).
     #[error("cannot map region file")]
@@ -242,11 +274,19 @@ impl RegionFile {
             source,
         };
         let exists = path.try_exists().map_err(|e| io_err("check for", e))?;
+        let manifest = Manifest::read(data_dir)?;
+        if !exists && !format && manifest.lists(entry.region_id.as_str()) {
+            return Err(RegionFileError::Missing {
+                path,
+                manifest: manifest.path,
+            });
+        }
         let (header, created) = if exists && !format {
             (Self::reopen(&path, entry)?, false)
         } else {
             (Self::create(&path, entry)?, true)
         };
+        manifest.add(entry.region_id.as_str())?;
         let map = PmemMap::open(&path, policy).map_err(|source| RegionFileError::Map {
             path: path.clone(),
             source,
@@ -275,6 +315,7 @@ impl RegionFile {
             .map_err(|e| io_err("create", e))?;
         file.set_len(HEADER_LEN + entry.len)
             .map_err(|e| io_err("size", e))?;
+        allocate(path, &file, HEADER_LEN + entry.len)?;
         let header = RegionHeader {
             region_id: entry.region_id.to_string(),
             region_index: entry.region.0,
@@ -341,6 +382,8 @@ impl RegionFile {
                 expected,
             });
         }
+        // Files made sparse (by an older server, or copied) get their blocks now.
+        allocate(path, &file, expected)?;
         header.generation += 1;
         header.key = entry.key;
         header.region_index = entry.region.0;
@@ -364,4 +407,103 @@ fn write_header(path: &Path, file: &File, header: &RegionHeader) -> Result<(), R
     file.write_all_at(&header.encode(), 0)
         .map_err(|e| io_err("write the header of", e))?;
     file.sync_all().map_err(|e| io_err("sync", e))
+}
+
+/// Gives `file` real blocks for its first `len` bytes; a filesystem without
+/// room is a [`RegionFileError::NoSpace`] naming the shortfall.
+fn allocate(path: &Path, file: &File, len: u64) -> Result<(), RegionFileError> {
+    use std::os::fd::AsRawFd;
+    let Ok(size) = libc::off_t::try_from(len) else {
+        return Err(no_space(path, file, len));
+    };
+    // SAFETY: posix_fallocate works on a descriptor we own; it returns an
+    // error number instead of setting errno.
+    let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, size) };
+    match rc {
+        0 => Ok(()),
+        libc::ENOSPC | libc::EFBIG => Err(no_space(path, file, len)),
+        errno => Err(RegionFileError::Io {
+            path: path.to_path_buf(),
+            op: "allocate the blocks of",
+            source: io::Error::from_raw_os_error(errno),
+        }),
+    }
+}
+
+fn no_space(path: &Path, file: &File, needed: u64) -> RegionFileError {
+    use std::os::fd::AsRawFd;
+    let mut stat = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: fstatvfs fills the struct for a descriptor we own; it is read
+    // only when the call succeeds.
+    let available = if unsafe { libc::fstatvfs(file.as_raw_fd(), stat.as_mut_ptr()) } == 0 {
+        // SAFETY: initialised by the successful call above.
+        let stat = unsafe { stat.assume_init() };
+        stat.f_bavail.saturating_mul(stat.f_frsize)
+    } else {
+        0
+    };
+    RegionFileError::NoSpace {
+        path: path.to_path_buf(),
+        needed,
+        available,
+    }
+}
+
+/// The regions a data directory has held, one id per line.
+#[derive(Debug)]
+struct Manifest {
+    path: PathBuf,
+    ids: Vec<String>,
+}
+
+/// The manifest's file name in the data directory.
+pub const MANIFEST: &str = "regions.manifest";
+
+impl Manifest {
+    fn read(data_dir: &Path) -> Result<Manifest, RegionFileError> {
+        let path = data_dir.join(MANIFEST);
+        let ids = match std::fs::read_to_string(&path) {
+            Ok(text) => text.lines().map(str::to_owned).collect(),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
+            Err(source) => {
+                return Err(RegionFileError::Io {
+                    path,
+                    op: "read",
+                    source,
+                });
+            }
+        };
+        Ok(Manifest { path, ids })
+    }
+
+    fn lists(&self, id: &str) -> bool {
+        self.ids.iter().any(|i| i == id)
+    }
+
+    /// Adds `id`, replacing the file atomically and durably.
+    fn add(mut self, id: &str) -> Result<(), RegionFileError> {
+        if self.lists(id) {
+            return Ok(());
+        }
+        self.ids.push(id.to_owned());
+        let io_err = |op, source| RegionFileError::Io {
+            path: self.path.clone(),
+            op,
+            source,
+        };
+        let tmp = self.path.with_extension("manifest.tmp");
+        let mut text = self.ids.join("\n");
+        text.push('\n');
+        let file = File::create(&tmp).map_err(|e| io_err("create", e))?;
+        file.write_all_at(text.as_bytes(), 0)
+            .and_then(|()| file.sync_all())
+            .map_err(|e| io_err("write", e))?;
+        std::fs::rename(&tmp, &self.path).map_err(|e| io_err("replace", e))?;
+        if let Some(dir) = self.path.parent() {
+            File::open(dir)
+                .and_then(|d| d.sync_all())
+                .map_err(|e| io_err("sync the directory of", e))?;
+        }
+        Ok(())
+    }
 }

@@ -36,6 +36,8 @@ pub struct ServerConfig {
     pub persistence: Persistence,
     /// Recreate every region file, discarding its data.
     pub format: bool,
+    /// Start with an empty exactly-once window even if its file is damaged.
+    pub reset_exactly_once: bool,
     /// Data connections served at once; more are closed on accept.
     pub max_connections: usize,
 }
@@ -272,8 +274,11 @@ impl RunningServer {
         let registry = Arc::new(Registry::new());
         let metrics = Arc::new(ServerMetrics::new(Arc::clone(&registry))?);
         register_region_metrics(&registry, &regions, mode)?;
-        let (store, windows) =
-            WindowStore::open(&config.data_dir, config.persistence, config.format)?;
+        let (store, windows) = WindowStore::open(
+            &config.data_dir,
+            config.persistence,
+            config.format || config.reset_exactly_once,
+        )?;
         let dedup = DedupTable::with_store(store, windows);
         let exec = Arc::new(Executor::new(
             server.id.clone(),

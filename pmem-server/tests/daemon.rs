@@ -246,3 +246,101 @@ fn bad_command_lines_fail_clearly() {
         assert!(stderr.contains("R1.pmem"), "{stderr}");
     }
 }
+
+#[test]
+fn a_deleted_region_file_stops_the_server_instead_of_coming_back_empty() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let config = write_topology(dir.path(), &[("R1", "4MiB"), ("R2", "4MiB")]);
+    let l = layout(&config);
+    let server = pmem_server_with(PMEM_SERVER, &config, "S", &data, &[]).unwrap();
+    Conn::connect(server.addr("nic.n0"))
+        .call(Repr::atomic_write(at(1, 64), key(&l, 1), 42).with_persist());
+    server.terminate();
+    std::fs::remove_file(data.join("R2.pmem")).unwrap();
+
+    let err = pmem_server_with(PMEM_SERVER, &config, "S", &data, &[]).unwrap_err();
+    assert!(err.contains("R2.pmem"), "{err}");
+    assert!(err.contains("missing"), "{err}");
+    assert!(err.contains("--format"), "{err}");
+    assert!(!data.join("R2.pmem").exists(), "nothing was recreated");
+
+    // The operator's way out: recreate the regions empty.
+    let server = pmem_server_with(PMEM_SERVER, &config, "S", &data, &["--format"]).unwrap();
+    let reply = Conn::connect(server.addr("nic.n0")).call(Repr::read(at(1, 64), key(&l, 1), 8));
+    assert_eq!(reply.data, vec![0; 8]);
+}
+
+/// A tmpfs of `size` mounted at `dir`, unmounted on drop.
+struct SmallFs(std::path::PathBuf);
+
+impl SmallFs {
+    fn mount(dir: &std::path::Path, size: &str) -> SmallFs {
+        std::fs::create_dir_all(dir).expect("mount point");
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .status()
+            .expect("mount (root needed)");
+        assert!(
+            status.success(),
+            "mount a {size} tmpfs at {}",
+            dir.display()
+        );
+        SmallFs(dir.to_path_buf())
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_filesystem_too_small_for_the_regions_fails_at_start_with_the_shortfall() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("small");
+    let _fs = SmallFs::mount(&data, "6m");
+    let config = write_topology(dir.path(), &[("R1", "4MiB"), ("R2", "4MiB")]);
+    let err = pmem_server_with(PMEM_SERVER, &config, "S", &data, &[]).unwrap_err();
+    assert!(err.contains("R2.pmem"), "{err}");
+    assert!(err.contains("cannot hold the region file"), "{err}");
+    assert!(
+        err.contains(&format!("needs {} bytes", 4096 + (4 << 20))),
+        "{err}"
+    );
+    assert!(!err.contains("SIGBUS") && !err.contains("signal"), "{err}");
+}
+
+#[test]
+fn a_damaged_exactly_once_file_stops_the_server_until_the_operator_resets_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let config = write_topology(dir.path(), &[("R1", "4MiB")]);
+    let server = pmem_server_with(PMEM_SERVER, &config, "S", &data, &[]).unwrap();
+    server.terminate();
+    let window = data.join("exactly-once.pmem");
+    let len = std::fs::metadata(&window).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&window)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+
+    let err = pmem_server_with(PMEM_SERVER, &config, "S", &data, &[]).unwrap_err();
+    assert!(err.contains("exactly-once.pmem"), "{err}");
+    assert!(err.contains("damaged"), "{err}");
+    assert!(err.contains("--reset-exactly-once"), "{err}");
+    assert_eq!(
+        std::fs::metadata(&window).unwrap().len(),
+        len / 2,
+        "left alone"
+    );
+
+    let server =
+        pmem_server_with(PMEM_SERVER, &config, "S", &data, &["--reset-exactly-once"]).unwrap();
+    assert_eq!(std::fs::metadata(&window).unwrap().len(), len, "reset");
+    server.terminate();
+}

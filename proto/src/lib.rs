@@ -120,8 +120,8 @@ pub mod roce;
 pub mod status;
 
 pub use decoder::{FrameDecoder, ReadError, ReadOutcome};
-pub use hello::PROTOCOL_VERSION;
 pub use error::{Error, Result};
+pub use hello::PROTOCOL_VERSION;
 pub use message::{
     ERROR_REPLY_LEN, Message, error_reply, error_response, parse_frame, reply_to_malformed,
     unsupported_reply,
