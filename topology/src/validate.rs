@@ -87,6 +87,10 @@ pub enum ProblemKind {
     },
     /// The allocator's metadata cannot be laid out.
     AllocatorMetadata(crate::meta::MetaError),
+    /// A region id that cannot name a region file on a server.
+    UnsafeRegionId,
+    /// A protection key of 0, which would let an unkeyed request through.
+    ZeroKey,
     /// An allow-list range that leaves its region.
     AllowOutOfRange {
         /// The region named by the range.
@@ -139,6 +143,12 @@ impl fmt::Display for ProblemKind {
                 device.as_str()
             ),
             Self::NoPorts => write!(f, "has no client-facing ports, so no RNIC can reach it"),
+            Self::UnsafeRegionId => write!(
+                f,
+                "id cannot name a region file: it must be 1 to 256 bytes, not \".\" or \"..\", \
+                 without '/' or NUL"
+            ),
+            Self::ZeroKey => write!(f, "key is 0; a region key must be non-zero"),
             Self::NoRnics => write!(f, "has no RNICs, so it reaches no fabric device"),
             Self::NoNics => write!(f, "has no NICs, so no fabric device can reach it"),
             Self::Empty { what } => write!(f, "has no {what}"),
@@ -352,6 +362,18 @@ impl Checker<'_> {
             let region = place.region;
             let item = region_item(&region.id);
             let size = region.size.bytes();
+            let id = region.id.as_str();
+            if id.is_empty()
+                || id.len() > 256
+                || id == "."
+                || id == ".."
+                || id.contains(['/', '\0'])
+            {
+                self.report(item.clone(), ProblemKind::UnsafeRegionId);
+            }
+            if region.key == Some(0) {
+                self.report(item.clone(), ProblemKind::ZeroKey);
+            }
             if size == 0 {
                 self.report(item.clone(), ProblemKind::ZeroSize);
             } else if extent != 0 && size % extent != 0 {

@@ -123,6 +123,12 @@ fn expectations() -> Vec<Expectation> {
         ("empty", "topology", |k| {
             matches!(k, ProblemKind::Empty { what: "clients" })
         }),
+        ("unsafe-region-id", "region \"../PA.1\"", |k| {
+            matches!(k, ProblemKind::UnsafeRegionId)
+        }),
+        ("zero-key", "region \"PA.1\"", |k| {
+            matches!(k, ProblemKind::ZeroKey)
+        }),
         (
             "bad-roce-address",
             "fabric device \"A\" port \"p0\" roce",
