@@ -8,7 +8,9 @@ cd "$(dirname "$0")/.."
 # promtool and prometheus check every daemon's /metrics and scrape a whole
 # fabric; libpmem backs pmem-server's `libpmem` feature; ip (iproute2) builds
 # the testbed's network namespaces; sockperf, iperf3 and redis are the floors
-# and the peer `testbed bench --quick` measures against.
+# and the peer `testbed bench --quick` measures against; cmake and libclang
+# build the verbs bindings of client-vmm's `verbs` feature (libibverbs itself
+# is loaded at run time and not needed here).
 scripts/ensure-packages.sh \
   promtool:prometheus \
   prometheus:prometheus \
@@ -17,7 +19,9 @@ scripts/ensure-packages.sh \
   sockperf:sockperf \
   iperf3:iperf3 \
   redis-server:redis-server \
-  redis-benchmark:redis-tools
+  redis-benchmark:redis-tools \
+  cmake:cmake \
+  /usr/lib/llvm-14/lib/libclang.so:libclang-dev
 
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
 export PROPTEST_CASES=${PROPTEST_CASES:-256}
@@ -27,9 +31,12 @@ cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --locked --workspace --all-targets -- -D warnings
 cargo clippy --locked -p pmem-server --features libpmem --all-targets -- -D warnings
+cargo clippy --locked -p client-vmm --features verbs --all-targets -- -D warnings
 echo "== cargo test"
 cargo test --locked --workspace
 echo "== cargo test -p pmem-server --features libpmem, daemons on libpmem"
 PMEM_IS_PMEM_FORCE=1 PMEM_SERVER_TEST_PERSISTENCE=libpmem \
   cargo test --locked -p pmem-server --features libpmem
+echo "== cargo test -p client-vmm --features verbs (verbs unit tests; no RDMA device needed)"
+cargo test --locked -p client-vmm --features verbs --lib verbs
 echo "== all tests passed"

@@ -10,6 +10,8 @@
 //! - [`pool`]: the application API: [`AsyncPool`], [`Pool`] and [`Batch`].
 //! - [`alloc`]: the lock-free allocator and named objects, all in PMEM.
 //! - [`error`]: what goes wrong, said precisely.
+//! - `verbs` (feature `verbs`): RDMA through a real RNIC (or rxe) to a
+//!   fabric device's RoCEv2 port.
 //!
 //! ```no_run
 //! use client_vmm::{Pool, VIRT_BASE};
@@ -31,6 +33,8 @@ pub mod error;
 pub mod paths;
 pub mod pool;
 pub mod translate;
+#[cfg(feature = "verbs")]
+pub mod verbs;
 
 pub use alloc::{AllocError, Allocator, Placement};
 pub use error::{OpenError, PoolError};

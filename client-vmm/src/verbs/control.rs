@@ -1,0 +1,313 @@
+//! A blocking control connection to a fabric device port: HELLO (and MAP,
+//! to check the layout digest), then QP_CONNECT / QP_ACCEPT.
+//!
+//! The async path connection ([`crate::conn`]) hands only responses to its
+//! callers, so queue pair set-up uses this small synchronous one; it shares
+//! the protocol version, capabilities and errors of [`crate::conn`]. The
+//! device tears a client's queue pairs down when this connection closes, so
+//! keep it open as long as the queue pair is used.
+
+use std::collections::{HashMap, VecDeque};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use proto::hello::{self, Capabilities, Role};
+use proto::qp::Endpoint;
+use proto::{FrameDecoder, Message};
+
+use super::error::ControlError;
+use crate::conn::{ConnectError, PROTOCOL_VERSION};
+
+/// A device's answer to QP_CONNECT, owned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QpAccept {
+    /// The device's end of the queue pair.
+    pub endpoint: Endpoint,
+    /// R_Key per region index.
+    pub rkeys: HashMap<u32, u32>,
+}
+
+/// A blocking control connection, authenticated with HELLO.
+#[derive(Debug)]
+pub struct Control {
+    stream: TcpStream,
+    decoder: FrameDecoder,
+    /// Complete frames received but not yet handed out.
+    frames: VecDeque<Vec<u8>>,
+    addr: String,
+    next_tag: u64,
+    /// The device's name from its HELLO.
+    pub device: String,
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl Control {
+    /// Connects to the device port `addr`, sends HELLO as `client` and, when
+    /// `digest` is given, fetches MAP and checks the layout digest. Every
+    /// connect, write and read waits at most `timeout`.
+    pub fn connect(
+        addr: SocketAddr,
+        client: &str,
+        digest: Option<[u8; 32]>,
+        timeout: Duration,
+    ) -> Result<Self, ConnectError> {
+        let name = addr.to_string();
+        let io_err = |source| ConnectError::Io {
+            addr: name.clone(),
+            source,
+        };
+        let stream = TcpStream::connect_timeout(&addr, timeout).map_err(io_err)?;
+        stream.set_nodelay(true).map_err(io_err)?;
+        stream.set_read_timeout(Some(timeout)).map_err(io_err)?;
+        stream.set_write_timeout(Some(timeout)).map_err(io_err)?;
+        let mut control = Control {
+            stream,
+            decoder: FrameDecoder::new(),
+            frames: VecDeque::new(),
+            addr: name.clone(),
+            next_tag: 1,
+            device: String::new(),
+        };
+        let protocol = |what: String| ConnectError::Protocol {
+            addr: name.clone(),
+            what,
+        };
+        let hello = Message::Hello(hello::Repr {
+            version: PROTOCOL_VERSION,
+            role: Role::Client,
+            capabilities: Capabilities::PIPELINING | Capabilities::EXACTLY_ONCE,
+            name: client,
+        });
+        let tag = control.send(&hello).map_err(|e| match e {
+            Sent::Io(source) => io_err(source),
+            Sent::Encode(what) => protocol(what),
+        })?;
+        let frame = control.recv().map_err(io_err)?;
+        match proto::parse_frame(&frame) {
+            Ok((Message::Hello(h), t)) if t == tag => control.device = h.name.to_owned(),
+            Ok((Message::Response(r), t)) if t == tag => {
+                return Err(ConnectError::Refused {
+                    addr: name,
+                    client: client.to_owned(),
+                    status: r.status,
+                });
+            }
+            Ok((other, t)) => return Err(protocol(format!("{} with tag {t}", other.opcode()))),
+            Err(e) => return Err(protocol(e.to_string())),
+        }
+        let Some(digest) = digest else {
+            return Ok(control);
+        };
+        let tag = control.send(&Message::MapRequest).map_err(|e| match e {
+            Sent::Io(source) => io_err(source),
+            Sent::Encode(what) => protocol(what),
+        })?;
+        let frame = control.recv().map_err(io_err)?;
+        match proto::parse_frame(&frame) {
+            Ok((Message::Map(map), t)) if t == tag && map.digest == digest => Ok(control),
+            Ok((Message::Map(map), t)) if t == tag => Err(ConnectError::DigestMismatch {
+                addr: name,
+                device: control.device,
+                ours: hex(&digest),
+                theirs: hex(&map.digest),
+            }),
+            Ok((other, t)) => Err(protocol(format!("{} with tag {t}", other.opcode()))),
+            Err(e) => Err(protocol(e.to_string())),
+        }
+    }
+
+    /// The device port's address.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// Sends QP_CONNECT with this end and waits for QP_ACCEPT.
+    pub fn qp_connect(&mut self, end: Endpoint) -> Result<QpAccept, ControlError> {
+        let addr = self.addr.clone();
+        let tag = self.send(&Message::QpConnect(end)).map_err(|e| match e {
+            Sent::Io(source) => ControlError::Io {
+                addr: addr.clone(),
+                source,
+            },
+            Sent::Encode(what) => ControlError::Protocol {
+                addr: addr.clone(),
+                what,
+            },
+        })?;
+        let frame = self.recv().map_err(|source| ControlError::Io {
+            addr: addr.clone(),
+            source,
+        })?;
+        match proto::parse_frame(&frame) {
+            Ok((Message::QpAccept(a), t)) if t == tag => Ok(QpAccept {
+                endpoint: a.endpoint,
+                rkeys: a.rkeys().collect(),
+            }),
+            Ok((Message::Response(r), t)) if t == tag => Err(ControlError::Refused {
+                addr,
+                status: r.status,
+            }),
+            Ok((other, t)) => Err(ControlError::Protocol {
+                addr,
+                what: format!("{} with tag {t}", other.opcode()),
+            }),
+            Err(e) => Err(ControlError::Protocol {
+                addr,
+                what: e.to_string(),
+            }),
+        }
+    }
+
+    fn send(&mut self, message: &Message<'_>) -> Result<u64, Sent> {
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        let bytes = message
+            .encode_to_vec(tag)
+            .map_err(|e| Sent::Encode(e.to_string()))?;
+        self.stream.write_all(&bytes).map_err(Sent::Io)?;
+        Ok(tag)
+    }
+
+    /// The next complete frame.
+    fn recv(&mut self) -> std::io::Result<Vec<u8>> {
+        let invalid = |e: proto::Error| std::io::Error::new(std::io::ErrorKind::InvalidData, e);
+        let mut buf = [0u8; 4096];
+        loop {
+            if let Some(frame) = self.frames.pop_front() {
+                return Ok(frame);
+            }
+            let n = self.stream.read(&mut buf)?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            let mut data = &buf[..n];
+            // Feed and drain in turns: a full decoder takes bytes again only
+            // after its complete frames are out.
+            loop {
+                let taken = self.decoder.feed(data).map_err(invalid)?;
+                data = &data[taken..];
+                while let Some(frame) = self.decoder.next_frame().map_err(invalid)? {
+                    self.frames.push_back(frame.to_vec());
+                }
+                if data.is_empty() {
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Why a frame was not sent.
+enum Sent {
+    Io(std::io::Error),
+    Encode(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{Ipv4Addr, TcpListener};
+
+    use proto::{Opcode, Status};
+
+    use super::*;
+
+    /// A fake device port: answers HELLO as `F`, then QP_CONNECT with
+    /// `answer(tag, end)`; returns the endpoint it received.
+    fn fake_device(
+        answer: fn(u64, Endpoint) -> Vec<u8>,
+    ) -> (SocketAddr, std::thread::JoinHandle<Endpoint>) {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let device = std::thread::spawn(move || {
+            let (stream, _) = listener.accept().expect("accept");
+            let mut peer = Control {
+                stream,
+                decoder: FrameDecoder::new(),
+                frames: VecDeque::new(),
+                addr: String::new(),
+                next_tag: 1,
+                device: String::new(),
+            };
+            let frame = peer.recv().expect("HELLO");
+            let Ok((Message::Hello(h), tag)) = proto::parse_frame(&frame) else {
+                panic!("not a HELLO");
+            };
+            assert_eq!(h.name, "c0");
+            let hello = Message::Hello(hello::Repr {
+                version: PROTOCOL_VERSION,
+                role: Role::FabricDevice,
+                capabilities: Capabilities::PIPELINING,
+                name: "F",
+            });
+            let bytes = hello.encode_to_vec(tag).expect("encode");
+            peer.stream.write_all(&bytes).expect("send HELLO");
+            let frame = peer.recv().expect("QP_CONNECT");
+            let Ok((Message::QpConnect(end), tag)) = proto::parse_frame(&frame) else {
+                panic!("not a QP_CONNECT");
+            };
+            peer.stream.write_all(&answer(tag, end)).expect("answer");
+            end
+        });
+        (addr, device)
+    }
+
+    const END: Endpoint = Endpoint {
+        qpn: 0x11,
+        psn: 0xABCDE,
+        ip: Ipv4Addr::new(10, 77, 0, 2),
+        mtu: 1024,
+    };
+
+    #[test]
+    fn hello_then_qp_connect_returns_the_devices_end_and_rkeys() {
+        let (addr, device) = fake_device(|tag, end| {
+            let table = proto::qp::encode_rkeys(&[(0, 0xAB), (1, 0xCD)]);
+            let accept = proto::qp::Accept::new(
+                Endpoint {
+                    qpn: 0x100,
+                    psn: 7,
+                    ip: Ipv4Addr::new(10, 77, 0, 101),
+                    mtu: end.mtu,
+                },
+                &table,
+            )
+            .expect("accept");
+            Message::QpAccept(accept)
+                .encode_to_vec(tag)
+                .expect("encode")
+        });
+        let mut control =
+            Control::connect(addr, "c0", None, Duration::from_secs(5)).expect("connect");
+        assert_eq!(control.device, "F");
+        let accept = control.qp_connect(END).expect("QP_ACCEPT");
+        assert_eq!(device.join().expect("device"), END);
+        assert_eq!(accept.endpoint.qpn, 0x100);
+        assert_eq!(accept.endpoint.ip, Ipv4Addr::new(10, 77, 0, 101));
+        assert_eq!(accept.rkeys, HashMap::from([(0, 0xAB), (1, 0xCD)]));
+    }
+
+    #[test]
+    fn a_refused_qp_connect_names_the_status() {
+        let (addr, device) = fake_device(|tag, _| {
+            proto::error_reply(Opcode::QpConnect, tag, Status::UnknownClient).to_vec()
+        });
+        let mut control =
+            Control::connect(addr, "c0", None, Duration::from_secs(5)).expect("connect");
+        let err = control.qp_connect(END).expect_err("refused");
+        device.join().expect("device");
+        assert!(
+            matches!(
+                err,
+                ControlError::Refused {
+                    status: Status::UnknownClient,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+    }
+}
