@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use proto::hello::{self, Capabilities, Role};
+use proto::hello::{Capabilities, Role};
+use proto::opening::{Opening, OpeningError, OpeningTags, Progress};
 use proto::{FrameDecoder, Message, Status};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -87,6 +88,48 @@ pub enum ConnectError {
         /// What arrived.
         what: String,
     },
+}
+
+/// What a client announces in its HELLO.
+pub(crate) const CLIENT_CAPABILITIES: Capabilities =
+    Capabilities::PIPELINING.union(Capabilities::EXACTLY_ONCE);
+
+fn protocol_error(addr: &str, what: String) -> ConnectError {
+    ConnectError::Protocol {
+        addr: addr.to_owned(),
+        what,
+    }
+}
+
+/// The [`ConnectError`] for a failed opening with the device at `addr`.
+pub(crate) fn opening_error(addr: &str, client: &str, e: OpeningError) -> ConnectError {
+    match e {
+        OpeningError::Refused(status) => ConnectError::Refused {
+            addr: addr.to_owned(),
+            client: client.to_owned(),
+            status,
+        },
+        other => protocol_error(addr, other.to_string()),
+    }
+}
+
+/// Checks the device's MAP against the layout digest this client loaded.
+pub(crate) fn check_digest(
+    addr: &str,
+    device: &str,
+    map: Option<&proto::map::Repr>,
+    digest: [u8; 32],
+) -> Result<(), ConnectError> {
+    match map {
+        Some(map) if map.digest == digest => Ok(()),
+        Some(map) => Err(ConnectError::DigestMismatch {
+            addr: addr.to_owned(),
+            device: device.to_owned(),
+            ours: hex(&digest),
+            theirs: hex(&map.digest),
+        }),
+        None => Err(protocol_error(addr, "no MAP in the opening".to_owned())),
+    }
 }
 
 type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Response>>>>;
@@ -171,55 +214,31 @@ pub async fn connect(
         let mut stream = socket.connect(addr).await.map_err(io_err)?;
         stream.set_nodelay(true).map_err(io_err)?;
         let mut out = Vec::new();
-        let hello = Message::Hello(hello::Repr {
-            version: PROTOCOL_VERSION,
-            role: Role::Client,
-            capabilities: Capabilities::PIPELINING | Capabilities::EXACTLY_ONCE,
-            name: client,
-        });
-        let protocol = |what: String| ConnectError::Protocol {
-            addr: device_addr.to_owned(),
-            what,
-        };
-        for (message, tag) in [(hello, 1), (Message::MapRequest, 2)] {
-            message
-                .encode_into(tag, &mut out)
-                .map_err(|e| protocol(e.to_string()))?;
-        }
+        let mut opening = Opening::start(
+            Role::Client,
+            CLIENT_CAPABILITIES,
+            client,
+            true,
+            OpeningTags::CLIENT,
+            &mut out,
+        )
+        .map_err(|e| protocol_error(device_addr, e.to_string()))?;
         stream.write_all(&out).await.map_err(io_err)?;
         let mut decoder = FrameDecoder::new();
-        let frame = read_frame(&mut stream, &mut decoder)
-            .await
-            .map_err(io_err)?;
-        let device = match proto::parse_frame(&frame) {
-            Ok((Message::Hello(h), 1)) => h.name.to_owned(),
-            Ok((Message::Response(r), 1)) => {
-                return Err(ConnectError::Refused {
-                    addr: device_addr.to_owned(),
-                    client: client.to_owned(),
-                    status: r.status,
-                });
+        loop {
+            let frame = read_frame(&mut stream, &mut decoder)
+                .await
+                .map_err(io_err)?;
+            match opening.handle_frame(&frame) {
+                Ok(Progress::Waiting) => {}
+                Ok(Progress::Opened(opened)) => {
+                    let device = opened.peer;
+                    check_digest(device_addr, &device, opened.map.as_ref(), digest)?;
+                    return Ok((stream, decoder, device));
+                }
+                Err(e) => return Err(opening_error(device_addr, client, e)),
             }
-            Ok((other, tag)) => return Err(protocol(format!("{} with tag {tag}", other.opcode()))),
-            Err(e) => return Err(protocol(e.to_string())),
-        };
-        let frame = read_frame(&mut stream, &mut decoder)
-            .await
-            .map_err(io_err)?;
-        match proto::parse_frame(&frame) {
-            Ok((Message::Map(map), 2)) if map.digest == digest => {}
-            Ok((Message::Map(map), 2)) => {
-                return Err(ConnectError::DigestMismatch {
-                    addr: device_addr.to_owned(),
-                    device,
-                    ours: hex(&digest),
-                    theirs: hex(&map.digest),
-                });
-            }
-            Ok((other, tag)) => return Err(protocol(format!("{} with tag {tag}", other.opcode()))),
-            Err(e) => return Err(protocol(e.to_string())),
         }
-        Ok((stream, decoder, device))
     };
     let (stream, decoder, device) =
         tokio::time::timeout(timeout, handshake)

@@ -242,6 +242,11 @@ impl Capabilities {
         self.0 & other.0 == other.0
     }
 
+    /// The features of either set.
+    pub const fn union(self, other: Capabilities) -> Capabilities {
+        Capabilities(self.0 | other.0)
+    }
+
     /// The features both sides support.
     pub const fn intersection(self, other: Capabilities) -> Capabilities {
         Capabilities(self.0 & other.0)

@@ -112,6 +112,7 @@ mod le;
 pub mod map;
 pub mod message;
 pub mod opcode;
+pub mod opening;
 pub mod ping;
 pub mod qp;
 pub mod request;

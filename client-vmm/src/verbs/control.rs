@@ -12,12 +12,13 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-use proto::hello::{self, Capabilities, Role};
+use proto::hello::Role;
+use proto::opening::{Opening, OpeningError, OpeningTags, Progress};
 use proto::qp::Endpoint;
 use proto::{FrameDecoder, Message};
 
 use super::error::ControlError;
-use crate::conn::{ConnectError, PROTOCOL_VERSION};
+use crate::conn::{CLIENT_CAPABILITIES, ConnectError, check_digest, opening_error};
 
 /// A device's answer to QP_CONNECT, owned.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,10 +40,6 @@ pub struct Control {
     next_tag: u64,
     /// The device's name from its HELLO.
     pub device: String,
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 impl Control {
@@ -72,51 +69,31 @@ impl Control {
             next_tag: 1,
             device: String::new(),
         };
-        let protocol = |what: String| ConnectError::Protocol {
-            addr: name.clone(),
-            what,
-        };
-        let hello = Message::Hello(hello::Repr {
-            version: PROTOCOL_VERSION,
-            role: Role::Client,
-            capabilities: Capabilities::PIPELINING | Capabilities::EXACTLY_ONCE,
-            name: client,
-        });
-        let tag = control.send(&hello).map_err(|e| match e {
-            Sent::Io(source) => io_err(source),
-            Sent::Encode(what) => protocol(what),
-        })?;
-        let frame = control.recv().map_err(io_err)?;
-        match proto::parse_frame(&frame) {
-            Ok((Message::Hello(h), t)) if t == tag => control.device = h.name.to_owned(),
-            Ok((Message::Response(r), t)) if t == tag => {
-                return Err(ConnectError::Refused {
-                    addr: name,
-                    client: client.to_owned(),
-                    status: r.status,
-                });
+        let mut out = Vec::new();
+        let mut opening = Opening::start(
+            Role::Client,
+            CLIENT_CAPABILITIES,
+            client,
+            digest.is_some(),
+            OpeningTags::CLIENT,
+            &mut out,
+        )
+        .map_err(|e| opening_error(&name, client, OpeningError::Malformed(e)))?;
+        control.stream.write_all(&out).map_err(io_err)?;
+        control.next_tag = OpeningTags::CLIENT.map + 1;
+        loop {
+            let frame = control.recv().map_err(io_err)?;
+            match opening.handle_frame(&frame) {
+                Ok(Progress::Waiting) => {}
+                Ok(Progress::Opened(opened)) => {
+                    if let Some(digest) = digest {
+                        check_digest(&name, &opened.peer, opened.map.as_ref(), digest)?;
+                    }
+                    control.device = opened.peer;
+                    return Ok(control);
+                }
+                Err(e) => return Err(opening_error(&name, client, e)),
             }
-            Ok((other, t)) => return Err(protocol(format!("{} with tag {t}", other.opcode()))),
-            Err(e) => return Err(protocol(e.to_string())),
-        }
-        let Some(digest) = digest else {
-            return Ok(control);
-        };
-        let tag = control.send(&Message::MapRequest).map_err(|e| match e {
-            Sent::Io(source) => io_err(source),
-            Sent::Encode(what) => protocol(what),
-        })?;
-        let frame = control.recv().map_err(io_err)?;
-        match proto::parse_frame(&frame) {
-            Ok((Message::Map(map), t)) if t == tag && map.digest == digest => Ok(control),
-            Ok((Message::Map(map), t)) if t == tag => Err(ConnectError::DigestMismatch {
-                addr: name,
-                device: control.device,
-                ours: hex(&digest),
-                theirs: hex(&map.digest),
-            }),
-            Ok((other, t)) => Err(protocol(format!("{} with tag {t}", other.opcode()))),
-            Err(e) => Err(protocol(e.to_string())),
         }
     }
 
@@ -211,7 +188,8 @@ enum Sent {
 mod tests {
     use std::net::{Ipv4Addr, TcpListener};
 
-    use proto::{Opcode, Status};
+    use proto::hello::{self, Capabilities};
+    use proto::{Opcode, PROTOCOL_VERSION, Status};
 
     use super::*;
 
