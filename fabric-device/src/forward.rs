@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use proto::frame::{self, Header};
 use proto::hello::{self, Capabilities, Role};
+use proto::opening::{Opening, OpeningTags, Progress};
 use proto::request::{self, Operation, Target};
 use proto::{Message, Opcode, Status, map, response};
 use telemetry::Gauge;
@@ -36,8 +37,11 @@ pub const FORWARD_HEAD_LEN: usize = frame::HEADER_LEN + request::HEADER_LEN;
 pub const REPLY_HEAD_LEN: usize = frame::HEADER_LEN + response::HEADER_LEN;
 /// Tags with this bit set are the device's own control messages on a link.
 const CONTROL_TAG: u64 = 1 << 63;
-const HELLO_TAG: u64 = CONTROL_TAG | 1;
-const MAP_TAG: u64 = CONTROL_TAG | 2;
+/// Tags of the device's HELLO and MAP_REQUEST on a link.
+const LINK_OPENING: OpeningTags = OpeningTags {
+    hello: CONTROL_TAG | 1,
+    map: CONTROL_TAG | 2,
+};
 
 /// A client connection, as the driver numbers them.
 pub type ConnId = u64;
@@ -166,7 +170,8 @@ struct Pending {
 struct Link {
     key: LinkKey,
     status: LinkStatus,
-    hello_ok: bool,
+    /// The link's opening while the server has not answered it.
+    opening: Option<Opening>,
     /// The server's MAP from the last handshake, rechecked on reload.
     server_map: Option<map::Repr>,
     next_tag: u64,
@@ -284,7 +289,7 @@ impl Forwarder {
             Link {
                 key,
                 status: LinkStatus::Down,
-                hello_ok: false,
+                opening: None,
                 server_map: None,
                 next_tag: 1,
                 pending: IdMap::default(),
@@ -635,18 +640,18 @@ impl Forwarder {
             return Vec::new();
         };
         state.status = LinkStatus::Handshaking;
-        state.hello_ok = false;
         let mut out = Vec::new();
-        let hello = Message::Hello(hello::Repr {
-            version: PROTOCOL_VERSION,
-            role: Role::FabricDevice,
-            capabilities: Capabilities::PIPELINING | Capabilities::REGION_ADDRESSING,
-            name: self.map.device.as_str(),
-        });
-        for (message, tag) in [(hello, HELLO_TAG), (Message::MapRequest, MAP_TAG)] {
-            if message.encode_into(tag, &mut out).is_err() {
-                return Vec::new();
-            }
+        state.opening = Opening::start(
+            Role::FabricDevice,
+            Capabilities::PIPELINING | Capabilities::REGION_ADDRESSING,
+            self.map.device.as_str(),
+            true,
+            LINK_OPENING,
+            &mut out,
+        )
+        .ok();
+        if state.opening.is_none() {
+            out.clear();
         }
         out
     }
@@ -704,38 +709,46 @@ impl Forwarder {
             return LinkAction::Nothing;
         };
         let server = link.key.server.clone();
-        match proto::parse_frame(frame) {
-            Ok((Message::Hello(hello), HELLO_TAG)) => {
-                if hello.role != Role::Server || hello.name != server.as_str() {
-                    return LinkAction::Close(format!(
-                        "expected server {server:?}, but {:?} ({:?}) answered",
-                        hello.name, hello.role
-                    ));
-                }
-                link.hello_ok = true;
-                LinkAction::Nothing
+        let Some(opening) = link.opening.as_mut() else {
+            return LinkAction::Close("handshake answer on a link that sent none".into());
+        };
+        let wrong_peer = |name: &str, role: Role| {
+            (role != Role::Server || name != server.as_str()).then(|| {
+                LinkAction::Close(format!(
+                    "expected server {server:?}, but {name:?} ({role:?}) answered"
+                ))
+            })
+        };
+        let opened = match opening.handle_frame(frame) {
+            Ok(Progress::Waiting) => {
+                let refused = opening
+                    .peer()
+                    .and_then(|(name, role)| wrong_peer(name, role));
+                return refused.unwrap_or(LinkAction::Nothing);
             }
-            Ok((Message::Map(theirs), MAP_TAG)) => {
-                if !link.hello_ok {
-                    return LinkAction::Close("MAP before HELLO from server".into());
-                }
-                if !self.map.server_agrees(&server, &theirs) {
-                    return LinkAction::Close(format!(
-                        "server {server:?} serves a layout that disagrees with this device's map"
-                    ));
-                }
-                link.status = LinkStatus::Up;
-                link.up_gauge.set(1);
-                link.starting = false;
-                link.server_map = Some(theirs);
-                LinkAction::Nothing
-            }
-            Ok((other, tag)) => LinkAction::Close(format!(
-                "unexpected {} (tag {tag:#x}) answering the link handshake",
-                other.opcode()
-            )),
-            Err(e) => LinkAction::Close(format!("bad handshake frame from server: {e}")),
+            Ok(Progress::Opened(opened)) => opened,
+            Err(e) => return LinkAction::Close(format!("link handshake: {e}")),
+        };
+        link.opening = None;
+        if let Some(close) = wrong_peer(&opened.peer, opened.role) {
+            return close;
         }
+        let Some(theirs) = opened.map else {
+            return LinkAction::Close("no MAP in the link handshake".into());
+        };
+        if !self.map.server_agrees(&server, &theirs) {
+            return LinkAction::Close(format!(
+                "server {server:?} serves a layout that disagrees with this device's map"
+            ));
+        }
+        let Some(link) = self.links.get_mut(&link_id) else {
+            return LinkAction::Nothing;
+        };
+        link.status = LinkStatus::Up;
+        link.up_gauge.set(1);
+        link.starting = false;
+        link.server_map = Some(theirs);
+        LinkAction::Nothing
     }
 
     /// A link broke or was closed: every request in flight on it is answered
@@ -746,7 +759,7 @@ impl Forwarder {
         };
         link.status = LinkStatus::Down;
         link.starting = false;
-        link.hello_ok = false;
+        link.opening = None;
         link.server_map = None;
         link.up_gauge.set(0);
         let pending: Vec<Pending> = link.pending.drain().map(|(_, p)| p).collect();
@@ -913,14 +926,14 @@ mod tests {
             capabilities: Capabilities::NONE,
             name: &server,
         })
-        .encode_to_vec(HELLO_TAG)
+        .encode_to_vec(LINK_OPENING.hello)
         .unwrap();
         assert!(matches!(
             core.link_frame(link, &hello, Instant::now()),
             LinkAction::Nothing
         ));
         let map = Message::Map(map::Repr::from_layout(&core.map().layout))
-            .encode_to_vec(MAP_TAG)
+            .encode_to_vec(LINK_OPENING.map)
             .unwrap();
         assert!(matches!(
             core.link_frame(link, &map, Instant::now()),
@@ -1461,7 +1474,7 @@ mod tests {
             capabilities: Capabilities::NONE,
             name: "B",
         })
-        .encode_to_vec(HELLO_TAG)
+        .encode_to_vec(LINK_OPENING.hello)
         .unwrap();
         assert!(matches!(
             core.link_frame(id, &imposter, Instant::now()),
@@ -1477,12 +1490,14 @@ mod tests {
             capabilities: Capabilities::NONE,
             name: "A",
         })
-        .encode_to_vec(HELLO_TAG)
+        .encode_to_vec(LINK_OPENING.hello)
         .unwrap();
         core.link_frame(id, &hello, Instant::now());
         let mut theirs = map::Repr::from_layout(&core.map().layout);
         theirs.entries[0].len /= 2;
-        let map = Message::Map(theirs).encode_to_vec(MAP_TAG).unwrap();
+        let map = Message::Map(theirs)
+            .encode_to_vec(LINK_OPENING.map)
+            .unwrap();
         assert!(matches!(
             core.link_frame(id, &map, Instant::now()),
             LinkAction::Close(_)

@@ -28,7 +28,7 @@ impl OpeningTags {
 pub struct Opening {
     tags: OpeningTags,
     with_map: bool,
-    peer: Option<String>,
+    peer: Option<(String, Role)>,
 }
 
 /// What the opening established.
@@ -36,6 +36,8 @@ pub struct Opening {
 pub struct Opened {
     /// The peer's name from its HELLO.
     pub peer: String,
+    /// The peer's role from its HELLO.
+    pub role: Role,
     /// The peer's MAP, when one was asked for.
     pub map: Option<map::Repr>,
 }
@@ -96,17 +98,25 @@ impl Opening {
         })
     }
 
+    /// The peer's name and role once its HELLO arrived (until the opening ends).
+    pub fn peer(&self) -> Option<(&str, Role)> {
+        self.peer
+            .as_ref()
+            .map(|(name, role)| (name.as_str(), *role))
+    }
+
     /// Takes one frame the peer sent.
     pub fn handle_frame(&mut self, frame: &[u8]) -> Result<Progress, OpeningError> {
         let (message, tag) = parse_frame(frame).map_err(OpeningError::Malformed)?;
         match (message, self.peer.is_some()) {
             (Message::Hello(h), false) if tag == self.tags.hello => {
-                self.peer = Some(h.name.to_owned());
                 if self.with_map {
+                    self.peer = Some((h.name.to_owned(), h.role));
                     Ok(Progress::Waiting)
                 } else {
                     Ok(Progress::Opened(Opened {
                         peer: h.name.to_owned(),
+                        role: h.role,
                         map: None,
                     }))
                 }
@@ -115,8 +125,10 @@ impl Opening {
                 Err(OpeningError::Refused(r.status))
             }
             (Message::Map(map), true) if self.with_map && tag == self.tags.map => {
+                let (peer, role) = self.peer.take().unwrap_or((String::new(), Role::Client));
                 Ok(Progress::Opened(Opened {
-                    peer: self.peer.take().unwrap_or_default(),
+                    peer,
+                    role,
                     map: Some(map),
                 }))
             }
