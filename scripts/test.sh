@@ -10,7 +10,8 @@ cd "$(dirname "$0")/.."
 # the testbed's network namespaces; sockperf, iperf3 and redis are the floors
 # and the peer `testbed bench --quick` measures against; cmake and libclang
 # build the verbs bindings of client-vmm's `verbs` feature (libibverbs itself
-# is loaded at run time and not needed here).
+# is loaded at run time and not needed here); tshark dissects the RoCEv2
+# packets proto emits.
 scripts/ensure-packages.sh \
   promtool:prometheus \
   prometheus:prometheus \
@@ -21,7 +22,11 @@ scripts/ensure-packages.sh \
   redis-server:redis-server \
   redis-benchmark:redis-tools \
   cmake:cmake \
-  /usr/lib/llvm-14/lib/libclang.so:libclang-dev
+  /usr/lib/llvm-14/lib/libclang.so:libclang-dev \
+  tshark:tshark
+
+# scapy computes RoCEv2 ICRCs independently of proto (proto/tests/roce_tools.rs).
+python3 -c 'import scapy.contrib.roce' 2>/dev/null || python3 -m pip install --quiet scapy
 
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
 export PROPTEST_CASES=${PROPTEST_CASES:-256}
