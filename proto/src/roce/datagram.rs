@@ -102,7 +102,8 @@ impl<'a> Datagram<'a> {
             return Err(Error::BadUdpChecksum);
         }
         let transport = packet::Packet::new_checked(&udp_bytes[UDP_HEADER_LEN..])?;
-        let computed = icrc::ipv4(&bytes[..total - packet::ICRC_LEN], IPV4_HEADER_LEN);
+        let computed = icrc::ipv4(&bytes[..total - packet::ICRC_LEN], IPV4_HEADER_LEN)
+            .ok_or_else(|| truncated("RoCEv2 datagram", IPV4_HEADER_LEN + UDP_HEADER_LEN, total))?;
         if computed != transport.icrc() {
             return Err(Error::BadIcrc {
                 carried: transport.icrc(),
@@ -204,7 +205,8 @@ impl<'a> Repr<'a> {
             udp.set_len(total16 - IPV4_HEADER_LEN as u16);
             udp.set_checksum(0);
         }
-        let crc = icrc::ipv4(&buf[..total - packet::ICRC_LEN], IPV4_HEADER_LEN);
+        let crc = icrc::ipv4(&buf[..total - packet::ICRC_LEN], IPV4_HEADER_LEN)
+            .ok_or(Error::Inconsistent("datagram shorter than its headers"))?;
         packet::Packet::new_unchecked(&mut buf[IPV4_HEADER_LEN + UDP_HEADER_LEN..]).set_icrc(crc);
         if self.udp_checksum {
             let (src, dst) = (IpAddress::Ipv4(self.ip.src), IpAddress::Ipv4(self.ip.dst));

@@ -17,12 +17,16 @@ const UDP_HEADER_LEN: usize = 8;
 const UDP_CHECKSUM: core::ops::Range<usize> = 6..8;
 const MASKED_LRH: [u8; 8] = [0xFF; 8];
 
-/// The ICRC of an IPv4 RoCEv2 datagram.
+/// The ICRC of an IPv4 RoCEv2 datagram, or `None` when `datagram` is too
+/// short to hold the headers it covers.
 ///
 /// `datagram` is the IPv4 packet from its first header byte up to, not
-/// including, the ICRC; `ip_header_len` is the IPv4 header length. The
-/// caller has checked that the IPv4 header, UDP header and BTH are present.
-pub fn ipv4(datagram: &[u8], ip_header_len: usize) -> u32 {
+/// including, the ICRC; `ip_header_len` is the IPv4 header length (20 to 60).
+pub fn ipv4(datagram: &[u8], ip_header_len: usize) -> Option<u32> {
+    let headers = ip_header_len + UDP_HEADER_LEN + bth::HEADER_LEN;
+    if !(20..=60).contains(&ip_header_len) || datagram.len() < headers {
+        return None;
+    }
     let mut hasher = crc32fast::Hasher::new();
     hasher.update(&MASKED_LRH);
 
@@ -46,5 +50,16 @@ pub fn ipv4(datagram: &[u8], ip_header_len: usize) -> u32 {
     hasher.update(&bth);
 
     hasher.update(&datagram[bth_at + bth::HEADER_LEN..]);
-    hasher.finalize()
+    Some(hasher.finalize())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn short_or_odd_input_has_no_icrc() {
+        assert_eq!(super::ipv4(&[0u8; 39], 20), None);
+        assert_eq!(super::ipv4(&[0u8; 100], 19), None);
+        assert_eq!(super::ipv4(&[0u8; 100], 61), None);
+        assert!(super::ipv4(&[0u8; 40], 20).is_some());
+    }
 }
