@@ -30,6 +30,13 @@ struct Args {
     /// Requests one client connection may have in flight.
     #[arg(long, default_value_t = 256)]
     max_in_flight: usize,
+    /// MiB of answers (READ data) one client may have on the way before the
+    /// device stops reading its requests.
+    #[arg(long, default_value_t = 32)]
+    max_reply_mib_per_client: u64,
+    /// MiB of answers on the way for all clients together.
+    #[arg(long, default_value_t = 512)]
+    max_reply_mib_total: u64,
     /// First delay before reconnecting a failed server link, in milliseconds.
     #[arg(long, default_value_t = 50)]
     reconnect_min_ms: u64,
@@ -84,6 +91,8 @@ where
         forwarder: ForwarderConfig {
             request_timeout: Duration::from_millis(args.request_timeout_ms),
             max_in_flight_per_client: args.max_in_flight,
+            max_reply_bytes_per_client: args.max_reply_mib_per_client << 20,
+            max_reply_bytes_total: args.max_reply_mib_total << 20,
         },
         reconnect_min: Duration::from_millis(args.reconnect_min_ms),
         reconnect_max: Duration::from_millis(args.reconnect_max_ms),

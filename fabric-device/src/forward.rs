@@ -58,6 +58,12 @@ pub struct ForwarderConfig {
     /// Requests a client may have in flight; the driver stops reading from a
     /// client at the limit.
     pub max_in_flight_per_client: usize,
+    /// Bytes of answers (READ data) a client may have on the way; beyond,
+    /// the driver stops reading its requests. One request always may go,
+    /// so a client's share is this plus its largest READ.
+    pub max_reply_bytes_per_client: u64,
+    /// Bytes of answers on the way for all clients together.
+    pub max_reply_bytes_total: u64,
 }
 
 impl Default for ForwarderConfig {
@@ -65,6 +71,8 @@ impl Default for ForwarderConfig {
         Self {
             request_timeout: Duration::from_secs(5),
             max_in_flight_per_client: 256,
+            max_reply_bytes_per_client: 32 << 20,
+            max_reply_bytes_total: 512 << 20,
         }
     }
 }
@@ -164,6 +172,8 @@ struct Pending {
     client_tag: u64,
     opcode: Opcode,
     sent: Instant,
+    /// Bytes its answer will bring (READ data and the response head).
+    reply_bytes: u64,
 }
 
 #[derive(Debug)]
@@ -203,6 +213,8 @@ struct Session {
     /// reload), so requests need no lookup by name.
     client: Option<(String, ClientPolicy)>,
     in_flight: usize,
+    /// Bytes of the answers its requests in flight will bring.
+    reply_bytes: u64,
 }
 
 /// What a reload changed.
@@ -231,6 +243,8 @@ pub struct Forwarder {
     sessions: IdMap<ConnId, Session>,
     deadlines: DeadlineQueue,
     parked: Vec<Parked>,
+    /// Bytes of answers on the way for all clients.
+    reply_bytes: u64,
     metrics: Arc<DeviceMetrics>,
 }
 
@@ -265,6 +279,7 @@ impl Forwarder {
             sessions: IdMap::default(),
             deadlines: DeadlineQueue::default(),
             parked: Vec::new(),
+            reply_bytes: 0,
             metrics,
         };
         core.link_ids = (0..core.map.links.len())
@@ -358,14 +373,18 @@ impl Forwarder {
         if let Some(session) = self.sessions.remove(&conn) {
             self.metrics.clients.dec();
             self.metrics.in_flight.sub(session.in_flight as i64);
+            self.reply_bytes = self.reply_bytes.saturating_sub(session.reply_bytes);
         }
     }
 
     /// Whether `conn` may send another request now (backpressure).
     pub fn client_has_room(&self, conn: ConnId) -> bool {
-        self.sessions
-            .get(&conn)
-            .is_some_and(|s| s.in_flight < self.config.max_in_flight_per_client)
+        self.sessions.get(&conn).is_some_and(|s| {
+            s.in_flight == 0
+                || (s.in_flight < self.config.max_in_flight_per_client
+                    && s.reply_bytes < self.config.max_reply_bytes_per_client
+                    && self.reply_bytes < self.config.max_reply_bytes_total)
+        })
     }
 
     /// Handles one complete frame from client connection `conn`.
@@ -512,6 +531,11 @@ impl Forwarder {
         let Some(link) = self.links.get_mut(&route.link) else {
             return ClientAction::Reply(error_reply(opcode, tag, Status::ServerUnavailable));
         };
+        let reply_bytes = REPLY_HEAD_LEN as u64
+            + match req.operation {
+                Operation::Read => u64::from(req.length),
+                _ => 0,
+            };
         let link_tag = link.next_tag;
         link.next_tag = (link.next_tag + 1) & !CONTROL_TAG;
         let deadline = now + self.config.request_timeout;
@@ -522,6 +546,7 @@ impl Forwarder {
                 client_tag: tag,
                 opcode,
                 sent: now,
+                reply_bytes,
             },
         );
         let links = &self.links;
@@ -535,7 +560,9 @@ impl Forwarder {
         );
         if let Some(session) = self.sessions.get_mut(&conn) {
             session.in_flight += 1;
+            session.reply_bytes += reply_bytes;
         }
+        self.reply_bytes += reply_bytes;
         self.metrics.in_flight.inc();
 
         let mut head = [0u8; FORWARD_HEAD_LEN];
@@ -686,10 +713,12 @@ impl Forwarder {
         self.metrics
             .server_rtt
             .observe_duration(now.saturating_duration_since(pending.sent));
+        self.reply_bytes = self.reply_bytes.saturating_sub(pending.reply_bytes);
         let Some(session) = self.sessions.get_mut(&pending.conn) else {
             return LinkAction::Nothing;
         };
         session.in_flight = session.in_flight.saturating_sub(1);
+        session.reply_bytes = session.reply_bytes.saturating_sub(pending.reply_bytes);
         let mut head = [0u8; REPLY_HEAD_LEN];
         head.copy_from_slice(&frame[..REPLY_HEAD_LEN]);
         frame::Packet::new_unchecked(&mut head[..frame::HEADER_LEN]).set_tag(pending.client_tag);
@@ -774,8 +803,10 @@ impl Forwarder {
     /// Settles a pending request with an error status for its client.
     fn answer(&mut self, pending: Pending, status: Status) -> Option<(ConnId, Reply)> {
         self.metrics.in_flight.dec();
+        self.reply_bytes = self.reply_bytes.saturating_sub(pending.reply_bytes);
         let session = self.sessions.get_mut(&pending.conn)?;
         session.in_flight = session.in_flight.saturating_sub(1);
+        session.reply_bytes = session.reply_bytes.saturating_sub(pending.reply_bytes);
         self.metrics.record(pending.opcode, status);
         Some((
             pending.conn,
@@ -1235,6 +1266,7 @@ mod tests {
             ForwarderConfig {
                 request_timeout: Duration::from_millis(100),
                 max_in_flight_per_client: 8,
+                ..ForwarderConfig::default()
             },
         );
         all_up(&mut core);
@@ -1430,12 +1462,68 @@ mod tests {
     }
 
     #[test]
+    fn reply_bytes_on_the_way_are_bounded_per_client_and_in_total() {
+        let mut core = core_with(
+            &topology(),
+            ForwarderConfig {
+                max_reply_bytes_per_client: 3 << 20,
+                max_reply_bytes_total: 5 << 20,
+                ..ForwarderConfig::default()
+            },
+        );
+        all_up(&mut core);
+        hello(&mut core, 1, "c1");
+        hello(&mut core, 2, "c2");
+        let big_read = |core: &Forwarder, tag| {
+            Message::Request(Repr::read(
+                pmem(core, "PA.1", 0),
+                key(core, "PA.1"),
+                2 << 20,
+            ))
+            .encode_to_vec(tag)
+            .unwrap()
+        };
+        // A client that never reads its answers: two 2 MiB READs pass
+        // (the second while under 3 MiB), then it must wait.
+        let mut sent = Vec::new();
+        for tag in 1..=2 {
+            assert!(core.client_has_room(1));
+            match core.client_frame(1, &big_read(&core, tag), Instant::now()) {
+                ClientAction::Forward { link, head, .. } => sent.push((link, head)),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(!core.client_has_room(1), "4 MiB on the way for c1");
+        // Another client still gets its share until the total is reached.
+        assert!(core.client_has_room(2));
+        assert!(matches!(
+            core.client_frame(2, &big_read(&core, 9), Instant::now()),
+            ClientAction::Forward { .. }
+        ));
+        assert!(!core.client_has_room(2), "6 MiB on the way in total");
+        // An answer to c1 makes room again.
+        let (link, head) = sent[0];
+        let link_tag = frame::Header::parse(&head).unwrap().tag;
+        let data = vec![0u8; 2 << 20];
+        let answer = Message::Response(response::Repr::read_data(&data))
+            .encode_to_vec(link_tag)
+            .unwrap();
+        assert!(matches!(
+            core.link_frame(link, &answer, Instant::now()),
+            LinkAction::Deliver { conn: 1, .. }
+        ));
+        assert!(core.client_has_room(1));
+        assert!(core.client_has_room(2));
+    }
+
+    #[test]
     fn in_flight_limit_applies_per_client() {
         let mut core = core_with(
             &topology(),
             ForwarderConfig {
                 request_timeout: Duration::from_secs(1),
                 max_in_flight_per_client: 2,
+                ..ForwarderConfig::default()
             },
         );
         all_up(&mut core);

@@ -489,3 +489,39 @@ fn a_request_right_after_start_waits_for_the_links_instead_of_failing() {
         "it waited for the handshake"
     );
 }
+
+/// The device's resident memory, from /proc.
+fn resident_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+#[test]
+fn a_client_that_never_reads_its_answers_cannot_grow_the_device() {
+    let fabric = Fabric::start(&two_servers());
+    let a1 = fabric.region("A1").clone();
+    let full = Repr::read(Target::Pmem(a1.start), a1.key, 4 << 20);
+    // 200 reads of 4 MiB (800 MiB of answers) sent in one go, never read.
+    let mut hog = Conn::connect(fabric.device.addr("port.p0"));
+    hog.hello("c1");
+    let frame = Message::Request(full).encode_to_vec(1).expect("encode");
+    let burst: Vec<u8> = (0..200).flat_map(|_| frame.iter().copied()).collect();
+    hog.send_raw(&burst);
+    std::thread::sleep(Duration::from_secs(2));
+    let rss = resident_bytes(fabric.device.pid());
+    eprintln!("device resident: {} MiB", rss >> 20);
+    assert!(
+        rss < 256 << 20,
+        "device holds {} MiB for a client that reads nothing",
+        rss >> 20
+    );
+    // A well-behaved client is still served meanwhile.
+    let mut good = Conn::connect(fabric.device.addr("port.p0"));
+    good.hello("c2");
+    let reply = good.call(Repr::read(Target::Pmem(a1.start), a1.key, 64));
+    assert_eq!(reply.status, Status::Ok);
+}
