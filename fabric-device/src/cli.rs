@@ -50,6 +50,10 @@ struct Args {
     /// Client connections served at once.
     #[arg(long, default_value_t = 4096)]
     max_clients: usize,
+    /// A client connection that has not said HELLO after this many
+    /// milliseconds is closed.
+    #[arg(long, default_value_t = 10_000)]
+    hello_timeout_ms: u64,
 }
 
 /// Runs the daemon with command-line arguments `args` (the first is the
@@ -97,6 +101,7 @@ where
         reconnect_min: Duration::from_millis(args.reconnect_min_ms),
         reconnect_max: Duration::from_millis(args.reconnect_max_ms),
         max_clients: args.max_clients,
+        hello_timeout: Duration::from_millis(args.hello_timeout_ms),
         busy_poll: Duration::from_micros(args.busy_poll_us),
         topology,
     };

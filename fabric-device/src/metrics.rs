@@ -41,6 +41,8 @@ pub struct DeviceMetrics {
     pub map_regions: Arc<Gauge>,
     /// Successful and refused reloads.
     pub reloads: Arc<Family<Counter>>,
+    /// Client connections the device closed or refused, by reason.
+    pub connections_closed: Arc<Family<Counter>>,
 }
 
 impl DeviceMetrics {
@@ -97,6 +99,11 @@ impl DeviceMetrics {
                 "fabric_device_reloads_total",
                 "Topology reloads, by result.",
                 &["result"],
+            )?,
+            connections_closed: r.counter_family(
+                "fabric_device_connections_closed_total",
+                "Client connections the device closed or refused, by reason.",
+                &["reason"],
             )?,
             registry,
         })

@@ -525,3 +525,45 @@ fn a_client_that_never_reads_its_answers_cannot_grow_the_device() {
     let reply = good.call(Repr::read(Target::Pmem(a1.start), a1.key, 64));
     assert_eq!(reply.status, Status::Ok);
 }
+
+#[test]
+fn connections_that_never_say_hello_are_closed() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = two_servers().write(dir.path(), "topology.toml", &mut Ports::new());
+    let _servers: Vec<Daemon> = ["A", "B"]
+        .iter()
+        .map(|id| start_server(dir.path(), &config, id))
+        .collect();
+    let mut flags = DEVICE_FLAGS.to_vec();
+    flags.extend_from_slice(&["--hello-timeout-ms", "300"]);
+    let device = testkit::fabric_device(&config, "F", &flags)
+        .unwrap_or_else(|e| panic!("fabric-device did not start:\n{e}"));
+    let port = device.addr("port.p0");
+    let mut silent = std::net::TcpStream::connect(port).expect("connect");
+    silent
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let mut greeted = Conn::connect(port);
+    greeted.hello("c1");
+    let started = Instant::now();
+    let mut buf = [0u8; 16];
+    let n = std::io::Read::read(&mut silent, &mut buf).unwrap_or(0);
+    assert_eq!(n, 0, "the silent connection is closed, not answered");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    // The connection that said HELLO is still served.
+    let a1 = layout(&config)
+        .entry_by_id(&"A1".into())
+        .expect("A1")
+        .clone();
+    let reply = greeted.call(Repr::read(Target::Pmem(a1.start), a1.key, 8));
+    assert_eq!(reply.status, Status::Ok);
+    let metrics = telemetry::http_get(device.addr("admin"), "/metrics", Duration::from_secs(5))
+        .map(|(_, body)| body)
+        .expect("metrics");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "fabric_device_connections_closed_total{reason=\"hello_timeout\"} 1"),
+        "{metrics}"
+    );
+}

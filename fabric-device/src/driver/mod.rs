@@ -65,6 +65,8 @@ pub struct DeviceConfig {
     pub reconnect_max: Duration,
     /// Client connections served at once; more are closed on accept.
     pub max_clients: usize,
+    /// A client connection without HELLO after this long is closed.
+    pub hello_timeout: Duration,
     /// Spin on the sockets for this long after the last event before
     /// sleeping in the kernel: trades a CPU for the wake-up latency of an
     /// idle one. Zero (the default) never spins.
@@ -130,6 +132,8 @@ enum LinkConn {
 #[derive(Debug)]
 struct ClientConn {
     endpoint: Endpoint,
+    /// When it was accepted (for the HELLO timeout).
+    opened: Instant,
     /// Index of the port it connected to.
     port: usize,
     /// Reading stopped for backpressure; resume when there is room.
@@ -164,6 +168,8 @@ pub struct Device {
     links: IdMap<LinkId, LinkConn>,
     admin: AdminServer,
     draining: Option<Instant>,
+    /// When HELLO timeouts were last checked.
+    hello_checked: Instant,
 }
 
 fn link_token(link: LinkId) -> Token {
@@ -250,6 +256,7 @@ impl Device {
             links,
             admin,
             draining: None,
+            hello_checked: now,
         })
     }
 
@@ -306,6 +313,7 @@ impl Device {
             }
             self.dispatch(&events, &mut signals, now);
             self.replay_parked(now);
+            self.close_silent_clients(now);
             let (expired, silent) = self.core.handle_timeouts(now);
             self.deliver_all(expired);
             self.roce_turn(now);
@@ -443,6 +451,32 @@ impl Device {
         );
     }
 
+    /// Closes connections that have not said HELLO within the HELLO
+    /// timeout, so idle sockets cannot fill the connection cap. Checked
+    /// at most once a second.
+    fn close_silent_clients(&mut self, now: Instant) {
+        if now < self.hello_checked + Duration::from_secs(1) {
+            return;
+        }
+        self.hello_checked = now;
+        let silent: Vec<ConnId> = self
+            .clients
+            .iter()
+            .filter(|(conn, c)| {
+                now.saturating_duration_since(c.opened) >= self.config.hello_timeout
+                    && self.core.session_client(**conn).is_none()
+            })
+            .map(|(conn, _)| *conn)
+            .collect();
+        for conn in silent {
+            self.metrics
+                .connections_closed
+                .with(&["hello_timeout"])
+                .inc();
+            self.close_client(conn, "no HELLO in time");
+        }
+    }
+
     /// Hands the requests the core parked while their links were starting
     /// back to it, now that they can be forwarded or refused.
     fn replay_parked(&mut self, now: Instant) {
@@ -529,6 +563,12 @@ impl Device {
                 }
             };
             if self.clients.len() >= self.config.max_clients || self.draining.is_some() {
+                let reason = if self.draining.is_some() {
+                    "draining"
+                } else {
+                    "too_many_clients"
+                };
+                self.metrics.connections_closed.with(&[reason]).inc();
                 continue;
             }
             let conn = self.next_client as ConnId;
@@ -551,6 +591,7 @@ impl Device {
                 conn,
                 ClientConn {
                     endpoint: Endpoint::new(stream),
+                    opened: Instant::now(),
                     port: index,
                     paused: false,
                     closing: false,
