@@ -1,5 +1,4 @@
-//! client-vmm: the client side of pmem-fabric (seed 001, FIG. 1B, 2A–2C,
-//! 3A, 4B). Applications read, write and run atomics on one shared virtual
+//! client-vmm: the client side of pmem-fabric. Applications read, write and run atomics on one shared virtual
 //! address space; the library translates virtual addresses to PMEM
 //! addresses, picks the RNIC and fabric device for each request, and fails
 //! over when a path dies.

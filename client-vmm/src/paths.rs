@@ -17,7 +17,7 @@
 //!
 //! Nothing here reads the clock or touches a socket: every input that depends
 //! on time takes `now` as an argument, so failover is tested deterministically
-//! on a virtual clock (the quinn-proto style of STYLE.md).
+//! on a virtual clock (inputs `handle_*`, outputs `poll_*`).
 //!
 //! A [`PathId`] is an index into [`PathTable::paths`]; methods given a
 //! `PathId` that does not come from the same table panic.

@@ -1,7 +1,6 @@
 //! Virtual → PMEM translation, and the translation cache in front of it.
 //!
-//! The virtual address space is identical on every client of a pool (seed
-//! 001, FIG. 2A). It is divided into fixed-size extents; a [`Translator`]
+//! The virtual address space is identical on every client of a pool. It is divided into fixed-size extents; a [`Translator`]
 //! maps each extent to a PMEM extent and the key requests for it carry.
 //! [`StaticTranslator`] is the backing the topology implies: the regions'
 //! extents laid end to end in layout order from [`VIRT_BASE`]. The

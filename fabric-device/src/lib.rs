@@ -1,5 +1,4 @@
-//! fabric-device: the switch/proxy daemon of one switch node (seed 001,
-//! FIG. 3B, 4A–4C). It holds the PMEM address map and forwards each
+//! fabric-device: the switch/proxy daemon of one switch node. It holds the PMEM address map and forwards each
 //! one-sided request to the server that owns the address, over the link on
 //! the region's CPU socket when that link is up.
 //!

@@ -1,5 +1,5 @@
 //! pmem-server: exports the PMEM regions of one server and executes one-sided
-//! operations on them durably (seed 001, FIG. 1C / 4C).
+//! operations on them durably.
 //!
 //! - [`persist`]: mapping region files (DAX with `MAP_SYNC` and cache-line
 //!   write-back, `msync`, or libpmem) and making ranges durable.

@@ -1,7 +1,7 @@
 //! The pmem-fabric topology: a model of the whole fabric, read from a TOML file.
 //!
 //! - [`model`]: servers, sockets, PMEM devices and regions, server NICs, fabric
-//!   devices with ports and links, clients with RNICs (seed FIG. 1A–1C, 4A–4C).
+//!   devices with ports and links, clients with RNICs.
 //! - [`load`]: reading the file through the `config` crate with `PMEMFABRIC_*`
 //!   environment overrides.
 //! - [`validate`]: every problem of a topology, each naming the file and item.

@@ -1,4 +1,4 @@
-//! The fabric model as written in a topology file (seed FIG. 1A–1C, 4A–4C).
+//! The fabric model as written in a topology file.
 //!
 //! PMEM servers have CPU sockets, each socket has PMEM devices and each device
 //! exports regions; server NICs hang off a socket. Fabric devices have
@@ -235,7 +235,7 @@ impl std::str::FromStr for Persistence {
     }
 }
 
-/// The seed's "use the server's cache or not".
+/// Whether the server writes a region through its CPU cache or around it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum CachePolicy {

@@ -17,7 +17,7 @@ pub struct Path {
     /// The server NIC the device forwards to.
     pub server_nic: NicId,
     /// Whether that NIC sits on the region's own CPU socket; when it does not,
-    /// the request crosses the socket interconnect (seed FIG. 4C).
+    /// the request crosses the socket interconnect.
     pub same_socket: bool,
 }
 

@@ -50,7 +50,7 @@ pub enum ProblemKind {
     /// The region does not fit below the end of the 64-bit address space.
     AddressOverflow,
     /// A fabric device without a link to a server: the fabric is not
-    /// non-blocking (seed 001: every fabric device reaches every server).
+    /// non-blocking (every fabric device must reach every server).
     MissingLink {
         /// The server the device cannot reach.
         server: ServerId,

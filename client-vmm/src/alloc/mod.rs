@@ -1,6 +1,7 @@
-//! The lock-free allocator over the shared virtual address space (seed 000's
-//! CAS-claimed blocks and slabs on seed 001's page table, with seed 004's
-//! key invalidation on release).
+//! The lock-free allocator over the shared virtual address space: extents
+//! and slabs claimed with COMPARE_SWAP, recorded in the page table in PMEM,
+//! with a fresh key on every allocation so that a freed one's key is
+//! invalid on release.
 //!
 //! All allocator state lives in PMEM ([`topology::meta`] says where,
 //! [`records`] how it is encoded) and every client changes it only with

@@ -1,6 +1,5 @@
 //! Named objects: a directory of (name → allocation) in the pool metadata,
-//! shared by every client (seed 000's placement library, the namespaces of
-//! RStore in seed 002).
+//! shared by every client.
 //!
 //! Creating `name`: read the directory, COMPARE_SWAP a FREE entry to
 //! CLAIMING (the control word carries the name's hash), read the directory

@@ -1,5 +1,5 @@
 //! Small allocations: objects of one power-of-two class cut from a slab
-//! extent (seed 000's slab classes, claimed with COMPARE_SWAP).
+//! extent, claimed with COMPARE_SWAP.
 //!
 //! Taking an object:
 //! 1. COMPARE_SWAP the slab header's `used` count up by one while the slab

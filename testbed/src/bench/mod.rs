@@ -1,7 +1,6 @@
 //! `testbed bench`: pmem-fabric measured against the network floor and
-//! against what users would pick instead, in one run on one machine (see
-//! BENCHMARKS.md). Every figure that matters is a ratio of two numbers taken
-//! by the same command.
+//! against what users would pick instead, in one run on one machine. Every
+//! figure that matters is a ratio of two numbers taken by the same command.
 
 pub mod client;
 pub mod peers;
@@ -158,7 +157,7 @@ pub struct BenchReport {
     /// The fabric device's resident memory per idle client connection.
     #[serde(default)]
     pub device_memory: Option<ConnectionMemory>,
-    /// The tracked ratios (BENCHMARKS.md).
+    /// The tracked ratios, by name.
     pub ratios: BTreeMap<String, f64>,
 }
 
@@ -543,7 +542,7 @@ impl CpuMeter {
     }
 }
 
-/// The ratios BENCHMARKS.md and the bench issue track.
+/// The ratios the project tracks, each a measurement over a floor or a peer.
 pub fn ratios(report: &BenchReport) -> BTreeMap<String, f64> {
     let p50 = |path: &str, op: &str, size: u32| {
         report

@@ -1,4 +1,4 @@
-//! The floors and the peers pmem-fabric is measured against (BENCHMARKS.md),
+//! The floors and the peers pmem-fabric is measured against,
 //! run from the distribution's packages on this machine, over loopback:
 //!
 //! - [`sockperf_rtt`]: the network floor of one hop, `sockperf ping-pong`
