@@ -269,7 +269,7 @@ fn default_routes_prefer_same_socket() {
 #[test]
 fn fig4a_routes_fall_back_across_sockets() {
     let t = load("fig4a.toml");
-X
+    // PC.5 sits on server C's socket 1. Device A reaches only
     // C's socket-0 NIC, device B only socket 1, device C (odd-indexed server)
     // socket 0.
     let paths = t.routes(&"A".into(), &"PC.5".into());
