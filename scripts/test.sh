@@ -11,7 +11,15 @@ cd "$(dirname "$0")/.."
 # and the peer `testbed bench --quick` measures against; cmake and libclang
 # build the verbs bindings of client-vmm's `verbs` feature (libibverbs itself
 # is loaded at run time and not needed here); tshark dissects the RoCEv2
-# packets proto emits.
+# packets proto emits (proto/tests/roce_interop.rs). Installing runs
+# unattended: tshark's package asks whether non-root users may capture, and
+# the answer (no) is given beforehand.
+export DEBIAN_FRONTEND=noninteractive
+if ! command -v tshark >/dev/null 2>&1 && command -v debconf-set-selections >/dev/null 2>&1; then
+  sudo=$([[ $(id -u) -eq 0 ]] || echo sudo)
+  echo 'wireshark-common wireshark-common/install-setuid boolean false' |
+    $sudo debconf-set-selections
+fi
 scripts/ensure-packages.sh \
   promtool:prometheus \
   prometheus:prometheus \
@@ -25,7 +33,8 @@ scripts/ensure-packages.sh \
   /usr/lib/llvm-14/lib/libclang.so:libclang-dev \
   tshark:tshark
 
-# scapy computes RoCEv2 ICRCs independently of proto (proto/tests/roce_tools.rs).
+# scapy builds RoCEv2 packets and computes their ICRC independently of proto
+# (proto/tests/roce_interop.rs, proto/tests/scapy_roce.py).
 python3 -c 'import scapy.contrib.roce' 2>/dev/null || python3 -m pip install --quiet scapy
 
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
