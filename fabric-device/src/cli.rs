@@ -8,7 +8,9 @@ use std::time::Duration;
 use crate::driver::{Device, DeviceConfig, error_chain};
 use crate::forward::ForwarderConfig;
 use clap::Parser;
+use telemetry::logging::{self, LogFormat};
 use topology::Topology;
+use tracing::{error, info};
 
 /// Forwards one-sided requests from clients to the PMEM servers that own
 /// their addresses.
@@ -54,6 +56,9 @@ struct Args {
     /// milliseconds is closed.
     #[arg(long, default_value_t = 10_000)]
     hello_timeout_ms: u64,
+    /// Log lines on stderr as text or json (levels from RUST_LOG, default info).
+    #[arg(long, value_name = "text|json", default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
 }
 
 /// Runs the daemon with command-line arguments `args` (the first is the
@@ -70,16 +75,17 @@ where
             return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
         }
     };
+    let _log = logging::init("fabric-device", &args.device, args.log_format);
     let topology = match Topology::load(&args.config) {
         Ok(t) => t,
         Err(e) => {
-            eprintln!("fabric-device: error: {}", error_chain(&e));
+            error!("{}", error_chain(&e));
             return ExitCode::FAILURE;
         }
     };
     let Some(spec) = topology.fabric_device(&args.device.as_str().into()) else {
-        eprintln!(
-            "fabric-device: error: {}: no fabric device {:?} in the topology",
+        error!(
+            "{}: no fabric device {:?} in the topology",
             topology.source, args.device
         );
         return ExitCode::FAILURE;
@@ -109,7 +115,7 @@ where
     let device = match Device::bind(config) {
         Ok(device) => device,
         Err(e) => {
-            eprintln!("fabric-device: error: {}", error_chain(&e));
+            error!("{}", error_chain(&e));
             return ExitCode::FAILURE;
         }
     };
@@ -123,11 +129,11 @@ where
     println!("{ready}");
     match device.run() {
         Ok(()) => {
-            eprintln!("fabric-device {id}: stopped cleanly");
+            info!("stopped cleanly");
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("fabric-device: error: {}", error_chain(&e));
+            error!("{}", error_chain(&e));
             ExitCode::FAILURE
         }
     }

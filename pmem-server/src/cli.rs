@@ -8,7 +8,9 @@ use crate::{RunningServer, ServerConfig};
 use clap::Parser;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
+use telemetry::logging::{self, LogFormat, error_chain};
 use topology::{Persistence, Topology};
+use tracing::{error, info};
 
 /// Exports the PMEM regions the topology gives one server.
 #[derive(Debug, Parser)]
@@ -39,6 +41,9 @@ struct Args {
     /// Data connections served at once.
     #[arg(long, default_value_t = 4096)]
     max_connections: usize,
+    /// Log lines on stderr as text or json (levels from RUST_LOG, default info).
+    #[arg(long, value_name = "text|json", default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
 }
 
 fn parse_persistence(text: &str) -> Result<Persistence, String> {
@@ -46,15 +51,9 @@ fn parse_persistence(text: &str) -> Result<Persistence, String> {
         .map_err(|e: topology::model::ParsePersistenceError| e.to_string())
 }
 
-/// Prints an error with its whole cause chain.
+/// Logs an error with its whole cause chain.
 fn report(err: &dyn std::error::Error) {
-    eprint!("pmem-server: error: {err}");
-    let mut source = err.source();
-    while let Some(cause) = source {
-        eprint!(": {cause}");
-        source = cause.source();
-    }
-    eprintln!();
+    error!("{}", error_chain(err));
 }
 
 fn config(args: Args) -> Result<ServerConfig, ExitCode> {
@@ -63,12 +62,19 @@ fn config(args: Args) -> Result<ServerConfig, ExitCode> {
         ExitCode::FAILURE
     })?;
     if let Err(errors) = topology.validate() {
-        eprintln!("pmem-server: {errors}");
+        error!(
+            "{}: {} problem(s) in topology",
+            topology.source,
+            errors.problems.len()
+        );
+        for problem in &errors.problems {
+            error!("{}: {problem}", topology.source);
+        }
         return Err(ExitCode::FAILURE);
     }
     let Some(server) = topology.server(&args.server.as_str().into()) else {
-        eprintln!(
-            "pmem-server: error: {}: no server {:?} in the topology",
+        error!(
+            "{}: no server {:?} in the topology",
             topology.source, args.server
         );
         return Err(ExitCode::FAILURE);
@@ -111,6 +117,7 @@ where
             return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
         }
     };
+    let _log = logging::init("pmem-server", &args.server, args.log_format);
     let config = match config(args) {
         Ok(config) => config,
         Err(code) => return code,
@@ -132,10 +139,7 @@ where
         }
     };
     let mode = server.mode().map_or("none", |m| m.as_str());
-    eprintln!(
-        "pmem-server {id}: persistence mode {mode}, data in {}",
-        data_dir.display()
-    );
+    info!("persistence mode {mode}, data in {}", data_dir.display());
     let mut ready = format!(
         "ready server={id} mode={mode} admin={}",
         server.admin_addr()
@@ -146,11 +150,11 @@ where
     println!("{ready}");
 
     if let Some(signal) = signals.forever().next() {
-        eprintln!("pmem-server {id}: signal {signal}, draining");
+        info!("signal {signal}, draining");
     }
     match server.stop() {
         Ok(()) => {
-            eprintln!("pmem-server {id}: stopped cleanly");
+            info!("stopped cleanly");
             ExitCode::SUCCESS
         }
         Err(e) => {

@@ -144,7 +144,7 @@ impl DedupTable {
     /// Logs a store problem the first time it happens.
     fn report_once(&self, what: &str) {
         if !self.store_failed.swap(true, Ordering::Relaxed) {
-            eprintln!("pmem-server: {what}");
+            tracing::warn!("{what}");
         }
     }
 }

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use telemetry::{AdminServer, Health, Registry};
 use topology::{Layout, NicId, Persistence, ServerId, Topology};
+use tracing::{Span, debug, error, warn};
 
 use crate::conn::{self, SHUTDOWN_POLL};
 use crate::dedup::DedupTable;
@@ -188,21 +189,22 @@ fn accept_loop(
             Ok(true) => {}
             Ok(false) => continue,
             Err(e) => {
-                eprintln!("pmem-server: poll on listener failed: {e}");
+                warn!("poll on listener failed: {e}");
                 thread::sleep(SHUTDOWN_POLL);
                 continue;
             }
         }
-        let stream = match listener.accept() {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match listener.accept() {
+            Ok(accepted) => accepted,
             Err(e) => {
                 if e.kind() != io::ErrorKind::WouldBlock {
-                    eprintln!("pmem-server: accept failed: {e}");
+                    warn!("accept failed: {e}");
                 }
                 continue;
             }
         };
         if !live.try_add(max_connections) {
+            debug!("refused connection from {peer}: {max_connections} connections open");
             exec.metrics().connections_refused.inc();
             drop(stream);
             continue;
@@ -222,19 +224,29 @@ fn spawn_connection(
     metrics.connections.inc();
     let (exec, shutdown, live_for_thread) =
         (Arc::clone(exec), Arc::clone(shutdown), Arc::clone(live));
+    let span = Span::current();
     let spawned = thread::Builder::new()
         .name("pmem-conn".into())
         .spawn(move || {
-            let peer = stream.peer_addr().ok();
-            if let conn::ConnectionEnd::Malformed(e) = conn::serve(stream, &exec, &shutdown) {
-                let peer = peer.map_or_else(|| "?".to_owned(), |p| p.to_string());
-                eprintln!("pmem-server: closed connection from {peer}: {e}");
+            let _span = span.entered();
+            let peer = stream
+                .peer_addr()
+                .map_or_else(|_| "?".to_owned(), |p| p.to_string());
+            debug!("connection from {peer} opened");
+            match conn::serve(stream, &exec, &shutdown) {
+                conn::ConnectionEnd::Malformed(e) => {
+                    debug!("closed connection from {peer}: {e}");
+                }
+                conn::ConnectionEnd::Io(e) => debug!("connection from {peer} failed: {e}"),
+                conn::ConnectionEnd::PeerClosed | conn::ConnectionEnd::Shutdown => {
+                    debug!("connection from {peer} closed");
+                }
             }
             exec.metrics().connections.dec();
             live_for_thread.remove();
         });
     if let Err(e) = spawned {
-        eprintln!("pmem-server: cannot start a connection thread: {e}");
+        error!("cannot start a connection thread: {e}");
         metrics.connections.dec();
         live.remove();
     }
@@ -320,9 +332,10 @@ impl RunningServer {
             let (exec, shutdown, live) =
                 (Arc::clone(&exec), Arc::clone(&shutdown), Arc::clone(&live));
             let max = config.max_connections;
+            let span = Span::current();
             let handle = thread::Builder::new()
                 .name(format!("accept-{nic}"))
-                .spawn(move || accept_loop(listener, exec, shutdown, live, max))
+                .spawn(move || span.in_scope(|| accept_loop(listener, exec, shutdown, live, max)))
                 .map_err(ServerError::Spawn)?;
             acceptors.push(handle);
             data_addrs.push((nic, local));
@@ -366,7 +379,7 @@ impl RunningServer {
             let _ = handle.join();
         }
         if !self.live.wait_idle(Duration::from_secs(10)) {
-            eprintln!("pmem-server: connections still open after 10 s; flushing anyway");
+            warn!("connections still open after 10 s; flushing anyway");
         }
         let persisted = self.exec.persist_all().map_err(ServerError::Persist);
         self.admin.shutdown();

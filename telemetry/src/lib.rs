@@ -8,6 +8,8 @@
 //! - An [`AdminServer`] serves that text on `/metrics`, next to `/healthz`, on its
 //!   own threads; [`http_get`] is the small client tests and the testbed use, and
 //!   [`promtool_check`] lints rendered text with `promtool check metrics`.
+//! - [`logging::init`] sends the daemons' `tracing` events to stderr, as text
+//!   or JSON, inside a root span naming the daemon and its id.
 //!
 //! ```
 //! use telemetry::{Histogram, Registry};
@@ -32,6 +34,7 @@
 mod admin;
 mod client;
 mod family;
+pub mod logging;
 mod metric;
 mod promtool;
 mod registry;

@@ -399,8 +399,28 @@ fn outcome(result: anyhow::Result<bool>) -> ExitCode {
     }
 }
 
+/// The id the testbed's log lines carry: the command (`worker-<client>`
+/// for a worker); none for `daemon`, which logs as the daemon it runs.
+fn log_id(command: &Command) -> Option<String> {
+    let name = match command {
+        Command::Validate { .. } => "validate",
+        Command::Up { .. } => "up",
+        Command::Down { .. } => "down",
+        Command::Run { .. } => "run",
+        Command::Demo { .. } => "demo",
+        Command::Chaos { .. } => "chaos",
+        Command::Bench { .. } => "bench",
+        Command::BenchRoce { .. } => "bench-roce",
+        Command::Daemon { .. } => return None,
+        Command::Worker { client, .. } => return Some(format!("worker-{client}")),
+    };
+    Some(name.to_owned())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let _log = log_id(&cli.command)
+        .map(|id| telemetry::logging::init("testbed", &id, telemetry::logging::LogFormat::Text));
     match cli.command {
         Command::Validate { file } => validate(file.as_ref()),
         Command::Up {

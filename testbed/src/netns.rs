@@ -1121,8 +1121,8 @@ impl Drop for NetnsGuard {
         }
         self.done = true;
         if let Err(e) = remove(&self.namespaces, &self.root_links, &[self.group]) {
-            eprintln!(
-                "testbed: removing network namespaces of {} failed: {e} \
+            tracing::warn!(
+                "removing network namespaces of {} failed: {e} \
                  (`testbed down` removes leftovers)",
                 self.prefix
             );

@@ -22,6 +22,7 @@ use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook_mio::v1_0::Signals;
 use telemetry::{AdminServer, Health, Registry};
 use topology::{FabricDeviceId, PortId, Topology};
+use tracing::{debug, info, warn};
 
 use crate::forward::{ClientAction, ConnId, Forwarder, ForwarderConfig, LinkAction, LinkId, Reply};
 use crate::idmap::IdMap;
@@ -176,10 +177,6 @@ fn link_token(link: LinkId) -> Token {
     Token(LINK_BASE + link.0 as usize)
 }
 
-fn log(device: &FabricDeviceId, message: std::fmt::Arguments<'_>) {
-    eprintln!("fabric-device {device}: {message}");
-}
-
 impl Device {
     /// Builds the map, binds every client-facing port and the admin address.
     pub fn bind(config: DeviceConfig) -> Result<Self, DeviceError> {
@@ -326,7 +323,7 @@ impl Device {
                 && (self.core_in_flight() == 0 || now >= deadline)
             {
                 self.flush_all(now);
-                log(&self.config.device, format_args!("drained, stopping"));
+                info!("drained, stopping");
                 return Ok(());
             }
         }
@@ -385,10 +382,7 @@ impl Device {
             SIGHUP => self.reload(),
             _ => {
                 if self.draining.is_none() {
-                    log(
-                        &self.config.device,
-                        format_args!("signal {signal}, draining"),
-                    );
+                    info!("signal {signal}, draining");
                     self.draining = Some(Instant::now() + self.config.forwarder.request_timeout);
                     for (_, listener, _) in &mut self.listeners {
                         let _ = self.poll.registry().deregister(listener);
@@ -403,7 +397,7 @@ impl Device {
     fn reload(&mut self) {
         let device = self.config.device.clone();
         let Some(path) = self.config.topology_path.clone() else {
-            log(&device, format_args!("SIGHUP: no topology file to reload"));
+            warn!("SIGHUP: no topology file to reload");
             return;
         };
         let loaded = Topology::load(&path)
@@ -412,10 +406,7 @@ impl Device {
         let map = match loaded {
             Ok(map) => map,
             Err(why) => {
-                log(
-                    &device,
-                    format_args!("reload refused, keeping the old map: {why}"),
-                );
+                warn!("reload refused, keeping the old map: {why}");
                 self.metrics.reloads.with(&["refused"]).inc();
                 return;
             }
@@ -445,10 +436,7 @@ impl Device {
             );
         }
         self.metrics.reloads.with(&["applied"]).inc();
-        log(
-            &device,
-            format_args!("reloaded {}: {regions} regions", path.display()),
-        );
+        info!("reloaded {}: {regions} regions", path.display());
     }
 
     /// Closes connections that have not said HELLO within the HELLO
@@ -554,11 +542,11 @@ impl Device {
             let Some((_, listener, _)) = self.listeners.get(index) else {
                 return;
             };
-            let (mut stream, _) = match listener.accept() {
+            let (mut stream, peer) = match listener.accept() {
                 Ok(accepted) => accepted,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) => {
-                    log(&self.config.device, format_args!("accept failed: {e}"));
+                    warn!("accept failed: {e}");
                     return;
                 }
             };
@@ -568,6 +556,7 @@ impl Device {
                 } else {
                     "too_many_clients"
                 };
+                debug!("refused client connection from {peer}: {reason}");
                 self.metrics.connections_closed.with(&[reason]).inc();
                 continue;
             }
@@ -586,6 +575,7 @@ impl Device {
             {
                 continue;
             }
+            debug!("client connection {conn} from {peer} opened");
             self.core.client_opened(conn);
             self.clients.insert(
                 conn,
@@ -768,12 +758,7 @@ impl Device {
     fn close_client(&mut self, conn: ConnId, why: &str) {
         if let Some(mut client) = self.clients.remove(&conn) {
             let _ = self.poll.registry().deregister(&mut client.endpoint.stream);
-            if why != "peer closed" {
-                log(
-                    &self.config.device,
-                    format_args!("closed client connection {conn}: {why}"),
-                );
-            }
+            debug!("closed client connection {conn}: {why}");
         }
         for port in self.roce.iter_mut().flatten() {
             port.control_closed(&mut self.core, conn);
@@ -935,14 +920,18 @@ impl Device {
             Some(LinkConn::Idle { backoff, .. }) => backoff,
             None => return,
         };
-        if was_up && let Some(key) = self.core.link_key(link) {
-            log(
-                &self.config.device,
-                format_args!(
+        if let Some(key) = self.core.link_key(link) {
+            if was_up {
+                warn!(
                     "link to {}/{} ({}) down: {why}",
                     key.server, key.nic, key.addr
-                ),
-            );
+                );
+            } else {
+                debug!(
+                    "link to {}/{} ({}) not connected: {why}",
+                    key.server, key.nic, key.addr
+                );
+            }
         }
         let failed = self.core.link_down(link);
         self.deliver_all(failed);
@@ -970,6 +959,12 @@ impl Device {
                         return;
                     };
                     endpoint.note_event(event);
+                    if let Some(key) = self.core.link_key(link) {
+                        info!(
+                            "link to {}/{} ({}) connected",
+                            key.server, key.nic, key.addr
+                        );
+                    }
                     let hello = self.core.link_connected(link);
                     let sent = endpoint.send(&hello, &[]).and_then(|()| endpoint.flush());
                     self.links.insert(link, LinkConn::Connected { endpoint });
@@ -1084,14 +1079,4 @@ fn mark_to_flush(to_flush: &mut Vec<ConnId>, conn: ConnId, client: &mut ClientCo
     }
 }
 
-/// An error and its causes on one line.
-pub fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
+pub use telemetry::logging::error_chain;

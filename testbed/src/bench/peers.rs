@@ -218,8 +218,8 @@ pub fn ensure_tools(tools: &[(&str, &str)]) -> Result<(), PeerError> {
     let mut packages: Vec<&str> = missing.iter().map(|(_, package)| *package).collect();
     packages.sort_unstable();
     packages.dedup();
-    eprintln!(
-        "testbed: installing {} with apt-get (missing: {})",
+    tracing::info!(
+        "installing {} with apt-get (missing: {})",
         packages.join(" "),
         missing
             .iter()
