@@ -151,6 +151,13 @@ impl Allocator {
                 }
             };
             let usable = usable_bits(shape, w);
+            // A cached guess that looks full may be stale (another client
+            // freed an object since): look at the word itself before passing it.
+            if cached.is_some() && !current & usable == 0 {
+                current = self
+                    .read_slab_word(PmemAddr(entry.pmem), entry.key, offset)
+                    .await?;
+            }
             while !current & usable != 0 {
                 let bit = (!current & usable).trailing_zeros() as u64;
                 let old = self.cas(at, entry.key, current, current | 1 << bit).await?;
