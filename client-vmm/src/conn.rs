@@ -80,6 +80,38 @@ pub enum ConnectError {
         /// Theirs (hex).
         theirs: String,
     },
+    /// The RDMA side of a RoCE path could not be set up (no RDMA library or
+    /// device, no GID for the address, the queue pair refused, …).
+    #[error("{addr}: RoCE queue pair set-up")]
+    Rdma {
+        /// The device port's control address.
+        addr: String,
+        /// Why.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The topology gives an RNIC the `roce` transport but this build has
+    /// no verbs support.
+    #[error(
+        "{addr}: RNIC {rnic} uses transport \"roce\", but client-vmm was built without \
+         the `verbs` feature"
+    )]
+    NoVerbs {
+        /// The device port's control address.
+        addr: String,
+        /// The RNIC.
+        rnic: String,
+    },
+    /// The RNIC's `local_addr` is not an IPv4 address (RoCE needs one).
+    #[error("{addr}: RNIC {rnic}: transport \"roce\" needs an IPv4 local_addr, got {local:?}")]
+    RoceAddress {
+        /// The device port's control address.
+        addr: String,
+        /// The RNIC.
+        rnic: String,
+        /// What the topology gives.
+        local: Option<String>,
+    },
     /// The device broke the protocol during the handshake.
     #[error("{addr}: unexpected handshake answer: {what}")]
     Protocol {

@@ -5,7 +5,8 @@
 //!
 //! - [`translate`]: the virtual space, the [`Translator`] trait and the TLB.
 //! - [`paths`]: the sans-IO path table: choice, health, probes, retries.
-//! - [`conn`]: one path's connection to its fabric device.
+//! - [`conn`]: one path's TCP connection to its fabric device (`link`
+//!   puts it and the verbs transport behind one face).
 //! - [`pool`]: the application API: [`AsyncPool`], [`Pool`] and [`Batch`].
 //! - [`alloc`]: the lock-free allocator and named objects, all in PMEM.
 //! - [`error`]: what goes wrong, said precisely.
@@ -29,6 +30,7 @@
 pub mod alloc;
 pub mod conn;
 pub mod error;
+mod link;
 pub mod paths;
 pub mod pool;
 pub mod translate;

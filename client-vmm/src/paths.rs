@@ -26,7 +26,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use topology::{ClientId, FabricDeviceId, Layout, PortId, RegionIndex, RnicId, Topology};
+use topology::{
+    ClientId, FabricDeviceId, Layout, PortId, RegionIndex, RnicId, RnicTransport, Topology,
+};
 
 /// A path: one RNIC of this client and the connection to its fabric device;
 /// index into [`PathTable::paths`].
@@ -51,8 +53,12 @@ pub struct PathInfo {
     /// The listen address of the device port the RNIC is wired to.
     pub device_addr: String,
     /// The RNIC's local address from the topology, to bind outgoing
-    /// connections to.
+    /// connections to (and, with RoCE, the RNIC's IPv4 address).
     pub local_addr: Option<String>,
+    /// TCP or RoCE.
+    pub transport: RnicTransport,
+    /// With RoCE: the RDMA device to open; the first there is when `None`.
+    pub rdma_device: Option<String>,
 }
 
 /// Why an attempt on a path failed.
@@ -292,6 +298,8 @@ impl PathTable {
                 device: device.id.clone(),
                 device_addr: port.listen.clone(),
                 local_addr: rnic.local_addr.clone(),
+                transport: rnic.transport,
+                rdma_device: rnic.rdma_device.clone(),
             });
         }
 

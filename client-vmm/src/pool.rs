@@ -6,7 +6,10 @@
 //! piece is sent on the path the [`PathTable`] chooses. A piece whose path
 //! dies, times out or reports its server unavailable is re-sent on another
 //! path; atomics keep their (client, sequence) so a re-sent one is answered
-//! from the server's window instead of being applied twice.
+//! from the server's window instead of being applied twice. An atomic that
+//! went as an RDMA atomic on a RoCE path has the identity its fabric device
+//! gave it (the queue pair's lane and the atomic's number on it); asked
+//! again, it carries that identity.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,15 +17,18 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::future::join_all;
+use proto::Status;
 use proto::request::{self, Operation, Target};
-use proto::{Message, Status};
 use tokio::sync::{Notify, Semaphore};
-use topology::{ClientId, Layout, MetaLayout, PmemAddr, RegionIndex, Topology, VirtAddr};
+use topology::{
+    ClientId, Layout, MetaLayout, PmemAddr, RegionIndex, RnicTransport, Topology, VirtAddr,
+};
 
 use crate::alloc::records;
 
-use crate::conn::{self, PathConn, Response};
+use crate::conn::{self, Response};
 use crate::error::{OpenError, PoolError, Reason, Tried, TriedPath};
+use crate::link::PathLink;
 use crate::paths::{
     Attempts, Failure, GiveUpReason, Next, PathConfig, PathHealth, PathId, PathTable, Probe,
 };
@@ -121,9 +127,13 @@ impl PoolBuilder {
 /// One path's current connection.
 #[derive(Debug, Default)]
 struct Slot {
-    conn: Option<Arc<PathConn>>,
+    conn: Option<Arc<PathLink>>,
     /// Bumped on every (re)connect, so a stale connection's death is ignored.
     generation: u64,
+    /// RoCE: the number of the last queue pair's first atomic (the next
+    /// queue pair numbers above every atomic of the last).
+    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
+    atomics_from: u64,
 }
 
 /// Operations in flight, for `fence`.
@@ -697,19 +707,89 @@ impl Inner {
                 inner.connection_lost(path, generation);
             }
         });
-        let connection = conn::connect(
-            &info.device_addr,
-            info.local_addr.as_deref(),
-            self.client.as_str(),
-            self.layout.digest(),
-            self.options.connect_timeout,
-            on_lost,
-        )
-        .await?;
+        let link = match info.transport {
+            RnicTransport::Tcp => PathLink::Tcp(
+                conn::connect(
+                    &info.device_addr,
+                    info.local_addr.as_deref(),
+                    self.client.as_str(),
+                    self.layout.digest(),
+                    self.options.connect_timeout,
+                    on_lost,
+                )
+                .await?,
+            ),
+            RnicTransport::Roce => self.connect_roce(&info, on_lost).await?,
+        };
         let mut slot = lock(&self.slots[path.0]);
         slot.generation = generation;
-        slot.conn = Some(Arc::new(connection));
+        slot.conn = Some(Arc::new(link));
         Ok(())
+    }
+
+    /// Sets up a RoCE path: control connection and queue pair, numbering
+    /// its atomics on lane `path + 1` from above anything an earlier queue
+    /// pair of the path numbered.
+    #[cfg(feature = "verbs")]
+    async fn connect_roce(
+        &self,
+        info: &crate::paths::PathInfo,
+        on_lost: Box<dyn FnOnce() + Send>,
+    ) -> Result<PathLink, conn::ConnectError> {
+        use crate::verbs::link::{LinkConfig, VerbsLink};
+        let bad_address = || conn::ConnectError::RoceAddress {
+            addr: info.device_addr.clone(),
+            rnic: info.rnic.to_string(),
+            local: info.local_addr.clone(),
+        };
+        let local_ip = info
+            .local_addr
+            .as_deref()
+            .and_then(|a| a.parse().ok())
+            .ok_or_else(bad_address)?;
+        let addr = info
+            .device_addr
+            .parse()
+            .map_err(|_| conn::ConnectError::BadAddress(info.device_addr.clone()))?;
+        let lane = u8::try_from(info.id.0 + 1).map_err(|_| bad_address())?;
+        let first = {
+            let mut slot = lock(&self.slots[info.id.0]);
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64);
+            slot.atomics_from = now.max(slot.atomics_from + 1);
+            slot.atomics_from
+        };
+        let config = LinkConfig {
+            addr,
+            client: self.client.to_string(),
+            digest: self.layout.digest(),
+            layout: self.layout.clone(),
+            timeout: self.options.connect_timeout,
+            rdma_device: info.rdma_device.clone(),
+            local_ip,
+            atomics: proto::qp::AtomicSeq { lane, first },
+        };
+        let link = tokio::task::spawn_blocking(move || VerbsLink::open(config, on_lost))
+            .await
+            .map_err(|e| conn::ConnectError::Protocol {
+                addr: info.device_addr.clone(),
+                what: format!("verbs set-up task: {e}"),
+            })??;
+        Ok(PathLink::Verbs(link))
+    }
+
+    /// Without the `verbs` feature a RoCE path cannot be set up.
+    #[cfg(not(feature = "verbs"))]
+    async fn connect_roce(
+        &self,
+        info: &crate::paths::PathInfo,
+        _on_lost: Box<dyn FnOnce() + Send>,
+    ) -> Result<PathLink, conn::ConnectError> {
+        Err(conn::ConnectError::NoVerbs {
+            addr: info.device_addr.clone(),
+            rnic: info.rnic.to_string(),
+        })
     }
 
     /// A connection died: the path is down until the prober brings it back.
@@ -940,6 +1020,8 @@ impl Inner {
         self.stats.requests.fetch_add(1, Ordering::Relaxed);
         let mut attempts = Attempts::new(piece.region, Instant::now());
         let mut first_path = None;
+        // Whether an earlier attempt may have run the request.
+        let mut again = false;
         loop {
             let now = Instant::now();
             let next = attempts.next(&lock(&self.table), now);
@@ -990,7 +1072,13 @@ impl Inner {
                 }
             }
             let deadline = attempts.attempt_deadline(&lock(&self.table), now);
-            let outcome = self.attempt(path, &repr, deadline).await;
+            let (outcome, identity) = self.attempt(path, &repr, again, deadline).await;
+            again = spec.exactly_once;
+            if let Some(identity) = identity {
+                // It went as an RDMA atomic the device numbered: that
+                // number is the one a server may have recorded.
+                repr.exactly_once = Some(identity);
+            }
             let now = Instant::now();
             match outcome {
                 Ok((response, current)) if !server_unreachable(response.status) => {
@@ -1033,40 +1121,54 @@ impl Inner {
 
     /// Whether `conn` is still `path`'s connection (not replaced or dropped
     /// since an attempt started on it).
-    fn is_current(&self, path: PathId, conn: &Arc<PathConn>) -> bool {
+    fn is_current(&self, path: PathId, conn: &Arc<PathLink>) -> bool {
         lock(&self.slots[path.0])
             .conn
             .as_ref()
             .is_some_and(|c| Arc::ptr_eq(c, conn))
     }
 
-    /// One attempt on one path: the response, and whether the connection it
-    /// came on is still the path's.
+    /// One attempt on one path (`again`: an earlier attempt may have run
+    /// the request): the response, and whether the connection it came on is
+    /// still the path's; with it, the exactly-once identity the request got
+    /// on the way when it differs from the one it was sent with.
     async fn attempt(
         &self,
         path: PathId,
         repr: &request::Repr<'_>,
+        again: bool,
         deadline: Instant,
-    ) -> Result<(Response, bool), Failure> {
+    ) -> (
+        Result<(Response, bool), Failure>,
+        Option<request::ExactlyOnce>,
+    ) {
         let conn = lock(&self.slots[path.0]).conn.clone();
-        let conn = conn.ok_or(Failure::ConnectionLost)?;
+        let Some(conn) = conn else {
+            return (Err(Failure::ConnectionLost), None);
+        };
         lock(&self.table).started(path);
-        let result = match conn.send(&Message::Request(*repr)) {
+        let mut identity = None;
+        let result = match conn.send(repr, again) {
             Err(conn::Lost) => Err(Failure::ConnectionLost),
-            Ok((tag, reply)) => match tokio::time::timeout_at(deadline.into(), reply).await {
-                Ok(Ok(response)) => Ok(response),
-                Ok(Err(_)) => Err(Failure::ConnectionLost),
-                Err(_) => {
-                    conn.forget(tag);
-                    Err(Failure::Timeout)
-                }
-            },
+            Ok(mut sent) => {
+                let reply = &mut sent.reply;
+                let result = match tokio::time::timeout_at(deadline.into(), reply).await {
+                    Ok(Ok(response)) => Ok(response),
+                    Ok(Err(_)) => Err(Failure::ConnectionLost),
+                    Err(_) => {
+                        conn.cancel(&sent);
+                        Err(Failure::Timeout)
+                    }
+                };
+                identity = sent.identity();
+                result
+            }
         };
         lock(&self.table).finished(path);
         // An answer on a connection given up on meanwhile is good data but
         // says nothing about the path's current health.
         let current = self.is_current(path, &conn);
-        result.map(|response| (response, current))
+        (result.map(|response| (response, current)), identity)
     }
 
     /// One probe: reconnect a path, or ask a server through it.
@@ -1092,7 +1194,7 @@ impl Inner {
                 };
                 let repr = request::Repr::read(Target::Pmem(entry.start), entry.key, 0);
                 let deadline = now + self.options.paths.attempt_timeout;
-                match self.attempt(probe.path, &repr, deadline).await {
+                match self.attempt(probe.path, &repr, false, deadline).await.0 {
                     Ok((r, true)) if !server_unreachable(r.status) => {
                         lock(&self.table).report_success(probe.path, server, Instant::now());
                         self.restored.notify_waiters();

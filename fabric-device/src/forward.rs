@@ -115,8 +115,8 @@ pub enum ClientAction<'a> {
     /// The authenticated client asks for a RoCEv2 queue pair with this end:
     /// set one up (see `roce`) and answer QP_ACCEPT with `tag`, or refuse.
     ConnectQp {
-        /// The client's end.
-        end: proto::qp::Endpoint,
+        /// The client's end and how its atomics are numbered.
+        connect: proto::qp::Connect,
         /// The request's tag, for the answer.
         tag: u64,
     },
@@ -413,8 +413,8 @@ impl Forwarder {
                 tag,
             )),
             Message::Ping(token) => ClientAction::Reply(frame_reply(&Message::Pong(token), tag)),
-            Message::QpConnect(end) if self.session_client(conn).is_some() => {
-                ClientAction::ConnectQp { end, tag }
+            Message::QpConnect(connect) if self.session_client(conn).is_some() => {
+                ClientAction::ConnectQp { connect, tag }
             }
             Message::QpConnect(_) => {
                 ClientAction::Reply(error_reply(Opcode::QpConnect, tag, Status::UnknownClient))
@@ -573,8 +573,9 @@ impl Forwarder {
         packet.set_flags(packet.flags() | request::flags::REGION_ADDRESSED);
         packet.set_region(route.region);
         packet.set_addr(route.offset);
-        if req.exactly_once.is_some() {
-            packet.set_client(route.client_number);
+        if let Some(once) = req.exactly_once {
+            // The client picks the lane; its number is the device's to say.
+            packet.set_client(once.stamped(route.client_number).client);
         }
         self.metrics.bytes_to_servers.add(frame.len() as u64);
         ClientAction::Forward {

@@ -11,6 +11,12 @@
 //! a response on that connection and completes the operation; the queue
 //! pair turns it into READ responses, ATOMIC ACKs, ACKs or NAKs.
 //!
+//! Exactly-once atomics: an RDMA atomic carries no sequence number, so a
+//! queue pair set up with an [`AtomicSeq`] has its COMPARE_SWAPs and
+//! FETCH_ADDs numbered here, in arrival order, and forwarded as
+//! exactly-once on the client's lane. A retransmitted atomic is answered by
+//! the queue pair from its own record and never reaches this numbering.
+//!
 //! R_Keys: RDMA carries a 32-bit R_Key where the pool uses 64-bit region
 //! keys, so each queue pair gets a table from the R_Keys it was given at
 //! set-up to the region keys they stand for. An R_Key outside the table is
@@ -25,7 +31,8 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use proto::frame;
-use proto::request::{self, Target};
+use proto::qp::AtomicSeq;
+use proto::request::{self, ExactlyOnce, Target};
 use proto::roce::Datagram;
 use proto::roce::rc::{
     AccessError, Counters, Execution, MemoryOp, MemoryReply, QpConfig, QueuePair,
@@ -46,6 +53,9 @@ pub struct QpSetup {
     pub config: QpConfig,
     /// R_Keys the client may use, with the region keys they stand for.
     pub rkeys: Vec<(u32, u64)>,
+    /// How the queue pair's atomics are numbered for exactly-once
+    /// execution; `None`: they are not.
+    pub atomics: Option<AtomicSeq>,
 }
 
 /// Why a queue pair could not be set up.
@@ -85,6 +95,8 @@ struct GatewayQp {
     qp: QueuePair,
     conn: ConnId,
     rkeys: HashMap<u32, u64>,
+    /// The lane and number of the next COMPARE_SWAP / FETCH_ADD.
+    atomics: Option<AtomicSeq>,
     /// Requests forwarded for this QP: tag → (ticket, kind).
     forwarded: HashMap<u64, (u64, Kind)>,
     next_tag: u64,
@@ -146,6 +158,7 @@ impl RoceGateway {
                 qp,
                 conn,
                 rkeys: setup.rkeys.into_iter().collect(),
+                atomics: setup.atomics,
                 forwarded: HashMap::new(),
                 next_tag: 1,
             },
@@ -265,11 +278,24 @@ fn pump(
 ) {
     let mut frame = Vec::new();
     while let Some(Execution { ticket, op }) = q.qp.poll_execution() {
-        let Some((req, kind)) = request_for(&op, &q.rkeys) else {
+        // Every new atomic takes the next number, refused or not: the
+        // client counts its posts the same way.
+        let once = match (&op, q.atomics.as_mut()) {
+            (MemoryOp::CompareSwap { .. } | MemoryOp::FetchAdd { .. }, Some(next)) => {
+                let once = ExactlyOnce::on_lane(next.lane, next.first);
+                next.first = next.first.wrapping_add(1);
+                Some(once)
+            }
+            _ => None,
+        };
+        let Some((mut req, kind)) = request_for(&op, &q.rkeys) else {
             counters.bad_rkeys += 1;
             q.qp.complete_execution(ticket, Err(AccessError::BadKey));
             continue;
         };
+        if let Some(once) = once {
+            req = req.with_exactly_once(once.client, once.seq);
+        }
         let tag = q.next_tag;
         q.next_tag += 1;
         frame.clear();

@@ -238,3 +238,128 @@ fn roce_client_process() {
     assert_eq!(refused[0].status, WcStatus::RemoteAccessError);
     println!("roce-client-ok {} work requests", got.len() + 1);
 }
+
+const LANE_CHILD_ENV: &str = "PF_ROCE_LANE_CHILD";
+const LANE: u8 = 1;
+const FIRST_ATOMIC: u64 = 500;
+const IN_DOUBT_AT: u64 = 0x20_000;
+
+/// An RDMA atomic in doubt is asked again on another device with the
+/// identity its queue pair's device gave it (lane, number), and the server
+/// answers it from its record instead of applying it twice.
+#[test]
+fn an_rdma_atomic_asked_again_through_another_device_runs_once() {
+    let veth =
+        VethNamespace::create("pflane", "10.252.0").expect("network namespace (root needed)");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let spec = FabricSpec::new()
+        .server("A", &[("A1", "4MiB")])
+        .device("F")
+        .device("G")
+        .client("c0")
+        .roce_port(
+            "F",
+            RoceSpec {
+                interface: veth.host.clone(),
+                control_ip: "10.252.0.254".to_owned(),
+                roce_ip: "10.252.0.1".to_owned(),
+            },
+        );
+    let config = spec.write(dir.path(), "topology.toml", &mut Ports::new());
+    let _servers = testkit::pmem_servers(&config, &["A"], dir.path());
+    let roce_device = testkit::fabric_device(&config, "F", &[])
+        .unwrap_or_else(|e| panic!("fabric-device F did not start:\n{e}"));
+    let tcp_device = testkit::fabric_device(&config, "G", &[])
+        .unwrap_or_else(|e| panic!("fabric-device G did not start:\n{e}"));
+    roce_device.wait_links_up(1);
+    tcp_device.wait_links_up(1);
+
+    // Two FETCH_ADDs of 1 over RDMA through F: numbers 500 and 501 on lane 1.
+    let exe = std::env::current_exe().expect("test binary");
+    let out = Command::new("ip")
+        .args(["netns", "exec", &veth.ns])
+        .arg(&exe)
+        .args([
+            "--exact",
+            "roce_lane_client_process",
+            "--ignored",
+            "--nocapture",
+        ])
+        .env(
+            LANE_CHILD_ENV,
+            format!("{};{}", roce_device.addr("port.p0"), config.display()),
+        )
+        .output()
+        .expect("client process");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("roce-lane-ok"),
+        "client failed:\n{stdout}\n{}\ndevice:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        roce_device.stderr_so_far()
+    );
+
+    let entry = layout(&config).entries()[0].clone();
+    let word = Target::Pmem(PmemAddr(entry.start.get() + IN_DOUBT_AT));
+    let mut conn = Conn::connect(tcp_device.addr("port.p0"));
+    conn.hello("c0");
+    let read = |conn: &mut Conn| {
+        let data = conn.call(Repr::read(word, entry.key, 8)).data;
+        u64::from_le_bytes(data.try_into().expect("8 bytes"))
+    };
+    let fetch_add = |conn: &mut Conn, lane: u8, seq: u64| {
+        let once = proto::request::ExactlyOnce::on_lane(lane, seq);
+        conn.call(Repr::fetch_add(word, entry.key, 1).with_exactly_once(once.client, seq))
+            .value
+    };
+    assert_eq!(read(&mut conn), 2);
+    // Both RDMA atomics asked again through G: answered from the record.
+    assert_eq!(fetch_add(&mut conn, LANE, FIRST_ATOMIC), 0);
+    assert_eq!(fetch_add(&mut conn, LANE, FIRST_ATOMIC + 1), 1);
+    assert_eq!(read(&mut conn), 2, "nothing applied twice");
+    // The next number on the lane, and the same number on another lane, are new.
+    assert_eq!(fetch_add(&mut conn, LANE, FIRST_ATOMIC + 2), 2);
+    assert_eq!(fetch_add(&mut conn, LANE + 1, FIRST_ATOMIC), 3);
+    assert_eq!(read(&mut conn), 4);
+}
+
+/// The RoCE client of the test above, started inside the namespace.
+#[test]
+#[ignore = "the RoCE client process that an_rdma_atomic_asked_again_through_another_device_runs_once starts"]
+fn roce_lane_client_process() {
+    let Ok(args) = std::env::var(LANE_CHILD_ENV) else {
+        return;
+    };
+    let (control, config) = args.split_once(';').expect("control;config");
+    let entry = layout(&PathBuf::from(config)).entries()[0].clone();
+    let mut conn = Conn::connect(control.parse().expect("control address"));
+    conn.hello("c0");
+    let local: Ipv4Addr = "10.252.0.2".parse().expect("ip");
+    let mut client = RawRoceClient::connect_with_lane(
+        &mut conn,
+        local,
+        0x43,
+        Some(proto::qp::AtomicSeq {
+            lane: LANE,
+            first: FIRST_ATOMIC,
+        }),
+    )
+    .expect("queue pair");
+    let remote = client.remote(entry.region.0, entry.start.get() + IN_DOUBT_AT);
+    for id in 1..=2 {
+        client
+            .qp
+            .post(WorkRequest::new(id, WorkOp::FetchAdd { remote, add: 1 }))
+            .expect("post");
+    }
+    let done = client.run(Duration::from_secs(30)).expect("completions");
+    let got: Vec<_> = done.iter().map(|c| (c.status, c.kind.clone())).collect();
+    assert_eq!(
+        got,
+        [
+            (WcStatus::Success, CompletionKind::Atomic(0)),
+            (WcStatus::Success, CompletionKind::Atomic(1)),
+        ]
+    );
+    println!("roce-lane-ok");
+}

@@ -29,7 +29,7 @@ pub enum Message<'a> {
     /// Answer to a PING, echoing its value.
     Pong(u64),
     /// Set up a RoCEv2 queue pair with the client's end.
-    QpConnect(qp::Endpoint),
+    QpConnect(qp::Connect),
     /// The device's end of a new queue pair and its R_Keys.
     QpAccept(qp::Accept<'a>),
 }
@@ -85,7 +85,7 @@ impl<'a> Message<'a> {
             Opcode::Pong => Ok(Message::Pong(
                 ping::Repr::parse(&ping::Packet::new_checked(body)?)?.value,
             )),
-            Opcode::QpConnect => qp::Endpoint::parse_connect(body).map(Message::QpConnect),
+            Opcode::QpConnect => qp::Connect::parse(body).map(Message::QpConnect),
             Opcode::QpAccept => qp::Accept::parse(body).map(Message::QpAccept),
             other => Err(Error::UnknownOpcode {
                 opcode: other.into(),
@@ -103,7 +103,7 @@ impl<'a> Message<'a> {
             Message::MapRequest => 0,
             Message::Map(m) => m.buffer_len(),
             Message::Ping(_) | Message::Pong(_) => ping::HEADER_LEN,
-            Message::QpConnect(_) => qp::ENDPOINT_LEN,
+            Message::QpConnect(c) => c.buffer_len(),
             Message::QpAccept(a) => a.buffer_len(),
         }
     }
@@ -166,7 +166,7 @@ impl<'a> Message<'a> {
             Message::Ping(value) | Message::Pong(value) => {
                 ping::Repr { value: *value }.emit(&mut ping::Packet::new_unchecked(body))
             }
-            Message::QpConnect(e) => e.emit(body),
+            Message::QpConnect(c) => c.emit(body),
             Message::QpAccept(a) => a.emit(body),
         }
         Ok(len)

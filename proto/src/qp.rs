@@ -7,7 +7,9 @@
 //! R_Keys to use for each region (RDMA carries 32-bit R_Keys; each stands
 //! for a region's 64-bit key on this queue pair only).
 //!
-//! QP_CONNECT body, 16 bytes ([`Endpoint`]):
+//! QP_CONNECT body ([`Connect`]): the client's [`Endpoint`], 16 bytes,
+//! optionally followed by 16 bytes naming the queue pair's exactly-once
+//! lane ([`AtomicSeq`]):
 //!
 //! ```text
 //! 0..4    qpn       u32, 24 bits used
@@ -15,7 +17,18 @@
 //! 8..12   ipv4      the end's RoCEv2 address (GID ::ffff:a.b.c.d), network order
 //! 12..14  mtu       u16, path MTU (256, 512, 1024, 2048 or 4096)
 //! 14..16  reserved  zero
+//! 16      lane      u8, 1..=255: the exactly-once lane of this queue pair
+//! 17..24  reserved  zero
+//! 24..32  first     u64, sequence number of the queue pair's first atomic
 //! ```
+//!
+//! An RDMA atomic carries no sequence number of its own. With a lane, the
+//! device numbers the COMPARE_SWAP and FETCH_ADD requests of the queue pair
+//! in the order they arrive (`first`, `first + 1`, …; a retransmission is
+//! not a new request) and forwards each to its server as exactly-once with
+//! that number on that lane. The client counts its posts the same way, so
+//! when the queue pair dies with an atomic in doubt it knows the atomic's
+//! identity and can ask again on another path without it running twice.
 //!
 //! QP_ACCEPT body: the device's [`Endpoint`] (16 bytes), then `count` u32
 //! and `count` entries of 8 bytes: region index u32, R_Key u32.
@@ -39,10 +52,18 @@ pub mod field {
     pub const RESERVED: Field = 14..16;
     /// Number of R_Key entries (QP_ACCEPT).
     pub const COUNT: Field = 16..20;
+    /// Exactly-once lane (QP_CONNECT).
+    pub const LANE: usize = 16;
+    /// Reserved after the lane (QP_CONNECT).
+    pub const LANE_RESERVED: Field = 17..24;
+    /// First atomic's sequence number (QP_CONNECT).
+    pub const FIRST: Field = 24..32;
 }
 
 /// Length of an [`Endpoint`] (the whole QP_CONNECT body).
 pub const ENDPOINT_LEN: usize = 16;
+/// Length of a QP_CONNECT body with an exactly-once lane.
+pub const CONNECT_WITH_LANE_LEN: usize = 32;
 /// Length of one R_Key entry.
 pub const RKEY_ENTRY_LEN: usize = 8;
 /// Most R_Key entries a QP_ACCEPT may carry.
@@ -105,17 +126,87 @@ impl Endpoint {
         le::put_u16(&mut body[field::MTU], self.mtu);
         le::put_u16(&mut body[field::RESERVED], 0);
     }
+}
 
-    /// Parses a QP_CONNECT body: exactly one endpoint.
-    pub fn parse_connect(body: &[u8]) -> Result<Endpoint> {
-        if body.len() > ENDPOINT_LEN {
-            return Err(Error::LengthMismatch {
-                what: "qp connect body",
-                expected: ENDPOINT_LEN,
-                got: body.len(),
-            });
+/// Where the atomics of a queue pair are numbered for exactly-once
+/// execution: the `lane` of the client's exactly-once identity (see
+/// `request::ExactlyOnce`) and the number of the queue pair's first atomic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AtomicSeq {
+    /// The lane, 1..=255 (lane 0 belongs to requests that carry their own
+    /// number).
+    pub lane: u8,
+    /// Sequence number of the first atomic; later ones count up from it.
+    pub first: u64,
+}
+
+/// A QP_CONNECT: the client's end and, optionally, how its atomics are
+/// numbered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Connect {
+    /// The client's end.
+    pub endpoint: Endpoint,
+    /// `None`: the queue pair's atomics are not exactly-once.
+    pub atomics: Option<AtomicSeq>,
+}
+
+impl Connect {
+    /// Parses a QP_CONNECT body: an endpoint, with or without a lane.
+    pub fn parse(body: &[u8]) -> Result<Connect> {
+        let endpoint = Endpoint::parse(body)?;
+        let atomics = match body.len() {
+            ENDPOINT_LEN => None,
+            CONNECT_WITH_LANE_LEN => {
+                let lane = body[field::LANE];
+                if lane == 0 {
+                    return Err(Error::ReservedBits {
+                        what: "qp lane 0",
+                        value: 0,
+                    });
+                }
+                let reserved = &body[field::LANE_RESERVED];
+                if reserved.iter().any(|&b| b != 0) {
+                    return Err(Error::ReservedBits {
+                        what: "qp lane reserved",
+                        value: reserved.iter().fold(0, |v, &b| v << 8 | u64::from(b)),
+                    });
+                }
+                Some(AtomicSeq {
+                    lane,
+                    first: le::u64_at(&body[field::FIRST]),
+                })
+            }
+            got => {
+                return Err(Error::LengthMismatch {
+                    what: "qp connect body",
+                    expected: if got < CONNECT_WITH_LANE_LEN {
+                        ENDPOINT_LEN
+                    } else {
+                        CONNECT_WITH_LANE_LEN
+                    },
+                    got,
+                });
+            }
+        };
+        Ok(Connect { endpoint, atomics })
+    }
+
+    /// Length of the body.
+    pub fn buffer_len(&self) -> usize {
+        match self.atomics {
+            None => ENDPOINT_LEN,
+            Some(_) => CONNECT_WITH_LANE_LEN,
         }
-        Endpoint::parse(body)
+    }
+
+    /// Writes the body into a buffer of [`Connect::buffer_len`] bytes.
+    pub fn emit(&self, body: &mut [u8]) {
+        self.endpoint.emit(body);
+        if let Some(atomics) = self.atomics {
+            body[field::LANE] = atomics.lane;
+            body[field::LANE_RESERVED].fill(0);
+            le::put_u64(&mut body[field::FIRST], atomics.first);
+        }
     }
 }
 
@@ -223,7 +314,13 @@ mod tests {
                 0x11, 0, 0, 0, 0xEF, 0xCD, 0xAB, 0, 10, 66, 0, 2, 0x00, 0x04, 0, 0
             ]
         );
-        assert_eq!(Endpoint::parse_connect(&body), Ok(END));
+        assert_eq!(
+            Connect::parse(&body),
+            Ok(Connect {
+                endpoint: END,
+                atomics: None
+            })
+        );
         body[3] = 1;
         assert!(matches!(
             Endpoint::parse(&body),
@@ -234,7 +331,43 @@ mod tests {
             Err(Error::Truncated { .. })
         ));
         assert!(matches!(
-            Endpoint::parse_connect(&[0u8; 17]),
+            Connect::parse(&[0u8; 17]),
+            Err(Error::LengthMismatch { .. })
+        ));
+    }
+
+    #[test]
+    fn connect_with_a_lane_round_trips_and_refuses_lane_zero() {
+        let connect = Connect {
+            endpoint: END,
+            atomics: Some(AtomicSeq {
+                lane: 3,
+                first: 0x0102_0304_0506_0708,
+            }),
+        };
+        let mut body = vec![0u8; connect.buffer_len()];
+        connect.emit(&mut body);
+        assert_eq!(body.len(), 32);
+        assert_eq!(body[16], 3);
+        assert_eq!(body[24..32], [8, 7, 6, 5, 4, 3, 2, 1]);
+        assert_eq!(Connect::parse(&body), Ok(connect));
+        let mut zero = body.clone();
+        zero[16] = 0;
+        assert!(matches!(
+            Connect::parse(&zero),
+            Err(Error::ReservedBits {
+                what: "qp lane 0",
+                ..
+            })
+        ));
+        let mut dirty = body.clone();
+        dirty[20] = 1;
+        assert!(matches!(
+            Connect::parse(&dirty),
+            Err(Error::ReservedBits { .. })
+        ));
+        assert!(matches!(
+            Connect::parse(&body[..24]),
             Err(Error::LengthMismatch { .. })
         ));
     }

@@ -328,12 +328,49 @@ impl fmt::Display for Target {
 
 /// Identity of a request for exactly-once execution: a retried request with
 /// the same pair gets the first result instead of being applied twice.
+///
+/// `client` is split in two: bits 0..24 are the client's number, which the
+/// fabric device stamps (whatever the client sent there), and bits 24..32
+/// the *lane* the client chose. Each (client, lane) pair numbers its
+/// requests on its own, in increasing order: lane 0 is for requests that
+/// carry their number in the frame, lanes 1..=255 for RDMA queue pairs
+/// whose atomics the device numbers (see `qp::AtomicSeq`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ExactlyOnce {
-    /// The client's id.
+    /// The lane (bits 24..32) and the client's number (bits 0..24).
     pub client: u32,
-    /// The client's sequence number for this request.
+    /// The sequence number of this request on its lane.
     pub seq: u64,
+}
+
+/// Where the lane sits in [`ExactlyOnce::client`].
+pub const LANE_SHIFT: u32 = 24;
+/// The bits of [`ExactlyOnce::client`] that number the client.
+pub const CLIENT_NUMBER_MASK: u32 = (1 << LANE_SHIFT) - 1;
+
+impl ExactlyOnce {
+    /// An identity on `lane` of a client, before the device stamps the
+    /// client's number.
+    pub fn on_lane(lane: u8, seq: u64) -> Self {
+        ExactlyOnce {
+            client: u32::from(lane) << LANE_SHIFT,
+            seq,
+        }
+    }
+
+    /// The lane.
+    pub fn lane(self) -> u8 {
+        (self.client >> LANE_SHIFT) as u8
+    }
+
+    /// The same identity with the client number the device knows the
+    /// client by (`number` must fit in 24 bits).
+    pub fn stamped(self, number: u32) -> Self {
+        ExactlyOnce {
+            client: (self.client & !CLIENT_NUMBER_MASK) | (number & CLIENT_NUMBER_MASK),
+            seq: self.seq,
+        }
+    }
 }
 
 /// A parsed request body; the payload is borrowed, never copied.

@@ -62,6 +62,17 @@ impl RawRoceClient {
         local_ip: Ipv4Addr,
         qpn: u32,
     ) -> Result<Self, RoceClientError> {
+        Self::connect_with_lane(control, local_ip, qpn, None)
+    }
+
+    /// As [`RawRoceClient::connect`]; with `atomics`, the device numbers the
+    /// queue pair's atomics for exactly-once execution on that lane.
+    pub fn connect_with_lane(
+        control: &mut Conn,
+        local_ip: Ipv4Addr,
+        qpn: u32,
+        atomics: Option<qp::AtomicSeq>,
+    ) -> Result<Self, RoceClientError> {
         let open = |what, domain, ty, protocol| {
             Socket::new(domain, ty, protocol)
                 .map_err(|source| RoceClientError::Socket { what, source })
@@ -91,7 +102,10 @@ impl RawRoceClient {
             ip: local_ip,
             mtu: 1024,
         };
-        control.send(&Message::QpConnect(end));
+        control.send(&Message::QpConnect(qp::Connect {
+            endpoint: end,
+            atomics,
+        }));
         let reply = control.recv();
         if reply.opcode != proto::Opcode::QpAccept {
             return Err(RoceClientError::Refused(format!(

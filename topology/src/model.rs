@@ -343,9 +343,31 @@ pub struct Rnic {
     /// The device port it is wired to; the device's first port by default.
     #[serde(default)]
     pub port: Option<PortId>,
-    /// Local address to bind outgoing connections to.
+    /// Local address to bind outgoing connections to; with `roce`, the
+    /// RNIC's IPv4 address (its RoCEv2 GID `::ffff:a.b.c.d`).
     #[serde(default)]
     pub local_addr: Option<String>,
+    /// How the RNIC reaches its device: `tcp` (the default) or `roce`.
+    #[serde(default)]
+    pub transport: RnicTransport,
+    /// With `roce`: the RDMA device to use (`rxe0`, `mlx5_0`); the first one
+    /// there is when absent.
+    #[serde(default)]
+    pub rdma_device: Option<String>,
+}
+
+/// How a client's RNIC carries requests to its fabric device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RnicTransport {
+    /// The device protocol over TCP (any host, no RDMA needed).
+    #[default]
+    Tcp,
+    /// RDMA over RoCEv2 through the verbs library: READ, WRITE and atomics
+    /// on a reliable-connection queue pair that the device's RoCEv2 port
+    /// terminates; set-up, FLUSH and in-doubt atomics on the TCP control
+    /// connection.
+    Roce,
 }
 
 /// A range of one region that a client may access.

@@ -7,7 +7,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use crate::ids::{FabricDeviceId, RegionId, ServerId};
 use crate::layout::{RegionOverflow, place_regions};
-use crate::model::Topology;
+use crate::model::{RnicTransport, Topology};
 
 /// What is wrong with one item of a topology.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -91,6 +91,10 @@ pub enum ProblemKind {
     UnsafeRegionId,
     /// A protection key of 0, which would let an unkeyed request through.
     ZeroKey,
+    /// A `roce` RNIC without an IPv4 `local_addr`.
+    RoceRnicAddress,
+    /// A `roce` RNIC wired to a device port without a `roce` section.
+    RoceRnicPort,
     /// An allow-list range that leaves its region.
     AllowOutOfRange {
         /// The region named by the range.
@@ -143,6 +147,14 @@ impl fmt::Display for ProblemKind {
                 device.as_str()
             ),
             Self::NoPorts => write!(f, "has no client-facing ports, so no RNIC can reach it"),
+            Self::RoceRnicAddress => write!(
+                f,
+                "transport \"roce\" needs local_addr: the RNIC's IPv4 address (its RoCEv2 GID)"
+            ),
+            Self::RoceRnicPort => write!(
+                f,
+                "transport \"roce\" needs a device port with a roce section (interface, ip)"
+            ),
             Self::UnsafeRegionId => write!(
                 f,
                 "id cannot name a region file: it must be 1 to 256 bytes, not \".\" or \"..\", \
@@ -552,7 +564,20 @@ impl Checker<'_> {
                             };
                             self.report(item.clone(), kind);
                         }
+                        if rnic.transport == RnicTransport::Roce
+                            && rnic.port_on(device).is_some_and(|p| p.roce.is_none())
+                        {
+                            self.report(item.clone(), ProblemKind::RoceRnicPort);
+                        }
                     }
+                }
+                if rnic.transport == RnicTransport::Roce
+                    && rnic
+                        .local_addr
+                        .as_deref()
+                        .is_none_or(|a| a.parse::<std::net::Ipv4Addr>().is_err())
+                {
+                    self.report(item.clone(), ProblemKind::RoceRnicAddress);
                 }
                 if let Some(local) = &rnic.local_addr
                     && local.parse::<IpAddr>().is_err()

@@ -129,6 +129,12 @@ fn expectations() -> Vec<Expectation> {
         ("zero-key", "region \"PA.1\"", |k| {
             matches!(k, ProblemKind::ZeroKey)
         }),
+        ("roce-rnic-address", "client \"c1\" RNIC \"r0\"", |k| {
+            matches!(k, ProblemKind::RoceRnicAddress)
+        }),
+        ("roce-rnic-port", "client \"c1\" RNIC \"r0\"", |k| {
+            matches!(k, ProblemKind::RoceRnicPort)
+        }),
         (
             "bad-roce-address",
             "fabric device \"A\" port \"p0\" roce",

@@ -85,6 +85,8 @@ fn build(spec: &[Vec<Vec<Vec<RegionSpec>>>]) -> Topology {
                 fabric_device: "F".into(),
                 port: None,
                 local_addr: None,
+                transport: Default::default(),
+                rdma_device: None,
             }],
             allow: vec![],
         }],

@@ -1,5 +1,7 @@
 //! A blocking control connection to a fabric device port: HELLO (and MAP,
-//! to check the layout digest), then QP_CONNECT / QP_ACCEPT.
+//! to check the layout digest), then QP_CONNECT / QP_ACCEPT, and the
+//! device requests a queue pair cannot carry (FLUSH, and an in-doubt
+//! atomic asked again with its exactly-once identity).
 //!
 //! The async path connection ([`crate::conn`]) hands only responses to its
 //! callers, so queue pair set-up uses this small synchronous one; it shares
@@ -14,11 +16,11 @@ use std::time::Duration;
 
 use proto::hello::Role;
 use proto::opening::{Opening, OpeningError, OpeningTags, Progress};
-use proto::qp::Endpoint;
-use proto::{FrameDecoder, Message};
+use proto::qp::{Connect, Endpoint};
+use proto::{FrameDecoder, Message, request};
 
 use super::error::ControlError;
-use crate::conn::{CLIENT_CAPABILITIES, ConnectError, check_digest, opening_error};
+use crate::conn::{CLIENT_CAPABILITIES, ConnectError, Response, check_digest, opening_error};
 
 /// A device's answer to QP_CONNECT, owned.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,22 +105,9 @@ impl Control {
     }
 
     /// Sends QP_CONNECT with this end and waits for QP_ACCEPT.
-    pub fn qp_connect(&mut self, end: Endpoint) -> Result<QpAccept, ControlError> {
+    pub fn qp_connect(&mut self, connect: Connect) -> Result<QpAccept, ControlError> {
         let addr = self.addr.clone();
-        let tag = self.send(&Message::QpConnect(end)).map_err(|e| match e {
-            Sent::Io(source) => ControlError::Io {
-                addr: addr.clone(),
-                source,
-            },
-            Sent::Encode(what) => ControlError::Protocol {
-                addr: addr.clone(),
-                what,
-            },
-        })?;
-        let frame = self.recv().map_err(|source| ControlError::Io {
-            addr: addr.clone(),
-            source,
-        })?;
+        let (tag, frame) = self.exchange(&Message::QpConnect(connect))?;
         match proto::parse_frame(&frame) {
             Ok((Message::QpAccept(a), t)) if t == tag => Ok(QpAccept {
                 endpoint: a.endpoint,
@@ -137,6 +126,61 @@ impl Control {
                 what: e.to_string(),
             }),
         }
+    }
+
+    /// Sends one device request and waits for its response.
+    pub fn request(&mut self, req: &request::Repr<'_>) -> Result<Response, ControlError> {
+        let addr = self.addr.clone();
+        let (tag, frame) = self.exchange(&Message::Request(*req))?;
+        match proto::parse_frame(&frame) {
+            Ok((Message::Response(r), t)) if t == tag => Ok(Response {
+                status: r.status,
+                value: r.value,
+                data: r.payload.to_vec(),
+            }),
+            Ok((other, t)) => Err(ControlError::Protocol {
+                addr,
+                what: format!("{} with tag {t}", other.opcode()),
+            }),
+            Err(e) => Err(ControlError::Protocol {
+                addr,
+                what: e.to_string(),
+            }),
+        }
+    }
+
+    /// Whether the device closed the connection (or it broke): looks
+    /// without waiting.
+    pub fn is_closed(&mut self) -> bool {
+        if self.stream.set_nonblocking(true).is_err() {
+            return true;
+        }
+        let mut probe = [0u8; 1];
+        let closed = match self.stream.peek(&mut probe) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+        };
+        closed || self.stream.set_nonblocking(false).is_err()
+    }
+
+    /// Sends `message` and reads the next frame.
+    fn exchange(&mut self, message: &Message<'_>) -> Result<(u64, Vec<u8>), ControlError> {
+        let addr = self.addr.clone();
+        let tag = self.send(message).map_err(|e| match e {
+            Sent::Io(source) => ControlError::Io {
+                addr: addr.clone(),
+                source,
+            },
+            Sent::Encode(what) => ControlError::Protocol {
+                addr: addr.clone(),
+                what,
+            },
+        })?;
+        let frame = self
+            .recv()
+            .map_err(|source| ControlError::Io { addr, source })?;
+        Ok((tag, frame))
     }
 
     fn send(&mut self, message: &Message<'_>) -> Result<u64, Sent> {
@@ -197,7 +241,7 @@ mod tests {
     /// `answer(tag, end)`; returns the endpoint it received.
     fn fake_device(
         answer: fn(u64, Endpoint) -> Vec<u8>,
-    ) -> (SocketAddr, std::thread::JoinHandle<Endpoint>) {
+    ) -> (SocketAddr, std::thread::JoinHandle<Connect>) {
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
         let addr = listener.local_addr().expect("address");
         let device = std::thread::spawn(move || {
@@ -224,11 +268,13 @@ mod tests {
             let bytes = hello.encode_to_vec(tag).expect("encode");
             peer.stream.write_all(&bytes).expect("send HELLO");
             let frame = peer.recv().expect("QP_CONNECT");
-            let Ok((Message::QpConnect(end), tag)) = proto::parse_frame(&frame) else {
+            let Ok((Message::QpConnect(connect), tag)) = proto::parse_frame(&frame) else {
                 panic!("not a QP_CONNECT");
             };
-            peer.stream.write_all(&answer(tag, end)).expect("answer");
-            end
+            peer.stream
+                .write_all(&answer(tag, connect.endpoint))
+                .expect("answer");
+            connect
         });
         (addr, device)
     }
@@ -238,6 +284,10 @@ mod tests {
         psn: 0xABCDE,
         ip: Ipv4Addr::new(10, 77, 0, 2),
         mtu: 1024,
+    };
+    const CONNECT: Connect = Connect {
+        endpoint: END,
+        atomics: Some(proto::qp::AtomicSeq { lane: 1, first: 77 }),
     };
 
     #[test]
@@ -261,8 +311,8 @@ mod tests {
         let mut control =
             Control::connect(addr, "c0", None, Duration::from_secs(5)).expect("connect");
         assert_eq!(control.device, "F");
-        let accept = control.qp_connect(END).expect("QP_ACCEPT");
-        assert_eq!(device.join().expect("device"), END);
+        let accept = control.qp_connect(CONNECT).expect("QP_ACCEPT");
+        assert_eq!(device.join().expect("device"), CONNECT);
         assert_eq!(accept.endpoint.qpn, 0x100);
         assert_eq!(accept.endpoint.ip, Ipv4Addr::new(10, 77, 0, 101));
         assert_eq!(accept.rkeys, HashMap::from([(0, 0xAB), (1, 0xCD)]));
@@ -275,7 +325,7 @@ mod tests {
         });
         let mut control =
             Control::connect(addr, "c0", None, Duration::from_secs(5)).expect("connect");
-        let err = control.qp_connect(END).expect_err("refused");
+        let err = control.qp_connect(CONNECT).expect_err("refused");
         device.join().expect("device");
         assert!(
             matches!(

@@ -42,6 +42,7 @@ mod control;
 mod counters;
 mod device;
 mod error;
+pub(crate) mod link;
 mod qp;
 
 pub use control::{Control, QpAccept};

@@ -8,7 +8,8 @@ use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use proto::qp::Endpoint;
+use proto::qp::{AtomicSeq, Connect, Endpoint};
+use proto::request::ExactlyOnce;
 use sideway::ibverbs::AccessFlags;
 use sideway::ibverbs::address::AddressHandleAttribute;
 use sideway::ibverbs::completion::{
@@ -45,6 +46,9 @@ pub struct VerbsOptions {
     pub rnr_retry: u8,
     /// How long a blocking operation (or [`VerbsQp::poll`]) waits.
     pub op_timeout: Duration,
+    /// Have the device number this queue pair's atomics for exactly-once
+    /// execution on this lane, starting here ([`VerbsQp::next_atomic`]).
+    pub atomics: Option<AtomicSeq>,
 }
 
 impl Default for VerbsOptions {
@@ -57,6 +61,7 @@ impl Default for VerbsOptions {
             retry_cnt: 7,
             rnr_retry: 7,
             op_timeout: Duration::from_secs(10),
+            atomics: None,
         }
     }
 }
@@ -171,6 +176,8 @@ pub struct VerbsQp {
     port: PortInfo,
     options: VerbsOptions,
     next_wr_id: u64,
+    /// The lane and number of the next atomic posted.
+    atomics: Option<AtomicSeq>,
     head: usize,
     in_flight: VecDeque<InFlight>,
     done: VecDeque<Completion>,
@@ -242,7 +249,12 @@ impl VerbsQp {
             ip: local_ip,
             mtu: device::mtu_bytes(port.active_mtu),
         };
-        let accept = control.qp_connect(local).map_err(VerbsError::Control)?;
+        let accept = control
+            .qp_connect(Connect {
+                endpoint: local,
+                atomics: options.atomics,
+            })
+            .map_err(VerbsError::Control)?;
         let remote = accept.endpoint;
         let path_mtu = device::mtu_from_bytes(remote.mtu)
             .ok_or(VerbsError::BadMtu(remote.mtu))?
@@ -301,6 +313,7 @@ impl VerbsQp {
             remote,
             device: name,
             port,
+            atomics: options.atomics,
             options,
             next_wr_id: 1,
             head: 0,
@@ -332,6 +345,13 @@ impl VerbsQp {
     /// The R_Key the device gave for `region`.
     pub fn rkey(&self, region: u32) -> Option<u32> {
         self.rkeys.get(&region).copied()
+    }
+
+    /// The exactly-once identity the device gives the next COMPARE_SWAP or
+    /// FETCH_ADD posted (its client number still to be stamped); `None`
+    /// when the queue pair was set up without a lane.
+    pub fn next_atomic(&self) -> Option<ExactlyOnce> {
+        self.atomics.map(|a| ExactlyOnce::on_lane(a.lane, a.first))
     }
 
     /// Work requests posted and not yet reaped.
@@ -583,6 +603,11 @@ impl VerbsQp {
             source,
         })?;
         self.next_wr_id += 1;
+        if matches!(op, Op::FetchAdd | Op::CompareSwap)
+            && let Some(next) = self.atomics.as_mut()
+        {
+            next.first = next.first.wrapping_add(1);
+        }
         self.head = head;
         self.in_flight.push_back(InFlight { wr_id, op, at, len });
         Ok(wr_id)

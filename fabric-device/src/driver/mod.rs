@@ -731,9 +731,9 @@ impl Device {
                     *closing = true;
                     endpoint.send(reply.as_bytes(), &[])
                 }
-                ClientAction::ConnectQp { end, tag } => {
+                ClientAction::ConnectQp { connect, tag } => {
                     let reply = match roce.get_mut(*port).and_then(Option::as_mut) {
-                        Some(roce_port) => roce_port.connect(core, conn, end, tag),
+                        Some(roce_port) => roce_port.connect(core, conn, connect, tag),
                         None => proto::error_reply(
                             proto::Opcode::QpConnect,
                             tag,

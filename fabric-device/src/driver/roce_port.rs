@@ -17,7 +17,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use pnet_datalink::{Channel, Config, DataLinkSender};
-use proto::qp::{self, Endpoint};
+use proto::qp;
 use proto::roce::rc::{Path, QpConfig};
 use proto::{Message, Status};
 use smoltcp::wire::{
@@ -330,9 +330,10 @@ impl RoceEndpoint {
         &mut self,
         core: &mut Forwarder,
         conn: ConnId,
-        end: Endpoint,
+        connect: qp::Connect,
         tag: u64,
     ) -> Vec<u8> {
+        let end = connect.endpoint;
         let refuse = |status| proto::error_reply(proto::Opcode::QpConnect, tag, status).to_vec();
         let Some(client) = core.session_client(conn).map(str::to_owned) else {
             return refuse(Status::UnknownClient);
@@ -373,6 +374,7 @@ impl RoceEndpoint {
                 client,
                 config,
                 rkeys,
+                atomics: connect.atomics,
             },
         ) {
             Ok(qpn) => qpn,

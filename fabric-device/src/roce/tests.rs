@@ -32,6 +32,8 @@ fn topology() -> Topology {
 struct Servers {
     memory: HashMap<(u32, u64), u8>,
     executed: usize,
+    /// The exactly-once identity of every request executed, in order.
+    identities: Vec<Option<proto::request::ExactlyOnce>>,
 }
 
 impl Servers {
@@ -45,6 +47,7 @@ impl Servers {
             panic!("the device forwards region-addressed requests")
         };
         self.executed += 1;
+        self.identities.push(req.exactly_once);
         let byte = |m: &HashMap<(u32, u64), u8>, i: u64| {
             m.get(&(at.region.0, at.offset + i)).copied().unwrap_or(0)
         };
@@ -115,6 +118,11 @@ impl Bench {
     /// A client QP to the gateway; with `grant`, R_Key [`RKEY`] stands for
     /// the first region's key.
     fn new(grant: bool) -> Self {
+        Self::with_atomics(grant, None)
+    }
+
+    /// As [`Bench::new`], with the queue pair's atomics numbered as `atomics` says.
+    fn with_atomics(grant: bool, atomics: Option<AtomicSeq>) -> Self {
         let topology = topology();
         let map = DeviceMap::new(&topology, &"A".into()).expect("map");
         let entry = map.layout.entries()[0].clone();
@@ -165,6 +173,7 @@ impl Bench {
                     client: "c1".into(),
                     config: device_cfg,
                     rkeys,
+                    atomics,
                 },
             )
             .expect("open");
@@ -455,4 +464,64 @@ fn atomics_through_a_lossy_hop_are_applied_once() {
     let retransmitted = bench.client.counters().retransmissions;
     let duplicates: u64 = bench.gateway.qp_counters().map(|(_, c)| c.duplicates).sum();
     assert!(retransmitted > 0 && duplicates > 0, "the hop lost nothing");
+}
+
+#[test]
+fn atomics_of_a_queue_pair_with_a_lane_are_numbered_in_order_once_each() {
+    let mut bench = Bench::with_atomics(
+        true,
+        Some(AtomicSeq {
+            lane: 2,
+            first: 1_000,
+        }),
+    );
+    bench.loss_per_mille = 150;
+    for i in 0..60u64 {
+        let op = match i % 3 {
+            0 => WorkOp::FetchAdd {
+                remote: bench.remote(0x4000),
+                add: 1,
+            },
+            1 => WorkOp::Write {
+                remote: bench.remote(0x4100),
+                data: vec![i as u8; 16],
+                imm: None,
+            },
+            _ => WorkOp::CompareSwap {
+                remote: bench.remote(0x4008),
+                compare: 0,
+                swap: 0,
+            },
+        };
+        bench.client.post(WorkRequest::new(i, op)).expect("post");
+        if i % 8 == 7 {
+            bench.run();
+        }
+    }
+    bench.run();
+    let numbered: Vec<_> = bench.servers.identities.iter().flatten().collect();
+    assert_eq!(numbered.len(), 40, "every atomic once, nothing else");
+    for (k, once) in numbered.iter().enumerate() {
+        assert_eq!(once.lane(), 2);
+        assert_eq!(once.seq, 1_000 + k as u64, "arrival order, no gaps");
+        // The client number (0: "c1" is the first client) is stamped by the core.
+        assert_eq!(once.client & proto::request::CLIENT_NUMBER_MASK, 0);
+    }
+}
+
+#[test]
+fn atomics_of_a_queue_pair_without_a_lane_are_not_exactly_once() {
+    let mut bench = Bench::new(true);
+    bench
+        .client
+        .post(WorkRequest::new(
+            1,
+            WorkOp::FetchAdd {
+                remote: bench.remote(0x4000),
+                add: 1,
+            },
+        ))
+        .expect("post");
+    bench.run();
+    assert_eq!(bench.servers.identities, [None]);
 }

@@ -1,0 +1,87 @@
+//! A path's live link to its fabric device: the device protocol over TCP
+//! ([`crate::conn`]), or RDMA on a RoCEv2 queue pair (`verbs`, feature
+//! `verbs`). The pool sends requests and gives up on them the same way on
+//! both.
+
+#[cfg(feature = "verbs")]
+use std::sync::Arc;
+
+use proto::request::{self, ExactlyOnce};
+use tokio::sync::oneshot;
+
+use crate::conn::{Lost, PathConn, Response};
+#[cfg(feature = "verbs")]
+use crate::verbs::link::{Resend, Ticket, VerbsLink};
+
+/// A path's link.
+#[derive(Debug)]
+pub(crate) enum PathLink {
+    /// The device protocol over TCP.
+    Tcp(PathConn),
+    /// RDMA through the verbs library.
+    #[cfg(feature = "verbs")]
+    Verbs(VerbsLink),
+}
+
+/// A request sent on a link.
+#[derive(Debug)]
+pub(crate) struct Sent {
+    /// Its answer; an error when the link died first.
+    pub reply: oneshot::Receiver<Response>,
+    how: How,
+}
+
+#[derive(Debug)]
+enum How {
+    Tcp(u64),
+    #[cfg(feature = "verbs")]
+    Verbs(Arc<Ticket>),
+}
+
+impl PathLink {
+    /// Sends `req`; `again` says an earlier attempt of it may have run.
+    pub fn send(&self, req: &request::Repr<'_>, again: bool) -> Result<Sent, Lost> {
+        match self {
+            PathLink::Tcp(conn) => {
+                let _ = again;
+                let (tag, reply) = conn.send(&proto::Message::Request(*req))?;
+                Ok(Sent {
+                    reply,
+                    how: How::Tcp(tag),
+                })
+            }
+            #[cfg(feature = "verbs")]
+            PathLink::Verbs(link) => {
+                let resend = if again { Resend::Again } else { Resend::First };
+                let (reply, ticket) = link.send(req, resend)?;
+                Ok(Sent {
+                    reply,
+                    how: How::Verbs(ticket),
+                })
+            }
+        }
+    }
+
+    /// Stops waiting for `sent` (after a timeout).
+    pub fn cancel(&self, sent: &Sent) {
+        match (&sent.how, self) {
+            (How::Tcp(tag), PathLink::Tcp(conn)) => conn.forget(*tag),
+            #[cfg(feature = "verbs")]
+            (How::Verbs(ticket), _) => ticket.cancel(),
+            #[cfg(feature = "verbs")]
+            (How::Tcp(_), PathLink::Verbs(_)) => {}
+        }
+    }
+}
+
+impl Sent {
+    /// The identity the device gave the request when it went as a
+    /// device-numbered RDMA atomic: asked again, it must carry this one.
+    pub fn identity(&self) -> Option<ExactlyOnce> {
+        match &self.how {
+            How::Tcp(_) => None,
+            #[cfg(feature = "verbs")]
+            How::Verbs(ticket) => ticket.identity(),
+        }
+    }
+}
