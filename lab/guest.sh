@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# Boots one lab guest on the lab's bridge, runs one command in it and exits
+# with the command's exit status. The guest's console is this script's
+# stdout.
+#
+#   usage: guest.sh [--share DIR]... [--ip CIDR] [--mem MIB] [--timeout SECS]
+#                   [--log FILE] -- COMMAND [ARG]...
+#
+#   --share DIR   a host folder the guest sees at the same path (9p,
+#                 writable); give the folders holding COMMAND and its files
+#   --ip CIDR     the guest's eth0 address (default 10.77.0.2/24); rxe0 is
+#                 the RDMA device on eth0, its RoCEv2 GID ::ffff:<address>
+#   --mem MIB     guest memory (default 768)
+#   --timeout S   kill the guest after S seconds (default 600): exit 124
+#   --log FILE    also copy the console to FILE
+#
+# Needs the image (`image.sh`) and the network (`net.sh up`); runs itself in
+# the lab's namespace ($PMEM_LAB_NS, default pmemlab) when started outside.
+# The guest runs under KVM where the host has VMX/SVM KVM, and under QEMU's
+# TCG emulation otherwise (kvm-pvm cannot run a stock kernel): it then
+# boots in about 5 s and everything in it runs slowly but correctly.
+set -euo pipefail
+
+NS=${PMEM_LAB_NS:-pmemlab}
+LAB_DIR=${PMEM_LAB_DIR:-/var/tmp/pmem-lab}
+IMAGE=$LAB_DIR/image
+
+die() { echo "guest.sh: $*" >&2; exit 2; }
+
+# Run inside the lab's namespace (the taps must join its bridge).
+if [ "$(ip netns identify $$ 2>/dev/null)" != "$NS" ]; then
+  ip netns list | grep -qw "^$NS" || die "no namespace $NS (run net.sh up)"
+  exec ip netns exec "$NS" bash "$0" "$@"
+fi
+
+shares=()
+ip_cidr=10.77.0.2/24
+mem=768
+timeout_s=600
+log=
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --share) shares+=("$(realpath "$2")"); shift 2 ;;
+    --ip) ip_cidr=$2; shift 2 ;;
+    --mem) mem=$2; shift 2 ;;
+    --timeout) timeout_s=$2; shift 2 ;;
+    --log) log=$2; shift 2 ;;
+    --) shift; break ;;
+    *) die "unknown option $1" ;;
+  esac
+done
+[ $# -gt 0 ] || die "no command (usage: guest.sh [options] -- COMMAND [ARG]...)"
+[ -r "$IMAGE/vmlinuz" ] && [ -r "$IMAGE/initrd.cpio.gz" ] || die "no image in $IMAGE (run image.sh)"
+command -v qemu-system-x86_64 >/dev/null || die "qemu-system-x86_64 missing (image.sh installs it)"
+
+# The command, quoted for the guest's sh, in a folder shared as /lab.
+work=$(mktemp -d "${TMPDIR:-/tmp}/pmem-lab-guest.XXXXXX")
+tap=lt$$
+cleanup() {
+  ip link del "$tap" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+quote() { printf "'%s'" "${1//\'/\'\\\'\'}"; }
+{
+  echo "cd $(quote "$PWD") 2>/dev/null || cd /"
+  printf 'exec'
+  for arg in "$@"; do printf ' %s' "$(quote "$arg")"; done
+  echo
+} >"$work/cmd"
+
+virtfs=(-virtfs "local,path=$work,mount_tag=lab,security_model=none")
+mounts=""
+for i in "${!shares[@]}"; do
+  virtfs+=(-virtfs "local,path=${shares[$i]},mount_tag=share$i,security_model=passthrough")
+  mounts="$mounts,share$i:${shares[$i]}"
+done
+
+ip tuntap add dev "$tap" mode tap
+ip link set "$tap" master br0 up
+
+if [ -w /dev/kvm ] && { [ -d /sys/module/kvm_intel ] || [ -d /sys/module/kvm_amd ]; }; then
+  accel=(-accel kvm -cpu host)
+else
+  accel=(-accel tcg,tb-size=256 -cpu max)
+fi
+bios=()
+[ -r /usr/share/qemu/qboot.rom ] && bios=(-bios /usr/share/qemu/qboot.rom)
+# A MAC from the address, so two guests on the bridge never share one.
+last=${ip_cidr%/*}; last=${last##*.}
+mac=$(printf '52:54:00:77:00:%02x' "$last")
+
+qemu=(qemu-system-x86_64 -machine q35 "${accel[@]}" "${bios[@]}" -m "$mem" -smp 1
+  -nodefaults -no-user-config -display none -serial stdio -monitor none -no-reboot
+  -kernel "$IMAGE/vmlinuz" -initrd "$IMAGE/initrd.cpio.gz"
+  -append "console=ttyS0 quiet loglevel=3 panic=-1 lab.ip=$ip_cidr lab.mounts=${mounts#,}"
+  -netdev "tap,id=n0,ifname=$tap,script=no,downscript=no"
+  -device "virtio-net-pci,netdev=n0,mac=$mac"
+  "${virtfs[@]}")
+
+set +e
+if [ -n "$log" ]; then
+  timeout --kill-after=5 "$timeout_s" "${qemu[@]}" </dev/null | tee "$log"
+  status=${PIPESTATUS[0]}
+else
+  timeout --kill-after=5 "$timeout_s" "${qemu[@]}" </dev/null
+  status=$?
+fi
+set -e
+if [ "$status" = 124 ] || [ "$status" = 137 ]; then
+  echo "guest.sh: the guest did not finish within ${timeout_s}s" >&2
+  exit 124
+fi
+if [ ! -r "$work/rc" ]; then
+  echo "guest.sh: the guest ended (qemu status $status) without running the command to its end" >&2
+  exit 125
+fi
+exit "$(cat "$work/rc")"
