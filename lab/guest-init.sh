@@ -1,4 +1,5 @@
 #!/bin/busybox sh
+# shellcheck shell=dash disable=SC2013
 # /init of a lab guest (built into the image by image.sh).
 #
 # Kernel command line (set by guest.sh):

@@ -50,12 +50,15 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ $# -gt 0 ] || die "no command (usage: guest.sh [options] -- COMMAND [ARG]...)"
-[ -r "$IMAGE/vmlinuz" ] && [ -r "$IMAGE/initrd.cpio.gz" ] || die "no image in $IMAGE (run image.sh)"
+if [ ! -r "$IMAGE/vmlinuz" ] || [ ! -r "$IMAGE/initrd.cpio.gz" ]; then
+  die "no image in $IMAGE (run image.sh)"
+fi
 command -v qemu-system-x86_64 >/dev/null || die "qemu-system-x86_64 missing (image.sh installs it)"
 
 # The command, quoted for the guest's sh, in a folder shared as /lab.
 work=$(mktemp -d "${TMPDIR:-/tmp}/pmem-lab-guest.XXXXXX")
 tap=lt$$
+# shellcheck disable=SC2317  # run by the EXIT trap
 cleanup() {
   ip link del "$tap" 2>/dev/null || true
   rm -rf "$work"
@@ -82,7 +85,7 @@ ip link set "$tap" master br0 up
 if [ -w /dev/kvm ] && { [ -d /sys/module/kvm_intel ] || [ -d /sys/module/kvm_amd ]; }; then
   accel=(-accel kvm -cpu host)
 else
-  accel=(-accel tcg,tb-size=256 -cpu max)
+  accel=(-accel "tcg,tb-size=256" -cpu max)
 fi
 bios=()
 [ -r /usr/share/qemu/qboot.rom ] && bios=(-bios /usr/share/qemu/qboot.rom)

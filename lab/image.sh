@@ -64,7 +64,7 @@ deb_of() { compgen -G "$DEBS/${1}_${VERSION[$1]//:/%3a}_*.deb" | head -n1 || tru
 fetch() {
   local want=() pkg
   for pkg in "$@"; do
-    [ -n "${VERSION[$pkg]:-}" ] && [ "${VERSION[$pkg]}" != "(none)" ] || continue
+    if [ -z "${VERSION[$pkg]:-}" ] || [ "${VERSION[$pkg]}" = "(none)" ]; then continue; fi
     [ -n "$(deb_of "$pkg")" ] || want+=("$pkg")
   done
   [ ${#want[@]} -eq 0 ] && return 0

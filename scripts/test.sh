@@ -11,7 +11,9 @@ cd "$(dirname "$0")/.."
 # and the peer `testbed bench --quick` measures against; cmake and libclang
 # build the verbs bindings of client-vmm's `verbs` feature (libibverbs itself
 # is loaded at run time and not needed here); tshark dissects the RoCEv2
-# packets proto emits (proto/tests/roce_interop.rs). Installing runs
+# packets proto emits (proto/tests/roce_interop.rs); shellcheck checks the
+# lab's scripts (the lab installs QEMU and builds its guest image itself:
+# lab/image.sh). Installing runs
 # unattended: tshark's package asks whether non-root users may capture, and
 # the answer (no) is given beforehand.
 export DEBIAN_FRONTEND=noninteractive
@@ -31,7 +33,8 @@ scripts/ensure-packages.sh \
   redis-benchmark:redis-tools \
   cmake:cmake \
   /usr/lib/llvm-14/lib/libclang.so:libclang-dev \
-  tshark:tshark
+  tshark:tshark \
+  shellcheck:shellcheck
 
 # scapy builds RoCEv2 packets and computes their ICRC independently of proto
 # (proto/tests/roce_interop.rs, proto/tests/scapy_roce.py).
@@ -40,12 +43,14 @@ python3 -c 'import scapy.contrib.roce' 2>/dev/null || python3 -m pip install --q
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
 export PROPTEST_CASES=${PROPTEST_CASES:-256}
 
-echo "== cargo fmt --check"
+echo "== cargo fmt --check, shellcheck"
 cargo fmt --all -- --check
+shellcheck lab/*.sh
 echo "== cargo clippy"
 cargo clippy --locked --workspace --all-targets -- -D warnings
 cargo clippy --locked -p pmem-server --features libpmem --all-targets -- -D warnings
 cargo clippy --locked -p client-vmm --features verbs --all-targets -- -D warnings
+cargo clippy --locked -p testbed --features verbs --all-targets -- -D warnings
 echo "== cargo test"
 cargo test --locked --workspace
 echo "== cargo test -p pmem-server --features libpmem, daemons on libpmem"
@@ -53,4 +58,6 @@ PMEM_IS_PMEM_FORCE=1 PMEM_SERVER_TEST_PERSISTENCE=libpmem \
   cargo test --locked -p pmem-server --features libpmem
 echo "== cargo test -p client-vmm --features verbs (verbs unit tests; no RDMA device needed)"
 cargo test --locked -p client-vmm --features verbs --lib verbs
+echo "== the RDMA lab: a QEMU guest's kernel RDMA stack runs the workload through the devices"
+cargo test --locked -p testbed --features verbs --test lab
 echo "== all tests passed"

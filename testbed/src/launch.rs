@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use client_vmm::{AllocError, Allocator, AsyncPool, error_chain};
 use topology::Topology;
 
+use crate::lab::{LabError, LabNet};
 use crate::netns::{self, NetPlan, NetnsGuard};
 
 /// How hosts are networked.
@@ -32,6 +33,9 @@ pub enum NetMode {
     Loopback,
     /// Every host in its own network namespace, links as veth pairs.
     Netns,
+    /// The RDMA lab: daemons in the lab's namespace, each client in a QEMU
+    /// guest with a kernel RDMA stack on the lab's bridge (see [`crate::lab`]).
+    Lab,
 }
 
 /// Which daemon.
@@ -101,6 +105,9 @@ pub enum LaunchError {
     /// Network namespaces could not be set up.
     #[error("cannot set up network namespaces")]
     Netns(#[from] netns::NetnsError),
+    /// The RDMA lab could not be set up.
+    #[error("cannot set up the RDMA lab")]
+    Lab(#[from] LabError),
     /// A file or process operation failed.
     #[error("I/O failed")]
     Io(#[source] std::io::Error),
@@ -187,6 +194,8 @@ pub struct Fabric {
     options: LaunchOptions,
     daemons: BTreeMap<(DaemonKind, String), Daemon>,
     net: Option<(NetPlan, NetnsGuard)>,
+    /// The lab's network (lab mode).
+    lab: Option<LabNet>,
     /// The allocator's state after start, when the pool has one.
     pub allocator: Option<AllocatorState>,
 }
@@ -239,15 +248,16 @@ impl Fabric {
     pub fn start(topology: &Topology, options: LaunchOptions) -> Result<Self, LaunchError> {
         topology.validate()?;
         std::fs::create_dir_all(options.run_dir.join("logs")).map_err(LaunchError::Io)?;
-        let (topology, net) = match options.net {
-            NetMode::Loopback => (topology.clone(), None),
+        let (topology, net, lab) = match options.net {
+            NetMode::Loopback => (topology.clone(), None, None),
             NetMode::Netns => {
                 netns::require_root()?;
                 let prefix = netns::fresh_prefix()?;
                 let (plan, rewritten) = netns::plan(topology, &prefix)?;
                 let guard = netns::apply(&plan)?;
-                (rewritten, Some((plan, guard)))
+                (rewritten, Some((plan, guard)), None)
             }
+            NetMode::Lab => (topology.clone(), None, Some(LabNet::enter()?)),
         };
         let topology_path = options.run_dir.join("topology.toml");
         let mut text = toml::to_string(&topology)?;
@@ -262,6 +272,7 @@ impl Fabric {
             options,
             daemons: BTreeMap::new(),
             net,
+            lab,
             allocator: None,
         };
         let servers: Vec<String> = topology.servers.iter().map(|s| s.id.to_string()).collect();
@@ -341,7 +352,7 @@ impl Fabric {
         F: FnOnce(AsyncPool) -> Fut + Send,
         Fut: std::future::Future<Output = Result<T, String>>,
     {
-        let topology = self.topology.clone();
+        let topology = self.host_side(self.topology.clone());
         let as_client = client.to_owned();
         let connect_and_work = move || -> Result<T, String> {
             let runtime = tokio::runtime::Builder::new_current_thread()
@@ -380,12 +391,42 @@ impl Fabric {
     }
 
     /// A command running `program` as this fabric's client `client` (inside
-    /// its namespace in netns mode).
-    pub fn client_command(&self, client: &str, program: &Path) -> Command {
+    /// its namespace in netns mode, in a lab guest that sees `shares` in lab
+    /// mode).
+    pub fn client_command(&self, client: &str, program: &Path, shares: &[&Path]) -> Command {
+        if let Some(lab) = &self.lab {
+            return lab.guest_command(program, shares, &self.guest_console(client));
+        }
         match self.client_namespace(client) {
             Some(ns) => netns::command_in(&ns, program),
             None => Command::new(program),
         }
+    }
+
+    /// Where a lab guest's console is copied.
+    pub fn guest_console(&self, client: &str) -> PathBuf {
+        self.options
+            .run_dir
+            .join("logs")
+            .join(format!("guest-{client}.log"))
+    }
+
+    /// Whether the clients run in lab guests.
+    pub fn is_lab(&self) -> bool {
+        self.lab.is_some()
+    }
+
+    /// The topology as a client on this host uses it: in lab mode the
+    /// clients' RoCE RNICs live in guests, so the host reaches the same
+    /// device ports over TCP (set-up and checks, not the workload).
+    fn host_side(&self, mut topology: Topology) -> Topology {
+        if self.lab.is_some() {
+            for rnic in topology.clients.iter_mut().flat_map(|c| c.rnics.iter_mut()) {
+                rnic.transport = topology::RnicTransport::Tcp;
+                rnic.local_addr = None;
+            }
+        }
+        topology
     }
 
     /// The admin address a daemon should use: the topology's, or any port.

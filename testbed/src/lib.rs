@@ -10,6 +10,7 @@
 //! - [`summary`]: `testbed validate`'s summary.
 
 pub mod bench;
+pub mod lab;
 pub mod launch;
 pub mod netns;
 pub mod prometheus;
@@ -25,6 +26,28 @@ pub const DEFAULT_TOPOLOGY: &str = include_str!("../../configs/default.toml");
 
 /// The name the embedded default topology goes by in messages.
 pub const DEFAULT_TOPOLOGY_NAME: &str = "<embedded configs/default.toml>";
+
+/// The RDMA lab's topology (`configs/lab.toml`), the default with `--net lab`.
+pub const LAB_TOPOLOGY: &str = include_str!("../../configs/lab.toml");
+
+/// The name the embedded lab topology goes by in messages.
+pub const LAB_TOPOLOGY_NAME: &str = "<embedded configs/lab.toml>";
+
+/// Loads `file`, or the embedded topology for `net` (the lab's in lab mode,
+/// the default one otherwise), with environment overrides.
+pub fn load_topology_on(
+    file: Option<&std::path::Path>,
+    net: launch::NetMode,
+) -> Result<topology::Topology, topology::LoadError> {
+    match (file, net) {
+        (None, launch::NetMode::Lab) => topology::Topology::from_toml_str(
+            LAB_TOPOLOGY_NAME,
+            LAB_TOPOLOGY,
+            &topology::EnvOverrides::Process,
+        ),
+        _ => load_topology(file),
+    }
+}
 
 /// Loads `file`, or the embedded default topology, with environment
 /// overrides.

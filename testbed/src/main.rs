@@ -10,7 +10,7 @@ use testbed::launch::{DaemonKind, Fabric, LaunchOptions, NetMode};
 use testbed::prometheus::{PrometheusServer, ScrapeTarget};
 use testbed::run::{FaultKind, PlannedFault, RunOptions, Scenario};
 use testbed::workload::{Progress, WorkerConfig, Workload};
-use testbed::{load_topology, summary};
+use testbed::{load_topology, load_topology_on, summary};
 use topology::Layout;
 
 /// Brings pmem-fabric topologies up on one machine, drives and checks them.
@@ -27,6 +27,9 @@ enum Net {
     Loopback,
     /// Every host in its own network namespace (needs root).
     Netns,
+    /// The RDMA lab: clients in QEMU guests with a kernel RDMA stack reach
+    /// the devices over RoCEv2; the lab's topology by default (needs root).
+    Lab,
 }
 
 impl From<Net> for NetMode {
@@ -34,6 +37,7 @@ impl From<Net> for NetMode {
         match net {
             Net::Loopback => NetMode::Loopback,
             Net::Netns => NetMode::Netns,
+            Net::Lab => NetMode::Lab,
         }
     }
 }
@@ -251,7 +255,7 @@ fn validate(file: Option<&PathBuf>) -> ExitCode {
 }
 
 fn up(file: Option<&PathBuf>, net: Net, data_dir: PathBuf, prometheus: bool) -> anyhow::Result<()> {
-    let topology = load_topology(file.map(PathBuf::as_path))?;
+    let topology = load_topology_on(file.map(PathBuf::as_path), net.into())?;
     let run_dir = PathBuf::from("reports").join(testbed::run::run_id("up"));
     let mut options = LaunchOptions::new(data_dir, run_dir)?;
     options.net = net.into();
@@ -305,7 +309,7 @@ fn up(file: Option<&PathBuf>, net: Net, data_dir: PathBuf, prometheus: bool) -> 
 }
 
 fn run(options: &RunOptions, file: Option<&PathBuf>) -> anyhow::Result<bool> {
-    let topology = load_topology(file.map(PathBuf::as_path))?;
+    let topology = load_topology_on(file.map(PathBuf::as_path), options.net)?;
     run_on(options, &topology)
 }
 
@@ -504,7 +508,7 @@ fn main() -> ExitCode {
             net,
             reports,
         } => outcome((|| {
-            let topology = load_topology(file.as_deref())?;
+            let topology = load_topology_on(file.as_deref(), net.into())?;
             let mut options = RunOptions::new("chaos", workload);
             options.duration = Duration::from_secs_f64(duration);
             options.net = net.into();

@@ -14,8 +14,11 @@ use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use topology::{Topology, VirtAddr};
 
+use crate::lab;
 use crate::launch::{DaemonKind, Endpoint, Fabric, LaunchOptions, NetMode};
-use crate::report::{FaultRecord, ReportFiles, RunReport, Timeline, Verification, write_report};
+use crate::report::{
+    FaultRecord, ReportFiles, RoceCounters, RunReport, Timeline, Verification, write_report,
+};
 use crate::workload::keys::{COUNTER_AREA, KeySpace, counter_word};
 use crate::workload::space;
 use crate::workload::{CounterTally, WorkerResult, Workload};
@@ -336,7 +339,9 @@ pub fn execute(
     options: &RunOptions,
 ) -> anyhow::Result<RunOutcome> {
     let run_id = run_id(&options.command);
-    let run_dir = options.reports.join(&run_id);
+    // Absolute: a lab guest sees this folder at the same path.
+    let run_dir =
+        std::path::absolute(options.reports.join(&run_id)).context("where the reports go")?;
     std::fs::create_dir_all(run_dir.join("workers"))
         .with_context(|| format!("create {}", run_dir.display()))?;
     let (data_dir, temporary_data) = match &options.data_dir {
@@ -472,6 +477,7 @@ pub fn execute(
         faults,
         verification: Verification::default(),
         notes: Vec::new(),
+        roce: None,
     };
     let mut counters: BTreeMap<u64, CounterTally> = BTreeMap::new();
     let mut verification = Verification::default();
@@ -531,6 +537,11 @@ pub fn execute(
         }
     }
     report.fill_recovery();
+    if fabric.is_lab() {
+        let roce = lab_counters(&fabric, &clients);
+        report.notes.extend(lab_notes(&roce));
+        report.roce = Some(roce);
+    }
 
     let unclean_exits: Vec<String> = fabric
         .stop()
@@ -554,6 +565,61 @@ pub fn execute(
         endpoints,
         unclean_exits,
     })
+}
+
+/// The RoCE counters of a lab run: each device's, scraped now, and each
+/// guest's, from its console.
+fn lab_counters(fabric: &Fabric, clients: &[String]) -> RoceCounters {
+    let mut roce = RoceCounters::default();
+    for device in &fabric.topology.fabric_devices {
+        let id = device.id.to_string();
+        let Ok(admin) = fabric.admin(DaemonKind::FabricDevice, &id) else {
+            continue;
+        };
+        if let Ok((_, text)) = telemetry::http_get(admin, "/metrics", Duration::from_secs(5)) {
+            roce.devices.insert(id, lab::device_roce_counters(&text));
+        }
+    }
+    for client in clients {
+        let console = std::fs::read_to_string(fabric.guest_console(client)).unwrap_or_default();
+        roce.guests
+            .insert(client.clone(), lab::guest_counters(&console));
+    }
+    roce
+}
+
+/// One line per device and guest for the summary.
+fn lab_notes(roce: &RoceCounters) -> Vec<String> {
+    let get = |m: &BTreeMap<String, u64>, k: &str| m.get(k).copied().unwrap_or(0);
+    let mut notes = Vec::new();
+    for (device, c) in &roce.devices {
+        notes.push(format!(
+            "RoCE at {device}: {} packets in, {} out, {} retransmissions, {} duplicates, \
+             {} NAKs sent, {} ICRC errors",
+            get(c, "packets_received"),
+            get(c, "packets_sent"),
+            get(c, "retransmissions"),
+            get(c, "duplicates"),
+            get(c, "naks_sent"),
+            get(c, "icrc_errors"),
+        ));
+    }
+    for (client, c) in &roce.guests {
+        let shown: Vec<String> = c
+            .iter()
+            .filter(|(_, v)| **v > 0)
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
+        notes.push(format!(
+            "guest {client} rxe0: {} (others 0)",
+            if shown.is_empty() {
+                "all counters 0".to_owned()
+            } else {
+                shown.join(", ")
+            }
+        ));
+    }
+    notes
 }
 
 fn progress_bar(options: &RunOptions) -> ProgressBar {
@@ -582,7 +648,7 @@ fn spawn_worker(
     let log = run_dir.join("logs").join(format!("worker-{client}.log"));
     let log_file =
         std::fs::File::create(&log).with_context(|| format!("create {}", log.display()))?;
-    let mut command = fabric.client_command(client, &program);
+    let mut command = fabric.client_command(client, &program, &[run_dir]);
     command
         .arg("worker")
         .arg("--config")

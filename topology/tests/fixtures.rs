@@ -16,7 +16,7 @@ fn load(rel: &str) -> Topology {
 
 #[test]
 fn shipped_configs_are_valid() {
-    for name in ["default.toml", "single.toml", "fig4a.toml"] {
+    for name in ["default.toml", "single.toml", "fig4a.toml", "lab.toml"] {
         let topology = load(name);
         if let Err(errors) = topology.validate() {
             panic!("{name}: {errors}");

@@ -638,6 +638,7 @@ fn write(
         faults: Vec::new(),
         verification: Default::default(),
         notes: Vec::new(),
+        roce: None,
     };
     std::fs::write(&files.latency_cdf, crate::report::latency_cdf_svg(&series))
         .with_context(|| format!("write {}", files.latency_cdf.display()))?;

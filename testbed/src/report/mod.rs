@@ -79,6 +79,21 @@ pub struct RunReport {
     pub verification: Verification,
     /// Free-form lines for the summary.
     pub notes: Vec<String>,
+    /// What the RoCEv2 side counted, in lab runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub roce: Option<RoceCounters>,
+}
+
+/// RoCEv2 counters of a lab run: each fabric device's RoCE ports (summed
+/// over ports and queue pairs, as its `/metrics` gave them at the end of
+/// the run; a device restarted by a fault counts from its restart) and
+/// each guest's rxe0 hardware counters.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RoceCounters {
+    /// Device → counter (`packets_received`, `naks_sent`, …) → value.
+    pub devices: BTreeMap<String, BTreeMap<String, u64>>,
+    /// Client → rxe0 counter (`rcvd_seq_err`, `retry_exceeded_err`, …) → value.
+    pub guests: BTreeMap<String, BTreeMap<String, u64>>,
 }
 
 impl RunReport {

@@ -95,6 +95,7 @@ fn sample_report() -> RunReport {
             "metrics at http://127.0.0.1:9100/metrics".to_owned(),
             "topology <embedded> & friends".to_owned(),
         ],
+        roce: None,
     };
     report.fill_recovery();
     report

@@ -1,0 +1,221 @@
+//! The RDMA lab: clients that run inside QEMU guests whose stock Linux
+//! kernel provides the RDMA stack (Soft-RoCE, `rdma_rxe`) and whose stock
+//! rdma-core provides the verbs library, while the pmem-servers and fabric
+//! devices run on this host.
+//!
+//! The shell scripts in the repository's `lab/` folder do the parts that are
+//! plain system administration: `image.sh` builds the guest image from
+//! Debian packages, `net.sh` makes the lab's network namespace (a bridge,
+//! `vh0` with the control address 10.77.0.100, `vh1`/`vh2` for the fabric
+//! devices' RoCEv2 ports) and `guest.sh` boots one guest on the bridge,
+//! runs one command in it with host folders shared at the same paths, and
+//! exits with the command's status.
+//!
+//! [`LabNet::enter`] brings the namespace up and moves the calling thread
+//! into it, so the daemons, the host-side checks and the guests' QEMU
+//! processes started from that thread afterwards all live in the lab.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use crate::netns;
+
+/// The lab's network namespace.
+pub const NAMESPACE: &str = "pmemlab";
+
+/// Why the lab could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum LabError {
+    /// A lab script could not be started.
+    #[error("cannot run {script}")]
+    Spawn {
+        /// The script.
+        script: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// A lab script failed.
+    #[error("{script} {args} failed ({status}):\n{output}")]
+    Script {
+        /// The script.
+        script: PathBuf,
+        /// Its arguments.
+        args: String,
+        /// How it ended.
+        status: std::process::ExitStatus,
+        /// The end of what it printed.
+        output: String,
+    },
+    /// The calling thread could not enter the namespace.
+    #[error("cannot enter the lab's network namespace")]
+    Enter(#[source] netns::NetnsError),
+    /// The lab needs root.
+    #[error("the lab needs root (network namespaces, QEMU taps)")]
+    NotRoot(#[source] netns::NetnsError),
+}
+
+/// The folder with the lab's scripts: `$PMEM_LAB_SCRIPTS`, or `lab/` of the
+/// source tree this testbed was built from.
+pub fn scripts_dir() -> PathBuf {
+    std::env::var_os("PMEM_LAB_SCRIPTS").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../lab"),
+        PathBuf::from,
+    )
+}
+
+/// Runs lab script `name` with `args` and waits for it; its output goes to
+/// the error on failure.
+pub fn run_script(name: &str, args: &[&str]) -> Result<(), LabError> {
+    let script = scripts_dir().join(name);
+    let out = Command::new("bash")
+        .arg(&script)
+        .args(args)
+        .env("PMEM_LAB_NS", NAMESPACE)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|source| LabError::Spawn {
+            script: script.clone(),
+            source,
+        })?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<&str> = text.lines().collect();
+    Err(LabError::Script {
+        script,
+        args: args.join(" "),
+        status: out.status,
+        output: lines[lines.len().saturating_sub(30)..].join("\n"),
+    })
+}
+
+/// The lab's network, up; removed again when dropped.
+#[derive(Debug)]
+pub struct LabNet {
+    up: bool,
+    /// The namespace the thread came from, to go back to before teardown
+    /// (the teardown stops every process whose main thread is in the lab).
+    home: Option<std::fs::File>,
+}
+
+impl LabNet {
+    /// Builds the guest image if needed, brings the lab's namespace up and
+    /// moves the calling thread into it.
+    pub fn enter() -> Result<LabNet, LabError> {
+        netns::require_root().map_err(LabError::NotRoot)?;
+        run_script("image.sh", &[])?;
+        let home = std::fs::File::open("/proc/thread-self/ns/net").ok();
+        run_script("net.sh", &["up"])?;
+        let lab = LabNet { up: true, home };
+        netns::enter(NAMESPACE).map_err(LabError::Enter)?;
+        Ok(lab)
+    }
+
+    /// A command that boots a guest and runs `program` in it (add the
+    /// program's arguments to the result). `shares` are host folders the
+    /// guest sees at the same paths: the program's folder is always one.
+    /// The guest's console is the command's stdout, and is copied to `console`.
+    pub fn guest_command(&self, program: &Path, shares: &[&Path], console: &Path) -> Command {
+        let mut command = Command::new("bash");
+        command
+            .arg(scripts_dir().join("guest.sh"))
+            .env("PMEM_LAB_NS", NAMESPACE)
+            .arg("--log")
+            .arg(console);
+        if let Some(folder) = program.parent() {
+            command.arg("--share").arg(folder);
+        }
+        for share in shares {
+            command.arg("--share").arg(share);
+        }
+        command.arg("--").arg(program);
+        command
+    }
+}
+
+impl Drop for LabNet {
+    fn drop(&mut self) {
+        if let Some(home) = self.home.take()
+            && let Err(e) = netns::enter_file(&home)
+        {
+            tracing::warn!("cannot leave the lab's namespace: {e}");
+            return;
+        }
+        if std::mem::take(&mut self.up)
+            && let Err(e) = run_script("net.sh", &["down"])
+        {
+            tracing::warn!("removing the lab's network failed: {e}");
+        }
+    }
+}
+
+/// A guest's rxe0 hardware counters, from the `PMEMLAB-COUNTER name value`
+/// lines of its console log.
+pub fn guest_counters(console: &str) -> std::collections::BTreeMap<String, u64> {
+    console
+        .lines()
+        .filter_map(|line| {
+            let rest = line.trim().strip_prefix("PMEMLAB-COUNTER ")?;
+            let (name, value) = rest.split_once(' ')?;
+            Some((name.to_owned(), value.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// A fabric device's RoCE counters from its `/metrics` text: every
+/// `fabric_device_roce_<name>_total` series without a `qp` label (the
+/// port-wide ones), summed over ports and labels, by `<name>`.
+pub fn device_roce_counters(metrics: &str) -> std::collections::BTreeMap<String, u64> {
+    let mut out = std::collections::BTreeMap::new();
+    for line in metrics.lines() {
+        let Some(rest) = line.strip_prefix("fabric_device_roce_") else {
+            continue;
+        };
+        let (series, value) = match rest.rsplit_once(' ') {
+            Some(pair) => pair,
+            None => continue,
+        };
+        let (name, labels) = series.split_once('{').unwrap_or((series, ""));
+        if name.starts_with("qp_") || labels.contains("qp=\"0x") {
+            continue;
+        }
+        let Some(name) = name.strip_suffix("_total") else {
+            continue;
+        };
+        if let Ok(value) = value.parse::<f64>() {
+            *out.entry(name.to_owned()).or_insert(0) += value as u64;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_come_from_the_console_and_the_port_wide_series() {
+        let console = "noise\nPMEMLAB-COUNTER rcvd_seq_err 0\nPMEMLAB-COUNTER sent_pkts 42\n\
+                       PMEMLAB-COUNTER bad\n";
+        let guest = guest_counters(console);
+        assert_eq!(guest.get("sent_pkts"), Some(&42));
+        assert_eq!(guest.get("rcvd_seq_err"), Some(&0));
+        assert_eq!(guest.len(), 2);
+
+        let metrics = "# HELP x\n\
+            fabric_device_roce_packets_received_total{port=\"p0\"} 5\n\
+            fabric_device_roce_packets_received_total{port=\"p1\"} 2\n\
+            fabric_device_roce_qp_packets_received_total{port=\"p0\",qp=\"0x100\"} 5\n\
+            fabric_device_roce_naks_sent_total{port=\"p0\",qp=\"all\",kind=\"rnr\"} 1\n\
+            fabric_device_roce_naks_sent_total{port=\"p0\",qp=\"0x100\",kind=\"rnr\"} 1\n\
+            fabric_device_link_up{server=\"A\"} 1\n";
+        let device = device_roce_counters(metrics);
+        assert_eq!(device.get("packets_received"), Some(&7));
+        assert_eq!(device.get("naks_sent"), Some(&1));
+        assert_eq!(device.len(), 2);
+    }
+}
