@@ -6,7 +6,8 @@
 //! back; a pipelined batch of READs rechecks everything. Finally it prints
 //! the RDMA devices' hardware counters (ICRC and sequence-error counters
 //! must be zero) and `roce-probe-ok N` (N regions), exiting 0, or the
-//! failure, exiting 1.
+//! failure, exiting 1. With `--latency N` it also times N blocking 64-byte
+//! READs and N FETCH_ADDs, one at a time, and prints their percentiles.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -48,6 +49,10 @@ struct Cli {
     /// How long one operation may take.
     #[arg(long, value_name = "MS", default_value_t = 10_000)]
     timeout_ms: u64,
+    /// Also time this many blocking 64 B READs and FETCH_ADDs (one in
+    /// flight, like perftest's `_lat` tests).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    latency: usize,
 }
 
 /// The pattern written to region `region`.
@@ -230,6 +235,28 @@ fn run(cli: &Cli) -> Result<usize, Failure> {
         }
     }
     println!("pipelined: {} READs ok", layout.entries().len() * 2);
+    if cli.latency > 0
+        && let Some(entry) = layout.entries().first()
+    {
+        let (region, base) = (entry.region.0, entry.start.get());
+        let mut reads = Vec::with_capacity(cli.latency);
+        for _ in 0..cli.latency {
+            let t = Instant::now();
+            qp.read(region, base, 64)
+                .map_err(|e| verbs("latency READ", e))?;
+            reads.push(t.elapsed());
+        }
+        println!("latency READ 64 B: {}", percentiles(&mut reads));
+        let mut atomics = Vec::with_capacity(cli.latency);
+        for _ in 0..cli.latency {
+            let t = Instant::now();
+            qp.fetch_add(region, base + WORD_AT + 8, 1)
+                .map_err(|e| verbs("latency FETCH_ADD", e))?;
+            atomics.push(t.elapsed());
+        }
+        println!("latency FETCH_ADD: {}", percentiles(&mut atomics));
+        work_requests += 2 * cli.latency;
+    }
     drop(qp);
     drop(control);
 
@@ -253,4 +280,21 @@ fn run(cli: &Cli) -> Result<usize, Failure> {
     }
     println!("{work_requests} work requests");
     Ok(layout.entries().len())
+}
+
+/// Minimum, median, 99th percentile and maximum of `samples`, in µs.
+fn percentiles(samples: &mut [Duration]) -> String {
+    samples.sort_unstable();
+    let at = |q: f64| {
+        let i = ((samples.len() as f64 - 1.0) * q).round() as usize;
+        samples[i].as_secs_f64() * 1e6
+    };
+    format!(
+        "n {} min {:.1} µs p50 {:.1} µs p99 {:.1} µs max {:.1} µs",
+        samples.len(),
+        at(0.0),
+        at(0.5),
+        at(0.99),
+        at(1.0)
+    )
 }

@@ -261,9 +261,14 @@ impl VerbsLink {
                         };
                         worker.run(&jobs_rx);
                         thread_alive.store(false, Ordering::SeqCst);
-                        // Requests still held fail as lost when the worker drops.
-                        drop(worker);
+                        // Requests still held fail as lost at once, and the
+                        // pool hears of it before the queue pair is torn
+                        // down (slow on some RNICs).
+                        worker.waiting.clear();
+                        worker.posted.clear();
+                        drop(jobs_rx);
                         on_lost();
+                        drop(worker);
                     }
                     Err(e) => {
                         thread_alive.store(false, Ordering::SeqCst);
