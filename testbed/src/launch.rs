@@ -658,6 +658,9 @@ impl Fabric {
     /// device's link to a server NIC).
     pub fn set_link(&self, target: &str, up: bool) -> Result<(), LaunchError> {
         let unknown = || LaunchError::UnknownLink(target.to_owned());
+        if self.lab.is_some() {
+            return self.set_lab_link(target, up);
+        }
         let (plan, _) = self.net.as_ref().ok_or_else(unknown)?;
         let link = match target.split_once('>') {
             Some((device, rest)) => {
@@ -685,6 +688,37 @@ impl Fabric {
         };
         let veth = plan.link(&link).ok_or_else(unknown)?;
         netns::set_link(veth, up)?;
+        Ok(())
+    }
+
+    /// Lab mode: a client's RNIC `client/rnic` is cut by taking down the
+    /// RoCEv2 interface of the device port it is wired to; the queue pair
+    /// then runs out of retries while the control connection stays up.
+    fn set_lab_link(&self, target: &str, up: bool) -> Result<(), LaunchError> {
+        let unknown = || LaunchError::UnknownLink(target.to_owned());
+        let (client, rnic) = target.split_once('/').ok_or_else(unknown)?;
+        let rnic = self
+            .topology
+            .client(&client.into())
+            .and_then(|c| c.rnics.iter().find(|r| r.id.as_str() == rnic))
+            .ok_or_else(unknown)?;
+        let interface = self
+            .topology
+            .fabric_device(&rnic.fabric_device)
+            .and_then(|d| rnic.port_on(d))
+            .and_then(|p| p.roce.as_ref())
+            .map(|r| r.interface.clone())
+            .ok_or_else(unknown)?;
+        let state = if up { "up" } else { "down" };
+        let status = Command::new("ip")
+            .args(["link", "set", &interface, state])
+            .status()
+            .map_err(LaunchError::Io)?;
+        if !status.success() {
+            return Err(LaunchError::Io(std::io::Error::other(format!(
+                "ip link set {interface} {state}: {status}"
+            ))));
+        }
         Ok(())
     }
 

@@ -122,7 +122,7 @@ enum Command {
     Chaos {
         /// The topology file; the embedded default topology when absent.
         file: Option<PathBuf>,
-        /// kill-fabric, kill-server, cut-link (needs --net netns) or restart-all.
+        /// kill-fabric, kill-server, cut-link (needs --net netns or lab) or restart-all.
         #[arg(long)]
         scenario: Scenario,
         /// How many faults.
@@ -513,8 +513,14 @@ fn main() -> ExitCode {
             options.duration = Duration::from_secs_f64(duration);
             options.net = net.into();
             options.reports = reports;
-            options.faults =
-                testbed::run::plan_faults(&topology, scenario, options.duration, faults, seed);
+            options.faults = testbed::run::plan_faults(
+                &topology,
+                options.net,
+                scenario,
+                options.duration,
+                faults,
+                seed,
+            );
             run_on(&options, &topology)
         })()),
         Command::Daemon { args } => match args.split_first() {

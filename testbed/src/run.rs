@@ -218,6 +218,7 @@ impl std::str::FromStr for Scenario {
 /// run of `duration`, each target restarted after a tenth of the run.
 pub fn plan_faults(
     topology: &Topology,
+    net: NetMode,
     scenario: Scenario,
     duration: Duration,
     count: usize,
@@ -247,7 +248,13 @@ pub fn plan_faults(
                     .iter()
                     .map(move |l| format!("{}>{}/{}", d.id, l.server, l.nic))
             });
-            (FaultKind::CutLink, rnics.chain(server_links).collect())
+            // In the lab only the RNICs' RoCE side can be cut: the device
+            // links are on the namespace's loopback.
+            let targets = match net {
+                NetMode::Lab => rnics.collect(),
+                _ => rnics.chain(server_links).collect(),
+            };
+            (FaultKind::CutLink, targets)
         }
         Scenario::RestartAll => (FaultKind::RestartAll, vec!["all".to_owned()]),
     };
