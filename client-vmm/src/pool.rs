@@ -212,6 +212,8 @@ pub struct StatsSnapshot {
 pub struct PathStatus {
     /// The RNIC.
     pub rnic: String,
+    /// `tcp` or `roce`.
+    pub transport: &'static str,
     /// The fabric device and its address.
     pub device: String,
     /// Where it connects.
@@ -662,6 +664,10 @@ impl AsyncPool {
             .iter()
             .map(|p| PathStatus {
                 rnic: p.rnic.to_string(),
+                transport: match p.transport {
+                    RnicTransport::Tcp => "tcp",
+                    RnicTransport::Roce => "roce",
+                },
                 device: p.device.to_string(),
                 device_addr: p.device_addr.clone(),
                 up: matches!(table.health(p.id), PathHealth::Up),

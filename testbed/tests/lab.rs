@@ -113,3 +113,83 @@ fn a_guest_rdma_client_fails_over_when_its_queue_pair_runs_out_of_retries() {
         "the QP retransmitted: {guest:?}"
     );
 }
+
+/// pmemctl on the verbs transport: run from a guest against a lab fabric,
+/// its writes and atomics land where the host reads them over TCP. Needs
+/// `target/<profile>/pmemctl` built with the `verbs` feature
+/// (`cargo build -p client-vmm --features verbs --bin pmemctl`).
+#[test]
+fn pmemctl_in_a_guest_reads_writes_and_adds_over_rdma() {
+    use testbed::launch::{Fabric, LaunchOptions, NetMode};
+
+    let pmemctl = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.parent()?.join("pmemctl")))
+        .filter(|p| p.exists())
+        .expect("pmemctl next to the test binaries (cargo build -p client-vmm --features verbs --bin pmemctl)");
+    let _lab = LAB
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let topology = testbed::load_topology_on(None, NetMode::Lab).expect("lab topology");
+    let mut options =
+        LaunchOptions::new(dir.path().join("data"), dir.path().join("run")).expect("options");
+    options.net = NetMode::Lab;
+    options.program = env!("CARGO_BIN_EXE_testbed").into();
+    let fabric = Fabric::start(&topology, options).expect("lab fabric");
+
+    // One guest runs every step; it stops at the first failure.
+    let config = fabric.topology_path.display().to_string();
+    let at = 1u64 << 40;
+    let script = dir.path().join("pmemctl.sh");
+    let steps = [
+        format!("write {at:#x} hello-over-rdma"),
+        format!("read {at:#x} 15"),
+        format!("faa {:#x} 5", at + 64),
+        format!("faa {:#x} 5", at + 64),
+        "map".to_owned(),
+    ];
+    let mut text = String::from("#!/bin/sh\nset -e\n");
+    for step in &steps {
+        text.push_str(&format!(
+            "echo '$ pmemctl {step}'\n{} --config {config} --client c1 {step}\n",
+            pmemctl.display()
+        ));
+    }
+    std::fs::write(&script, text).expect("script");
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let out = fabric
+        .client_command("c1", &script, &[pmemctl.parent().expect("dir")])
+        .output()
+        .expect("guest");
+    let console = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{console}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(console.contains("hello-over-rdma"), "{console}");
+    assert!(
+        console.contains("roce"),
+        "map names the RoCE paths: {console}"
+    );
+
+    // The host reads the same bytes, and both additions, over TCP.
+    let (data, word) = fabric
+        .as_client("c1", |pool| async move {
+            let data = pool
+                .read(topology::VirtAddr(at), 15)
+                .await
+                .map_err(|e| e.to_string())?;
+            let word = pool
+                .read(topology::VirtAddr(at + 64), 8)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok((data, word))
+        })
+        .expect("host-side read");
+    assert_eq!(data, b"hello-over-rdma");
+    assert_eq!(word, 10u64.to_le_bytes());
+    drop(fabric.stop());
+}

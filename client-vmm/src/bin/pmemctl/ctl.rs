@@ -289,6 +289,7 @@ impl Ctl<'_> {
             .map(|p| {
                 vec![
                     p.rnic,
+                    p.transport.to_owned(),
                     p.device,
                     p.device_addr,
                     if p.up { "up" } else { "down" }.to_owned(),
@@ -297,7 +298,14 @@ impl Ctl<'_> {
             })
             .collect();
         show::table(
-            &["RNIC", "DEVICE", "ADDRESS", "STATE", "OUTSTANDING"],
+            &[
+                "RNIC",
+                "TRANSPORT",
+                "DEVICE",
+                "ADDRESS",
+                "STATE",
+                "OUTSTANDING",
+            ],
             &rows,
         )
     }
