@@ -304,9 +304,10 @@ fn atomics_map_and_stat() {
             .find(|l| l.split_whitespace().next() == Some(rnic))
             .unwrap_or_else(|| panic!("no path row for {rnic}:\n{map}"));
         let cells: Vec<&str> = row.split_whitespace().collect();
-        assert_eq!(cells.len(), 5, "{map}");
-        assert_eq!(cells[1], device, "{map}");
-        assert_eq!(cells[3], "up", "{map}");
+        assert_eq!(cells.len(), 6, "{map}");
+        assert_eq!(cells[1], "tcp", "{map}");
+        assert_eq!(cells[2], device, "{map}");
+        assert_eq!(cells[4], "up", "{map}");
     }
 
     let stat = fabric.ok(&["stat"]);
