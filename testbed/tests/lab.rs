@@ -193,3 +193,116 @@ fn pmemctl_in_a_guest_reads_writes_and_adds_over_rdma() {
     assert_eq!(word, 10u64.to_le_bytes());
     drop(fabric.stop());
 }
+
+/// Sums the samples of series `name` in a `/metrics` text.
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.split(['{', ' ']).next() == Some(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// An RDMA FETCH_ADD in doubt: the guest's atomic reaches a device and the
+/// server behind it is stopped, then that device is killed. The pool asks
+/// again through the other device with the identity the first device gave
+/// the atomic; when the server resumes it executes the first copy and
+/// answers the second from its exactly-once record. The word is added to
+/// once and the application sees one success.
+#[test]
+fn an_rdma_atomic_in_doubt_when_its_device_dies_runs_exactly_once() {
+    use std::time::{Duration, Instant};
+    use testbed::launch::{DaemonKind, Fabric, LaunchOptions, NetMode};
+
+    let pmemctl = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.parent()?.join("pmemctl")))
+        .filter(|p| p.exists())
+        .expect("pmemctl next to the test binaries (cargo build -p client-vmm --features verbs --bin pmemctl)");
+    let _lab = LAB
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let topology = testbed::load_topology_on(None, NetMode::Lab).expect("lab topology");
+    let mut options =
+        LaunchOptions::new(dir.path().join("data"), dir.path().join("run")).expect("options");
+    options.net = NetMode::Lab;
+    options.program = env!("CARGO_BIN_EXE_testbed").into();
+    let mut fabric = Fabric::start(&topology, options).expect("lab fabric");
+
+    // The word lives on server A (region A1, the first one).
+    let word = (1u64 << 40) + 0x1000;
+    let script = dir.path().join("faa.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nexec {} --config {} --client c1 --attempt-timeout-ms 8000 --op-timeout-ms 30000 faa {word:#x} 1\n",
+            pmemctl.display(),
+            fabric.topology_path.display()
+        ),
+    )
+    .expect("script");
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+
+    let server = fabric.pid(DaemonKind::PmemServer, "A").expect("server A");
+    // SAFETY: kill(2) on the pid of a child this fabric started and still holds.
+    assert_eq!(unsafe { libc::kill(server as i32, libc::SIGSTOP) }, 0);
+    let guest = fabric
+        .client_command("c1", &script, &[pmemctl.parent().expect("dir")])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("guest");
+
+    // Wait for the atomic to sit in a device, then kill that device.
+    let scrape = |fabric: &Fabric, id: &str| {
+        let admin = fabric.admin(DaemonKind::FabricDevice, id).expect("admin");
+        telemetry::http_get(admin, "/metrics", Duration::from_secs(2))
+            .map(|(_, body)| body)
+            .unwrap_or_default()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut guest = guest;
+    let holder = loop {
+        if Instant::now() > deadline || matches!(guest.try_wait(), Ok(Some(_))) {
+            let _ = guest.kill();
+            let out = guest.wait_with_output().expect("guest");
+            panic!(
+                "the atomic never sat in a device:\n{}\nF1:\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                scrape(&fabric, "F1")
+            );
+        }
+        if let Some(id) = ["F1", "F2"]
+            .into_iter()
+            .find(|id| metric(&scrape(&fabric, id), "fabric_device_in_flight_requests") >= 1.0)
+        {
+            break id;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    fabric.kill(DaemonKind::FabricDevice, holder).expect("kill");
+    std::thread::sleep(Duration::from_millis(500));
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(server as i32, libc::SIGCONT) }, 0);
+
+    let out = guest.wait_with_output().expect("guest");
+    let console = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{console}");
+    let admin = fabric.admin(DaemonKind::PmemServer, "A").expect("admin");
+    let server_metrics = telemetry::http_get(admin, "/metrics", Duration::from_secs(5))
+        .map(|(_, body)| body)
+        .expect("server metrics");
+    let value = fabric
+        .as_client("c1", |pool| async move {
+            pool.read(topology::VirtAddr(word), 8)
+                .await
+                .map_err(|e| e.to_string())
+        })
+        .expect("read back");
+    assert_eq!(value, 1u64.to_le_bytes(), "added once: {console}");
+    assert!(
+        metric(&server_metrics, "pmem_server_exactly_once_replays_total") >= 1.0,
+        "the second copy was answered from the record: {server_metrics}"
+    );
+    drop(fabric.stop());
+}
