@@ -12,7 +12,27 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Mutex;
 
+use testbed::launch::{Fabric, LaunchOptions, NetMode};
+
 static LAB: Mutex<()> = Mutex::new(());
+
+/// `pmemctl` built with the `verbs` feature, next to the test binaries.
+fn pmemctl() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.parent()?.join("pmemctl")))
+        .filter(|p| p.exists())
+        .expect("pmemctl next to the test binaries (cargo build -p client-vmm --features verbs --bin pmemctl)")
+}
+
+/// The lab topology's fabric, up, with its data and logs under `dir`.
+fn lab_fabric(dir: &std::path::Path) -> Fabric {
+    let topology = testbed::load_topology_on(None, NetMode::Lab).expect("lab topology");
+    let mut options = LaunchOptions::new(dir.join("data"), dir.join("run")).expect("options");
+    options.net = NetMode::Lab;
+    options.program = env!("CARGO_BIN_EXE_testbed").into();
+    Fabric::start(&topology, options).expect("lab fabric")
+}
 
 /// Runs `testbed chaos --net lab` with two faults of `scenario` and checks
 /// the run: it passed, the application saw no error, and the workload went
@@ -120,23 +140,12 @@ fn a_guest_rdma_client_fails_over_when_its_queue_pair_runs_out_of_retries() {
 /// (`cargo build -p client-vmm --features verbs --bin pmemctl`).
 #[test]
 fn pmemctl_in_a_guest_reads_writes_and_adds_over_rdma() {
-    use testbed::launch::{Fabric, LaunchOptions, NetMode};
-
-    let pmemctl = std::env::current_exe()
-        .ok()
-        .and_then(|exe| Some(exe.parent()?.parent()?.join("pmemctl")))
-        .filter(|p| p.exists())
-        .expect("pmemctl next to the test binaries (cargo build -p client-vmm --features verbs --bin pmemctl)");
+    let pmemctl = pmemctl();
     let _lab = LAB
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir = tempfile::tempdir().expect("temp dir");
-    let topology = testbed::load_topology_on(None, NetMode::Lab).expect("lab topology");
-    let mut options =
-        LaunchOptions::new(dir.path().join("data"), dir.path().join("run")).expect("options");
-    options.net = NetMode::Lab;
-    options.program = env!("CARGO_BIN_EXE_testbed").into();
-    let fabric = Fabric::start(&topology, options).expect("lab fabric");
+    let fabric = lab_fabric(dir.path());
 
     // One guest runs every step; it stops at the first failure.
     let config = fabric.topology_path.display().to_string();
@@ -211,23 +220,14 @@ fn metric(text: &str, name: &str) -> f64 {
 #[test]
 fn an_rdma_atomic_in_doubt_when_its_device_dies_runs_exactly_once() {
     use std::time::{Duration, Instant};
-    use testbed::launch::{DaemonKind, Fabric, LaunchOptions, NetMode};
+    use testbed::launch::DaemonKind;
 
-    let pmemctl = std::env::current_exe()
-        .ok()
-        .and_then(|exe| Some(exe.parent()?.parent()?.join("pmemctl")))
-        .filter(|p| p.exists())
-        .expect("pmemctl next to the test binaries (cargo build -p client-vmm --features verbs --bin pmemctl)");
+    let pmemctl = pmemctl();
     let _lab = LAB
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir = tempfile::tempdir().expect("temp dir");
-    let topology = testbed::load_topology_on(None, NetMode::Lab).expect("lab topology");
-    let mut options =
-        LaunchOptions::new(dir.path().join("data"), dir.path().join("run")).expect("options");
-    options.net = NetMode::Lab;
-    options.program = env!("CARGO_BIN_EXE_testbed").into();
-    let mut fabric = Fabric::start(&topology, options).expect("lab fabric");
+    let mut fabric = lab_fabric(dir.path());
 
     // The word lives on server A (region A1, the first one).
     let word = (1u64 << 40) + 0x1000;
