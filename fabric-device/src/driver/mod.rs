@@ -7,6 +7,7 @@
 //! backoff has passed and flushes what is queued.
 
 mod endpoint;
+mod packet;
 mod roce_port;
 
 use std::io;
@@ -34,8 +35,8 @@ use roce_port::RoceEndpoint;
 pub use roce_port::{PortCounters, RocePortError};
 
 const SIGNALS: Token = Token(usize::MAX - 1);
-/// The RoCE ports' reader threads have frames waiting.
-const ROCE_WAKE: Token = Token(usize::MAX - 2);
+/// Port `i`'s RoCEv2 packet socket is `Token(ROCE_BASE + i)`.
+const ROCE_BASE: usize = 1 << 19;
 /// How often RoCE counters are published for `/metrics`.
 const ROCE_PUBLISH: Duration = Duration::from_millis(100);
 const CLIENT_BASE: usize = 1 << 20;
@@ -193,16 +194,22 @@ impl Device {
             })?;
         let mut listeners = Vec::new();
         let mut roce = Vec::new();
-        let waker =
-            Arc::new(mio::Waker::new(poll.registry(), ROCE_WAKE).map_err(DeviceError::Poll)?);
         for (i, port) in spec.ports.iter().enumerate() {
             roce.push(match &port.roce {
-                Some(r) => Some(RoceEndpoint::open(r, Arc::clone(&waker)).map_err(|source| {
-                    DeviceError::Roce {
+                Some(r) => {
+                    let endpoint = RoceEndpoint::open(r).map_err(|source| DeviceError::Roce {
                         port: port.id.clone(),
                         source,
-                    }
-                })?),
+                    })?;
+                    poll.registry()
+                        .register(
+                            &mut mio::unix::SourceFd(&endpoint.source()),
+                            Token(ROCE_BASE + i),
+                            Interest::READABLE,
+                        )
+                        .map_err(DeviceError::Poll)?;
+                    Some(endpoint)
+                }
                 None => None,
             });
             let bind_err = |source| DeviceError::Bind {
@@ -338,8 +345,10 @@ impl Device {
                         self.on_signal(signal);
                     }
                 }
-                ROCE_WAKE => self.roce_receive(now),
                 Token(i) if i < self.listeners.len() => self.accept(i),
+                Token(t) if (ROCE_BASE..ROCE_BASE + self.roce.len()).contains(&t) => {
+                    self.roce_receive(t - ROCE_BASE, now);
+                }
                 Token(t) if t >= LINK_BASE => {
                     let link = LinkId((t - LINK_BASE) as u32);
                     self.on_link_event(link, event, now);
@@ -489,13 +498,13 @@ impl Device {
         }
     }
 
-    /// Takes the frames the RoCE ports' readers queued.
-    fn roce_receive(&mut self, now: Instant) {
+    /// Handles the frames waiting on port `index`'s RoCEv2 socket.
+    fn roce_receive(&mut self, index: usize, now: Instant) {
         self.roce_dirty = true;
         let Self {
             core, links, roce, ..
         } = self;
-        for port in roce.iter_mut().flatten() {
+        if let Some(Some(port)) = roce.get_mut(index) {
             port.receive(now, core, |link, head, payload| {
                 if let Some(LinkConn::Connected { endpoint }) = links.get_mut(&link) {
                     let _ = endpoint.send(head, payload);
@@ -517,8 +526,8 @@ impl Device {
             let snapshots = self
                 .listeners
                 .iter()
-                .zip(&self.roce)
-                .filter_map(|((id, _, _), r)| r.as_ref().map(|r| r.snapshot(id.as_str())))
+                .zip(&mut self.roce)
+                .filter_map(|((id, _, _), r)| r.as_mut().map(|r| r.snapshot(id.as_str())))
                 .collect();
             self.roce_metrics.publish(snapshots);
         }

@@ -1,22 +1,18 @@
-//! A port's RoCEv2 side: raw Ethernet frames on a network interface
-//! (pnet's datalink channel), ARP for the port's address, and the
-//! [`RoceGateway`] that terminates the clients' queue pairs.
+//! A port's RoCEv2 side: raw Ethernet frames on a network interface, ARP
+//! for the port's address, and the [`RoceGateway`] that terminates the
+//! clients' queue pairs.
 //!
-//! A reader thread takes frames from the interface, keeps only ARP and
-//! IPv4/UDP to port 4791 for this port's address, and hands them to the
-//! event loop through a channel and a mio waker; the event loop does all
-//! protocol work and sends frames itself.
+//! Frames move through a [`PacketSocket`] that the event loop polls itself:
+//! the kernel's filter passes only ARP and IPv4/UDP to port 4791 for this
+//! port's address, the loop reads them in batches with one system call and
+//! sends what the queue pairs have ready in batches too. All protocol work
+//! runs on the event loop thread.
 
 use std::collections::HashMap;
 use std::io;
 use std::net::Ipv4Addr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use pnet_datalink::{Channel, Config, DataLinkSender};
 use proto::qp;
 use proto::roce::rc::{Path, QpConfig};
 use proto::{Message, Status};
@@ -26,52 +22,50 @@ use smoltcp::wire::{
 };
 use topology::RocePort;
 
+use super::packet::{PacketSocket, RxBatch, TxBatch, interface_info, roce_filter};
 use crate::forward::{ConnId, Forwarder, LinkId};
 use crate::roce::{QpSetup, RoceGateway};
 use crate::roce_metrics::PortSnapshot;
 
-/// Frames queued between the reader thread and the event loop; beyond
-/// this the reader drops (as a full NIC ring would) and counts.
-const RX_QUEUE: usize = 4096;
 const ETH_HEADER_LEN: usize = 14;
+/// Room for a VLAN tag beyond the interface MTU and Ethernet header.
+const FRAME_SLACK: usize = ETH_HEADER_LEN + 4;
 
 /// Why a RoCE port cannot start.
 #[derive(Debug, thiserror::Error)]
 pub enum RocePortError {
-    /// No interface of that name.
-    #[error("network interface {0:?} not found")]
-    NoInterface(String),
-    /// The interface has no MAC address (not Ethernet).
-    #[error("network interface {0:?} has no MAC address")]
-    NoMac(String),
-    /// The address in the topology is not IPv4.
-    #[error("RoCE address {0:?} is not an IPv4 address")]
-    BadIp(String),
-    /// The raw packet channel could not be opened (needs CAP_NET_RAW).
-    #[error("cannot open a raw packet channel on {interface:?} (root or CAP_NET_RAW needed)")]
-    Channel {
+    /// No interface of that name, or its address or MTU is unreadable.
+    #[error("network interface {interface:?}")]
+    Interface {
         /// The interface.
         interface: String,
         /// Why.
         #[source]
         source: io::Error,
     },
-    /// The channel is not an Ethernet one.
-    #[error("{0:?} did not give an Ethernet channel")]
-    NotEthernet(String),
-    /// The reader thread could not start.
-    #[error("cannot start the reader thread")]
-    Thread(#[source] io::Error),
+    /// The address in the topology is not IPv4.
+    #[error("RoCE address {0:?} is not an IPv4 address")]
+    BadIp(String),
+    /// The raw packet socket could not be opened (needs CAP_NET_RAW).
+    #[error("cannot open a raw packet socket on {interface:?} (root or CAP_NET_RAW needed)")]
+    Socket {
+        /// The interface.
+        interface: String,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
 }
 
 /// Counters of a port, read by the metrics exporter.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct PortCounters {
-    /// Frames handed to the event loop.
+    /// Frames handed to the port.
     pub frames_in: u64,
     /// Frames sent.
     pub frames_out: u64,
-    /// Frames dropped because the event loop fell behind.
+    /// Frames the kernel dropped because the port did not read them fast
+    /// enough, or could not queue for sending.
     pub rx_overflow: u64,
     /// ARP requests answered.
     pub arp_replies: u64,
@@ -80,120 +74,63 @@ pub struct PortCounters {
 }
 
 /// The RoCEv2 side of one port.
+#[derive(Debug)]
 pub struct RoceEndpoint {
     interface: String,
     ip: Ipv4Addr,
     mac: EthernetAddress,
     mtu: u16,
-    tx: Box<dyn DataLinkSender>,
-    rx: Receiver<Vec<u8>>,
-    overflow: Arc<Mutex<u64>>,
-    /// Set by the reader when it queues a frame and has woken the loop;
-    /// cleared by the loop before it drains, so one wake covers a burst.
-    woken: Arc<AtomicBool>,
-    stop: Arc<AtomicBool>,
-    reader: Option<JoinHandle<()>>,
+    socket: PacketSocket,
+    rx: RxBatch,
+    tx: TxBatch,
     neighbors: HashMap<Ipv4Addr, EthernetAddress>,
     /// The gateway terminating the queue pairs.
     pub gateway: RoceGateway,
     /// Queue pairs by the control connection that set them up.
     owners: HashMap<ConnId, Vec<u32>>,
     counters: PortCounters,
-    frame: Vec<u8>,
     datagram: Vec<u8>,
 }
 
-impl std::fmt::Debug for RoceEndpoint {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RoceEndpoint")
-            .field("interface", &self.interface)
-            .field("ip", &self.ip)
-            .field("mac", &self.mac)
-            .field("counters", &self.counters)
-            .finish_non_exhaustive()
-    }
-}
-
 impl RoceEndpoint {
-    /// Opens the interface and starts the reader; `wake` tells the event
-    /// loop that frames are waiting.
-    pub fn open(spec: &RocePort, wake: Arc<mio::Waker>) -> Result<Self, RocePortError> {
+    /// Opens the interface's packet socket; register it with the event
+    /// loop ([`RoceEndpoint::source`]) to hear of frames.
+    pub fn open(spec: &RocePort) -> Result<Self, RocePortError> {
         let ip: Ipv4Addr = spec
             .ip
             .parse()
             .map_err(|_| RocePortError::BadIp(spec.ip.clone()))?;
-        let iface = pnet_datalink::interfaces()
-            .into_iter()
-            .find(|i| i.name == spec.interface)
-            .ok_or_else(|| RocePortError::NoInterface(spec.interface.clone()))?;
-        let mac = iface
-            .mac
-            .ok_or_else(|| RocePortError::NoMac(spec.interface.clone()))?;
-        let config = Config {
-            read_timeout: Some(Duration::from_millis(100)),
-            ..Config::default()
-        };
-        let (tx, mut raw_rx) = match pnet_datalink::channel(&iface, config) {
-            Ok(Channel::Ethernet(tx, rx)) => (tx, rx),
-            Ok(_) => return Err(RocePortError::NotEthernet(spec.interface.clone())),
-            Err(source) => {
-                return Err(RocePortError::Channel {
-                    interface: spec.interface.clone(),
-                    source,
-                });
+        let info = interface_info(&spec.interface).map_err(|source| RocePortError::Interface {
+            interface: spec.interface.clone(),
+            source,
+        })?;
+        let socket = PacketSocket::open(info.index, &roce_filter(ip)).map_err(|source| {
+            RocePortError::Socket {
+                interface: spec.interface.clone(),
+                source,
             }
-        };
-        let (to_loop, rx): (SyncSender<Vec<u8>>, _) = sync_channel(RX_QUEUE);
-        let stop = Arc::new(AtomicBool::new(false));
-        let overflow = Arc::new(Mutex::new(0));
-        let woken = Arc::new(AtomicBool::new(false));
-        let reader = {
-            let stop = Arc::clone(&stop);
-            let overflow = Arc::clone(&overflow);
-            let woken = Arc::clone(&woken);
-            std::thread::Builder::new()
-                .name(format!("roce-rx-{}", spec.interface))
-                .spawn(move || {
-                    while !stop.load(Ordering::Relaxed) {
-                        let Ok(frame) = raw_rx.next() else { continue };
-                        if !wanted(frame, ip) {
-                            continue;
-                        }
-                        match to_loop.try_send(frame.to_vec()) {
-                            Ok(()) => {
-                                if !woken.swap(true, Ordering::AcqRel) {
-                                    let _ = wake.wake();
-                                }
-                            }
-                            Err(TrySendError::Full(_)) => {
-                                if let Ok(mut n) = overflow.lock() {
-                                    *n += 1;
-                                }
-                            }
-                            Err(TrySendError::Disconnected(_)) => return,
-                        }
-                    }
-                })
-                .map_err(RocePortError::Thread)?
-        };
+        })?;
+        let frame_cap = info.mtu + FRAME_SLACK;
         Ok(RoceEndpoint {
             interface: spec.interface.clone(),
             ip,
-            mac: EthernetAddress(mac.octets()),
+            mac: EthernetAddress(info.mac),
             mtu: spec.mtu,
-            tx,
-            rx,
-            overflow,
-            woken,
-            stop,
-            reader: Some(reader),
+            socket,
+            rx: RxBatch::new(frame_cap),
+            tx: TxBatch::new(frame_cap),
             neighbors: HashMap::new(),
             gateway: RoceGateway::new(),
             owners: HashMap::new(),
             counters: PortCounters::default(),
-            frame: Vec::new(),
             datagram: Vec::new(),
         })
+    }
+
+    /// The packet socket, to register with the event loop (readable).
+    pub fn source(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.socket.as_raw_fd()
     }
 
     /// The port's address.
@@ -202,14 +139,14 @@ impl RoceEndpoint {
     }
 
     /// The port's counters.
-    pub fn counters(&self) -> PortCounters {
+    pub fn counters(&mut self) -> PortCounters {
         let mut c = self.counters;
-        c.rx_overflow = self.overflow.lock().map_or(0, |n| *n);
+        c.rx_overflow = self.socket.drops() + self.tx.dropped;
         c
     }
 
     /// Everything the port counts, for `/metrics`.
-    pub fn snapshot(&self, port: &str) -> PortSnapshot {
+    pub fn snapshot(&mut self, port: &str) -> PortSnapshot {
         let c = self.counters();
         PortSnapshot {
             port: port.to_owned(),
@@ -222,72 +159,58 @@ impl RoceEndpoint {
         }
     }
 
-    /// Handles every frame the reader queued; `send` takes requests for links.
+    /// Handles every frame waiting on the socket (until it would block);
+    /// `send` takes requests for links.
     pub fn receive(
         &mut self,
         now: Instant,
         core: &mut Forwarder,
         mut send: impl FnMut(LinkId, &[u8], &[u8]),
     ) {
-        self.woken.store(false, Ordering::Release);
-        while let Ok(frame) = self.rx.try_recv() {
-            self.counters.frames_in += 1;
-            let Ok(eth) = EthernetFrame::new_checked(&frame[..]) else {
-                continue;
-            };
-            match eth.ethertype() {
-                EthernetProtocol::Arp => self.arp(&eth),
-                EthernetProtocol::Ipv4 => {
-                    let payload = eth.payload();
-                    if let Ok(ip) = Ipv4Packet::new_checked(payload) {
-                        self.neighbors.insert(ip.src_addr(), eth.src_addr());
-                    }
-                    self.gateway.handle_datagram(now, payload, core, &mut send);
+        loop {
+            match self.rx.receive(&self.socket) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!("RoCE port on {}: receive failed: {e}", self.interface);
+                    break;
                 }
-                _ => {}
+            }
+            for frame in self.rx.frames() {
+                self.counters.frames_in += 1;
+                // The kernel's filter chose these; checked again in case a
+                // frame was queued before the filter was attached.
+                if !wanted(frame, self.ip) {
+                    continue;
+                }
+                let Ok(eth) = EthernetFrame::new_checked(frame) else {
+                    continue;
+                };
+                match eth.ethertype() {
+                    EthernetProtocol::Arp => {
+                        let mut port = ArpPort {
+                            ip: self.ip,
+                            mac: self.mac,
+                            neighbors: &mut self.neighbors,
+                            socket: &self.socket,
+                            tx: &mut self.tx,
+                            counters: &mut self.counters,
+                        };
+                        port.answer(&eth);
+                    }
+                    EthernetProtocol::Ipv4 => {
+                        let payload = eth.payload();
+                        if let Ok(ip) = Ipv4Packet::new_checked(payload) {
+                            self.neighbors.insert(ip.src_addr(), eth.src_addr());
+                        }
+                        self.gateway.handle_datagram(now, payload, core, &mut send);
+                    }
+                    _ => {}
+                }
             }
         }
-    }
-
-    fn arp(&mut self, eth: &EthernetFrame<&[u8]>) {
-        let Ok(packet) = ArpPacket::new_checked(eth.payload()) else {
-            return;
-        };
-        let Ok(ArpRepr::EthernetIpv4 {
-            operation,
-            source_hardware_addr,
-            source_protocol_addr,
-            target_protocol_addr,
-            ..
-        }) = ArpRepr::parse(&packet)
-        else {
-            return;
-        };
-        self.neighbors
-            .insert(source_protocol_addr, source_hardware_addr);
-        if operation != ArpOperation::Request || target_protocol_addr != self.ip {
-            return;
-        }
-        let reply = ArpRepr::EthernetIpv4 {
-            operation: ArpOperation::Reply,
-            source_hardware_addr: self.mac,
-            source_protocol_addr: self.ip,
-            target_hardware_addr: source_hardware_addr,
-            target_protocol_addr: source_protocol_addr,
-        };
-        let eth = EthernetRepr {
-            src_addr: self.mac,
-            dst_addr: source_hardware_addr,
-            ethertype: EthernetProtocol::Arp,
-        };
-        self.frame.clear();
-        self.frame.resize(ETH_HEADER_LEN + reply.buffer_len(), 0);
-        let mut frame = EthernetFrame::new_unchecked(&mut self.frame[..]);
-        eth.emit(&mut frame);
-        reply.emit(&mut ArpPacket::new_unchecked(frame.payload_mut()));
-        if send_frame(&mut self.tx, &self.frame) {
-            self.counters.arp_replies += 1;
-            self.counters.frames_out += 1;
+        if !self.tx.is_empty() {
+            self.counters.frames_out += self.tx.flush(&self.socket) as u64;
         }
     }
 
@@ -307,9 +230,13 @@ impl RoceEndpoint {
                 self.counters.no_neighbor += 1;
                 continue;
             };
-            self.frame.clear();
-            self.frame.resize(ETH_HEADER_LEN + self.datagram.len(), 0);
-            let mut frame = EthernetFrame::new_unchecked(&mut self.frame[..]);
+            let Some(slot) = self
+                .tx
+                .slot(&self.socket, ETH_HEADER_LEN + self.datagram.len())
+            else {
+                continue;
+            };
+            let mut frame = EthernetFrame::new_unchecked(slot);
             EthernetRepr {
                 src_addr: self.mac,
                 dst_addr: mac,
@@ -317,9 +244,9 @@ impl RoceEndpoint {
             }
             .emit(&mut frame);
             frame.payload_mut().copy_from_slice(&self.datagram);
-            if send_frame(&mut self.tx, &self.frame) {
-                self.counters.frames_out += 1;
-            }
+        }
+        if !self.tx.is_empty() {
+            self.counters.frames_out += self.tx.flush(&self.socket) as u64;
         }
         any
     }
@@ -404,16 +331,7 @@ impl RoceEndpoint {
     }
 }
 
-impl Drop for RoceEndpoint {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(reader) = self.reader.take() {
-            let _ = reader.join();
-        }
-    }
-}
-
-/// Whether the reader should pass a frame on: ARP, or IPv4/UDP to 4791 for `ip`.
+/// Whether the port wants a frame: ARP, or IPv4/UDP to 4791 for `ip`.
 fn wanted(frame: &[u8], ip: Ipv4Addr) -> bool {
     let Ok(eth) = EthernetFrame::new_checked(frame) else {
         return false;
@@ -433,8 +351,62 @@ fn wanted(frame: &[u8], ip: Ipv4Addr) -> bool {
     }
 }
 
-fn send_frame(tx: &mut Box<dyn DataLinkSender>, frame: &[u8]) -> bool {
-    matches!(tx.send_to(frame, None), Some(Ok(())))
+/// What answering ARP needs of a port, borrowed apart from its receive
+/// buffers.
+struct ArpPort<'a> {
+    ip: Ipv4Addr,
+    mac: EthernetAddress,
+    neighbors: &'a mut HashMap<Ipv4Addr, EthernetAddress>,
+    socket: &'a PacketSocket,
+    tx: &'a mut TxBatch,
+    counters: &'a mut PortCounters,
+}
+
+impl ArpPort<'_> {
+    /// Learns the sender of an ARP packet and answers a request for the
+    /// port's address.
+    fn answer(&mut self, eth: &EthernetFrame<&[u8]>) {
+        let Ok(packet) = ArpPacket::new_checked(eth.payload()) else {
+            return;
+        };
+        let Ok(ArpRepr::EthernetIpv4 {
+            operation,
+            source_hardware_addr,
+            source_protocol_addr,
+            target_protocol_addr,
+            ..
+        }) = ArpRepr::parse(&packet)
+        else {
+            return;
+        };
+        self.neighbors
+            .insert(source_protocol_addr, source_hardware_addr);
+        if operation != ArpOperation::Request || target_protocol_addr != self.ip {
+            return;
+        }
+        let reply = ArpRepr::EthernetIpv4 {
+            operation: ArpOperation::Reply,
+            source_hardware_addr: self.mac,
+            source_protocol_addr: self.ip,
+            target_hardware_addr: source_hardware_addr,
+            target_protocol_addr: source_protocol_addr,
+        };
+        let Some(slot) = self
+            .tx
+            .slot(self.socket, ETH_HEADER_LEN + reply.buffer_len())
+        else {
+            return;
+        };
+        let mut frame = EthernetFrame::new_unchecked(slot);
+        EthernetRepr {
+            src_addr: self.mac,
+            dst_addr: source_hardware_addr,
+            ethertype: EthernetProtocol::Arp,
+        }
+        .emit(&mut frame);
+        reply.emit(&mut ArpPacket::new_unchecked(frame.payload_mut()));
+        self.counters.arp_replies += 1;
+    }
 }
 
 /// A random non-zero R_Key not in `taken`.
