@@ -13,7 +13,6 @@ use std::ffi::CString;
 use std::io;
 use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, RawFd};
-use std::path::Path;
 
 use socket2::{Domain, Protocol, Socket, Type};
 
@@ -94,7 +93,9 @@ pub struct InterfaceInfo {
     pub mtu: usize,
 }
 
-/// Reads `interface`'s index, MAC address and MTU.
+/// Reads `interface`'s index, MAC address and MTU, in the calling thread's
+/// network namespace (ioctls, not sysfs, which shows the namespace it was
+/// mounted in).
 pub fn interface_info(interface: &str) -> io::Result<InterfaceInfo> {
     let name = CString::new(interface).map_err(|_| io::ErrorKind::InvalidInput)?;
     // SAFETY: `name` is a NUL-terminated string that outlives the call.
@@ -102,21 +103,41 @@ pub fn interface_info(interface: &str) -> io::Result<InterfaceInfo> {
     if index == 0 {
         return Err(io::Error::last_os_error());
     }
-    let dir = Path::new("/sys/class/net").join(interface);
-    let text = std::fs::read_to_string(dir.join("address"))?;
-    let mut mac = [0u8; 6];
-    let mut parts = text.trim().split(':');
-    for byte in &mut mac {
-        *byte = parts
-            .next()
-            .and_then(|p| u8::from_str_radix(p, 16).ok())
-            .ok_or(io::ErrorKind::InvalidData)?;
+    let socket = Socket::new(Domain::IPV4, Type::DGRAM, None)?;
+    // SAFETY: ifreq is plain old data; all zeroes is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    let bytes = name.as_bytes();
+    if bytes.len() >= req.ifr_name.len() {
+        return Err(io::ErrorKind::InvalidInput.into());
     }
-    let mtu = std::fs::read_to_string(dir.join("mtu"))?
-        .trim()
-        .parse()
-        .map_err(|_| io::ErrorKind::InvalidData)?;
-    Ok(InterfaceInfo { index, mac, mtu })
+    for (dst, src) in req.ifr_name.iter_mut().zip(bytes) {
+        *dst = *src as libc::c_char;
+    }
+    let ioctl = |request, req: &mut libc::ifreq| {
+        // SAFETY: `req` is a live ifreq naming the interface; these requests
+        // write only into it.
+        let rc = unsafe { libc::ioctl(socket.as_raw_fd(), request, std::ptr::from_mut(req)) };
+        if rc < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    };
+    ioctl(libc::SIOCGIFHWADDR, &mut req)?;
+    // SAFETY: SIOCGIFHWADDR filled the union's hardware address member.
+    let hw = unsafe { req.ifr_ifru.ifru_hwaddr };
+    let mut mac = [0u8; 6];
+    for (dst, src) in mac.iter_mut().zip(hw.sa_data) {
+        *dst = src as u8;
+    }
+    ioctl(libc::SIOCGIFMTU, &mut req)?;
+    // SAFETY: SIOCGIFMTU filled the union's MTU member.
+    let mtu = unsafe { req.ifr_ifru.ifru_mtu };
+    Ok(InterfaceInfo {
+        index,
+        mac,
+        mtu: usize::try_from(mtu).map_err(|_| io::ErrorKind::InvalidData)?,
+    })
 }
 
 impl PacketSocket {
