@@ -59,6 +59,6 @@ PMEM_IS_PMEM_FORCE=1 PMEM_SERVER_TEST_PERSISTENCE=libpmem \
 echo "== cargo test -p client-vmm --features verbs (verbs unit tests; no RDMA device needed)"
 cargo test --locked -p client-vmm --features verbs --lib verbs
 echo "== the RDMA lab: a QEMU guest's kernel RDMA stack runs the workload through the devices"
-cargo build --locked -p client-vmm --features verbs --bin pmemctl
+cargo build --locked -p client-vmm --features verbs --bins
 cargo test --locked -p testbed --features verbs --test lab
 echo "== all tests passed"

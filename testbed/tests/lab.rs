@@ -22,7 +22,9 @@ fn pmemctl() -> PathBuf {
         .ok()
         .and_then(|exe| Some(exe.parent()?.parent()?.join("pmemctl")))
         .filter(|p| p.exists())
-        .expect("pmemctl next to the test binaries (cargo build -p client-vmm --features verbs --bin pmemctl)")
+        .expect(
+            "pmemctl next to the test binaries (cargo build -p client-vmm --features verbs --bins)",
+        )
 }
 
 /// The lab topology's fabric, up, with its data and logs under `dir`.
@@ -134,10 +136,11 @@ fn a_guest_rdma_client_fails_over_when_its_queue_pair_runs_out_of_retries() {
     );
 }
 
-/// pmemctl on the verbs transport: run from a guest against a lab fabric,
-/// its writes and atomics land where the host reads them over TCP. Needs
-/// `target/<profile>/pmemctl` built with the `verbs` feature
-/// (`cargo build -p client-vmm --features verbs --bin pmemctl`).
+/// roce-probe and pmemctl on the verbs transport, run from a guest against
+/// a lab fabric: every RDMA operation the stock verbs library posts works
+/// through the device, and pmemctl's writes and atomics land where the host
+/// reads them over TCP. Needs `target/<profile>/{pmemctl,roce-probe}` built
+/// with the `verbs` feature (`cargo build -p client-vmm --features verbs --bins`).
 #[test]
 fn pmemctl_in_a_guest_reads_writes_and_adds_over_rdma() {
     let pmemctl = pmemctl();
@@ -149,7 +152,8 @@ fn pmemctl_in_a_guest_reads_writes_and_adds_over_rdma() {
 
     // One guest runs every step; it stops at the first failure.
     let config = fabric.topology_path.display().to_string();
-    let at = 1u64 << 40;
+    // Away from what roce-probe writes (the first 64 KiB of each region).
+    let at = (1u64 << 40) + 0x80_0000;
     let script = dir.path().join("pmemctl.sh");
     let steps = [
         format!("write {at:#x} hello-over-rdma"),
@@ -158,7 +162,14 @@ fn pmemctl_in_a_guest_reads_writes_and_adds_over_rdma() {
         format!("faa {:#x} 5", at + 64),
         "map".to_owned(),
     ];
-    let mut text = String::from("#!/bin/sh\nset -e\n");
+    // roce-probe first (it writes at each region's start): READ, WRITE,
+    // both atomics and ATOMIC_WRITE posted by the stock verbs library.
+    let probe = pmemctl.with_file_name("roce-probe");
+    let mut text = format!(
+        "#!/bin/sh\nset -e\n{} --topology {config} --client c1 --device-port 10.77.0.100:7101 \
+         --local-ip 10.77.0.2 --rdma-device rxe0\n",
+        probe.display()
+    );
     for step in &steps {
         text.push_str(&format!(
             "echo '$ pmemctl {step}'\n{} --config {config} --client c1 {step}\n",
@@ -177,6 +188,11 @@ fn pmemctl_in_a_guest_reads_writes_and_adds_over_rdma() {
         out.status.success(),
         "{console}\n{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(console.contains("roce-probe-ok 2"), "{console}");
+    assert!(
+        console.contains("COMPARE_SWAP 7->10, ATOMIC_WRITE ok"),
+        "rxe posts ATOMIC_WRITE: {console}"
     );
     assert!(console.contains("hello-over-rdma"), "{console}");
     assert!(

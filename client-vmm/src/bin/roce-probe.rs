@@ -3,7 +3,7 @@
 //! over the control connection and, on every region of the layout, WRITEs a
 //! known pattern at the region start and READs it back, then runs
 //! FETCH_ADD and COMPARE_SWAP on a word at offset 0x10000 and READs it
-//! back; a pipelined batch of READs rechecks everything. Finally it prints
+//! back, and ATOMIC_WRITE where the queue pair offers it; a pipelined batch of READs rechecks everything. Finally it prints
 //! the RDMA devices' hardware counters (ICRC and sequence-error counters
 //! must be zero) and `roce-probe-ok N` (N regions), exiting 0, or the
 //! failure, exiting 1. With `--latency N` it also times N blocking 64-byte
@@ -199,8 +199,26 @@ fn run(cli: &Cli) -> Result<usize, Failure> {
             ));
         }
         work_requests += 6;
+        let atomic_write = if qp.has_atomic_write() {
+            let at = word + 16;
+            let value = 0x1122_3344_5566_7788u64;
+            qp.atomic_write(region, at, value)
+                .map_err(|e| verbs(&format!("region {id}: ATOMIC_WRITE at {at:#x}"), e))?;
+            let back = qp
+                .read(region, at, 8)
+                .map_err(|e| verbs(&format!("region {id}: READ 8 at {at:#x}"), e))?;
+            if back != value.to_le_bytes() {
+                return Err(format!(
+                    "region {id}: after ATOMIC_WRITE the word reads {back:02x?}, expected {value:#x} (little-endian)"
+                ));
+            }
+            work_requests += 2;
+            ", ATOMIC_WRITE"
+        } else {
+            " (this queue pair has no ATOMIC_WRITE)"
+        };
         println!(
-            "region {id} (index {region}, rkey {rkey:#010x}, {base:#x}): WRITE+READ {PATTERN_LEN} B, FETCH_ADD 0->7, COMPARE_SWAP 7->10 ok in {:?}",
+            "region {id} (index {region}, rkey {rkey:#010x}, {base:#x}): WRITE+READ {PATTERN_LEN} B, FETCH_ADD 0->7, COMPARE_SWAP 7->10{atomic_write} ok in {:?}",
             t.elapsed()
         );
     }

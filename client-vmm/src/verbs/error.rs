@@ -189,6 +189,10 @@ pub enum VerbsError {
     /// The send queue is full.
     #[error("the send queue is full ({0} work requests outstanding)")]
     QueueFull(usize),
+    /// The queue pair cannot post this operation (its RNIC or provider did
+    /// not accept it among the queue pair's send operations).
+    #[error("this queue pair cannot post {0}")]
+    Unsupported(&'static str),
     /// `ibv_post_send` failed.
     #[error("ibv_post_send {op}")]
     PostSend {

@@ -3,15 +3,17 @@
 //! their own.
 //!
 //! The pool hands the link device requests ([`VerbsLink::send`]); the
-//! thread turns READ, WRITE, COMPARE_SWAP and FETCH_ADD into RDMA work
+//! thread turns READ, WRITE, COMPARE_SWAP, FETCH_ADD and ATOMIC_WRITE into
+//! RDMA work
 //! requests on the queue pair (the PMEM address is the remote address, the
 //! region's R_Key the key) and answers each from its completion. What a
 //! queue pair cannot carry goes on the control connection, in order with
 //! the thread's other work:
 //!
-//! - FLUSH and ATOMIC_WRITE (the verbs library this builds on cannot post
-//!   them), and the FLUSH that makes a persistent WRITE or atomic durable
-//!   once its completion is in;
+//! - FLUSH (the verbs library this builds on cannot post it, nor can
+//!   rdma-core before 45), ATOMIC_WRITE where the queue pair has none, and
+//!   the FLUSH that makes a persistent WRITE or atomic durable once its
+//!   completion is in;
 //! - an exactly-once atomic asked again after an attempt that may have run
 //!   ([`Resend::Again`]), with the identity it had.
 //!
@@ -315,11 +317,14 @@ impl VerbsLink {
             Operation::CompareSwap | Operation::FetchAdd
         );
         let control = match request.operation {
-            Operation::Read | Operation::Write | Operation::WritePersist => false,
+            Operation::Read
+            | Operation::Write
+            | Operation::WritePersist
+            | Operation::AtomicWrite => false,
             Operation::CompareSwap | Operation::FetchAdd => {
                 atomic && resend == Resend::Again && request.exactly_once.is_some()
             }
-            Operation::AtomicWrite | Operation::Flush => true,
+            Operation::Flush => true,
         };
         let (tx, rx) = oneshot::channel();
         let ticket = Arc::new(Ticket::default());
@@ -430,7 +435,9 @@ impl Worker {
     /// until the queue pair has no room.
     fn post_waiting(&mut self) -> Result<(), Dead> {
         while let Some(job) = self.waiting.pop_front() {
-            if job.control {
+            let unpostable =
+                job.request.operation == Operation::AtomicWrite && !self.qp.has_atomic_write();
+            if job.control || unpostable {
                 if job.ticket.claim(None) {
                     let answer = self.on_control(&job.request.repr())?;
                     let _ = job.reply.send(answer);
@@ -491,7 +498,12 @@ impl Worker {
                 self.qp
                     .post_compare_swap(region, addr, request.compare, request.operand)
             }
-            Operation::AtomicWrite | Operation::Flush => Err(VerbsError::UnknownRegion(u32::MAX)),
+            // The pool's words are little-endian; the image is that.
+            Operation::AtomicWrite => {
+                self.qp
+                    .post_atomic_write(region, addr, request.operand.to_le_bytes())
+            }
+            Operation::Flush => Err(VerbsError::Unsupported("FLUSH")),
         }
     }
 

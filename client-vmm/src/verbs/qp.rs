@@ -1,6 +1,13 @@
 //! [`VerbsQp`]: an RC queue pair to a fabric device on a real RNIC, with
-//! blocking READ / WRITE / FETCH_ADD / COMPARE_SWAP and a pipelined
-//! `post_*` / [`VerbsQp::poll`] pair.
+//! blocking READ / WRITE / FETCH_ADD / COMPARE_SWAP / ATOMIC_WRITE and a
+//! pipelined `post_*` / [`VerbsQp::poll`] pair.
+//!
+//! The queue pair is an extended one (`ibv_create_qp_ex`), asked for
+//! ATOMIC_WRITE too; where the RNIC or its provider refuses that, it is made
+//! without it and [`VerbsQp::has_atomic_write`] says so. sideway has no call
+//! for ATOMIC_WRITE, so that one work request is built through the
+//! provider's `wr_atomic_write` entry of `ibv_qp_ex` (rdma-core 43 and
+//! later).
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher, Hasher};
@@ -19,9 +26,11 @@ use sideway::ibverbs::device_context::DeviceContext;
 use sideway::ibverbs::memory_region::MemoryRegion;
 use sideway::ibverbs::protection_domain::ProtectionDomain;
 use sideway::ibverbs::queue_pair::{
-    BasicQueuePair, PostSendGuard, QueuePair, QueuePairAttribute, QueuePairState, QueuePairType,
-    SetScatterGatherEntry, WorkRequestFlags,
+    ExtendedQueuePair, PostSendGuard, QueuePair, QueuePairAttribute, QueuePairState, QueuePairType,
+    SendOperationFlags, SetScatterGatherEntry, WorkRequestFlags,
 };
+
+use rdma_mummy_sys::ibv_qp_ex;
 
 use super::buffer::{DmaBuffer, place};
 use super::control::Control;
@@ -77,6 +86,8 @@ pub enum Op {
     FetchAdd,
     /// ATOMIC COMPARE_SWAP.
     CompareSwap,
+    /// ATOMIC_WRITE of 8 bytes.
+    AtomicWrite,
 }
 
 impl Op {
@@ -87,6 +98,7 @@ impl Op {
             Op::Write => "RDMA WRITE",
             Op::FetchAdd => "FETCH_ADD",
             Op::CompareSwap => "COMPARE_SWAP",
+            Op::AtomicWrite => "ATOMIC_WRITE",
         }
     }
 }
@@ -131,6 +143,7 @@ enum Work {
     Write,
     FetchAdd { add: u64 },
     CompareSwap { compare: u64, swap: u64 },
+    AtomicWrite { value: [u8; 8] },
 }
 
 impl Work {
@@ -140,6 +153,7 @@ impl Work {
             Work::Write => Op::Write,
             Work::FetchAdd { .. } => Op::FetchAdd,
             Work::CompareSwap { .. } => Op::CompareSwap,
+            Work::AtomicWrite { .. } => Op::AtomicWrite,
         }
     }
 }
@@ -162,7 +176,9 @@ struct InFlight {
 /// and sideway's Arcs keep each parent alive while a child needs it.
 #[derive(Debug)]
 pub struct VerbsQp {
-    qp: BasicQueuePair,
+    qp: ExtendedQueuePair,
+    /// The queue pair was made with ATOMIC_WRITE among its operations.
+    atomic_write: bool,
     mr: Arc<MemoryRegion>,
     cq: Arc<BasicCompletionQueue>,
     _pd: Arc<ProtectionDomain>,
@@ -231,17 +247,32 @@ impl VerbsQp {
                 len: buffer.len(),
                 source,
             })?;
-        let mut qp = pd
-            .create_qp_builder()
+        let mut builder = pd.create_qp_builder();
+        builder
             .setup_qp_type(QueuePairType::ReliableConnection)
             .setup_max_send_wr(depth)
             .setup_max_recv_wr(1)
             .setup_max_send_sge(1)
             .setup_max_recv_sge(1)
             .setup_send_cq(Arc::clone(&cq))
-            .setup_recv_cq(Arc::clone(&cq))
-            .build()
-            .map_err(VerbsError::CreateQp)?;
+            .setup_recv_cq(Arc::clone(&cq));
+        let basic = SendOperationFlags::Write
+            | SendOperationFlags::Read
+            | SendOperationFlags::AtomicFetchAndAdd
+            | SendOperationFlags::AtomicCompareAndSwap;
+        let (mut qp, atomic_write) = match builder
+            .setup_send_ops_flags(basic | SendOperationFlags::AtomicWrite)
+            .build_ex()
+        {
+            Ok(qp) => (qp, true),
+            Err(_) => (
+                builder
+                    .setup_send_ops_flags(basic)
+                    .build_ex()
+                    .map_err(VerbsError::CreateQp)?,
+                false,
+            ),
+        };
 
         let local = Endpoint {
             qpn: qp.qp_number(),
@@ -260,7 +291,7 @@ impl VerbsQp {
             .ok_or(VerbsError::BadMtu(remote.mtu))?
             .min(port.active_mtu);
 
-        let modify = |qp: &mut BasicQueuePair, attr: &QueuePairAttribute, state| {
+        let modify = |qp: &mut ExtendedQueuePair, attr: &QueuePairAttribute, state| {
             qp.modify(attr)
                 .map_err(|source| VerbsError::ModifyQp { state, source })
         };
@@ -300,6 +331,7 @@ impl VerbsQp {
 
         Ok(VerbsQp {
             qp,
+            atomic_write,
             mr,
             cq,
             _pd: pd,
@@ -352,6 +384,11 @@ impl VerbsQp {
     /// when the queue pair was set up without a lane.
     pub fn next_atomic(&self) -> Option<ExactlyOnce> {
         self.atomics.map(|a| ExactlyOnce::on_lane(a.lane, a.first))
+    }
+
+    /// Whether ATOMIC_WRITE work requests can be posted.
+    pub fn has_atomic_write(&self) -> bool {
+        self.atomic_write
     }
 
     /// Work requests posted and not yet reaped.
@@ -410,6 +447,21 @@ impl VerbsQp {
         )
     }
 
+    /// Posts an ATOMIC_WRITE of the 8-byte memory image `value` at
+    /// `pmem_addr` (8-byte aligned); [`VerbsError::Unsupported`] where the
+    /// queue pair has no ATOMIC_WRITE.
+    pub fn post_atomic_write(
+        &mut self,
+        region: u32,
+        pmem_addr: u64,
+        value: [u8; 8],
+    ) -> Result<u64, VerbsError> {
+        if !self.atomic_write {
+            return Err(VerbsError::Unsupported(Op::AtomicWrite.name()));
+        }
+        self.post(Work::AtomicWrite { value }, region, pmem_addr, 8, |_, _| {})
+    }
+
     /// Waits until every outstanding work request has completed and returns
     /// all completions not yet handed out, in posting order; fails with
     /// [`VerbsError::Timeout`] after the options' `op_timeout`.
@@ -441,6 +493,18 @@ impl VerbsQp {
     pub fn fetch_add(&mut self, region: u32, pmem_addr: u64, add: u64) -> Result<u64, VerbsError> {
         let wr_id = self.post_fetch_add(region, pmem_addr, add)?;
         Ok(self.complete(wr_id)?.value)
+    }
+
+    /// ATOMIC_WRITE of `value` (stored little-endian, as the pool stores
+    /// words) at `pmem_addr`, waiting for it.
+    pub fn atomic_write(
+        &mut self,
+        region: u32,
+        pmem_addr: u64,
+        value: u64,
+    ) -> Result<(), VerbsError> {
+        let wr_id = self.post_atomic_write(region, pmem_addr, value.to_le_bytes())?;
+        self.complete(wr_id).map(drop)
     }
 
     /// COMPARE_SWAP on the word at `pmem_addr`, waiting for it; returns the
@@ -558,7 +622,9 @@ impl VerbsQp {
     ) -> Result<u64, VerbsError> {
         let op = work.op();
         let rkey = self.rkey(region).ok_or(VerbsError::UnknownRegion(region))?;
-        if matches!(op, Op::FetchAdd | Op::CompareSwap) && !pmem_addr.is_multiple_of(8) {
+        if matches!(op, Op::FetchAdd | Op::CompareSwap | Op::AtomicWrite)
+            && !pmem_addr.is_multiple_of(8)
+        {
             return Err(VerbsError::Misaligned {
                 op: op.name(),
                 addr: pmem_addr,
@@ -584,20 +650,42 @@ impl VerbsQp {
         let wr_id = self.next_wr_id;
         let local = (self.buffer.addr() + at) as u64;
         let lkey = self.mr.lkey();
+        // SAFETY: an extended QP's `ibv_qp` is the first member of its
+        // `ibv_qp_ex`, so the two pointers are the same (sideway relies on
+        // this too); the QP lives as long as `self`.
+        let qp_ex: *mut ibv_qp_ex = unsafe { self.qp.qp() }.as_ptr().cast();
         let mut guard = self.qp.start_post_send();
         let wr = guard.construct_wr(wr_id, WorkRequestFlags::Signaled);
         let local_buffer = match work {
-            Work::Read => wr.setup_read(rkey, pmem_addr),
-            Work::Write => wr.setup_write(rkey, pmem_addr),
-            Work::FetchAdd { add } => wr.setup_atomic_fetch_add(rkey, pmem_addr, add),
+            Work::Read => Some(wr.setup_read(rkey, pmem_addr)),
+            Work::Write => Some(wr.setup_write(rkey, pmem_addr)),
+            Work::FetchAdd { add } => Some(wr.setup_atomic_fetch_add(rkey, pmem_addr, add)),
             Work::CompareSwap { compare, swap } => {
-                wr.setup_atomic_compare_swap(rkey, pmem_addr, compare, swap)
+                Some(wr.setup_atomic_compare_swap(rkey, pmem_addr, compare, swap))
+            }
+            Work::AtomicWrite { value } => {
+                // `construct_wr` set the request's id and flags on the QP;
+                // the handle has nothing more to do.
+                let _ = wr;
+                // SAFETY: between `start_post_send` and `post`, with the QP
+                // made with ATOMIC_WRITE among its send operations (checked
+                // by `post_atomic_write`), the provider's entry is set; it
+                // copies the 8 bytes of `value` before returning.
+                unsafe {
+                    let post = (*qp_ex)
+                        .wr_atomic_write
+                        .ok_or(VerbsError::Unsupported(Op::AtomicWrite.name()))?;
+                    post(qp_ex, rkey, pmem_addr, value.as_ptr().cast());
+                }
+                None
             }
         };
-        // SAFETY: `at..at + len` is a slot of the registered buffer reserved
-        // for this work request until its completion is reaped, and the
-        // buffer outlives the QP.
-        unsafe { local_buffer.setup_sge(lkey, local, length) };
+        if let Some(local_buffer) = local_buffer {
+            // SAFETY: `at..at + len` is a slot of the registered buffer
+            // reserved for this work request until its completion is reaped,
+            // and the buffer outlives the QP.
+            unsafe { local_buffer.setup_sge(lkey, local, length) };
+        }
         guard.post().map_err(|source| VerbsError::PostSend {
             op: op.name(),
             source,
