@@ -53,12 +53,37 @@ pub enum Dedup {
     Replayed(u64),
     /// Too old to tell whether it ran: its result has left the window.
     Stale,
+    /// Not run, and nothing recorded: the identity is not one this table
+    /// keeps windows for.
+    Refused(Refusal),
+}
+
+/// Why an exactly-once identity is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The client number is not a client of the topology, or the lane is
+    /// beyond that client's (lane 0, plus one per RNIC).
+    UnknownIdentity,
+    /// `u64::MAX` is not a sequence number (nothing can follow it).
+    ReservedSeq,
+}
+
+impl Refusal {
+    /// The `reason` label of the refusal counter.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Refusal::UnknownIdentity => "unknown_identity",
+            Refusal::ReservedSeq => "reserved_seq",
+        }
+    }
 }
 
 /// Per-client windows of recent atomic results.
 #[derive(Debug)]
 pub struct DedupTable {
     shards: Vec<Mutex<HashMap<u32, ClientWindow>>>,
+    /// The highest lane of each client number; `None`: any identity.
+    lanes: Option<Vec<u8>>,
     store: Option<WindowStore>,
     /// Whether a failure to record has been reported already.
     store_failed: AtomicBool,
@@ -68,6 +93,7 @@ impl Default for DedupTable {
     fn default() -> Self {
         Self {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            lanes: None,
             store: None,
             store_failed: AtomicBool::new(false),
         }
@@ -90,6 +116,31 @@ impl DedupTable {
         table
     }
 
+    /// Keeps windows only for the identities of the topology's clients:
+    /// client number `n` (its position) with lanes `0..=lanes[n]`. Anything
+    /// else is refused before it creates state, which bounds the table by
+    /// the topology.
+    pub fn bounded_by(mut self, lanes: Vec<u8>) -> Self {
+        self.lanes = Some(lanes);
+        self
+    }
+
+    /// Whether (`client`, `seq`) may have a window entry.
+    fn admits(&self, client: u32, seq: u64) -> Result<(), Refusal> {
+        if seq == u64::MAX {
+            return Err(Refusal::ReservedSeq);
+        }
+        let Some(lanes) = &self.lanes else {
+            return Ok(());
+        };
+        let number = (client & proto::request::CLIENT_NUMBER_MASK) as usize;
+        let lane = (client >> proto::request::LANE_SHIFT) as u8;
+        match lanes.get(number) {
+            Some(&max) if lane <= max => Ok(()),
+            _ => Err(Refusal::UnknownIdentity),
+        }
+    }
+
     /// Runs `apply` unless (`client`, `seq`) was seen before, recording its
     /// result. `apply` runs under the client's shard lock, so two copies of
     /// the same request racing in on two paths apply once.
@@ -102,6 +153,9 @@ impl DedupTable {
         persist: bool,
         apply: impl FnOnce() -> Result<u64, E>,
     ) -> Result<Dedup, E> {
+        if let Err(refusal) = self.admits(client, seq) {
+            return Ok(Dedup::Refused(refusal));
+        }
         let shard = &self.shards[client as usize % SHARDS];
         let mut clients = shard.lock().unwrap_or_else(PoisonError::into_inner);
         let window = clients.entry(client).or_default();
@@ -243,5 +297,43 @@ mod tests {
             }
         });
         assert_eq!(counter.load(Ordering::SeqCst), 1000);
+    }
+
+    #[test]
+    fn a_bounded_table_refuses_identities_outside_the_topology() {
+        let counter = AtomicU64::new(0);
+        // Two clients: number 0 with one RNIC (lanes 0 and 1), number 1 with none.
+        let table = DedupTable::default().bounded_by(vec![1, 0]);
+        let on = |lane: u8, number: u32| {
+            proto::request::ExactlyOnce::on_lane(lane, 0)
+                .stamped(number)
+                .client
+        };
+        assert_eq!(
+            table.run_test(on(0, 0), 1, add(&counter)),
+            Ok(Dedup::Applied(0))
+        );
+        assert_eq!(
+            table.run_test(on(1, 0), 1, add(&counter)),
+            Ok(Dedup::Applied(1))
+        );
+        assert_eq!(
+            table.run_test(on(0, 1), 1, add(&counter)),
+            Ok(Dedup::Applied(2))
+        );
+        for (lane, number) in [(2, 0), (1, 1), (0, 2), (255, 99)] {
+            assert_eq!(
+                table.run_test(on(lane, number), 1, add(&counter)),
+                Ok(Dedup::Refused(Refusal::UnknownIdentity)),
+                "lane {lane} of client {number}"
+            );
+        }
+        assert_eq!(
+            table.run_test(on(0, 0), u64::MAX, add(&counter)),
+            Ok(Dedup::Refused(Refusal::ReservedSeq))
+        );
+        assert_eq!(counter.load(Ordering::SeqCst), 3, "refused ones never ran");
+        let windows: usize = table.shards.iter().map(|s| s.lock().unwrap().len()).sum();
+        assert_eq!(windows, 3, "and left no state");
     }
 }

@@ -16,7 +16,7 @@ use proto::response::{self, ResponseKind};
 use proto::{Message, Opcode, Status, map};
 use topology::{CachePolicy, Layout, LayoutEntry, RegionIndex, ServerId};
 
-use crate::dedup::{Dedup, DedupTable};
+use crate::dedup::{Dedup, DedupTable, Refusal};
 use crate::metrics::ServerMetrics;
 use crate::region_file::{HEADER_LEN, RegionFile};
 
@@ -397,6 +397,16 @@ impl Executor {
                             Ok(Done::ok(old))
                         }
                         Dedup::Stale => Err(Status::BadRequest),
+                        Dedup::Refused(refusal) => {
+                            self.metrics
+                                .exactly_once_refused
+                                .with(&[refusal.reason()])
+                                .inc();
+                            Err(match refusal {
+                                Refusal::UnknownIdentity => Status::UnknownClient,
+                                Refusal::ReservedSeq => Status::BadRequest,
+                            })
+                        }
                     },
                 }
             }

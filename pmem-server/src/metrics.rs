@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use proto::Status;
 use proto::request::Operation;
-use telemetry::{Counter, CounterTable, Gauge, Histogram, Registry, RegistryError};
+use telemetry::{Counter, CounterTable, Family, Gauge, Histogram, Registry, RegistryError};
 
 /// Status codes whose counters are cached; rarer ones are looked up each time.
 const STATUS_SLOTS: usize = 16;
@@ -32,6 +32,8 @@ pub struct ServerMetrics {
     pub malformed_frames: Arc<Counter>,
     /// Exactly-once atomics answered from the window instead of applied.
     pub replays: Arc<Counter>,
+    /// Exactly-once requests refused, by reason.
+    pub exactly_once_refused: Arc<Family<Counter>>,
 }
 
 impl ServerMetrics {
@@ -76,6 +78,12 @@ impl ServerMetrics {
             replays: r.counter(
                 "pmem_server_exactly_once_replays_total",
                 "Exactly-once atomics answered from the result window instead of applied again.",
+            )?,
+            exactly_once_refused: r.counter_family(
+                "pmem_server_exactly_once_refused_total",
+                "Exactly-once atomics refused before running, by reason: an identity that is not \
+                 a client (and lane) of the topology, or a reserved sequence number.",
+                &["reason"],
             )?,
             latency,
             ops: CounterTable::new(ops),

@@ -291,7 +291,13 @@ impl RunningServer {
             config.persistence,
             config.format || config.reset_exactly_once,
         )?;
-        let dedup = DedupTable::with_store(store, windows);
+        // One window per lane a client can use: lane 0, and one per RNIC.
+        let lanes = topology
+            .clients
+            .iter()
+            .map(|c| u8::try_from(c.rnics.len()).unwrap_or(u8::MAX))
+            .collect();
+        let dedup = DedupTable::with_store(store, windows).bounded_by(lanes);
         let exec = Arc::new(Executor::new(
             server.id.clone(),
             layout,

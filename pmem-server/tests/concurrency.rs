@@ -4,6 +4,11 @@ use proto::request::Repr;
 use proto::{Message, Status};
 use testkit::{Conn, at, key, layout, pmem_server_with, write_topology};
 
+/// The exactly-once identity of the topology's only client, `c` (number 0),
+/// on lane 0; and on lane 1, which its one RNIC gives it.
+const CLIENT: u32 = 0;
+const OTHER_LANE: u32 = 1 << proto::request::LANE_SHIFT;
+
 /// This package's daemon, built with the features of the test run.
 const PMEM_SERVER: &str = env!("CARGO_BIN_EXE_pmem-server");
 
@@ -94,7 +99,7 @@ fn replayed_fetch_add_is_applied_once() {
     let mut first_path = Conn::connect(data);
     let mut second_path = Conn::connect(data);
 
-    let add = Repr::fetch_add(at(0, 16), k, 5).with_exactly_once(7, 1);
+    let add = Repr::fetch_add(at(0, 16), k, 5).with_exactly_once(CLIENT, 1);
     let first = first_path.call(add);
     // The same request re-issued on another connection, as after a failover.
     let replay = second_path.call(add);
@@ -104,14 +109,14 @@ fn replayed_fetch_add_is_applied_once() {
         "the replay returns the first result"
     );
 
-    // A new sequence number applies again; another client's seq 1 is its own.
-    first_path.call(Repr::fetch_add(at(0, 16), k, 5).with_exactly_once(7, 2));
-    first_path.call(Repr::fetch_add(at(0, 16), k, 5).with_exactly_once(8, 1));
+    // A new sequence number applies again; another lane's seq 1 is its own.
+    first_path.call(Repr::fetch_add(at(0, 16), k, 5).with_exactly_once(CLIENT, 2));
+    first_path.call(Repr::fetch_add(at(0, 16), k, 5).with_exactly_once(OTHER_LANE, 1));
     let total = first_path.call(Repr::fetch_add(at(0, 16), k, 0));
     assert_eq!(total.value, 15);
 
     // Compare-and-swap too: a replayed successful swap does not swap again.
-    let cas = Repr::compare_swap(at(0, 24), k, 0, 9).with_exactly_once(7, 3);
+    let cas = Repr::compare_swap(at(0, 24), k, 0, 9).with_exactly_once(CLIENT, 3);
     assert_eq!(first_path.call(cas).value, 0);
     first_path.call(Repr::atomic_write(at(0, 24), k, 0));
     assert_eq!(second_path.call(cas).value, 0, "answered from the window");
@@ -130,7 +135,7 @@ fn exactly_once_holds_across_a_server_crash() {
     let data = dir.path().join("data");
     let k = key(&layout, 0);
     let server = pmem_server_with(PMEM_SERVER, &config, "S", &data, &[]).unwrap();
-    let add = Repr::fetch_add(at(0, 32), k, 10).with_exactly_once(3, 500);
+    let add = Repr::fetch_add(at(0, 32), k, 10).with_exactly_once(CLIENT, 500);
     let first = Conn::connect(server.addr("nic.n0")).call(add);
     assert_eq!((first.status, first.value), (Status::Ok, 0));
     // The response might have been lost: the server dies before the client
@@ -151,4 +156,40 @@ fn exactly_once_holds_across_a_server_crash() {
     let server = pmem_server_with(PMEM_SERVER, &config, "S", &data, &["--format"]).unwrap();
     let fresh = Conn::connect(server.addr("nic.n0")).call(add);
     assert_eq!((fresh.status, fresh.value), (Status::Ok, 0));
+}
+
+/// Exactly-once identities the topology does not have are refused before
+/// they run or leave state, and counted; so is the reserved sequence number.
+#[test]
+fn forged_exactly_once_identities_are_refused_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_topology(dir.path(), &[("R1", "4MiB")]);
+    let layout = layout(&config);
+    let server =
+        pmem_server_with(PMEM_SERVER, &config, "S", &dir.path().join("data"), &[]).unwrap();
+    let k = key(&layout, 0);
+    let mut conn = Conn::connect(server.addr("nic.n0"));
+    // Client number 5 does not exist; client 0 has lanes 0 and 1 only.
+    for forged in [5, 2 << proto::request::LANE_SHIFT, u32::MAX] {
+        let reply = conn.call(Repr::fetch_add(at(0, 40), k, 1).with_exactly_once(forged, 1));
+        assert_eq!(reply.status, Status::UnknownClient, "identity {forged:#x}");
+    }
+    let reply = conn.call(Repr::fetch_add(at(0, 40), k, 1).with_exactly_once(CLIENT, u64::MAX));
+    assert_eq!(reply.status, Status::BadRequest, "reserved sequence number");
+    assert_eq!(
+        conn.call(Repr::fetch_add(at(0, 40), k, 0)).value,
+        0,
+        "none of them ran"
+    );
+    let metrics = telemetry::http_get(
+        server.addr("admin"),
+        "/metrics",
+        std::time::Duration::from_secs(5),
+    )
+    .unwrap()
+    .1;
+    for (reason, count) in [("unknown_identity", 3), ("reserved_seq", 1)] {
+        let line = format!("pmem_server_exactly_once_refused_total{{reason=\"{reason}\"}} {count}");
+        assert!(metrics.lines().any(|l| l == line), "{line}:\n{metrics}");
+    }
 }
