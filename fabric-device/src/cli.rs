@@ -56,6 +56,14 @@ struct Args {
     /// milliseconds is closed.
     #[arg(long, default_value_t = 10_000)]
     hello_timeout_ms: u64,
+    /// A client connection with nothing in flight, no queue pair and no
+    /// traffic for this many milliseconds is closed (0 = never).
+    #[arg(long, default_value_t = 300_000)]
+    idle_timeout_ms: u64,
+    /// Connections one client may have open at once; further HELLOs from
+    /// it are refused BUSY.
+    #[arg(long, default_value_t = 64)]
+    max_connections_per_client: usize,
     /// Log lines on stderr as text or json (levels from RUST_LOG, default info).
     #[arg(long, value_name = "text|json", default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -103,11 +111,14 @@ where
             max_in_flight_per_client: args.max_in_flight,
             max_reply_bytes_per_client: args.max_reply_mib_per_client << 20,
             max_reply_bytes_total: args.max_reply_mib_total << 20,
+            max_connections_per_client: args.max_connections_per_client,
         },
         reconnect_min: Duration::from_millis(args.reconnect_min_ms),
         reconnect_max: Duration::from_millis(args.reconnect_max_ms),
         max_clients: args.max_clients,
         hello_timeout: Duration::from_millis(args.hello_timeout_ms),
+        idle_timeout: (args.idle_timeout_ms > 0)
+            .then(|| Duration::from_millis(args.idle_timeout_ms)),
         busy_poll: Duration::from_micros(args.busy_poll_us),
         topology,
     };

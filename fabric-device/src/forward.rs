@@ -64,6 +64,9 @@ pub struct ForwarderConfig {
     pub max_reply_bytes_per_client: u64,
     /// Bytes of answers on the way for all clients together.
     pub max_reply_bytes_total: u64,
+    /// Connections one client may have open at once (HELLOs beyond are
+    /// refused BUSY), so one principal cannot fill the connection cap.
+    pub max_connections_per_client: usize,
 }
 
 impl Default for ForwarderConfig {
@@ -73,6 +76,7 @@ impl Default for ForwarderConfig {
             max_in_flight_per_client: 256,
             max_reply_bytes_per_client: 32 << 20,
             max_reply_bytes_total: 512 << 20,
+            max_connections_per_client: 64,
         }
     }
 }
@@ -212,6 +216,8 @@ struct Session {
     /// The client's id and policy once its HELLO was accepted (refreshed on
     /// reload), so requests need no lookup by name.
     client: Option<(String, ClientPolicy)>,
+    /// The client said HELLO on this connection (not a queue pair's session).
+    by_hello: bool,
     in_flight: usize,
     /// Bytes of the answers its requests in flight will bring.
     reply_bytes: u64,
@@ -367,6 +373,11 @@ impl Forwarder {
             .map(|(name, _)| name.as_str())
     }
 
+    /// Whether `conn`'s client has requests in flight.
+    pub fn client_busy(&self, conn: ConnId) -> bool {
+        self.sessions.get(&conn).is_some_and(|s| s.in_flight > 0)
+    }
+
     /// A client connection closed: responses still due to it are dropped.
     pub fn client_closed(&mut self, conn: ConnId) {
         self.parked.retain(|p| p.conn != conn);
@@ -434,22 +445,38 @@ impl Forwarder {
                 Status::VersionMismatch,
             ));
         }
-        let Some(policy) = self.map.clients.get(hello.name) else {
-            return ClientAction::ReplyAndClose(error_reply(
-                Opcode::Hello,
-                tag,
-                Status::UnknownClient,
-            ));
+        let refuse = |metrics: &DeviceMetrics, reason: &str, status| {
+            metrics.hello_refused.with(&[reason]).inc();
+            ClientAction::ReplyAndClose(error_reply(Opcode::Hello, tag, status))
         };
+        let Some(policy) = self.map.clients.get(hello.name) else {
+            return refuse(&self.metrics, "unknown_client", Status::UnknownClient);
+        };
+        let current = self.session_client(conn);
+        if current.is_some_and(|name| name != hello.name) {
+            // One connection, one identity: a second HELLO may repeat it,
+            // never change it.
+            return refuse(&self.metrics, "identity_switch", Status::UnknownClient);
+        }
+        if current.is_none() {
+            let open = self
+                .sessions
+                .values()
+                .filter(|s| s.by_hello && s.client.as_ref().is_some_and(|(n, _)| n == hello.name))
+                .count();
+            if open >= self.config.max_connections_per_client {
+                return refuse(&self.metrics, "connections_per_client", Status::Busy);
+            }
+        }
         if let Some(session) = self.sessions.get_mut(&conn) {
             session.client = Some((hello.name.to_owned(), policy.clone()));
+            session.by_hello = true;
         }
         let reply = Message::Hello(hello::Repr {
             version: PROTOCOL_VERSION,
             role: Role::FabricDevice,
-            capabilities: Capabilities::PIPELINING
-                | Capabilities::EXACTLY_ONCE
-                | Capabilities::ZERO_COPY,
+            // Not ZERO_COPY: the device copies every payload it forwards.
+            capabilities: Capabilities::PIPELINING | Capabilities::EXACTLY_ONCE,
             name: self.map.device.as_str(),
         });
         ClientAction::Reply(frame_reply(&reply, tag))
@@ -1220,6 +1247,75 @@ mod tests {
         let statuses: Vec<_> = replies.iter().map(|(_, r)| status_of(r)).collect();
         assert_eq!(statuses, vec![(Status::Timeout, 2)]);
         assert_eq!(core.poll_timeout(), None);
+    }
+
+    /// The HELLO refusal counter for `reason`.
+    fn hello_refusals(core: &Forwarder, reason: &str) -> u64 {
+        core.metrics.hello_refused.with(&[reason]).get()
+    }
+
+    #[test]
+    fn a_connection_keeps_the_identity_of_its_first_hello() {
+        let mut core = core();
+        all_up(&mut core);
+        assert!(matches!(hello(&mut core, 1, "c1"), ClientAction::Reply(_)));
+        // Saying the same name again is harmless.
+        let again = Message::Hello(hello::Repr {
+            version: 1,
+            role: Role::Client,
+            capabilities: Capabilities::NONE,
+            name: "c1",
+        })
+        .encode_to_vec(2)
+        .unwrap();
+        assert!(matches!(
+            core.client_frame(1, &again, Instant::now()),
+            ClientAction::Reply(_)
+        ));
+        // Another client's name closes the connection; the session keeps c1.
+        let switch = Message::Hello(hello::Repr {
+            version: 1,
+            role: Role::Client,
+            capabilities: Capabilities::NONE,
+            name: "c2",
+        })
+        .encode_to_vec(3)
+        .unwrap();
+        match core.client_frame(1, &switch, Instant::now()) {
+            ClientAction::ReplyAndClose(reply) => {
+                assert_eq!(status_of(&reply), (Status::UnknownClient, 3));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(core.session_client(1), Some("c1"));
+        assert_eq!(hello_refusals(&core, "identity_switch"), 1);
+    }
+
+    #[test]
+    fn a_client_gets_at_most_its_share_of_connections() {
+        let mut core = core_with(
+            &topology(),
+            ForwarderConfig {
+                max_connections_per_client: 2,
+                ..ForwarderConfig::default()
+            },
+        );
+        all_up(&mut core);
+        for conn in [1, 2] {
+            assert!(matches!(
+                hello(&mut core, conn, "c1"),
+                ClientAction::Reply(_)
+            ));
+        }
+        match hello(&mut core, 3, "c1") {
+            ClientAction::ReplyAndClose(reply) => assert_eq!(status_of(&reply).0, Status::Busy),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(hello_refusals(&core, "connections_per_client"), 1);
+        // Other clients are not affected; a closed connection frees a place.
+        assert!(matches!(hello(&mut core, 4, "c2"), ClientAction::Reply(_)));
+        core.client_closed(1);
+        assert!(matches!(hello(&mut core, 5, "c1"), ClientAction::Reply(_)));
     }
 
     #[test]

@@ -43,6 +43,8 @@ pub struct DeviceMetrics {
     pub reloads: Arc<Family<Counter>>,
     /// Client connections the device closed or refused, by reason.
     pub connections_closed: Arc<Family<Counter>>,
+    /// HELLOs refused, by reason.
+    pub hello_refused: Arc<Family<Counter>>,
 }
 
 impl DeviceMetrics {
@@ -103,6 +105,13 @@ impl DeviceMetrics {
             connections_closed: r.counter_family(
                 "fabric_device_connections_closed_total",
                 "Client connections the device closed or refused, by reason.",
+                &["reason"],
+            )?,
+            hello_refused: r.counter_family(
+                "fabric_device_hello_refused_total",
+                "Client HELLOs refused (and their connections closed), by reason: a client \
+                 the topology does not name, a second HELLO naming another client, or a \
+                 client already at its connection cap.",
                 &["reason"],
             )?,
             registry,

@@ -567,3 +567,75 @@ fn connections_that_never_say_hello_are_closed() {
         "{metrics}"
     );
 }
+
+/// A client connection that stays quiet for the idle timeout is closed; one
+/// that keeps talking is not. A client at its connection cap is refused
+/// BUSY, and a second HELLO naming another client closes the connection;
+/// both are counted.
+#[test]
+fn idle_connections_close_and_no_client_takes_more_than_its_share() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = two_servers().write(dir.path(), "topology.toml", &mut Ports::new());
+    let _servers: Vec<Daemon> = ["A", "B"]
+        .iter()
+        .map(|id| start_server(dir.path(), &config, id))
+        .collect();
+    let mut flags = DEVICE_FLAGS.to_vec();
+    flags.extend_from_slice(&[
+        "--idle-timeout-ms",
+        "1500",
+        "--max-connections-per-client",
+        "2",
+    ]);
+    let device = testkit::fabric_device(&config, "F", &flags)
+        .unwrap_or_else(|e| panic!("fabric-device did not start:\n{e}"));
+    device.wait_links_up(2);
+    let port = device.addr("port.p0");
+    let a1 = layout(&config)
+        .entry_by_id(&"A1".into())
+        .expect("A1")
+        .clone();
+    let read = Repr::read(Target::Pmem(a1.start), a1.key, 8);
+
+    let mut quiet = Conn::connect(port);
+    quiet.hello("c1");
+    let mut busy = Conn::connect(port);
+    busy.hello("c1");
+    // A third connection of c1 is one too many.
+    let mut third = Conn::connect(port);
+    assert_eq!(third.hello("c1").status, Status::Busy);
+
+    // `busy` talks every 300 ms for 3 s; `quiet` says nothing.
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(3) {
+        assert_eq!(busy.call(read).status, Status::Ok);
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert!(
+        quiet.try_recv().is_none(),
+        "the quiet connection was closed"
+    );
+    assert_eq!(
+        busy.call(read).status,
+        Status::Ok,
+        "the busy one is still served"
+    );
+
+    // The closed connection freed a place for c1; a second HELLO as
+    // another client on it closes it.
+    let mut switch = Conn::connect(port);
+    switch.hello("c1");
+    assert_eq!(switch.hello("c2").status, Status::UnknownClient);
+    assert!(switch.try_recv().is_none(), "and closes the connection");
+
+    let metrics = telemetry::http_get(device.addr("admin"), "/metrics", Duration::from_secs(5))
+        .map(|(_, body)| body)
+        .expect("metrics");
+    for line in [
+        "fabric_device_connections_closed_total{reason=\"idle\"} 1",
+        "fabric_device_hello_refused_total{reason=\"connections_per_client\"} 1",
+        "fabric_device_hello_refused_total{reason=\"identity_switch\"} 1",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line}\n{metrics}");
+    }
+}

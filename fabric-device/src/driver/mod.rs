@@ -69,6 +69,9 @@ pub struct DeviceConfig {
     pub max_clients: usize,
     /// A client connection without HELLO after this long is closed.
     pub hello_timeout: Duration,
+    /// A client connection idle this long (nothing in flight, no queue
+    /// pair, no traffic) is closed; `None`: never.
+    pub idle_timeout: Option<Duration>,
     /// Spin on the sockets for this long after the last event before
     /// sleeping in the kernel: trades a CPU for the wake-up latency of an
     /// idle one. Zero (the default) never spins.
@@ -136,6 +139,8 @@ struct ClientConn {
     endpoint: Endpoint,
     /// When it was accepted (for the HELLO timeout).
     opened: Instant,
+    /// When it last had traffic either way (for the idle timeout).
+    active: Instant,
     /// Index of the port it connected to.
     port: usize,
     /// Reading stopped for backpressure; resume when there is room.
@@ -449,8 +454,9 @@ impl Device {
     }
 
     /// Closes connections that have not said HELLO within the HELLO
-    /// timeout, so idle sockets cannot fill the connection cap. Checked
-    /// at most once a second.
+    /// timeout, and connections idle for the idle timeout (nothing in
+    /// flight or queued, no queue pair), so idle sockets cannot fill the
+    /// connection cap. Checked at most once a second.
     fn close_silent_clients(&mut self, now: Instant) {
         if now < self.hello_checked + Duration::from_secs(1) {
             return;
@@ -471,6 +477,28 @@ impl Device {
                 .with(&["hello_timeout"])
                 .inc();
             self.close_client(conn, "no HELLO in time");
+        }
+        let Some(limit) = self.config.idle_timeout else {
+            return;
+        };
+        let idle: Vec<ConnId> = self
+            .clients
+            .iter()
+            .filter(|(conn, c)| {
+                now.saturating_duration_since(c.active) >= limit
+                    && c.endpoint.pending_out() == 0
+                    && !self.core.client_busy(**conn)
+                    && !self
+                        .roce
+                        .iter()
+                        .flatten()
+                        .any(|r| r.has_queue_pairs(**conn))
+            })
+            .map(|(conn, _)| *conn)
+            .collect();
+        for conn in idle {
+            self.metrics.connections_closed.with(&["idle"]).inc();
+            self.close_client(conn, "idle");
         }
     }
 
@@ -591,6 +619,7 @@ impl Device {
                 ClientConn {
                     endpoint: Endpoint::new(stream),
                     opened: Instant::now(),
+                    active: Instant::now(),
                     port: index,
                     paused: false,
                     closing: false,
@@ -605,6 +634,7 @@ impl Device {
             return;
         };
         client.endpoint.note_event(event);
+        client.active = now;
         if let Err(e) = client.endpoint.flush() {
             self.close_client(conn, &format!("write failed: {e}"));
             return;

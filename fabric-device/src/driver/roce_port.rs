@@ -323,6 +323,12 @@ impl RoceEndpoint {
         }
     }
 
+    /// Whether control connection `conn` set up queue pairs here (its own
+    /// traffic then stays quiet while they work).
+    pub fn has_queue_pairs(&self, conn: ConnId) -> bool {
+        self.owners.get(&conn).is_some_and(|q| !q.is_empty())
+    }
+
     /// The control connection `conn` closed: its queue pairs go with it.
     pub fn control_closed(&mut self, core: &mut Forwarder, conn: ConnId) {
         for qpn in self.owners.remove(&conn).unwrap_or_default() {
