@@ -10,7 +10,7 @@ use crate::forward::ForwarderConfig;
 use clap::Parser;
 use telemetry::logging::{self, LogFormat};
 use topology::Topology;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 /// Forwards one-sided requests from clients to the PMEM servers that own
 /// their addresses.
@@ -91,6 +91,9 @@ where
             return ExitCode::FAILURE;
         }
     };
+    for warning in topology.warnings() {
+        warn!("{warning}");
+    }
     let Some(spec) = topology.fabric_device(&args.device.as_str().into()) else {
         error!(
             "{}: no fabric device {:?} in the topology",

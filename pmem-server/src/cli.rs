@@ -10,7 +10,7 @@ use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 use telemetry::logging::{self, LogFormat, error_chain};
 use topology::{Persistence, Topology};
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 /// Exports the PMEM regions the topology gives one server.
 #[derive(Debug, Parser)]
@@ -61,6 +61,9 @@ fn config(args: Args) -> Result<ServerConfig, ExitCode> {
         report(&e);
         ExitCode::FAILURE
     })?;
+    for warning in topology.warnings() {
+        warn!("{warning}");
+    }
     if let Err(errors) = topology.validate() {
         error!(
             "{}: {} problem(s) in topology",

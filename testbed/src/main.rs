@@ -231,6 +231,9 @@ fn validate(file: Option<&PathBuf>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    for warning in topology.warnings() {
+        eprintln!("warning: {warning}");
+    }
     if let Err(errors) = topology.validate() {
         eprintln!(
             "{}: invalid topology, {} problem(s):",

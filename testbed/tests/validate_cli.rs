@@ -141,3 +141,24 @@ fn embedded_default_validates_and_honours_env_overrides() {
         "4MiB"
     );
 }
+
+#[test]
+fn an_admin_endpoint_on_every_interface_is_valid_but_warned_about() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let text = std::fs::read_to_string(configs().join("single.toml"))
+        .expect("single.toml")
+        .replace("admin = \"127.0.2.1:9200\"", "admin = \"0.0.0.0:9200\"");
+    let path = dir.path().join("open-admin.toml");
+    std::fs::write(&path, text).expect("write");
+    let out = testbed(&["validate", path.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("warning: ")
+            && stderr.contains("open-admin.toml: fabric device \"A\" admin: 0.0.0.0:9200 listens on every interface"),
+        "{stderr}"
+    );
+    // The shipped configs give management addresses: no warning.
+    let out = testbed(&["validate", configs().join("single.toml").to_str().unwrap()]);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("warning"));
+}

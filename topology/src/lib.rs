@@ -37,4 +37,4 @@ pub use model::{
 };
 pub use routes::Path;
 pub use size::ByteSize;
-pub use validate::{Problem, ProblemKind, ValidationErrors};
+pub use validate::{Problem, ProblemKind, ValidationErrors, Warning};

@@ -625,7 +625,52 @@ fn device_item(id: &FabricDeviceId) -> String {
     format!("fabric device {:?}", id.as_str())
 }
 
+/// Something valid but probably not meant, said when a topology loads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Warning {
+    /// The topology file.
+    pub file: String,
+    /// The item, e.g. `fabric device "F" admin`.
+    pub item: String,
+    /// What is wrong with it.
+    pub text: String,
+}
+
+impl fmt::Display for Warning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}: {}", self.file, self.item, self.text)
+    }
+}
+
 impl Topology {
+    /// What is valid but probably not meant: an admin endpoint (metrics and
+    /// health, unauthenticated) listening on every interface.
+    pub fn warnings(&self) -> Vec<Warning> {
+        let admins = self
+            .servers
+            .iter()
+            .map(|s| (format!("server {:?} admin", s.id.as_str()), &s.admin))
+            .chain(
+                self.fabric_devices
+                    .iter()
+                    .map(|d| (format!("{} admin", device_item(&d.id)), &d.admin)),
+            );
+        admins
+            .filter_map(|(item, admin)| {
+                let addr = admin.as_deref()?.parse::<SocketAddr>().ok()?;
+                addr.ip().is_unspecified().then(|| Warning {
+                    file: self.source.clone(),
+                    item,
+                    text: format!(
+                        "{addr} listens on every interface: anyone who reaches this host \
+                         reads its metrics (they are not authenticated); give a management \
+                         address instead"
+                    ),
+                })
+            })
+            .collect()
+    }
+
     /// Every problem of this topology, or `Ok` when there is none.
     pub fn validate(&self) -> Result<(), ValidationErrors> {
         let mut checker = Checker {
