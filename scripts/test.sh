@@ -51,6 +51,9 @@ cargo clippy --locked --workspace --all-targets -- -D warnings
 cargo clippy --locked -p pmem-server --features libpmem --all-targets -- -D warnings
 cargo clippy --locked -p client-vmm --features verbs --all-targets -- -D warnings
 cargo clippy --locked -p testbed --features verbs --all-targets -- -D warnings
+echo "== cargo doc (no warnings)"
+RUSTDOCFLAGS="-D warnings" cargo doc --locked --workspace --no-deps --quiet
+RUSTDOCFLAGS="-D warnings" cargo doc --locked -p testbed --features verbs --no-deps --quiet
 echo "== cargo test"
 cargo test --locked --workspace
 echo "== cargo test -p pmem-server --features libpmem, daemons on libpmem"

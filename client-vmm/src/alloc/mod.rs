@@ -24,7 +24,7 @@
 //! Every step is durable before the next starts (atomics carry the persist
 //! flag, writes are WRITE_PERSIST). A client killed before step 4 leaves
 //! RESERVED entries and set bits that no LIVE head references: exactly what
-//! [`scrub`] reclaims. A LIVE head is never touched by anyone but a `free`
+//! `scrub` reclaims. A LIVE head is never touched by anyone but a `free`
 //! that first wins its COMPARE_SWAP LIVE → FREEING.
 //!
 //! Freeing reverses it: head LIVE → FREEING, then per extent key → 0 (every
@@ -33,7 +33,7 @@
 //! → FREE. A crash mid-free leaves FREEING, which scrub completes.
 //!
 //! Small allocations follow the same claim-then-commit rule inside a slab
-//! (see [`slab`]); named objects inside the name directory (see [`names`]).
+//! (see the `slab` module); named objects inside the name directory (see `names`).
 
 mod error;
 mod extents;
