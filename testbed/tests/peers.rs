@@ -1,7 +1,7 @@
 //! The floors and peers of `testbed bench` (`testbed::bench::peers`) with the
 //! real tools from the distribution's packages: sockperf, iperf3,
-//! redis-server and redis-benchmark, installed by `ensure_tools` when
-//! missing (a test fails, never skips, when they cannot be). Then every
+//! redis-server and redis-benchmark, which `scripts/test.sh` installs (a
+//! test fails, never skips, when they are missing). Then every
 //! output parser on outputs captured from the real tools on a 2-core Debian
 //! 12 machine (sockperf 3.7, iperf3 3.12, redis 7.0.15).
 
@@ -11,9 +11,9 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use testbed::bench::peers::{
-    self, PeerError, Quantiles, RedisConfig, RedisServer, TOOLS, cpu_seconds, ensure_tools,
-    iperf3_bandwidth, listening_inodes, missing_tools, parse_iperf3_json, parse_proc_stat,
-    parse_redis_benchmark, parse_sockperf, parse_sockperf_full_log, parse_vm_rss, redis_benchmark,
+    self, PeerError, Quantiles, RedisConfig, RedisServer, TOOLS, cpu_seconds, iperf3_bandwidth,
+    listening_inodes, missing_tools, parse_iperf3_json, parse_proc_stat, parse_redis_benchmark,
+    parse_sockperf, parse_sockperf_full_log, parse_vm_rss, redis_benchmark, require_tools,
     resident_bytes, sockperf_rtt, sockperf_rtt_pinned, sockperf_rtt_run,
 };
 use testbed::report::LatencyHistogram;
@@ -22,20 +22,14 @@ use testbed::report::LatencyHistogram;
 /// would measure each other, and each checks that it left no server behind.
 static ONE_TOOL_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-/// Takes the tool lock and makes sure the tools are installed.
+/// Takes the tool lock and checks that the tools are installed.
 fn tools() -> MutexGuard<'static, ()> {
     let guard = ONE_TOOL_AT_A_TIME
         .lock()
         .unwrap_or_else(PoisonError::into_inner);
-    let started = Instant::now();
-    if let Err(e) = ensure_tools(TOOLS) {
-        panic!("the bench tools must be installable here: {e}");
+    if let Err(e) = require_tools(TOOLS) {
+        panic!("the bench tools must be installed (scripts/test.sh does it): {e}");
     }
-    let took = started.elapsed();
-    if took > Duration::from_secs(1) {
-        eprintln!("ensure_tools installed the missing packages in {took:.1?}");
-    }
-    assert!(missing_tools(TOOLS).is_empty());
     guard
 }
 
@@ -301,19 +295,21 @@ fn a_missing_tool_is_named_with_its_package() {
         missing_tools(&tools),
         vec![("no-such-program-pmem-fabric", "no-such-package-pmem-fabric")]
     );
-    assert!(ensure_tools(&[("sh", "dash")]).is_ok());
-    assert!(ensure_tools(&[]).is_ok());
-    let err = PeerError::Missing {
-        package: "redis-tools".into(),
-        program: "redis-benchmark".into(),
-        why: "apt-get install failed: E: Unable to locate package redis-tools".into(),
-    };
-    let text = err.to_string();
+    assert!(require_tools(&[("sh", "dash")]).is_ok());
+    assert!(require_tools(&[]).is_ok());
+    let text = require_tools(&[
+        ("sh", "dash"),
+        ("no-such-benchmark-pmem-fabric", "redis-tools"),
+        ("no-such-server-pmem-fabric", "redis-server"),
+    ])
+    .expect_err("missing")
+    .to_string();
     for part in [
-        "`redis-benchmark`",
+        "`no-such-benchmark-pmem-fabric`",
         "`redis-tools`",
         "apt-get install -y --no-install-recommends redis-tools",
-        "Unable to locate package",
+        "scripts/ensure-packages.sh no-such-benchmark-pmem-fabric:redis-tools",
+        "also missing: `no-such-server-pmem-fabric` (redis-server)",
     ] {
         assert!(text.contains(part), "{part:?} not in {text:?}");
     }

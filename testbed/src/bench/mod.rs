@@ -249,7 +249,7 @@ fn quantiles(h: &LatencyHistogram) -> Quantiles {
 pub fn run(quick: bool, out: &Path) -> anyhow::Result<(BenchReport, BenchFiles)> {
     let plan = Plan::new(quick);
     std::fs::create_dir_all(out).with_context(|| format!("create {}", out.display()))?;
-    peers::ensure_tools(peers::TOOLS)?;
+    peers::require_tools(peers::TOOLS)?;
 
     let floor_rtt: BTreeMap<u32, Quantiles> = [64u32, 4096]
         .into_iter()

@@ -9,8 +9,9 @@
 //!   `appendonly yes`, `appendfsync always`;
 //! - [`cpu_seconds`]: the CPU time a process has used, from `/proc`.
 //!
-//! [`ensure_tools`] installs the packages with `apt-get` when they are
-//! missing, or says exactly which one is missing and how to install it.
+//! [`require_tools`] says exactly which program is missing, the package
+//! that provides it and how to install it; the bench installs nothing
+//! itself (`scripts/test.sh` and `scripts/ensure-packages.sh` do).
 //!
 //! Every server runs on `127.0.0.1` on a free port from below the ephemeral
 //! range, is ready only once it holds a listening socket on that port (read
@@ -66,9 +67,6 @@ const READY_TIMEOUT: Duration = Duration::from_secs(10);
 /// reads an append-only file left in its folder).
 const REDIS_READY_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// How long one `apt-get` command may take.
-const APT_TIMEOUT: Duration = Duration::from_secs(900);
-
 /// How many bytes of a client's output are kept (all of it, in practice).
 const CLIENT_OUTPUT_CAP: usize = 16 << 20;
 
@@ -86,18 +84,19 @@ const PORT_RANGE: Range<u16> = 30_000..32_700;
 /// Why a floor or a peer could not be measured.
 #[derive(Debug, thiserror::Error)]
 pub enum PeerError {
-    /// A program the bench needs is not installed and could not be.
+    /// A program the bench needs is not installed.
     #[error(
         "`{program}` is not installed: it comes with the Debian package `{package}`; \
-         install it as root with `apt-get install -y --no-install-recommends {package}` ({why})"
+         install it as root with `apt-get install -y --no-install-recommends {package}` \
+         (or run scripts/ensure-packages.sh {program}:{package}){also}"
     )]
     Missing {
         /// The Debian package that provides it.
         package: String,
         /// The program looked for on PATH.
         program: String,
-        /// Why it could not be installed.
-        why: String,
+        /// The other programs missing too, said after the first.
+        also: String,
     },
     /// A program could not be started.
     #[error("cannot start `{program}`: {source}")]
@@ -202,98 +201,28 @@ pub fn missing_tools<'a>(tools: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)
         .collect()
 }
 
-/// Installs missing tools with apt-get (as root, or through `sudo -n`;
-/// `apt-get install -y --no-install-recommends`, with `apt-get update` and a
-/// second try when the first install fails), or returns
-/// [`PeerError::Missing`] naming the first program still missing, its
-/// package, and how to install it.
-pub fn ensure_tools(tools: &[(&str, &str)]) -> Result<(), PeerError> {
-    // Two installs at once in one process would fight over the dpkg lock.
-    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-    let _guard = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
+/// `Ok` when every program of `tools` (program, package) is on PATH; else
+/// [`PeerError::Missing`] naming the first missing program, its package
+/// and how to install it, and the others missing.
+pub fn require_tools(tools: &[(&str, &str)]) -> Result<(), PeerError> {
     let missing = missing_tools(tools);
-    if missing.is_empty() {
-        return Ok(());
-    }
-    let mut packages: Vec<&str> = missing.iter().map(|(_, package)| *package).collect();
-    packages.sort_unstable();
-    packages.dedup();
-    tracing::info!(
-        "installing {} with apt-get (missing: {})",
-        packages.join(" "),
-        missing
-            .iter()
-            .map(|(program, _)| *program)
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
-    let failure = apt_install(&packages).err();
-    let still = missing_tools(&missing);
-    let Some(&(program, package)) = still.first() else {
+    let Some(&(program, package)) = missing.first() else {
         return Ok(());
     };
-    let mut why = failure.unwrap_or_else(|| {
-        format!("apt-get installed `{package}` but `{program}` is still not on PATH")
-    });
-    if still.len() > 1 {
-        let others: Vec<String> = still[1..]
+    let also = if missing.len() > 1 {
+        let others: Vec<String> = missing[1..]
             .iter()
             .map(|(program, package)| format!("`{program}` ({package})"))
             .collect();
-        why.push_str(&format!("; also missing: {}", others.join(", ")));
-    }
+        format!("; also missing: {}", others.join(", "))
+    } else {
+        String::new()
+    };
     Err(PeerError::Missing {
         package: package.to_owned(),
         program: program.to_owned(),
-        why,
+        also,
     })
-}
-
-/// `apt-get install`, then `apt-get update` and `apt-get install` again when
-/// the first install fails. The error says why, for [`PeerError::Missing`].
-fn apt_install(packages: &[&str]) -> Result<(), String> {
-    if find_on_path("apt-get").is_none() {
-        return Err("apt-get is not available (not a Debian-based system?)".to_owned());
-    }
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let root = unsafe { libc::geteuid() } == 0;
-    let mut prefix: Vec<String> = Vec::new();
-    if !root {
-        if find_on_path("sudo").is_none() {
-            return Err("not running as root, and sudo is not available".to_owned());
-        }
-        prefix.extend(["sudo", "-n"].map(String::from));
-    }
-    prefix.extend(
-        [
-            "env",
-            "DEBIAN_FRONTEND=noninteractive",
-            "apt-get",
-            "-o",
-            "DPkg::Lock::Timeout=300",
-        ]
-        .map(String::from),
-    );
-    let apt = |args: &[&str]| -> Result<(), PeerError> {
-        let mut all = prefix.clone();
-        all.extend(args.iter().map(|a| (*a).to_owned()));
-        run(&all[0], &all[1..], APT_TIMEOUT).map(drop)
-    };
-    let mut install = vec!["install", "-y", "--no-install-recommends"];
-    install.extend_from_slice(packages);
-    let Err(first) = apt(&install) else {
-        return Ok(());
-    };
-    let update = apt(&["update"]).err();
-    match apt(&install) {
-        Ok(()) => Ok(()),
-        Err(second) => Err(match update {
-            Some(update) => {
-                format!("apt-get install failed: {first}; apt-get update failed: {update}")
-            }
-            None => format!("apt-get install failed, also after apt-get update: {second}"),
-        }),
-    }
 }
 
 /// The path of `program` on PATH (or `program` itself when it has a slash),
