@@ -31,7 +31,6 @@ use std::ops::Range;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -328,7 +327,12 @@ fn sockperf(
         ]);
         pinned(server_cpu, "sockperf", args).1
     })?;
-    let log = TempFile::new("sockperf", "csv");
+    // Removed when dropped; sockperf writes it by name.
+    let log = tempfile::Builder::new()
+        .prefix("pmem-fabric-sockperf-")
+        .suffix(".csv")
+        .tempfile()?
+        .into_temp_path();
     let args = strings(&[
         "ping-pong",
         "--tcp",
@@ -342,7 +346,7 @@ fn sockperf(
         &secs.to_string(),
         "--full-rtt",
         "--full-log",
-        &log.0.to_string_lossy(),
+        &log.to_string_lossy(),
     ]);
     let (program, args) = pinned(cpus.map(|(_, client)| client), "sockperf", args);
     let timeout = Duration::from_secs(secs) + SOCKPERF_SETTLE + OVERSHOOT;
@@ -360,10 +364,10 @@ fn sockperf(
         });
     }
     let stats = parse_sockperf(&output)?;
-    let log_text = std::fs::read_to_string(&log.0).map_err(|e| {
+    let log_text = std::fs::read_to_string(&log).map_err(|e| {
         io::Error::new(
             e.kind(),
-            format!("read sockperf's full log {}: {e}", log.0.display()),
+            format!("read sockperf's full log {}: {e}", log.display()),
         )
     })?;
     let histogram = parse_sockperf_full_log(&log_text)?;
@@ -1281,26 +1285,6 @@ fn run(program: &str, args: &[String], timeout: Duration) -> Result<Finished, Pe
         });
     }
     Ok(done)
-}
-
-/// A file in the temporary folder, removed on drop.
-struct TempFile(PathBuf);
-
-impl TempFile {
-    fn new(what: &str, extension: &str) -> Self {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        Self(std::env::temp_dir().join(format!(
-            "pmem-fabric-{what}-{}-{n}.{extension}",
-            std::process::id()
-        )))
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
 }
 
 // ---------------------------------------------------------------------------
