@@ -252,6 +252,7 @@ pub async fn connect(
             client,
             true,
             OpeningTags::CLIENT,
+            None,
             &mut out,
         )
         .map_err(|e| protocol_error(device_addr, e.to_string()))?;
@@ -261,7 +262,10 @@ pub async fn connect(
             let frame = read_frame(&mut stream, &mut decoder)
                 .await
                 .map_err(io_err)?;
-            match opening.handle_frame(&frame) {
+            out.clear();
+            let progress = opening.handle_frame(&frame, &mut out);
+            stream.write_all(&out).await.map_err(io_err)?;
+            match progress {
                 Ok(Progress::Waiting) => {}
                 Ok(Progress::Opened(opened)) => {
                     let device = opened.peer;

@@ -64,6 +64,10 @@ struct Args {
     /// it are refused BUSY.
     #[arg(long, default_value_t = 64)]
     max_connections_per_client: usize,
+    /// Folder of the principals' keys (`testbed keygen` makes them): this
+    /// device proves its key (`device.<id>.key`) to servers that ask.
+    #[arg(long, value_name = "DIR")]
+    secrets: Option<std::path::PathBuf>,
     /// Log lines on stderr as text or json (levels from RUST_LOG, default info).
     #[arg(long, value_name = "text|json", default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -122,6 +126,7 @@ where
         hello_timeout: Duration::from_millis(args.hello_timeout_ms),
         idle_timeout: (args.idle_timeout_ms > 0)
             .then(|| Duration::from_millis(args.idle_timeout_ms)),
+        secrets: args.secrets.clone(),
         busy_poll: Duration::from_micros(args.busy_poll_us),
         topology,
     };

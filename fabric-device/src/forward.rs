@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use proto::frame::{self, Header};
 use proto::hello::{self, Capabilities, Role};
-use proto::opening::{Opening, OpeningTags, Progress};
+use proto::opening::{Credentials, Opening, OpeningTags, Progress};
 use proto::request::{self, Operation, Target};
 use proto::{Message, Opcode, Status, map, response};
 use telemetry::Gauge;
@@ -142,6 +142,9 @@ pub enum LinkAction<'a> {
         /// The read data, untouched.
         payload: &'a [u8],
     },
+    /// Send these bytes on the link (the link's opening answering its
+    /// server).
+    Send(Vec<u8>),
     /// Nothing to send (a control reply, or a response nobody waits for).
     Nothing,
     /// The link is unusable (broken framing, or a server that disagrees
@@ -241,6 +244,8 @@ pub struct ReloadOutcome {
 #[derive(Debug)]
 pub struct Forwarder {
     config: ForwarderConfig,
+    /// This device's key, proven to servers when its links open.
+    link_key: Option<proto::auth::Key>,
     map: DeviceMap,
     /// Link ids by position in `map.links`.
     link_ids: Vec<LinkId>,
@@ -278,6 +283,7 @@ impl Forwarder {
     pub fn new(map: DeviceMap, config: ForwarderConfig, metrics: Arc<DeviceMetrics>) -> Self {
         let mut core = Self {
             config,
+            link_key: None,
             map,
             link_ids: Vec::new(),
             links: IdMap::default(),
@@ -430,7 +436,17 @@ impl Forwarder {
             Message::QpConnect(_) => {
                 ClientAction::Reply(error_reply(Opcode::QpConnect, tag, Status::UnknownClient))
             }
-            Message::Response(_) | Message::Map(_) | Message::Pong(_) | Message::QpAccept(_) => {
+            // Client authentication is not asked for on this device.
+            Message::AuthProof(_) => ClientAction::ReplyAndClose(error_reply(
+                Opcode::AuthProof,
+                tag,
+                Status::Unsupported,
+            )),
+            Message::Response(_)
+            | Message::Map(_)
+            | Message::Pong(_)
+            | Message::QpAccept(_)
+            | Message::AuthChallenge(_) => {
                 self.metrics.malformed_frames.inc();
                 ClientAction::Nothing
             }
@@ -687,9 +703,15 @@ impl Forwarder {
             .collect()
     }
 
+    /// Proves this device to its servers with `key` when links open (their
+    /// servers then require it).
+    pub fn set_link_key(&mut self, key: proto::auth::Key) {
+        self.link_key = Some(key);
+    }
+
     /// The bytes to send on a link that just connected: HELLO and
-    /// MAP_REQUEST. The link is up once the server answers both and agrees
-    /// with the map.
+    /// MAP_REQUEST (after the proofs, with a link key). The link is up once
+    /// the server answers and agrees with the map.
     pub fn link_connected(&mut self, link: LinkId) -> Vec<u8> {
         let Some(state) = self.links.get_mut(&link) else {
             return Vec::new();
@@ -702,6 +724,10 @@ impl Forwarder {
             self.map.device.as_str(),
             true,
             LINK_OPENING,
+            self.link_key.clone().map(|key| Credentials {
+                key,
+                nonce: fresh_nonce(),
+            }),
             &mut out,
         )
         .ok();
@@ -776,12 +802,17 @@ impl Forwarder {
                 ))
             })
         };
-        let opened = match opening.handle_frame(frame) {
+        let mut answer = Vec::new();
+        let opened = match opening.handle_frame(frame, &mut answer) {
             Ok(Progress::Waiting) => {
                 let refused = opening
                     .peer()
                     .and_then(|(name, role)| wrong_peer(name, role));
-                return refused.unwrap_or(LinkAction::Nothing);
+                return refused.unwrap_or(if answer.is_empty() {
+                    LinkAction::Nothing
+                } else {
+                    LinkAction::Send(answer)
+                });
             }
             Ok(Progress::Opened(opened)) => opened,
             Err(e) => return LinkAction::Close(format!("link handshake: {e}")),
@@ -943,6 +974,15 @@ impl Forwarder {
             .set(self.map.layout.entries().len() as i64);
         outcome
     }
+}
+
+/// 32 random bytes from the operating system, for a link's proof.
+fn fresh_nonce() -> [u8; proto::auth::NONCE_LEN] {
+    let mut nonce = [0u8; proto::auth::NONCE_LEN];
+    // Linux's source does not fail once booted; a failure leaves zeros,
+    // which only weakens this one proof's freshness, not the key.
+    let _ = getrandom::fill(&mut nonce);
+    nonce
 }
 
 #[cfg(test)]

@@ -639,3 +639,80 @@ fn idle_connections_close_and_no_client_takes_more_than_its_share() {
         assert!(metrics.lines().any(|l| l == line), "{line}\n{metrics}");
     }
 }
+
+/// Servers started with `--secrets` let the device's links in only when the
+/// device proves its key; then clients are served through it as before. A
+/// device with another key never gets a link up, and the servers count it.
+#[test]
+fn links_to_servers_that_ask_for_proof_open_only_with_the_devices_key() {
+    use topology::secrets::{Principal, write_key};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = two_servers().write(dir.path(), "topology.toml", &mut Ports::new());
+    let secrets = dir.path().join("secrets");
+    write_key(&secrets, Principal::Device("F"), &[0x11; 32]).expect("key");
+    let secrets_arg = secrets.to_str().expect("path").to_owned();
+    let servers: Vec<Daemon> = ["A", "B"]
+        .iter()
+        .map(|id| {
+            testkit::pmem_server(
+                &config,
+                id,
+                &data_dir(dir.path(), id),
+                &["--secrets", &secrets_arg],
+            )
+            .unwrap_or_else(|e| panic!("pmem-server {id} did not start:\n{e}"))
+        })
+        .collect();
+    let mut flags = DEVICE_FLAGS.to_vec();
+    flags.extend_from_slice(&["--secrets", &secrets_arg]);
+    let device = testkit::fabric_device(&config, "F", &flags)
+        .unwrap_or_else(|e| panic!("fabric-device did not start:\n{e}"));
+    device.wait_links_up(2);
+    let a1 = layout(&config)
+        .entry_by_id(&"A1".into())
+        .expect("A1")
+        .clone();
+    let mut client = Conn::connect(device.addr("port.p0"));
+    client.hello("c1");
+    assert_eq!(
+        client
+            .call(Repr::write(Target::Pmem(a1.start), a1.key, b"through"))
+            .status,
+        Status::Ok
+    );
+    drop(device);
+
+    // The same device with another key.
+    let impostor = dir.path().join("impostor");
+    write_key(&impostor, Principal::Device("F"), &[0x22; 32]).expect("key");
+    let mut flags = DEVICE_FLAGS.to_vec();
+    flags.extend_from_slice(&["--secrets", impostor.to_str().expect("path")]);
+    let device = testkit::fabric_device(&config, "F", &flags)
+        .unwrap_or_else(|e| panic!("fabric-device did not start:\n{e}"));
+    std::thread::sleep(Duration::from_millis(1500));
+    let metrics = telemetry::http_get(device.addr("admin"), "/metrics", Duration::from_secs(5))
+        .expect("metrics")
+        .1;
+    assert!(
+        !metrics
+            .lines()
+            .any(|l| l.starts_with("fabric_device_link_up{") && l.ends_with(" 1")),
+        "no link up: {metrics}"
+    );
+    let refused: u64 = servers
+        .iter()
+        .map(|s| {
+            let text = telemetry::http_get(s.addr("admin"), "/metrics", Duration::from_secs(5))
+                .expect("server metrics")
+                .1;
+            text.lines()
+                .find_map(|l| {
+                    l.strip_prefix("pmem_server_auth_failures_total{reason=\"bad_proof\"} ")?
+                        .parse::<u64>()
+                        .ok()
+                })
+                .unwrap_or(0)
+        })
+        .sum();
+    assert!(refused >= 2, "both servers refused the proof");
+}

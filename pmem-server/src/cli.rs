@@ -41,6 +41,12 @@ struct Args {
     /// Data connections served at once.
     #[arg(long, default_value_t = 4096)]
     max_connections: usize,
+    /// Folder of the principals' keys (`device.<id>.key`, `client.<id>.key`;
+    /// `testbed keygen` makes them): every connection must prove it holds
+    /// the key of the device or client it names before anything is
+    /// answered. Without it, anyone who reaches the data port is served.
+    #[arg(long, value_name = "DIR")]
+    secrets: Option<PathBuf>,
     /// Log lines on stderr as text or json (levels from RUST_LOG, default info).
     #[arg(long, value_name = "text|json", default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -102,6 +108,7 @@ fn config(args: Args) -> Result<ServerConfig, ExitCode> {
         format: args.format,
         reset_exactly_once: args.reset_exactly_once,
         max_connections: args.max_connections,
+        secrets: args.secrets,
         topology,
     })
 }

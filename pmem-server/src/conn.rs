@@ -14,7 +14,8 @@ use std::time::Duration;
 use proto::FrameDecoder;
 use proto::decoder::{ReadError, ReadOutcome};
 
-use crate::exec::Executor;
+use crate::exec::{Executor, Flow};
+use crate::gate::Session;
 
 /// Most bytes read from the socket at a time.
 const READ_CHUNK: usize = 256 * 1024;
@@ -32,6 +33,8 @@ pub enum ConnectionEnd {
     Shutdown,
     /// The peer sent bytes that cannot be framed.
     Malformed(proto::Error),
+    /// The peer did not prove its key (with `--secrets`).
+    Refused,
     /// The socket failed.
     Io(io::Error),
 }
@@ -48,6 +51,7 @@ pub fn serve(mut stream: TcpStream, exec: &Executor, shutdown: &Arc<AtomicBool>)
     }
     let mut decoder = FrameDecoder::new();
     let mut out = Vec::with_capacity(64 * 1024);
+    let mut session = exec.new_session();
     loop {
         if shutdown.load(Ordering::Relaxed) {
             return ConnectionEnd::Shutdown;
@@ -71,10 +75,11 @@ pub fn serve(mut stream: TcpStream, exec: &Executor, shutdown: &Arc<AtomicBool>)
             Err(ReadError::Framing(e)) => Some(ConnectionEnd::Malformed(e)),
         };
         // Frames completed before a hang-up or a bad header are still answered.
-        let drained = drain(&mut decoder, exec, &mut stream, &mut out);
+        let drained = drain(&mut decoder, exec, &mut session, &mut stream, &mut out);
         let end = match drained {
             Ok(None) => broken,
-            Ok(Some(e)) => Some(ConnectionEnd::Malformed(e)),
+            Ok(Some(Stop::Malformed(e))) => Some(ConnectionEnd::Malformed(e)),
+            Ok(Some(Stop::Refused)) => Some(ConnectionEnd::Refused),
             Err(e) => return ConnectionEnd::Io(e),
         };
         if let Err(e) = stream.write_all(&out) {
@@ -87,19 +92,30 @@ pub fn serve(mut stream: TcpStream, exec: &Executor, shutdown: &Arc<AtomicBool>)
     }
 }
 
-/// Executes every complete frame the decoder holds. Returns the error that
-/// ended framing, if any.
+/// Why draining stopped short.
+enum Stop {
+    /// The stream cannot be framed any more.
+    Malformed(proto::Error),
+    /// The peer was refused at the gate.
+    Refused,
+}
+
+/// Executes every complete frame the decoder holds. Returns why it stopped
+/// early, if it did.
 fn drain(
     decoder: &mut FrameDecoder,
     exec: &Executor,
+    session: &mut Session,
     stream: &mut TcpStream,
     out: &mut Vec<u8>,
-) -> io::Result<Option<proto::Error>> {
+) -> io::Result<Option<Stop>> {
     loop {
         match decoder.next_frame() {
             Ok(Some(frame)) => {
-                if let Err(e) = exec.handle_frame(frame, out) {
-                    return Ok(Some(e));
+                match exec.handle_frame(session, frame, out) {
+                    Ok(Flow::Continue) => {}
+                    Ok(Flow::Close) => return Ok(Some(Stop::Refused)),
+                    Err(e) => return Ok(Some(Stop::Malformed(e))),
                 }
                 if out.len() >= OUT_FLUSH_BYTES {
                     stream.write_all(out)?;
@@ -107,7 +123,7 @@ fn drain(
                 }
             }
             Ok(None) => return Ok(None),
-            Err(e) => return Ok(Some(e)),
+            Err(e) => return Ok(Some(Stop::Malformed(e))),
         }
     }
 }

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+use proto::auth::NONCE_LEN;
 use proto::frame::{self, Header};
 use proto::hello::{self, Capabilities, Role};
 use proto::request::{self, Operation, Target};
@@ -17,6 +18,7 @@ use proto::{Message, Opcode, Status, map};
 use topology::{CachePolicy, Layout, LayoutEntry, RegionIndex, ServerId};
 
 use crate::dedup::{Dedup, DedupTable, Refusal};
+use crate::gate::{self, Gatekeeper, Session};
 use crate::metrics::ServerMetrics;
 use crate::region_file::{HEADER_LEN, RegionFile};
 
@@ -107,6 +109,17 @@ pub struct Executor {
     extent_keys: Vec<Option<ExtentKeys>>,
     dedup: DedupTable,
     metrics: Arc<ServerMetrics>,
+    /// With `--secrets`: who may connect, and the proof they owe.
+    gate: Option<Gatekeeper>,
+}
+
+/// What the connection does after a frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    /// Go on.
+    Continue,
+    /// Send what was answered, then close (a peer refused at the gate).
+    Close,
 }
 
 /// The result of one operation before it is encoded.
@@ -186,6 +199,22 @@ impl Executor {
             extent_keys,
             dedup,
             metrics,
+            gate: None,
+        }
+    }
+
+    /// Requires every connection to prove its principal's key first.
+    pub fn with_gate(mut self, gate: Gatekeeper) -> Self {
+        self.gate = Some(gate);
+        self
+    }
+
+    /// A new connection's standing with the gate.
+    pub fn new_session(&self) -> Session {
+        if self.gate.is_some() {
+            Session::Hello
+        } else {
+            Session::Open
         }
     }
 
@@ -199,14 +228,21 @@ impl Executor {
         &self.metrics
     }
 
-    /// Handles one complete frame from a peer and appends the reply to `out`.
-    /// An error means the stream cannot be framed any more: close it.
-    pub fn handle_frame(&self, frame: &[u8], out: &mut Vec<u8>) -> Result<(), proto::Error> {
+    /// Handles one complete frame from a peer of `session` and appends the
+    /// reply to `out`. An error means the stream cannot be framed any more:
+    /// close it.
+    pub fn handle_frame(
+        &self,
+        session: &mut Session,
+        frame: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<Flow, proto::Error> {
         match proto::parse_frame(frame) {
-            Ok((message, tag)) => {
+            Ok((message, tag)) if session.admits() => {
                 self.handle_message(message, tag, out);
-                Ok(())
+                Ok(Flow::Continue)
             }
+            Ok((message, tag)) => Ok(self.at_the_gate(session, message, tag, out)),
             Err(error) => {
                 self.metrics.malformed_frames.inc();
                 if let Some(reply) = proto::reply_to_malformed(frame, &error) {
@@ -215,9 +251,74 @@ impl Executor {
                 if error.breaks_framing() {
                     Err(error)
                 } else {
-                    Ok(())
+                    Ok(Flow::Continue)
                 }
             }
+        }
+    }
+
+    /// A frame from a peer that has not proven its key yet: HELLO and the
+    /// proof are taken, anything else is refused and ends the connection.
+    fn at_the_gate(
+        &self,
+        session: &mut Session,
+        message: Message<'_>,
+        tag: u64,
+        out: &mut Vec<u8>,
+    ) -> Flow {
+        let Some(gate) = &self.gate else {
+            return Flow::Continue;
+        };
+        let refuse = |reason: &str, opcode, status, out: &mut Vec<u8>| {
+            self.metrics.auth_failures.with(&[reason]).inc();
+            encode(&proto::error_response(opcode, status), tag, out);
+            Flow::Close
+        };
+        match (message, &*session) {
+            (Message::Hello(peer), Session::Hello) => {
+                if peer.version < PROTOCOL_VERSION {
+                    return refuse("version", Opcode::Hello, Status::VersionMismatch, out);
+                }
+                if gate.key(peer.role, peer.name).is_none() {
+                    return refuse(
+                        "unknown_principal",
+                        Opcode::Hello,
+                        Status::UnknownClient,
+                        out,
+                    );
+                }
+                let mut nonce = [0u8; NONCE_LEN];
+                if getrandom::fill(&mut nonce).is_err() {
+                    return refuse("no_randomness", Opcode::Hello, Status::IoError, out);
+                }
+                self.handle_message(Message::Hello(peer), tag, out);
+                encode(&Message::AuthChallenge(nonce), tag, out);
+                *session = Session::Challenged {
+                    role: peer.role,
+                    name: peer.name.to_owned(),
+                    nonce,
+                };
+                Flow::Continue
+            }
+            (Message::AuthProof(proof), Session::Challenged { role, name, nonce }) => {
+                let answer = gate.key(*role, name).and_then(|key| {
+                    gate::answer_proof(key, *role, name, self.server.as_str(), *nonce, &proof)
+                });
+                match answer {
+                    Some(answer) => {
+                        encode(&Message::AuthProof(answer), tag, out);
+                        *session = Session::Proven;
+                        Flow::Continue
+                    }
+                    None => refuse("bad_proof", Opcode::AuthProof, Status::AccessDenied, out),
+                }
+            }
+            (message, _) => refuse(
+                "unauthenticated",
+                message.opcode(),
+                Status::UnknownClient,
+                out,
+            ),
         }
     }
 
@@ -253,7 +354,17 @@ impl Executor {
             ),
             // Responses, MAPs and PONGs are never sent to a server; there is
             // nobody to answer them for.
-            Message::Response(_) | Message::Map(_) | Message::Pong(_) | Message::QpAccept(_) => {
+            // Authentication is not asked for on this server.
+            Message::AuthProof(_) => encode(
+                &proto::error_response(Opcode::AuthProof, Status::Unsupported),
+                tag,
+                out,
+            ),
+            Message::Response(_)
+            | Message::Map(_)
+            | Message::Pong(_)
+            | Message::QpAccept(_)
+            | Message::AuthChallenge(_) => {
                 self.metrics.malformed_frames.inc();
             }
         }

@@ -16,6 +16,7 @@ pub mod conn;
 pub mod dedup;
 pub mod dedup_store;
 pub mod exec;
+pub mod gate;
 pub mod metrics;
 pub mod persist;
 pub mod region_file;

@@ -34,6 +34,8 @@ pub struct ServerMetrics {
     pub replays: Arc<Counter>,
     /// Exactly-once requests refused, by reason.
     pub exactly_once_refused: Arc<Family<Counter>>,
+    /// Connections refused at the gate (`--secrets`), by reason.
+    pub auth_failures: Arc<Family<Counter>>,
 }
 
 impl ServerMetrics {
@@ -83,6 +85,12 @@ impl ServerMetrics {
                 "pmem_server_exactly_once_refused_total",
                 "Exactly-once atomics refused before running, by reason: an identity that is not \
                  a client (and lane) of the topology, or a reserved sequence number.",
+                &["reason"],
+            )?,
+            auth_failures: r.counter_family(
+                "pmem_server_auth_failures_total",
+                "Connections closed because the peer did not prove its key (with --secrets), \
+                 by reason: unknown principal, bad proof, or anything sent before the proof.",
                 &["reason"],
             )?,
             latency,

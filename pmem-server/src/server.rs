@@ -18,6 +18,7 @@ use crate::conn::{self, SHUTDOWN_POLL};
 use crate::dedup::DedupTable;
 use crate::dedup_store::{StoreError, WindowStore};
 use crate::exec::{Executor, ServedRegion};
+use crate::gate::Gatekeeper;
 use crate::metrics::ServerMetrics;
 use crate::persist::PersistMode;
 use crate::region_file::{RegionFile, RegionFileError};
@@ -41,6 +42,9 @@ pub struct ServerConfig {
     pub reset_exactly_once: bool,
     /// Data connections served at once; more are closed on accept.
     pub max_connections: usize,
+    /// The folder with the principals' keys: every connection must prove
+    /// its key before anything is answered. `None`: no authentication.
+    pub secrets: Option<PathBuf>,
 }
 
 /// Why the server could not start or stop cleanly.
@@ -54,6 +58,9 @@ pub enum ServerError {
         /// The id asked for.
         server: String,
     },
+    /// A key file needed with `--secrets` cannot be used.
+    #[error("--secrets")]
+    Secrets(#[from] topology::secrets::SecretError),
     /// The layout could not be built.
     #[error("{file}: invalid layout")]
     Layout {
@@ -238,6 +245,9 @@ fn spawn_connection(
                     debug!("closed connection from {peer}: {e}");
                 }
                 conn::ConnectionEnd::Io(e) => debug!("connection from {peer} failed: {e}"),
+                conn::ConnectionEnd::Refused => {
+                    debug!("refused connection from {peer}: no proof of its key");
+                }
                 conn::ConnectionEnd::PeerClosed | conn::ConnectionEnd::Shutdown => {
                     debug!("connection from {peer} closed");
                 }
@@ -298,13 +308,11 @@ impl RunningServer {
             .map(|c| u8::try_from(c.rnics.len()).unwrap_or(u8::MAX))
             .collect();
         let dedup = DedupTable::with_store(store, windows).bounded_by(lanes);
-        let exec = Arc::new(Executor::new(
-            server.id.clone(),
-            layout,
-            regions,
-            dedup,
-            metrics,
-        ));
+        let mut exec = Executor::new(server.id.clone(), layout, regions, dedup, metrics);
+        if let Some(dir) = &config.secrets {
+            exec = exec.with_gate(Gatekeeper::load(dir, topology)?);
+        }
+        let exec = Arc::new(exec);
 
         let mut listeners = Vec::new();
         for nic in &server.nics {

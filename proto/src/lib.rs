@@ -104,6 +104,7 @@
 //! response carrying its tag ([`reply_to_malformed`], [`unsupported_reply`],
 //! [`error_reply`]) and the connection carries on.
 
+pub mod auth;
 pub mod decoder;
 pub mod error;
 pub mod frame;

@@ -7,7 +7,7 @@ use crate::opcode::Opcode;
 use crate::request::{self, Operation};
 use crate::response::{self, ResponseKind};
 use crate::status::Status;
-use crate::{hello, map, ping, qp};
+use crate::{auth, hello, map, ping, qp};
 
 /// Any message of the protocol: the body of one frame, typed by its opcode.
 ///
@@ -32,6 +32,10 @@ pub enum Message<'a> {
     QpConnect(qp::Connect),
     /// The device's end of a new queue pair and its R_Keys.
     QpAccept(qp::Accept<'a>),
+    /// The listener's nonce for the connecting principal to prove.
+    AuthChallenge([u8; auth::NONCE_LEN]),
+    /// A proof of knowing the connecting principal's key.
+    AuthProof(auth::Proof),
 }
 
 impl<'a> Message<'a> {
@@ -47,6 +51,8 @@ impl<'a> Message<'a> {
             Message::Pong(_) => Opcode::Pong,
             Message::QpConnect(_) => Opcode::QpConnect,
             Message::QpAccept(_) => Opcode::QpAccept,
+            Message::AuthChallenge(_) => Opcode::AuthChallenge,
+            Message::AuthProof(_) => Opcode::AuthProof,
         }
     }
 
@@ -87,6 +93,8 @@ impl<'a> Message<'a> {
             )),
             Opcode::QpConnect => qp::Connect::parse(body).map(Message::QpConnect),
             Opcode::QpAccept => qp::Accept::parse(body).map(Message::QpAccept),
+            Opcode::AuthChallenge => auth::parse_challenge(body).map(Message::AuthChallenge),
+            Opcode::AuthProof => auth::Proof::parse(body).map(Message::AuthProof),
             other => Err(Error::UnknownOpcode {
                 opcode: other.into(),
                 tag: frame.tag(),
@@ -105,6 +113,8 @@ impl<'a> Message<'a> {
             Message::Ping(_) | Message::Pong(_) => ping::HEADER_LEN,
             Message::QpConnect(c) => c.buffer_len(),
             Message::QpAccept(a) => a.buffer_len(),
+            Message::AuthChallenge(_) => auth::NONCE_LEN,
+            Message::AuthProof(_) => auth::PROOF_LEN,
         }
     }
 
@@ -125,7 +135,9 @@ impl<'a> Message<'a> {
             | Message::Ping(_)
             | Message::Pong(_)
             | Message::QpConnect(_)
-            | Message::QpAccept(_) => {}
+            | Message::QpAccept(_)
+            | Message::AuthChallenge(_)
+            | Message::AuthProof(_) => {}
         }
         let body_len = self.body_len();
         if body_len > MAX_BODY_LEN as usize {
@@ -168,6 +180,8 @@ impl<'a> Message<'a> {
             }
             Message::QpConnect(c) => c.emit(body),
             Message::QpAccept(a) => a.emit(body),
+            Message::AuthChallenge(nonce) => body.copy_from_slice(nonce),
+            Message::AuthProof(proof) => proof.emit(body),
         }
         Ok(len)
     }

@@ -49,13 +49,17 @@ pub enum Opcode {
     QpConnect,
     /// The device's end of a new queue pair and its R_Keys (0xE6).
     QpAccept,
+    /// The listener's challenge to prove the connecting principal (0xE7).
+    AuthChallenge,
+    /// A proof of knowing the principal's key (0xE8).
+    AuthProof,
     /// Any other value.
     Unknown(u8),
 }
 
 impl Opcode {
     /// Every named opcode, in numeric order.
-    pub const ALL: [Opcode; 17] = [
+    pub const ALL: [Opcode; 19] = [
         Opcode::Write,
         Opcode::Read,
         Opcode::ReadResponse,
@@ -73,6 +77,8 @@ impl Opcode {
         Opcode::Pong,
         Opcode::QpConnect,
         Opcode::QpAccept,
+        Opcode::AuthChallenge,
+        Opcode::AuthProof,
     ];
 
     /// Whether this is one of the seven one-sided request operations.
@@ -140,6 +146,8 @@ impl Opcode {
             Opcode::Pong => "PONG",
             Opcode::QpConnect => "QP_CONNECT",
             Opcode::QpAccept => "QP_ACCEPT",
+            Opcode::AuthChallenge => "AUTH_CHALLENGE",
+            Opcode::AuthProof => "AUTH_PROOF",
             Opcode::Unknown(_) => "UNKNOWN",
         }
     }
@@ -165,6 +173,8 @@ impl From<u8> for Opcode {
             0xE4 => Opcode::Pong,
             0xE5 => Opcode::QpConnect,
             0xE6 => Opcode::QpAccept,
+            0xE7 => Opcode::AuthChallenge,
+            0xE8 => Opcode::AuthProof,
             other => Opcode::Unknown(other),
         }
     }
@@ -190,6 +200,8 @@ impl From<Opcode> for u8 {
             Opcode::Pong => 0xE4,
             Opcode::QpConnect => 0xE5,
             Opcode::QpAccept => 0xE6,
+            Opcode::AuthChallenge => 0xE7,
+            Opcode::AuthProof => 0xE8,
             Opcode::Unknown(other) => other,
         }
     }

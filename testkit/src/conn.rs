@@ -64,7 +64,9 @@ impl Reply {
             Message::Request(_)
             | Message::MapRequest
             | Message::QpConnect(_)
-            | Message::QpAccept(_) => (Status::Ok, 0, body.to_vec()),
+            | Message::QpAccept(_)
+            | Message::AuthChallenge(_)
+            | Message::AuthProof(_) => (Status::Ok, 0, body.to_vec()),
         };
         Reply {
             opcode,
@@ -219,6 +221,50 @@ impl Conn {
             name,
         }));
         self.reply_to(tag)
+    }
+
+    /// Opens the connection as `name` in `role`, proving `key` (the
+    /// principal's key bytes) with the protocol's own opening; the next
+    /// tags are this connection's. `Err` carries why the peer refused or
+    /// what went wrong.
+    pub fn authenticate(
+        &mut self,
+        role: Role,
+        name: &str,
+        key: [u8; 32],
+    ) -> Result<(), proto::opening::OpeningError> {
+        use proto::opening::{Credentials, Opening, OpeningTags, Progress};
+        let tags = OpeningTags {
+            hello: self.next_tag,
+            map: self.next_tag + 1,
+        };
+        self.next_tag += 2;
+        let mut out = Vec::new();
+        let credentials = Credentials {
+            key: proto::auth::Key::new(key),
+            nonce: [0x5A; proto::auth::NONCE_LEN],
+        };
+        let mut opening = Opening::start(
+            role,
+            Capabilities::NONE,
+            name,
+            false,
+            tags,
+            Some(credentials),
+            &mut out,
+        )
+        .expect("encode the opening");
+        loop {
+            self.send_raw(&out);
+            out.clear();
+            let Some(frame) = self.next_frame() else {
+                return Err(proto::opening::OpeningError::Refused(Status::IoError));
+            };
+            match opening.handle_frame(&frame, &mut out)? {
+                Progress::Waiting => {}
+                Progress::Opened(_) => return Ok(()),
+            }
+        }
     }
 
     /// Asks for the address map and returns it.

@@ -20,6 +20,7 @@ pub mod load;
 pub mod meta;
 pub mod model;
 pub mod routes;
+pub mod secrets;
 pub mod size;
 pub mod validate;
 

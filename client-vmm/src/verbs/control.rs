@@ -78,6 +78,7 @@ impl Control {
             client,
             digest.is_some(),
             OpeningTags::CLIENT,
+            None,
             &mut out,
         )
         .map_err(|e| opening_error(&name, client, OpeningError::Malformed(e)))?;
@@ -85,7 +86,10 @@ impl Control {
         control.next_tag = OpeningTags::CLIENT.map + 1;
         loop {
             let frame = control.recv().map_err(io_err)?;
-            match opening.handle_frame(&frame) {
+            out.clear();
+            let progress = opening.handle_frame(&frame, &mut out);
+            control.stream.write_all(&out).map_err(io_err)?;
+            match progress {
                 Ok(Progress::Waiting) => {}
                 Ok(Progress::Opened(opened)) => {
                     if let Some(digest) = digest {

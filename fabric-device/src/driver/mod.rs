@@ -72,6 +72,9 @@ pub struct DeviceConfig {
     /// A client connection idle this long (nothing in flight, no queue
     /// pair, no traffic) is closed; `None`: never.
     pub idle_timeout: Option<Duration>,
+    /// The folder of the principals' keys: with it, this device proves its
+    /// key to its servers. `None`: no authentication.
+    pub secrets: Option<std::path::PathBuf>,
     /// Spin on the sockets for this long after the last event before
     /// sleeping in the kernel: trades a CPU for the wake-up latency of an
     /// idle one. Zero (the default) never spins.
@@ -84,6 +87,9 @@ pub enum DeviceError {
     /// The topology has no usable map for this device.
     #[error(transparent)]
     Map(#[from] MapError),
+    /// This device's key file (with `--secrets`) cannot be used.
+    #[error("--secrets")]
+    Secrets(#[from] topology::secrets::SecretError),
     /// A client-facing port cannot be bound.
     #[error("port {port}: cannot listen on {addr}")]
     Bind {
@@ -234,7 +240,14 @@ impl Device {
             listeners.push((port.id.clone(), listener, local));
         }
         let roce_metrics = RoceMetrics::register(&registry)?;
-        let core = Forwarder::new(map, config.forwarder, Arc::clone(&metrics));
+        let mut core = Forwarder::new(map, config.forwarder, Arc::clone(&metrics));
+        if let Some(dir) = &config.secrets {
+            let key = topology::secrets::read_key(
+                dir,
+                topology::secrets::Principal::Device(config.device.as_str()),
+            )?;
+            core.set_link_key(proto::auth::Key::new(key));
+        }
         let now = Instant::now();
         let links = core
             .links()
@@ -1087,6 +1100,11 @@ impl Device {
                     } else if let Some(client) = clients.get_mut(&conn) {
                         let _ = client.endpoint.send(&head, payload);
                         mark_to_flush(to_flush, conn, client);
+                    }
+                }
+                LinkAction::Send(bytes) => {
+                    if let Err(e) = endpoint.send(&bytes, &[]) {
+                        return Some(format!("write failed: {e}"));
                     }
                 }
                 LinkAction::Nothing => {}

@@ -266,6 +266,9 @@ pub fn run(quick: bool, out: &Path) -> anyhow::Result<(BenchReport, BenchFiles)>
     launch.device_args = vec![
         "--busy-poll-us".into(),
         plan.device_busy_poll_us.to_string(),
+        // The memory figure opens many idle connections as one client.
+        "--max-connections-per-client".into(),
+        (plan.idle_connections + 16).to_string(),
     ];
     let fabric = Fabric::start(&topology, launch).context("bring the bench fabric up")?;
     let addr = |kind, id, field| -> anyhow::Result<SocketAddr> {

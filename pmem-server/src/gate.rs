@@ -1,0 +1,96 @@
+//! Who may talk to this server: with `--secrets`, every connection must
+//! prove it holds the key of the fabric device (or client) it names in
+//! HELLO before anything else is answered (`proto::auth`). Without, the
+//! server answers whoever reaches its data port, as before.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use proto::auth::{Key, NONCE_LEN, Proof, Side, Transcript};
+use proto::hello::Role;
+use topology::Topology;
+use topology::secrets::{Principal, SecretError, read_key};
+
+/// The keys of the principals that may connect.
+#[derive(Debug, Default)]
+pub struct Gatekeeper {
+    keys: HashMap<(Role, String), Key>,
+}
+
+impl Gatekeeper {
+    /// Loads from `dir` the key of every fabric device of `topology`
+    /// (required: devices are this server's peers) and of every client that
+    /// has one (clients reach servers through devices).
+    pub fn load(dir: &Path, topology: &Topology) -> Result<Self, SecretError> {
+        let mut keys = HashMap::new();
+        for device in &topology.fabric_devices {
+            let key = read_key(dir, Principal::Device(device.id.as_str()))?;
+            keys.insert((Role::FabricDevice, device.id.to_string()), Key::new(key));
+        }
+        for client in &topology.clients {
+            match read_key(dir, Principal::Client(client.id.as_str())) {
+                Ok(key) => {
+                    keys.insert((Role::Client, client.id.to_string()), Key::new(key));
+                }
+                Err(SecretError::Missing { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(Gatekeeper { keys })
+    }
+
+    /// The key of `name` in `role`, if it may connect.
+    pub fn key(&self, role: Role, name: &str) -> Option<&Key> {
+        self.keys.get(&(role, name.to_owned()))
+    }
+}
+
+/// Where one connection stands with the gate.
+#[derive(Debug)]
+pub enum Session {
+    /// No authentication asked for: everything is answered.
+    Open,
+    /// HELLO is due.
+    Hello,
+    /// The challenge went out.
+    Challenged {
+        /// The role the peer said.
+        role: Role,
+        /// The name the peer said.
+        name: String,
+        /// Our nonce.
+        nonce: [u8; NONCE_LEN],
+    },
+    /// The peer proved it holds its key.
+    Proven,
+}
+
+impl Session {
+    /// Whether requests may be answered.
+    pub fn admits(&self) -> bool {
+        matches!(self, Session::Open | Session::Proven)
+    }
+}
+
+/// Checks the peer's proof; on success returns ours.
+pub fn answer_proof(
+    key: &Key,
+    role: Role,
+    name: &str,
+    server: &str,
+    nonce: [u8; NONCE_LEN],
+    proof: &Proof,
+) -> Option<Proof> {
+    let transcript = Transcript {
+        role,
+        principal: name,
+        listener: server,
+        listener_nonce: nonce,
+        connector_nonce: proof.nonce,
+    };
+    key.verify(Side::Connector, &transcript, &proof.mac)
+        .then(|| Proof {
+            nonce: [0; NONCE_LEN],
+            mac: key.prove(Side::Listener, &transcript),
+        })
+}
