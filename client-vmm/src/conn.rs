@@ -122,6 +122,15 @@ pub enum ConnectError {
     },
 }
 
+/// `key` with a fresh random nonce, for one opening.
+pub(crate) fn credentials(key: proto::auth::Key) -> proto::opening::Credentials {
+    let mut nonce = [0u8; proto::auth::NONCE_LEN];
+    // Linux's source does not fail once booted; zeros would only make this
+    // one proof's nonce predictable, not reveal the key.
+    let _ = getrandom::fill(&mut nonce);
+    proto::opening::Credentials { key, nonce }
+}
+
 /// What a client announces in its HELLO.
 pub(crate) const CLIENT_CAPABILITIES: Capabilities =
     Capabilities::PIPELINING.union(Capabilities::EXACTLY_ONCE);
@@ -218,6 +227,7 @@ pub async fn connect(
     device_addr: &str,
     local_addr: Option<&str>,
     client: &str,
+    key: Option<proto::auth::Key>,
     digest: [u8; 32],
     timeout: Duration,
     on_lost: Box<dyn FnOnce() + Send>,
@@ -252,7 +262,7 @@ pub async fn connect(
             client,
             true,
             OpeningTags::CLIENT,
-            None,
+            key.map(credentials),
             &mut out,
         )
         .map_err(|e| protocol_error(device_addr, e.to_string()))?;

@@ -133,6 +133,9 @@ pub enum OpenError {
     /// The client and its paths cannot be set up.
     #[error(transparent)]
     Paths(#[from] crate::paths::PathError),
+    /// The client's key file cannot be used.
+    #[error("the client's key")]
+    Secrets(#[from] topology::secrets::SecretError),
     /// No path could be connected; each one's failure is listed.
     #[error("client {client}: no fabric device could be reached: {}", list(.failures))]
     Unreachable {

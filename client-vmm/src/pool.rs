@@ -12,6 +12,7 @@
 //! again, it carries that identity.
 
 use std::collections::{BTreeSet, HashMap};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -65,9 +66,22 @@ pub struct PoolBuilder {
     client: ClientId,
     options: PoolOptions,
     translator: Option<Arc<dyn Translator>>,
+    secrets: Option<PathBuf>,
 }
 
+/// The environment variable naming the folder of keys a pool proves its
+/// client with, when the builder is not given one.
+pub const SECRETS_ENV: &str = "PMEM_FABRIC_SECRETS";
+
 impl PoolBuilder {
+    /// Proves the client's key (`client.<id>.key` in `dir`) to every fabric
+    /// device, which must prove it holds it too. By default the folder in
+    /// `$PMEM_FABRIC_SECRETS`, if set; without one, no authentication.
+    pub fn secrets(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.secrets = Some(dir.into());
+        self
+    }
+
     /// Per-attempt timeout: a request unanswered this long on one path is
     /// re-sent on another.
     pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
@@ -232,6 +246,8 @@ struct Inner {
     pool_name: String,
     layout: Layout,
     translator: Backing,
+    /// The client's key, proven to every device (with secrets).
+    key: Option<proto::auth::Key>,
     tlb: Tlb,
     table: Mutex<PathTable>,
     slots: Vec<Mutex<Slot>>,
@@ -314,6 +330,7 @@ impl AsyncPool {
             client: client.into(),
             options: PoolOptions::default(),
             translator: None,
+            secrets: std::env::var_os(SECRETS_ENV).map(PathBuf::from),
         }
     }
 
@@ -331,8 +348,16 @@ impl AsyncPool {
             client,
             options,
             translator,
+            secrets,
         } = builder;
         topology.validate()?;
+        let key = match &secrets {
+            Some(dir) => Some(proto::auth::Key::new(topology::secrets::read_key(
+                dir,
+                topology::secrets::Principal::Client(client.as_str()),
+            )?)),
+            None => None,
+        };
         let layout = Layout::new(&topology)?;
         let table = PathTable::new(&topology, &layout, &client, options.paths)?;
         let translator = match (translator, layout.meta()) {
@@ -356,6 +381,7 @@ impl AsyncPool {
             pool_name: topology.pool.name.clone(),
             tlb: Tlb::new(extent, options.tlb_capacity),
             translator,
+            key,
             client,
             layout,
             table: Mutex::new(table),
@@ -719,6 +745,7 @@ impl Inner {
                     &info.device_addr,
                     info.local_addr.as_deref(),
                     self.client.as_str(),
+                    self.key.clone(),
                     self.layout.digest(),
                     self.options.connect_timeout,
                     on_lost,
@@ -773,6 +800,7 @@ impl Inner {
             layout: self.layout.clone(),
             timeout: self.options.connect_timeout,
             rdma_device: info.rdma_device.clone(),
+            key: self.key.clone(),
             local_ip,
             atomics: proto::qp::AtomicSeq { lane, first },
         };

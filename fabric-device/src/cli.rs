@@ -65,7 +65,9 @@ struct Args {
     #[arg(long, default_value_t = 64)]
     max_connections_per_client: usize,
     /// Folder of the principals' keys (`testbed keygen` makes them): this
-    /// device proves its key (`device.<id>.key`) to servers that ask.
+    /// device proves its key (`device.<id>.key`) to servers that ask, and
+    /// every client must prove its key (`client.<id>.key`) after HELLO
+    /// before anything else is answered.
     #[arg(long, value_name = "DIR")]
     secrets: Option<std::path::PathBuf>,
     /// Log lines on stderr as text or json (levels from RUST_LOG, default info).

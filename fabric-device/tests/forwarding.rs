@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use proto::hello::Role;
 use proto::request::{Repr, Target};
 use proto::{Message, Opcode, Status};
 use testkit::{Conn, Daemon, FabricSpec, Ports, file_bytes, layout};
@@ -641,8 +642,9 @@ fn idle_connections_close_and_no_client_takes_more_than_its_share() {
 }
 
 /// Servers started with `--secrets` let the device's links in only when the
-/// device proves its key; then clients are served through it as before. A
-/// device with another key never gets a link up, and the servers count it.
+/// device proves its key; the device in turn serves only clients that prove
+/// theirs. A device with another key never gets a link up, and the servers
+/// count it.
 #[test]
 fn links_to_servers_that_ask_for_proof_open_only_with_the_devices_key() {
     use topology::secrets::{Principal, write_key};
@@ -650,6 +652,8 @@ fn links_to_servers_that_ask_for_proof_open_only_with_the_devices_key() {
     let config = two_servers().write(dir.path(), "topology.toml", &mut Ports::new());
     let secrets = dir.path().join("secrets");
     write_key(&secrets, Principal::Device("F"), &[0x11; 32]).expect("key");
+    write_key(&secrets, Principal::Client("c1"), &[0xC1; 32]).expect("key");
+    write_key(&secrets, Principal::Client("c2"), &[0xC2; 32]).expect("key");
     let secrets_arg = secrets.to_str().expect("path").to_owned();
     let servers: Vec<Daemon> = ["A", "B"]
         .iter()
@@ -672,14 +676,46 @@ fn links_to_servers_that_ask_for_proof_open_only_with_the_devices_key() {
         .entry_by_id(&"A1".into())
         .expect("A1")
         .clone();
-    let mut client = Conn::connect(device.addr("port.p0"));
-    client.hello("c1");
+    let port = device.addr("port.p0");
+    let write = Repr::write(Target::Pmem(a1.start), a1.key, b"through");
+    let mut client = Conn::connect(port);
+    client
+        .authenticate(Role::Client, "c1", [0xC1; 32])
+        .expect("c1 proves its key");
+    assert_eq!(client.call(write).status, Status::Ok);
+
+    // What an attacker on the client port gets: nothing.
+    let mut bare = Conn::connect(port);
+    assert_eq!(bare.hello("c1").opcode, Opcode::Hello);
+    assert_eq!(bare.recv().opcode, Opcode::AuthChallenge);
     assert_eq!(
-        client
-            .call(Repr::write(Target::Pmem(a1.start), a1.key, b"through"))
-            .status,
-        Status::Ok
+        bare.call(write).status,
+        Status::UnknownClient,
+        "no proof, no request"
     );
+    assert!(bare.try_recv().is_none(), "and the connection is closed");
+    let refused = Conn::connect(port).authenticate(Role::Client, "c1", [0xC2; 32]);
+    assert_eq!(
+        refused,
+        Err(proto::opening::OpeningError::Refused(Status::AccessDenied)),
+        "c2's key does not open c1"
+    );
+    let refused = Conn::connect(port).authenticate(Role::Client, "c3", [0xC1; 32]);
+    assert_eq!(
+        refused,
+        Err(proto::opening::OpeningError::Refused(Status::UnknownClient)),
+        "a client without a key file cannot get in"
+    );
+    let metrics = telemetry::http_get(device.addr("admin"), "/metrics", Duration::from_secs(5))
+        .expect("metrics")
+        .1;
+    for line in [
+        "fabric_device_hello_refused_total{reason=\"unauthenticated\"} 1",
+        "fabric_device_hello_refused_total{reason=\"bad_proof\"} 1",
+        "fabric_device_hello_refused_total{reason=\"unknown_client\"} 1",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line}\n{metrics}");
+    }
     drop(device);
 
     // The same device with another key.

@@ -39,6 +39,16 @@ impl Gatekeeper {
         Ok(Gatekeeper { keys })
     }
 
+    /// How many principals may connect.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Whether no principal may connect.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
     /// The key of `name` in `role`, if it may connect.
     pub fn key(&self, role: Role, name: &str) -> Option<&Key> {
         self.keys.get(&(role, name.to_owned()))

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use telemetry::{AdminServer, Health, Registry};
 use topology::{Layout, NicId, Persistence, ServerId, Topology};
-use tracing::{Span, debug, error, warn};
+use tracing::{Span, debug, error, info, warn};
 
 use crate::conn::{self, SHUTDOWN_POLL};
 use crate::dedup::DedupTable;
@@ -310,7 +310,13 @@ impl RunningServer {
         let dedup = DedupTable::with_store(store, windows).bounded_by(lanes);
         let mut exec = Executor::new(server.id.clone(), layout, regions, dedup, metrics);
         if let Some(dir) = &config.secrets {
-            exec = exec.with_gate(Gatekeeper::load(dir, topology)?);
+            let gate = Gatekeeper::load(dir, topology)?;
+            info!(
+                "authentication on: every connection proves one of {} principals' keys from {}",
+                gate.len(),
+                dir.display()
+            );
+            exec = exec.with_gate(gate);
         }
         let exec = Arc::new(exec);
 

@@ -73,6 +73,9 @@ pub struct LaunchOptions {
     /// How long a daemon may take to report ready and a device to bring
     /// its links up.
     pub ready_timeout: Duration,
+    /// The folder of the principals' keys: every daemon gets `--secrets`
+    /// and every client proves its key. `None`: no authentication.
+    pub secrets: Option<PathBuf>,
 }
 
 impl LaunchOptions {
@@ -92,6 +95,7 @@ impl LaunchOptions {
                 "500".into(),
             ],
             ready_timeout: Duration::from_secs(30),
+            secrets: None,
         })
     }
 }
@@ -354,15 +358,18 @@ impl Fabric {
     {
         let topology = self.host_side(self.topology.clone());
         let as_client = client.to_owned();
+        let secrets = self.options.secrets.clone();
         let connect_and_work = move || -> Result<T, String> {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .map_err(|e| format!("cannot start a runtime: {e}"))?;
             runtime.block_on(async move {
-                let pool = AsyncPool::connect(topology, as_client.as_str())
-                    .await
-                    .map_err(|e| error_chain(&e))?;
+                let mut builder = AsyncPool::builder(topology, as_client.as_str());
+                if let Some(dir) = secrets {
+                    builder = builder.secrets(dir);
+                }
+                let pool = builder.connect_async().await.map_err(|e| error_chain(&e))?;
                 work(pool).await
             })
         };
@@ -394,13 +401,18 @@ impl Fabric {
     /// its namespace in netns mode, in a lab guest that sees `shares` in lab
     /// mode).
     pub fn client_command(&self, client: &str, program: &Path, shares: &[&Path]) -> Command {
-        if let Some(lab) = &self.lab {
-            return lab.guest_command(program, shares, &self.guest_console(client));
+        let mut command = if let Some(lab) = &self.lab {
+            lab.guest_command(program, shares, &self.guest_console(client))
+        } else {
+            match self.client_namespace(client) {
+                Some(ns) => netns::command_in(&ns, program),
+                None => Command::new(program),
+            }
+        };
+        if let Some(dir) = &self.options.secrets {
+            command.env(client_vmm::pool::SECRETS_ENV, dir);
         }
-        match self.client_namespace(client) {
-            Some(ns) => netns::command_in(&ns, program),
-            None => Command::new(program),
-        }
+        command
     }
 
     /// Where a lab guest's console is copied.
@@ -459,6 +471,9 @@ impl Fabric {
             }
         }
         args.extend(["--admin".into(), self.admin_addr(kind, id).into()]);
+        if let Some(dir) = &self.options.secrets {
+            args.extend(["--secrets".into(), dir.clone().into_os_string()]);
+        }
         self.launch(kind, id, args)
     }
 

@@ -63,6 +63,17 @@ enum Command {
         #[arg(long)]
         prometheus: bool,
     },
+    /// Write a fresh key for every client and fabric device of a topology
+    /// (`client.<id>.key`, `device.<id>.key`, owner-only): give the folder
+    /// to the daemons with `--secrets` and to clients in
+    /// `PMEM_FABRIC_SECRETS` (pmemctl: `--secrets`).
+    Keygen {
+        /// The topology file; the embedded default topology when absent.
+        file: Option<PathBuf>,
+        /// Where the key files go.
+        #[arg(long, value_name = "DIR")]
+        secrets: PathBuf,
+    },
     /// Remove the network namespaces a crashed `--net netns` run left behind
     /// (and kill the daemons still running in them).
     Down {
@@ -102,6 +113,10 @@ enum Command {
         /// Keep region files here (a temporary folder by default).
         #[arg(long)]
         data_dir: Option<PathBuf>,
+        /// Make a key for every client and fabric device and require
+        /// every connection to prove its principal's key.
+        #[arg(long)]
+        authenticate: bool,
         /// Reports go to DIR/<run-id>/.
         #[arg(long, default_value = "reports")]
         reports: PathBuf,
@@ -140,6 +155,10 @@ enum Command {
         /// How hosts are networked.
         #[arg(long, value_enum, default_value = "loopback")]
         net: Net,
+        /// Make a key for every client and fabric device and require
+        /// every connection to prove its principal's key.
+        #[arg(long)]
+        authenticate: bool,
         /// Reports go to DIR/<run-id>/.
         #[arg(long, default_value = "reports")]
         reports: PathBuf,
@@ -413,6 +432,7 @@ fn log_id(command: &Command) -> Option<String> {
         Command::Validate { .. } => "validate",
         Command::Up { .. } => "up",
         Command::Down { .. } => "down",
+        Command::Keygen { .. } => "keygen",
         Command::Run { .. } => "run",
         Command::Demo { .. } => "demo",
         Command::Chaos { .. } => "chaos",
@@ -436,6 +456,12 @@ fn main() -> ExitCode {
             data_dir,
             prometheus,
         } => outcome(up(file.as_ref(), net, data_dir, prometheus).map(|()| true)),
+        Command::Keygen { file, secrets } => outcome((|| {
+            let topology = load_topology(file.as_deref())?;
+            let written = testbed::keys::generate(&topology, &secrets)?;
+            println!("{} keys written to {}", written.len(), secrets.display());
+            Ok(true)
+        })()),
         Command::Down { prefix } => {
             match testbed::netns::clean_up_crashed_runs(prefix.as_deref()) {
                 Ok((killed, removed)) => {
@@ -461,9 +487,11 @@ fn main() -> ExitCode {
             zipfian,
             net,
             data_dir,
+            authenticate,
             reports,
         } => {
             let mut options = RunOptions::new("run", workload);
+            options.authenticate = authenticate;
             options.clients = clients;
             options.duration = Duration::from_secs_f64(duration);
             options.size = size.max(16);
@@ -509,10 +537,12 @@ fn main() -> ExitCode {
             workload,
             seed,
             net,
+            authenticate,
             reports,
         } => outcome((|| {
             let topology = load_topology_on(file.as_deref(), net.into())?;
             let mut options = RunOptions::new("chaos", workload);
+            options.authenticate = authenticate;
             options.duration = Duration::from_secs_f64(duration);
             options.net = net.into();
             options.reports = reports;

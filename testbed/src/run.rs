@@ -147,6 +147,9 @@ pub struct RunOptions {
     pub faults: Vec<PlannedFault>,
     /// Show a progress bar.
     pub progress: bool,
+    /// Make a key for every principal (in the report's folder) and run
+    /// the fabric with authentication on every connection.
+    pub authenticate: bool,
 }
 
 impl RunOptions {
@@ -167,6 +170,7 @@ impl RunOptions {
             reports: PathBuf::from("reports"),
             faults: Vec::new(),
             progress: true,
+            authenticate: false,
         }
     }
 }
@@ -357,6 +361,11 @@ pub fn execute(
     };
     let mut launch = LaunchOptions::new(data_dir.clone(), run_dir.clone())?;
     launch.net = options.net;
+    if options.authenticate {
+        let secrets = run_dir.join("secrets");
+        crate::keys::generate(topology, &secrets).context("make the principals' keys")?;
+        launch.secrets = Some(secrets);
+    }
     let mut fabric = Fabric::start(topology, launch).context("bring the fabric up")?;
     let endpoints = fabric.endpoints();
     let clients: Vec<String> = topology

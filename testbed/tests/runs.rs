@@ -101,6 +101,42 @@ fn run_workload(workload: &str) {
     assert_eq!(report["verification"]["passed"], true);
 }
 
+/// A whole fabric with authentication on every connection: the servers
+/// admit only the devices that prove their keys, the devices only the
+/// clients that prove theirs; the workload runs and verifies as without.
+#[test]
+fn run_with_authentication_on_every_connection() {
+    let (output, dir) = run_in_fresh_fabric(&[
+        "run",
+        "--workload",
+        "mixed",
+        "--duration",
+        "1.5",
+        "--authenticate",
+    ]);
+    let out = text(&output);
+    assert!(output.status.success(), "{out}");
+    assert!(out.contains("verification    PASSED"), "{out}");
+    let run = report_dir(dir.path());
+    let keys: Vec<_> = std::fs::read_dir(run.join("secrets"))
+        .expect("the run's keys")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    // Two clients and two devices.
+    assert_eq!(keys.len(), 4, "{keys:?}");
+    for key in &keys {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(key).expect("key").permissions().mode();
+        assert_eq!(mode & 0o077, 0, "{} is private", key.display());
+    }
+    for daemon in ["pmem-server-A", "fabric-device-F1"] {
+        let log =
+            std::fs::read_to_string(run.join(format!("logs/{daemon}.log"))).unwrap_or_default();
+        assert!(log.contains("authentication on"), "{daemon}: {log}");
+        assert!(!log.contains("ERROR"), "{daemon}: {log}");
+    }
+}
+
 #[test]
 fn run_ycsb_a() {
     run_workload("ycsb-a");

@@ -69,6 +69,11 @@ struct Cli {
     /// How long connecting to one fabric device may take.
     #[arg(long, value_name = "MS")]
     connect_timeout_ms: Option<u64>,
+    /// Folder of the principals' keys: prove this client's key
+    /// (`client.<ID>.key`) to the fabric devices. Default:
+    /// `$PMEM_FABRIC_SECRETS`, if set.
+    #[arg(long, value_name = "DIR")]
+    secrets: Option<std::path::PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -215,6 +220,9 @@ fn run(cli: Cli) -> Result<(), CliError> {
     }
     if let Some(ms) = cli.op_timeout_ms {
         builder = builder.op_timeout(Duration::from_millis(ms));
+    }
+    if let Some(dir) = &cli.secrets {
+        builder = builder.secrets(dir);
     }
     if let Some(ms) = cli.connect_timeout_ms {
         builder = builder.connect_timeout(Duration::from_millis(ms));

@@ -54,6 +54,18 @@ impl Control {
         digest: Option<[u8; 32]>,
         timeout: Duration,
     ) -> Result<Self, ConnectError> {
+        Self::connect_with(addr, client, None, digest, timeout)
+    }
+
+    /// [`Control::connect`], proving the client's `key` (and checking the
+    /// device's proof) when one is given.
+    pub fn connect_with(
+        addr: SocketAddr,
+        client: &str,
+        key: Option<proto::auth::Key>,
+        digest: Option<[u8; 32]>,
+        timeout: Duration,
+    ) -> Result<Self, ConnectError> {
         let name = addr.to_string();
         let io_err = |source| ConnectError::Io {
             addr: name.clone(),
@@ -78,7 +90,7 @@ impl Control {
             client,
             digest.is_some(),
             OpeningTags::CLIENT,
-            None,
+            key.map(crate::conn::credentials),
             &mut out,
         )
         .map_err(|e| opening_error(&name, client, OpeningError::Malformed(e)))?;

@@ -68,6 +68,8 @@ pub(crate) struct LinkConfig {
     pub timeout: Duration,
     /// The RDMA device (`None`: the first).
     pub rdma_device: Option<String>,
+    /// The client's key, proven on the control connection.
+    pub key: Option<proto::auth::Key>,
     /// The RNIC's IPv4 address.
     pub local_ip: Ipv4Addr,
     /// The exactly-once lane and the number of the first atomic.
@@ -229,9 +231,10 @@ impl VerbsLink {
         let spawned = std::thread::Builder::new()
             .name(format!("verbs {addr}"))
             .spawn(move || {
-                let set_up = Control::connect(
+                let set_up = Control::connect_with(
                     config.addr,
                     &config.client,
+                    config.key.clone(),
                     Some(config.digest),
                     config.timeout,
                 )

@@ -73,7 +73,8 @@ pub struct DeviceConfig {
     /// pair, no traffic) is closed; `None`: never.
     pub idle_timeout: Option<Duration>,
     /// The folder of the principals' keys: with it, this device proves its
-    /// key to its servers. `None`: no authentication.
+    /// key to its servers and requires every client to prove its own.
+    /// `None`: no authentication.
     pub secrets: Option<std::path::PathBuf>,
     /// Spin on the sockets for this long after the last event before
     /// sleeping in the kernel: trades a CPU for the wake-up latency of an
@@ -247,6 +248,24 @@ impl Device {
                 topology::secrets::Principal::Device(config.device.as_str()),
             )?;
             core.set_link_key(proto::auth::Key::new(key));
+            let mut client_keys = std::collections::HashMap::new();
+            for client in &config.topology.clients {
+                let id = client.id.as_str();
+                match topology::secrets::read_key(dir, topology::secrets::Principal::Client(id)) {
+                    Ok(key) => {
+                        client_keys.insert(id.to_owned(), proto::auth::Key::new(key));
+                    }
+                    // That client cannot connect; the others can.
+                    Err(topology::secrets::SecretError::Missing { .. }) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            info!(
+                "authentication on: links prove this device's key, clients prove theirs ({} keys from {})",
+                client_keys.len(),
+                dir.display()
+            );
+            core.require_client_keys(client_keys);
         }
         let now = Instant::now();
         let links = core
