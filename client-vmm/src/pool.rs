@@ -1042,6 +1042,7 @@ impl Inner {
             key: piece.key,
             length: spec.length,
             exactly_once: None,
+            on_behalf: None,
             persist: spec.persist,
             non_temporal: false,
             operand: spec.operand,

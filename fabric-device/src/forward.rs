@@ -733,12 +733,17 @@ impl Forwarder {
         let (frame_head, body) = head.split_at_mut(frame::HEADER_LEN);
         frame::Packet::new_unchecked(frame_head).set_tag(link_tag);
         let mut packet = request::Packet::new_unchecked(body);
-        packet.set_flags(packet.flags() | request::flags::REGION_ADDRESSED);
+        // The server learns which client the device acts for (it checks that
+        // client's grants when it authenticates its peers).
+        packet.set_flags(
+            packet.flags() | request::flags::REGION_ADDRESSED | request::flags::ON_BEHALF,
+        );
         packet.set_region(route.region);
         packet.set_addr(route.offset);
-        if let Some(once) = req.exactly_once {
+        match req.exactly_once {
             // The client picks the lane; its number is the device's to say.
-            packet.set_client(once.stamped(route.client_number).client);
+            Some(once) => packet.set_client(once.stamped(route.client_number).client),
+            None => packet.set_client(route.client_number & request::CLIENT_NUMBER_MASK),
         }
         self.metrics.bytes_to_servers.add(frame.len() as u64);
         ClientAction::Forward {

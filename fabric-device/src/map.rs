@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 
+use topology::grants::Grants;
 use topology::{
     FabricDeviceId, Layout, LayoutError, NicId, PmemAddr, ServerId, SocketId, Topology,
 };
@@ -38,20 +39,14 @@ pub struct ClientPolicy {
     /// The client's number: its position in the topology, stamped on its
     /// exactly-once requests so one client cannot replay another's.
     pub number: u32,
-    /// PMEM ranges `[start, end)` it may touch; empty means everything.
-    pub allow: Vec<(u64, u64)>,
+    /// What it may touch.
+    pub grants: Grants,
 }
 
 impl ClientPolicy {
     /// Whether `[addr, addr + len)` lies inside one allowed range.
     pub fn allows(&self, addr: u64, len: u64) -> bool {
-        if self.allow.is_empty() {
-            return true;
-        }
-        let Some(end) = addr.checked_add(len) else {
-            return false;
-        };
-        self.allow.iter().any(|&(s, e)| addr >= s && end <= e)
+        self.grants.allows(addr, len)
     }
 }
 
@@ -154,23 +149,9 @@ impl DeviceMap {
             .iter()
             .enumerate()
             .map(|(number, client)| {
-                let allow = client
-                    .allow
-                    .iter()
-                    .filter_map(|range| {
-                        let entry = layout.entry_by_id(&range.region)?;
-                        let start = entry.start.get() + range.offset.bytes();
-                        let len = range
-                            .size
-                            .map_or(entry.len.saturating_sub(range.offset.bytes()), |s| {
-                                s.bytes()
-                            });
-                        Some((start, start.saturating_add(len)))
-                    })
-                    .collect();
                 let policy = ClientPolicy {
                     number: u32::try_from(number).unwrap_or(u32::MAX),
-                    allow,
+                    grants: Grants::of(&layout, client),
                 };
                 (client.id.to_string(), policy)
             })

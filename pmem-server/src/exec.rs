@@ -238,6 +238,22 @@ impl Executor {
         out: &mut Vec<u8>,
     ) -> Result<Flow, proto::Error> {
         match proto::parse_frame(frame) {
+            Ok((Message::Request(req), tag)) if session.admits() => {
+                match self.authorize(session, &req) {
+                    None => self.execute(&req, tag, out),
+                    Some(reason) => {
+                        self.metrics.denied.with(&[reason]).inc();
+                        self.metrics.record(
+                            req.operation,
+                            Status::AccessDenied,
+                            std::time::Duration::ZERO,
+                        );
+                        let kind = ResponseKind::answering(req.operation.opcode());
+                        push_response(out, tag, kind, Status::AccessDenied, 0, 0);
+                    }
+                }
+                Ok(Flow::Continue)
+            }
             Ok((message, tag)) if session.admits() => {
                 self.handle_message(message, tag, out);
                 Ok(Flow::Continue)
@@ -255,6 +271,34 @@ impl Executor {
                 }
             }
         }
+    }
+
+    /// Why `req` may not run for `session`'s peer, if it may not: with
+    /// authentication, a request is held to the grants of the client it is
+    /// for.
+    fn authorize(&self, session: &Session, req: &request::Repr<'_>) -> Option<&'static str> {
+        let gate = self.gate.as_ref()?;
+        let number = match (session, req.on_behalf) {
+            (Session::Open, _) => return None,
+            (Session::ProvenDevice, Some(number)) => number,
+            (Session::ProvenDevice, None) => return Some("no_client"),
+            (Session::ProvenClient { number }, None) => *number,
+            (Session::ProvenClient { .. }, Some(_)) => return Some("on_behalf_from_client"),
+            _ => return Some("unauthenticated"),
+        };
+        let addr = match req.target {
+            Target::Pmem(addr) => addr.get(),
+            Target::Region(at) => {
+                let entry = self.layout.entry(at.region)?;
+                entry.start.get().checked_add(at.offset)?
+            }
+        };
+        let len = if req.operation.is_atomic() {
+            8
+        } else {
+            u64::from(req.length)
+        };
+        gate.denies(number, addr, len)
     }
 
     /// A frame from a peer that has not proven its key yet: HELLO and the
@@ -304,13 +348,20 @@ impl Executor {
                 let answer = gate.key(*role, name).and_then(|key| {
                     gate::answer_proof(key, *role, name, self.server.as_str(), *nonce, &proof)
                 });
-                match answer {
-                    Some(answer) => {
+                let proven = match role {
+                    Role::FabricDevice => Some(Session::ProvenDevice),
+                    Role::Client => gate
+                        .client_number(name)
+                        .map(|number| Session::ProvenClient { number }),
+                    _ => None,
+                };
+                match (answer, proven) {
+                    (Some(answer), Some(proven)) => {
                         encode(&Message::AuthProof(answer), tag, out);
-                        *session = Session::Proven;
+                        *session = proven;
                         Flow::Continue
                     }
-                    None => refuse("bad_proof", Opcode::AuthProof, Status::AccessDenied, out),
+                    _ => refuse("bad_proof", Opcode::AuthProof, Status::AccessDenied, out),
                 }
             }
             (message, _) => refuse(

@@ -1,27 +1,46 @@
-//! Who may talk to this server: with `--secrets`, every connection must
-//! prove it holds the key of the fabric device (or client) it names in
-//! HELLO before anything else is answered (`proto::auth`). Without, the
-//! server answers whoever reaches its data port, as before.
+//! Who may talk to this server, and for whom: with `--secrets`, every
+//! connection must prove it holds the key of the fabric device (or client)
+//! it names in HELLO before anything else is answered (`proto::auth`), and
+//! every request is held to the grants (allow-list) of the client it is
+//! for: the one a device says it forwards for (ON_BEHALF), or the client
+//! itself on a direct connection. Without, the server answers whoever
+//! reaches its data port, as before.
 
 use std::collections::HashMap;
 use std::path::Path;
 
 use proto::auth::{Key, NONCE_LEN, Proof, Side, Transcript};
 use proto::hello::Role;
-use topology::Topology;
+use topology::grants::Grants;
 use topology::secrets::{Principal, SecretError, read_key};
+use topology::{Layout, Topology};
 
 /// The keys of the principals that may connect.
 #[derive(Debug, Default)]
 pub struct Gatekeeper {
     keys: HashMap<(Role, String), Key>,
+    /// Each client's grants, by client number (position in the topology).
+    grants: Vec<Grants>,
+    /// Client numbers by id.
+    numbers: HashMap<String, u32>,
 }
 
 impl Gatekeeper {
     /// Loads from `dir` the key of every fabric device of `topology`
     /// (required: devices are this server's peers) and of every client that
     /// has one (clients reach servers through devices).
-    pub fn load(dir: &Path, topology: &Topology) -> Result<Self, SecretError> {
+    pub fn load(dir: &Path, topology: &Topology, layout: &Layout) -> Result<Self, SecretError> {
+        let grants = topology
+            .clients
+            .iter()
+            .map(|c| Grants::of(layout, c))
+            .collect();
+        let numbers = topology
+            .clients
+            .iter()
+            .enumerate()
+            .map(|(n, c)| (c.id.to_string(), u32::try_from(n).unwrap_or(u32::MAX)))
+            .collect();
         let mut keys = HashMap::new();
         for device in &topology.fabric_devices {
             let key = read_key(dir, Principal::Device(device.id.as_str()))?;
@@ -36,7 +55,25 @@ impl Gatekeeper {
                 Err(e) => return Err(e),
             }
         }
-        Ok(Gatekeeper { keys })
+        Ok(Gatekeeper {
+            keys,
+            grants,
+            numbers,
+        })
+    }
+
+    /// Client `name`'s number, if the topology has it.
+    pub fn client_number(&self, name: &str) -> Option<u32> {
+        self.numbers.get(name).copied()
+    }
+
+    /// Why client `number` may not touch `[addr, addr + len)`, if it may not.
+    pub fn denies(&self, number: u32, addr: u64, len: u64) -> Option<&'static str> {
+        match self.grants.get(number as usize) {
+            None => Some("unknown_client"),
+            Some(grants) if !grants.allows(addr, len) => Some("not_granted"),
+            Some(_) => None,
+        }
     }
 
     /// How many principals may connect.
@@ -71,14 +108,22 @@ pub enum Session {
         /// Our nonce.
         nonce: [u8; NONCE_LEN],
     },
-    /// The peer proved it holds its key.
-    Proven,
+    /// A fabric device proved its key: it says whom each request is for.
+    ProvenDevice,
+    /// A client proved its key: its requests are its own.
+    ProvenClient {
+        /// Its number.
+        number: u32,
+    },
 }
 
 impl Session {
     /// Whether requests may be answered.
     pub fn admits(&self) -> bool {
-        matches!(self, Session::Open | Session::Proven)
+        matches!(
+            self,
+            Session::Open | Session::ProvenDevice | Session::ProvenClient { .. }
+        )
     }
 }
 

@@ -36,6 +36,9 @@ pub struct ServerMetrics {
     pub exactly_once_refused: Arc<Family<Counter>>,
     /// Connections refused at the gate (`--secrets`), by reason.
     pub auth_failures: Arc<Family<Counter>>,
+    /// Requests of authenticated peers refused ACCESS_DENIED for their
+    /// client's grants, by reason.
+    pub denied: Arc<Family<Counter>>,
 }
 
 impl ServerMetrics {
@@ -91,6 +94,14 @@ impl ServerMetrics {
                 "pmem_server_auth_failures_total",
                 "Connections closed because the peer did not prove its key (with --secrets), \
                  by reason: unknown principal, bad proof, or anything sent before the proof.",
+                &["reason"],
+            )?,
+            denied: r.counter_family(
+                "pmem_server_denied_requests_total",
+                "Requests refused ACCESS_DENIED because the client they are for has no grant \
+                 for the range (with --secrets), by reason: not_granted, unknown_client, \
+                 no_client (a device that did not say whom it forwards for), \
+                 on_behalf_from_client.",
                 &["reason"],
             )?,
             latency,

@@ -308,9 +308,12 @@ impl RunningServer {
             .map(|c| u8::try_from(c.rnics.len()).unwrap_or(u8::MAX))
             .collect();
         let dedup = DedupTable::with_store(store, windows).bounded_by(lanes);
+        let gate = match &config.secrets {
+            Some(dir) => Some((dir, Gatekeeper::load(dir, topology, &layout)?)),
+            None => None,
+        };
         let mut exec = Executor::new(server.id.clone(), layout, regions, dedup, metrics);
-        if let Some(dir) = &config.secrets {
-            let gate = Gatekeeper::load(dir, topology)?;
+        if let Some((dir, gate)) = gate {
             info!(
                 "authentication on: every connection proves one of {} principals' keys from {}",
                 gate.len(),

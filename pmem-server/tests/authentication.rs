@@ -1,6 +1,7 @@
 //! A pmem-server started with `--secrets` answers only peers that prove
-//! the key of the fabric device (or client) they name: the real daemon,
-//! attacked over its data port.
+//! the key of the fabric device (or client) they name, and holds each
+//! request to the grants of the client it is for: the real daemon, attacked
+//! over its data port.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -35,6 +36,10 @@ fn secrets(dir: &Path) -> std::path::PathBuf {
 fn only_a_peer_that_proves_its_key_is_served() {
     let dir = tempfile::tempdir().expect("temp dir");
     let config = write_topology(dir.path(), &[("R1", "4MiB")]);
+    // Client c (number 0) may touch the first MiB of R1 only.
+    let mut text = std::fs::read_to_string(&config).expect("topology");
+    text.push_str("allow = [{ region = \"R1\", size = \"1MiB\" }]\n");
+    std::fs::write(&config, text).expect("topology");
     let secrets = secrets(dir.path());
     let server = pmem_server_with(
         PMEM_SERVER,
@@ -71,12 +76,23 @@ fn only_a_peer_that_proves_its_key_is_served() {
     let refused = Conn::connect(data).authenticate(Role::FabricDevice, "F", [7; 32]);
     assert_eq!(refused, Err(OpeningError::Refused(Status::AccessDenied)));
 
-    // Device F with its key: both sides proved, requests are served.
+    // Device F with its key: both sides proved. Each request is held to
+    // the grants of the client the device says it is for.
     let mut device = Conn::connect(data);
     device
         .authenticate(Role::FabricDevice, "F", DEVICE_KEY)
         .expect("authenticated");
-    assert_eq!(device.call(read).status, Status::Ok);
+    let for_client = |number, at: u64| Repr {
+        on_behalf: Some(number),
+        ..Repr::read(testkit::at(0, at), k, 8)
+    };
+    assert_eq!(device.call(for_client(0, 0)).status, Status::Ok);
+    assert_eq!(
+        device.call(for_client(0, 2 << 20)).status,
+        Status::AccessDenied
+    );
+    assert_eq!(device.call(for_client(5, 0)).status, Status::AccessDenied);
+    assert_eq!(device.call(read).status, Status::AccessDenied, "for nobody");
 
     let metrics = telemetry::http_get(server.addr("admin"), "/metrics", Duration::from_secs(5))
         .expect("metrics")
@@ -84,6 +100,10 @@ fn only_a_peer_that_proves_its_key_is_served() {
     assert_eq!(metric(&metrics, "unauthenticated"), 2, "{metrics}");
     assert_eq!(metric(&metrics, "unknown_principal"), 2, "{metrics}");
     assert_eq!(metric(&metrics, "bad_proof"), 1, "{metrics}");
+    for reason in ["not_granted", "unknown_client", "no_client"] {
+        let line = format!("pmem_server_denied_requests_total{{reason=\"{reason}\"}} 1");
+        assert!(metrics.lines().any(|l| l == line), "{line}\n{metrics}");
+    }
 }
 
 #[test]

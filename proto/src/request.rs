@@ -2,13 +2,13 @@
 //! 8-byte atomics.
 //!
 //! ```text
-//! 0      flags    u8: PERSIST | REGION_ADDRESSED | EXACTLY_ONCE | NON_TEMPORAL
+//! 0      flags    u8: PERSIST | REGION_ADDRESSED | EXACTLY_ONCE | NON_TEMPORAL | ON_BEHALF
 //! 1..4   reserved zero
 //! 4..8   region   u32 (zero unless REGION_ADDRESSED)
 //! 8..16  addr     u64 PmemAddr, or the offset inside `region`
 //! 16..24 key      u64
 //! 24..28 length   u32
-//! 28..32 client   u32 (zero unless EXACTLY_ONCE)
+//! 28..32 client   u32 (zero unless EXACTLY_ONCE or ON_BEHALF)
 //! 32..40 seq      u64 (zero unless EXACTLY_ONCE)
 //! 40..48 operand  u64 swap / add / store value
 //! 48..56 compare  u64 compare value of COMPARE_SWAP
@@ -64,8 +64,11 @@ pub mod flags {
     pub const EXACTLY_ONCE: u8 = 1 << 2;
     /// Hint: bypass the server's CPU cache (non-temporal stores).
     pub const NON_TEMPORAL: u8 = 1 << 3;
+    /// A fabric device forwards this request for the client whose number
+    /// it stamped in bits 0..24 of `client`.
+    pub const ON_BEHALF: u8 = 1 << 4;
     /// Every defined bit; the others must be zero.
-    pub const ALL: u8 = PERSIST | REGION_ADDRESSED | EXACTLY_ONCE | NON_TEMPORAL;
+    pub const ALL: u8 = PERSIST | REGION_ADDRESSED | EXACTLY_ONCE | NON_TEMPORAL | ON_BEHALF;
 }
 
 /// Length of the fixed part of a request body.
@@ -387,6 +390,9 @@ pub struct Repr<'a> {
     pub length: u32,
     /// Set when the request must be executed at most once.
     pub exactly_once: Option<ExactlyOnce>,
+    /// The client a fabric device forwards this request for (its number),
+    /// stamped by the device (ON_BEHALF).
+    pub on_behalf: Option<u32>,
     /// The PERSIST flag: make the effect durable before acknowledging
     /// (implied by WRITE_PERSIST and FLUSH, see [`Repr::must_persist`]).
     pub persist: bool,
@@ -408,6 +414,7 @@ impl<'a> Repr<'a> {
             key,
             length,
             exactly_once: None,
+            on_behalf: None,
             persist: false,
             non_temporal: false,
             operand: 0,
@@ -531,18 +538,23 @@ impl<'a> Repr<'a> {
         } else {
             Target::Pmem(PmemAddr(packet.addr()))
         };
+        let on_behalf =
+            (flags & flags::ON_BEHALF != 0).then(|| packet.client() & CLIENT_NUMBER_MASK);
         let exactly_once = if flags & flags::EXACTLY_ONCE != 0 {
             Some(ExactlyOnce {
                 client: packet.client(),
                 seq: packet.seq(),
             })
-        } else if packet.client() != 0 || packet.seq() != 0 {
+        } else if (on_behalf.is_none() && packet.client() != 0)
+            || (on_behalf.is_some() && packet.client() & !CLIENT_NUMBER_MASK != 0)
+            || packet.seq() != 0
+        {
             return Err(Error::ReservedBits {
                 what: "client/seq of a request without EXACTLY_ONCE",
-                value: if packet.client() != 0 {
-                    packet.client().into()
-                } else {
+                value: if packet.seq() != 0 {
                     packet.seq()
+                } else {
+                    packet.client().into()
                 },
             });
         } else {
@@ -554,6 +566,7 @@ impl<'a> Repr<'a> {
             key: packet.key(),
             length: packet.length(),
             exactly_once,
+            on_behalf,
             persist: flags & flags::PERSIST != 0,
             non_temporal: flags & flags::NON_TEMPORAL != 0,
             operand: packet.operand(),
@@ -626,6 +639,9 @@ impl<'a> Repr<'a> {
         if self.non_temporal {
             bits |= flags::NON_TEMPORAL;
         }
+        if self.on_behalf.is_some() {
+            bits |= flags::ON_BEHALF;
+        }
         bits
     }
 
@@ -650,6 +666,12 @@ impl<'a> Repr<'a> {
         packet.set_key(self.key);
         packet.set_length(self.length);
         let (client, seq) = self.exactly_once.map_or((0, 0), |e| (e.client, e.seq));
+        // With both, the exactly-once field's client number is the one the
+        // device acts for.
+        let client = match self.on_behalf {
+            Some(number) => (client & !CLIENT_NUMBER_MASK) | (number & CLIENT_NUMBER_MASK),
+            None => client,
+        };
         packet.set_client(client);
         packet.set_seq(seq);
         packet.set_operand(self.operand);
@@ -816,8 +838,46 @@ mod tests {
     }
 
     #[test]
+    fn on_behalf_carries_the_client_number_with_or_without_exactly_once() {
+        let read = Repr {
+            on_behalf: Some(7),
+            ..Repr::read(Target::Pmem(PmemAddr(64)), 1, 8)
+        };
+        let mut body = vec![0u8; read.buffer_len()];
+        read.emit(&mut Packet::new_unchecked(&mut body[..]));
+        let parsed = Repr::parse(&Packet::new_checked(&body[..]).unwrap(), Operation::Read);
+        assert_eq!(parsed, Ok(read));
+        // With exactly-once: the lane stays, the number is the device's.
+        let add = Repr {
+            on_behalf: Some(3),
+            ..Repr::fetch_add(Target::Pmem(PmemAddr(64)), 1, 1)
+                .with_exactly_once(ExactlyOnce::on_lane(2, 0).client, 9)
+        };
+        let mut body = vec![0u8; add.buffer_len()];
+        add.emit(&mut Packet::new_unchecked(&mut body[..]));
+        let parsed = Repr::parse(
+            &Packet::new_checked(&body[..]).unwrap(),
+            Operation::FetchAdd,
+        )
+        .unwrap();
+        assert_eq!(parsed.on_behalf, Some(3));
+        assert_eq!(
+            parsed
+                .exactly_once
+                .map(|e| (e.lane(), e.client & CLIENT_NUMBER_MASK, e.seq)),
+            Some((2, 3, 9))
+        );
+        // Without either flag the client field must be zero; with ON_BEHALF
+        // alone its lane bits must be zero too.
+        let mut body = vec![0u8; read.buffer_len()];
+        read.emit(&mut Packet::new_unchecked(&mut body[..]));
+        body[31] = 1;
+        assert!(Repr::parse(&Packet::new_checked(&body[..]).unwrap(), Operation::Read).is_err());
+    }
+
+    #[test]
     fn rejects_reserved_bits() {
-        for bit in 4..8 {
+        for bit in 5..8 {
             let mut bytes = BYTES;
             bytes[0] |= 1 << bit;
             assert_eq!(

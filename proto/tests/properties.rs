@@ -71,6 +71,7 @@ impl Spec {
                 key: *key,
                 length: *length,
                 exactly_once: *exactly_once,
+                on_behalf: None,
                 persist: *persist,
                 non_temporal: *non_temporal,
                 operand: *operand,

@@ -14,6 +14,7 @@
 
 pub mod addr;
 mod extent_table;
+pub mod grants;
 pub mod ids;
 pub mod layout;
 pub mod load;

@@ -169,6 +169,7 @@ impl Owned {
             key: self.key,
             length: self.length,
             exactly_once: self.exactly_once,
+            on_behalf: None,
             persist: self.persist && self.operation != Operation::WritePersist,
             non_temporal: false,
             operand: self.operand,

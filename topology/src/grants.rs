@@ -1,0 +1,44 @@
+//! What a client may touch: its allow-list as PMEM address ranges.
+
+use crate::layout::Layout;
+use crate::model::Client;
+
+/// A client's grants: PMEM ranges `[start, end)` it may touch; none listed
+/// means the whole pool.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Grants {
+    ranges: Vec<(u64, u64)>,
+}
+
+impl Grants {
+    /// `client`'s allow-list over `layout` (ranges naming a region the
+    /// layout does not have are dropped; validation reports them).
+    pub fn of(layout: &Layout, client: &Client) -> Self {
+        let ranges = client
+            .allow
+            .iter()
+            .filter_map(|range| {
+                let entry = layout.entry_by_id(&range.region)?;
+                let start = entry.start.get() + range.offset.bytes();
+                let len = range
+                    .size
+                    .map_or(entry.len.saturating_sub(range.offset.bytes()), |s| {
+                        s.bytes()
+                    });
+                Some((start, start.saturating_add(len)))
+            })
+            .collect();
+        Grants { ranges }
+    }
+
+    /// Whether `[addr, addr + len)` lies inside one granted range.
+    pub fn allows(&self, addr: u64, len: u64) -> bool {
+        if self.ranges.is_empty() {
+            return true;
+        }
+        let Some(end) = addr.checked_add(len) else {
+            return false;
+        };
+        self.ranges.iter().any(|&(s, e)| addr >= s && end <= e)
+    }
+}
