@@ -647,7 +647,7 @@ impl Forwarder {
             op if op.is_atomic() => 8,
             _ => u64::from(req.length),
         };
-        if !policy.allows(addr, len) {
+        if !policy.allows(addr, len, req.operation.changes_memory()) {
             return Err(Status::AccessDenied);
         }
         let link = self
@@ -1683,6 +1683,7 @@ mod tests {
             region: "PA.2".into(),
             offset: topology::ByteSize(0),
             size: Some(topology::ByteSize(1 << 20)),
+            access: topology::Access::ReadWrite,
         }];
         let mut core = core_with(&t, ForwarderConfig::default());
         all_up(&mut core);

@@ -44,9 +44,10 @@ pub struct ClientPolicy {
 }
 
 impl ClientPolicy {
-    /// Whether `[addr, addr + len)` lies inside one allowed range.
-    pub fn allows(&self, addr: u64, len: u64) -> bool {
-        self.grants.allows(addr, len)
+    /// Whether `[addr, addr + len)` lies inside one allowed range (that
+    /// may be changed, for a `write`).
+    pub fn allows(&self, addr: u64, len: u64, write: bool) -> bool {
+        self.grants.allows(addr, len, write)
     }
 }
 
@@ -248,19 +249,34 @@ mod tests {
     #[test]
     fn allow_lists_become_pmem_ranges() {
         let mut t = fig4a();
-        t.clients[0].allow = vec![topology::AllowRange {
-            region: "PA.2".into(),
-            offset: topology::ByteSize(4096),
-            size: Some(topology::ByteSize(8192)),
-        }];
+        t.clients[0].allow = vec![
+            topology::AllowRange {
+                region: "PA.2".into(),
+                offset: topology::ByteSize(4096),
+                size: Some(topology::ByteSize(8192)),
+                access: topology::Access::ReadWrite,
+            },
+            topology::AllowRange {
+                region: "PA.3".into(),
+                offset: topology::ByteSize(0),
+                size: None,
+                access: topology::Access::Read,
+            },
+        ];
         let map = DeviceMap::new(&t, &"A".into()).unwrap();
         let pa2 = map.layout.entry_by_id(&"PA.2".into()).unwrap().start.get();
+        let pa3 = map.layout.entry_by_id(&"PA.3".into()).unwrap().start.get();
         let a = &map.clients["A"];
-        assert!(a.allows(pa2 + 4096, 8192));
-        assert!(!a.allows(pa2 + 4096, 8193));
-        assert!(!a.allows(pa2, 1));
-        assert!(!a.allows(u64::MAX, 2));
-        assert!(map.clients["B"].allows(pa2, 1 << 20), "no list: everything");
+        assert!(a.allows(pa2 + 4096, 8192, true));
+        assert!(!a.allows(pa2 + 4096, 8193, false));
+        assert!(!a.allows(pa2, 1, false));
+        assert!(!a.allows(u64::MAX, 2, false));
+        assert!(a.allows(pa3, 64, false), "read-only: reads");
+        assert!(!a.allows(pa3, 64, true), "read-only: no writes");
+        assert!(
+            map.clients["B"].allows(pa2, 1 << 20, true),
+            "no list: everything"
+        );
         assert_eq!(map.clients["B"].number, 1);
     }
 }

@@ -298,7 +298,7 @@ impl Executor {
         } else {
             u64::from(req.length)
         };
-        gate.denies(number, addr, len)
+        gate.denies(number, addr, len, req.operation.changes_memory())
     }
 
     /// A frame from a peer that has not proven its key yet: HELLO and the

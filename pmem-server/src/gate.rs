@@ -67,11 +67,12 @@ impl Gatekeeper {
         self.numbers.get(name).copied()
     }
 
-    /// Why client `number` may not touch `[addr, addr + len)`, if it may not.
-    pub fn denies(&self, number: u32, addr: u64, len: u64) -> Option<&'static str> {
+    /// Why client `number` may not touch `[addr, addr + len)` (or change
+    /// it, for a `write`), if it may not.
+    pub fn denies(&self, number: u32, addr: u64, len: u64, write: bool) -> Option<&'static str> {
         match self.grants.get(number as usize) {
             None => Some("unknown_client"),
-            Some(grants) if !grants.allows(addr, len) => Some("not_granted"),
+            Some(grants) if !grants.allows(addr, len, write) => Some("not_granted"),
             Some(_) => None,
         }
     }

@@ -36,9 +36,12 @@ fn secrets(dir: &Path) -> std::path::PathBuf {
 fn only_a_peer_that_proves_its_key_is_served() {
     let dir = tempfile::tempdir().expect("temp dir");
     let config = write_topology(dir.path(), &[("R1", "4MiB")]);
-    // Client c (number 0) may touch the first MiB of R1 only.
+    // Client c (number 0) may change the first MiB of R1 and read the third.
     let mut text = std::fs::read_to_string(&config).expect("topology");
-    text.push_str("allow = [{ region = \"R1\", size = \"1MiB\" }]\n");
+    text.push_str(
+        "allow = [{ region = \"R1\", size = \"1MiB\" }, \
+         { region = \"R1\", offset = \"2MiB\", size = \"1MiB\", access = \"read\" }]\n",
+    );
     std::fs::write(&config, text).expect("topology");
     let secrets = secrets(dir.path());
     let server = pmem_server_with(
@@ -88,9 +91,21 @@ fn only_a_peer_that_proves_its_key_is_served() {
     };
     assert_eq!(device.call(for_client(0, 0)).status, Status::Ok);
     assert_eq!(
-        device.call(for_client(0, 2 << 20)).status,
+        device.call(for_client(0, 1 << 20)).status,
         Status::AccessDenied
     );
+    // The read-only range reads, but does not take a write or an atomic.
+    assert_eq!(device.call(for_client(0, 2 << 20)).status, Status::Ok);
+    for change in [
+        Repr::write(testkit::at(0, 2 << 20), k, b"nope"),
+        Repr::fetch_add(testkit::at(0, 2 << 20), k, 1),
+    ] {
+        let change = Repr {
+            on_behalf: Some(0),
+            ..change
+        };
+        assert_eq!(device.call(change).status, Status::AccessDenied);
+    }
     assert_eq!(device.call(for_client(5, 0)).status, Status::AccessDenied);
     assert_eq!(device.call(read).status, Status::AccessDenied, "for nobody");
 
@@ -100,8 +115,8 @@ fn only_a_peer_that_proves_its_key_is_served() {
     assert_eq!(metric(&metrics, "unauthenticated"), 2, "{metrics}");
     assert_eq!(metric(&metrics, "unknown_principal"), 2, "{metrics}");
     assert_eq!(metric(&metrics, "bad_proof"), 1, "{metrics}");
-    for reason in ["not_granted", "unknown_client", "no_client"] {
-        let line = format!("pmem_server_denied_requests_total{{reason=\"{reason}\"}} 1");
+    for (reason, count) in [("not_granted", 3), ("unknown_client", 1), ("no_client", 1)] {
+        let line = format!("pmem_server_denied_requests_total{{reason=\"{reason}\"}} {count}");
         assert!(metrics.lines().any(|l| l == line), "{line}\n{metrics}");
     }
 }

@@ -249,6 +249,12 @@ pub enum Operation {
 }
 
 impl Operation {
+    /// Whether the operation changes memory (a read-only grant refuses it):
+    /// WRITE, WRITE_PERSIST and the atomics; not READ or FLUSH.
+    pub fn changes_memory(self) -> bool {
+        !matches!(self, Operation::Read | Operation::Flush)
+    }
+
     /// Every operation.
     pub const ALL: [Operation; 7] = [
         Operation::Read,

@@ -1,13 +1,14 @@
-//! What a client may touch: its allow-list as PMEM address ranges.
+//! What a client may touch: its allow-list as PMEM address ranges, each
+//! read-write or read-only.
 
 use crate::layout::Layout;
-use crate::model::Client;
+use crate::model::{Access, Client};
 
-/// A client's grants: PMEM ranges `[start, end)` it may touch; none listed
-/// means the whole pool.
+/// A client's grants: PMEM ranges `[start, end)` it may touch, and whether
+/// it may change them; none listed means the whole pool, read-write.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Grants {
-    ranges: Vec<(u64, u64)>,
+    ranges: Vec<(u64, u64, Access)>,
 }
 
 impl Grants {
@@ -25,20 +26,23 @@ impl Grants {
                     .map_or(entry.len.saturating_sub(range.offset.bytes()), |s| {
                         s.bytes()
                     });
-                Some((start, start.saturating_add(len)))
+                Some((start, start.saturating_add(len), range.access))
             })
             .collect();
         Grants { ranges }
     }
 
-    /// Whether `[addr, addr + len)` lies inside one granted range.
-    pub fn allows(&self, addr: u64, len: u64) -> bool {
+    /// Whether `[addr, addr + len)` lies inside one granted range that
+    /// lets the client change memory when `write` says it would.
+    pub fn allows(&self, addr: u64, len: u64, write: bool) -> bool {
         if self.ranges.is_empty() {
             return true;
         }
         let Some(end) = addr.checked_add(len) else {
             return false;
         };
-        self.ranges.iter().any(|&(s, e)| addr >= s && end <= e)
+        self.ranges
+            .iter()
+            .any(|&(s, e, access)| addr >= s && end <= e && (!write || access == Access::ReadWrite))
     }
 }

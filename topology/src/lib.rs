@@ -33,7 +33,7 @@ pub use layout::{Layout, LayoutEntry, LayoutError, Location};
 pub use load::{EnvOverrides, LoadError};
 pub use meta::{MetaError, MetaLayout, RegionMeta};
 pub use model::{
-    AllocatorConfig, AllowRange, CachePolicy, Client, FabricDevice, FabricLink, FabricPort,
+    Access, AllocatorConfig, AllowRange, CachePolicy, Client, FabricDevice, FabricLink, FabricPort,
     Persistence, PmemDevice, Pool, Region, Rnic, RnicTransport, RocePort, Server, ServerNic,
     Socket, Topology,
 };

@@ -382,6 +382,21 @@ pub struct AllowRange {
     /// Length of the range; to the end of the region when absent.
     #[serde(default)]
     pub size: Option<ByteSize>,
+    /// What the client may do there: `read-write` (the default) or `read`.
+    #[serde(default)]
+    pub access: Access,
+}
+
+/// What a grant lets a client do in its range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Access {
+    /// READ and FLUSH, and everything that changes memory: WRITE,
+    /// WRITE_PERSIST and the atomics.
+    #[default]
+    ReadWrite,
+    /// READ and FLUSH only.
+    Read,
 }
 
 /// A region with where it sits in the topology, as produced by
