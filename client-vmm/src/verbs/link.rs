@@ -382,14 +382,18 @@ fn failed(status: Status) -> Response {
     }
 }
 
-/// The device status an error completion stands for.
-fn completion_status(status: WorkCompletionStatus) -> Status {
+/// The device status an error completion stands for, when the device
+/// answered (a NAK); `None` when the path itself failed (retries exhausted,
+/// flushed, a local error): the request then fails as lost, and the pool
+/// tries it on another path as after any broken connection.
+fn completion_status(status: WorkCompletionStatus) -> Option<Status> {
     match status {
-        WorkCompletionStatus::RemoteAccessError => Status::AccessDenied,
-        WorkCompletionStatus::RemoteInvalidRequestError => Status::BadRequest,
+        WorkCompletionStatus::RemoteAccessError => Some(Status::AccessDenied),
+        WorkCompletionStatus::RemoteInvalidRequestError => Some(Status::BadRequest),
         // The device could not get an answer from the server: another
         // device may reach it.
-        _ => Status::ServerUnavailable,
+        WorkCompletionStatus::RemoteOperationError => Some(Status::ServerUnavailable),
+        _ => None,
     }
 }
 
@@ -523,8 +527,8 @@ impl Worker {
             if c.status != WorkCompletionStatus::Success {
                 // The queue pair is in the error state now: the requests
                 // behind this one are flushed and the link goes.
-                if c.status != WorkCompletionStatus::WorkRequestFlushedError {
-                    let _ = posted.reply.send(failed(completion_status(c.status)));
+                if let Some(status) = completion_status(c.status) {
+                    let _ = posted.reply.send(failed(status));
                 }
                 broken = true;
                 continue;

@@ -341,6 +341,11 @@ fn take_key(shared: &Mutex<Shared>, picker: &KeyPicker, rng: &mut Rng) -> Option
     (0..8).map(|_| picker.pick(rng)).find(|k| s.busy.insert(*k))
 }
 
+/// Logs an operation the application saw fail (the report counts it).
+fn report_error(op: Op, e: &client_vmm::PoolError) {
+    tracing::warn!("{} failed: {}", op.name(), client_vmm::error_chain(e));
+}
+
 /// One operation; `None` when nothing could be issued (every key busy).
 /// `Ok` carries the payload bytes moved.
 async fn step(
@@ -358,7 +363,7 @@ async fn step(
             let k = picker.pick(rng);
             let highest = lock(shared).keys.get(&k).map_or(0, |s| s.highest);
             let result = pool.read(keys.key_addr(k), size).await;
-            Some(result.map_err(drop).map(|bytes| {
+            Some(result.map_err(|e| report_error(op, &e)).map(|bytes| {
                 match decode(k, &bytes) {
                     Seen::Empty => {}
                     Seen::Version(v)
@@ -386,6 +391,9 @@ async fn step(
             } else {
                 pool.write_persist(keys.key_addr(k), &data).await
             };
+            if let Err(e) = &result {
+                report_error(op, e);
+            }
             let mut s = lock(shared);
             let state = s.keys.entry(k).or_default();
             let ok = result.is_ok();
@@ -447,6 +455,9 @@ async fn step(
                 let new = rng.next_u64();
                 (pool.atomic_write(addr, new).await, new)
             };
+            if let Err(e) = &result {
+                report_error(op, e);
+            }
             let mut s = lock(shared);
             let ok = result.is_ok();
             s.words
