@@ -443,10 +443,11 @@ impl Worker {
     fn post_waiting(&mut self) -> Result<(), Dead> {
         while let Some(job) = self.waiting.pop_front() {
             // ATOMIC_WRITE goes on the control connection: in the lab, an
-            // ATOMIC_WRITE that a stock 6.12 rxe retried across a link cut
-            // completed with a remote access error (cause not yet found),
-            // which the application would see. `VerbsQp` can post it
-            // (`roce-probe` checks it on a healthy path).
+            // RDMA ATOMIC_WRITE retried across a cut of the device's RoCE
+            // link sometimes completes with a remote access error after the
+            // device NAKs it (cause not yet found), which the application
+            // would see. `VerbsQp` can post it (`roce-probe` checks it on a
+            // healthy path).
             let unpostable = job.request.operation == Operation::AtomicWrite;
             if job.control || unpostable {
                 if job.ticket.claim(None) {
