@@ -28,7 +28,8 @@ struct Args {
     /// Admin address for /metrics and /healthz (overrides the topology).
     #[arg(long)]
     admin: Option<SocketAddr>,
-    /// Persistence mechanism: auto, dax, msync or libpmem (overrides the topology).
+    /// Persistence mechanism: auto, dax, msync, libpmem, or emulated (for
+    /// power-loss tests only; overrides the topology).
     #[arg(long, value_parser = parse_persistence)]
     persistence: Option<Persistence>,
     /// Recreate every region file of this server, discarding its data.
@@ -100,11 +101,17 @@ fn config(args: Args) -> Result<ServerConfig, ExitCode> {
         },
     };
     let persistence = args.persistence.unwrap_or(server.persistence);
+    if persistence == Persistence::Emulated {
+        warn!(
+            "persistence \"emulated\" is for power-loss tests: stores reach the region files \
+             only when persisted, and nothing is durable across a crash of this machine"
+        );
+    }
     Ok(ServerConfig {
         server: server.id.clone(),
         data_dir,
         admin,
-        persistence,
+        persistence: persistence.into(),
         format: args.format,
         reset_exactly_once: args.reset_exactly_once,
         max_connections: args.max_connections,

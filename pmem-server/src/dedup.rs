@@ -12,10 +12,11 @@
 //! window instead of applying it again.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
-use crate::dedup_store::{LoadedWindow, WindowStore};
+use crate::dedup_store::{INTENTS, Intent, LoadedWindow, StoreError, WindowStore};
+use crate::persist::PersistError;
 
 /// Results remembered per client.
 pub const WINDOW: usize = 4096;
@@ -66,6 +67,9 @@ pub enum Refusal {
     UnknownIdentity,
     /// `u64::MAX` is not a sequence number (nothing can follow it).
     ReservedSeq,
+    /// The window file has no slot left for the identity (a table not
+    /// bounded by a topology).
+    WindowFull,
 }
 
 impl Refusal {
@@ -74,6 +78,7 @@ impl Refusal {
         match self {
             Refusal::UnknownIdentity => "unknown_identity",
             Refusal::ReservedSeq => "reserved_seq",
+            Refusal::WindowFull => "window_full",
         }
     }
 }
@@ -85,8 +90,8 @@ pub struct DedupTable {
     /// The highest lane of each client number; `None`: any identity.
     lanes: Option<Vec<u8>>,
     store: Option<WindowStore>,
-    /// Whether a failure to record has been reported already.
-    store_failed: AtomicBool,
+    /// Serialises exactly-once atomics per stripe of words.
+    stripes: Vec<Mutex<()>>,
 }
 
 impl Default for DedupTable {
@@ -95,7 +100,7 @@ impl Default for DedupTable {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             lanes: None,
             store: None,
-            store_failed: AtomicBool::new(false),
+            stripes: (0..INTENTS).map(|_| Mutex::default()).collect(),
         }
     }
 }
@@ -141,127 +146,291 @@ impl DedupTable {
         }
     }
 
-    /// Runs `apply` unless (`client`, `seq`) was seen before, recording its
-    /// result. `apply` runs under the client's shard lock, so two copies of
-    /// the same request racing in on two paths apply once.
-    /// With a store, the result is written to it before this returns
-    /// (durably when `persist`).
-    pub fn run<E>(
+    /// Runs an atomic on `word` unless (`client`, `seq`) was seen before:
+    /// the word becomes `change(old)` and the result is `old`.
+    ///
+    /// With a store, the atomic and its result are one failure-atomic step:
+    /// an intent is written (durably when `persist`) before the word
+    /// changes, then the word is persisted with `persist_word` (when
+    /// `persist`), then the result is recorded. Two copies of one request
+    /// racing in on two paths apply once (the client's shard lock), and one
+    /// intent is in flight per stripe of words (the stripe lock).
+    pub fn run(
         &self,
         client: u32,
         seq: u64,
+        word: Word<'_>,
+        change: impl Fn(u64) -> u64,
         persist: bool,
-        apply: impl FnOnce() -> Result<u64, E>,
-    ) -> Result<Dedup, E> {
+        persist_word: impl FnOnce() -> Result<(), PersistError>,
+    ) -> Result<Dedup, DedupError> {
         if let Err(refusal) = self.admits(client, seq) {
             return Ok(Dedup::Refused(refusal));
         }
         let shard = &self.shards[client as usize % SHARDS];
         let mut clients = shard.lock().unwrap_or_else(PoisonError::into_inner);
-        let window = clients.entry(client).or_default();
-        if let Some(&value) = window.results.get(&seq) {
-            return Ok(Dedup::Replayed(value));
-        }
-        if window.evicted_up_to.is_some_and(|old| seq <= old) {
-            return Ok(Dedup::Stale);
-        }
-        let value = apply()?;
-        window.results.insert(seq, value);
-        window.order.push_back(seq);
-        if window.order.len() > WINDOW
-            && let Some(old) = window.order.pop_front()
-        {
-            window.results.remove(&old);
-            window.evicted_up_to = Some(window.evicted_up_to.map_or(old, |e| e.max(old)));
-        }
-        if let Some(store) = &self.store {
-            let recorded = store.record(
-                client,
-                window.head,
-                seq,
-                value,
-                window.evicted_up_to,
-                persist,
-            );
-            match recorded {
-                Ok(true) => {}
-                Ok(false) => self.report_once(&format!(
-                    "exactly-once window file is full; client {client} is remembered in memory only"
-                )),
-                Err(e) => self.report_once(&format!("cannot record an exactly-once result: {e}")),
+        if let Some(window) = clients.get(&client) {
+            if let Some(&value) = window.results.get(&seq) {
+                return Ok(Dedup::Replayed(value));
+            }
+            if window.evicted_up_to.is_some_and(|old| seq <= old) {
+                return Ok(Dedup::Stale);
             }
         }
-        window.head += 1;
-        Ok(Dedup::Applied(value))
+        if let Some(store) = &self.store {
+            match store.slot(client) {
+                Ok(_) => {}
+                Err(StoreError::Full { .. }) => return Ok(Dedup::Refused(Refusal::WindowFull)),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let stripe = stripe_of(word.region, word.offset);
+        let _word = self.stripes[stripe]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let old = loop {
+            let old = word.word.load(Ordering::SeqCst);
+            let new = change(old);
+            if new == old {
+                break old;
+            }
+            if let Some(store) = &self.store {
+                let intent = Intent {
+                    client,
+                    seq,
+                    region: word.region,
+                    offset: word.offset,
+                    old,
+                    new,
+                };
+                store.intend(stripe, &intent, persist)?;
+            }
+            // A plain WRITE may change the word meanwhile: then try again.
+            if word
+                .word
+                .compare_exchange(old, new, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+            {
+                break old;
+            }
+        };
+        // From here on the atomic happened: remember it even if persisting
+        // fails, so a retry is never applied a second time.
+        let window = clients.entry(client).or_default();
+        let head = window.remember(seq, old);
+        if persist {
+            persist_word().map_err(DedupError::Persist)?;
+        }
+        if let Some(store) = &self.store {
+            store.record(client, head, seq, old, window.evicted_up_to, persist)?;
+        }
+        Ok(Dedup::Applied(old))
     }
 
-    /// Logs a store problem the first time it happens.
-    fn report_once(&self, what: &str) {
-        if !self.store_failed.swap(true, Ordering::Relaxed) {
-            tracing::warn!("{what}");
+    /// Settles an atomic whose intent was found without a result after a
+    /// crash, given the value its word holds now: if the word changed, the
+    /// atomic happened and its result is recorded durably (the caller has
+    /// made the word durable first). Returns whether it was recorded.
+    pub fn settle(&self, intent: &Intent, word_now: u64) -> Result<bool, DedupError> {
+        if word_now == intent.old {
+            return Ok(false);
         }
+        let shard = &self.shards[intent.client as usize % SHARDS];
+        let mut clients = shard.lock().unwrap_or_else(PoisonError::into_inner);
+        let window = clients.entry(intent.client).or_default();
+        if window.results.contains_key(&intent.seq)
+            || window.evicted_up_to.is_some_and(|old| intent.seq <= old)
+        {
+            return Ok(false);
+        }
+        let head = window.remember(intent.seq, intent.old);
+        if let Some(store) = &self.store {
+            store.record(
+                intent.client,
+                head,
+                intent.seq,
+                intent.old,
+                window.evicted_up_to,
+                true,
+            )?;
+        }
+        Ok(true)
+    }
+
+    /// Forgets every intent once recovery has settled them, so none is
+    /// settled again against a word that has changed since.
+    pub fn finish_recovery(&self) -> Result<(), DedupError> {
+        if let Some(store) = &self.store {
+            store.clear_intents()?;
+        }
+        Ok(())
+    }
+}
+
+/// The 8-byte word an exactly-once atomic changes.
+#[derive(Debug, Clone, Copy)]
+pub struct Word<'a> {
+    /// The word in the mapped region.
+    pub word: &'a AtomicU64,
+    /// Its region index.
+    pub region: u32,
+    /// Its offset in the region.
+    pub offset: u64,
+}
+
+/// Why an exactly-once atomic could not complete.
+#[derive(Debug, thiserror::Error)]
+pub enum DedupError {
+    /// The window file could not be written.
+    #[error("cannot record an exactly-once result")]
+    Store(#[from] StoreError),
+    /// The changed word could not be made durable.
+    #[error("cannot persist the word of an exactly-once atomic")]
+    Persist(#[source] PersistError),
+}
+
+/// The lock stripe (and intent record) of a word.
+fn stripe_of(region: u32, offset: u64) -> usize {
+    let h = ((u64::from(region) << 48) ^ (offset / 8)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    (h >> 58) as usize % INTENTS
+}
+
+impl ClientWindow {
+    /// Remembers `value` as the result of `seq`, evicting the oldest result
+    /// beyond the window; returns the result's ring position.
+    fn remember(&mut self, seq: u64, value: u64) -> u64 {
+        self.results.insert(seq, value);
+        self.order.push_back(seq);
+        if self.order.len() > WINDOW
+            && let Some(old) = self.order.pop_front()
+        {
+            self.results.remove(&old);
+            self.evicted_up_to = Some(self.evicted_up_to.map_or(old, |e| e.max(old)));
+        }
+        let head = self.head;
+        self.head += 1;
+        head
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::persist::PersistPolicy;
 
-    impl DedupTable {
-        fn run_test<E>(
-            &self,
-            client: u32,
-            seq: u64,
-            apply: impl FnOnce() -> Result<u64, E>,
-        ) -> Result<Dedup, E> {
-            self.run(client, seq, false, apply)
-        }
+    /// FETCH_ADD of 1 on `counter` as (`client`, `seq`), not persistent.
+    fn add(table: &DedupTable, counter: &AtomicU64, client: u32, seq: u64) -> Dedup {
+        let word = Word {
+            word: counter,
+            region: 0,
+            offset: 64,
+        };
+        table
+            .run(client, seq, word, |old| old + 1, false, || Ok(()))
+            .unwrap()
     }
 
     #[test]
     fn a_stored_window_answers_after_a_restart() {
         let dir = tempfile::tempdir().unwrap();
         let counter = AtomicU64::new(0);
-        {
+        let open = || {
             let (store, loaded) =
-                WindowStore::open(dir.path(), topology::Persistence::Msync, false).unwrap();
-            let table = DedupTable::with_store(store, loaded);
-            assert_eq!(table.run_test(4, 77, add(&counter)), Ok(Dedup::Applied(0)));
-        }
+                WindowStore::open(dir.path(), &PersistPolicy::Msync, false, 8).unwrap();
+            assert!(loaded.unfinished.is_empty());
+            DedupTable::with_store(store, loaded.windows)
+        };
+        assert_eq!(add(&open(), &counter, 4, 77), Dedup::Applied(0));
         // A new incarnation of the server, as after kill -9 and a restart.
-        let (store, loaded) =
-            WindowStore::open(dir.path(), topology::Persistence::Msync, false).unwrap();
-        let table = DedupTable::with_store(store, loaded);
-        assert_eq!(table.run_test(4, 77, add(&counter)), Ok(Dedup::Replayed(0)));
+        let table = open();
+        assert_eq!(add(&table, &counter, 4, 77), Dedup::Replayed(0));
         assert_eq!(counter.load(Ordering::SeqCst), 1, "applied once");
-        assert_eq!(table.run_test(4, 78, add(&counter)), Ok(Dedup::Applied(1)));
+        assert_eq!(add(&table, &counter, 4, 78), Dedup::Applied(1));
     }
-    use std::convert::Infallible;
-    use std::sync::atomic::{AtomicU64, Ordering};
 
-    fn add(counter: &AtomicU64) -> impl FnOnce() -> Result<u64, Infallible> + '_ {
-        || Ok(counter.fetch_add(1, Ordering::SeqCst))
+    #[test]
+    fn an_interrupted_atomic_is_settled_by_its_word() {
+        let dir = tempfile::tempdir().unwrap();
+        let open = || WindowStore::open(dir.path(), &PersistPolicy::Msync, false, 8).unwrap();
+        // An intent written, then the crash: before the word changed (seq
+        // 1) and after it did (seq 2, on another stripe).
+        let (store, _) = open();
+        let before = Intent {
+            client: 3,
+            seq: 1,
+            region: 0,
+            offset: 64,
+            old: 10,
+            new: 11,
+        };
+        let after = Intent {
+            seq: 2,
+            offset: 8 * 1000,
+            ..before
+        };
+        store.intend(stripe_of(0, 64), &before, true).unwrap();
+        store.intend(stripe_of(0, 8 * 1000), &after, true).unwrap();
+        drop(store);
+        let (store, loaded) = open();
+        assert_eq!(loaded.unfinished.len(), 2);
+        let table = DedupTable::with_store(store, loaded.windows);
+        assert!(!table.settle(&before, 10).unwrap(), "word unchanged");
+        assert!(table.settle(&after, 11).unwrap(), "word changed");
+        table.finish_recovery().unwrap();
+        // The retries: the first applies, the second is answered.
+        let word = AtomicU64::new(10);
+        assert_eq!(add(&table, &word, 3, 1), Dedup::Applied(10));
+        assert_eq!(add(&table, &word, 3, 2), Dedup::Replayed(10));
+        drop(table);
+        let (_, loaded) = open();
+        assert!(loaded.unfinished.is_empty(), "recovery cleared the intents");
+        assert_eq!(loaded.windows[&3].results, vec![(2, 10), (1, 10)]);
+    }
+
+    #[test]
+    fn an_atomic_that_changes_nothing_writes_no_intent() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = WindowStore::open(dir.path(), &PersistPolicy::Msync, false, 8).unwrap();
+        let table = DedupTable::with_store(store, HashMap::new());
+        let counter = AtomicU64::new(5);
+        let word = Word {
+            word: &counter,
+            region: 0,
+            offset: 0,
+        };
+        let failed_cas = |old| if old == 4 { 9 } else { old };
+        let ran = table.run(1, 1, word, failed_cas, true, || Ok(())).unwrap();
+        assert_eq!(ran, Dedup::Applied(5));
+        drop(table);
+        let (_, loaded) = WindowStore::open(dir.path(), &PersistPolicy::Msync, false, 8).unwrap();
+        assert!(loaded.unfinished.is_empty());
+        assert_eq!(loaded.windows[&1].results, vec![(1, 5)]);
     }
 
     #[test]
     fn replay_returns_first_result_without_applying() {
         let table = DedupTable::default();
         let counter = AtomicU64::new(10);
-        assert_eq!(table.run_test(7, 1, add(&counter)), Ok(Dedup::Applied(10)));
-        assert_eq!(table.run_test(7, 1, add(&counter)), Ok(Dedup::Replayed(10)));
+        assert_eq!(add(&table, &counter, 7, 1), Dedup::Applied(10));
+        assert_eq!(add(&table, &counter, 7, 1), Dedup::Replayed(10));
         assert_eq!(counter.load(Ordering::SeqCst), 11);
         // Same sequence number from another client is a different request.
-        assert_eq!(table.run_test(8, 1, add(&counter)), Ok(Dedup::Applied(11)));
+        assert_eq!(add(&table, &counter, 8, 1), Dedup::Applied(11));
     }
 
     #[test]
-    fn failed_apply_is_not_recorded() {
+    fn a_failed_persist_still_remembers_the_applied_atomic() {
         let table = DedupTable::default();
-        assert_eq!(table.run_test(1, 5, || Err::<u64, _>("boom")), Err("boom"));
-        assert_eq!(
-            table.run_test(1, 5, || Ok::<_, ()>(3)),
-            Ok(Dedup::Applied(3))
-        );
+        let counter = AtomicU64::new(0);
+        let word = Word {
+            word: &counter,
+            region: 0,
+            offset: 0,
+        };
+        let failing = || Err(PersistError::Misaligned { offset: 4 });
+        assert!(table.run(1, 5, word, |o| o + 1, true, failing).is_err());
+        assert_eq!(add(&table, &counter, 1, 5), Dedup::Replayed(0));
+        assert_eq!(counter.load(Ordering::SeqCst), 1, "applied once");
     }
 
     #[test]
@@ -269,17 +438,11 @@ mod tests {
         let table = DedupTable::default();
         let counter = AtomicU64::new(0);
         for seq in 0..(WINDOW as u64 + 10) {
-            assert!(matches!(
-                table.run_test(3, seq, add(&counter)),
-                Ok(Dedup::Applied(_))
-            ));
+            assert!(matches!(add(&table, &counter, 3, seq), Dedup::Applied(_)));
         }
-        assert_eq!(table.run_test(3, 0, add(&counter)), Ok(Dedup::Stale));
-        assert_eq!(table.run_test(3, 9, add(&counter)), Ok(Dedup::Stale));
-        assert_eq!(
-            table.run_test(3, 10, add(&counter)),
-            Ok(Dedup::Replayed(10))
-        );
+        assert_eq!(add(&table, &counter, 3, 0), Dedup::Stale);
+        assert_eq!(add(&table, &counter, 3, 9), Dedup::Stale);
+        assert_eq!(add(&table, &counter, 3, 10), Dedup::Replayed(10));
         assert_eq!(counter.load(Ordering::SeqCst), WINDOW as u64 + 10);
     }
 
@@ -291,7 +454,7 @@ mod tests {
             for _ in 0..4 {
                 s.spawn(|| {
                     for seq in 0..1000 {
-                        table.run_test(9, seq, add(&counter)).unwrap();
+                        add(&table, &counter, 9, seq);
                     }
                 });
             }
@@ -309,31 +472,36 @@ mod tests {
                 .stamped(number)
                 .client
         };
-        assert_eq!(
-            table.run_test(on(0, 0), 1, add(&counter)),
-            Ok(Dedup::Applied(0))
-        );
-        assert_eq!(
-            table.run_test(on(1, 0), 1, add(&counter)),
-            Ok(Dedup::Applied(1))
-        );
-        assert_eq!(
-            table.run_test(on(0, 1), 1, add(&counter)),
-            Ok(Dedup::Applied(2))
-        );
+        assert_eq!(add(&table, &counter, on(0, 0), 1), Dedup::Applied(0));
+        assert_eq!(add(&table, &counter, on(1, 0), 1), Dedup::Applied(1));
+        assert_eq!(add(&table, &counter, on(0, 1), 1), Dedup::Applied(2));
         for (lane, number) in [(2, 0), (1, 1), (0, 2), (255, 99)] {
             assert_eq!(
-                table.run_test(on(lane, number), 1, add(&counter)),
-                Ok(Dedup::Refused(Refusal::UnknownIdentity)),
+                add(&table, &counter, on(lane, number), 1),
+                Dedup::Refused(Refusal::UnknownIdentity),
                 "lane {lane} of client {number}"
             );
         }
         assert_eq!(
-            table.run_test(on(0, 0), u64::MAX, add(&counter)),
-            Ok(Dedup::Refused(Refusal::ReservedSeq))
+            add(&table, &counter, on(0, 0), u64::MAX),
+            Dedup::Refused(Refusal::ReservedSeq)
         );
         assert_eq!(counter.load(Ordering::SeqCst), 3, "refused ones never ran");
         let windows: usize = table.shards.iter().map(|s| s.lock().unwrap().len()).sum();
         assert_eq!(windows, 3, "and left no state");
+    }
+
+    #[test]
+    fn a_full_window_file_is_refused_before_anything_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = WindowStore::open(dir.path(), &PersistPolicy::Msync, false, 1).unwrap();
+        let table = DedupTable::with_store(store, HashMap::new());
+        let counter = AtomicU64::new(0);
+        assert_eq!(add(&table, &counter, 1, 1), Dedup::Applied(0));
+        assert_eq!(
+            add(&table, &counter, 2, 1),
+            Dedup::Refused(Refusal::WindowFull)
+        );
+        assert_eq!(counter.load(Ordering::SeqCst), 1);
     }
 }

@@ -5,9 +5,9 @@
 //! data path is the exactly-once table's per-shard lock, taken for
 //! COMPARE_SWAP / FETCH_ADD that ask for exactly-once execution.
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use proto::auth::NONCE_LEN;
 use proto::frame::{self, Header};
@@ -17,9 +17,11 @@ use proto::response::{self, ResponseKind};
 use proto::{Message, Opcode, Status, map};
 use topology::{CachePolicy, Layout, LayoutEntry, RegionIndex, ServerId};
 
-use crate::dedup::{Dedup, DedupTable, Refusal};
+use crate::dedup::{Dedup, DedupError, DedupTable, Refusal, Word};
+use crate::dedup_store::Intent;
 use crate::gate::{self, Gatekeeper, Session};
 use crate::metrics::ServerMetrics;
+use crate::persist::PersistError;
 use crate::region_file::{HEADER_LEN, RegionFile};
 
 /// The protocol version this server speaks.
@@ -96,6 +98,33 @@ impl ExtentKeys {
             }
         })
     }
+}
+
+/// What recovery found of the exactly-once atomics a crash interrupted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Recovery {
+    /// Atomics whose word had changed: recorded as applied.
+    pub applied: usize,
+    /// Atomics whose word had not: their retry applies them.
+    pub not_applied: usize,
+}
+
+/// Why interrupted exactly-once atomics could not be settled.
+#[derive(Debug, thiserror::Error)]
+pub enum RecoveryError {
+    /// The intent names a word this server does not serve (another layout).
+    #[error(
+        "an interrupted exactly-once atomic of client {:#x} names offset {} of region {}, which \
+         this server does not serve",
+        .0.client, .0.offset, .0.region
+    )]
+    Unserved(Intent),
+    /// Its word could not be made durable.
+    #[error("cannot persist the word of an interrupted exactly-once atomic")]
+    Persist(#[source] PersistError),
+    /// Its result could not be recorded.
+    #[error("cannot settle an interrupted exactly-once atomic")]
+    Dedup(#[source] DedupError),
 }
 
 /// The regions of one server and everything needed to execute on them.
@@ -524,7 +553,10 @@ impl Executor {
                 }
                 let at = region.span(offset, 8)?;
                 let word = map.atomic_u64(at).map_err(|_| Status::BadRequest)?;
-                let apply = || -> Result<u64, Status> {
+                let once = req.exactly_once.filter(|_| {
+                    matches!(req.operation, Operation::CompareSwap | Operation::FetchAdd)
+                });
+                let Some(id) = once else {
                     let old = match req.operation {
                         Operation::CompareSwap => {
                             match word.compare_exchange(
@@ -545,34 +577,93 @@ impl Executor {
                     if req.persist {
                         map.persist(at, 8).map_err(io)?;
                     }
-                    Ok(old)
+                    return Ok(Done::ok(old));
                 };
-                let once = req.exactly_once.filter(|_| {
-                    matches!(req.operation, Operation::CompareSwap | Operation::FetchAdd)
-                });
-                match once {
-                    None => apply().map(Done::ok),
-                    Some(id) => match self.dedup.run(id.client, id.seq, req.persist, apply)? {
-                        Dedup::Applied(old) => Ok(Done::ok(old)),
-                        Dedup::Replayed(old) => {
-                            self.metrics.replays.inc();
-                            Ok(Done::ok(old))
-                        }
-                        Dedup::Stale => Err(Status::BadRequest),
-                        Dedup::Refused(refusal) => {
-                            self.metrics
-                                .exactly_once_refused
-                                .with(&[refusal.reason()])
-                                .inc();
-                            Err(match refusal {
-                                Refusal::UnknownIdentity => Status::UnknownClient,
-                                Refusal::ReservedSeq => Status::BadRequest,
-                            })
-                        }
-                    },
+                let change = |old: u64| match req.operation {
+                    Operation::CompareSwap if old == req.compare => req.operand,
+                    Operation::CompareSwap => old,
+                    _ => old.wrapping_add(req.operand),
+                };
+                let target = Word {
+                    word,
+                    region: region.entry.region.0,
+                    offset,
+                };
+                let ran = self
+                    .dedup
+                    .run(id.client, id.seq, target, change, req.persist, || {
+                        map.persist(at, 8)
+                    });
+                match ran {
+                    Ok(Dedup::Applied(old)) => Ok(Done::ok(old)),
+                    Ok(Dedup::Replayed(old)) => {
+                        self.metrics.replays.inc();
+                        Ok(Done::ok(old))
+                    }
+                    Ok(Dedup::Stale) => Err(Status::BadRequest),
+                    Ok(Dedup::Refused(refusal)) => {
+                        self.metrics
+                            .exactly_once_refused
+                            .with(&[refusal.reason()])
+                            .inc();
+                        Err(match refusal {
+                            Refusal::UnknownIdentity => Status::UnknownClient,
+                            Refusal::ReservedSeq => Status::BadRequest,
+                            Refusal::WindowFull => Status::IoError,
+                        })
+                    }
+                    Err(e) => {
+                        self.report_store_failure(&e);
+                        Err(Status::IoError)
+                    }
                 }
             }
         }
+    }
+
+    /// Logs a failure of the exactly-once store, at most once a minute.
+    fn report_store_failure(&self, e: &DedupError) {
+        static LAST: Mutex<Option<Instant>> = Mutex::new(None);
+        let mut last = LAST.lock().unwrap_or_else(PoisonError::into_inner);
+        if last.is_none_or(|at| at.elapsed() > Duration::from_secs(60)) {
+            *last = Some(Instant::now());
+            tracing::warn!(
+                "exactly-once atomic failed: {}",
+                telemetry::logging::error_chain(e)
+            );
+        }
+    }
+
+    /// Settles the exactly-once atomics a crash left between their intent
+    /// and their result (see [`crate::dedup_store`]), before anything is
+    /// served: each whose word changed is recorded as applied (after its
+    /// word is made durable), the others will be applied by their retry.
+    pub fn recover_exactly_once(&self, unfinished: &[Intent]) -> Result<Recovery, RecoveryError> {
+        let mut recovery = Recovery::default();
+        for intent in unfinished {
+            let served = self
+                .region(RegionIndex(intent.region))
+                .and_then(|r| Some((r, r.span(intent.offset, 8).ok()?)));
+            let Some((region, at)) = served else {
+                return Err(RecoveryError::Unserved(*intent));
+            };
+            let map = &region.file.map;
+            let word = map
+                .atomic_u64(at)
+                .map_err(|_| RecoveryError::Unserved(*intent))?;
+            map.persist(at, 8).map_err(RecoveryError::Persist)?;
+            if self
+                .dedup
+                .settle(intent, word.load(Ordering::SeqCst))
+                .map_err(RecoveryError::Dedup)?
+            {
+                recovery.applied += 1;
+            } else {
+                recovery.not_applied += 1;
+            }
+        }
+        self.dedup.finish_recovery().map_err(RecoveryError::Dedup)?;
+        Ok(recovery)
     }
 
     /// ACCESS_DENIED unless `key` opens `[offset, offset + len)` of `region`

@@ -22,4 +22,4 @@ pub mod persist;
 pub mod region_file;
 pub mod server;
 
-pub use server::{RunningServer, ServerConfig, ServerError};
+pub use server::{OpenedServer, RunningServer, ServerConfig, ServerError};

@@ -264,7 +264,7 @@ impl RegionFile {
     pub fn open(
         data_dir: &Path,
         entry: &LayoutEntry,
-        policy: PersistPolicy,
+        policy: &PersistPolicy,
         format: bool,
     ) -> Result<Self, RegionFileError> {
         let path = region_path(data_dir, entry.region_id.as_str())?;

@@ -11,7 +11,7 @@ use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
 use telemetry::{AdminServer, Health, Registry};
-use topology::{Layout, NicId, Persistence, ServerId, Topology};
+use topology::{Layout, NicId, ServerId, Topology};
 use tracing::{Span, debug, error, info, warn};
 
 use crate::conn::{self, SHUTDOWN_POLL};
@@ -20,7 +20,7 @@ use crate::dedup_store::{StoreError, WindowStore};
 use crate::exec::{Executor, ServedRegion};
 use crate::gate::Gatekeeper;
 use crate::metrics::ServerMetrics;
-use crate::persist::PersistMode;
+use crate::persist::{PersistMode, PersistPolicy};
 use crate::region_file::{RegionFile, RegionFileError};
 
 /// Everything a server needs to start.
@@ -35,7 +35,7 @@ pub struct ServerConfig {
     /// The admin (metrics/health) address.
     pub admin: SocketAddr,
     /// How writes are made durable.
-    pub persistence: Persistence,
+    pub persistence: PersistPolicy,
     /// Recreate every region file, discarding its data.
     pub format: bool,
     /// Start with an empty exactly-once window even if its file is damaged.
@@ -85,6 +85,9 @@ pub enum ServerError {
     /// The exactly-once window file cannot be used.
     #[error(transparent)]
     Window(#[from] StoreError),
+    /// Exactly-once atomics a crash interrupted cannot be settled.
+    #[error(transparent)]
+    Recovery(#[from] crate::exec::RecoveryError),
     /// A NIC's listen address cannot be bound.
     #[error("NIC {nic}: cannot listen on {addr}")]
     Bind {
@@ -262,10 +265,23 @@ fn spawn_connection(
     }
 }
 
-impl RunningServer {
-    /// Opens (or creates) every region of the server, binds every NIC and the
-    /// admin address, and starts serving.
-    pub fn start(config: ServerConfig) -> Result<Self, ServerError> {
+/// A server's state opened from its data directory, ready to execute: the
+/// regions mapped, the exactly-once window loaded and any atomic a crash
+/// interrupted completed.
+#[derive(Debug)]
+pub struct OpenedServer {
+    /// The executor over the regions.
+    pub exec: Executor,
+    /// The metrics it records into.
+    pub registry: Arc<Registry>,
+    /// The persistence mode in use (`None` when the server has no regions).
+    pub mode: Option<PersistMode>,
+}
+
+impl OpenedServer {
+    /// Opens (or creates) every region file of `config`'s server and its
+    /// exactly-once window, without listening anywhere.
+    pub fn open(config: &ServerConfig) -> Result<Self, ServerError> {
         let topology = &config.topology;
         let server = topology
             .server(&config.server)
@@ -285,7 +301,7 @@ impl RunningServer {
         let mut regions = Vec::new();
         for entry in layout.entries().iter().filter(|e| e.server == server.id) {
             let file =
-                RegionFile::open(&config.data_dir, entry, config.persistence, config.format)?;
+                RegionFile::open(&config.data_dir, entry, &config.persistence, config.format)?;
             regions.push(ServedRegion {
                 entry: entry.clone(),
                 file,
@@ -296,23 +312,35 @@ impl RunningServer {
         let registry = Arc::new(Registry::new());
         let metrics = Arc::new(ServerMetrics::new(Arc::clone(&registry))?);
         register_region_metrics(&registry, &regions, mode)?;
-        let (store, windows) = WindowStore::open(
-            &config.data_dir,
-            config.persistence,
-            config.format || config.reset_exactly_once,
-        )?;
         // One window per lane a client can use: lane 0, and one per RNIC.
-        let lanes = topology
+        let lanes: Vec<u8> = topology
             .clients
             .iter()
             .map(|c| u8::try_from(c.rnics.len()).unwrap_or(u8::MAX))
             .collect();
-        let dedup = DedupTable::with_store(store, windows).bounded_by(lanes);
+        let identities = lanes.iter().map(|&l| usize::from(l) + 1).sum();
+        let (store, loaded) = WindowStore::open(
+            &config.data_dir,
+            &config.persistence,
+            config.format || config.reset_exactly_once,
+            identities,
+        )?;
+        let dedup = DedupTable::with_store(store, loaded.windows).bounded_by(lanes);
         let gate = match &config.secrets {
             Some(dir) => Some((dir, Gatekeeper::load(dir, topology, &layout)?)),
             None => None,
         };
         let mut exec = Executor::new(server.id.clone(), layout, regions, dedup, metrics);
+        if !loaded.unfinished.is_empty() {
+            let recovery = exec.recover_exactly_once(&loaded.unfinished)?;
+            info!(
+                "recovered {} exactly-once atomics a crash interrupted: {} had changed their \
+                 word and are recorded as applied, {} had not and will be applied by their retry",
+                loaded.unfinished.len(),
+                recovery.applied,
+                recovery.not_applied
+            );
+        }
         if let Some((dir, gate)) = gate {
             info!(
                 "authentication on: every connection proves one of {} principals' keys from {}",
@@ -321,7 +349,32 @@ impl RunningServer {
             );
             exec = exec.with_gate(gate);
         }
+        Ok(Self {
+            exec,
+            registry,
+            mode,
+        })
+    }
+}
+
+impl RunningServer {
+    /// Opens (or creates) every region of the server, binds every NIC and the
+    /// admin address, and starts serving.
+    pub fn start(config: ServerConfig) -> Result<Self, ServerError> {
+        let OpenedServer {
+            exec,
+            registry,
+            mode,
+        } = OpenedServer::open(&config)?;
         let exec = Arc::new(exec);
+        let server =
+            config
+                .topology
+                .server(&config.server)
+                .ok_or_else(|| ServerError::UnknownServer {
+                    file: config.topology.source.clone(),
+                    server: config.server.to_string(),
+                })?;
 
         let mut listeners = Vec::new();
         for nic in &server.nics {

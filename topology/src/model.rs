@@ -196,11 +196,22 @@ pub enum Persistence {
     Msync,
     /// The system libpmem (PMDK), when the server is built with it.
     Libpmem,
+    /// For power-loss tests, not for data: an emulated persistence domain in
+    /// which stores stay in the server's private memory and only persisted
+    /// cache lines reach the region files, so killing the server loses
+    /// exactly what a power cut would.
+    Emulated,
 }
 
 impl Persistence {
     /// Every mechanism, in documentation order.
-    pub const ALL: [Persistence; 4] = [Self::Auto, Self::Dax, Self::Msync, Self::Libpmem];
+    pub const ALL: [Persistence; 5] = [
+        Self::Auto,
+        Self::Dax,
+        Self::Msync,
+        Self::Libpmem,
+        Self::Emulated,
+    ];
 
     /// The configuration spelling.
     pub fn as_str(self) -> &'static str {
@@ -209,6 +220,7 @@ impl Persistence {
             Self::Dax => "dax",
             Self::Msync => "msync",
             Self::Libpmem => "libpmem",
+            Self::Emulated => "emulated",
         }
     }
 }
@@ -219,9 +231,10 @@ impl std::fmt::Display for Persistence {
     }
 }
 
-/// A persistence name that is none of `auto`, `dax`, `msync`, `libpmem`.
+/// A persistence name that is none of `auto`, `dax`, `msync`, `libpmem`,
+/// `emulated`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown persistence mechanism {0:?} (expected auto, dax, msync or libpmem)")]
+#[error("unknown persistence mechanism {0:?} (expected auto, dax, msync, libpmem or emulated)")]
 pub struct ParsePersistenceError(pub String);
 
 impl std::str::FromStr for Persistence {

@@ -6,6 +6,7 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::ptr::{self, NonNull};
+use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
 use memmap2::{MmapMut, MmapOptions};
@@ -13,6 +14,7 @@ use topology::CachePolicy;
 
 use super::cacheline::{CacheLineFlusher, CpuFlushSupport, store_fence};
 use super::dax::{self, RawMapping};
+use super::emulated::{EmulatedMapping, PowerDomain};
 #[cfg(feature = "libpmem")]
 use super::libpmem::LibpmemMapping;
 use super::nt::{self, CachedEdges};
@@ -45,6 +47,9 @@ enum Backing {
     /// libpmem mapping; pmem_unmap on drop.
     #[cfg(feature = "libpmem")]
     Libpmem(LibpmemMapping),
+    /// Private mapping in an emulated persistence domain; persisted by
+    /// writing lines to the file.
+    Emulated(EmulatedMapping),
 }
 
 // SAFETY: the mapping is process-wide memory, and every owner in `Backing` is
@@ -78,10 +83,12 @@ impl PmemMap {
     /// - [`PersistPolicy::Msync`]: the ordinary mapping.
     /// - [`PersistPolicy::Libpmem`]: `pmem_map_file`; without the `libpmem`
     ///   feature, [`PersistError::LibpmemDisabled`].
+    /// - [`PersistPolicy::Emulated`]: a private mapping in the given power
+    ///   domain, for power-loss tests (see `emulated`).
     ///
     /// The file must not be truncated while mapped (accesses beyond its new
     /// end would fault).
-    pub fn open(path: &Path, policy: PersistPolicy) -> Result<PmemMap, PersistError> {
+    pub fn open(path: &Path, policy: &PersistPolicy) -> Result<PmemMap, PersistError> {
         match policy {
             PersistPolicy::Auto => {
                 let (file, len) = open_sized(path)?;
@@ -100,6 +107,10 @@ impl PmemMap {
                 map_msync(path, &file, len)
             }
             PersistPolicy::Libpmem => map_libpmem(path),
+            PersistPolicy::Emulated(domain) => {
+                let (file, len) = open_sized(path)?;
+                map_emulated(path, file, len, domain)
+            }
         }
     }
 
@@ -110,6 +121,7 @@ impl PmemMap {
             Backing::Msync(_) => PersistMode::Msync,
             #[cfg(feature = "libpmem")]
             Backing::Libpmem(_) => PersistMode::Libpmem,
+            Backing::Emulated(_) => PersistMode::Emulated,
         }
     }
 
@@ -177,6 +189,7 @@ impl PmemMap {
             #[cfg(feature = "libpmem")]
             // SAFETY: range_ptr checked the range is inside the mapping.
             Backing::Libpmem(mapping) => unsafe { mapping.persist(offset, len) },
+            Backing::Emulated(mapping) => mapping.persist(offset, len),
         };
         result.map_err(|source| self.flush_error(offset, len, source))
     }
@@ -229,6 +242,9 @@ impl PmemMap {
             // anyway because the cast below relies on it.
             return Err(PersistError::Misaligned { offset });
         }
+        if let Backing::Emulated(mapping) = &self.backing {
+            mapping.mark_written(offset, 8);
+        }
         // SAFETY: the 8 bytes at `word` are inside the mapping, which lives as
         // long as the returned borrow of `self`, and the address is aligned
         // for AtomicU64 (checked). AtomicU64 has interior mutability, so many
@@ -266,6 +282,9 @@ impl PmemMap {
     ///
     /// `dst` must come from [`range_ptr`](Self::range_ptr) for `src.len()`.
     unsafe fn store(&self, dst: *mut u8, src: &[u8], cache: CachePolicy) {
+        if let Backing::Emulated(mapping) = &self.backing {
+            mapping.mark_written(dst.addr() - self.base.as_ptr().addr(), src.len());
+        }
         match cache {
             CachePolicy::WriteBack => {
                 // SAFETY: the destination range is inside the mapping (caller);
@@ -417,6 +436,21 @@ fn map_msync(path: &Path, file: &File, len: usize) -> Result<PmemMap, PersistErr
         base,
         len: mmap.len(),
         backing: Backing::Msync(mmap),
+    })
+}
+
+fn map_emulated(
+    path: &Path,
+    file: File,
+    len: usize,
+    domain: &Arc<PowerDomain>,
+) -> Result<PmemMap, PersistError> {
+    let mapping = EmulatedMapping::map(path, file, len, domain)?;
+    Ok(PmemMap {
+        path: path.to_owned(),
+        base: mapping.base(),
+        len: mapping.len(),
+        backing: Backing::Emulated(mapping),
     })
 }
 

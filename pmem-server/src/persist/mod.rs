@@ -15,6 +15,11 @@
 //!   and persists with `pmem_persist` where `pmem_is_pmem` says the mapping is
 //!   persistent memory, with `pmem_msync` elsewhere.
 //!
+//! - [`PersistMode::Emulated`] (tests only): a private mapping in an
+//!   emulated persistence domain; [`PmemMap::persist`] writes the cache lines
+//!   of the range into the file, so the file holds exactly what a power cut
+//!   would leave (see [`PowerDomain`]).
+//!
 //! [`PersistPolicy`] chooses: `auto` takes DAX when the file supports it and
 //! msync otherwise; `dax`, `msync` and `libpmem` force one mechanism and fail
 //! rather than fall back.
@@ -52,6 +57,7 @@
 
 mod cacheline;
 mod dax;
+mod emulated;
 mod error;
 #[cfg(feature = "libpmem")]
 mod libpmem;
@@ -62,6 +68,7 @@ mod policy;
 #[cfg(test)]
 mod tests;
 
+pub use emulated::PowerDomain;
 pub use error::PersistError;
 pub use map::PmemMap;
 pub use policy::{PersistMode, PersistPolicy};

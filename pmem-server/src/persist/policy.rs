@@ -1,12 +1,42 @@
 //! Which persistence mechanism to use, as configured and as in effect.
 
 use std::fmt;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
+use topology::Persistence;
+
+use super::emulated::PowerDomain;
 
 /// Which persistence mechanism a server should use: the topology's
-/// [`topology::Persistence`] (`auto`, `dax`, `msync`, `libpmem`).
-pub use topology::Persistence as PersistPolicy;
+/// [`Persistence`], with the power domain an emulated mapping belongs to.
+#[derive(Debug, Clone)]
+pub enum PersistPolicy {
+    /// DAX where the file allows it, msync otherwise.
+    Auto,
+    /// DAX or nothing.
+    Dax,
+    /// msync.
+    Msync,
+    /// libpmem (build feature `libpmem`).
+    Libpmem,
+    /// The emulated persistence domain, for power-loss tests.
+    Emulated(Arc<PowerDomain>),
+}
+
+impl From<Persistence> for PersistPolicy {
+    /// The configured mechanism; `emulated` joins the process's own power
+    /// domain.
+    fn from(persistence: Persistence) -> Self {
+        match persistence {
+            Persistence::Auto => Self::Auto,
+            Persistence::Dax => Self::Dax,
+            Persistence::Msync => Self::Msync,
+            Persistence::Libpmem => Self::Libpmem,
+            Persistence::Emulated => Self::Emulated(PowerDomain::process()),
+        }
+    }
+}
 
 /// The persistence mechanism actually in use for a mapping.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize)]
@@ -19,15 +49,19 @@ pub enum PersistMode {
     /// Mapped by libpmem; durability by `pmem_persist` on persistent memory,
     /// `pmem_msync` elsewhere.
     Libpmem,
+    /// Private mapping in an emulated persistence domain (tests only).
+    Emulated,
 }
 
 impl PersistMode {
-    /// The name used in logs and metrics: `dax`, `msync` or `libpmem`.
+    /// The name used in logs and metrics: `dax`, `msync`, `libpmem` or
+    /// `emulated`.
     pub fn as_str(self) -> &'static str {
         match self {
             PersistMode::Dax => "dax",
             PersistMode::Msync => "msync",
             PersistMode::Libpmem => "libpmem",
+            PersistMode::Emulated => "emulated",
         }
     }
 }

@@ -28,7 +28,7 @@ fn region_file(dir: &TempDir, name: &str, len: u64) -> PathBuf {
 fn all_maps(path: &Path) -> Vec<(&'static str, PmemMap)> {
     let mut maps = vec![(
         "msync",
-        PmemMap::open(path, PersistPolicy::Msync).expect("msync map"),
+        PmemMap::open(path, &PersistPolicy::Msync).expect("msync map"),
     )];
     if cfg!(target_arch = "x86_64") {
         maps.push((
@@ -36,13 +36,13 @@ fn all_maps(path: &Path) -> Vec<(&'static str, PmemMap)> {
             PmemMap::open_dax_without_map_sync(path).expect("shared map"),
         ));
     }
-    if let Ok(map) = PmemMap::open(path, PersistPolicy::Dax) {
+    if let Ok(map) = PmemMap::open(path, &PersistPolicy::Dax) {
         maps.push(("dax", map));
     }
     if cfg!(feature = "libpmem") {
         maps.push((
             "libpmem",
-            PmemMap::open(path, PersistPolicy::Libpmem).expect("libpmem map"),
+            PmemMap::open(path, &PersistPolicy::Libpmem).expect("libpmem map"),
         ));
     }
     maps
@@ -64,12 +64,12 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 fn auto_picks_dax_or_msync_and_forced_dax_explains_failure() {
     let dir = TempDir::new().expect("temp dir");
     let path = region_file(&dir, "auto", 1 << 20);
-    let auto = PmemMap::open(&path, PersistPolicy::Auto).expect("auto map");
+    let auto = PmemMap::open(&path, &PersistPolicy::Auto).expect("auto map");
     assert!(matches!(auto.mode(), PersistMode::Dax | PersistMode::Msync));
     assert_eq!(auto.len(), 1 << 20);
     assert!(!auto.is_empty());
 
-    match PmemMap::open(&path, PersistPolicy::Dax) {
+    match PmemMap::open(&path, &PersistPolicy::Dax) {
         Ok(dax) => {
             assert_eq!(dax.mode(), PersistMode::Dax);
             assert_eq!(auto.mode(), PersistMode::Dax);
@@ -102,10 +102,10 @@ fn auto_picks_dax_or_msync_and_forced_dax_explains_failure() {
 fn forced_msync_and_libpmem_policies() {
     let dir = TempDir::new().expect("temp dir");
     let path = region_file(&dir, "forced", 3 * PAGE as u64);
-    let map = PmemMap::open(&path, PersistPolicy::Msync).expect("msync map");
+    let map = PmemMap::open(&path, &PersistPolicy::Msync).expect("msync map");
     assert_eq!(map.mode(), PersistMode::Msync);
     assert_eq!(map.path(), path);
-    let libpmem = PmemMap::open(&path, PersistPolicy::Libpmem);
+    let libpmem = PmemMap::open(&path, &PersistPolicy::Libpmem);
     if cfg!(feature = "libpmem") {
         let map = libpmem.expect("libpmem map");
         assert_eq!(map.mode(), PersistMode::Libpmem);
@@ -123,19 +123,21 @@ fn empty_and_missing_files_are_refused() {
     let dir = TempDir::new().expect("temp dir");
     let empty = region_file(&dir, "empty", 0);
     let missing = dir.path().join("missing");
-    for policy in PersistPolicy::ALL {
-        match PmemMap::open(&empty, policy) {
+    for configured in topology::Persistence::ALL {
+        let policy = PersistPolicy::from(configured);
+        let libpmem = configured == topology::Persistence::Libpmem;
+        match PmemMap::open(&empty, &policy) {
             Err(PersistError::EmptyFile { path }) => assert_eq!(path, empty),
-            Err(PersistError::LibpmemDisabled) => assert_eq!(policy, PersistPolicy::Libpmem),
-            other => panic!("{policy}: empty file gave {other:?}"),
+            Err(PersistError::LibpmemDisabled) => assert!(libpmem),
+            other => panic!("{configured}: empty file gave {other:?}"),
         }
-        match PmemMap::open(&missing, policy) {
+        match PmemMap::open(&missing, &policy) {
             Err(PersistError::Map { path, source }) => {
                 assert_eq!(path, missing);
                 assert_eq!(source.kind(), io::ErrorKind::NotFound);
             }
-            Err(PersistError::LibpmemDisabled) => assert_eq!(policy, PersistPolicy::Libpmem),
-            other => panic!("{policy}: missing file gave {other:?}"),
+            Err(PersistError::LibpmemDisabled) => assert!(libpmem),
+            other => panic!("{configured}: missing file gave {other:?}"),
         }
     }
 }
@@ -426,7 +428,7 @@ fn write_persist_survives_unmapping() {
     } else {
         &[PersistPolicy::Msync, PersistPolicy::Auto]
     };
-    for (round, &policy) in policies.iter().enumerate() {
+    for (round, policy) in policies.iter().enumerate() {
         for cache in CACHE_POLICIES {
             let map = PmemMap::open(&path, policy).expect("map");
             for (i, &(offset, len)) in writes.iter().enumerate() {
@@ -437,9 +439,9 @@ fn write_persist_survives_unmapping() {
             }
             drop(map);
             let on_file = std::fs::read(&path).expect("read file");
-            assert_eq!(on_file, expected, "{policy} {cache:?}");
+            assert_eq!(on_file, expected, "{policy:?} {cache:?}");
             let reopened = PmemMap::open(&path, policy).expect("reopen");
-            assert_eq!(whole(&reopened), expected, "{policy} {cache:?} reopened");
+            assert_eq!(whole(&reopened), expected, "{policy:?} {cache:?} reopened");
         }
     }
 }
@@ -449,7 +451,7 @@ fn write_persist_survives_unmapping() {
 fn libpmem_reports_pmem_as_forced() {
     let dir = TempDir::new().expect("temp dir");
     let path = region_file(&dir, "libpmem-force", PAGE as u64);
-    let map = PmemMap::open(&path, PersistPolicy::Libpmem).expect("libpmem map");
+    let map = PmemMap::open(&path, &PersistPolicy::Libpmem).expect("libpmem map");
     assert_eq!(map.mode(), PersistMode::Libpmem);
     let is_pmem = map.libpmem_is_pmem().expect("libpmem mapping");
     match std::env::var("PMEM_IS_PMEM_FORCE").as_deref() {
@@ -518,5 +520,192 @@ fn persist_latency_4k() {
                 at(0.99)
             );
         }
+    }
+}
+
+/// The file's bytes, which in the emulated domain are the durable image.
+fn durable(path: &Path) -> Vec<u8> {
+    std::fs::read(path).expect("read the durable image")
+}
+
+#[test]
+fn emulated_keeps_persisted_lines_and_loses_the_rest() {
+    let dir = TempDir::new().expect("temp dir");
+    let path = region_file(&dir, "emulated", 2 * PAGE as u64);
+    let domain = super::PowerDomain::new();
+    let map = PmemMap::open(&path, &PersistPolicy::Emulated(domain.clone())).expect("map");
+    assert_eq!(map.mode(), PersistMode::Emulated);
+    map.write(0, &[1; 100], CachePolicy::WriteBack)
+        .expect("write");
+    map.write(PAGE, &[2; 8], CachePolicy::WriteBack)
+        .expect("write");
+    assert_eq!(durable(&path), vec![0; 2 * PAGE], "stores stay volatile");
+    // Persisting one byte writes back its whole line, and only that line.
+    map.persist(10, 1).expect("persist");
+    let image = durable(&path);
+    assert_eq!(image[..LINE], [1; LINE]);
+    assert_eq!(
+        image[LINE..100],
+        [0; 100 - LINE],
+        "the next line is not flushed"
+    );
+    assert_eq!(image[PAGE..PAGE + 8], [0; 8]);
+    map.write_persist(PAGE + 8, &[3; 8], CachePolicy::NonTemporal)
+        .expect("write_persist");
+    assert_eq!(durable(&path)[PAGE..PAGE + 16], [[2; 8], [3; 8]].concat());
+    assert_eq!(domain.steps(), 2);
+    // What a read returns is the volatile view; unmapping loses the rest,
+    // as a power cut does.
+    assert_eq!(whole(&map)[64..100], [1; 36]);
+    drop(map);
+    let reopened =
+        PmemMap::open(&path, &PersistPolicy::Emulated(super::PowerDomain::new())).expect("reopen");
+    assert_eq!(
+        whole(&reopened)[64..100],
+        [0; 36],
+        "unpersisted bytes are lost"
+    );
+    assert_eq!(
+        whole(&reopened)[..LINE],
+        [1; LINE],
+        "persisted bytes are kept"
+    );
+}
+
+#[test]
+fn emulated_power_cut_stops_persisting() {
+    let dir = TempDir::new().expect("temp dir");
+    let path = region_file(&dir, "cut", PAGE as u64);
+    let domain = super::PowerDomain::new();
+    let map = PmemMap::open(&path, &PersistPolicy::Emulated(domain.clone())).expect("map");
+    domain.cut_after(1, None);
+    map.write_persist(0, &[7; 8], CachePolicy::WriteBack)
+        .expect("first step");
+    assert!(domain.is_on());
+    map.write_persist(8, &[8; 8], CachePolicy::WriteBack)
+        .expect("after the cut persists succeed and do nothing");
+    assert!(!domain.is_on());
+    assert_eq!(domain.steps(), 1);
+    let image = durable(&path);
+    assert_eq!(image[..8], [7; 8]);
+    assert_eq!(image[8..16], [0; 8], "persisted after the power went off");
+}
+
+#[test]
+fn emulated_eviction_writes_back_whole_words_of_dirty_lines_only() {
+    const WORDS: usize = PAGE / 8;
+    let dir = TempDir::new().expect("temp dir");
+    let path = region_file(&dir, "evict", 2 * PAGE as u64);
+    let domain = super::PowerDomain::new();
+    let map = PmemMap::open(&path, &PersistPolicy::Emulated(domain.clone())).expect("map");
+    for word in 0..WORDS {
+        let value = u64::MAX - word as u64;
+        map.write(word * 8, &value.to_le_bytes(), CachePolicy::WriteBack)
+            .expect("write");
+    }
+    // A second page whose stores were all persisted, then overwritten by
+    // atomics that were not.
+    map.write_persist(PAGE, &[5; PAGE], CachePolicy::WriteBack)
+        .expect("write_persist");
+    for word in 0..WORDS {
+        let atomic = map.atomic_u64(PAGE + word * 8).expect("word");
+        atomic.store(u64::MAX, Ordering::SeqCst);
+    }
+    domain.cut_now(Some(42));
+    let image = durable(&path);
+    let mut evicted = 0;
+    for (word, bytes) in image[..PAGE].chunks(8).enumerate() {
+        let value = u64::from_le_bytes(bytes.try_into().expect("8 bytes"));
+        match value {
+            0 => {}
+            v if v == u64::MAX - word as u64 => evicted += 1,
+            torn => panic!("word {word} is torn: {torn:#x}"),
+        }
+    }
+    assert!(
+        evicted > WORDS / 4 && evicted < 3 * WORDS / 4,
+        "{evicted} of {WORDS}"
+    );
+    for (word, bytes) in image[PAGE..].chunks(8).enumerate() {
+        assert!(
+            bytes == [5; 8] || bytes == [0xff; 8],
+            "atomic word {word} is torn: {bytes:?}"
+        );
+    }
+}
+
+/// Dirty page-cache pages of `file`, from cachestat(2) (Linux 6.5).
+fn dirty_pages(path: &Path) -> u64 {
+    use std::os::fd::AsRawFd;
+    #[repr(C)]
+    struct Range {
+        off: u64,
+        len: u64,
+    }
+    #[repr(C)]
+    #[derive(Default)]
+    struct Stat {
+        cache: u64,
+        dirty: u64,
+        writeback: u64,
+        evicted: u64,
+        recently_evicted: u64,
+    }
+    const SYS_CACHESTAT: libc::c_long = 451;
+    let file = std::fs::File::open(path).expect("open for cachestat");
+    let range = Range { off: 0, len: 0 };
+    let mut stat = Stat::default();
+    // SAFETY: cachestat reads `range` and writes `stat`, both live and laid
+    // out as the kernel's structs; the descriptor is open.
+    let rc = unsafe {
+        libc::syscall(
+            SYS_CACHESTAT,
+            file.as_raw_fd(),
+            &raw const range,
+            &raw mut stat,
+            0,
+        )
+    };
+    assert_eq!(
+        rc,
+        0,
+        "cachestat(2) failed: {} (this test needs Linux 6.5 or later)",
+        io::Error::last_os_error()
+    );
+    stat.dirty + stat.writeback
+}
+
+/// The flush of the msync (and libpmem-on-files) mechanism is observable:
+/// pages written through the mapping are dirty in the page cache, which a
+/// power cut loses, until persist writes them to the disk.
+#[test]
+fn msync_persist_leaves_no_dirty_pages() {
+    let dir = TempDir::new().expect("temp dir");
+    let path = region_file(&dir, "dirty", 8 * PAGE as u64);
+    let mut policies = vec![PersistPolicy::Msync];
+    if cfg!(feature = "libpmem") && std::env::var("PMEM_IS_PMEM_FORCE").as_deref() != Ok("1") {
+        policies.push(PersistPolicy::Libpmem);
+    }
+    for policy in policies {
+        let map = PmemMap::open(&path, &policy).expect("map");
+        map.write(PAGE + 5, &pattern(3 * PAGE, 9), CachePolicy::WriteBack)
+            .expect("write");
+        assert!(
+            dirty_pages(&path) >= 3,
+            "{policy:?}: the write dirtied pages"
+        );
+        map.persist(PAGE + 5, 3 * PAGE).expect("persist");
+        assert_eq!(
+            dirty_pages(&path),
+            0,
+            "{policy:?}: persist left dirty pages"
+        );
+        map.write_persist(0, &pattern(100, 3), CachePolicy::NonTemporal)
+            .expect("write_persist");
+        assert_eq!(
+            dirty_pages(&path),
+            0,
+            "{policy:?}: write_persist left dirty pages"
+        );
     }
 }
