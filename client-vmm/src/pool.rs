@@ -144,10 +144,6 @@ struct Slot {
     conn: Option<Arc<PathLink>>,
     /// Bumped on every (re)connect, so a stale connection's death is ignored.
     generation: u64,
-    /// RoCE: the number of the last queue pair's first atomic (the next
-    /// queue pair numbers above every atomic of the last).
-    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
-    atomics_from: u64,
 }
 
 /// Operations in flight, for `fence`.
@@ -367,9 +363,7 @@ impl AsyncPool {
         };
         let extent = layout.extent_size();
         let slots = table.paths().iter().map(|_| Mutex::default()).collect();
-        let start_seq = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(1, |d| d.as_nanos() as u64);
+        let start_seq = new_session();
         let client_index = topology
             .clients
             .iter()
@@ -785,14 +779,8 @@ impl Inner {
             .parse()
             .map_err(|_| conn::ConnectError::BadAddress(info.device_addr.clone()))?;
         let lane = u8::try_from(info.id.0 + 1).map_err(|_| bad_address())?;
-        let first = {
-            let mut slot = lock(&self.slots[info.id.0]);
-            let now = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64);
-            slot.atomics_from = now.max(slot.atomics_from + 1);
-            slot.atomics_from
-        };
+        // Every queue pair numbers its atomics in a session of its own.
+        let first = new_session();
         let config = LinkConfig {
             addr,
             client: self.client.to_string(),
@@ -1495,4 +1483,22 @@ pub fn server_names(layout: &Layout) -> HashMap<u16, String> {
         .iter()
         .map(|e| (e.server_index, e.server.to_string()))
         .collect()
+}
+
+/// The first sequence number of a new exactly-once session: a random
+/// session number in the upper 32 bits (never 0 or all ones), the count from
+/// 0 below. Each process (and each RDMA queue pair) numbers its atomics in
+/// its own session, so processes sharing an exactly-once identity, or a
+/// restarted one, never make each other's atomics stale on the server.
+fn new_session() -> u64 {
+    let mut bytes = [0u8; 4];
+    if getrandom::fill(&mut bytes).is_err() {
+        // No OS randomness: the clock still separates restarts.
+        let now = SystemTime::now().duration_since(UNIX_EPOCH);
+        bytes = now
+            .map_or(1, |d| d.subsec_nanos() ^ d.as_secs() as u32)
+            .to_le_bytes();
+    }
+    let session = u32::from_le_bytes(bytes).clamp(1, u32::MAX - 1);
+    u64::from(session) << 32
 }

@@ -17,6 +17,7 @@ use std::sync::{Mutex, PoisonError};
 
 use crate::dedup_store::{INTENTS, Intent, LoadedWindow, StoreError, WindowStore};
 use crate::persist::PersistError;
+use crate::stale_marks::{RaisedMark, StaleMarks};
 
 /// Results remembered per client.
 pub const WINDOW: usize = 4096;
@@ -28,8 +29,8 @@ struct ClientWindow {
     results: HashMap<u64, u64>,
     /// Sequence numbers in the order they were recorded, oldest first.
     order: VecDeque<u64>,
-    /// The highest sequence number ever evicted; older ones are unknowable.
-    evicted_up_to: Option<u64>,
+    /// Which sequence numbers left the window, per session.
+    marks: StaleMarks,
     /// Results recorded so far (the store's ring position).
     head: u64,
 }
@@ -39,7 +40,7 @@ impl From<LoadedWindow> for ClientWindow {
         Self {
             results: loaded.results.iter().copied().collect(),
             order: loaded.results.iter().map(|(seq, _)| *seq).collect(),
-            evicted_up_to: loaded.evicted_up_to,
+            marks: loaded.marks,
             head: loaded.head,
         }
     }
@@ -173,7 +174,7 @@ impl DedupTable {
             if let Some(&value) = window.results.get(&seq) {
                 return Ok(Dedup::Replayed(value));
             }
-            if window.evicted_up_to.is_some_and(|old| seq <= old) {
+            if window.marks.is_stale(seq) {
                 return Ok(Dedup::Stale);
             }
         }
@@ -217,12 +218,12 @@ impl DedupTable {
         // From here on the atomic happened: remember it even if persisting
         // fails, so a retry is never applied a second time.
         let window = clients.entry(client).or_default();
-        let head = window.remember(seq, old);
+        let (head, mark) = window.remember(seq, old);
         if persist {
             persist_word().map_err(DedupError::Persist)?;
         }
         if let Some(store) = &self.store {
-            store.record(client, head, seq, old, window.evicted_up_to, persist)?;
+            store.record(client, head, (seq, old), mark, persist)?;
         }
         Ok(Dedup::Applied(old))
     }
@@ -238,21 +239,12 @@ impl DedupTable {
         let shard = &self.shards[intent.client as usize % SHARDS];
         let mut clients = shard.lock().unwrap_or_else(PoisonError::into_inner);
         let window = clients.entry(intent.client).or_default();
-        if window.results.contains_key(&intent.seq)
-            || window.evicted_up_to.is_some_and(|old| intent.seq <= old)
-        {
+        if window.results.contains_key(&intent.seq) || window.marks.is_stale(intent.seq) {
             return Ok(false);
         }
-        let head = window.remember(intent.seq, intent.old);
+        let (head, mark) = window.remember(intent.seq, intent.old);
         if let Some(store) = &self.store {
-            store.record(
-                intent.client,
-                head,
-                intent.seq,
-                intent.old,
-                window.evicted_up_to,
-                true,
-            )?;
+            store.record(intent.client, head, (intent.seq, intent.old), mark, true)?;
         }
         Ok(true)
     }
@@ -297,19 +289,21 @@ fn stripe_of(region: u32, offset: u64) -> usize {
 
 impl ClientWindow {
     /// Remembers `value` as the result of `seq`, evicting the oldest result
-    /// beyond the window; returns the result's ring position.
-    fn remember(&mut self, seq: u64, value: u64) -> u64 {
+    /// beyond the window; returns the result's ring position and the stale
+    /// mark the eviction raised.
+    fn remember(&mut self, seq: u64, value: u64) -> (u64, Option<RaisedMark>) {
         self.results.insert(seq, value);
         self.order.push_back(seq);
+        let mut mark = None;
         if self.order.len() > WINDOW
             && let Some(old) = self.order.pop_front()
         {
             self.results.remove(&old);
-            self.evicted_up_to = Some(self.evicted_up_to.map_or(old, |e| e.max(old)));
+            mark = self.marks.raise(old);
         }
         let head = self.head;
         self.head += 1;
-        head
+        (head, mark)
     }
 }
 
@@ -444,6 +438,34 @@ mod tests {
         assert_eq!(add(&table, &counter, 3, 9), Dedup::Stale);
         assert_eq!(add(&table, &counter, 3, 10), Dedup::Replayed(10));
         assert_eq!(counter.load(Ordering::SeqCst), WINDOW as u64 + 10);
+    }
+
+    #[test]
+    fn processes_sharing_an_identity_never_make_each_other_stale() {
+        let table = DedupTable::default();
+        let counter = AtomicU64::new(0);
+        // A process in session 9 (a restart, or a second worker) next to
+        // one in session 5, interleaved well past the window.
+        let seq = |session: u64, n: u64| session << 32 | n;
+        let rounds = WINDOW as u64 * 2;
+        for n in 0..rounds {
+            assert!(matches!(
+                add(&table, &counter, 3, seq(9, n)),
+                Dedup::Applied(_)
+            ));
+            assert!(matches!(
+                add(&table, &counter, 3, seq(5, n)),
+                Dedup::Applied(_)
+            ));
+        }
+        assert_eq!(counter.load(Ordering::SeqCst), 2 * rounds);
+        // Within each session, what left the window is still stale.
+        assert_eq!(add(&table, &counter, 3, seq(9, 0)), Dedup::Stale);
+        assert_eq!(add(&table, &counter, 3, seq(5, 0)), Dedup::Stale);
+        assert!(matches!(
+            add(&table, &counter, 3, seq(5, rounds - 1)),
+            Dedup::Replayed(_)
+        ));
     }
 
     #[test]

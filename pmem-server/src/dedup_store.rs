@@ -9,14 +9,15 @@
 //!   0..4   client u32
 //!   4..8   in use u32 (1)
 //!   8..16  head u64: results recorded for the client so far
-//!   16..24 evicted u64: 1 + the highest sequence number that left the ring (0: none)
 //!   64..   ring of RING entries (seq u64, value u64); entry i is at i % RING
+//!   then   MARKS stale marks u64 (see `stale_marks`)
 //! ```
 //!
 //! # Results
 //!
 //! A result is written before the head that covers it, and both before the
-//! response goes out, so after a crash the file never claims a result that
+//! response goes out; the stale mark of a result it pushes out of the ring
+//! is written before it overwrites that result, so after a crash the file never claims a result that
 //! was not recorded. For a persistent atomic both are made durable before
 //! the response; otherwise they live in the page cache (or the DAX media)
 //! and survive a crash of the process, not of the machine.
@@ -57,6 +58,7 @@ use topology::CachePolicy;
 
 use crate::dedup::WINDOW;
 use crate::persist::{PersistError, PersistPolicy, PmemMap};
+use crate::stale_marks::{MARKS, RaisedMark, StaleMarks};
 
 /// Results kept per client (the window).
 pub const RING: usize = WINDOW;
@@ -69,7 +71,8 @@ const INTENT_BYTES: usize = 64;
 const INTENTS_AT: usize = HEADER;
 const SLOTS_AT: usize = INTENTS_AT + (INTENTS * INTENT_BYTES).next_multiple_of(4096);
 const SLOT_HEAD: usize = 64;
-const SLOT_BYTES: usize = (SLOT_HEAD + RING * 16).next_multiple_of(4096);
+const MARKS_AT: usize = SLOT_HEAD + RING * 16;
+const SLOT_BYTES: usize = (MARKS_AT + MARKS * 8).next_multiple_of(4096);
 
 /// The file name in the data directory.
 pub const FILE_NAME: &str = "exactly-once.pmem";
@@ -122,8 +125,8 @@ pub enum StoreError {
 pub struct LoadedWindow {
     /// (seq, value) in the order they were recorded, oldest first.
     pub results: Vec<(u64, u64)>,
-    /// The highest sequence number that left the window.
-    pub evicted_up_to: Option<u64>,
+    /// Which sequence numbers left the window, per session.
+    pub marks: StaleMarks,
     /// Results recorded so far (position of the next one).
     pub head: u64,
 }
@@ -132,8 +135,7 @@ impl LoadedWindow {
     /// Whether the window knows what became of `seq`: recorded, or so old
     /// that it left the window.
     pub fn settled(&self, seq: u64) -> bool {
-        self.evicted_up_to.is_some_and(|old| seq <= old)
-            || self.results.iter().any(|&(s, _)| s == seq)
+        self.marks.is_stale(seq) || self.results.iter().any(|&(s, _)| s == seq)
     }
 }
 
@@ -310,19 +312,21 @@ impl WindowStore {
             }
             let client = u32_at(&head_bytes, 0);
             let head = u64_at(&head_bytes, 8);
-            let evicted = u64_at(&head_bytes, 16);
             let mut results = Vec::new();
             let mut entry = [0u8; 16];
             for i in head.saturating_sub(RING as u64)..head {
                 self.read(Self::entry_at(base, i), &mut entry)?;
                 results.push((u64_at(&entry, 0), u64_at(&entry, 8)));
             }
+            let mut marks = [0u8; MARKS * 8];
+            self.read(base + MARKS_AT, &mut marks)?;
+            let marks = marks.chunks(8).map(|w| u64_at(w, 0)).collect();
             slot_of.insert(client, slot);
             loaded.windows.insert(
                 client,
                 LoadedWindow {
                     results,
-                    evicted_up_to: evicted.checked_sub(1),
+                    marks: StaleMarks::from_words(marks),
                     head,
                 },
             );
@@ -429,39 +433,44 @@ impl WindowStore {
     }
 
     /// Records result `value` of (`client`, `seq`) as the client's result
-    /// number `head`, with the client's eviction mark; durably when
-    /// `persist`. [`StoreError::Full`] when the file has no slot for the
-    /// client.
+    /// number `head`, with the stale mark the result it pushes out of the
+    /// window raised; durably when `persist`. [`StoreError::Full`] when the
+    /// file has no slot for the client.
     pub fn record(
         &self,
         client: u32,
         head: u64,
-        seq: u64,
-        value: u64,
-        evicted_up_to: Option<u64>,
+        (seq, value): (u64, u64),
+        mark: Option<RaisedMark>,
         persist: bool,
     ) -> Result<(), StoreError> {
         let slot = self.slot(client)?;
         let base = SLOTS_AT + slot * SLOT_BYTES;
+        if let Some(mark) = mark {
+            let at = base + MARKS_AT + mark.index % MARKS * 8;
+            self.write(at, &mark.word.to_le_bytes())?;
+            if persist {
+                self.persist(at, 8)?;
+            }
+        }
         let entry_at = Self::entry_at(base, head);
         let mut entry = [0u8; 16];
         entry[..8].copy_from_slice(&seq.to_le_bytes());
         entry[8..].copy_from_slice(&value.to_le_bytes());
         self.write(entry_at, &entry)?;
-        // The client's mark goes with its first result: a slot claimed but
-        // not yet durable simply has no results after a crash.
-        let mut marks = [0u8; 24];
-        marks[..4].copy_from_slice(&client.to_le_bytes());
-        marks[4..8].copy_from_slice(&1u32.to_le_bytes());
-        marks[8..16].copy_from_slice(&(head + 1).to_le_bytes());
-        marks[16..].copy_from_slice(&evicted_up_to.map_or(0, |e| e + 1).to_le_bytes());
+        // The slot's identity goes with its first result: a slot claimed
+        // but not yet durable simply has no results after a crash.
+        let mut slot_head = [0u8; 16];
+        slot_head[..4].copy_from_slice(&client.to_le_bytes());
+        slot_head[4..8].copy_from_slice(&1u32.to_le_bytes());
+        slot_head[8..16].copy_from_slice(&(head + 1).to_le_bytes());
         if persist {
             self.persist(entry_at, 16)?;
         }
         // The head goes last: it is what makes the entry count.
-        self.write(base, &marks)?;
+        self.write(base, &slot_head)?;
         if persist {
-            self.persist(base, 24)?;
+            self.persist(base, 16)?;
         }
         Ok(())
     }
@@ -505,9 +514,9 @@ mod tests {
         {
             let (store, loaded) = open(dir.path(), false, 4);
             assert!(loaded.windows.is_empty());
-            store.record(7, 0, 100, 5, None, false).unwrap();
-            store.record(7, 1, 101, 6, None, true).unwrap();
-            store.record(9, 0, 1, 42, None, false).unwrap();
+            store.record(7, 0, (100, 5), None, false).unwrap();
+            store.record(7, 1, (101, 6), None, true).unwrap();
+            store.record(9, 0, (1, 42), None, false).unwrap();
         }
         let (_, loaded) = open(dir.path(), false, 4);
         assert_eq!(loaded.windows[&7].results, vec![(100, 5), (101, 6)]);
@@ -518,13 +527,16 @@ mod tests {
     }
 
     #[test]
-    fn the_ring_keeps_the_newest_results() {
+    fn the_ring_keeps_the_newest_results_and_the_marks() {
         let dir = tempfile::tempdir().unwrap();
+        let mut marks = StaleMarks::default();
         {
             let (store, _) = open(dir.path(), false, 1);
             for i in 0..(RING as u64 + 10) {
-                let evicted = i.checked_sub(RING as u64);
-                store.record(3, i, 1000 + i, i, evicted, false).unwrap();
+                let mark = i
+                    .checked_sub(RING as u64)
+                    .and_then(|old| marks.raise(1000 + old));
+                store.record(3, i, (1000 + i, i), mark, false).unwrap();
             }
         }
         let (_, loaded) = open(dir.path(), false, 1);
@@ -535,7 +547,8 @@ mod tests {
             w.results[RING - 1],
             (1000 + RING as u64 + 9, RING as u64 + 9)
         );
-        assert_eq!(w.evicted_up_to, Some(9));
+        assert_eq!(w.marks, marks);
+        assert!(w.settled(1009) && w.settled(1010) && !w.settled(1000 + RING as u64 + 10));
     }
 
     #[test]
@@ -544,20 +557,20 @@ mod tests {
         {
             let (store, _) = open(dir.path(), false, 3);
             for client in 0..3 {
-                store.record(client, 0, 1, 1, None, false).unwrap();
+                store.record(client, 0, (1, 1), None, false).unwrap();
             }
             assert!(matches!(
-                store.record(3, 0, 1, 1, None, false),
+                store.record(3, 0, (1, 1), None, false),
                 Err(StoreError::Full { client: 3, .. })
             ));
-            store.record(1, 1, 2, 2, None, false).unwrap();
+            store.record(1, 1, (2, 2), None, false).unwrap();
         }
         // A topology with more identities: the file grows, keeping the rest.
         let (store, loaded) = open(dir.path(), false, 5);
         assert_eq!(loaded.windows.len(), 3);
         assert_eq!(loaded.windows[&1].results, vec![(1, 1), (2, 2)]);
-        store.record(3, 0, 1, 1, None, false).unwrap();
-        store.record(4, 0, 1, 1, None, false).unwrap();
+        store.record(3, 0, (1, 1), None, false).unwrap();
+        store.record(4, 0, (1, 1), None, false).unwrap();
         // A smaller topology does not shrink it.
         let (_, loaded) = open(dir.path(), false, 1);
         assert_eq!(loaded.windows.len(), 5);
@@ -582,7 +595,7 @@ mod tests {
         {
             let (store, _) = open(dir.path(), false, 2);
             store.intend(0, &finished, true).unwrap();
-            store.record(2, 0, 10, 1, None, true).unwrap();
+            store.record(2, 0, (10, 1), None, true).unwrap();
             store.intend(1, &unfinished, true).unwrap();
         }
         let (store, loaded) = open(dir.path(), false, 2);

@@ -21,5 +21,6 @@ pub mod metrics;
 pub mod persist;
 pub mod region_file;
 pub mod server;
+pub mod stale_marks;
 
 pub use server::{OpenedServer, RunningServer, ServerConfig, ServerError};

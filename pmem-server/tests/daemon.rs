@@ -344,3 +344,67 @@ fn a_damaged_exactly_once_file_stops_the_server_until_the_operator_resets_it() {
     assert_eq!(std::fs::metadata(&window).unwrap().len(), len, "reset");
     server.terminate();
 }
+
+/// With `--persistence emulated`, killing the daemon is a power cut: what
+/// was persisted comes back, and nothing else does.
+#[test]
+fn emulated_persistence_makes_kill_9_a_power_cut() {
+    use proto::request::ExactlyOnce;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_topology(dir.path(), &[("R1", "4MiB")]);
+    let layout = layout(&config);
+    let k = key(&layout, 0);
+    let data = dir.path().join("data");
+    let emulated = ["--persistence", "emulated"];
+    let once = ExactlyOnce::on_lane(0, 1).stamped(0);
+    let fetch_add = || Repr::fetch_add(at(0, 65536), k, 5).with_exactly_once(once.client, once.seq);
+    let server = pmem_server_with(PMEM_SERVER, &config, "S", &data, &emulated).unwrap();
+    let mut conn = Conn::connect(server.addr("nic.n0"));
+    let persisted = pattern(4096, 1);
+    let volatile = pattern(4096, 2);
+    for (request, value) in [
+        (Repr::write_persist(at(0, 0), k, &persisted), 0),
+        (Repr::write(at(0, 8192), k, &volatile), 0),
+        (fetch_add().with_persist(), 0),
+        (Repr::atomic_write(at(0, 65600), k, 9), 0),
+    ] {
+        let reply = conn.call(request);
+        assert_eq!((reply.status, reply.value), (Status::Ok, value));
+    }
+    server.kill9();
+
+    let server = pmem_server_with(PMEM_SERVER, &config, "S", &data, &emulated).unwrap();
+    let mut conn = Conn::connect(server.addr("nic.n0"));
+    let read = |conn: &mut Conn, offset: u64, len: u32| {
+        let reply = conn.call(Repr::read(at(0, offset), k, len));
+        assert_eq!(reply.status, Status::Ok);
+        reply.data
+    };
+    assert_eq!(read(&mut conn, 0, 4096), persisted, "WRITE_PERSIST kept");
+    assert_eq!(
+        read(&mut conn, 8192, 4096),
+        vec![0; 4096],
+        "plain WRITE lost"
+    );
+    assert_eq!(
+        read(&mut conn, 65600, 8),
+        vec![0; 8],
+        "unpersisted ATOMIC_WRITE lost"
+    );
+    assert_eq!(
+        read(&mut conn, 65536, 8),
+        5u64.to_le_bytes(),
+        "persistent FETCH_ADD kept"
+    );
+    let retry = conn.call(fetch_add().with_persist());
+    assert_eq!(
+        (retry.status, retry.value),
+        (Status::Ok, 0),
+        "answered from the window"
+    );
+    assert_eq!(
+        read(&mut conn, 65536, 8),
+        5u64.to_le_bytes(),
+        "and not applied again"
+    );
+}
