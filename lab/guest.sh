@@ -4,7 +4,8 @@
 # stdout.
 #
 #   usage: guest.sh [--share DIR]... [--ip CIDR] [--mem MIB] [--timeout SECS]
-#                   [--log FILE] -- COMMAND [ARG]...
+#                   [--log FILE] [--disk FILE] [--pidfile FILE]
+#                   -- COMMAND [ARG]...
 #
 #   --share DIR   a host folder the guest sees at the same path (9p,
 #                 writable); give the folders holding COMMAND and its files
@@ -13,6 +14,10 @@
 #   --mem MIB     guest memory (default 768)
 #   --timeout S   kill the guest after S seconds (default 600): exit 124
 #   --log FILE    also copy the console to FILE
+#   --disk FILE   a raw disk image the guest sees as /dev/vda (virtio);
+#                 what the guest wrote to it survives killing QEMU, what
+#                 sat in the guest's page cache does not: a power cut
+#   --pidfile F   write QEMU's process id to F (to cut the power: kill -9)
 #
 # Needs the image (`image.sh`) and the network (`net.sh up`); runs itself in
 # the lab's namespace ($PMEM_LAB_NS, default pmemlab) when started outside.
@@ -38,6 +43,8 @@ ip_cidr=10.77.0.2/24
 mem=768
 timeout_s=600
 log=
+disk=
+pidfile=
 while [ $# -gt 0 ]; do
   case "$1" in
     --share) shares+=("$(realpath "$2")"); shift 2 ;;
@@ -45,6 +52,8 @@ while [ $# -gt 0 ]; do
     --mem) mem=$2; shift 2 ;;
     --timeout) timeout_s=$2; shift 2 ;;
     --log) log=$2; shift 2 ;;
+    --disk) disk=$(realpath "$2"); shift 2 ;;
+    --pidfile) pidfile=$2; shift 2 ;;
     --) shift; break ;;
     *) die "unknown option $1" ;;
   esac
@@ -100,6 +109,11 @@ qemu=(qemu-system-x86_64 -machine q35 "${accel[@]}" "${bios[@]}" -m "$mem" -smp 
   -netdev "tap,id=n0,ifname=$tap,script=no,downscript=no"
   -device "virtio-net-pci,netdev=n0,mac=$mac"
   "${virtfs[@]}")
+if [ -n "$disk" ]; then
+  [ -w "$disk" ] || die "disk image $disk is not a writable file"
+  qemu+=(-drive "file=$disk,if=virtio,format=raw,cache=writeback")
+fi
+[ -z "$pidfile" ] || qemu+=(-pidfile "$pidfile")
 
 set +e
 if [ -n "$log" ]; then

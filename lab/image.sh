@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the lab's guest image from Debian packages: a stock Debian kernel
-# (its rdma_rxe, virtio and 9p modules) and an initramfs with busybox,
+# (its rdma_rxe, virtio, virtio-blk, ext4 and 9p modules) and an initramfs with busybox,
 # rdma-core's verbs library and rxe provider, perftest and `ip`/`rdma`.
 #
 #   usage: image.sh [--force]
@@ -90,7 +90,7 @@ dpkg-deb -x "$(deb_of "$KERNEL_PKG")" "$kernel_dir"
 kver=$(ls "$kernel_dir/lib/modules")
 depmod -b "$kernel_dir" "$kver"
 modules=()
-for m in crc32_generic virtio_pci virtio_net 9pnet_virtio 9p rdma_rxe ib_uverbs rdma_ucm; do
+for m in crc32_generic virtio_pci virtio_net virtio_blk ext4 9pnet_virtio 9p rdma_rxe ib_uverbs rdma_ucm; do
   deps=$(modprobe -d "$kernel_dir" -S "$kver" --show-depends "$m" 2>/dev/null) ||
     { say "module $m: not in $KERNEL_PKG, skipped"; continue; }
   while read -r verb path _; do

@@ -9,7 +9,15 @@
 //!
 //! With a [`WindowStore`] the windows are also written to a mapped file, so
 //! a server restarted after a crash still answers a retried atomic from the
-//! window instead of applying it again.
+//! window instead of applying it again. Changing the word and recording the
+//! result are one failure-atomic step: an intent is written before the word
+//! changes, and recovery settles an interrupted atomic by its word (see
+//! [`crate::dedup_store`]).
+//!
+//! A client numbers its atomics in sessions (the upper 32 bits of the
+//! sequence number, one per process or queue pair), so several processes
+//! can share an identity: staleness is judged per session
+//! ([`crate::stale_marks`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};

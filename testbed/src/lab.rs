@@ -120,6 +120,30 @@ impl LabNet {
     /// guest sees at the same paths: the program's folder is always one.
     /// The guest's console is the command's stdout, and is copied to `console`.
     pub fn guest_command(&self, program: &Path, shares: &[&Path], console: &Path) -> Command {
+        self.guest_command_with(program, shares, console, None)
+    }
+
+    /// [`guest_command`](Self::guest_command) for a guest that also has
+    /// `disk`, a raw image it sees as `/dev/vda`, and whose QEMU writes its
+    /// process id to `pidfile` (to cut its power).
+    pub fn guest_with_disk(
+        &self,
+        program: &Path,
+        shares: &[&Path],
+        console: &Path,
+        disk: &Path,
+        pidfile: &Path,
+    ) -> Command {
+        self.guest_command_with(program, shares, console, Some((disk, pidfile)))
+    }
+
+    fn guest_command_with(
+        &self,
+        program: &Path,
+        shares: &[&Path],
+        console: &Path,
+        disk: Option<(&Path, &Path)>,
+    ) -> Command {
         let mut command = Command::new("bash");
         command
             .arg(scripts_dir().join("guest.sh"))
@@ -131,6 +155,13 @@ impl LabNet {
         }
         for share in shares {
             command.arg("--share").arg(share);
+        }
+        if let Some((disk, pidfile)) = disk {
+            command
+                .arg("--disk")
+                .arg(disk)
+                .arg("--pidfile")
+                .arg(pidfile);
         }
         command.arg("--").arg(program);
         command

@@ -14,6 +14,7 @@ pub mod keys;
 pub mod lab;
 pub mod launch;
 pub mod netns;
+pub mod power_cut;
 pub mod prometheus;
 pub mod report;
 pub mod roce_bench;

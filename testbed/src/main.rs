@@ -187,6 +187,20 @@ enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// Cut the power of a pmem-server's QEMU guest (the RDMA lab; root) at
+    /// seeded random instants while a workload runs, and check every
+    /// acknowledged write and atomic after each boot.
+    PowerCut {
+        /// How many power cuts.
+        #[arg(long, default_value_t = 50)]
+        cuts: usize,
+        /// Seed of the cut instants.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Where the report goes (reports/<run-id>/ by default).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// Runs a daemon (used by the testbed to start the fabric's processes).
     #[command(hide = true)]
     Daemon {
@@ -438,6 +452,7 @@ fn log_id(command: &Command) -> Option<String> {
         Command::Chaos { .. } => "chaos",
         Command::Bench { .. } => "bench",
         Command::BenchRoce { .. } => "bench-roce",
+        Command::PowerCut { .. } => "power-cut",
         Command::Daemon { .. } => return None,
         Command::Worker { client, .. } => return Some(format!("worker-{client}")),
     };
@@ -513,6 +528,20 @@ fn main() -> ExitCode {
             print!("{}", testbed::roce_bench::markdown(&report));
             println!("\nreport: {}", out.display());
             Ok(true)
+        })()),
+        Command::PowerCut { cuts, seed, out } => outcome((|| {
+            let out = out.unwrap_or_else(|| {
+                PathBuf::from("reports").join(testbed::run::run_id("power-cut"))
+            });
+            let plan = testbed::power_cut::PowerCutPlan {
+                cuts,
+                seed,
+                out: out.clone(),
+            };
+            let report = testbed::power_cut::run(&plan)?;
+            print!("{}", testbed::power_cut::markdown(&report));
+            println!("\nreport: {}", out.join("report.md").display());
+            Ok(report.lost == 0)
         })()),
         Command::Bench { quick, out } => outcome((|| {
             let out =

@@ -14,7 +14,6 @@
 //! - [`PersistMode::Libpmem`] (build feature `libpmem`): libpmem maps the file
 //!   and persists with `pmem_persist` where `pmem_is_pmem` says the mapping is
 //!   persistent memory, with `pmem_msync` elsewhere.
-//!
 //! - [`PersistMode::Emulated`] (tests only): a private mapping in an
 //!   emulated persistence domain; [`PmemMap::persist`] writes the cache lines
 //!   of the range into the file, so the file holds exactly what a power cut

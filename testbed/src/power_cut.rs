@@ -1,0 +1,669 @@
+//! Real power cuts: a pmem-server in a QEMU guest of the RDMA lab, its
+//! region files on the guest's virtio disk (ext4, the msync mechanism),
+//! driven from the host with WRITE_PERSIST, WRITE + FLUSH and persistent
+//! exactly-once FETCH_ADD and COMPARE_SWAP; QEMU is killed with SIGKILL at
+//! a seeded random instant, the guest boots again from the same disk, and
+//! every acknowledged write and atomic is checked.
+//!
+//! Killing QEMU is a power cut for the guest: its page cache, and anything
+//! the guest had not written to its virtual disk, is gone; what QEMU had
+//! written to the disk image stays (it is the media). The request running
+//! at the cut may or may not have happened; the exactly-once atomic among
+//! them is retried after the boot with its original sequence number and
+//! must be answered as if it ran once.
+
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail, ensure};
+use proto::request::{ExactlyOnce, Repr, Target};
+use proto::{Message, Status, frame};
+use serde::Serialize;
+use topology::{EnvOverrides, Layout, RegionIndex, RegionOffset, Topology};
+
+use crate::lab::LabNet;
+
+/// The guest's address on the lab bridge, where its server listens.
+const GUEST_IP: &str = "10.77.0.2";
+const NIC_PORT: u16 = 7000;
+/// The server's topology: one server `S` in the guest with one 8 MiB
+/// region, one fabric device and one client (number 0, the driver's
+/// exactly-once identity). Only the server runs.
+const TOPOLOGY: &str = r#"# Written by testbed power-cut.
+[pool]
+name = "power-cut"
+extent_size = "1MiB"
+
+[[servers]]
+id = "S"
+admin = "10.77.0.2:9100"
+
+  [[servers.sockets]]
+  id = "0"
+    [[servers.sockets.devices]]
+    id = "pmem0"
+      [[servers.sockets.devices.regions]]
+      id = "S1"
+      size = "8MiB"
+
+  [[servers.nics]]
+  id = "n0"
+  socket = "0"
+  listen = "10.77.0.2:7000"
+
+[[fabric_devices]]
+id = "F"
+ports = [{ id = "p0", listen = "10.77.0.100:7100" }]
+links = [{ server = "S", nic = "n0" }]
+
+[[clients]]
+id = "c"
+rnics = [{ id = "r0", fabric_device = "F" }]
+"#;
+
+/// The workload's blocks: SLOTS blocks of BLOCK bytes after the words.
+const SLOTS: u64 = 64;
+const BLOCK: usize = 4096;
+const BLOCKS_AT: u64 = 64 * 1024;
+/// The FETCH_ADD counter and the COMPARE_SWAP chain.
+const COUNTER_AT: u64 = 0;
+const CHAIN_AT: u64 = 64;
+/// How long a boot and server start may take under emulation.
+const BOOT_TIMEOUT: Duration = Duration::from_secs(180);
+const IO_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct PowerCutPlan {
+    /// Power cuts.
+    pub cuts: usize,
+    /// Seed of the cut instants.
+    pub seed: u64,
+    /// Where the report and the guest consoles go.
+    pub out: PathBuf,
+}
+
+/// What a run did and found.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PowerCutReport {
+    /// Power cuts made.
+    pub cuts: usize,
+    /// Requests acknowledged before the cuts.
+    pub acknowledged: u64,
+    /// Acknowledged blocks (WRITE_PERSIST, WRITE + FLUSH) checked after the
+    /// boots.
+    pub blocks_checked: u64,
+    /// Atomic words checked after the boots.
+    pub atomics_checked: u64,
+    /// Exactly-once atomics running at a cut, retried after the boot.
+    pub retries_checked: u64,
+    /// Acknowledged writes or atomics missing or wrong after a boot.
+    pub lost: u64,
+    /// Each cut: milliseconds of workload before it, and the request
+    /// running when it came.
+    pub timeline: Vec<CutRecord>,
+    /// What was wrong, if anything.
+    pub problems: Vec<String>,
+}
+
+/// One power cut.
+#[derive(Debug, Clone, Serialize)]
+pub struct CutRecord {
+    /// Milliseconds of workload before the cut.
+    pub after_ms: u64,
+    /// Requests acknowledged in that time.
+    pub acknowledged: u64,
+    /// The request the cut interrupted.
+    pub in_flight: String,
+}
+
+/// One request of the workload.
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    WritePersist {
+        slot: u64,
+        stamp: u64,
+    },
+    /// WRITE then FLUSH: acknowledged by the FLUSH.
+    WriteFlush {
+        slot: u64,
+        stamp: u64,
+    },
+    FetchAdd {
+        seq: u64,
+    },
+    CompareSwap {
+        seq: u64,
+        from: u64,
+    },
+}
+
+/// What the host knows was acknowledged.
+#[derive(Debug, Default)]
+struct Ledger {
+    /// The stamp of each block's last acknowledged write.
+    blocks: Vec<Option<u64>>,
+    counter: u64,
+    chain: u64,
+    next_stamp: u64,
+    /// The driver's exactly-once session and its next sequence number.
+    next_seq: u64,
+    acknowledged: u64,
+}
+
+/// The bytes of block `slot` written with `stamp`.
+fn block(slot: u64, stamp: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(BLOCK);
+    let mut x = stamp.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ slot;
+    while out.len() < BLOCK {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out
+}
+
+/// A blocking connection to the server that reports a dead peer as an
+/// error instead of panicking.
+struct Link {
+    stream: TcpStream,
+    key: u64,
+    tag: u64,
+}
+
+/// A response: status, value and data.
+type Answer = (Status, u64, Vec<u8>);
+
+impl Link {
+    fn connect(addr: SocketAddr, key: u64) -> io::Result<Link> {
+        let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+        stream.set_nodelay(true)?;
+        stream.set_read_timeout(Some(IO_TIMEOUT))?;
+        Ok(Link {
+            stream,
+            key,
+            tag: 0,
+        })
+    }
+
+    fn call(&mut self, req: Repr<'_>) -> io::Result<Answer> {
+        self.tag += 1;
+        let bytes = Message::Request(req)
+            .encode_to_vec(self.tag)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+        self.stream.write_all(&bytes)?;
+        let mut frame = vec![0u8; frame::HEADER_LEN];
+        self.stream.read_exact(&mut frame)?;
+        let body = frame::Packet::new_unchecked(&frame[..]).body_len() as usize;
+        if body > 16 << 20 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "oversized reply",
+            ));
+        }
+        frame.resize(frame::HEADER_LEN + body, 0);
+        self.stream.read_exact(&mut frame[frame::HEADER_LEN..])?;
+        match proto::parse_frame(&frame) {
+            Ok((Message::Response(r), tag)) if tag == self.tag => {
+                Ok((r.status, r.value, r.payload.to_vec()))
+            }
+            other => Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("unexpected reply: {other:?}"),
+            )),
+        }
+    }
+
+    fn at(offset: u64) -> Target {
+        Target::Region(RegionOffset::new(RegionIndex(0), offset))
+    }
+
+    /// Runs `op` and returns the value it answered with; `Err` when the
+    /// connection died first. A status other than OK is an error too.
+    fn run(&mut self, op: Op) -> io::Result<u64> {
+        let key = self.key;
+        let once = |seq| ExactlyOnce::on_lane(0, seq).stamped(0);
+        let answer = match op {
+            Op::WritePersist { slot, stamp } => {
+                let data = block(slot, stamp);
+                self.call(Repr::write_persist(Self::at(slot_at(slot)), key, &data))?
+            }
+            Op::WriteFlush { slot, stamp } => {
+                let data = block(slot, stamp);
+                let written = self.call(Repr::write(Self::at(slot_at(slot)), key, &data))?;
+                expect_ok(&written, "WRITE")?;
+                self.call(Repr::flush(Self::at(slot_at(slot)), key, BLOCK as u32))?
+            }
+            Op::FetchAdd { seq } => {
+                let id = once(seq);
+                self.call(
+                    Repr::fetch_add(Self::at(COUNTER_AT), key, 1)
+                        .with_exactly_once(id.client, id.seq)
+                        .with_persist(),
+                )?
+            }
+            Op::CompareSwap { seq, from } => {
+                let id = once(seq);
+                self.call(
+                    Repr::compare_swap(Self::at(CHAIN_AT), key, from, from + 1)
+                        .with_exactly_once(id.client, id.seq)
+                        .with_persist(),
+                )?
+            }
+        };
+        expect_ok(&answer, "request")?;
+        Ok(answer.1)
+    }
+
+    fn read(&mut self, offset: u64, len: u32) -> anyhow::Result<Vec<u8>> {
+        let key = self.key;
+        let answer = self.call(Repr::read(Self::at(offset), key, len))?;
+        expect_ok(&answer, "READ")?;
+        Ok(answer.2)
+    }
+
+    fn word(&mut self, offset: u64) -> anyhow::Result<u64> {
+        let bytes = self.read(offset, 8)?;
+        let bytes: [u8; 8] = bytes
+            .try_into()
+            .map_err(|_| anyhow::anyhow!("short READ"))?;
+        Ok(u64::from_le_bytes(bytes))
+    }
+}
+
+fn slot_at(slot: u64) -> u64 {
+    BLOCKS_AT + slot * BLOCK as u64
+}
+
+fn expect_ok(answer: &Answer, what: &str) -> io::Result<()> {
+    if answer.0 == Status::Ok {
+        Ok(())
+    } else {
+        Err(io::Error::other(format!("{what} answered {}", answer.0)))
+    }
+}
+
+impl Ledger {
+    fn new(session: u32) -> Ledger {
+        Ledger {
+            blocks: vec![None; SLOTS as usize],
+            next_seq: u64::from(session) << 32,
+            ..Ledger::default()
+        }
+    }
+
+    /// The next request of the workload.
+    fn next(&mut self) -> Op {
+        self.next_stamp += 1;
+        let stamp = self.next_stamp;
+        let slot = (stamp / 4) % SLOTS;
+        match stamp % 4 {
+            0 => Op::WritePersist { slot, stamp },
+            1 => {
+                self.next_seq += 1;
+                Op::FetchAdd { seq: self.next_seq }
+            }
+            2 => Op::WriteFlush { slot, stamp },
+            _ => {
+                self.next_seq += 1;
+                Op::CompareSwap {
+                    seq: self.next_seq,
+                    from: self.chain,
+                }
+            }
+        }
+    }
+
+    /// Records that `op` was acknowledged with `value`.
+    fn acknowledge(&mut self, op: Op, value: u64) -> Result<(), String> {
+        self.acknowledged += 1;
+        match op {
+            Op::WritePersist { slot, stamp } | Op::WriteFlush { slot, stamp } => {
+                self.blocks[slot as usize] = Some(stamp);
+            }
+            Op::FetchAdd { .. } => {
+                if value != self.counter {
+                    return Err(format!(
+                        "FETCH_ADD returned {value}, the counter was {}",
+                        self.counter
+                    ));
+                }
+                self.counter += 1;
+            }
+            Op::CompareSwap { from, .. } => {
+                if value != from {
+                    return Err(format!("COMPARE_SWAP returned {value}, expected {from}"));
+                }
+                self.chain = from + 1;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The guest that runs the server, booted on the disk image.
+struct Guest {
+    child: Child,
+    pidfile: PathBuf,
+}
+
+impl Guest {
+    fn boot(lab: &LabNet, work: &Path, boot: usize) -> anyhow::Result<Guest> {
+        let script = work.join("guest-server.sh");
+        let exe = std::env::current_exe().context("the testbed binary")?;
+        let exe_dir = exe.parent().context("the testbed binary's folder")?;
+        let pidfile = work.join("qemu.pid");
+        let _ = std::fs::remove_file(&pidfile);
+        let console = work.join(format!("console-{boot}.log"));
+        let child = lab
+            .guest_with_disk(
+                &script,
+                &[exe_dir],
+                &console,
+                &work.join("disk.img"),
+                &pidfile,
+            )
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("boot the server's guest")?;
+        Ok(Guest { child, pidfile })
+    }
+
+    /// Waits until the server in the guest accepts connections.
+    fn wait_ready(&mut self, addr: SocketAddr, key: u64, console: &Path) -> anyhow::Result<Link> {
+        let deadline = Instant::now() + BOOT_TIMEOUT;
+        loop {
+            if let Ok(link) = Link::connect(addr, key) {
+                return Ok(link);
+            }
+            if let Some(status) = self.child.try_wait()? {
+                bail!(
+                    "the guest ended ({status}) before its server listened:\n{}",
+                    tail(console)
+                );
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "the server in the guest did not listen within {BOOT_TIMEOUT:?}:\n{}",
+                    tail(console)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// QEMU's process id.
+    fn pid(&self) -> anyhow::Result<i32> {
+        std::fs::read_to_string(&self.pidfile)
+            .context("QEMU's pid file")?
+            .trim()
+            .parse()
+            .context("QEMU's pid")
+    }
+
+    /// Cuts the power now and waits for the guest's end.
+    fn cut(&mut self) -> anyhow::Result<()> {
+        power_off(self.pid()?)?;
+        self.child.wait()?;
+        Ok(())
+    }
+}
+
+/// SIGKILL to QEMU process `pid`: the guest loses power.
+fn power_off(pid: i32) -> anyhow::Result<()> {
+    // SAFETY: kill(2) with a pid read from QEMU's own pid file; QEMU is a
+    // child of a guest.sh this run started and has not been reaped.
+    if unsafe { libc::kill(pid, libc::SIGKILL) } != 0 {
+        bail!("kill QEMU {pid}: {}", io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The last lines of a console log.
+fn tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(20)..].join("\n")
+}
+
+/// Writes the guest's script and topology and makes the disk image.
+fn prepare(work: &Path) -> anyhow::Result<PathBuf> {
+    std::fs::create_dir_all(work)?;
+    let topology = work.join("topology.toml");
+    std::fs::write(&topology, TOPOLOGY)?;
+    let exe = std::env::current_exe()?;
+    let script = work.join("guest-server.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\n# The server's guest: its data on the virtio disk.\nset -e\n\
+             mkdir -p /data\nmount -t ext4 /dev/vda /data\n\
+             exec {} daemon pmem-server --config {} --server S --data-dir /data/S \
+             --persistence msync\n",
+            exe.display(),
+            topology.display()
+        ),
+    )?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))?;
+    let disk = work.join("disk.img");
+    std::fs::File::create(&disk)?.set_len(64 << 20)?;
+    let out = std::process::Command::new("mkfs.ext4")
+        .args(["-q", "-F"])
+        .arg(&disk)
+        .output()
+        .context("run mkfs.ext4 (Debian package e2fsprogs)")?;
+    ensure!(
+        out.status.success(),
+        "mkfs.ext4 failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(topology)
+}
+
+/// Checks the server's state after a boot against the ledger, retries the
+/// interrupted exactly-once atomic, and counts what it checked.
+fn verify(
+    link: &mut Link,
+    ledger: &mut Ledger,
+    in_flight: Option<Op>,
+    report: &mut PowerCutReport,
+) -> anyhow::Result<()> {
+    let lose = |report: &mut PowerCutReport, what: String| {
+        report.lost += 1;
+        report.problems.push(what);
+    };
+    for slot in 0..SLOTS {
+        let found = link.read(slot_at(slot), BLOCK as u32)?;
+        let pending = match in_flight {
+            Some(Op::WritePersist { slot: s, stamp } | Op::WriteFlush { slot: s, stamp })
+                if s == slot =>
+            {
+                Some(stamp)
+            }
+            _ => None,
+        };
+        let acked = ledger.blocks[slot as usize];
+        let matches = |stamp: Option<u64>| match stamp {
+            Some(stamp) => found == block(slot, stamp),
+            None => found.iter().all(|&b| b == 0),
+        };
+        if acked.is_some() {
+            report.blocks_checked += 1;
+        }
+        let pending_landed = pending.is_some() && matches(pending);
+        if !matches(acked) && !pending_landed {
+            lose(
+                report,
+                format!("block {slot}: acknowledged stamp {acked:?} is not what it holds"),
+            );
+        }
+        if pending_landed {
+            ledger.blocks[slot as usize] = pending;
+        }
+    }
+    report.atomics_checked += 2;
+    let counter = link.word(COUNTER_AT)?;
+    let chain = link.word(CHAIN_AT)?;
+    let counter_may_be = [ledger.counter, ledger.counter + 1];
+    let fetch_add_running = matches!(in_flight, Some(Op::FetchAdd { .. }));
+    if counter != ledger.counter && !(fetch_add_running && counter == ledger.counter + 1) {
+        lose(
+            report,
+            format!("the counter holds {counter}, expected one of {counter_may_be:?}"),
+        );
+    }
+    let swap_running = matches!(in_flight, Some(Op::CompareSwap { .. }));
+    if chain != ledger.chain && !(swap_running && chain == ledger.chain + 1) {
+        lose(
+            report,
+            format!("the chain holds {chain}, expected {}", ledger.chain),
+        );
+    }
+    if let Some(op @ (Op::FetchAdd { .. } | Op::CompareSwap { .. })) = in_flight {
+        // The client retries with the same sequence number: answered as if
+        // it ran once.
+        report.retries_checked += 1;
+        let value = link.run(op).context("retry the interrupted atomic")?;
+        if let Err(e) = ledger.acknowledge(op, value) {
+            lose(report, format!("retry after the cut: {e}"));
+        }
+        let (word, expected) = match op {
+            Op::FetchAdd { .. } => (link.word(COUNTER_AT)?, ledger.counter),
+            _ => (link.word(CHAIN_AT)?, ledger.chain),
+        };
+        if word != expected {
+            lose(
+                report,
+                format!("after the retry the word holds {word}, expected {expected}"),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Runs the workload until the power is cut; returns the request the cut
+/// interrupted, if one was running.
+fn drive(link: &mut Link, ledger: &mut Ledger, cut: &AtomicBool) -> anyhow::Result<Option<Op>> {
+    loop {
+        let op = ledger.next();
+        match link.run(op) {
+            // Answered, so acknowledged, even if the power went since.
+            Ok(value) => ledger.acknowledge(op, value).map_err(anyhow::Error::msg)?,
+            Err(_) if cut.load(Ordering::SeqCst) => return Ok(Some(op)),
+            Err(e) => return Err(e).context("the workload failed before the power cut"),
+        }
+    }
+}
+
+/// Runs `plan`: boots, drives, cuts and verifies `plan.cuts` times, then
+/// writes `report.json` and `report.md` to `plan.out`.
+pub fn run(plan: &PowerCutPlan) -> anyhow::Result<PowerCutReport> {
+    let lab = LabNet::enter().context("the RDMA lab")?;
+    let work = plan.out.join("work");
+    let topology_path = prepare(&work)?;
+    let topology = Topology::load_with(&topology_path, &EnvOverrides::None)?;
+    let key = Layout::new(&topology)?
+        .entry(RegionIndex(0))
+        .context("region 0")?
+        .key;
+    let addr: SocketAddr = format!("{GUEST_IP}:{NIC_PORT}").parse()?;
+    let mut rng = fastrand::Rng::with_seed(plan.seed);
+    let mut ledger = Ledger::new(rng.u32(1..u32::MAX));
+    let mut report = PowerCutReport::default();
+    let mut in_flight = None;
+    for boot in 0..=plan.cuts {
+        let console = work.join(format!("console-{boot}.log"));
+        let mut guest = Guest::boot(&lab, &work, boot)?;
+        let mut link = guest.wait_ready(addr, key, &console)?;
+        verify(&mut link, &mut ledger, in_flight.take(), &mut report)
+            .with_context(|| format!("checking after boot {boot}"))?;
+        if report.lost > 0 || boot == plan.cuts {
+            guest.cut()?;
+            break;
+        }
+        let cut = Arc::new(AtomicBool::new(false));
+        let delay = Duration::from_millis(rng.u64(500..4000));
+        let stream = link.stream.try_clone()?;
+        let pid = guest.pid()?;
+        let started = Instant::now();
+        let acknowledged_before = ledger.acknowledged;
+        // The power goes at a random instant, most likely in the middle of
+        // a request; the driver's socket is shut so it notices at once.
+        let cutter = {
+            let cut = Arc::clone(&cut);
+            std::thread::spawn(move || {
+                std::thread::sleep(delay);
+                cut.store(true, Ordering::SeqCst);
+                let off = power_off(pid);
+                let _ = stream.shutdown(std::net::Shutdown::Both);
+                off
+            })
+        };
+        let driven = drive(&mut link, &mut ledger, &cut);
+        let off = cutter
+            .join()
+            .map_err(|_| anyhow::anyhow!("the power-cut thread panicked"))?;
+        guest.child.wait()?;
+        in_flight = driven?;
+        off?;
+        report.cuts += 1;
+        report.timeline.push(CutRecord {
+            after_ms: started.elapsed().as_millis() as u64,
+            acknowledged: ledger.acknowledged - acknowledged_before,
+            in_flight: in_flight.map_or("none".to_owned(), |op| format!("{op:?}")),
+        });
+    }
+    report.acknowledged = ledger.acknowledged;
+    write_report(&plan.out, &report)?;
+    Ok(report)
+}
+
+/// `report.json` and `report.md` in `out`.
+fn write_report(out: &Path, report: &PowerCutReport) -> anyhow::Result<()> {
+    std::fs::create_dir_all(out)?;
+    std::fs::write(
+        out.join("report.json"),
+        serde_json::to_string_pretty(report)?,
+    )?;
+    std::fs::write(out.join("report.md"), markdown(report))?;
+    Ok(())
+}
+
+/// The report for people.
+pub fn markdown(report: &PowerCutReport) -> String {
+    let mut text = format!(
+        "# Power cuts of a pmem-server guest (msync on a virtio disk)\n\n\
+         | | |\n|---|---|\n\
+         | power cuts | {} |\n| requests acknowledged | {} |\n\
+         | acknowledged blocks checked | {} |\n| atomic words checked | {} |\n\
+         | interrupted exactly-once atomics retried | {} |\n| lost | {} |\n\n\
+         | cut | ms of workload | acknowledged | interrupted request |\n|---|---|---|---|\n",
+        report.cuts,
+        report.acknowledged,
+        report.blocks_checked,
+        report.atomics_checked,
+        report.retries_checked,
+        report.lost
+    );
+    for (i, cut) in report.timeline.iter().enumerate() {
+        text.push_str(&format!(
+            "| {} | {} | {} | {} |\n",
+            i + 1,
+            cut.after_ms,
+            cut.acknowledged,
+            cut.in_flight
+        ));
+    }
+    for problem in &report.problems {
+        text.push_str(&format!("\n- {problem}"));
+    }
+    text
+}
