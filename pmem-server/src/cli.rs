@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use crate::persist::PowerDomain;
 use crate::{RunningServer, ServerConfig};
 use clap::Parser;
 use signal_hook::consts::{SIGINT, SIGTERM};
@@ -48,6 +49,20 @@ struct Args {
     /// answered. Without it, anyone who reaches the data port is served.
     #[arg(long, value_name = "DIR")]
     secrets: Option<PathBuf>,
+    /// Tests only, with `--persistence emulated`: cut the emulated power
+    /// after this many persist steps and exit at once (status 86), as a
+    /// machine losing power would.
+    #[arg(long, value_name = "STEPS", hide = true)]
+    emulated_power_cut_after: Option<u64>,
+    /// With `--emulated-power-cut-after`: at the cut, write back a random
+    /// subset of the unpersisted words, drawn from this seed.
+    #[arg(
+        long,
+        value_name = "SEED",
+        hide = true,
+        requires = "emulated_power_cut_after"
+    )]
+    emulated_eviction_seed: Option<u64>,
     /// Log lines on stderr as text or json (levels from RUST_LOG, default info).
     #[arg(long, value_name = "text|json", default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -106,6 +121,12 @@ fn config(args: Args) -> Result<ServerConfig, ExitCode> {
             "persistence \"emulated\" is for power-loss tests: stores reach the region files \
              only when persisted, and nothing is durable across a crash of this machine"
         );
+        if let Some(steps) = args.emulated_power_cut_after {
+            PowerDomain::process().exit_after(steps, args.emulated_eviction_seed);
+        }
+    } else if args.emulated_power_cut_after.is_some() {
+        error!("--emulated-power-cut-after needs --persistence emulated");
+        return Err(ExitCode::from(2));
     }
     Ok(ServerConfig {
         server: server.id.clone(),

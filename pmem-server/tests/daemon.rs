@@ -408,3 +408,78 @@ fn emulated_persistence_makes_kill_9_a_power_cut() {
         "and not applied again"
     );
 }
+
+/// `--emulated-power-cut-after N` ends the daemon (status
+/// [`testkit::EMULATED_POWER_CUT_EXIT`]) when it attempts persist step
+/// N + 1, before answering: every acknowledged WRITE_PERSIST is there after
+/// a restart and the one the cut interrupted is not. Without `--persistence
+/// emulated` the flag is refused.
+#[test]
+fn an_emulated_power_cut_ends_the_daemon_before_it_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_topology(dir.path(), &[("R1", "4MiB")]);
+    let k = key(&layout(&config), 0);
+    let data = dir.path().join("data");
+    let refused = pmem_server_with(
+        PMEM_SERVER,
+        &config,
+        "S",
+        &data,
+        &["--emulated-power-cut-after", "3"],
+    )
+    .expect_err("the flag needs --persistence emulated");
+    assert!(
+        refused.contains("needs --persistence emulated"),
+        "{refused}"
+    );
+
+    let cut = [
+        "--persistence",
+        "emulated",
+        "--emulated-power-cut-after",
+        "3",
+    ];
+    let mut server = pmem_server_with(PMEM_SERVER, &config, "S", &data, &cut).unwrap();
+    let mut conn = Conn::connect(server.addr("nic.n0"));
+    let block = |i: u64| pattern(4096, i as u8 + 1);
+    let mut acknowledged = 0;
+    let interrupted = loop {
+        let tag = conn.send(&Message::Request(Repr::write_persist(
+            at(0, acknowledged * 4096),
+            k,
+            &block(acknowledged),
+        )));
+        match conn.try_recv() {
+            Some(reply) => {
+                assert_eq!((reply.tag, reply.status), (tag, Status::Ok));
+                acknowledged += 1;
+            }
+            None => break acknowledged,
+        }
+        assert!(
+            acknowledged < 64,
+            "no power cut after {acknowledged} WRITE_PERSISTs"
+        );
+    };
+    let status = server
+        .wait_exit(Duration::from_secs(10))
+        .expect("the daemon ends at the cut");
+    assert_eq!(
+        status.code(),
+        Some(testkit::EMULATED_POWER_CUT_EXIT),
+        "{status}"
+    );
+    assert!(acknowledged > 0, "the cut came before the first request");
+
+    let server = pmem_server_with(PMEM_SERVER, &config, "S", &data, &cut[..2]).unwrap();
+    let mut conn = Conn::connect(server.addr("nic.n0"));
+    for i in 0..=interrupted {
+        let reply = conn.call(Repr::read(at(0, i * 4096), k, 4096));
+        assert_eq!(reply.status, Status::Ok);
+        if i < interrupted {
+            assert_eq!(reply.data, block(i), "acknowledged block {i} lost");
+        } else {
+            assert_eq!(reply.data, vec![0; 4096], "the interrupted block persisted");
+        }
+    }
+}

@@ -361,25 +361,37 @@ impl Daemon {
     /// signal (it is then killed), with its stderr.
     pub fn terminate(mut self) -> (ExitStatus, String) {
         self.signal(libc::SIGTERM);
-        let deadline = Instant::now() + TERMINATE_TIMEOUT;
-        let status = loop {
+        match self.wait_exit(TERMINATE_TIMEOUT) {
+            Some(status) => (status, self.stderr.all()),
+            None => {
+                kill_and_reap(&mut self.child);
+                panic!(
+                    "{} still running {TERMINATE_TIMEOUT:?} after SIGTERM; killed. stderr:\n{}",
+                    self.program,
+                    self.stderr.all()
+                );
+            }
+        }
+    }
+
+    /// Waits up to `timeout` for the process to exit on its own; its exit
+    /// status, or `None` while it still runs.
+    ///
+    /// # Panics
+    ///
+    /// When the process cannot be waited for.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
             match self.child.try_wait() {
-                Ok(Some(status)) => break status,
+                Ok(Some(status)) => return Some(status),
                 Ok(None) if Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(10));
                 }
-                Ok(None) => {
-                    kill_and_reap(&mut self.child);
-                    panic!(
-                        "{} still running {TERMINATE_TIMEOUT:?} after SIGTERM; killed. stderr:\n{}",
-                        self.program,
-                        self.stderr.all()
-                    );
-                }
+                Ok(None) => return None,
                 Err(e) => panic!("waiting for {}: {e}", self.program),
             }
-        };
-        (status, self.stderr.all())
+        }
     }
 
     /// Whether the process has not exited yet.

@@ -15,6 +15,10 @@ use crate::daemon::{Daemon, DaemonSpec};
 /// mechanism (`--persistence`), unless the test passes its own.
 pub const PMEM_SERVER_PERSISTENCE_VAR: &str = "PMEM_SERVER_TEST_PERSISTENCE";
 
+/// The status `pmem-server --persistence emulated --emulated-power-cut-after
+/// N` exits with when its emulated power goes.
+pub const EMULATED_POWER_CUT_EXIT: i32 = 86;
+
 /// `program --config CONFIG --server SERVER --admin 127.0.0.1:0 --data-dir
 /// DATA_DIR EXTRA…`, plus `--persistence $PMEM_SERVER_TEST_PERSISTENCE` when
 /// that variable is set and `extra` does not choose a mechanism itself.

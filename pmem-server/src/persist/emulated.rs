@@ -59,8 +59,13 @@ struct DomainState {
     /// from this generator.
     eviction: Option<fastrand::Rng>,
     on: bool,
+    /// End the process at the cut, as a machine losing power stops.
+    exit_at_cut: bool,
     images: Vec<Weak<Image>>,
 }
+
+/// The exit status of a process whose emulated power was cut.
+pub const POWER_CUT_EXIT: i32 = 86;
 
 impl PowerDomain {
     /// A domain with the power on and no cut planned.
@@ -71,6 +76,7 @@ impl PowerDomain {
                 cut_after: None,
                 eviction: None,
                 on: true,
+                exit_at_cut: false,
                 images: Vec::new(),
             }),
         })
@@ -99,6 +105,19 @@ impl PowerDomain {
         if state.on && state.steps >= steps {
             state.cut();
         }
+    }
+
+    /// Like [`cut_after`](Self::cut_after), and the process ends at the cut
+    /// (status [`POWER_CUT_EXIT`], nothing written back, no destructor
+    /// run), so no request is answered after it: what a test of the whole
+    /// daemon needs, where every answer a client got counts.
+    /// The cut comes when step `steps + 1` is attempted (never before the
+    /// process persists anything).
+    pub fn exit_after(&self, steps: u64, eviction: Option<u64>) {
+        let mut state = self.lock();
+        state.exit_at_cut = true;
+        state.cut_after = Some(steps);
+        state.eviction = eviction.map(fastrand::Rng::with_seed);
     }
 
     /// Cuts the power now; see [`cut_after`](Self::cut_after).
@@ -147,11 +166,16 @@ impl DomainState {
     /// evicted.
     fn cut(&mut self) {
         self.on = false;
-        let Some(rng) = self.eviction.as_mut() else {
-            return;
-        };
-        for image in self.images.iter().filter_map(Weak::upgrade) {
-            image.evict_some(rng);
+        if let Some(rng) = self.eviction.as_mut() {
+            for image in self.images.iter().filter_map(Weak::upgrade) {
+                image.evict_some(rng);
+            }
+        }
+        if self.exit_at_cut {
+            tracing::warn!("emulated power cut after {} persist steps", self.steps);
+            // SAFETY: _exit(2) ends the process at once; nothing after it
+            // runs, which is the point (a power cut runs no clean-up).
+            unsafe { libc::_exit(POWER_CUT_EXIT) };
         }
     }
 }

@@ -67,7 +67,7 @@ mod policy;
 #[cfg(test)]
 mod tests;
 
-pub use emulated::PowerDomain;
+pub use emulated::{POWER_CUT_EXIT, PowerDomain};
 pub use error::PersistError;
 pub use map::PmemMap;
 pub use policy::{PersistMode, PersistPolicy};

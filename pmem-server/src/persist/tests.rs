@@ -709,3 +709,8 @@ fn msync_persist_leaves_no_dirty_pages() {
         );
     }
 }
+
+#[test]
+fn the_power_cut_exit_status_is_the_one_tests_expect() {
+    assert_eq!(super::POWER_CUT_EXIT, testkit::EMULATED_POWER_CUT_EXIT);
+}
