@@ -4,8 +4,8 @@
 # stdout.
 #
 #   usage: guest.sh [--share DIR]... [--ip CIDR] [--mem MIB] [--timeout SECS]
-#                   [--log FILE] [--disk FILE] [--pidfile FILE]
-#                   -- COMMAND [ARG]...
+#                   [--log FILE] [--disk FILE] [--nvdimm FILE]... [--nodes N]
+#                   [--pidfile FILE] -- COMMAND [ARG]...
 #
 #   --share DIR   a host folder the guest sees at the same path (9p,
 #                 writable); give the folders holding COMMAND and its files
@@ -17,6 +17,14 @@
 #   --disk FILE   a raw disk image the guest sees as /dev/vda (virtio);
 #                 what the guest wrote to it survives killing QEMU, what
 #                 sat in the guest's page cache does not: a power cut
+#   --nvdimm FILE an emulated NVDIMM backed by FILE (its size is the
+#                 NVDIMM's, a multiple of 2 MiB): a libnvdimm pmem device in
+#                 the guest, which starts as a raw namespace (`ndctl
+#                 create-namespace -m fsdax|devdax` makes it DAX-capable;
+#                 that lasts, it is written to the NVDIMM). Every store the
+#                 guest makes lands in FILE, flushed or not
+#   --nodes N     N NUMA nodes (one vCPU and an equal share of memory
+#                 each); NVDIMM i sits on node i mod N (default 1)
 #   --pidfile F   write QEMU's process id to F (to cut the power: kill -9)
 #
 # Needs the image (`image.sh`) and the network (`net.sh up`); runs itself in
@@ -44,6 +52,8 @@ mem=768
 timeout_s=600
 log=
 disk=
+nvdimms=()
+nodes=1
 pidfile=
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -53,6 +63,8 @@ while [ $# -gt 0 ]; do
     --timeout) timeout_s=$2; shift 2 ;;
     --log) log=$2; shift 2 ;;
     --disk) disk=$(realpath "$2"); shift 2 ;;
+    --nvdimm) nvdimms+=("$(realpath "$2")"); shift 2 ;;
+    --nodes) nodes=$2; shift 2 ;;
     --pidfile) pidfile=$2; shift 2 ;;
     --) shift; break ;;
     *) die "unknown option $1" ;;
@@ -102,7 +114,39 @@ bios=()
 last=${ip_cidr%/*}; last=${last##*.}
 mac=$(printf '52:54:00:77:00:%02x' "$last")
 
-qemu=(qemu-system-x86_64 -machine q35 "${accel[@]}" "${bios[@]}" -m "$mem" -smp 1
+# Memory: NUMA nodes share it; NVDIMMs are hot-pluggable memory beyond it.
+[[ "$nodes" =~ ^[1-8]$ ]] || die "--nodes takes 1 to 8"
+machine=q35
+ram=$mem
+topology=()
+if [ "$nodes" -gt 1 ]; then
+  share=$((mem / nodes))
+  for ((n = 0; n < nodes; n++)); do
+    topology+=(-object "memory-backend-ram,id=ram$n,size=${share}M"
+      -numa "node,nodeid=$n,cpus=$n,memdev=ram$n")
+  done
+  ram=$((share * nodes))
+fi
+memory=(-m "$ram")
+if [ ${#nvdimms[@]} -gt 0 ]; then
+  machine=q35,nvdimm=on
+  total=0
+  for i in "${!nvdimms[@]}"; do
+    file=${nvdimms[$i]}
+    [ -w "$file" ] || die "NVDIMM backing file $file is not a writable file"
+    size=$(stat -c %s "$file")
+    if [ "$size" = 0 ] || [ $((size % (2 << 20))) != 0 ]; then
+      die "NVDIMM backing file $file: size $size is not a positive multiple of 2 MiB"
+    fi
+    total=$((total + size / (1 << 20)))
+    topology+=(-object "memory-backend-file,id=nv$i,share=on,mem-path=$file,size=$size"
+      -device "nvdimm,id=nvdimm$i,memdev=nv$i,node=$((i % nodes))")
+  done
+  memory=(-m "$ram,slots=${#nvdimms[@]},maxmem=$((ram + total))M")
+fi
+
+qemu=(qemu-system-x86_64 -machine "$machine" "${accel[@]}" "${bios[@]}" "${memory[@]}"
+  -smp "$nodes" "${topology[@]}"
   -nodefaults -no-user-config -display none -serial stdio -monitor none -no-reboot
   -kernel "$IMAGE/vmlinuz" -initrd "$IMAGE/initrd.cpio.gz"
   -append "console=ttyS0 quiet loglevel=3 panic=-1 lab.ip=$ip_cidr lab.mounts=${mounts#,}"

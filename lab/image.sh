@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the lab's guest image from Debian packages: a stock Debian kernel
-# (its rdma_rxe, virtio, virtio-blk, ext4 and 9p modules) and an initramfs with busybox,
-# rdma-core's verbs library and rxe provider, perftest and `ip`/`rdma`.
+# (its rdma_rxe, virtio, virtio-blk, ext4, 9p and NVDIMM/DAX modules) and an
+# initramfs with busybox, rdma-core's verbs library and rxe provider, perftest,
+# `ip`/`rdma`, ndctl/daxctl (NVDIMM namespaces) and mkfs.ext4.
 #
 #   usage: image.sh [--force]
 #
@@ -50,7 +51,7 @@ if [ -z "$KERNEL_PKG" ]; then
 fi
 [ -n "$KERNEL_PKG" ] || die "no kernel package behind $KERNEL_META (is bookworm-security in the apt sources?)"
 USERSPACE=(busybox-static libc6 libgcc-s1 libibverbs1 ibverbs-providers ibverbs-utils
-           librdmacm1 libibumad3 perftest iproute2)
+           librdmacm1 libibumad3 perftest iproute2 ndctl daxctl e2fsprogs)
 mapfile -t LIBS < <(apt-cache depends --recurse --no-recommends --no-suggests --no-conflicts \
     --no-breaks --no-replaces --no-enhances "${USERSPACE[@]}" 2>/dev/null |
   grep -E '^(lib|zlib)' | sort -u)
@@ -90,7 +91,10 @@ dpkg-deb -x "$(deb_of "$KERNEL_PKG")" "$kernel_dir"
 kver=$(ls "$kernel_dir/lib/modules")
 depmod -b "$kernel_dir" "$kver"
 modules=()
-for m in crc32_generic virtio_pci virtio_net virtio_blk ext4 9pnet_virtio 9p rdma_rxe ib_uverbs rdma_ucm; do
+# nfit finds emulated NVDIMMs in the ACPI NFIT, nd_pmem makes /dev/pmemN
+# (fsdax), dax_pmem + device_dax make /dev/daxX.Y (devdax).
+for m in crc32_generic virtio_pci virtio_net virtio_blk ext4 9pnet_virtio 9p rdma_rxe ib_uverbs \
+         rdma_ucm libnvdimm nfit nd_btt nd_pmem dax_pmem device_dax; do
   deps=$(modprobe -d "$kernel_dir" -S "$kver" --show-depends "$m" 2>/dev/null) ||
     { say "module $m: not in $KERNEL_PKG, skipped"; continue; }
   while read -r verb path _; do

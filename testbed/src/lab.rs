@@ -123,18 +123,16 @@ impl LabNet {
         self.guest_command_with(program, shares, console, None)
     }
 
-    /// [`guest_command`](Self::guest_command) for a guest that also has
-    /// `disk`, a raw image it sees as `/dev/vda`, and whose QEMU writes its
-    /// process id to `pidfile` (to cut its power).
-    pub fn guest_with_disk(
+    /// [`guest_command`](Self::guest_command) for a guest with `storage`
+    /// besides its initramfs.
+    pub fn guest_with_storage(
         &self,
         program: &Path,
         shares: &[&Path],
         console: &Path,
-        disk: &Path,
-        pidfile: &Path,
+        storage: &GuestStorage<'_>,
     ) -> Command {
-        self.guest_command_with(program, shares, console, Some((disk, pidfile)))
+        self.guest_command_with(program, shares, console, Some(storage))
     }
 
     fn guest_command_with(
@@ -142,7 +140,7 @@ impl LabNet {
         program: &Path,
         shares: &[&Path],
         console: &Path,
-        disk: Option<(&Path, &Path)>,
+        storage: Option<&GuestStorage<'_>>,
     ) -> Command {
         let mut command = Command::new("bash");
         command
@@ -156,12 +154,18 @@ impl LabNet {
         for share in shares {
             command.arg("--share").arg(share);
         }
-        if let Some((disk, pidfile)) = disk {
+        if let Some(storage) = storage {
+            if let Some(disk) = storage.disk {
+                command.arg("--disk").arg(disk);
+            }
+            for nvdimm in storage.nvdimms {
+                command.arg("--nvdimm").arg(nvdimm);
+            }
             command
-                .arg("--disk")
-                .arg(disk)
+                .arg("--nodes")
+                .arg(storage.nodes.max(1).to_string())
                 .arg("--pidfile")
-                .arg(pidfile);
+                .arg(storage.pidfile);
         }
         command.arg("--").arg(program);
         command
@@ -249,4 +253,22 @@ mod tests {
         assert_eq!(device.get("naks_sent"), Some(&1));
         assert_eq!(device.len(), 2);
     }
+}
+
+/// What a guest stores data on besides its initramfs, and where its QEMU
+/// writes its process id (to cut the guest's power: SIGKILL).
+#[derive(Debug, Clone, Copy)]
+pub struct GuestStorage<'a> {
+    /// A raw disk image, `/dev/vda` in the guest (virtio). What the guest
+    /// wrote to it survives a power cut; its page cache does not.
+    pub disk: Option<&'a Path>,
+    /// Backing files of emulated NVDIMMs (sizes multiples of 2 MiB):
+    /// libnvdimm pmem devices in the guest, raw namespaces until `ndctl
+    /// create-namespace` makes them fsdax or devdax. Every store the guest
+    /// makes lands in the file, written back from a CPU cache or not.
+    pub nvdimms: &'a [&'a Path],
+    /// NUMA nodes (one vCPU each); NVDIMM i sits on node i mod `nodes`.
+    pub nodes: usize,
+    /// QEMU's pid file.
+    pub pidfile: &'a Path,
 }

@@ -197,6 +197,10 @@ enum Command {
         /// Seed of the cut instants.
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Where the server keeps its regions: `disk` (virtio disk, msync)
+        /// or `fsdax` (emulated NVDIMM, DAX with MAP_SYNC).
+        #[arg(long, value_enum, default_value_t = testbed::power_cut::Medium::Disk)]
+        medium: testbed::power_cut::Medium,
         /// Where the report goes (reports/<run-id>/ by default).
         #[arg(long)]
         out: Option<PathBuf>,
@@ -529,12 +533,18 @@ fn main() -> ExitCode {
             println!("\nreport: {}", out.display());
             Ok(true)
         })()),
-        Command::PowerCut { cuts, seed, out } => outcome((|| {
+        Command::PowerCut {
+            cuts,
+            seed,
+            medium,
+            out,
+        } => outcome((|| {
             let out = out.unwrap_or_else(|| {
                 PathBuf::from("reports").join(testbed::run::run_id("power-cut"))
             });
             let plan = testbed::power_cut::PowerCutPlan {
                 cuts,
+                medium,
                 seed,
                 out: out.clone(),
             };

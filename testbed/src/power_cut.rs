@@ -1,16 +1,24 @@
-//! Real power cuts: a pmem-server in a QEMU guest of the RDMA lab, its
-//! region files on the guest's virtio disk (ext4, the msync mechanism),
-//! driven from the host with WRITE_PERSIST, WRITE + FLUSH and persistent
+//! Real power cuts: a pmem-server in a QEMU guest of the RDMA lab, driven
+//! from the host with WRITE_PERSIST, WRITE + FLUSH and persistent
 //! exactly-once FETCH_ADD and COMPARE_SWAP; QEMU is killed with SIGKILL at
-//! a seeded random instant, the guest boots again from the same disk, and
+//! a seeded random instant, the guest boots again on the same media, and
 //! every acknowledged write and atomic is checked.
+//!
+//! Two media ([`Medium`]): the region files on the guest's virtio disk
+//! (ext4, the msync mechanism), or on an emulated NVDIMM (ext4 mounted
+//! `-o dax`, the DAX mechanism: `MAP_SYNC` mappings and cache-line
+//! write-back).
 //!
 //! Killing QEMU is a power cut for the guest: its page cache, and anything
 //! the guest had not written to its virtual disk, is gone; what QEMU had
-//! written to the disk image stays (it is the media). The request running
-//! at the cut may or may not have happened; the exactly-once atomic among
-//! them is retried after the boot with its original sequence number and
-//! must be answered as if it ran once.
+//! written to the disk image stays (it is the media). An NVDIMM's backing
+//! file keeps every store the guest made, so on that medium the cut tests
+//! the filesystem metadata `MAP_SYNC` must have made durable, the region
+//! headers and the exactly-once window, not the cache-line write-back
+//! (the emulated persistence domain tests that). The request running at the
+//! cut may or may not have happened; the exactly-once atomic among them is
+//! retried after the boot with its original sequence number and must be
+//! answered as if it ran once.
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -26,7 +34,7 @@ use proto::{Message, Status, frame};
 use serde::Serialize;
 use topology::{EnvOverrides, Layout, RegionIndex, RegionOffset, Topology};
 
-use crate::lab::LabNet;
+use crate::lab::{GuestStorage, LabNet};
 
 /// The guest's address on the lab bridge, where its server listens.
 const GUEST_IP: &str = "10.77.0.2";
@@ -77,11 +85,63 @@ const CHAIN_AT: u64 = 64;
 const BOOT_TIMEOUT: Duration = Duration::from_secs(180);
 const IO_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// Size of the NVDIMM backing file (sparse on the host).
+const NVDIMM_SIZE: u64 = 128 << 20;
+
+/// Where the server in the guest keeps its regions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Medium {
+    /// A virtio disk with ext4; persistence by msync(2).
+    Disk,
+    /// An emulated NVDIMM as an fsdax namespace with ext4 mounted `-o
+    /// dax`; persistence by `MAP_SYNC` and cache-line write-back.
+    Fsdax,
+}
+
+impl Medium {
+    /// The persistence mechanism the server is forced to use.
+    fn persistence(self) -> &'static str {
+        match self {
+            Medium::Disk => "msync",
+            Medium::Fsdax => "dax",
+        }
+    }
+
+    /// The guest's lines that put the data folder in place at /data.
+    fn mount(self) -> &'static str {
+        match self {
+            Medium::Disk => "mount -t ext4 /dev/vda /data\n",
+            // The first boot turns the raw namespace into fsdax (an info
+            // block on the NVDIMM, so later boots find it) and makes the
+            // filesystem.
+            Medium::Fsdax => {
+                "i=0; while [ ! -e /dev/pmem0 ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done\n\
+                 if [ \"$(cat /sys/block/pmem0/queue/dax)\" != 1 ]; then\n\
+                 ndctl create-namespace --force --reconfig namespace0.0 --mode fsdax --align 2M\n\
+                 mkfs.ext4 -q -F -b 4096 /dev/pmem0\nfi\n\
+                 mount -t ext4 -o dax /dev/pmem0 /data\n"
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Medium {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Medium::Disk => "msync on a virtio disk",
+            Medium::Fsdax => "DAX on an emulated NVDIMM (fsdax, MAP_SYNC)",
+        })
+    }
+}
+
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct PowerCutPlan {
     /// Power cuts.
     pub cuts: usize,
+    /// Where the regions live.
+    pub medium: Medium,
     /// Seed of the cut instants.
     pub seed: u64,
     /// Where the report and the guest consoles go.
@@ -91,6 +151,8 @@ pub struct PowerCutPlan {
 /// What a run did and found.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct PowerCutReport {
+    /// Where the regions lived (`None` only in a default report).
+    pub medium: Option<Medium>,
     /// Power cuts made.
     pub cuts: usize,
     /// Requests acknowledged before the cuts.
@@ -354,21 +416,28 @@ struct Guest {
 }
 
 impl Guest {
-    fn boot(lab: &LabNet, work: &Path, boot: usize) -> anyhow::Result<Guest> {
+    fn boot(lab: &LabNet, work: &Path, medium: Medium, boot: usize) -> anyhow::Result<Guest> {
         let script = work.join("guest-server.sh");
         let exe = std::env::current_exe().context("the testbed binary")?;
         let exe_dir = exe.parent().context("the testbed binary's folder")?;
         let pidfile = work.join("qemu.pid");
         let _ = std::fs::remove_file(&pidfile);
         let console = work.join(format!("console-{boot}.log"));
+        let disk = work.join("disk.img");
+        let nvdimm = work.join("nvdimm.img");
+        let nvdimms = [nvdimm.as_path()];
+        let storage = GuestStorage {
+            disk: (medium == Medium::Disk).then_some(disk.as_path()),
+            nvdimms: if medium == Medium::Fsdax {
+                &nvdimms
+            } else {
+                &[]
+            },
+            nodes: 1,
+            pidfile: &pidfile,
+        };
         let child = lab
-            .guest_with_disk(
-                &script,
-                &[exe_dir],
-                &console,
-                &work.join("disk.img"),
-                &pidfile,
-            )
+            .guest_with_storage(&script, &[exe_dir], &console, &storage)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -433,8 +502,9 @@ fn tail(path: &Path) -> String {
     lines[lines.len().saturating_sub(20)..].join("\n")
 }
 
-/// Writes the guest's script and topology and makes the disk image.
-fn prepare(work: &Path) -> anyhow::Result<PathBuf> {
+/// Writes the guest's script and topology and makes the medium: an ext4
+/// disk image, or an NVDIMM backing file the first boot formats.
+fn prepare(work: &Path, medium: Medium) -> anyhow::Result<PathBuf> {
     std::fs::create_dir_all(work)?;
     let topology = work.join("topology.toml");
     std::fs::write(&topology, TOPOLOGY)?;
@@ -443,29 +513,61 @@ fn prepare(work: &Path) -> anyhow::Result<PathBuf> {
     std::fs::write(
         &script,
         format!(
-            "#!/bin/sh\n# The server's guest: its data on the virtio disk.\nset -e\n\
-             mkdir -p /data\nmount -t ext4 /dev/vda /data\n\
+            "#!/bin/sh\n# The server's guest: its data on {medium}.\nset -e\n\
+             mkdir -p /data\n{}\
              exec {} daemon pmem-server --config {} --server S --data-dir /data/S \
-             --persistence msync\n",
+             --persistence {}\n",
+            medium.mount(),
             exe.display(),
-            topology.display()
+            topology.display(),
+            medium.persistence(),
         ),
     )?;
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))?;
-    let disk = work.join("disk.img");
-    std::fs::File::create(&disk)?.set_len(64 << 20)?;
-    let out = std::process::Command::new("mkfs.ext4")
-        .args(["-q", "-F"])
-        .arg(&disk)
-        .output()
-        .context("run mkfs.ext4 (Debian package e2fsprogs)")?;
-    ensure!(
-        out.status.success(),
-        "mkfs.ext4 failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    match medium {
+        Medium::Disk => {
+            let disk = work.join("disk.img");
+            std::fs::File::create(&disk)?.set_len(64 << 20)?;
+            let out = std::process::Command::new("mkfs.ext4")
+                .args(["-q", "-F"])
+                .arg(&disk)
+                .output()
+                .context("run mkfs.ext4 (Debian package e2fsprogs)")?;
+            ensure!(
+                out.status.success(),
+                "mkfs.ext4 failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Medium::Fsdax => {
+            std::fs::File::create(work.join("nvdimm.img"))?.set_len(NVDIMM_SIZE)?;
+        }
+    }
     Ok(topology)
+}
+
+/// Checks that the server in the guest said it runs on `medium`'s
+/// persistence mechanism (its ready line, on the console).
+fn check_mode(console: &Path, medium: Medium) -> anyhow::Result<()> {
+    let want = format!("mode={}", medium.persistence());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = std::fs::read_to_string(console).unwrap_or_default();
+        if let Some(line) = text.lines().find(|l| l.starts_with("ready server=")) {
+            ensure!(
+                line.split_whitespace().any(|w| w == want),
+                "the server runs in another mode than {want}: {line}"
+            );
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "no ready line from the server on the console:\n{}",
+            tail(console)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// Checks the server's state after a boot against the ledger, retries the
@@ -568,7 +670,7 @@ fn drive(link: &mut Link, ledger: &mut Ledger, cut: &AtomicBool) -> anyhow::Resu
 pub fn run(plan: &PowerCutPlan) -> anyhow::Result<PowerCutReport> {
     let lab = LabNet::enter().context("the RDMA lab")?;
     let work = plan.out.join("work");
-    let topology_path = prepare(&work)?;
+    let topology_path = prepare(&work, plan.medium)?;
     let topology = Topology::load_with(&topology_path, &EnvOverrides::None)?;
     let key = Layout::new(&topology)?
         .entry(RegionIndex(0))
@@ -577,12 +679,16 @@ pub fn run(plan: &PowerCutPlan) -> anyhow::Result<PowerCutReport> {
     let addr: SocketAddr = format!("{GUEST_IP}:{NIC_PORT}").parse()?;
     let mut rng = fastrand::Rng::with_seed(plan.seed);
     let mut ledger = Ledger::new(rng.u32(1..u32::MAX));
-    let mut report = PowerCutReport::default();
+    let mut report = PowerCutReport {
+        medium: Some(plan.medium),
+        ..PowerCutReport::default()
+    };
     let mut in_flight = None;
     for boot in 0..=plan.cuts {
         let console = work.join(format!("console-{boot}.log"));
-        let mut guest = Guest::boot(&lab, &work, boot)?;
+        let mut guest = Guest::boot(&lab, &work, plan.medium, boot)?;
         let mut link = guest.wait_ready(addr, key, &console)?;
+        check_mode(&console, plan.medium)?;
         verify(&mut link, &mut ledger, in_flight.take(), &mut report)
             .with_context(|| format!("checking after boot {boot}"))?;
         if report.lost > 0 || boot == plan.cuts {
@@ -640,12 +746,15 @@ fn write_report(out: &Path, report: &PowerCutReport) -> anyhow::Result<()> {
 /// The report for people.
 pub fn markdown(report: &PowerCutReport) -> String {
     let mut text = format!(
-        "# Power cuts of a pmem-server guest (msync on a virtio disk)\n\n\
+        "# Power cuts of a pmem-server guest ({})\n\n\
          | | |\n|---|---|\n\
          | power cuts | {} |\n| requests acknowledged | {} |\n\
          | acknowledged blocks checked | {} |\n| atomic words checked | {} |\n\
          | interrupted exactly-once atomics retried | {} |\n| lost | {} |\n\n\
          | cut | ms of workload | acknowledged | interrupted request |\n|---|---|---|---|\n",
+        report
+            .medium
+            .map_or("medium not recorded".to_owned(), |m| m.to_string()),
         report.cuts,
         report.acknowledged,
         report.blocks_checked,
