@@ -50,6 +50,47 @@ pub type ConnId = u64;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct LinkId(pub u32);
 
+/// Requests moving at least this many bytes (WRITE data, READ length) go on
+/// a NIC's bulk lane.
+pub const BULK_MIN_BYTES: u64 = 64 * 1024;
+
+/// Which of a server NIC's two connections a link is. The server runs each
+/// connection on its own thread and in order, so small requests on the
+/// main lane never queue behind large ones, on the wire or in the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Lane {
+    /// Requests moving less than [`BULK_MIN_BYTES`].
+    Main,
+    /// Requests moving [`BULK_MIN_BYTES`] or more.
+    Bulk,
+}
+
+impl Lane {
+    /// `main` or `bulk`, for logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Lane::Main => "main",
+            Lane::Bulk => "bulk",
+        }
+    }
+}
+
+/// The two links of one server NIC.
+#[derive(Debug, Clone, Copy)]
+struct Lanes {
+    main: LinkId,
+    bulk: LinkId,
+}
+
+impl Lanes {
+    fn get(self, lane: Lane) -> LinkId {
+        match lane {
+            Lane::Main => self.main,
+            Lane::Bulk => self.bulk,
+        }
+    }
+}
+
 /// Tunables of the forwarding core.
 #[derive(Debug, Clone, Copy)]
 pub struct ForwarderConfig {
@@ -186,6 +227,7 @@ struct Pending {
 #[derive(Debug)]
 struct Link {
     key: LinkKey,
+    lane: Lane,
     status: LinkStatus,
     /// The link's opening while the server has not answered it.
     opening: Option<Opening>,
@@ -253,8 +295,8 @@ pub struct Forwarder {
     /// after HELLO before anything else is answered.
     client_keys: Option<HashMap<String, proto::auth::Key>>,
     map: DeviceMap,
-    /// Link ids by position in `map.links`.
-    link_ids: Vec<LinkId>,
+    /// The links of each NIC in `map.links`, by position.
+    link_ids: Vec<Lanes>,
     links: IdMap<LinkId, Link>,
     next_link: u32,
     sessions: IdMap<ConnId, Session>,
@@ -304,7 +346,7 @@ impl Forwarder {
         core.link_ids = (0..core.map.links.len())
             .map(|i| {
                 let key = core.map.links[i].key.clone();
-                core.add_link(key)
+                core.add_lanes(&key)
             })
             .collect();
         core.metrics
@@ -313,15 +355,25 @@ impl Forwarder {
         core
     }
 
-    fn add_link(&mut self, key: LinkKey) -> LinkId {
+    fn add_lanes(&mut self, key: &LinkKey) -> Lanes {
+        Lanes {
+            main: self.add_link(key.clone(), Lane::Main),
+            bulk: self.add_link(key.clone(), Lane::Bulk),
+        }
+    }
+
+    fn add_link(&mut self, key: LinkKey, lane: Lane) -> LinkId {
         let id = LinkId(self.next_link);
         self.next_link += 1;
-        let up_gauge = self.metrics.link_up(key.server.as_str(), key.nic.as_str());
+        let up_gauge = self
+            .metrics
+            .link_up(key.server.as_str(), key.nic.as_str(), lane);
         up_gauge.set(0);
         self.links.insert(
             id,
             Link {
                 key,
+                lane,
                 status: LinkStatus::Down,
                 opening: None,
                 server_map: None,
@@ -332,6 +384,11 @@ impl Forwarder {
             },
         );
         id
+    }
+
+    /// Which of its NIC's connections `link` is.
+    pub fn link_lane(&self, link: LinkId) -> Option<Lane> {
+        self.links.get(&link).map(|l| l.lane)
     }
 
     /// The current map.
@@ -650,18 +707,25 @@ impl Forwarder {
         if !policy.allows(addr, len, req.operation.changes_memory()) {
             return Err(Status::AccessDenied);
         }
-        let link = self
+        let nics = self
             .map
             .region_links
             .get(region.0 as usize)
-            .ok_or(Status::Unmapped)?
-            .iter()
-            .map(|&i| self.link_ids[i])
-            .find(|id| {
-                self.links
-                    .get(id)
-                    .is_some_and(|l| l.status == LinkStatus::Up)
-            })
+            .ok_or(Status::Unmapped)?;
+        // The request's own lane on any NIC, else the other lane.
+        let (lane, other) = match len >= BULK_MIN_BYTES {
+            true => (Lane::Bulk, Lane::Main),
+            false => (Lane::Main, Lane::Bulk),
+        };
+        let up = |id: &LinkId| {
+            self.links
+                .get(id)
+                .is_some_and(|l| l.status == LinkStatus::Up)
+        };
+        let on = |lane| nics.iter().map(move |&i| self.link_ids[i].get(lane));
+        let link = on(lane)
+            .find(up)
+            .or_else(|| on(other).find(up))
             .ok_or(Status::ServerUnavailable)?;
         Ok(Route {
             region: region.0,
@@ -769,7 +833,7 @@ impl Forwarder {
             .is_some_and(|links| {
                 links.iter().any(|&i| {
                     self.links
-                        .get(&self.link_ids[i])
+                        .get(&self.link_ids[i].main)
                         .is_some_and(|l| l.starting && l.status != LinkStatus::Up)
                 })
             })
@@ -1060,28 +1124,33 @@ impl Forwarder {
     /// the new topology no longer names lose their admission.
     pub fn reload(&mut self, map: DeviceMap) -> ReloadOutcome {
         let mut outcome = ReloadOutcome::default();
-        let mut by_key: HashMap<LinkKey, LinkId> = self
+        let mut by_key: HashMap<(LinkKey, Lane), LinkId> = self
             .links
             .iter()
-            .map(|(id, l)| (l.key.clone(), *id))
+            .map(|(id, l)| ((l.key.clone(), l.lane), *id))
             .collect();
         let mut link_ids = Vec::with_capacity(map.links.len());
         for spec in &map.links {
-            match by_key.remove(&spec.key) {
-                Some(id) => link_ids.push(id),
+            let mut lane = |lane| match by_key.remove(&(spec.key.clone(), lane)) {
+                Some(id) => id,
                 None => {
-                    let id = self.add_link(spec.key.clone());
+                    let id = self.add_link(spec.key.clone(), lane);
                     outcome.connect.push(id);
-                    link_ids.push(id);
+                    id
                 }
-            }
+            };
+            let lanes = Lanes {
+                main: lane(Lane::Main),
+                bulk: lane(Lane::Bulk),
+            };
+            link_ids.push(lanes);
         }
         for (_, id) in by_key {
             outcome.failed.extend(self.link_down(id));
             self.links.remove(&id);
             outcome.disconnect.push(id);
         }
-        for &id in &link_ids {
+        for id in link_ids.iter().flat_map(|l| [l.main, l.bulk]) {
             let agrees = self.links.get(&id).is_none_or(|l| {
                 l.server_map
                     .as_ref()
@@ -1138,9 +1207,18 @@ mod tests {
         core_with(&topology(), ForwarderConfig::default())
     }
 
+    /// The main lane to `server`'s `nic`.
     fn link(core: &Forwarder, server: &str, nic: &str) -> LinkId {
+        lane(core, server, nic, Lane::Main)
+    }
+
+    fn lane(core: &Forwarder, server: &str, nic: &str, lane: Lane) -> LinkId {
         core.links()
-            .find(|(_, k)| k.server.as_str() == server && k.nic.as_str() == nic)
+            .find(|&(id, k)| {
+                k.server.as_str() == server
+                    && k.nic.as_str() == nic
+                    && core.link_lane(id) == Some(lane)
+            })
             .map(|(id, _)| id)
             .unwrap()
     }
@@ -1318,6 +1396,36 @@ mod tests {
     }
 
     #[test]
+    fn large_requests_take_the_bulk_lane_and_small_ones_the_main_lane() {
+        let mut core = core();
+        all_up(&mut core);
+        hello(&mut core, 1, "c1");
+        let send = |core: &mut Forwarder, req: Repr<'_>| {
+            let frame = Message::Request(req).encode_to_vec(9).unwrap();
+            match core.client_frame(1, &frame, Instant::now()) {
+                ClientAction::Forward { link, .. } => link,
+                other => panic!("{other:?}"),
+            }
+        };
+        let (at, k) = (pmem(&core, "PB.2", 0), key(&core, "PB.2"));
+        let big = vec![7u8; BULK_MIN_BYTES as usize];
+        let main = lane(&core, "B", "n1", Lane::Main);
+        let bulk = lane(&core, "B", "n1", Lane::Bulk);
+        assert_eq!(send(&mut core, Repr::read(at, k, 64)), main);
+        assert_eq!(send(&mut core, Repr::write(at, k, &big[1..])), main);
+        assert_eq!(send(&mut core, Repr::fetch_add(at, k, 1)), main);
+        assert_eq!(send(&mut core, Repr::write_persist(at, k, &big)), bulk);
+        assert_eq!(
+            send(&mut core, Repr::read(at, k, BULK_MIN_BYTES as u32)),
+            bulk
+        );
+        // Without its bulk lane a large request takes the main one.
+        core.link_down(bulk);
+        core.link_down(lane(&core, "B", "n0", Lane::Bulk));
+        assert_eq!(send(&mut core, Repr::write(at, k, &big)), main);
+    }
+
+    #[test]
     fn falls_back_to_the_other_socket_then_to_server_unavailable() {
         let mut core = core();
         all_up(&mut core);
@@ -1336,6 +1444,15 @@ mod tests {
             other => panic!("{other:?}"),
         }
         core.link_down(other_socket);
+        // Then the bulk lanes carry small requests too.
+        let bulk = lane(&core, "B", "n1", Lane::Bulk);
+        let req = read(&core);
+        match core.client_frame(1, &req, Instant::now()) {
+            ClientAction::Forward { link, .. } => assert_eq!(link, bulk),
+            other => panic!("{other:?}"),
+        }
+        core.link_down(bulk);
+        core.link_down(lane(&core, "B", "n0", Lane::Bulk));
         let req = read(&core);
         assert_eq!(
             refused(core.client_frame(1, &req, Instant::now())),
@@ -1886,7 +2003,7 @@ mod tests {
             });
         }
         let outcome = core.reload(DeviceMap::new(&bigger, &"A".into()).unwrap());
-        assert_eq!(outcome.connect.len(), 1);
+        assert_eq!(outcome.connect.len(), 2, "C's main and bulk lanes");
         assert!(outcome.disconnect.is_empty() && outcome.reconnect.is_empty());
         for id in &before {
             assert_eq!(

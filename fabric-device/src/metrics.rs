@@ -37,6 +37,7 @@ pub struct DeviceMetrics {
     /// Frames from clients that could not be parsed.
     pub malformed_frames: Arc<Counter>,
     links_up: Arc<Family<Gauge>>,
+    bulk_links_up: Arc<Family<Gauge>>,
     /// Regions in the current map.
     pub map_regions: Arc<Gauge>,
     /// Successful and refused reloads.
@@ -92,6 +93,11 @@ impl DeviceMetrics {
                 "1 when the link to a server NIC is up and agrees with the map, else 0.",
                 &["server", "nic"],
             )?,
+            bulk_links_up: r.gauge_family(
+                "fabric_device_bulk_link_up",
+                "1 when the bulk lane (requests of 64 KiB and more) to a server NIC is up, else 0.",
+                &["server", "nic"],
+            )?,
             frames: std::sync::atomic::AtomicU64::new(0),
             map_regions: r.gauge(
                 "fabric_device_map_regions",
@@ -123,9 +129,12 @@ impl DeviceMetrics {
         &self.registry
     }
 
-    /// The up/down gauge of the link to `server`'s `nic`.
-    pub fn link_up(&self, server: &str, nic: &str) -> Arc<Gauge> {
-        self.links_up.with(&[server, nic])
+    /// The up/down gauge of the `lane` link to `server`'s `nic`.
+    pub fn link_up(&self, server: &str, nic: &str, lane: crate::forward::Lane) -> Arc<Gauge> {
+        match lane {
+            crate::forward::Lane::Main => self.links_up.with(&[server, nic]),
+            crate::forward::Lane::Bulk => self.bulk_links_up.with(&[server, nic]),
+        }
     }
 
     /// Records a request answered with `status`.

@@ -491,6 +491,16 @@ fn a_request_right_after_start_waits_for_the_links_instead_of_failing() {
     );
 }
 
+/// The most memory a process has had resident, from /proc.
+fn peak_resident_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
 /// The device's resident memory, from /proc.
 fn resident_bytes(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
@@ -751,4 +761,104 @@ fn links_to_servers_that_ask_for_proof_open_only_with_the_devices_key() {
         })
         .sum();
     assert!(refused >= 2, "both servers refused the proof");
+}
+
+/// A client streaming 16 MiB WRITE_PERSISTs to server A (64 in flight,
+/// reading its answers) next to a client making small requests to the same
+/// server: the small client sees no errors and is never held for long (its
+/// requests go on the NIC's main lane, the bulk ones on the bulk lane), and
+/// the device queues at most a few frames for the link instead of taking in
+/// everything the bulk client sends (before lanes and the link's high water:
+/// 308 MiB resident, small requests held up to 244 ms).
+#[test]
+fn a_bulk_client_does_not_starve_a_small_one_on_a_shared_link() {
+    const BULK: usize = 16 << 20;
+    let spec = FabricSpec::new()
+        .server("A", &[("A1", "256MiB")])
+        .device("F")
+        .client("c1")
+        .client("c2");
+    let fabric = Fabric::start(&spec);
+    let a1 = fabric.region("A1").clone();
+    let run_for = Duration::from_secs(3);
+    let small = |conn: &mut Conn, until: Instant| {
+        let mut latencies = Vec::new();
+        let mut n = 0u64;
+        while Instant::now() < until {
+            let started = Instant::now();
+            let reply = if n.is_multiple_of(2) {
+                conn.call(Repr::read(Target::Pmem(a1.start), a1.key, 8))
+            } else {
+                conn.call(Repr::fetch_add(Target::Pmem(a1.start), a1.key, 1))
+            };
+            assert_eq!(reply.status, Status::Ok, "small request {n}: {reply:?}");
+            latencies.push(started.elapsed());
+            n += 1;
+        }
+        latencies.sort();
+        latencies
+    };
+    let mut good = fabric.client("c2");
+    let alone = small(&mut good, Instant::now() + Duration::from_millis(500));
+
+    let stop = Instant::now() + run_for;
+    let bulk = std::thread::spawn({
+        let mut hog = fabric.client("c1");
+        let start = a1.start;
+        let key = a1.key;
+        move || {
+            let block = pattern(BULK, 7);
+            let depth = 64u64;
+            let (mut sent, mut answered) = (0u64, 0u64);
+            while Instant::now() < stop || answered < sent {
+                while sent - answered < depth && Instant::now() < stop {
+                    let at = PmemAddr(start.get() + (sent % 15) * BULK as u64);
+                    hog.send(&Message::Request(Repr::write_persist(
+                        Target::Pmem(at),
+                        key,
+                        &block,
+                    )));
+                    sent += 1;
+                }
+                let reply = hog.recv();
+                assert_eq!(reply.status, Status::Ok, "bulk write: {reply:?}");
+                answered += 1;
+            }
+            answered
+        }
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    let beside = small(&mut good, stop);
+    let bulk_writes = bulk.join().expect("the bulk client");
+    let rss = peak_resident_bytes(fabric.device.pid());
+    let pct = |l: &[Duration], p: usize| l[(l.len() * p / 100).min(l.len() - 1)];
+    eprintln!(
+        "alone: {} requests, p50 {:?} p99 {:?}; beside {bulk_writes} bulk 16 MiB writes: {} requests, p50 {:?} p99 {:?} max {:?}; device peak resident {} MiB",
+        alone.len(),
+        pct(&alone, 50),
+        pct(&alone, 99),
+        beside.len(),
+        pct(&beside, 50),
+        pct(&beside, 99),
+        beside.last().copied().unwrap_or_default(),
+        rss >> 20
+    );
+    assert!(bulk_writes > 0, "the bulk client got answers");
+    assert!(
+        rss < 128 << 20,
+        "device peak resident {} MiB next to one bulk client",
+        rss >> 20
+    );
+    let slowest = beside.last().copied().unwrap_or_default();
+    assert!(
+        slowest < Duration::from_secs(1),
+        "a small request waited {slowest:?} behind bulk traffic"
+    );
+    let metrics = fabric.metrics();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("fabric_device_bulk_link_up{") && l.ends_with(" 1")),
+        "{metrics}"
+    );
 }

@@ -47,6 +47,12 @@ const MAX_POLL_WAIT: Duration = Duration::from_millis(250);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Stop reading requests from a client whose replies pile up beyond this.
 const CLIENT_OUT_HIGH_WATER: usize = 8 << 20;
+/// A client whose request leaves more than this queued for a link (bytes
+/// the server has not taken yet) stops being read until the link is down
+/// to [`LINK_OUT_LOW_WATER`]: a link holds at most this plus one request
+/// per client, and clients take turns as it drains.
+const LINK_OUT_HIGH_WATER: usize = 8 << 20;
+const LINK_OUT_LOW_WATER: usize = 2 << 20;
 
 /// Everything a fabric device needs to start.
 #[derive(Debug, Clone)]
@@ -152,6 +158,9 @@ struct ClientConn {
     port: usize,
     /// Reading stopped for backpressure; resume when there is room.
     paused: bool,
+    /// Its last request filled this link past [`LINK_OUT_HIGH_WATER`]: no
+    /// more until the link drains.
+    waiting_for: Option<LinkId>,
     /// Close once the queued bytes are written.
     closing: bool,
     /// Listed in [`Device::to_flush`].
@@ -654,6 +663,7 @@ impl Device {
                     active: Instant::now(),
                     port: index,
                     paused: false,
+                    waiting_for: None,
                     closing: false,
                     to_flush: false,
                 },
@@ -771,13 +781,17 @@ impl Device {
             endpoint,
             closing,
             port,
+            waiting_for,
             ..
         } = client;
         loop {
             if *closing {
                 return FramesEnd::Drained;
             }
-            if !core.client_has_room(conn) || endpoint.pending_out() > CLIENT_OUT_HIGH_WATER {
+            if !core.client_has_room(conn)
+                || endpoint.pending_out() > CLIENT_OUT_HIGH_WATER
+                || waiting_for.is_some()
+            {
                 return FramesEnd::Paused;
             }
             let frame = match endpoint.decoder.next_frame() {
@@ -793,7 +807,11 @@ impl Device {
                     payload,
                 } => match links.get_mut(&link) {
                     Some(LinkConn::Connected { endpoint: link_end }) => {
-                        link_end.send(&head, payload)
+                        let sent = link_end.send(&head, payload);
+                        if link_end.pending_out() > LINK_OUT_HIGH_WATER {
+                            *waiting_for = Some(link);
+                        }
+                        sent
                     }
                     _ => Ok(()),
                 },
@@ -846,6 +864,14 @@ impl Device {
             let Some(client) = self.clients.get_mut(&conn) else {
                 continue;
             };
+            if let Some(link) = client.waiting_for
+                && matches!(self.links.get(&link),
+                    Some(LinkConn::Connected { endpoint }) if endpoint.pending_out() > LINK_OUT_LOW_WATER)
+            {
+                self.paused.push(conn);
+                continue;
+            }
+            client.waiting_for = None;
             if self.core.client_has_room(conn)
                 && client.endpoint.pending_out() <= CLIENT_OUT_HIGH_WATER
             {
@@ -972,6 +998,19 @@ impl Device {
         );
     }
 
+    /// `link to SERVER/NIC (ADDR, LANE lane)`, for logs.
+    fn link_name(&self, link: LinkId) -> Option<String> {
+        let key = self.core.link_key(link)?;
+        let lane = self.core.link_lane(link)?;
+        Some(format!(
+            "link to {}/{} ({}, {} lane)",
+            key.server,
+            key.nic,
+            key.addr,
+            lane.as_str()
+        ))
+    }
+
     /// A link broke: fail its requests, close it and schedule a reconnect.
     fn link_failed(&mut self, link: LinkId, now: Instant, why: &str) {
         let was_up = matches!(self.links.get(&link), Some(LinkConn::Connected { .. }));
@@ -991,17 +1030,11 @@ impl Device {
             Some(LinkConn::Idle { backoff, .. }) => backoff,
             None => return,
         };
-        if let Some(key) = self.core.link_key(link) {
+        if let Some(name) = self.link_name(link) {
             if was_up {
-                warn!(
-                    "link to {}/{} ({}) down: {why}",
-                    key.server, key.nic, key.addr
-                );
+                warn!("{name} down: {why}");
             } else {
-                debug!(
-                    "link to {}/{} ({}) not connected: {why}",
-                    key.server, key.nic, key.addr
-                );
+                debug!("{name} not connected: {why}");
             }
         }
         let failed = self.core.link_down(link);
@@ -1030,11 +1063,8 @@ impl Device {
                         return;
                     };
                     endpoint.note_event(event);
-                    if let Some(key) = self.core.link_key(link) {
-                        info!(
-                            "link to {}/{} ({}) connected",
-                            key.server, key.nic, key.addr
-                        );
+                    if let Some(name) = self.link_name(link) {
+                        info!("{name} connected");
                     }
                     let hello = self.core.link_connected(link);
                     let sent = endpoint.send(&hello, &[]).and_then(|()| endpoint.flush());
