@@ -36,6 +36,7 @@ fn quick_bench_writes_a_complete_report() {
         "fabric_bw_over_floor_bw",
         "direct_bw_over_floor_bw",
         "fabric_persist_p50_over_redis_aof",
+        "authenticated_read_p50_over_plain",
     ] {
         let value = report["ratios"][key]
             .as_f64()
@@ -70,6 +71,19 @@ fn quick_bench_writes_a_complete_report() {
         assert!(
             redis["server_cpu_s_per_million"].is_number(),
             "redis-server CPU per million requests missing: {redis}"
+        );
+    }
+    // Authentication measured: opening costs the proofs, requests nothing.
+    let auth = &report["authentication"];
+    for key in [
+        "open_plain_p50_us",
+        "open_authenticated_p50_us",
+        "read_plain_p50_us",
+        "read_authenticated_p50_us",
+    ] {
+        assert!(
+            auth[key].as_f64().is_some_and(|v| v > 0.0),
+            "authentication {key} missing: {auth}"
         );
     }
     assert!(

@@ -96,6 +96,75 @@ impl BenchConn {
         Ok(conn)
     }
 
+    /// Connects to a fabric device and opens the connection as `client`
+    /// with the project's opening (HELLO, and with `key` the challenge and
+    /// proofs both ways).
+    pub fn open(addr: SocketAddr, client: &str, key: Option<[u8; 32]>) -> io::Result<Self> {
+        use proto::opening::{Credentials, Opening, OpeningTags, Progress};
+        let stream = TcpStream::connect(addr)?;
+        stream.set_nodelay(true)?;
+        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+        let mut conn = Self {
+            stream,
+            decoder: FrameDecoder::new(),
+            frame: Vec::with_capacity(2 << 20),
+            next_tag: 3,
+        };
+        let credentials = match key {
+            Some(key) => {
+                let mut nonce = [0u8; proto::auth::NONCE_LEN];
+                getrandom::fill(&mut nonce).map_err(|e| other(e.to_string()))?;
+                Some(Credentials {
+                    key: proto::auth::Key::new(key),
+                    nonce,
+                })
+            }
+            None => None,
+        };
+        let mut out = Vec::new();
+        let mut opening = Opening::start(
+            Role::Client,
+            Capabilities::PIPELINING,
+            client,
+            false,
+            OpeningTags::CLIENT,
+            credentials,
+            &mut out,
+        )
+        .map_err(|e| other(e.to_string()))?;
+        loop {
+            conn.stream.write_all(&out)?;
+            out.clear();
+            let frame = conn.next_frame()?;
+            match opening
+                .handle_frame(&frame, &mut out)
+                .map_err(|e| other(format!("opening as {client}: {e}")))?
+            {
+                Progress::Waiting => {}
+                Progress::Opened(_) => return Ok(conn),
+            }
+        }
+    }
+
+    /// The next whole frame from the peer.
+    fn next_frame(&mut self) -> io::Result<Vec<u8>> {
+        loop {
+            if let Some(frame) = self
+                .decoder
+                .next_frame()
+                .map_err(|e| other(e.to_string()))?
+            {
+                return Ok(frame.to_vec());
+            }
+            match self.decoder.read_from(&mut self.stream, 4 << 20) {
+                Ok(ReadOutcome::Data(_) | ReadOutcome::Full) => {}
+                Ok(ReadOutcome::Eof) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Err(ReadError::Io(e)) => return Err(e),
+                Err(ReadError::Framing(e)) => return Err(other(e.to_string())),
+            }
+        }
+    }
+
     /// Encodes a request of `shape` (payload from `data`) into the send
     /// buffer.
     fn encode(&mut self, shape: &Shape, data: &[u8]) -> io::Result<()> {

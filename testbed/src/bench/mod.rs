@@ -2,6 +2,7 @@
 //! against what users would pick instead, in one run on one machine. Every
 //! figure that matters is a ratio of two numbers taken by the same command.
 
+pub mod auth;
 pub mod client;
 pub mod peers;
 
@@ -157,6 +158,10 @@ pub struct BenchReport {
     /// The fabric device's resident memory per idle client connection.
     #[serde(default)]
     pub device_memory: Option<ConnectionMemory>,
+    /// What authentication (`--secrets`) costs per connection and per
+    /// request.
+    #[serde(default)]
+    pub authentication: Option<auth::AuthCost>,
     /// The tracked ratios, by name.
     pub ratios: BTreeMap<String, f64>,
 }
@@ -199,7 +204,7 @@ fn free_port(taken: &mut Vec<u16>) -> anyhow::Result<u16> {
 
 /// The bench fabric: one server with one 256 MiB region, one fabric
 /// device, one client, on free loopback ports.
-fn bench_topology() -> anyhow::Result<Topology> {
+pub(crate) fn bench_topology() -> anyhow::Result<Topology> {
     let mut taken = Vec::new();
     let (server, device) = (free_port(&mut taken)?, free_port(&mut taken)?);
     let text = format!(
@@ -365,6 +370,7 @@ pub fn run(quick: bool, out: &Path) -> anyhow::Result<(BenchReport, BenchFiles)>
         }
     }
     drop(fabric);
+    let authentication = Some(auth::measure(&plan, out).context("authentication cost")?);
 
     let mut redis = Vec::new();
     let server = RedisServer::start(&RedisConfig {
@@ -427,6 +433,7 @@ pub fn run(quick: bool, out: &Path) -> anyhow::Result<(BenchReport, BenchFiles)>
         rates,
         redis,
         device_memory,
+        authentication,
         ratios: BTreeMap::new(),
     };
     report.ratios = ratios(&report);
@@ -569,7 +576,11 @@ pub fn ratios(report: &BenchReport) -> BTreeMap<String, f64> {
         .find(|r| r.test == "SET" && r.value_size == 4096 && r.clients == 1)
         .map_or(f64::NAN, |r| r.latency.p50_us);
     let mib = (1u64 << 20) as f64;
+    let auth_read = report.authentication.as_ref().map_or(f64::NAN, |a| {
+        a.read_authenticated_p50_us / a.read_plain_p50_us
+    });
     BTreeMap::from([
+        ("authenticated_read_p50_over_plain".into(), auth_read),
         (
             "fabric_p50_over_floor_rtt".into(),
             p50("fabric", "READ", 64) / floor,
@@ -695,6 +706,7 @@ pub fn markdown(report: &BenchReport) -> String {
         ("fabric_bw_over_floor_bw", "≥ 0.5"),
         ("direct_bw_over_floor_bw", "≥ 0.8"),
         ("fabric_persist_p50_over_redis_aof", "≤ 0.5"),
+        ("authenticated_read_p50_over_plain", "≈ 1.0 (noise)"),
     ];
     for (name, target) in targets {
         let value = report.ratios.get(name).copied().unwrap_or(f64::NAN);
@@ -778,6 +790,22 @@ pub fn markdown(report: &BenchReport) -> String {
             m.connections,
             m.rss_before as f64 / (1 << 20) as f64,
             m.rss_after as f64 / (1 << 20) as f64
+        );
+    }
+    if let Some(a) = &report.authentication {
+        let _ = writeln!(
+            md,
+            "\n## Authentication (`--secrets`)\n\n\
+             Medians of {} interleaved rounds, two bench fabrics side by side.\n\n\
+             | | without keys | with keys |\n|---|---:|---:|\n\
+             | open a client connection, p50 µs ({} per round) | {:.1} | {:.1} |\n\
+             | 64 B READ round trip, p50 µs | {:.1} | {:.1} |",
+            a.rounds,
+            a.opens_per_round,
+            a.open_plain_p50_us,
+            a.open_authenticated_p50_us,
+            a.read_plain_p50_us,
+            a.read_authenticated_p50_us
         );
     }
     let _ = writeln!(

@@ -1,0 +1,158 @@
+//! What authentication costs: two bench fabrics side by side, one whose
+//! daemons run with `--secrets` (every connection opens with the HMAC
+//! challenge–response) and one without, measured in interleaved rounds.
+//!
+//! Two figures: the time to open a client connection to the device (TCP
+//! connect, HELLO, and with keys the challenge, both proofs), and the
+//! round trip of a 64-byte READ on an open connection, where requests are
+//! the same bytes either way.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use proto::request::Target;
+use serde::{Deserialize, Serialize};
+use topology::secrets::{Principal, read_key};
+use topology::{Layout, Topology};
+
+use super::client::{self, BenchConn, BenchOp, Shape};
+use super::{Plan, bench_topology};
+use crate::launch::{DaemonKind, Fabric, LaunchOptions};
+
+/// Interleaved rounds of each measurement.
+const ROUNDS: usize = 3;
+
+/// Medians over the rounds, in microseconds.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AuthCost {
+    /// Rounds per figure (each alternates the two fabrics).
+    pub rounds: usize,
+    /// Connections opened per round and fabric.
+    pub opens_per_round: usize,
+    /// p50 time to open a connection: TCP connect and HELLO.
+    pub open_plain_p50_us: f64,
+    /// p50 time to open one with the challenge and proofs as well.
+    pub open_authenticated_p50_us: f64,
+    /// p50 round trip of a 64-byte READ, unauthenticated fabric.
+    pub read_plain_p50_us: f64,
+    /// The same on the authenticated fabric.
+    pub read_authenticated_p50_us: f64,
+}
+
+/// One of the two fabrics.
+struct Side {
+    fabric: Fabric,
+    port: SocketAddr,
+    key: Option<[u8; 32]>,
+    shape: Shape,
+}
+
+impl Side {
+    fn start(out: &Path, name: &str, plan: &Plan, authenticate: bool) -> anyhow::Result<Side> {
+        let topology: Topology = bench_topology()?;
+        let layout = Layout::new(&topology)?;
+        let region = &layout.entries()[0];
+        let dir = out.join(name);
+        let mut launch = LaunchOptions::new(dir.join("data"), dir.join("run"))?;
+        launch.device_args = vec![
+            "--busy-poll-us".into(),
+            plan.device_busy_poll_us.to_string(),
+            "--max-connections-per-client".into(),
+            "4096".into(),
+        ];
+        let mut key = None;
+        if authenticate {
+            let secrets = dir.join("secrets");
+            crate::keys::generate(&topology, &secrets).context("make the bench keys")?;
+            key = Some(read_key(&secrets, Principal::Client("c"))?);
+            launch.secrets = Some(secrets);
+        }
+        let fabric = Fabric::start(&topology, launch)
+            .with_context(|| format!("bring the {name} bench fabric up"))?;
+        let port = fabric
+            .ready_field(DaemonKind::FabricDevice, "F", "port.p0")
+            .and_then(|a| a.parse().ok())
+            .context("no device port address")?;
+        Ok(Side {
+            fabric,
+            port,
+            key,
+            shape: Shape {
+                op: BenchOp::Read,
+                target: Target::Pmem(region.start),
+                key: region.key,
+                size: 64,
+            },
+        })
+    }
+
+    /// p50 of `count` connection openings, in µs.
+    fn opens(&self, count: usize) -> anyhow::Result<f64> {
+        let mut times = Vec::with_capacity(count);
+        for _ in 0..count {
+            let started = Instant::now();
+            let conn = BenchConn::open(self.port, "c", self.key)?;
+            times.push(started.elapsed());
+            drop(conn);
+        }
+        Ok(median(&mut times))
+    }
+
+    /// p50 of 64-byte READ round trips for `duration`, in µs.
+    fn reads(&self, plan: &Plan, duration: Duration) -> anyhow::Result<f64> {
+        let mut conn = BenchConn::open(self.port, "c", self.key)?;
+        let h = client::latency(&mut conn, &self.shape, 200, duration, plan.samples)?;
+        Ok(h.quantile(0.5) as f64)
+    }
+}
+
+fn median(times: &mut [Duration]) -> f64 {
+    times.sort();
+    times
+        .get(times.len() / 2)
+        .map_or(0.0, |t| t.as_secs_f64() * 1e6)
+}
+
+fn median_of(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// Measures both fabrics in `ROUNDS` interleaved rounds.
+pub fn measure(plan: &Plan, out: &Path) -> anyhow::Result<AuthCost> {
+    let plain = Side::start(out, "auth-off", plan, false)?;
+    let authenticated = Side::start(out, "auth-on", plan, true)?;
+    let opens = if plan.seconds < 1.0 { 100 } else { 400 };
+    let duration = Duration::from_secs_f64(plan.seconds);
+    let (mut open_plain, mut open_auth, mut read_plain, mut read_auth) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for round in 0..ROUNDS {
+        // Alternate which side goes first, so drift hits both alike.
+        let sides = match round % 2 {
+            0 => [(&plain, false), (&authenticated, true)],
+            _ => [(&authenticated, true), (&plain, false)],
+        };
+        for (side, auth) in sides {
+            let open = side.opens(opens)?;
+            let read = side.reads(plan, duration)?;
+            if auth {
+                open_auth.push(open);
+                read_auth.push(read);
+            } else {
+                open_plain.push(open);
+                read_plain.push(read);
+            }
+        }
+    }
+    drop((plain.fabric, authenticated.fabric));
+    Ok(AuthCost {
+        rounds: ROUNDS,
+        opens_per_round: opens,
+        open_plain_p50_us: median_of(&mut open_plain),
+        open_authenticated_p50_us: median_of(&mut open_auth),
+        read_plain_p50_us: median_of(&mut read_plain),
+        read_authenticated_p50_us: median_of(&mut read_auth),
+    })
+}
