@@ -5,7 +5,7 @@
 #
 #   usage: guest.sh [--share DIR]... [--ip CIDR] [--mem MIB] [--timeout SECS]
 #                   [--log FILE] [--disk FILE] [--nvdimm FILE]... [--nodes N]
-#                   [--pidfile FILE] -- COMMAND [ARG]...
+#                   [--pidfile FILE] [--env NAME=VALUE]... -- COMMAND [ARG]...
 #
 #   --share DIR   a host folder the guest sees at the same path (9p,
 #                 writable); give the folders holding COMMAND and its files
@@ -26,6 +26,8 @@
 #   --nodes N     N NUMA nodes (one vCPU and an equal share of memory
 #                 each); NVDIMM i sits on node i mod N (default 1)
 #   --pidfile F   write QEMU's process id to F (to cut the power: kill -9)
+#   --env N=V     set variable N to V for COMMAND (the guest does not see
+#                 this script's environment)
 #
 # Needs the image (`image.sh`) and the network (`net.sh up`); runs itself in
 # the lab's namespace ($PMEM_LAB_NS, default pmemlab) when started outside.
@@ -55,6 +57,7 @@ disk=
 nvdimms=()
 nodes=1
 pidfile=
+envs=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --share) shares+=("$(realpath "$2")"); shift 2 ;;
@@ -66,6 +69,9 @@ while [ $# -gt 0 ]; do
     --nvdimm) nvdimms+=("$(realpath "$2")"); shift 2 ;;
     --nodes) nodes=$2; shift 2 ;;
     --pidfile) pidfile=$2; shift 2 ;;
+    --env)
+      [[ "$2" =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] || die "--env takes NAME=VALUE, not $2"
+      envs+=("$2"); shift 2 ;;
     --) shift; break ;;
     *) die "unknown option $1" ;;
   esac
@@ -88,6 +94,7 @@ trap cleanup EXIT
 quote() { printf "'%s'" "${1//\'/\'\\\'\'}"; }
 {
   echo "cd $(quote "$PWD") 2>/dev/null || cd /"
+  for pair in "${envs[@]}"; do echo "export ${pair%%=*}=$(quote "${pair#*=}")"; done
   printf 'exec'
   for arg in "$@"; do printf ' %s' "$(quote "$arg")"; done
   echo

@@ -120,7 +120,20 @@ impl LabNet {
     /// guest sees at the same paths: the program's folder is always one.
     /// The guest's console is the command's stdout, and is copied to `console`.
     pub fn guest_command(&self, program: &Path, shares: &[&Path], console: &Path) -> Command {
-        self.guest_command_with(program, shares, console, None)
+        self.guest_command_with(program, shares, console, None, &[])
+    }
+
+    /// [`guest_command`](Self::guest_command) with variables set for the
+    /// program inside the guest (it does not inherit this process's
+    /// environment).
+    pub fn guest_command_with_env(
+        &self,
+        program: &Path,
+        shares: &[&Path],
+        console: &Path,
+        env: &[(&str, &std::ffi::OsStr)],
+    ) -> Command {
+        self.guest_command_with(program, shares, console, None, env)
     }
 
     /// [`guest_command`](Self::guest_command) for a guest with `storage`
@@ -132,7 +145,7 @@ impl LabNet {
         console: &Path,
         storage: &GuestStorage<'_>,
     ) -> Command {
-        self.guest_command_with(program, shares, console, Some(storage))
+        self.guest_command_with(program, shares, console, Some(storage), &[])
     }
 
     fn guest_command_with(
@@ -141,6 +154,7 @@ impl LabNet {
         shares: &[&Path],
         console: &Path,
         storage: Option<&GuestStorage<'_>>,
+        env: &[(&str, &std::ffi::OsStr)],
     ) -> Command {
         let mut command = Command::new("bash");
         command
@@ -166,6 +180,11 @@ impl LabNet {
                 .arg(storage.nodes.max(1).to_string())
                 .arg("--pidfile")
                 .arg(storage.pidfile);
+        }
+        for (name, value) in env {
+            let mut pair = std::ffi::OsString::from(format!("{name}="));
+            pair.push(value);
+            command.arg("--env").arg(pair);
         }
         command.arg("--").arg(program);
         command

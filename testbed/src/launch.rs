@@ -400,19 +400,53 @@ impl Fabric {
     /// A command running `program` as this fabric's client `client` (inside
     /// its namespace in netns mode, in a lab guest that sees `shares` in lab
     /// mode).
+    ///
+    /// With keys, the client finds its own in the folder named by
+    /// `PMEM_FABRIC_SECRETS`; a lab guest gets a folder holding only its
+    /// client's key (never the devices' keys), shared into the guest.
     pub fn client_command(&self, client: &str, program: &Path, shares: &[&Path]) -> Command {
-        let mut command = if let Some(lab) = &self.lab {
-            lab.guest_command(program, shares, &self.guest_console(client))
-        } else {
-            match self.client_namespace(client) {
+        let Some(lab) = &self.lab else {
+            let mut command = match self.client_namespace(client) {
                 Some(ns) => netns::command_in(&ns, program),
                 None => Command::new(program),
+            };
+            if let Some(dir) = &self.options.secrets {
+                command.env(client_vmm::pool::SECRETS_ENV, dir);
             }
+            return command;
         };
-        if let Some(dir) = &self.options.secrets {
-            command.env(client_vmm::pool::SECRETS_ENV, dir);
+        let console = self.guest_console(client);
+        match self.guest_secrets(client) {
+            Ok(Some(dir)) => {
+                let mut all = shares.to_vec();
+                all.push(&dir);
+                let env = [(client_vmm::pool::SECRETS_ENV, dir.as_os_str())];
+                lab.guest_command_with_env(program, &all, &console, &env)
+            }
+            Ok(None) => lab.guest_command(program, shares, &console),
+            Err(e) => {
+                // The client runs without its key and is refused; say why.
+                tracing::warn!("no key folder for lab guest {client}: {e}");
+                lab.guest_command(program, shares, &console)
+            }
         }
-        command
+    }
+
+    /// With keys: a folder holding a copy of `client`'s key only (owner
+    /// read/write), for a lab guest.
+    fn guest_secrets(&self, client: &str) -> std::io::Result<Option<PathBuf>> {
+        use std::os::unix::fs::PermissionsExt;
+        let Some(secrets) = &self.options.secrets else {
+            return Ok(None);
+        };
+        let name = topology::secrets::Principal::Client(client).file_name();
+        let dir = self.options.run_dir.join("guest-keys").join(client);
+        std::fs::create_dir_all(&dir)?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+        let to = dir.join(&name);
+        std::fs::copy(secrets.join(&name), &to)?;
+        std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o600))?;
+        Ok(Some(dir))
     }
 
     /// Where a lab guest's console is copied.

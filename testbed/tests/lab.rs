@@ -40,7 +40,7 @@ fn lab_fabric(dir: &std::path::Path) -> Fabric {
 /// the run: it passed, the application saw no error, and the workload went
 /// over RoCEv2 without damaged or out-of-sequence packets. Returns the
 /// report and the guest's rxe counters.
-fn lab_chaos(scenario: &str) -> (serde_json::Value, BTreeMap<String, u64>) {
+fn lab_chaos(scenario: &str, extra: &[&str]) -> (serde_json::Value, BTreeMap<String, u64>) {
     // One lab at a time: every run uses the same namespace.
     let _lab = LAB
         .lock()
@@ -50,6 +50,7 @@ fn lab_chaos(scenario: &str) -> (serde_json::Value, BTreeMap<String, u64>) {
     let out = Command::new(env!("CARGO_BIN_EXE_testbed"))
         .args(["chaos", "--net", "lab", "--scenario", scenario])
         .args(["--faults", "2", "--duration", "10", "--seed", "3"])
+        .args(extra)
         .arg("--reports")
         .arg(&reports)
         .output()
@@ -118,9 +119,11 @@ fn lab_chaos(scenario: &str) -> (serde_json::Value, BTreeMap<String, u64>) {
     (report, guest)
 }
 
+/// With keys (`--authenticate`): the guest gets a folder holding only its
+/// own key, and its control connections prove it to the devices.
 #[test]
 fn a_guest_rdma_client_runs_verified_through_device_kills() {
-    let (_, guest) = lab_chaos("kill-fabric");
+    let (_, guest) = lab_chaos("kill-fabric", &["--authenticate"]);
     assert_eq!(guest["retry_exceeded_err"], 0, "{guest:?}");
 }
 
@@ -129,7 +132,7 @@ fn a_guest_rdma_client_runs_verified_through_device_kills() {
 /// the pool fails over on that error completion.
 #[test]
 fn a_guest_rdma_client_fails_over_when_its_queue_pair_runs_out_of_retries() {
-    let (_, guest) = lab_chaos("cut-link");
+    let (_, guest) = lab_chaos("cut-link", &[]);
     assert!(
         guest["completer_retry_err"] > 0,
         "the QP retransmitted: {guest:?}"

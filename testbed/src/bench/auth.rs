@@ -22,7 +22,7 @@ use super::{Plan, bench_topology};
 use crate::launch::{DaemonKind, Fabric, LaunchOptions};
 
 /// Interleaved rounds of each measurement.
-const ROUNDS: usize = 3;
+const ROUNDS: usize = 5;
 
 /// Medians over the rounds, in microseconds.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -39,6 +39,11 @@ pub struct AuthCost {
     pub read_plain_p50_us: f64,
     /// The same on the authenticated fabric.
     pub read_authenticated_p50_us: f64,
+    /// Each round's authenticated ÷ unauthenticated READ p50 (the two
+    /// measured back to back), in round order; the tracked ratio is their
+    /// median.
+    #[serde(default)]
+    pub read_ratio_per_round: Vec<f64>,
 }
 
 /// One of the two fabrics.
@@ -125,7 +130,7 @@ pub fn measure(plan: &Plan, out: &Path) -> anyhow::Result<AuthCost> {
     let plain = Side::start(out, "auth-off", plan, false)?;
     let authenticated = Side::start(out, "auth-on", plan, true)?;
     let opens = if plan.seconds < 1.0 { 100 } else { 400 };
-    let duration = Duration::from_secs_f64(plan.seconds);
+    let duration = Duration::from_secs_f64(plan.seconds / 2.0);
     let (mut open_plain, mut open_auth, mut read_plain, mut read_auth) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for round in 0..ROUNDS {
@@ -147,7 +152,13 @@ pub fn measure(plan: &Plan, out: &Path) -> anyhow::Result<AuthCost> {
         }
     }
     drop((plain.fabric, authenticated.fabric));
+    let read_ratio_per_round: Vec<f64> = read_auth
+        .iter()
+        .zip(&read_plain)
+        .map(|(auth, plain)| auth / plain)
+        .collect();
     Ok(AuthCost {
+        read_ratio_per_round,
         rounds: ROUNDS,
         opens_per_round: opens,
         open_plain_p50_us: median_of(&mut open_plain),

@@ -577,7 +577,12 @@ pub fn ratios(report: &BenchReport) -> BTreeMap<String, f64> {
         .map_or(f64::NAN, |r| r.latency.p50_us);
     let mib = (1u64 << 20) as f64;
     let auth_read = report.authentication.as_ref().map_or(f64::NAN, |a| {
-        a.read_authenticated_p50_us / a.read_plain_p50_us
+        let mut per_round = a.read_ratio_per_round.clone();
+        per_round.sort_by(f64::total_cmp);
+        per_round
+            .get(per_round.len() / 2)
+            .copied()
+            .unwrap_or(f64::NAN)
     });
     BTreeMap::from([
         ("authenticated_read_p50_over_plain".into(), auth_read),
@@ -799,13 +804,19 @@ pub fn markdown(report: &BenchReport) -> String {
              Medians of {} interleaved rounds, two bench fabrics side by side.\n\n\
              | | without keys | with keys |\n|---|---:|---:|\n\
              | open a client connection, p50 µs ({} per round) | {:.1} | {:.1} |\n\
-             | 64 B READ round trip, p50 µs | {:.1} | {:.1} |",
+             | 64 B READ round trip, p50 µs | {:.1} | {:.1} |\n\n\
+             Per round, with keys ÷ without (READ p50): {}.",
             a.rounds,
             a.opens_per_round,
             a.open_plain_p50_us,
             a.open_authenticated_p50_us,
             a.read_plain_p50_us,
-            a.read_authenticated_p50_us
+            a.read_authenticated_p50_us,
+            a.read_ratio_per_round
+                .iter()
+                .map(|r| format!("{r:.2}"))
+                .collect::<Vec<_>>()
+                .join(", ")
         );
     }
     let _ = writeln!(
