@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use crate::persist::PowerDomain;
 use crate::{RunningServer, ServerConfig};
@@ -43,6 +44,15 @@ struct Args {
     /// Data connections served at once.
     #[arg(long, default_value_t = 4096)]
     max_connections: usize,
+    /// A data connection that sends no complete frame (HELLO, or any
+    /// request without --secrets) within this many milliseconds is closed.
+    #[arg(long, default_value_t = 10_000)]
+    hello_timeout_ms: u64,
+    /// A data connection silent for this many milliseconds after its first
+    /// frame is closed (0 = never). Off by default: a fabric device's link
+    /// may rightly stay quiet for long.
+    #[arg(long, default_value_t = 0)]
+    idle_timeout_ms: u64,
     /// Folder of the principals' keys (`device.<id>.key`, `client.<id>.key`;
     /// `testbed keygen` makes them): every connection must prove it holds
     /// the key of the device or client it names before anything is
@@ -136,6 +146,10 @@ fn config(args: Args) -> Result<ServerConfig, ExitCode> {
         format: args.format,
         reset_exactly_once: args.reset_exactly_once,
         max_connections: args.max_connections,
+        timeouts: crate::conn::Timeouts {
+            hello: Duration::from_millis(args.hello_timeout_ms.max(1)),
+            idle: (args.idle_timeout_ms > 0).then(|| Duration::from_millis(args.idle_timeout_ms)),
+        },
         secrets: args.secrets,
         topology,
     })

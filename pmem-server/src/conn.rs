@@ -21,8 +21,29 @@ use crate::gate::Session;
 const READ_CHUNK: usize = 256 * 1024;
 /// Replies are written out once this many bytes are pending.
 pub const OUT_FLUSH_BYTES: usize = 1 << 20;
-/// How often a blocked read wakes up to check for shutdown.
-pub const SHUTDOWN_POLL: Duration = Duration::from_millis(100);
+
+/// How long a connection may stay silent before it is closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// Until its first complete frame (HELLO, or with no authentication
+    /// any request), so sockets that say nothing do not hold connection
+    /// slots.
+    pub hello: Duration,
+    /// Between frames after that (a server's connection has nothing in
+    /// flight while it waits to read); `None`: never.
+    pub idle: Option<Duration>,
+}
+
+impl Default for Timeouts {
+    /// 10 s to the first frame; no idle limit (a fabric device's link may
+    /// rightly stay quiet for long).
+    fn default() -> Self {
+        Self {
+            hello: Duration::from_secs(10),
+            idle: None,
+        }
+    }
+}
 
 /// Why a connection ended.
 #[derive(Debug)]
@@ -37,21 +58,31 @@ pub enum ConnectionEnd {
     Refused,
     /// The socket failed.
     Io(io::Error),
+    /// The peer said nothing for too long: `hello_timeout` or `idle`.
+    Silent(&'static str),
 }
 
-/// Serves one connection until the peer leaves, the stream breaks or
-/// `shutdown` is set. Frames already received when shutdown starts are still
+/// Serves one connection until the peer leaves, the stream breaks, the
+/// peer stays silent past `timeouts`, or shutdown ends its reads (the
+/// server shuts the socket's read side, which wakes a blocked read; see
+/// `server`). Frames already received when shutdown starts are still
 /// executed and answered.
-pub fn serve(mut stream: TcpStream, exec: &Executor, shutdown: &Arc<AtomicBool>) -> ConnectionEnd {
+pub fn serve(
+    mut stream: TcpStream,
+    exec: &Executor,
+    shutdown: &Arc<AtomicBool>,
+    timeouts: Timeouts,
+) -> ConnectionEnd {
     if let Err(e) = stream
         .set_nodelay(true)
-        .and_then(|()| stream.set_read_timeout(Some(SHUTDOWN_POLL)))
+        .and_then(|()| stream.set_read_timeout(Some(timeouts.hello)))
     {
         return ConnectionEnd::Io(e);
     }
     let mut decoder = FrameDecoder::new();
     let mut out = Vec::with_capacity(64 * 1024);
     let mut session = exec.new_session();
+    let mut greeted = false;
     loop {
         if shutdown.load(Ordering::Relaxed) {
             return ConnectionEnd::Shutdown;
@@ -60,16 +91,18 @@ pub fn serve(mut stream: TcpStream, exec: &Executor, shutdown: &Arc<AtomicBool>)
         let read = decoder.read_from(&mut stream, READ_CHUNK);
         let broken = match read {
             Ok(ReadOutcome::Data(_) | ReadOutcome::Full) => None,
+            Ok(ReadOutcome::Eof) if shutdown.load(Ordering::Relaxed) => {
+                Some(ConnectionEnd::Shutdown)
+            }
             Ok(ReadOutcome::Eof) => Some(ConnectionEnd::PeerClosed),
+            Err(ReadError::Io(e)) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(ReadError::Io(e))
                 if matches!(
                     e.kind(),
-                    io::ErrorKind::WouldBlock
-                        | io::ErrorKind::TimedOut
-                        | io::ErrorKind::Interrupted
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
                 ) =>
             {
-                continue;
+                return ConnectionEnd::Silent(if greeted { "idle" } else { "hello_timeout" });
             }
             Err(ReadError::Io(e)) => Some(ConnectionEnd::Io(e)),
             Err(ReadError::Framing(e)) => Some(ConnectionEnd::Malformed(e)),
@@ -77,9 +110,18 @@ pub fn serve(mut stream: TcpStream, exec: &Executor, shutdown: &Arc<AtomicBool>)
         // Frames completed before a hang-up or a bad header are still answered.
         let drained = drain(&mut decoder, exec, &mut session, &mut stream, &mut out);
         let end = match drained {
-            Ok(None) => broken,
-            Ok(Some(Stop::Malformed(e))) => Some(ConnectionEnd::Malformed(e)),
-            Ok(Some(Stop::Refused)) => Some(ConnectionEnd::Refused),
+            Ok((_, Some(Stop::Malformed(e)))) => Some(ConnectionEnd::Malformed(e)),
+            Ok((_, Some(Stop::Refused))) => Some(ConnectionEnd::Refused),
+            Ok((0, None)) => broken,
+            Ok((_, None)) => {
+                if !greeted {
+                    greeted = true;
+                    if let Err(e) = stream.set_read_timeout(timeouts.idle) {
+                        return ConnectionEnd::Io(e);
+                    }
+                }
+                broken
+            }
             Err(e) => return ConnectionEnd::Io(e),
         };
         if let Err(e) = stream.write_all(&out) {
@@ -100,30 +142,31 @@ enum Stop {
     Refused,
 }
 
-/// Executes every complete frame the decoder holds. Returns why it stopped
-/// early, if it did.
+/// Executes every complete frame the decoder holds. Returns how many it
+/// executed and why it stopped early, if it did.
 fn drain(
     decoder: &mut FrameDecoder,
     exec: &Executor,
     session: &mut Session,
     stream: &mut TcpStream,
     out: &mut Vec<u8>,
-) -> io::Result<Option<Stop>> {
+) -> io::Result<(usize, Option<Stop>)> {
+    let mut executed = 0;
     loop {
         match decoder.next_frame() {
             Ok(Some(frame)) => {
                 match exec.handle_frame(session, frame, out) {
-                    Ok(Flow::Continue) => {}
-                    Ok(Flow::Close) => return Ok(Some(Stop::Refused)),
-                    Err(e) => return Ok(Some(Stop::Malformed(e))),
+                    Ok(Flow::Continue) => executed += 1,
+                    Ok(Flow::Close) => return Ok((executed, Some(Stop::Refused))),
+                    Err(e) => return Ok((executed, Some(Stop::Malformed(e)))),
                 }
                 if out.len() >= OUT_FLUSH_BYTES {
                     stream.write_all(out)?;
                     out.clear();
                 }
             }
-            Ok(None) => return Ok(None),
-            Err(e) => return Ok(Some(Stop::Malformed(e))),
+            Ok(None) => return Ok((executed, None)),
+            Err(e) => return Ok((executed, Some(Stop::Malformed(e)))),
         }
     }
 }

@@ -28,6 +28,9 @@ pub struct ServerMetrics {
     pub connections_total: Arc<Counter>,
     /// Connections refused because the limit was reached.
     pub connections_refused: Arc<Counter>,
+    /// Connections closed because the peer stayed silent, by reason
+    /// (`hello_timeout`, `idle`).
+    pub connections_closed: Arc<Family<Counter>>,
     /// Frames that could not be parsed.
     pub malformed_frames: Arc<Counter>,
     /// Exactly-once atomics answered from the window instead of applied.
@@ -75,6 +78,11 @@ impl ServerMetrics {
             connections_refused: r.counter(
                 "pmem_server_refused_connections_total",
                 "Data connections refused because the connection limit was reached.",
+            )?,
+            connections_closed: r.counter_family(
+                "pmem_server_connections_closed_total",
+                "Data connections the server closed because the peer stayed silent, by reason.",
+                &["reason"],
             )?,
             malformed_frames: r.counter(
                 "pmem_server_malformed_frames_total",

@@ -1,9 +1,10 @@
 //! The running server: region files, listeners on every NIC, the admin
 //! endpoint, and an orderly shutdown.
 
+use std::collections::HashMap;
 use std::io;
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
@@ -14,7 +15,7 @@ use telemetry::{AdminServer, Health, Registry};
 use topology::{Layout, NicId, ServerId, Topology};
 use tracing::{Span, debug, error, info, warn};
 
-use crate::conn::{self, SHUTDOWN_POLL};
+use crate::conn::{self, Timeouts};
 use crate::dedup::DedupTable;
 use crate::dedup_store::{StoreError, WindowStore};
 use crate::exec::{Executor, ServedRegion};
@@ -42,6 +43,9 @@ pub struct ServerConfig {
     pub reset_exactly_once: bool,
     /// Data connections served at once; more are closed on accept.
     pub max_connections: usize,
+    /// How long a connection may stay silent before its first frame, and
+    /// between frames after it.
+    pub timeouts: Timeouts,
     /// The folder with the principals' keys: every connection must prove
     /// its key before anything is answered. `None`: no authentication.
     pub secrets: Option<PathBuf>,
@@ -113,39 +117,77 @@ pub enum ServerError {
     Persist(#[source] crate::persist::PersistError),
 }
 
-/// Counts live connection threads so shutdown can wait for them.
+/// The live data connections: counted so shutdown can wait for them, with a
+/// handle on each socket so shutdown can end their blocked reads.
 #[derive(Debug, Default)]
 struct LiveConnections {
-    count: Mutex<usize>,
+    state: Mutex<Live>,
     gone: Condvar,
 }
 
+#[derive(Debug, Default)]
+struct Live {
+    sockets: HashMap<u64, TcpStream>,
+    next: u64,
+    /// Shutdown began: no new connection is admitted.
+    closing: bool,
+}
+
 impl LiveConnections {
-    /// Registers a connection if fewer than `max` are live.
-    fn try_add(&self, max: usize) -> bool {
-        let mut count = self.count.lock().unwrap_or_else(PoisonError::into_inner);
-        if *count >= max {
-            return false;
-        }
-        *count += 1;
-        true
+    fn lock(&self) -> std::sync::MutexGuard<'_, Live> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn remove(&self) {
-        let mut count = self.count.lock().unwrap_or_else(PoisonError::into_inner);
-        *count = count.saturating_sub(1);
+    /// Registers `stream` if fewer than `max` connections are live and
+    /// shutdown has not begun; its number, for [`remove`](Self::remove).
+    fn try_add(&self, max: usize, stream: &TcpStream) -> Result<u64, Refusal> {
+        let mut live = self.lock();
+        if live.closing {
+            return Err(Refusal::Closing);
+        }
+        if live.sockets.len() >= max {
+            return Err(Refusal::Full);
+        }
+        let handle = stream.try_clone().map_err(Refusal::Io)?;
+        let id = live.next;
+        live.next += 1;
+        live.sockets.insert(id, handle);
+        Ok(id)
+    }
+
+    fn remove(&self, id: u64) {
+        self.lock().sockets.remove(&id);
         self.gone.notify_all();
+    }
+
+    /// Admits no more connections and ends every live connection's reads:
+    /// a read blocked in the kernel returns at once, and each connection
+    /// answers what it already received before it closes.
+    fn close_reads(&self) {
+        let mut live = self.lock();
+        live.closing = true;
+        for socket in live.sockets.values() {
+            let _ = socket.shutdown(Shutdown::Read);
+        }
     }
 
     /// Waits until no connection is live, or `limit` passes.
     fn wait_idle(&self, limit: Duration) -> bool {
-        let count = self.count.lock().unwrap_or_else(PoisonError::into_inner);
-        let (count, _) = self
+        let live = self.lock();
+        let (live, _) = self
             .gone
-            .wait_timeout_while(count, limit, |c| *c > 0)
+            .wait_timeout_while(live, limit, |l| !l.sockets.is_empty())
             .unwrap_or_else(PoisonError::into_inner);
-        *count == 0
+        live.sockets.is_empty()
     }
+}
+
+/// Why a connection was not admitted.
+#[derive(Debug)]
+enum Refusal {
+    Full,
+    Closing,
+    Io(io::Error),
 }
 
 /// A started server. Dropping it without [`RunningServer::stop`] leaves its
@@ -155,79 +197,88 @@ pub struct RunningServer {
     exec: Arc<Executor>,
     shutdown: Arc<AtomicBool>,
     live: Arc<LiveConnections>,
-    acceptors: Vec<JoinHandle<()>>,
+    acceptors: Vec<(JoinHandle<()>, Arc<mio::Waker>)>,
     admin: AdminServer,
     data_addrs: Vec<(NicId, SocketAddr)>,
     mode: Option<PersistMode>,
 }
 
-/// Waits up to `timeout` for `listener` to have a connection to accept.
-fn wait_acceptable(listener: &TcpListener, timeout: Duration) -> io::Result<bool> {
-    let mut fd = libc::pollfd {
-        fd: listener.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    let millis = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
-    // SAFETY: `fd` is one valid, initialised pollfd that outlives the call,
-    // and the count passed is 1.
-    let ready = unsafe { libc::poll(&mut fd, 1, millis) };
-    match ready {
-        -1 => {
-            let err = io::Error::last_os_error();
-            if err.kind() == io::ErrorKind::Interrupted {
-                Ok(false)
-            } else {
-                Err(err)
-            }
-        }
-        0 => Ok(false),
-        _ => Ok(true),
+const LISTENER: mio::Token = mio::Token(0);
+const WAKER: mio::Token = mio::Token(1);
+
+/// One NIC's acceptor: its listener and the waker that ends it.
+struct Acceptor {
+    poll: mio::Poll,
+    listener: mio::net::TcpListener,
+}
+
+impl Acceptor {
+    fn new(listener: TcpListener) -> io::Result<(Acceptor, Arc<mio::Waker>)> {
+        listener.set_nonblocking(true)?;
+        let mut listener = mio::net::TcpListener::from_std(listener);
+        let poll = mio::Poll::new()?;
+        poll.registry()
+            .register(&mut listener, LISTENER, mio::Interest::READABLE)?;
+        let waker = Arc::new(mio::Waker::new(poll.registry(), WAKER)?);
+        Ok((Acceptor { poll, listener }, waker))
     }
 }
 
-/// Accepts connections on one NIC until shutdown, one thread per connection.
+/// Accepts connections on one NIC until shutdown (its waker), one thread
+/// per connection.
 fn accept_loop(
-    listener: TcpListener,
+    mut acceptor: Acceptor,
     exec: Arc<Executor>,
     shutdown: Arc<AtomicBool>,
     live: Arc<LiveConnections>,
     max_connections: usize,
+    timeouts: Timeouts,
 ) {
+    let mut events = mio::Events::with_capacity(8);
     while !shutdown.load(Ordering::Relaxed) {
-        match wait_acceptable(&listener, SHUTDOWN_POLL) {
-            Ok(true) => {}
-            Ok(false) => continue,
-            Err(e) => {
-                warn!("poll on listener failed: {e}");
-                thread::sleep(SHUTDOWN_POLL);
-                continue;
+        if let Err(e) = acceptor.poll.poll(&mut events, None) {
+            if e.kind() != io::ErrorKind::Interrupted {
+                error!("polling the listener failed, no more connections on it: {e}");
+                return;
             }
-        }
-        let (stream, peer) = match listener.accept() {
-            Ok(accepted) => accepted,
-            Err(e) => {
-                if e.kind() != io::ErrorKind::WouldBlock {
-                    warn!("accept failed: {e}");
-                }
-                continue;
-            }
-        };
-        if !live.try_add(max_connections) {
-            debug!("refused connection from {peer}: {max_connections} connections open");
-            exec.metrics().connections_refused.inc();
-            drop(stream);
             continue;
         }
-        spawn_connection(stream, &exec, &shutdown, &live);
+        loop {
+            let (stream, peer) = match acceptor.listener.accept() {
+                Ok(accepted) => accepted,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // E.g. out of descriptors: the next readiness retries.
+                    warn!("accept failed: {e}");
+                    break;
+                }
+            };
+            let stream = TcpStream::from(OwnedFd::from(stream));
+            if let Err(e) = stream.set_nonblocking(false) {
+                debug!("dropped connection from {peer}: {e}");
+                continue;
+            }
+            match live.try_add(max_connections, &stream) {
+                Ok(id) => spawn_connection(stream, id, &exec, &shutdown, &live, timeouts),
+                Err(Refusal::Full) => {
+                    debug!("refused connection from {peer}: {max_connections} connections open");
+                    exec.metrics().connections_refused.inc();
+                }
+                Err(Refusal::Closing) => {}
+                Err(Refusal::Io(e)) => debug!("dropped connection from {peer}: {e}"),
+            }
+        }
     }
 }
 
 fn spawn_connection(
     stream: TcpStream,
+    id: u64,
     exec: &Arc<Executor>,
     shutdown: &Arc<AtomicBool>,
     live: &Arc<LiveConnections>,
+    timeouts: Timeouts,
 ) {
     let metrics = Arc::clone(exec.metrics());
     metrics.connections_total.inc();
@@ -243,7 +294,7 @@ fn spawn_connection(
                 .peer_addr()
                 .map_or_else(|_| "?".to_owned(), |p| p.to_string());
             debug!("connection from {peer} opened");
-            match conn::serve(stream, &exec, &shutdown) {
+            match conn::serve(stream, &exec, &shutdown, timeouts) {
                 conn::ConnectionEnd::Malformed(e) => {
                     debug!("closed connection from {peer}: {e}");
                 }
@@ -254,14 +305,18 @@ fn spawn_connection(
                 conn::ConnectionEnd::PeerClosed | conn::ConnectionEnd::Shutdown => {
                     debug!("connection from {peer} closed");
                 }
+                conn::ConnectionEnd::Silent(reason) => {
+                    debug!("closed connection from {peer}: {reason}");
+                    exec.metrics().connections_closed.with(&[reason]).inc();
+                }
             }
             exec.metrics().connections.dec();
-            live_for_thread.remove();
+            live_for_thread.remove(id);
         });
     if let Err(e) = spawned {
         error!("cannot start a connection thread: {e}");
         metrics.connections.dec();
-        live.remove();
+        live.remove(id);
     }
 }
 
@@ -405,15 +460,23 @@ impl RunningServer {
         let mut acceptors = Vec::new();
         let mut data_addrs = Vec::new();
         for (nic, listener, local) in listeners {
+            let (acceptor, waker) =
+                Acceptor::new(listener).map_err(|source| ServerError::Bind {
+                    nic: nic.clone(),
+                    addr: local.to_string(),
+                    source,
+                })?;
             let (exec, shutdown, live) =
                 (Arc::clone(&exec), Arc::clone(&shutdown), Arc::clone(&live));
-            let max = config.max_connections;
+            let (max, timeouts) = (config.max_connections, config.timeouts);
             let span = Span::current();
             let handle = thread::Builder::new()
                 .name(format!("accept-{nic}"))
-                .spawn(move || span.in_scope(|| accept_loop(listener, exec, shutdown, live, max)))
+                .spawn(move || {
+                    span.in_scope(|| accept_loop(acceptor, exec, shutdown, live, max, timeouts))
+                })
                 .map_err(ServerError::Spawn)?;
-            acceptors.push(handle);
+            acceptors.push((handle, waker));
             data_addrs.push((nic, local));
         }
         Ok(Self {
@@ -451,9 +514,13 @@ impl RunningServer {
     /// received, makes every region durable and stops the admin endpoint.
     pub fn stop(self) -> Result<(), ServerError> {
         self.shutdown.store(true, Ordering::SeqCst);
-        for handle in self.acceptors {
+        for (handle, waker) in self.acceptors {
+            if let Err(e) = waker.wake() {
+                warn!("cannot wake an acceptor: {e}");
+            }
             let _ = handle.join();
         }
+        self.live.close_reads();
         if !self.live.wait_idle(Duration::from_secs(10)) {
             warn!("connections still open after 10 s; flushing anyway");
         }

@@ -483,3 +483,50 @@ fn an_emulated_power_cut_ends_the_daemon_before_it_answers() {
         }
     }
 }
+
+/// A connection that sends nothing is closed after the HELLO timeout, and
+/// one that goes quiet after a request after the idle timeout; both are
+/// counted, and a connection that keeps talking stays open.
+#[test]
+fn silent_connections_are_closed_and_counted() {
+    use std::io::Read;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_topology(dir.path(), &[("R1", "1MiB")]);
+    let k = key(&layout(&config), 0);
+    let flags = ["--hello-timeout-ms", "300", "--idle-timeout-ms", "600"];
+    let server =
+        pmem_server_with(PMEM_SERVER, &config, "S", &dir.path().join("d"), &flags).unwrap();
+    let addr = server.addr("nic.n0");
+    let closed_within = |stream: &mut std::net::TcpStream, limit: Duration| {
+        stream.set_read_timeout(Some(limit)).unwrap();
+        let mut buf = [0u8; 64];
+        matches!(stream.read(&mut buf), Ok(0))
+    };
+    let started = std::time::Instant::now();
+    let mut silent = std::net::TcpStream::connect(addr).unwrap();
+    let mut quiet = Conn::connect(addr);
+    let mut talker = Conn::connect(addr);
+    assert_eq!(quiet.call(Repr::read(at(0, 0), k, 8)).status, Status::Ok);
+    assert_eq!(talker.call(Repr::read(at(0, 0), k, 8)).status, Status::Ok);
+    assert!(
+        closed_within(&mut silent, Duration::from_secs(5)),
+        "the silent connection is closed"
+    );
+    assert!(started.elapsed() >= Duration::from_millis(250));
+    // The talker speaks every 200 ms for 1.2 s: past the idle timeout.
+    for _ in 0..5 {
+        assert_eq!(talker.call(Repr::read(at(0, 0), k, 8)).status, Status::Ok);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(quiet.try_recv().is_none(), "the quiet connection is closed");
+    assert_eq!(talker.call(Repr::read(at(0, 0), k, 8)).status, Status::Ok);
+    let metrics = telemetry::http_get(server.addr("admin"), "/metrics", Duration::from_secs(5))
+        .map(|(_, body)| body)
+        .unwrap();
+    for line in [
+        "pmem_server_connections_closed_total{reason=\"hello_timeout\"} 1",
+        "pmem_server_connections_closed_total{reason=\"idle\"} 1",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line}\n{metrics}");
+    }
+}

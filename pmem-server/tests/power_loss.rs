@@ -304,6 +304,7 @@ impl Bench {
             format: false,
             reset_exactly_once: false,
             max_connections: 1,
+            timeouts: Default::default(),
             secrets: None,
         }
     }
