@@ -492,10 +492,9 @@ impl Forwarder {
         match message {
             Message::Request(req) => self.forward(conn, frame, &req, tag, now),
             Message::Hello(hello) => self.hello(conn, &hello, tag),
-            Message::MapRequest => ClientAction::Reply(frame_reply(
-                &Message::Map(map::Repr::from_layout(&self.map.layout)),
-                tag,
-            )),
+            Message::MapRequest => {
+                ClientAction::Reply(frame_reply(&Message::Map(self.map.layout.to_map()), tag))
+            }
             Message::Ping(token) => ClientAction::Reply(frame_reply(&Message::Pong(token), tag)),
             Message::QpConnect(connect) if self.session_client(conn).is_some() => {
                 ClientAction::ConnectQp { connect, tag }
@@ -1240,7 +1239,7 @@ mod tests {
             core.link_frame(link, &hello, Instant::now()),
             LinkAction::Nothing
         ));
-        let map = Message::Map(map::Repr::from_layout(&core.map().layout))
+        let map = Message::Map(core.map().layout.to_map())
             .encode_to_vec(LINK_OPENING.map)
             .unwrap();
         assert!(matches!(
@@ -1967,7 +1966,7 @@ mod tests {
         .encode_to_vec(LINK_OPENING.hello)
         .unwrap();
         core.link_frame(id, &hello, Instant::now());
-        let mut theirs = map::Repr::from_layout(&core.map().layout);
+        let mut theirs = core.map().layout.to_map();
         theirs.entries[0].len /= 2;
         let map = Message::Map(theirs)
             .encode_to_vec(LINK_OPENING.map)

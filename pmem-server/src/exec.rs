@@ -14,7 +14,7 @@ use proto::frame::{self, Header};
 use proto::hello::{self, Capabilities, Role};
 use proto::request::{self, Operation, Target};
 use proto::response::{self, ResponseKind};
-use proto::{Message, Opcode, Status, map};
+use proto::{Message, Opcode, Status};
 use topology::{CachePolicy, Layout, LayoutEntry, RegionIndex, ServerId};
 
 use crate::dedup::{Dedup, DedupError, DedupTable, Refusal, Word};
@@ -419,11 +419,7 @@ impl Executor {
                 encode(&reply, tag, out);
             }
             Message::MapRequest => {
-                encode(
-                    &Message::Map(map::Repr::from_layout(&self.layout)),
-                    tag,
-                    out,
-                );
+                encode(&Message::Map(self.layout.to_map()), tag, out);
             }
             Message::Ping(token) => encode(&Message::Pong(token), tag, out),
             // A server terminates no queue pairs on this transport.

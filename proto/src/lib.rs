@@ -104,6 +104,7 @@
 //! response carrying its tag ([`reply_to_malformed`], [`unsupported_reply`],
 //! [`error_reply`]) and the connection carries on.
 
+pub mod addr;
 pub mod auth;
 pub mod decoder;
 pub mod error;
@@ -121,6 +122,7 @@ pub mod response;
 pub mod roce;
 pub mod status;
 
+pub use addr::{PmemAddr, RegionIndex, RegionOffset, VirtAddr};
 pub use decoder::{FrameDecoder, ReadError, ReadOutcome};
 pub use error::{Error, Result};
 pub use hello::PROTOCOL_VERSION;
@@ -132,7 +134,6 @@ pub use opcode::Opcode;
 pub use request::{ExactlyOnce, Operation, Target};
 pub use response::ResponseKind;
 pub use status::Status;
-pub use topology::addr::{PmemAddr, RegionIndex, RegionOffset};
 
 /// A byte range of a fixed-width field.
 pub type Field = core::ops::Range<usize>;

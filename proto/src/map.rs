@@ -202,26 +202,6 @@ pub struct Repr {
 }
 
 impl Repr {
-    /// The MAP of a whole layout: its digest, extent size and every region in
-    /// region-index order.
-    pub fn from_layout(layout: &topology::Layout) -> Repr {
-        Repr {
-            digest: layout.digest(),
-            extent_size: layout.extent_size(),
-            entries: layout
-                .entries()
-                .iter()
-                .map(|e| MapEntry {
-                    start: e.start,
-                    len: e.len,
-                    region: e.region,
-                    server: e.server_index,
-                    socket: e.socket_index,
-                })
-                .collect(),
-        }
-    }
-
     /// Parses a MAP body; rejects non-zero reserved bytes (`ReservedBits`).
     ///
     /// Allocates one `MapEntry` per entry; the count is bounded by the body

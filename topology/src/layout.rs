@@ -226,6 +226,27 @@ pub fn derived_key(pool: &str, region: &RegionId) -> u64 {
 }
 
 impl Layout {
+    /// The MAP message of this layout (what MAP_REQUEST is answered
+    /// with): its digest, extent size and every region in region-index
+    /// order.
+    pub fn to_map(&self) -> proto::map::Repr {
+        proto::map::Repr {
+            digest: self.digest(),
+            extent_size: self.extent_size(),
+            entries: self
+                .entries()
+                .iter()
+                .map(|e| proto::map::MapEntry {
+                    start: e.start,
+                    len: e.len,
+                    region: e.region,
+                    server: e.server_index,
+                    socket: e.socket_index,
+                })
+                .collect(),
+        }
+    }
+
     /// The layout of a topology.
     pub fn new(topology: &Topology) -> Result<Self, LayoutError> {
         if topology.servers.len() > usize::from(u16::MAX) {

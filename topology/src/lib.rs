@@ -12,7 +12,10 @@
 //!
 //! Nothing here does I/O beyond reading the file.
 
-pub mod addr;
+/// The address newtypes, from the wire format (`proto::addr`).
+pub mod addr {
+    pub use proto::addr::*;
+}
 mod extent_table;
 pub mod grants;
 pub mod ids;

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use proto::frame::Header;
 use proto::request::{Operation, Target};
 use proto::roce::rc::{CompletionKind, Path, RemoteAddr, WcStatus, WorkOp, WorkRequest};
-use proto::{Message, map, response};
+use proto::{Message, response};
 use topology::{EnvOverrides, Topology};
 
 use super::*;
@@ -151,7 +151,7 @@ impl Bench {
             .encode_to_vec(tags[0])
             .expect("hello");
             fwd.link_frame(link, &hello, Instant::now());
-            let map = Message::Map(map::Repr::from_layout(&fwd.map().layout))
+            let map = Message::Map(fwd.map().layout.to_map())
                 .encode_to_vec(tags[1])
                 .expect("map");
             fwd.link_frame(link, &map, Instant::now());
