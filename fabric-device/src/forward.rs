@@ -1228,7 +1228,7 @@ mod tests {
         let sent = core.link_connected(link);
         assert!(!sent.is_empty());
         let hello = Message::Hello(hello::Repr {
-            version: 1,
+            version: PROTOCOL_VERSION,
             role: Role::Server,
             capabilities: Capabilities::NONE,
             name: &server,
@@ -1259,7 +1259,7 @@ mod tests {
     fn hello(core: &mut Forwarder, conn: ConnId, name: &str) -> ClientAction<'static> {
         core.client_opened(conn);
         let frame = Message::Hello(hello::Repr {
-            version: 1,
+            version: PROTOCOL_VERSION,
             role: Role::Client,
             capabilities: Capabilities::NONE,
             name,
@@ -1548,7 +1548,7 @@ mod tests {
         assert!(matches!(hello(&mut core, 1, "c1"), ClientAction::Reply(_)));
         // Saying the same name again is harmless.
         let again = Message::Hello(hello::Repr {
-            version: 1,
+            version: PROTOCOL_VERSION,
             role: Role::Client,
             capabilities: Capabilities::NONE,
             name: "c1",
@@ -1561,7 +1561,7 @@ mod tests {
         ));
         // Another client's name closes the connection; the session keeps c1.
         let switch = Message::Hello(hello::Repr {
-            version: 1,
+            version: PROTOCOL_VERSION,
             role: Role::Client,
             capabilities: Capabilities::NONE,
             name: "c2",
@@ -1942,7 +1942,7 @@ mod tests {
         let id = link(&core, "A", "n0");
         core.link_connected(id);
         let imposter = Message::Hello(hello::Repr {
-            version: 1,
+            version: PROTOCOL_VERSION,
             role: Role::Server,
             capabilities: Capabilities::NONE,
             name: "B",
@@ -1958,7 +1958,7 @@ mod tests {
         let id = link(&core, "A", "n1");
         core.link_connected(id);
         let hello = Message::Hello(hello::Repr {
-            version: 1,
+            version: PROTOCOL_VERSION,
             role: Role::Server,
             capabilities: Capabilities::NONE,
             name: "A",

@@ -143,7 +143,7 @@ impl Bench {
                 .map(|f| Header::parse(f).expect("hdr").tag)
                 .collect();
             let hello = Message::Hello(proto::hello::Repr {
-                version: 1,
+                version: proto::PROTOCOL_VERSION,
                 role: proto::hello::Role::Server,
                 capabilities: proto::hello::Capabilities::NONE,
                 name: &server,

@@ -7,7 +7,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use proto::decoder::{ReadError, ReadOutcome};
-use proto::hello::{self, Capabilities, Role};
+use proto::hello::{Capabilities, Role};
 use proto::request::{Repr, Target};
 use proto::{FrameDecoder, Message, Status};
 
@@ -65,35 +65,21 @@ fn other(what: String) -> io::Error {
 }
 
 impl BenchConn {
-    /// Connects; sends HELLO as `client` when given (fabric devices need it).
+    /// Connects; opens the connection as `client` when given (fabric
+    /// devices need it), else talks to a server straight away.
     pub fn connect(addr: SocketAddr, client: Option<&str>) -> io::Result<Self> {
+        if let Some(name) = client {
+            return Self::open(addr, name, None);
+        }
         let stream = TcpStream::connect(addr)?;
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-        let mut conn = Self {
+        Ok(Self {
             stream,
             decoder: FrameDecoder::new(),
             frame: Vec::with_capacity(2 << 20),
             next_tag: 1,
-        };
-        if let Some(name) = client {
-            let hello = Message::Hello(hello::Repr {
-                version: 1,
-                role: Role::Client,
-                capabilities: Capabilities::PIPELINING,
-                name,
-            });
-            conn.frame.clear();
-            hello
-                .encode_into(0, &mut conn.frame)
-                .map_err(|e| other(e.to_string()))?;
-            conn.stream.write_all(&conn.frame)?;
-            let (opcode, status) = conn.recv_one()?;
-            if opcode != proto::Opcode::Hello || status != Status::Ok {
-                return Err(other(format!("HELLO refused: {status}")));
-            }
-        }
-        Ok(conn)
+        })
     }
 
     /// Connects to a fabric device and opens the connection as `client`
