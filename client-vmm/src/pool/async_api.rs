@@ -1,0 +1,413 @@
+//! The async API: reads, writes, atomics, flushes and batches on virtual
+//! ranges, fences, status.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use futures::future::join_all;
+use proto::request::Operation;
+use tokio::sync::{Notify, Semaphore};
+use topology::{ClientId, Layout, PmemAddr, RnicTransport, Topology, VirtAddr};
+
+use crate::conn;
+use crate::error::{OpenError, PoolError};
+use crate::paths::{Failure, PathHealth, PathId, PathTable};
+use crate::translate::{StaticTranslator, Tlb, Translation};
+
+use super::dispatch::probe_loop;
+use super::{
+    AsyncPool, Backing, Batch, BatchOp, Completion, InFlight, Inner, MAX_PIECE, PathStatus,
+    PoolBuilder, PoolOptions, SECRETS_ENV, Spec, Stats, StatsSnapshot, lock, new_session,
+};
+
+impl AsyncPool {
+    /// A builder for a connection of `client` to the pool `topology` describes.
+    pub fn builder(topology: Topology, client: impl Into<ClientId>) -> PoolBuilder {
+        PoolBuilder {
+            topology,
+            client: client.into(),
+            options: PoolOptions::default(),
+            translator: None,
+            secrets: std::env::var_os(SECRETS_ENV).map(PathBuf::from),
+        }
+    }
+
+    /// Connects `client` with default options.
+    pub async fn connect(
+        topology: Topology,
+        client: impl Into<ClientId>,
+    ) -> Result<Self, OpenError> {
+        Self::builder(topology, client).connect_async().await
+    }
+
+    pub(super) async fn open(builder: PoolBuilder) -> Result<Self, OpenError> {
+        let PoolBuilder {
+            topology,
+            client,
+            options,
+            translator,
+            secrets,
+        } = builder;
+        topology.validate()?;
+        let key = match &secrets {
+            Some(dir) => Some(proto::auth::Key::new(topology::secrets::read_key(
+                dir,
+                topology::secrets::Principal::Client(client.as_str()),
+            )?)),
+            None => None,
+        };
+        let layout = Layout::new(&topology)?;
+        let table = PathTable::new(&topology, &layout, &client, options.paths)?;
+        let translator = match (translator, layout.meta()) {
+            (Some(custom), _) => Backing::Fixed(custom),
+            (None, Some(meta)) => Backing::PageTable(meta.clone()),
+            (None, None) => Backing::Fixed(Arc::new(StaticTranslator::new(&layout))),
+        };
+        let extent = layout.extent_size();
+        let slots = table.paths().iter().map(|_| Mutex::default()).collect();
+        let start_seq = new_session();
+        let client_index = topology
+            .clients
+            .iter()
+            .position(|c| c.id == client)
+            .and_then(|i| u16::try_from(i).ok())
+            .unwrap_or(u16::MAX);
+        let inner = Arc::new(Inner {
+            client_index,
+            pool_name: topology.pool.name.clone(),
+            tlb: Tlb::new(extent, options.tlb_capacity),
+            translator,
+            key,
+            client,
+            layout,
+            table: Mutex::new(table),
+            slots,
+            seq: AtomicU64::new(start_seq),
+            depth: Semaphore::new(options.queue_depth.max(1)),
+            in_flight: InFlight::default(),
+            prober: Arc::new(Notify::new()),
+            restored: Notify::new(),
+            stats: Stats::default(),
+            options,
+        });
+        let paths: Vec<PathId> = lock(&inner.table).paths().iter().map(|p| p.id).collect();
+        let results = join_all(paths.iter().map(|&p| inner.connect_path(p))).await;
+        let mut failures = Vec::new();
+        let now = Instant::now();
+        for (&path, result) in paths.iter().zip(results) {
+            match result {
+                Ok(()) => {}
+                Err(
+                    e @ (conn::ConnectError::Refused { .. }
+                    | conn::ConnectError::DigestMismatch { .. }),
+                ) => {
+                    return Err(OpenError::Refused {
+                        client: inner.client.to_string(),
+                        path: inner.path_name(path),
+                        source: Box::new(e),
+                    });
+                }
+                Err(e) => {
+                    lock(&inner.table).report_failure(path, 0, Failure::ConnectionLost, now);
+                    failures.push((inner.path_name(path), e));
+                }
+            }
+        }
+        if failures.len() == paths.len() {
+            return Err(OpenError::Unreachable {
+                client: inner.client.to_string(),
+                failures,
+            });
+        }
+        tokio::spawn(probe_loop(
+            Arc::downgrade(&inner),
+            Arc::clone(&inner.prober),
+        ));
+        Ok(Self { inner })
+    }
+
+    /// Reads `len` bytes at `vaddr`.
+    pub async fn read(&self, vaddr: VirtAddr, len: u64) -> Result<Vec<u8>, PoolError> {
+        let _op = self.inner.in_flight.begin();
+        let pieces = self.inner.plan(vaddr, len).await?;
+        let results = join_all(pieces.iter().map(|piece| {
+            let length = piece.len as u32;
+            self.inner
+                .send_piece(*piece, Spec::plain(Operation::Read, length))
+        }))
+        .await;
+        let mut out = Vec::with_capacity(len as usize);
+        for result in results {
+            out.extend_from_slice(&result?.data);
+        }
+        Ok(out)
+    }
+
+    /// Writes `data` at `vaddr`.
+    pub async fn write(&self, vaddr: VirtAddr, data: &[u8]) -> Result<(), PoolError> {
+        self.write_op(vaddr, data, Operation::Write).await
+    }
+
+    /// Writes `data` at `vaddr` and returns once it is durable.
+    pub async fn write_persist(&self, vaddr: VirtAddr, data: &[u8]) -> Result<(), PoolError> {
+        self.write_op(vaddr, data, Operation::WritePersist).await
+    }
+
+    pub(super) async fn write_op(
+        &self,
+        vaddr: VirtAddr,
+        data: &[u8],
+        operation: Operation,
+    ) -> Result<(), PoolError> {
+        let _op = self.inner.in_flight.begin();
+        let pieces = self.inner.plan(vaddr, data.len() as u64).await?;
+        let mut offset = 0usize;
+        let sends = pieces.iter().map(|piece| {
+            let payload = &data[offset..offset + piece.len as usize];
+            offset += piece.len as usize;
+            let spec = Spec {
+                payload,
+                ..Spec::plain(operation, piece.len as u32)
+            };
+            self.inner.send_piece(*piece, spec)
+        });
+        let sends: Vec<_> = sends.collect();
+        for result in join_all(sends).await {
+            result?;
+        }
+        Ok(())
+    }
+
+    /// Makes `len` bytes at `vaddr` durable.
+    pub async fn flush(&self, vaddr: VirtAddr, len: u64) -> Result<(), PoolError> {
+        let _op = self.inner.in_flight.begin();
+        let pieces = self.inner.plan(vaddr, len).await?;
+        let results = join_all(pieces.iter().map(|piece| {
+            self.inner
+                .send_piece(*piece, Spec::plain(Operation::Flush, piece.len as u32))
+        }))
+        .await;
+        results.into_iter().try_for_each(|r| r.map(drop))
+    }
+
+    /// Compare-and-swap of the 8-byte word at `vaddr`; returns the old value
+    /// (the swap happened when it equals `old`). Exactly once, even across
+    /// failover.
+    pub async fn compare_and_swap(
+        &self,
+        vaddr: VirtAddr,
+        old: u64,
+        new: u64,
+    ) -> Result<u64, PoolError> {
+        self.atomic(vaddr, Operation::CompareSwap, new, old, true)
+            .await
+    }
+
+    /// Adds `delta` to the 8-byte word at `vaddr`; returns the old value.
+    /// Exactly once, even across failover.
+    pub async fn fetch_add(&self, vaddr: VirtAddr, delta: u64) -> Result<u64, PoolError> {
+        self.atomic(vaddr, Operation::FetchAdd, delta, 0, true)
+            .await
+    }
+
+    /// Stores `value` into the 8-byte word at `vaddr` atomically.
+    pub async fn atomic_write(&self, vaddr: VirtAddr, value: u64) -> Result<(), PoolError> {
+        self.atomic(vaddr, Operation::AtomicWrite, value, 0, false)
+            .await
+            .map(drop)
+    }
+
+    pub(super) async fn atomic(
+        &self,
+        vaddr: VirtAddr,
+        operation: Operation,
+        operand: u64,
+        compare: u64,
+        exactly_once: bool,
+    ) -> Result<u64, PoolError> {
+        if !vaddr.get().is_multiple_of(8) {
+            return Err(PoolError::Misaligned { vaddr });
+        }
+        let _op = self.inner.in_flight.begin();
+        let pieces = self.inner.plan(vaddr, 8).await?;
+        let [piece] = pieces[..] else {
+            return Err(PoolError::Misaligned { vaddr });
+        };
+        let spec = Spec {
+            operand,
+            compare,
+            exactly_once,
+            ..Spec::plain(operation, 8)
+        };
+        self.inner.send_piece(piece, spec).await.map(|r| r.value)
+    }
+
+    /// Waits until every operation issued before it has completed.
+    pub async fn fence(&self) {
+        self.inner.in_flight.fence().await;
+    }
+
+    /// Runs every operation of `batch` concurrently and waits once; results
+    /// come back in the batch's order.
+    pub async fn submit(&self, batch: Batch) -> Vec<Result<Completion, PoolError>> {
+        join_all(batch.ops.into_iter().map(|op| self.run_batch_op(op))).await
+    }
+
+    pub(super) async fn run_batch_op(&self, op: BatchOp) -> Result<Completion, PoolError> {
+        match op {
+            BatchOp::Read { vaddr, len } => self.read(vaddr, len).await.map(Completion::Data),
+            BatchOp::Write {
+                vaddr,
+                data,
+                persist,
+            } => if persist {
+                self.write_persist(vaddr, &data).await
+            } else {
+                self.write(vaddr, &data).await
+            }
+            .map(|()| Completion::Done),
+            BatchOp::Flush { vaddr, len } => {
+                self.flush(vaddr, len).await.map(|()| Completion::Done)
+            }
+            BatchOp::CompareAndSwap { vaddr, old, new } => self
+                .compare_and_swap(vaddr, old, new)
+                .await
+                .map(Completion::Old),
+            BatchOp::FetchAdd { vaddr, delta } => {
+                self.fetch_add(vaddr, delta).await.map(Completion::Old)
+            }
+            BatchOp::AtomicWrite { vaddr, value } => self
+                .atomic_write(vaddr, value)
+                .await
+                .map(|()| Completion::Done),
+        }
+    }
+
+    /// Reads `len` bytes at a PMEM address with `key` (allocator metadata).
+    pub(crate) async fn pmem_read(
+        &self,
+        at: PmemAddr,
+        key: u64,
+        len: u32,
+    ) -> Result<Vec<u8>, PoolError> {
+        let mut out = Vec::with_capacity(len as usize);
+        let mut done = 0u32;
+        while done < len {
+            let take = (len - done).min(MAX_PIECE as u32);
+            let spec = Spec::plain(Operation::Read, take);
+            let at = PmemAddr(at.get() + u64::from(done));
+            out.extend_from_slice(&self.inner.raw(at, key, spec).await?.data);
+            done += take;
+        }
+        Ok(out)
+    }
+
+    /// Writes `data` at a PMEM address with `key`, durably.
+    pub(crate) async fn pmem_write(
+        &self,
+        at: PmemAddr,
+        key: u64,
+        data: &[u8],
+    ) -> Result<(), PoolError> {
+        for (i, chunk) in data.chunks(MAX_PIECE as usize).enumerate() {
+            let spec = Spec {
+                payload: chunk,
+                ..Spec::plain(Operation::WritePersist, chunk.len() as u32)
+            };
+            let at = PmemAddr(at.get() + (i as u64) * MAX_PIECE);
+            self.inner.raw(at, key, spec).await?;
+        }
+        Ok(())
+    }
+
+    /// A durable, exactly-once atomic on the word at a PMEM address; returns
+    /// the old value (COMPARE_SWAP swapped when it equals `compare`).
+    pub(crate) async fn pmem_atomic(
+        &self,
+        at: PmemAddr,
+        key: u64,
+        operation: Operation,
+        operand: u64,
+        compare: u64,
+    ) -> Result<u64, PoolError> {
+        let spec = Spec {
+            operand,
+            compare,
+            persist: true,
+            exactly_once: operation != Operation::AtomicWrite,
+            ..Spec::plain(operation, 8)
+        };
+        Ok(self.inner.raw(at, key, spec).await?.value)
+    }
+
+    /// Caches a translation the allocator just created.
+    pub(crate) fn install_translation(&self, t: Translation) {
+        self.inner.install(t);
+    }
+
+    /// Drops the cached translation of `vaddr`'s extent.
+    pub(crate) fn invalidate_translation(&self, vaddr: VirtAddr) {
+        self.inner.invalidate(vaddr);
+    }
+
+    /// The virtual range of every region: (region id, start, length).
+    pub fn regions(&self) -> Vec<(String, VirtAddr, u64)> {
+        let translator = StaticTranslator::new(&self.inner.layout);
+        translator
+            .region_ranges()
+            .filter_map(|(region, start, len)| {
+                let entry = self.inner.layout.entry(region)?;
+                Some((entry.region_id.to_string(), start, len))
+            })
+            .collect()
+    }
+
+    /// The layout the pool uses.
+    pub fn layout(&self) -> &Layout {
+        &self.inner.layout
+    }
+
+    /// The pool's name.
+    pub fn pool_name(&self) -> &str {
+        &self.inner.pool_name
+    }
+
+    /// The client's position in the topology (its owner number in the
+    /// allocator's records).
+    pub fn client_index(&self) -> u16 {
+        self.inner.client_index
+    }
+
+    /// Every path and how it is doing.
+    pub fn paths(&self) -> Vec<PathStatus> {
+        let table = lock(&self.inner.table);
+        table
+            .paths()
+            .iter()
+            .map(|p| PathStatus {
+                rnic: p.rnic.to_string(),
+                transport: match p.transport {
+                    RnicTransport::Tcp => "tcp",
+                    RnicTransport::Roce => "roce",
+                },
+                device: p.device.to_string(),
+                device_addr: p.device_addr.clone(),
+                up: matches!(table.health(p.id), PathHealth::Up),
+                outstanding: table.outstanding(p.id),
+            })
+            .collect()
+    }
+
+    /// The client's own counters.
+    pub fn stats(&self) -> StatsSnapshot {
+        let s = &self.inner.stats;
+        StatsSnapshot {
+            requests: s.requests.load(Ordering::Relaxed),
+            retries: s.retries.load(Ordering::Relaxed),
+            failovers: s.failovers.load(Ordering::Relaxed),
+            reconnects: s.reconnects.load(Ordering::Relaxed),
+        }
+    }
+}

@@ -1,0 +1,116 @@
+//! Building a pool: its tunables, the client's key folder, connecting.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use topology::{ClientId, Topology};
+
+use crate::error::OpenError;
+use crate::paths::PathConfig;
+use crate::translate::Translator;
+
+use super::{AsyncPool, Pool};
+
+/// Tunables of a pool.
+#[derive(Debug, Clone, Copy)]
+pub struct PoolOptions {
+    /// Path health, probing and retry timing.
+    pub paths: PathConfig,
+    /// How long connecting one path may take.
+    pub connect_timeout: Duration,
+    /// Requests in flight at once, over all paths.
+    pub queue_depth: usize,
+    /// Extents the translation cache holds.
+    pub tlb_capacity: usize,
+}
+
+impl Default for PoolOptions {
+    fn default() -> Self {
+        Self {
+            paths: PathConfig::default(),
+            connect_timeout: Duration::from_secs(2),
+            queue_depth: 256,
+            tlb_capacity: 65536,
+        }
+    }
+}
+
+/// Builds a pool connection with non-default options.
+#[derive(Debug)]
+pub struct PoolBuilder {
+    pub(super) topology: Topology,
+    pub(super) client: ClientId,
+    pub(super) options: PoolOptions,
+    pub(super) translator: Option<Arc<dyn Translator>>,
+    pub(super) secrets: Option<PathBuf>,
+}
+
+/// The environment variable naming the folder of keys a pool proves its
+/// client with, when the builder is not given one.
+pub const SECRETS_ENV: &str = "PMEM_FABRIC_SECRETS";
+
+impl PoolBuilder {
+    /// Proves the client's key (`client.<id>.key` in `dir`) to every fabric
+    /// device, which must prove it holds it too. By default the folder in
+    /// `$PMEM_FABRIC_SECRETS`, if set; without one, no authentication.
+    pub fn secrets(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.secrets = Some(dir.into());
+        self
+    }
+
+    /// Per-attempt timeout: a request unanswered this long on one path is
+    /// re-sent on another.
+    pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
+        self.options.paths.attempt_timeout = timeout;
+        self
+    }
+
+    /// Whole-operation timeout, retries included.
+    pub fn op_timeout(mut self, timeout: Duration) -> Self {
+        self.options.paths.op_timeout = timeout;
+        self
+    }
+
+    /// Requests in flight at once.
+    pub fn queue_depth(mut self, depth: usize) -> Self {
+        self.options.queue_depth = depth.max(1);
+        self
+    }
+
+    /// How long connecting one path may take.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.options.connect_timeout = timeout;
+        self
+    }
+
+    /// All options at once.
+    pub fn options(mut self, options: PoolOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// A translator other than the topology's static space (the allocator's
+    /// page table).
+    pub fn translator(mut self, translator: Arc<dyn Translator>) -> Self {
+        self.translator = Some(translator);
+        self
+    }
+
+    /// Connects inside the caller's tokio runtime.
+    pub async fn connect_async(self) -> Result<AsyncPool, OpenError> {
+        AsyncPool::open(self).await
+    }
+
+    /// Connects with a runtime of the pool's own, for the blocking API.
+    pub fn connect(self) -> Result<Pool, OpenError> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("pmem-pool")
+            .enable_all()
+            .build()
+            .map_err(OpenError::Runtime)?;
+        let pool = runtime.block_on(AsyncPool::open(self))?;
+        Ok(Pool { runtime, pool })
+    }
+}

@@ -1,0 +1,598 @@
+//! Sending pieces: translation, path choice, attempts and failover, and
+//! the prober that brings paths back.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use proto::request::{Operation, Target};
+use proto::{Status, request};
+use tokio::sync::Notify;
+use topology::{MetaLayout, PmemAddr, RegionIndex, RnicTransport, VirtAddr};
+
+use crate::alloc::records;
+use crate::conn::{self, Response};
+use crate::error::{PoolError, Reason, Tried, TriedPath};
+use crate::link::PathLink;
+use crate::paths::{Attempts, Failure, GiveUpReason, Next, PathId, Probe};
+use crate::translate::Translation;
+
+#[cfg(feature = "verbs")]
+use super::new_session;
+use super::{Backing, Inner, MAX_PIECE, Piece, Spec, lock};
+
+impl Inner {
+    pub(super) fn path_name(&self, path: PathId) -> String {
+        let table = lock(&self.table);
+        table.paths().get(path.0).map_or_else(
+            || format!("#{}", path.0),
+            |p| format!("{} -> {}", p.rnic, p.device),
+        )
+    }
+
+    pub(super) fn server_name(&self, region: RegionIndex) -> String {
+        self.layout
+            .entry(region)
+            .map_or_else(|| "?".to_owned(), |e| e.server.to_string())
+    }
+
+    /// (Re)connects `path` and installs the connection.
+    pub(super) async fn connect_path(
+        self: &Arc<Self>,
+        path: PathId,
+    ) -> Result<(), conn::ConnectError> {
+        let info = lock(&self.table).paths()[path.0].clone();
+        let generation = lock(&self.slots[path.0]).generation + 1;
+        let weak = Arc::downgrade(self);
+        let on_lost = Box::new(move || {
+            if let Some(inner) = weak.upgrade() {
+                inner.connection_lost(path, generation);
+            }
+        });
+        let link = match info.transport {
+            RnicTransport::Tcp => PathLink::Tcp(
+                conn::connect(
+                    &info.device_addr,
+                    info.local_addr.as_deref(),
+                    self.client.as_str(),
+                    self.key.clone(),
+                    self.layout.digest(),
+                    self.options.connect_timeout,
+                    on_lost,
+                )
+                .await?,
+            ),
+            RnicTransport::Roce => self.connect_roce(&info, on_lost).await?,
+        };
+        let mut slot = lock(&self.slots[path.0]);
+        slot.generation = generation;
+        slot.conn = Some(Arc::new(link));
+        Ok(())
+    }
+
+    /// Sets up a RoCE path: control connection and queue pair, numbering
+    /// its atomics on lane `path + 1` from above anything an earlier queue
+    /// pair of the path numbered.
+    #[cfg(feature = "verbs")]
+    pub(super) async fn connect_roce(
+        &self,
+        info: &crate::paths::PathInfo,
+        on_lost: Box<dyn FnOnce() + Send>,
+    ) -> Result<PathLink, conn::ConnectError> {
+        use crate::verbs::link::{LinkConfig, VerbsLink};
+        let bad_address = || conn::ConnectError::RoceAddress {
+            addr: info.device_addr.clone(),
+            rnic: info.rnic.to_string(),
+            local: info.local_addr.clone(),
+        };
+        let local_ip = info
+            .local_addr
+            .as_deref()
+            .and_then(|a| a.parse().ok())
+            .ok_or_else(bad_address)?;
+        let addr = info
+            .device_addr
+            .parse()
+            .map_err(|_| conn::ConnectError::BadAddress(info.device_addr.clone()))?;
+        let lane = u8::try_from(info.id.0 + 1).map_err(|_| bad_address())?;
+        // Every queue pair numbers its atomics in a session of its own.
+        let first = new_session();
+        let config = LinkConfig {
+            addr,
+            client: self.client.to_string(),
+            digest: self.layout.digest(),
+            layout: self.layout.clone(),
+            timeout: self.options.connect_timeout,
+            rdma_device: info.rdma_device.clone(),
+            key: self.key.clone(),
+            local_ip,
+            atomics: proto::qp::AtomicSeq { lane, first },
+        };
+        let link = tokio::task::spawn_blocking(move || VerbsLink::open(config, on_lost))
+            .await
+            .map_err(|e| conn::ConnectError::Protocol {
+                addr: info.device_addr.clone(),
+                what: format!("verbs set-up task: {e}"),
+            })??;
+        Ok(PathLink::Verbs(link))
+    }
+
+    /// Without the `verbs` feature a RoCE path cannot be set up.
+    #[cfg(not(feature = "verbs"))]
+    pub(super) async fn connect_roce(
+        &self,
+        info: &crate::paths::PathInfo,
+        _on_lost: Box<dyn FnOnce() + Send>,
+    ) -> Result<PathLink, conn::ConnectError> {
+        Err(conn::ConnectError::NoVerbs {
+            addr: info.device_addr.clone(),
+            rnic: info.rnic.to_string(),
+        })
+    }
+
+    /// A connection died: the path is down until the prober brings it back.
+    pub(super) fn connection_lost(&self, path: PathId, generation: u64) {
+        {
+            let mut slot = lock(&self.slots[path.0]);
+            if slot.generation != generation {
+                return;
+            }
+            slot.conn = None;
+        }
+        lock(&self.table).report_failure(path, 0, Failure::ConnectionLost, Instant::now());
+        self.prober.notify_one();
+    }
+
+    pub(super) async fn translate(&self, vaddr: VirtAddr) -> Result<Translation, PoolError> {
+        match &self.translator {
+            Backing::Fixed(translator) => self
+                .tlb
+                .translate(translator.as_ref(), vaddr)
+                .map_err(|_| PoolError::Unmapped { vaddr }),
+            Backing::PageTable(meta) => {
+                if let Some(t) = self.tlb.get(vaddr) {
+                    return Ok(t);
+                }
+                let t = self.walk(meta, vaddr).await?;
+                self.tlb.insert(t);
+                Ok(t)
+            }
+        }
+    }
+
+    /// Reads `vaddr`'s page-table entry: its translation, or why it has none.
+    pub(super) async fn walk(
+        &self,
+        meta: &MetaLayout,
+        vaddr: VirtAddr,
+    ) -> Result<Translation, PoolError> {
+        let unmapped = PoolError::Unmapped { vaddr };
+        let index = records::vextent_of(meta, vaddr).ok_or(unmapped)?;
+        let table = meta.meta_region();
+        let at = meta.page_table_entry(index);
+        let bytes = self
+            .raw(
+                at,
+                table.key,
+                Spec::plain(Operation::Read, records::PT_ENTRY_LEN as u32),
+            )
+            .await?
+            .data;
+        let entry = records::PtEntry::decode(&bytes).ok_or(PoolError::Unmapped { vaddr })?;
+        match entry.control.state {
+            records::EntryState::Live => {
+                let pmem = PmemAddr(entry.pmem);
+                let region = self
+                    .layout
+                    .lookup(pmem)
+                    .map(|at| at.offset.region)
+                    .ok_or(PoolError::Unmapped { vaddr })?;
+                Ok(Translation {
+                    vbase: records::vbase_of(meta, index),
+                    len: meta.extent_size(),
+                    pmem,
+                    key: entry.key,
+                    region,
+                })
+            }
+            records::EntryState::Free | records::EntryState::Freeing
+                if entry.control.generation > 0 =>
+            {
+                Err(PoolError::UseAfterFree { vaddr })
+            }
+            _ => Err(PoolError::Unmapped { vaddr }),
+        }
+    }
+
+    /// Sends one request addressed by PMEM address and key (the allocator's
+    /// metadata accesses), failing over like any other; a status other than
+    /// OK becomes an error.
+    pub(super) async fn raw(
+        &self,
+        pmem: PmemAddr,
+        key: u64,
+        spec: Spec<'_>,
+    ) -> Result<Response, PoolError> {
+        let vaddr = VirtAddr(pmem.get());
+        let region = self
+            .layout
+            .lookup(pmem)
+            .map(|at| at.offset.region)
+            .ok_or(PoolError::Unmapped { vaddr })?;
+        let piece = Piece {
+            vaddr,
+            pmem,
+            len: u64::from(spec.length),
+            key,
+            region,
+        };
+        let response = self.send_with_failover(piece, spec).await?;
+        match response.status {
+            Status::Ok => Ok(response),
+            status => Err(self.status_error(piece, status)),
+        }
+    }
+
+    /// The error for a final non-OK status of `piece`.
+    pub(super) fn status_error(&self, piece: Piece, status: Status) -> PoolError {
+        let vaddr = piece.vaddr;
+        match status {
+            Status::AccessDenied => PoolError::AccessDenied { vaddr },
+            Status::Unmapped => PoolError::Unmapped { vaddr },
+            Status::OutOfBounds => PoolError::OutOfBounds {
+                vaddr,
+                len: piece.len,
+            },
+            status => PoolError::Rejected {
+                vaddr,
+                server: self.server_name(piece.region),
+                status,
+            },
+        }
+    }
+
+    pub(super) fn install(&self, t: Translation) {
+        self.tlb.insert(t);
+    }
+
+    pub(super) fn invalidate(&self, vaddr: VirtAddr) {
+        self.tlb.invalidate(vaddr);
+    }
+
+    /// Splits `[vaddr, vaddr + len)` into PMEM pieces: one per run of
+    /// extents contiguous in PMEM with the same key, at most [`MAX_PIECE`].
+    pub(super) async fn plan(&self, vaddr: VirtAddr, len: u64) -> Result<Vec<Piece>, PoolError> {
+        let end = vaddr
+            .get()
+            .checked_add(len)
+            .ok_or(PoolError::OutOfBounds { vaddr, len })?;
+        let mut pieces: Vec<Piece> = Vec::new();
+        let mut at = vaddr.get();
+        while at < end {
+            let t = self.translate(VirtAddr(at)).await?;
+            let take = t.remaining(VirtAddr(at)).min(end - at);
+            let pmem = t.pmem_of(VirtAddr(at));
+            match pieces.last_mut() {
+                Some(last)
+                    if last.region == t.region
+                        && last.key == t.key
+                        && last.pmem.get() + last.len == pmem.get()
+                        && last.len + take <= MAX_PIECE =>
+                {
+                    last.len += take;
+                }
+                _ => pieces.push(Piece {
+                    vaddr: VirtAddr(at),
+                    pmem,
+                    len: take,
+                    key: t.key,
+                    region: t.region,
+                }),
+            }
+            at += take;
+        }
+        if pieces.is_empty() {
+            // A zero-length access still names one address.
+            let t = self.translate(vaddr).await?;
+            pieces.push(Piece {
+                vaddr,
+                pmem: t.pmem_of(vaddr),
+                len: 0,
+                key: t.key,
+                region: t.region,
+            });
+        }
+        Ok(pieces)
+    }
+
+    /// Sends one piece, failing over between paths, and maps the final
+    /// status to an error. A stale translation (ACCESS_DENIED, UNMAPPED) is
+    /// refilled once.
+    pub(super) async fn send_piece(
+        &self,
+        piece: Piece,
+        spec: Spec<'_>,
+    ) -> Result<Response, PoolError> {
+        let response = self.send_with_failover(piece, spec).await?;
+        let status = match response.status {
+            Status::Ok => return Ok(response),
+            status @ (Status::AccessDenied | Status::Unmapped) => {
+                self.tlb.invalidate(piece.vaddr);
+                let fresh = self.translate(piece.vaddr).await?;
+                if fresh.pmem_of(piece.vaddr) != piece.pmem || fresh.key != piece.key {
+                    let piece = Piece {
+                        pmem: fresh.pmem_of(piece.vaddr),
+                        key: fresh.key,
+                        region: fresh.region,
+                        ..piece
+                    };
+                    let retried = self.send_with_failover(piece, spec).await?;
+                    if retried.status == Status::Ok {
+                        return Ok(retried);
+                    }
+                    retried.status
+                } else {
+                    status
+                }
+            }
+            status => status,
+        };
+        Err(self.status_error(piece, status))
+    }
+
+    /// Sends one request on the best path, and again on others while paths
+    /// fail, until an answer other than SERVER_UNAVAILABLE comes back or no
+    /// path is left.
+    pub(super) async fn send_with_failover(
+        &self,
+        piece: Piece,
+        spec: Spec<'_>,
+    ) -> Result<Response, PoolError> {
+        let _permit = self.depth.acquire().await.map_err(|_| PoolError::Closed)?;
+        let server = lock(&self.table)
+            .server_of(piece.region)
+            .unwrap_or_default();
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        let mut repr = request::Repr {
+            operation: spec.operation,
+            target: Target::Pmem(piece.pmem),
+            key: piece.key,
+            length: spec.length,
+            exactly_once: None,
+            on_behalf: None,
+            persist: spec.persist,
+            non_temporal: false,
+            operand: spec.operand,
+            compare: spec.compare,
+            payload: spec.payload,
+        };
+        if spec.exactly_once {
+            repr = repr.with_exactly_once(0, seq);
+        }
+        self.stats.requests.fetch_add(1, Ordering::Relaxed);
+        let mut attempts = Attempts::new(piece.region, Instant::now());
+        let mut first_path = None;
+        // Whether an earlier attempt may have run the request.
+        let mut again = false;
+        loop {
+            let now = Instant::now();
+            let next = attempts.next(&lock(&self.table), now);
+            let path = match next {
+                Next::Send(path) => path,
+                Next::GiveUp(give_up)
+                    if give_up.reason != GiveUpReason::Deadline
+                        && !server_is_down(&give_up.tried) =>
+                {
+                    // Every path is down or failed for now: wait for one to
+                    // come back (the prober restores them) until the
+                    // operation's deadline.
+                    let op_deadline = attempts.op_deadline(&lock(&self.table));
+                    let recheck = now + self.options.paths.probe_interval;
+                    let restored = self.restored.notified();
+                    let _ =
+                        tokio::time::timeout_at(recheck.min(op_deadline).into(), restored).await;
+                    continue;
+                }
+                Next::GiveUp(give_up) => {
+                    let tried = {
+                        let table = lock(&self.table);
+                        give_up
+                            .tried
+                            .iter()
+                            .map(|&(p, failure)| {
+                                let info = &table.paths()[p.0];
+                                TriedPath {
+                                    rnic: info.rnic.to_string(),
+                                    device: info.device.to_string(),
+                                    failure,
+                                }
+                            })
+                            .collect()
+                    };
+                    return Err(PoolError::NoPath {
+                        vaddr: piece.vaddr,
+                        server: self.server_name(piece.region),
+                        reason: Reason(give_up.reason),
+                        tried: Tried(tried),
+                    });
+                }
+            };
+            match first_path {
+                None => first_path = Some(path),
+                Some(_) => {
+                    self.stats.retries.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            let deadline = attempts.attempt_deadline(&lock(&self.table), now);
+            let (outcome, identity) = self.attempt(path, &repr, again, deadline).await;
+            again = spec.exactly_once;
+            if let Some(identity) = identity {
+                // It went as an RDMA atomic the device numbered: that
+                // number is the one a server may have recorded.
+                repr.exactly_once = Some(identity);
+            }
+            let now = Instant::now();
+            match outcome {
+                Ok((response, current)) if !server_unreachable(response.status) => {
+                    if current {
+                        lock(&self.table).report_success(path, server, now);
+                    }
+                    if first_path != Some(path) {
+                        self.stats.failovers.fetch_add(1, Ordering::Relaxed);
+                    }
+                    return Ok(response);
+                }
+                Ok(_) => self.attempt_failed(
+                    &mut attempts,
+                    path,
+                    server,
+                    Failure::ServerUnavailable,
+                    now,
+                ),
+                Err(failure) => self.attempt_failed(&mut attempts, path, server, failure, now),
+            }
+        }
+    }
+
+    pub(super) fn attempt_failed(
+        &self,
+        attempts: &mut Attempts,
+        path: PathId,
+        server: u16,
+        failure: Failure,
+        now: Instant,
+    ) {
+        attempts.failed(path, failure);
+        lock(&self.table).report_failure(path, server, failure, now);
+        if failure == Failure::Timeout {
+            // A path that stops answering is reconnected by the prober.
+            lock(&self.slots[path.0]).conn = None;
+        }
+        self.prober.notify_one();
+    }
+
+    /// Whether `conn` is still `path`'s connection (not replaced or dropped
+    /// since an attempt started on it).
+    pub(super) fn is_current(&self, path: PathId, conn: &Arc<PathLink>) -> bool {
+        lock(&self.slots[path.0])
+            .conn
+            .as_ref()
+            .is_some_and(|c| Arc::ptr_eq(c, conn))
+    }
+
+    /// One attempt on one path (`again`: an earlier attempt may have run
+    /// the request): the response, and whether the connection it came on is
+    /// still the path's; with it, the exactly-once identity the request got
+    /// on the way when it differs from the one it was sent with.
+    pub(super) async fn attempt(
+        &self,
+        path: PathId,
+        repr: &request::Repr<'_>,
+        again: bool,
+        deadline: Instant,
+    ) -> (
+        Result<(Response, bool), Failure>,
+        Option<request::ExactlyOnce>,
+    ) {
+        let conn = lock(&self.slots[path.0]).conn.clone();
+        let Some(conn) = conn else {
+            return (Err(Failure::ConnectionLost), None);
+        };
+        lock(&self.table).started(path);
+        let mut identity = None;
+        let result = match conn.send(repr, again) {
+            Err(conn::Lost) => Err(Failure::ConnectionLost),
+            Ok(mut sent) => {
+                let reply = &mut sent.reply;
+                let result = match tokio::time::timeout_at(deadline.into(), reply).await {
+                    Ok(Ok(response)) => Ok(response),
+                    Ok(Err(_)) => Err(Failure::ConnectionLost),
+                    Err(_) => {
+                        conn.cancel(&sent);
+                        Err(Failure::Timeout)
+                    }
+                };
+                identity = sent.identity();
+                result
+            }
+        };
+        lock(&self.table).finished(path);
+        // An answer on a connection given up on meanwhile is good data but
+        // says nothing about the path's current health.
+        let current = self.is_current(path, &conn);
+        (result.map(|response| (response, current)), identity)
+    }
+
+    /// One probe: reconnect a path, or ask a server through it.
+    pub(super) async fn probe(self: Arc<Self>, probe: Probe) {
+        let now = Instant::now();
+        match probe.server {
+            None => match self.connect_path(probe.path).await {
+                Ok(()) => {
+                    self.stats.reconnects.fetch_add(1, Ordering::Relaxed);
+                    lock(&self.table).path_restored(probe.path, Instant::now());
+                    self.restored.notify_waiters();
+                }
+                Err(_) => lock(&self.table).probe_failed(probe, Instant::now()),
+            },
+            Some(server) => {
+                let Some(entry) = self
+                    .layout
+                    .entries()
+                    .iter()
+                    .find(|e| e.server_index == server)
+                else {
+                    return;
+                };
+                let repr = request::Repr::read(Target::Pmem(entry.start), entry.key, 0);
+                let deadline = now + self.options.paths.attempt_timeout;
+                match self.attempt(probe.path, &repr, false, deadline).await.0 {
+                    Ok((r, true)) if !server_unreachable(r.status) => {
+                        lock(&self.table).report_success(probe.path, server, Instant::now());
+                        self.restored.notify_waiters();
+                    }
+                    _ => lock(&self.table).probe_failed(probe, Instant::now()),
+                }
+            }
+        }
+    }
+}
+
+/// Whether a device's answer says it could not reach the server: it has no
+/// live link to it (SERVER_UNAVAILABLE) or its link stopped answering
+/// (TIMEOUT). Another device may still reach it.
+pub(super) fn server_unreachable(status: Status) -> bool {
+    matches!(status, Status::ServerUnavailable | Status::Timeout)
+}
+
+/// Whether every path that was tried reported the server itself
+/// unavailable: the server is down, not a path. That is reported at once
+/// (requests in flight on a dead server fail visibly) instead of being
+/// waited out like a path outage.
+pub(super) fn server_is_down(tried: &[(PathId, Failure)]) -> bool {
+    !tried.is_empty() && tried.iter().all(|(_, f)| *f == Failure::ServerUnavailable)
+}
+
+/// Runs due probes until the pool is dropped.
+pub(super) async fn probe_loop(pool: Weak<Inner>, wake: Arc<Notify>) {
+    loop {
+        let next = {
+            let Some(inner) = pool.upgrade() else {
+                return;
+            };
+            let now = Instant::now();
+            let (due, next) = {
+                let mut table = lock(&inner.table);
+                (table.probes_due(now), table.poll_timeout())
+            };
+            for probe in due {
+                tokio::spawn(Arc::clone(&inner).probe(probe));
+            }
+            next.unwrap_or(now + Duration::from_secs(1))
+        };
+        tokio::select! {
+            () = wake.notified() => {}
+            () = tokio::time::sleep_until(next.into()) => {}
+        }
+    }
+}

@@ -1,0 +1,169 @@
+//! The pool: connections on every path, per-request path choice and
+//! failover, and the application API (async, blocking and batch).
+//!
+//! An operation on a virtual range is translated extent by extent (through
+//! the TLB), split into one request per contiguous PMEM piece, and each
+//! piece is sent on the path the [`PathTable`] chooses. A piece whose path
+//! dies, times out or reports its server unavailable is re-sent on another
+//! path; atomics keep their (client, sequence) so a re-sent one is answered
+//! from the server's window instead of being applied twice. An atomic that
+//! went as an RDMA atomic on a RoCE path has the identity its fabric device
+//! gave it (the queue pair's lane and the atomic's number on it); asked
+//! again, it carries that identity.
+//!
+//! - `builder`: [`PoolOptions`], [`PoolBuilder`], connecting;
+//! - `async_api`: [`AsyncPool`]'s operations on virtual ranges, fences,
+//!   status;
+//! - `dispatch`: translation, pieces, path choice, attempts, failover and
+//!   the prober;
+//! - `batch`: [`Batch`]; `blocking`: [`Pool`], the blocking facade;
+//! - `stats`, `in_flight`: what the pool counts and what `fence` waits for.
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use proto::request::Operation;
+use tokio::sync::{Notify, Semaphore};
+use topology::{ClientId, Layout, MetaLayout, PmemAddr, RegionIndex, VirtAddr};
+
+use crate::link::PathLink;
+use crate::paths::PathTable;
+use crate::translate::{Tlb, Translator};
+
+mod async_api;
+mod batch;
+mod blocking;
+mod builder;
+mod dispatch;
+mod in_flight;
+mod stats;
+
+pub use batch::{Batch, BatchOp, Completion};
+pub use builder::{PoolBuilder, PoolOptions, SECRETS_ENV};
+use in_flight::InFlight;
+pub use stats::{PathStatus, Stats, StatsSnapshot};
+
+/// One path's current connection.
+#[derive(Debug, Default)]
+struct Slot {
+    conn: Option<Arc<PathLink>>,
+    /// Bumped on every (re)connect, so a stale connection's death is ignored.
+    generation: u64,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[derive(Debug)]
+struct Inner {
+    client: ClientId,
+    /// The client's position in the topology.
+    client_index: u16,
+    pool_name: String,
+    layout: Layout,
+    translator: Backing,
+    /// The client's key, proven to every device (with secrets).
+    key: Option<proto::auth::Key>,
+    tlb: Tlb,
+    table: Mutex<PathTable>,
+    slots: Vec<Mutex<Slot>>,
+    seq: AtomicU64,
+    depth: Semaphore,
+    in_flight: InFlight,
+    prober: Arc<Notify>,
+    /// Woken whenever a path or a (path, server) pair comes back.
+    restored: Notify,
+    stats: Stats,
+    options: PoolOptions,
+}
+
+/// What translates virtual addresses when the TLB misses.
+#[derive(Debug)]
+enum Backing {
+    /// A translator in memory (the static space, or the caller's).
+    Fixed(Arc<dyn Translator>),
+    /// The allocator's page table in PMEM, read with one-sided READs.
+    PageTable(MetaLayout),
+}
+
+/// The pool, for async code (tokio). Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct AsyncPool {
+    inner: Arc<Inner>,
+}
+
+/// The pool, for blocking code: each call waits for its result.
+#[derive(Debug)]
+pub struct Pool {
+    runtime: tokio::runtime::Runtime,
+    pool: AsyncPool,
+}
+
+/// One PMEM piece of a virtual range.
+#[derive(Debug, Clone, Copy)]
+struct Piece {
+    vaddr: VirtAddr,
+    pmem: PmemAddr,
+    len: u64,
+    key: u64,
+    region: RegionIndex,
+}
+
+/// A request to send, before it has a path.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Spec<'a> {
+    pub(crate) operation: Operation,
+    pub(crate) length: u32,
+    pub(crate) operand: u64,
+    pub(crate) compare: u64,
+    pub(crate) payload: &'a [u8],
+    pub(crate) persist: bool,
+    pub(crate) exactly_once: bool,
+}
+
+impl Spec<'_> {
+    pub(crate) fn plain(operation: Operation, length: u32) -> Self {
+        Self {
+            operation,
+            length,
+            operand: 0,
+            compare: 0,
+            payload: &[],
+            persist: false,
+            exactly_once: false,
+        }
+    }
+}
+
+/// Most bytes one request moves.
+const MAX_PIECE: u64 = proto::frame::MAX_DATA_LEN as u64;
+
+/// The servers by index, for status displays.
+pub fn server_names(layout: &Layout) -> HashMap<u16, String> {
+    layout
+        .entries()
+        .iter()
+        .map(|e| (e.server_index, e.server.to_string()))
+        .collect()
+}
+
+/// The first sequence number of a new exactly-once session: a random
+/// session number in the upper 32 bits (never 0 or all ones), the count from
+/// 0 below. Each process (and each RDMA queue pair) numbers its atomics in
+/// its own session, so processes sharing an exactly-once identity, or a
+/// restarted one, never make each other's atomics stale on the server.
+fn new_session() -> u64 {
+    let mut bytes = [0u8; 4];
+    if getrandom::fill(&mut bytes).is_err() {
+        // No OS randomness: the clock still separates restarts.
+        let now = SystemTime::now().duration_since(UNIX_EPOCH);
+        bytes = now
+            .map_or(1, |d| d.subsec_nanos() ^ d.as_secs() as u32)
+            .to_le_bytes();
+    }
+    let session = u32::from_le_bytes(bytes).clamp(1, u32::MAX - 1);
+    u64::from(session) << 32
+}
