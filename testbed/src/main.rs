@@ -169,6 +169,11 @@ enum Command {
         /// A short smoke run (checks the report is complete, not the targets).
         #[arg(long)]
         quick: bool,
+        /// Rounds of every tracked ratio, the main pass included (default
+        /// 5, 2 with --quick); the report gives each ratio's median and
+        /// spread.
+        #[arg(long)]
+        rounds: Option<usize>,
         /// Where the report goes (reports/<run-id>/ by default).
         #[arg(long)]
         out: Option<PathBuf>,
@@ -553,10 +558,10 @@ fn main() -> ExitCode {
             println!("\nreport: {}", out.join("report.md").display());
             Ok(report.lost == 0)
         })()),
-        Command::Bench { quick, out } => outcome((|| {
+        Command::Bench { quick, rounds, out } => outcome((|| {
             let out =
                 out.unwrap_or_else(|| PathBuf::from("reports").join(testbed::run::run_id("bench")));
-            let (report, files) = testbed::bench::run(quick, &out)?;
+            let (report, files) = testbed::bench::run(quick, rounds, &out)?;
             println!("ratio                               value");
             for (name, value) in &report.ratios {
                 println!("{name:<35} {value:>6.2}");

@@ -43,6 +43,23 @@ fn quick_bench_writes_a_complete_report() {
             .unwrap_or_else(|| panic!("ratio {key} missing or not a number\n{text}"));
         assert!(value.is_finite() && value > 0.0, "{key} = {value}");
     }
+    // Every ratio was measured in two rounds (the quick run's; at least
+    // three for authentication), and its value is their median.
+    for (key, spread) in report["ratio_spread"].as_object().expect("ratio_spread") {
+        let rounds = spread["rounds"].as_array().expect("rounds");
+        let expected = if key == "authenticated_read_p50_over_plain" {
+            3
+        } else {
+            2
+        };
+        assert_eq!(rounds.len(), expected, "{key}: {spread}");
+        let (min, max) = (spread["min"].as_f64(), spread["max"].as_f64());
+        assert!(
+            min <= spread["median"].as_f64() && spread["median"].as_f64() <= max,
+            "{key}: {spread}"
+        );
+        assert_eq!(spread["median"], report["ratios"][key], "{key}");
+    }
     // Every system was measured, with CPU cost for pmem-fabric.
     let rates = report["rates"].as_array().expect("rates");
     for system in ["direct", "fabric", "redis"] {

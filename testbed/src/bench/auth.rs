@@ -21,8 +21,8 @@ use super::client::{self, BenchConn, BenchOp, Shape};
 use super::{Plan, bench_topology};
 use crate::launch::{DaemonKind, Fabric, LaunchOptions};
 
-/// Interleaved rounds of each measurement.
-const ROUNDS: usize = 5;
+/// Fewest interleaved rounds of each measurement (more when the plan asks).
+const MIN_ROUNDS: usize = 3;
 
 /// Medians over the rounds, in microseconds.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -133,7 +133,8 @@ pub fn measure(plan: &Plan, out: &Path) -> anyhow::Result<AuthCost> {
     let duration = Duration::from_secs_f64(plan.seconds / 2.0);
     let (mut open_plain, mut open_auth, mut read_plain, mut read_auth) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for round in 0..ROUNDS {
+    let rounds = plan.rounds.max(MIN_ROUNDS);
+    for round in 0..rounds {
         // Alternate which side goes first, so drift hits both alike.
         let sides = match round % 2 {
             0 => [(&plain, false), (&authenticated, true)],
@@ -159,7 +160,7 @@ pub fn measure(plan: &Plan, out: &Path) -> anyhow::Result<AuthCost> {
         .collect();
     Ok(AuthCost {
         read_ratio_per_round,
-        rounds: ROUNDS,
+        rounds,
         opens_per_round: opens,
         open_plain_p50_us: median_of(&mut open_plain),
         open_authenticated_p50_us: median_of(&mut open_auth),

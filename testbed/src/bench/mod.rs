@@ -5,6 +5,7 @@
 pub mod auth;
 pub mod client;
 pub mod peers;
+pub mod rounds;
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
@@ -47,6 +48,10 @@ pub struct Plan {
     /// connection.
     #[serde(default)]
     pub idle_connections: usize,
+    /// Rounds of every tracked ratio, the main pass included (see
+    /// [`rounds`]).
+    #[serde(default)]
+    pub rounds: usize,
 }
 
 impl Plan {
@@ -67,6 +72,7 @@ impl Plan {
                 redis_requests: 20_000,
                 device_busy_poll_us: Self::DEVICE_BUSY_POLL_US,
                 idle_connections: 100,
+                rounds: 2,
             }
         } else {
             Self {
@@ -78,6 +84,7 @@ impl Plan {
                 redis_requests: 400_000,
                 device_busy_poll_us: Self::DEVICE_BUSY_POLL_US,
                 idle_connections: 1_000,
+                rounds: 5,
             }
         }
     }
@@ -162,8 +169,11 @@ pub struct BenchReport {
     /// request.
     #[serde(default)]
     pub authentication: Option<auth::AuthCost>,
-    /// The tracked ratios, by name.
+    /// The tracked ratios, by name: each the median over the rounds.
     pub ratios: BTreeMap<String, f64>,
+    /// Each tracked ratio over the rounds: median, spread, every round.
+    #[serde(default)]
+    pub ratio_spread: BTreeMap<String, rounds::RatioSpread>,
 }
 
 /// What idle client connections cost the fabric device in memory.
@@ -251,8 +261,15 @@ fn quantiles(h: &LatencyHistogram) -> Quantiles {
 }
 
 /// Runs the whole bench and writes its report into `out`.
-pub fn run(quick: bool, out: &Path) -> anyhow::Result<(BenchReport, BenchFiles)> {
-    let plan = Plan::new(quick);
+pub fn run(
+    quick: bool,
+    rounds: Option<usize>,
+    out: &Path,
+) -> anyhow::Result<(BenchReport, BenchFiles)> {
+    let mut plan = Plan::new(quick);
+    if let Some(rounds) = rounds {
+        plan.rounds = rounds.max(1);
+    }
     std::fs::create_dir_all(out).with_context(|| format!("create {}", out.display()))?;
     peers::require_tools(peers::TOOLS)?;
 
@@ -369,9 +386,6 @@ pub fn run(quick: bool, out: &Path) -> anyhow::Result<(BenchReport, BenchFiles)>
             }
         }
     }
-    drop(fabric);
-    let authentication = Some(auth::measure(&plan, out).context("authentication cost")?);
-
     let mut redis = Vec::new();
     let server = RedisServer::start(&RedisConfig {
         aof_always: false,
@@ -406,7 +420,6 @@ pub fn run(quick: bool, out: &Path) -> anyhow::Result<(BenchReport, BenchFiles)>
             redis.push(r);
         }
     }
-    drop(server);
     let aof = RedisServer::start(&RedisConfig {
         aof_always: true,
         dir: out.join("redis-aof"),
@@ -420,7 +433,21 @@ pub fn run(quick: bool, out: &Path) -> anyhow::Result<(BenchReport, BenchFiles)>
         1,
         aof_requests,
     )?);
-    drop(aof);
+    // The ratios again, in interleaved rounds, with everything running.
+    let more_rounds = rounds::measure(
+        &plan,
+        &rounds::Systems {
+            paths: &paths,
+            pids,
+            shape: &shape,
+            redis: &server,
+            redis_aof: &aof,
+        },
+        plan.rounds.saturating_sub(1),
+    )
+    .context("the ratios' rounds")?;
+    drop((aof, server, fabric));
+    let authentication = Some(auth::measure(&plan, out).context("authentication cost")?);
 
     let mut report = BenchReport {
         quick,
@@ -435,8 +462,23 @@ pub fn run(quick: bool, out: &Path) -> anyhow::Result<(BenchReport, BenchFiles)>
         device_memory,
         authentication,
         ratios: BTreeMap::new(),
+        ratio_spread: BTreeMap::new(),
     };
-    report.ratios = ratios(&report);
+    // The main pass is the first round.
+    for (name, first) in ratios(&report) {
+        let mut values = vec![first];
+        values.extend(more_rounds.get(&name).into_iter().flatten().copied());
+        if let Some(a) = report
+            .authentication
+            .as_ref()
+            .filter(|_| name == "authenticated_read_p50_over_plain")
+        {
+            values.clone_from(&a.read_ratio_per_round);
+        }
+        let spread = rounds::RatioSpread::of(values);
+        report.ratios.insert(name.clone(), spread.median);
+        report.ratio_spread.insert(name, spread);
+    }
     let files = write(out, &report, &histograms)?;
     Ok((report, files))
 }
@@ -577,12 +619,7 @@ pub fn ratios(report: &BenchReport) -> BTreeMap<String, f64> {
         .map_or(f64::NAN, |r| r.latency.p50_us);
     let mib = (1u64 << 20) as f64;
     let auth_read = report.authentication.as_ref().map_or(f64::NAN, |a| {
-        let mut per_round = a.read_ratio_per_round.clone();
-        per_round.sort_by(f64::total_cmp);
-        per_round
-            .get(per_round.len() / 2)
-            .copied()
-            .unwrap_or(f64::NAN)
+        rounds::RatioSpread::of(a.read_ratio_per_round.clone()).median
     });
     BTreeMap::from([
         ("authenticated_read_p50_over_plain".into(), auth_read),
@@ -702,7 +739,10 @@ pub fn markdown(report: &BenchReport) -> String {
     );
     let _ = writeln!(
         md,
-        "## Ratios\n\n| ratio | value | target |\n|---|---:|---|"
+        "## Ratios\n\nMedians of {} rounds (the main pass, then interleaved rounds that \
+         measure both sides of each ratio back to back), with the lowest and highest \
+         round.\n\n| ratio | median | min | max | target |\n|---|---:|---:|---:|---|",
+        report.plan.rounds.max(1)
     );
     let targets = [
         ("fabric_p50_over_floor_rtt", "≤ 2.3"),
@@ -715,7 +755,14 @@ pub fn markdown(report: &BenchReport) -> String {
     ];
     for (name, target) in targets {
         let value = report.ratios.get(name).copied().unwrap_or(f64::NAN);
-        let _ = writeln!(md, "| `{name}` | {value:.2} | {target} |");
+        let (min, max) = report
+            .ratio_spread
+            .get(name)
+            .map_or((f64::NAN, f64::NAN), |s| (s.min, s.max));
+        let _ = writeln!(
+            md,
+            "| `{name}` | {value:.2} | {min:.2} | {max:.2} | {target} |"
+        );
     }
     let _ = writeln!(
         md,

@@ -1,0 +1,157 @@
+//! The tracked ratios measured again in interleaved rounds: each round
+//! measures both sides of every ratio back to back (the order alternating
+//! from round to round) and computes the ratio from that round's two
+//! figures, so a machine whose speed drifts between rounds moves both sides
+//! alike. The report gives each ratio's median over the rounds and its
+//! spread (lowest and highest).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::client::{self, BenchOp, Pipelining, Shape};
+use super::peers::{self, RedisServer};
+use super::{Paths, Plan, rate};
+
+/// One ratio over the rounds.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RatioSpread {
+    /// The median of the per-round values: what the target applies to.
+    pub median: f64,
+    /// The lowest round.
+    pub min: f64,
+    /// The highest round.
+    pub max: f64,
+    /// Every round's value, in round order (the first is the main pass).
+    pub rounds: Vec<f64>,
+}
+
+impl RatioSpread {
+    /// The spread of `values` (NaN fields for none).
+    pub fn of(values: Vec<f64>) -> RatioSpread {
+        let mut sorted: Vec<f64> = values.iter().copied().filter(|v| v.is_finite()).collect();
+        sorted.sort_by(f64::total_cmp);
+        let median = sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN);
+        RatioSpread {
+            median,
+            min: sorted.first().copied().unwrap_or(f64::NAN),
+            max: sorted.last().copied().unwrap_or(f64::NAN),
+            rounds: values,
+        }
+    }
+}
+
+/// What the rounds need: the running fabric and redis servers.
+pub(super) struct Systems<'a> {
+    pub(super) paths: &'a Paths,
+    pub(super) pids: (Option<u32>, Option<u32>),
+    pub(super) shape: &'a dyn Fn(BenchOp, u32) -> Shape,
+    pub(super) redis: &'a RedisServer,
+    pub(super) redis_aof: &'a RedisServer,
+}
+
+/// Runs `rounds` more rounds of every ratio's two measurements; returns the
+/// per-round values of each ratio by name.
+pub(super) fn measure(
+    plan: &Plan,
+    systems: &Systems<'_>,
+    rounds: usize,
+) -> anyhow::Result<BTreeMap<String, Vec<f64>>> {
+    let duration = Duration::from_secs_f64(plan.seconds / 2.0);
+    let mut values: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for round in 0..rounds {
+        let flip = round % 2 == 1;
+        for (name, value) in one_round(plan, systems, duration, flip)? {
+            values.entry(name).or_default().push(value);
+        }
+    }
+    Ok(values)
+}
+
+/// Both sides of `measure`'s pair, ours first unless `flip`.
+fn pair(
+    flip: bool,
+    ours: impl FnOnce() -> anyhow::Result<f64>,
+    theirs: impl FnOnce() -> anyhow::Result<f64>,
+) -> anyhow::Result<(f64, f64)> {
+    if flip {
+        let t = theirs()?;
+        Ok((ours()?, t))
+    } else {
+        let o = ours()?;
+        Ok((o, theirs()?))
+    }
+}
+
+fn one_round(
+    plan: &Plan,
+    s: &Systems<'_>,
+    duration: Duration,
+    flip: bool,
+) -> anyhow::Result<Vec<(String, f64)>> {
+    let samples = plan.samples;
+    let p50 = |path: &str, op, size| -> anyhow::Result<f64> {
+        let mut conn = s.paths.connect(path)?;
+        let h = client::latency(&mut conn, &(s.shape)(op, size), 200, duration, samples)?;
+        Ok(h.quantile(0.5) as f64)
+    };
+    let ops = |path: &str, op, size, clients, window| -> anyhow::Result<f64> {
+        Ok(rate(
+            s.paths,
+            path,
+            &(s.shape)(op, size),
+            clients,
+            window,
+            duration,
+            s.pids,
+        )?
+        .ops_per_s)
+    };
+    let floor = || Ok(peers::sockperf_rtt(64, duration)?.p50_us);
+    let mut out = Vec::new();
+
+    let (fabric, floor_rtt) = pair(flip, || p50("fabric", BenchOp::Read, 64), floor)?;
+    out.push(("fabric_p50_over_floor_rtt".to_owned(), fabric / floor_rtt));
+    let (direct, floor_rtt) = pair(flip, || p50("direct", BenchOp::Read, 64), floor)?;
+    out.push(("direct_p50_over_floor_rtt".to_owned(), direct / floor_rtt));
+
+    let batches = (plan.depth, Pipelining::Batches);
+    let requests = plan.redis_requests / 2;
+    let (fabric, redis) = pair(
+        flip,
+        || ops("fabric", BenchOp::Read, 64, plan.clients, batches),
+        || {
+            let r = peers::redis_benchmark(s.redis, "GET", 64, plan.clients, plan.depth, requests)?;
+            Ok(r.ops_per_s)
+        },
+    )?;
+    out.push(("fabric_tput_over_redis".to_owned(), fabric / redis));
+
+    let mib = (1u64 << 20) as f64;
+    let window = (4, Pipelining::Window);
+    let floor_bw = || Ok(peers::iperf3_bandwidth(duration)?);
+    for path in ["fabric", "direct"] {
+        let (bw, floor_bw) = pair(
+            flip,
+            || Ok(ops(path, BenchOp::Read, 1 << 20, 1, window)? * mib),
+            floor_bw,
+        )?;
+        out.push((format!("{path}_bw_over_floor_bw"), bw / floor_bw));
+    }
+
+    let aof_requests = (plan.samples as u64).min(20_000) / 2;
+    let (persist, aof) = pair(
+        flip,
+        || p50("fabric", BenchOp::WritePersist, 4096),
+        || {
+            let r = peers::redis_benchmark(s.redis_aof, "SET", 4096, 1, 1, aof_requests)?;
+            Ok(r.latency.p50_us)
+        },
+    )?;
+    out.push((
+        "fabric_persist_p50_over_redis_aof".to_owned(),
+        persist / aof,
+    ));
+    Ok(out)
+}
