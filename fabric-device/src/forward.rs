@@ -443,6 +443,12 @@ impl Forwarder {
             .map(|(name, _)| name.as_str())
     }
 
+    /// Requests forwarded and not answered yet, or parked until a link is
+    /// up, over every link: what a drain waits for.
+    pub fn requests_in_flight(&self) -> usize {
+        self.links.values().map(|l| l.pending.len()).sum::<usize>() + self.parked.len()
+    }
+
     /// Whether `conn`'s client has requests in flight.
     pub fn client_busy(&self, conn: ConnId) -> bool {
         self.sessions.get(&conn).is_some_and(|s| s.in_flight > 0)
@@ -1340,6 +1346,7 @@ mod tests {
         assert_eq!(forwarded.length, 64);
         assert_eq!(forwarded.key, key(&core, "PB.2"));
 
+        assert_eq!(core.requests_in_flight(), 1);
         let data = [0xab; 64];
         let response = server_response(link_tag, Status::Ok, &data);
         match core.link_frame(link_id, &response, Instant::now()) {
@@ -1348,6 +1355,7 @@ mod tests {
                 head,
                 payload,
             } => {
+                assert_eq!(core.requests_in_flight(), 0, "a drain may end now");
                 assert_eq!(conn, 10);
                 assert_eq!(payload, &data);
                 let mut frame = head.to_vec();

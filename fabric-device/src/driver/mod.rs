@@ -373,7 +373,7 @@ impl Device {
             self.resume_paused(now);
             self.flush_all(now);
             if let Some(deadline) = self.draining
-                && (self.core_in_flight() == 0 || now >= deadline)
+                && (self.core.requests_in_flight() == 0 || now >= deadline)
             {
                 self.flush_all(now);
                 info!("drained, stopping");
@@ -402,10 +402,6 @@ impl Device {
                 Token(t) => self.on_client_event(t as ConnId, event, now),
             }
         }
-    }
-
-    fn core_in_flight(&self) -> i64 {
-        self.metrics.in_flight.get()
     }
 
     /// When the loop must wake up next: a request deadline, a link retry.
