@@ -5,6 +5,7 @@
 //! - [`map`]: the device's snapshot of the topology (links, routes, clients).
 //! - [`forward`]: the sans-IO forwarding core.
 //! - [`deadline`]: its request deadlines, in a FIFO.
+//! - [`reconnect`]: when each server link is (re)connected, sans-IO.
 //! - [`driver`]: the event loop that moves bytes between sockets and the core.
 //! - [`metrics`]: what `/metrics` exports.
 
@@ -15,5 +16,6 @@ pub mod forward;
 pub mod idmap;
 pub mod map;
 pub mod metrics;
+pub mod reconnect;
 pub mod roce;
 pub mod roce_metrics;

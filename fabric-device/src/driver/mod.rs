@@ -29,6 +29,7 @@ use crate::forward::{ClientAction, ConnId, Forwarder, ForwarderConfig, LinkActio
 use crate::idmap::IdMap;
 use crate::map::{DeviceMap, MapError};
 use crate::metrics::DeviceMetrics;
+use crate::reconnect::{Backoff, Reconnects};
 use crate::roce_metrics::RoceMetrics;
 use endpoint::{Endpoint, Fill};
 use roce_port::RoceEndpoint;
@@ -128,20 +129,13 @@ pub enum DeviceError {
     },
 }
 
-/// A server link's connection state.
+/// A server link's socket; when to (re)connect is [`Reconnects`]' call.
 #[derive(Debug)]
 enum LinkConn {
-    /// Waiting to (re)connect.
-    Idle {
-        retry_at: Instant,
-        backoff: Duration,
-    },
+    /// No socket: waiting to (re)connect.
+    Idle,
     /// Connect in progress.
-    Connecting {
-        endpoint: Endpoint,
-        since: Instant,
-        backoff: Duration,
-    },
+    Connecting { endpoint: Endpoint },
     /// Connected (handshaking or up, as the core knows).
     Connected { endpoint: Endpoint },
 }
@@ -189,6 +183,8 @@ pub struct Device {
     paused: Vec<ConnId>,
     next_client: usize,
     links: IdMap<LinkId, LinkConn>,
+    /// When each link is (re)connected.
+    reconnects: Reconnects,
     admin: AdminServer,
     draining: Option<Instant>,
     /// When HELLO timeouts were last checked.
@@ -277,14 +273,16 @@ impl Device {
             core.require_client_keys(client_keys);
         }
         let now = Instant::now();
+        let mut reconnects = Reconnects::new(Backoff {
+            min: config.reconnect_min,
+            max: config.reconnect_max,
+            connect_timeout: CONNECT_TIMEOUT,
+        });
         let links = core
             .links()
             .map(|(id, _)| {
-                let idle = LinkConn::Idle {
-                    retry_at: now,
-                    backoff: config.reconnect_min,
-                };
-                (id, idle)
+                reconnects.add(id, now);
+                (id, LinkConn::Idle)
             })
             .collect();
         let health: telemetry::HealthCheck = Arc::new(|| Health::Healthy);
@@ -304,6 +302,7 @@ impl Device {
             paused: Vec::new(),
             next_client: CLIENT_BASE,
             links,
+            reconnects,
             admin,
             draining: None,
             hello_checked: now,
@@ -418,12 +417,8 @@ impl Device {
         if self.roce_dirty {
             next = next.min(self.roce_published + ROCE_PUBLISH);
         }
-        for conn in self.links.values() {
-            match conn {
-                LinkConn::Idle { retry_at, .. } => next = next.min(*retry_at),
-                LinkConn::Connecting { since, .. } => next = next.min(*since + CONNECT_TIMEOUT),
-                LinkConn::Connected { .. } => {}
-            }
+        if let Some(t) = self.reconnects.poll_timeout() {
+            next = next.min(t);
         }
         next.max(now)
     }
@@ -467,8 +462,9 @@ impl Device {
         self.deliver_all(outcome.failed);
         let now = Instant::now();
         for link in outcome.disconnect {
+            self.reconnects.remove(link);
             if let Some(
-                LinkConn::Connected { mut endpoint } | LinkConn::Connecting { mut endpoint, .. },
+                LinkConn::Connected { mut endpoint } | LinkConn::Connecting { mut endpoint },
             ) = self.links.remove(&link)
             {
                 let _ = self.poll.registry().deregister(&mut endpoint.stream);
@@ -478,13 +474,8 @@ impl Device {
             self.link_failed(link, now, "server disagrees with the new map");
         }
         for link in outcome.connect {
-            self.links.insert(
-                link,
-                LinkConn::Idle {
-                    retry_at: now,
-                    backoff: self.config.reconnect_min,
-                },
-            );
+            self.links.insert(link, LinkConn::Idle);
+            self.reconnects.add(link, now);
         }
         self.metrics.reloads.with(&["applied"]).inc();
         info!("reloaded {}: {regions} regions", path.display());
@@ -928,28 +919,13 @@ impl Device {
         }
     }
 
-    /// Starts connecting every idle link whose retry time has come, and
-    /// gives up on connects that take too long.
+    /// Starts connecting every link whose next attempt is due, and gives
+    /// up on connects that take too long.
     fn connect_due_links(&mut self, now: Instant) {
-        let due: Vec<LinkId> = self
-            .links
-            .iter()
-            .filter(|(_, c)| match c {
-                LinkConn::Idle { retry_at, .. } => *retry_at <= now,
-                LinkConn::Connecting { since, .. } => now >= *since + CONNECT_TIMEOUT,
-                LinkConn::Connected { .. } => false,
-            })
-            .map(|(id, _)| *id)
-            .collect();
-        for link in due {
-            if matches!(self.links.get(&link), Some(LinkConn::Connecting { .. })) {
-                self.link_failed(link, now, "connect timed out");
-                continue;
-            }
-            let backoff = match self.links.get(&link) {
-                Some(LinkConn::Idle { backoff, .. }) => *backoff,
-                _ => self.config.reconnect_min,
-            };
+        for link in self.reconnects.timed_out(now) {
+            self.link_failed(link, now, "connect timed out");
+        }
+        for link in self.reconnects.due(now) {
             let Some(addr) = self
                 .core
                 .link_key(link)
@@ -957,41 +933,24 @@ impl Device {
             else {
                 continue;
             };
-            match TcpStream::connect(addr) {
-                Ok(mut stream) => {
-                    let _ = stream.set_nodelay(true);
-                    let registered = self.poll.registry().register(
-                        &mut stream,
-                        link_token(link),
-                        Interest::READABLE | Interest::WRITABLE,
-                    );
-                    if registered.is_err() {
-                        self.schedule_retry(link, now, backoff);
-                        continue;
-                    }
-                    self.links.insert(
-                        link,
-                        LinkConn::Connecting {
-                            endpoint: Endpoint::new(stream),
-                            since: now,
-                            backoff,
-                        },
-                    );
+            self.reconnects.connecting(link, now);
+            let stream = TcpStream::connect(addr).and_then(|mut stream| {
+                let _ = stream.set_nodelay(true);
+                self.poll.registry().register(
+                    &mut stream,
+                    link_token(link),
+                    Interest::READABLE | Interest::WRITABLE,
+                )?;
+                Ok(stream)
+            });
+            match stream {
+                Ok(stream) => {
+                    let endpoint = Endpoint::new(stream);
+                    self.links.insert(link, LinkConn::Connecting { endpoint });
                 }
-                Err(_) => self.schedule_retry(link, now, backoff),
+                Err(e) => self.link_failed(link, now, &e.to_string()),
             }
         }
-    }
-
-    fn schedule_retry(&mut self, link: LinkId, now: Instant, backoff: Duration) {
-        let next = (backoff * 2).min(self.config.reconnect_max);
-        self.links.insert(
-            link,
-            LinkConn::Idle {
-                retry_at: now + backoff,
-                backoff: next,
-            },
-        );
     }
 
     /// `link to SERVER/NIC (ADDR, LANE lane)`, for logs.
@@ -1010,22 +969,17 @@ impl Device {
     /// A link broke: fail its requests, close it and schedule a reconnect.
     fn link_failed(&mut self, link: LinkId, now: Instant, why: &str) {
         let was_up = matches!(self.links.get(&link), Some(LinkConn::Connected { .. }));
-        let backoff = match self.links.remove(&link) {
-            Some(LinkConn::Connected { mut endpoint }) => {
+        match self.links.insert(link, LinkConn::Idle) {
+            Some(LinkConn::Connected { mut endpoint } | LinkConn::Connecting { mut endpoint }) => {
                 let _ = self.poll.registry().deregister(&mut endpoint.stream);
-                self.config.reconnect_min
             }
-            Some(LinkConn::Connecting {
-                mut endpoint,
-                backoff,
-                ..
-            }) => {
-                let _ = self.poll.registry().deregister(&mut endpoint.stream);
-                backoff
+            Some(LinkConn::Idle) => {}
+            None => {
+                // Not a link of this device (any more).
+                self.links.remove(&link);
+                return;
             }
-            Some(LinkConn::Idle { backoff, .. }) => backoff,
-            None => return,
-        };
+        }
         if let Some(name) = self.link_name(link) {
             if was_up {
                 warn!("{name} down: {why}");
@@ -1035,7 +989,7 @@ impl Device {
         }
         let failed = self.core.link_down(link);
         self.deliver_all(failed);
-        self.schedule_retry(link, now, backoff);
+        self.reconnects.failed(link, now);
     }
 
     fn on_link_event(&mut self, link: LinkId, event: &Event, now: Instant) {
@@ -1054,7 +1008,7 @@ impl Device {
             match connected {
                 Ok(false) => return,
                 Ok(true) => {
-                    let Some(LinkConn::Connecting { mut endpoint, .. }) = self.links.remove(&link)
+                    let Some(LinkConn::Connecting { mut endpoint }) = self.links.remove(&link)
                     else {
                         return;
                     };
@@ -1062,6 +1016,7 @@ impl Device {
                     if let Some(name) = self.link_name(link) {
                         info!("{name} connected");
                     }
+                    self.reconnects.connected(link);
                     let hello = self.core.link_connected(link);
                     let sent = endpoint.send(&hello, &[]).and_then(|()| endpoint.flush());
                     self.links.insert(link, LinkConn::Connected { endpoint });
