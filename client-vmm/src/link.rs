@@ -62,6 +62,29 @@ impl PathLink {
         }
     }
 
+    /// After a request on this link timed out: makes sure nothing sent on
+    /// it can still reach the device, before the request is tried on
+    /// another path. A queue pair keeps retransmitting what it posted
+    /// (an RDMA WRITE retried elsewhere meanwhile could land after the
+    /// retry, or tear a later write of the same bytes), so the link is shut
+    /// and its queue pair destroyed, waiting at most `limit`. On TCP the
+    /// device has the request or never will; nothing to do.
+    pub async fn fence(&self, limit: std::time::Duration) {
+        match self {
+            PathLink::Tcp(_) => {
+                let _ = limit;
+            }
+            #[cfg(feature = "verbs")]
+            PathLink::Verbs(link) => {
+                link.shut();
+                let deadline = tokio::time::Instant::now() + limit;
+                while !link.is_destroyed() && tokio::time::Instant::now() < deadline {
+                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                }
+            }
+        }
+    }
+
     /// Stops waiting for `sent` (after a timeout).
     pub fn cancel(&self, sent: &Sent) {
         match (&sent.how, self) {

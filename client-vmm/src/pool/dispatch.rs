@@ -21,6 +21,10 @@ use crate::translate::Translation;
 use super::new_session;
 use super::{Backing, Inner, MAX_PIECE, Piece, Spec, lock};
 
+/// Longest wait for a timed-out path's queue pair to be destroyed before
+/// its request is tried elsewhere.
+const FENCE_LIMIT: Duration = Duration::from_millis(500);
+
 impl Inner {
     pub(super) fn path_name(&self, path: PathId) -> String {
         let table = lock(&self.table);
@@ -509,6 +513,7 @@ impl Inner {
                     Ok(Err(_)) => Err(Failure::ConnectionLost),
                     Err(_) => {
                         conn.cancel(&sent);
+                        conn.fence(FENCE_LIMIT).await;
                         Err(Failure::Timeout)
                     }
                 };

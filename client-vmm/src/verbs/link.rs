@@ -202,6 +202,11 @@ struct Job {
 pub(crate) struct VerbsLink {
     jobs: Mutex<mpsc::Sender<Job>>,
     alive: Arc<AtomicBool>,
+    /// Asks the thread to stop now, whoever still holds the link.
+    stop: Arc<AtomicBool>,
+    /// Set once the queue pair is destroyed: nothing posted on it can
+    /// reach the device any more (no retransmission either).
+    destroyed: Arc<AtomicBool>,
 }
 
 /// Why a verbs link could not be opened.
@@ -227,6 +232,10 @@ impl VerbsLink {
         let (jobs_tx, jobs_rx) = mpsc::channel();
         let alive = Arc::new(AtomicBool::new(true));
         let thread_alive = Arc::clone(&alive);
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread_stop = Arc::clone(&stop);
+        let destroyed = Arc::new(AtomicBool::new(false));
+        let thread_destroyed = Arc::clone(&destroyed);
         let addr = config.addr;
         let spawned = std::thread::Builder::new()
             .name(format!("verbs {addr}"))
@@ -264,7 +273,7 @@ impl VerbsLink {
                             waiting: VecDeque::new(),
                             posted: HashMap::new(),
                         };
-                        worker.run(&jobs_rx);
+                        worker.run(&jobs_rx, &thread_stop);
                         thread_alive.store(false, Ordering::SeqCst);
                         // Requests still held fail as lost at once, and the
                         // pool hears of it before the queue pair is torn
@@ -274,9 +283,11 @@ impl VerbsLink {
                         drop(jobs_rx);
                         on_lost();
                         drop(worker);
+                        thread_destroyed.store(true, Ordering::SeqCst);
                     }
                     Err(e) => {
                         thread_alive.store(false, Ordering::SeqCst);
+                        thread_destroyed.store(true, Ordering::SeqCst);
                         let _ = ready_tx.send(Err(e));
                     }
                 }
@@ -290,6 +301,8 @@ impl VerbsLink {
             Ok(Ok(())) => Ok(VerbsLink {
                 jobs: Mutex::new(jobs_tx),
                 alive,
+                stop,
+                destroyed,
             }),
             Ok(Err(e)) => Err(verbs_error(addr, e)),
             Err(_) => Err(ConnectError::Protocol {
@@ -302,6 +315,19 @@ impl VerbsLink {
     /// Whether the link still works.
     pub fn is_alive(&self) -> bool {
         self.alive.load(Ordering::SeqCst)
+    }
+
+    /// Ends the link now: the thread stops, fails what it holds and
+    /// destroys the queue pair, so a request posted on it can no longer be
+    /// retransmitted and land after a retry on another path.
+    pub fn shut(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the queue pair is gone (after [`shut`](Self::shut) or the
+    /// link's death).
+    pub fn is_destroyed(&self) -> bool {
+        self.destroyed.load(Ordering::SeqCst)
     }
 
     /// Hands `req` (addressed by PMEM address) to the thread; returns where
@@ -397,10 +423,13 @@ fn completion_status(status: WorkCompletionStatus) -> Option<Status> {
 }
 
 impl Worker {
-    fn run(&mut self, jobs: &mpsc::Receiver<Job>) {
+    fn run(&mut self, jobs: &mpsc::Receiver<Job>, stop: &AtomicBool) {
         let mut checked = Instant::now();
         let mut idle = 0u32;
         loop {
+            if stop.load(Ordering::SeqCst) {
+                return;
+            }
             if self.posted.is_empty() && self.waiting.is_empty() {
                 match jobs.recv_timeout(LIVENESS_CHECK) {
                     Ok(job) => self.waiting.push_back(job),
