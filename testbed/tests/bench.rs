@@ -37,6 +37,9 @@ fn quick_bench_writes_a_complete_report() {
         "direct_bw_over_floor_bw",
         "fabric_persist_p50_over_redis_aof",
         "authenticated_read_p50_over_plain",
+        "fabric_p99_over_floor_p99",
+        "device_cpu_us_per_op",
+        "fabric_cpu_per_op_over_redis",
     ] {
         let value = report["ratios"][key]
             .as_f64()

@@ -621,8 +621,41 @@ pub fn ratios(report: &BenchReport) -> BTreeMap<String, f64> {
     let auth_read = report.authentication.as_ref().map_or(f64::NAN, |a| {
         rounds::RatioSpread::of(a.read_ratio_per_round.clone()).median
     });
+    let p99 = |path: &str, op: &str, size: u32| {
+        report
+            .latency
+            .iter()
+            .find(|c| c.path == path && c.op == op && c.size == size)
+            .map_or(f64::NAN, |c| c.quantiles.p99_us)
+    };
+    let floor_p99 = report.floor_rtt.get(&64).map_or(f64::NAN, |q| q.p99_us);
+    let read_rate = |system: &str| {
+        report
+            .rates
+            .iter()
+            .find(|r| r.system == system && r.size == 64 && r.clients == clients)
+            .filter(|r| r.op == "READ" || r.op == "GET")
+    };
+    let cpu = |r: Option<&RateCase>, device: bool| {
+        r.and_then(|r| match device {
+            true => r.device_cpu_s_per_million,
+            false => r.server_cpu_s_per_million,
+        })
+        .unwrap_or(f64::NAN)
+    };
+    let fabric_read = read_rate("fabric");
     BTreeMap::from([
         ("authenticated_read_p50_over_plain".into(), auth_read),
+        (
+            "fabric_p99_over_floor_p99".into(),
+            p99("fabric", "READ", 64) / floor_p99,
+        ),
+        // CPU seconds per million operations are CPU µs per operation.
+        ("device_cpu_us_per_op".into(), cpu(fabric_read, true)),
+        (
+            "fabric_cpu_per_op_over_redis".into(),
+            (cpu(fabric_read, false) + cpu(fabric_read, true)) / cpu(read_rate("redis"), false),
+        ),
         (
             "fabric_p50_over_floor_rtt".into(),
             p50("fabric", "READ", 64) / floor,
@@ -752,6 +785,9 @@ pub fn markdown(report: &BenchReport) -> String {
         ("direct_bw_over_floor_bw", "≥ 0.8"),
         ("fabric_persist_p50_over_redis_aof", "≤ 0.5"),
         ("authenticated_read_p50_over_plain", "≈ 1.0 (noise)"),
+        ("fabric_p99_over_floor_p99", "≤ 3.0"),
+        ("device_cpu_us_per_op", "≤ 0.5"),
+        ("fabric_cpu_per_op_over_redis", "(for information)"),
     ];
     for (name, target) in targets {
         let value = report.ratios.get(name).copied().unwrap_or(f64::NAN);

@@ -70,11 +70,11 @@ pub(super) fn measure(
 }
 
 /// Both sides of `measure`'s pair, ours first unless `flip`.
-fn pair(
+fn pair<A, B>(
     flip: bool,
-    ours: impl FnOnce() -> anyhow::Result<f64>,
-    theirs: impl FnOnce() -> anyhow::Result<f64>,
-) -> anyhow::Result<(f64, f64)> {
+    ours: impl FnOnce() -> anyhow::Result<A>,
+    theirs: impl FnOnce() -> anyhow::Result<B>,
+) -> anyhow::Result<(A, B)> {
     if flip {
         let t = theirs()?;
         Ok((ours()?, t))
@@ -91,13 +91,15 @@ fn one_round(
     flip: bool,
 ) -> anyhow::Result<Vec<(String, f64)>> {
     let samples = plan.samples;
-    let p50 = |path: &str, op, size| -> anyhow::Result<f64> {
+    // (p50, p99) of round trips at queue depth 1.
+    let quantiles = |path: &str, op, size| -> anyhow::Result<(f64, f64)> {
         let mut conn = s.paths.connect(path)?;
         let h = client::latency(&mut conn, &(s.shape)(op, size), 200, duration, samples)?;
-        Ok(h.quantile(0.5) as f64)
+        Ok((h.quantile(0.5) as f64, h.quantile(0.99) as f64))
     };
-    let ops = |path: &str, op, size, clients, window| -> anyhow::Result<f64> {
-        Ok(rate(
+    let p50 = |path: &str, op, size| Ok(quantiles(path, op, size)?.0);
+    let rate_of = |path: &str, op, size, clients, window| {
+        rate(
             s.paths,
             path,
             &(s.shape)(op, size),
@@ -105,28 +107,57 @@ fn one_round(
             window,
             duration,
             s.pids,
-        )?
-        .ops_per_s)
+        )
     };
-    let floor = || Ok(peers::sockperf_rtt(64, duration)?.p50_us);
+    let ops = |path: &str, op, size, clients, window| -> anyhow::Result<f64> {
+        Ok(rate_of(path, op, size, clients, window)?.ops_per_s)
+    };
+    let floor = || {
+        let q = peers::sockperf_rtt(64, duration)?;
+        Ok((q.p50_us, q.p99_us))
+    };
     let mut out = Vec::new();
 
-    let (fabric, floor_rtt) = pair(flip, || p50("fabric", BenchOp::Read, 64), floor)?;
-    out.push(("fabric_p50_over_floor_rtt".to_owned(), fabric / floor_rtt));
+    let (fabric, floor_rtt) = pair(flip, || quantiles("fabric", BenchOp::Read, 64), floor)?;
+    out.push((
+        "fabric_p50_over_floor_rtt".to_owned(),
+        fabric.0 / floor_rtt.0,
+    ));
+    out.push((
+        "fabric_p99_over_floor_p99".to_owned(),
+        fabric.1 / floor_rtt.1,
+    ));
     let (direct, floor_rtt) = pair(flip, || p50("direct", BenchOp::Read, 64), floor)?;
-    out.push(("direct_p50_over_floor_rtt".to_owned(), direct / floor_rtt));
+    out.push(("direct_p50_over_floor_rtt".to_owned(), direct / floor_rtt.0));
 
     let batches = (plan.depth, Pipelining::Batches);
     let requests = plan.redis_requests / 2;
     let (fabric, redis) = pair(
         flip,
-        || ops("fabric", BenchOp::Read, 64, plan.clients, batches),
+        || rate_of("fabric", BenchOp::Read, 64, plan.clients, batches),
         || {
-            let r = peers::redis_benchmark(s.redis, "GET", 64, plan.clients, plan.depth, requests)?;
-            Ok(r.ops_per_s)
+            Ok(peers::redis_benchmark(
+                s.redis,
+                "GET",
+                64,
+                plan.clients,
+                plan.depth,
+                requests,
+            )?)
         },
     )?;
-    out.push(("fabric_tput_over_redis".to_owned(), fabric / redis));
+    out.push((
+        "fabric_tput_over_redis".to_owned(),
+        fabric.ops_per_s / redis.ops_per_s,
+    ));
+    let nan = f64::NAN;
+    let device_cpu = fabric.device_cpu_s_per_million.unwrap_or(nan);
+    let daemons_cpu = fabric.server_cpu_s_per_million.unwrap_or(nan) + device_cpu;
+    out.push(("device_cpu_us_per_op".to_owned(), device_cpu));
+    out.push((
+        "fabric_cpu_per_op_over_redis".to_owned(),
+        daemons_cpu / redis.server_cpu_s_per_million.unwrap_or(nan),
+    ));
 
     let mib = (1u64 << 20) as f64;
     let window = (4, Pipelining::Window);
