@@ -92,11 +92,13 @@ impl DeadlineQueue {
     }
 
     /// Entries held, stale ones included.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.entries.len()
     }
 
     /// Whether no entry is held.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }

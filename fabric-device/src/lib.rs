@@ -2,20 +2,23 @@
 //! one-sided request to the server that owns the address, over the link on
 //! the region's CPU socket when that link is up.
 //!
-//! - [`map`]: the device's snapshot of the topology (links, routes, clients).
-//! - [`forward`]: the sans-IO forwarding core.
-//! - [`deadline`]: its request deadlines, in a FIFO.
-//! - [`reconnect`]: when each server link is (re)connected, sans-IO.
-//! - [`driver`]: the event loop that moves bytes between sockets and the core.
-//! - [`metrics`]: what `/metrics` exports.
+//! - `map`: the device's snapshot of the topology (links, routes, clients).
+//! - `forward`: the sans-IO forwarding core.
+//! - `deadline`: its request deadlines, in a FIFO.
+//! - `reconnect`: when each server link is (re)connected, sans-IO.
+//! - `driver`: the event loop that moves bytes between sockets and the core.
+//! - `metrics`: what `/metrics` exports.
+//!
+//! The crate's public API is [`cli`] (the daemon's command line and `main`);
+//! the rest is its own (`cargo doc --document-private-items` shows it).
 
 pub mod cli;
-pub mod deadline;
-pub mod driver;
-pub mod forward;
-pub mod idmap;
-pub mod map;
-pub mod metrics;
-pub mod reconnect;
-pub mod roce;
-pub mod roce_metrics;
+pub(crate) mod deadline;
+pub(crate) mod driver;
+pub(crate) mod forward;
+pub(crate) mod idmap;
+pub(crate) mod map;
+pub(crate) mod metrics;
+pub(crate) mod reconnect;
+pub(crate) mod roce;
+pub(crate) mod roce_metrics;

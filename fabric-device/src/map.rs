@@ -90,8 +90,6 @@ pub struct DeviceMap {
     pub region_links: Vec<Vec<usize>>,
     /// The admitted clients by id.
     pub clients: HashMap<String, ClientPolicy>,
-    /// Where the topology came from.
-    pub source: String,
 }
 
 impl DeviceMap {
@@ -163,7 +161,6 @@ impl DeviceMap {
             links,
             region_links,
             clients,
-            source: topology.source.clone(),
         })
     }
 

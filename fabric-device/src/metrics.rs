@@ -17,7 +17,6 @@ const STATUS_SLOTS: usize = 16;
 /// Counters, gauges and histograms of one fabric device.
 #[derive(Debug)]
 pub struct DeviceMetrics {
-    registry: Arc<Registry>,
     requests: CounterTable<{ Operation::ALL.len() }, STATUS_SLOTS>,
     /// Bytes of frames forwarded to servers.
     pub bytes_to_servers: Arc<Counter>,
@@ -120,13 +119,7 @@ impl DeviceMetrics {
                  client already at its connection cap.",
                 &["reason"],
             )?,
-            registry,
         })
-    }
-
-    /// The registry the metrics live in.
-    pub fn registry(&self) -> &Arc<Registry> {
-        &self.registry
     }
 
     /// The up/down gauge of the `lane` link to `server`'s `nic`.

@@ -176,11 +176,6 @@ impl RoceGateway {
         }
     }
 
-    /// Whether `conn` is one of the gateway's queue pairs.
-    pub fn owns(&self, conn: ConnId) -> bool {
-        self.by_conn.contains_key(&conn)
-    }
-
     /// Takes a datagram from the port and forwards what its QP needs done;
     /// `send` gets each forwarded request as a head and a payload for a link.
     pub fn handle_datagram(

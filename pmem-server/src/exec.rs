@@ -631,7 +631,7 @@ impl Executor {
     }
 
     /// Settles the exactly-once atomics a crash left between their intent
-    /// and their result (see [`crate::dedup_store`]), before anything is
+    /// and their result (see the `dedup_store` module), before anything is
     /// served: each whose word changed is recorded as applied (after its
     /// word is made durable), the others will be applied by their retry.
     pub fn recover_exactly_once(&self, unfinished: &[Intent]) -> Result<Recovery, RecoveryError> {

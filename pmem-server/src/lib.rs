@@ -4,23 +4,30 @@
 //! - [`persist`]: mapping region files (DAX with `MAP_SYNC` and cache-line
 //!   write-back, `msync`, or libpmem) and making ranges durable.
 //! - [`region_file`]: the on-disk region files and their headers.
-//! - [`exec`]: executing READ, WRITE, WRITE_PERSIST, FLUSH and the atomics,
+//! - `exec`: executing READ, WRITE, WRITE_PERSIST, FLUSH and the atomics,
 //!   with key and bounds checks.
-//! - [`dedup`] and [`dedup_store`]: the exactly-once window for retried
+//! - `dedup` and `dedup_store`: the exactly-once window for retried
 //!   atomics, kept in a mapped file so it survives a restart.
-//! - [`conn`] and [`server`]: connections, listeners and the daemon's life.
-//! - [`metrics`]: what `/metrics` exports.
+//! - `conn` and [`server`]: connections, listeners and the daemon's life.
+//! - `metrics`: what `/metrics` exports.
+//!
+//! The public API is what a user or a test needs: [`cli`] (the daemon),
+//! [`RunningServer`] and [`OpenedServer`] with their [`ServerConfig`],
+//! [`persist`] and [`region_file`]; the rest is the crate's own.
 
 pub mod cli;
-pub mod conn;
-pub mod dedup;
-pub mod dedup_store;
-pub mod exec;
-pub mod gate;
-pub mod metrics;
+pub(crate) mod conn;
+pub(crate) mod dedup;
+pub(crate) mod dedup_store;
+pub(crate) mod exec;
+pub(crate) mod gate;
+pub(crate) mod metrics;
 pub mod persist;
 pub mod region_file;
 pub mod server;
-pub mod stale_marks;
+pub(crate) mod stale_marks;
 
+pub use conn::Timeouts;
+pub use exec::{Executor, Flow};
+pub use gate::Session;
 pub use server::{OpenedServer, RunningServer, ServerConfig, ServerError};

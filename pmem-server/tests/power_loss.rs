@@ -17,7 +17,7 @@
 
 use std::path::Path;
 
-use pmem_server::exec::Flow;
+use pmem_server::Flow;
 use pmem_server::persist::{PersistPolicy, PowerDomain};
 use pmem_server::{OpenedServer, ServerConfig};
 use proto::request::{ExactlyOnce, Repr};
@@ -212,7 +212,7 @@ struct Answer {
 
 struct Server {
     opened: OpenedServer,
-    session: pmem_server::gate::Session,
+    session: pmem_server::Session,
     key: u64,
 }
 

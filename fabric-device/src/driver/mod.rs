@@ -33,7 +33,7 @@ use crate::reconnect::{Backoff, Reconnects};
 use crate::roce_metrics::RoceMetrics;
 use endpoint::{Endpoint, Fill};
 use roce_port::RoceEndpoint;
-pub use roce_port::{PortCounters, RocePortError};
+pub use roce_port::RocePortError;
 
 const SIGNALS: Token = Token(usize::MAX - 1);
 /// Port `i`'s RoCEv2 packet socket is `Token(ROCE_BASE + i)`.
