@@ -234,6 +234,9 @@ pub(crate) fn bench_topology() -> anyhow::Result<Topology> {
     )?)
 }
 
+/// The daemons' process ids: (pmem-server, fabric device).
+pub(crate) type Pids = (Option<u32>, Option<u32>);
+
 /// The two ways into the fabric.
 #[derive(Debug, Clone, Copy)]
 struct Paths {
@@ -272,18 +275,104 @@ pub fn run(
     }
     std::fs::create_dir_all(out).with_context(|| format!("create {}", out.display()))?;
     peers::require_tools(peers::TOOLS)?;
-
-    let floor_rtt: BTreeMap<u32, Quantiles> = [64u32, 4096]
-        .into_iter()
-        .map(|size| Ok((size, peers::sockperf_rtt(size as usize, plan.duration())?)))
-        .collect::<anyhow::Result<_>>()?;
-    let floor_same_cpu = peers::sockperf_rtt_pinned(64, plan.duration(), 0, 0)?.quantiles;
-    let floor_bw = peers::iperf3_bandwidth(plan.duration())?;
+    let floors = Floors::measure(&plan)?;
 
     // pmem-fabric: region files and redis files share the filesystem of `out`.
     let topology = bench_topology()?;
     let layout = Layout::new(&topology)?;
     let region = &layout.entries()[0];
+    let (fabric, paths, pids) = start_fabric(&plan, &topology, out)?;
+    // Before any traffic, so freed buffers of earlier connections do not
+    // hide what new ones cost.
+    let device_memory = match pids.1 {
+        Some(device) => Some(connection_memory(&paths, device, plan.idle_connections)?),
+        None => None,
+    };
+    let shape = |op, size: u32| Shape {
+        op,
+        target: Target::Pmem(region.start),
+        key: region.key,
+        size,
+    };
+    let (latency, histograms) = latencies(&plan, &paths, pids, &shape)?;
+    let mut steps: Vec<usize> = plan.client_steps.to_vec();
+    steps.dedup();
+    let mut rates = fabric_rates(&plan, &paths, pids, &shape, &steps)?;
+
+    let server = RedisServer::start(&RedisConfig {
+        aof_always: false,
+        dir: out.join("redis"),
+    })?;
+    let aof = RedisServer::start(&RedisConfig {
+        aof_always: true,
+        dir: out.join("redis-aof"),
+    })?;
+    let redis = redis_runs(&plan, (&server, &aof), &steps, &mut rates)?;
+    // The ratios again, in interleaved rounds, with everything running.
+    let more_rounds = rounds::measure(
+        &plan,
+        &rounds::Systems {
+            paths: &paths,
+            pids,
+            shape: &shape,
+            redis: &server,
+            redis_aof: &aof,
+        },
+        plan.rounds.saturating_sub(1),
+    )
+    .context("the ratios' rounds")?;
+    drop((aof, server, fabric));
+    let authentication = Some(auth::measure(&plan, out).context("authentication cost")?);
+
+    let mut report = BenchReport {
+        quick,
+        plan,
+        cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        floor_rtt: floors.rtt,
+        floor_rtt_same_cpu: floors.rtt_same_cpu,
+        floor_bw_bytes_per_s: floors.bw_bytes_per_s,
+        latency,
+        rates,
+        redis,
+        device_memory,
+        authentication,
+        ratios: BTreeMap::new(),
+        ratio_spread: BTreeMap::new(),
+    };
+    set_ratios(&mut report, &more_rounds);
+    let files = write(out, &report, &histograms)?;
+    Ok((report, files))
+}
+
+/// The network floors: sockperf round trips (64 B and 4 KiB, and 64 B on
+/// one CPU) and one iperf3 stream.
+struct Floors {
+    rtt: BTreeMap<u32, Quantiles>,
+    rtt_same_cpu: Quantiles,
+    bw_bytes_per_s: f64,
+}
+
+impl Floors {
+    fn measure(plan: &Plan) -> anyhow::Result<Floors> {
+        let rtt = [64u32, 4096]
+            .into_iter()
+            .map(|size| Ok((size, peers::sockperf_rtt(size as usize, plan.duration())?)))
+            .collect::<anyhow::Result<_>>()?;
+        Ok(Floors {
+            rtt,
+            rtt_same_cpu: peers::sockperf_rtt_pinned(64, plan.duration(), 0, 0)?.quantiles,
+            bw_bytes_per_s: peers::iperf3_bandwidth(plan.duration())?,
+        })
+    }
+}
+
+/// Starts the bench fabric; its two ways in and the daemons' pids
+/// (server, device).
+fn start_fabric(
+    plan: &Plan,
+    topology: &Topology,
+    out: &Path,
+) -> anyhow::Result<(Fabric, Paths, Pids)> {
     let mut launch = LaunchOptions::new(out.join("data"), out.join("run"))?;
     launch.device_args = vec![
         "--busy-poll-us".into(),
@@ -292,7 +381,7 @@ pub fn run(
         "--max-connections-per-client".into(),
         (plan.idle_connections + 16).to_string(),
     ];
-    let fabric = Fabric::start(&topology, launch).context("bring the bench fabric up")?;
+    let fabric = Fabric::start(topology, launch).context("bring the bench fabric up")?;
     let addr = |kind, id, field| -> anyhow::Result<SocketAddr> {
         fabric
             .ready_field(kind, id, field)
@@ -307,19 +396,17 @@ pub fn run(
         fabric.pid(DaemonKind::PmemServer, "S"),
         fabric.pid(DaemonKind::FabricDevice, "F"),
     );
-    // Before any traffic, so freed buffers of earlier connections do not
-    // hide what new ones cost.
-    let device_memory = match pids.1 {
-        Some(device) => Some(connection_memory(&paths, device, plan.idle_connections)?),
-        None => None,
-    };
-    let shape = |op, size: u32| Shape {
-        op,
-        target: Target::Pmem(region.start),
-        key: region.key,
-        size,
-    };
+    Ok((fabric, paths, pids))
+}
 
+/// Round trips at queue depth 1 of every operation on both paths, with
+/// the daemons' CPU per operation; the histograms by case name.
+fn latencies(
+    plan: &Plan,
+    paths: &Paths,
+    pids: Pids,
+    shape: &dyn Fn(BenchOp, u32) -> Shape,
+) -> anyhow::Result<(Vec<LatencyCase>, BTreeMap<String, LatencyHistogram>)> {
     let mut latency = Vec::new();
     let mut histograms = BTreeMap::new();
     for path in ["direct", "fabric"] {
@@ -355,10 +442,19 @@ pub fn run(
             histograms.insert(format!("{path} {} {size} B", op.name()), h);
         }
     }
+    Ok((latency, histograms))
+}
 
+/// Throughput (64 B, pipelined in batches, for each client count of
+/// `steps` on READ) and bandwidth (1 MiB, a window of 4) on both paths.
+fn fabric_rates(
+    plan: &Plan,
+    paths: &Paths,
+    pids: Pids,
+    shape: &dyn Fn(BenchOp, u32) -> Shape,
+    steps: &[usize],
+) -> anyhow::Result<Vec<RateCase>> {
     let mut rates = Vec::new();
-    let mut steps: Vec<usize> = plan.client_steps.to_vec();
-    steps.dedup();
     for path in ["direct", "fabric"] {
         for (op, size, depth, how) in [
             (BenchOp::Read, 64, plan.depth, Pipelining::Batches),
@@ -367,7 +463,7 @@ pub fn run(
             (BenchOp::Write, 1 << 20, 4, Pipelining::Window),
         ] {
             let client_counts = if size == 64 && op == BenchOp::Read {
-                steps.clone()
+                steps.to_vec()
             } else if size == 64 {
                 vec![plan.clients]
             } else {
@@ -375,7 +471,7 @@ pub fn run(
             };
             for clients in client_counts {
                 rates.push(rate(
-                    &paths,
+                    paths,
                     path,
                     &shape(op, size),
                     clients,
@@ -386,26 +482,27 @@ pub fn run(
             }
         }
     }
+    Ok(rates)
+}
+
+/// redis GET (each client count of `steps`) and SET, and redis-aof SET
+/// 4 KiB at queue depth 1; the GET and SET rates join `rates`.
+fn redis_runs(
+    plan: &Plan,
+    (server, aof): (&RedisServer, &RedisServer),
+    steps: &[usize],
+    rates: &mut Vec<RateCase>,
+) -> anyhow::Result<Vec<RedisResult>> {
     let mut redis = Vec::new();
-    let server = RedisServer::start(&RedisConfig {
-        aof_always: false,
-        dir: out.join("redis"),
-    })?;
     for test in ["GET", "SET"] {
         let counts = if test == "GET" {
-            steps.clone()
+            steps.to_vec()
         } else {
             vec![plan.clients]
         };
         for clients in counts {
-            let r = peers::redis_benchmark(
-                &server,
-                test,
-                64,
-                clients,
-                plan.depth,
-                plan.redis_requests,
-            )?;
+            let r =
+                peers::redis_benchmark(server, test, 64, clients, plan.depth, plan.redis_requests)?;
             rates.push(RateCase {
                 system: "redis".into(),
                 op: test.into(),
@@ -420,52 +517,23 @@ pub fn run(
             redis.push(r);
         }
     }
-    let aof = RedisServer::start(&RedisConfig {
-        aof_always: true,
-        dir: out.join("redis-aof"),
-    })?;
     let aof_requests = (plan.samples as u64).min(20_000);
     redis.push(peers::redis_benchmark(
-        &aof,
+        aof,
         "SET",
         4096,
         1,
         1,
         aof_requests,
     )?);
-    // The ratios again, in interleaved rounds, with everything running.
-    let more_rounds = rounds::measure(
-        &plan,
-        &rounds::Systems {
-            paths: &paths,
-            pids,
-            shape: &shape,
-            redis: &server,
-            redis_aof: &aof,
-        },
-        plan.rounds.saturating_sub(1),
-    )
-    .context("the ratios' rounds")?;
-    drop((aof, server, fabric));
-    let authentication = Some(auth::measure(&plan, out).context("authentication cost")?);
+    Ok(redis)
+}
 
-    let mut report = BenchReport {
-        quick,
-        plan,
-        cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
-        floor_rtt,
-        floor_rtt_same_cpu: floor_same_cpu,
-        floor_bw_bytes_per_s: floor_bw,
-        latency,
-        rates,
-        redis,
-        device_memory,
-        authentication,
-        ratios: BTreeMap::new(),
-        ratio_spread: BTreeMap::new(),
-    };
-    // The main pass is the first round.
-    for (name, first) in ratios(&report) {
+/// Each tracked ratio over the rounds: the main pass is the first round,
+/// `more_rounds` the rest (authentication has rounds of its own); the
+/// tracked value is the median.
+fn set_ratios(report: &mut BenchReport, more_rounds: &BTreeMap<String, Vec<f64>>) {
+    for (name, first) in ratios(report) {
         let mut values = vec![first];
         values.extend(more_rounds.get(&name).into_iter().flatten().copied());
         if let Some(a) = report
@@ -479,8 +547,6 @@ pub fn run(
         report.ratios.insert(name.clone(), spread.median);
         report.ratio_spread.insert(name, spread);
     }
-    let files = write(out, &report, &histograms)?;
-    Ok((report, files))
 }
 
 /// Operations per second of `clients` connections with `depth` in flight
@@ -493,7 +559,7 @@ fn rate(
     clients: usize,
     (depth, how): (usize, Pipelining),
     duration: Duration,
-    daemons: (Option<u32>, Option<u32>),
+    daemons: Pids,
 ) -> anyhow::Result<RateCase> {
     let mut conns = (0..clients)
         .map(|_| paths.connect(path))
@@ -567,7 +633,7 @@ struct CpuMeter {
 
 impl CpuMeter {
     /// Starts counting for `path` with the daemons' pids `(server, device)`.
-    fn start(path: &str, (server, device): (Option<u32>, Option<u32>)) -> Self {
+    fn start(path: &str, (server, device): Pids) -> Self {
         let reading = |pid: Option<u32>| {
             let pid = pid?;
             Some((pid, peers::cpu_seconds(pid).ok()?))

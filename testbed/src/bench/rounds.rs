@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::client::{self, BenchOp, Pipelining, Shape};
 use super::peers::{self, RedisServer};
-use super::{Paths, Plan, rate};
+use super::{Paths, Pids, Plan, rate};
 
 /// One ratio over the rounds.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -45,7 +45,7 @@ impl RatioSpread {
 /// What the rounds need: the running fabric and redis servers.
 pub(super) struct Systems<'a> {
     pub(super) paths: &'a Paths,
-    pub(super) pids: (Option<u32>, Option<u32>),
+    pub(super) pids: Pids,
     pub(super) shape: &'a dyn Fn(BenchOp, u32) -> Shape,
     pub(super) redis: &'a RedisServer,
     pub(super) redis_aof: &'a RedisServer,
