@@ -157,244 +157,305 @@ pub fn plan(topology: &Topology, prefix: &str) -> Result<(NetPlan, Topology), Ne
             topology.fabric_devices.len()
         )));
     }
-
     let mut rewritten = topology.clone();
-    let mut namespaces = Vec::new();
-    let mut bridges = Vec::new();
-    let mut veths = Vec::new();
-    let mut taken = HashSet::new();
-    let mut ns_name = |kind: HostKind, index: usize, id: &str| {
-        let base = format!("{prefix}-{}-{}", kind.letter(), sanitize(id));
-        let name = if taken.contains(&base) {
-            // Sanitized names never contain '-', so this cannot clash.
-            format!("{base}-{index}")
-        } else {
-            base
-        };
-        taken.insert(name.clone());
-        name
-    };
-    let server_ns: Vec<String> = topology
-        .servers
-        .iter()
-        .enumerate()
-        .map(|(i, s)| ns_name(HostKind::Server, i, s.id.as_str()))
-        .collect();
-    let device_ns: Vec<String> = topology
-        .fabric_devices
-        .iter()
-        .enumerate()
-        .map(|(i, d)| ns_name(HostKind::FabricDevice, i, d.id.as_str()))
-        .collect();
-    let client_ns: Vec<String> = topology
-        .clients
-        .iter()
-        .enumerate()
-        .map(|(i, c)| ns_name(HostKind::Client, i, c.id.as_str()))
-        .collect();
-
-    let mgmt = mgmt_block(prefix);
-    let mut daemon = 0usize;
-    // Servers: one bridge per NIC, a management link each.
-    let mut nic_net: BTreeMap<(ServerId, NicId), (u8, u8, usize)> = BTreeMap::new();
-    for (s, (server, ns)) in rewritten.servers.iter_mut().zip(&server_ns).enumerate() {
-        let s8 = index_u8(s, MAX_SERVERS, || format!("server #{}", s + 1))?;
-        if server.nics.len() > MAX_NICS {
-            return Err(too_big(format!(
-                "server {} has {} NICs (at most {MAX_NICS})",
-                server.id,
-                server.nics.len()
-            )));
-        }
-        for (n, nic) in server.nics.iter_mut().enumerate() {
-            let n8 = index_u8(n, MAX_NICS, || {
-                format!("server {} NIC #{}", server.id, n + 1)
-            })?;
-            let addr = ip(10, 1 + s8, n8, 1);
-            bridges.push(Bridge {
-                name: format!("nic{n}"),
-                ns: ns.clone(),
-                addr: format!("{addr}/24"),
-                of: BridgeOf::ServerNic {
-                    server: server.id.clone(),
-                    nic: nic.id.clone(),
-                },
-            });
-            let port = port_of(Some(&nic.listen), DEFAULT_NIC_PORT);
-            nic.listen = format!("{addr}:{port}");
-            nic_net.insert((server.id.clone(), nic.id.clone()), (1 + s8, n8, s));
-        }
-        let inner = push_mgmt(
-            &mut veths,
-            prefix,
-            mgmt,
-            &mut daemon,
-            HostKind::Server,
-            server.id.as_str(),
-            ns,
-        )?;
-        let port = port_of(server.admin.as_deref(), DEFAULT_SERVER_ADMIN_PORT);
-        server.admin = Some(format!("{inner}:{port}"));
-        namespaces.push(NsHost {
-            name: ns.clone(),
-            kind: HostKind::Server,
-            id: server.id.to_string(),
-            admin: server.admin.clone(),
-        });
-    }
-
-    // Fabric devices: a veth per server link, a bridge per port.
-    let mut port_net: BTreeMap<(FabricDeviceId, PortId), (u8, u8, usize)> = BTreeMap::new();
-    for (d, (device, ns)) in rewritten
-        .fabric_devices
-        .iter_mut()
-        .zip(&device_ns)
-        .enumerate()
-    {
-        let d8 = index_u8(d, MAX_DEVICES, || format!("fabric device #{}", d + 1))?;
-        let mut seen = BTreeSet::new();
-        for link in &device.links {
-            if !seen.insert((link.server.clone(), link.nic.clone())) {
-                // A link listed twice is one wire.
-                continue;
-            }
-            let Some(&(b, c, s)) = nic_net.get(&(link.server.clone(), link.nic.clone())) else {
-                continue; // validate() reports it; unreachable here.
-            };
-            let n = usize::from(c);
-            veths.push(Veth {
-                name_a: format!("n{n}d{d}"),
-                ns_a: Some(server_ns[s].clone()),
-                addr_a: None,
-                bridge_a: Some(format!("nic{n}")),
-                name_b: format!("s{s}n{n}"),
-                ns_b: Some(ns.clone()),
-                addr_b: Some(format!("{}/24", ip(10, b, c, 10 + d8))),
-                bridge_b: None,
-                source_table: None,
-                link: LinkRef::ServerLink {
-                    device: device.id.clone(),
-                    server: link.server.clone(),
-                    nic: link.nic.clone(),
-                },
-            });
-        }
-        if device.ports.len() > MAX_PORTS {
-            return Err(too_big(format!(
-                "fabric device {} has {} ports (at most {MAX_PORTS})",
-                device.id,
-                device.ports.len()
-            )));
-        }
-        for (p, port) in device.ports.iter_mut().enumerate() {
-            let p8 = index_u8(p, MAX_PORTS, || {
-                format!("fabric device {} port #{}", device.id, p + 1)
-            })?;
-            let addr = ip(10, 100 + d8, p8, 1);
-            bridges.push(Bridge {
-                name: format!("port{p}"),
-                ns: ns.clone(),
-                addr: format!("{addr}/24"),
-                of: BridgeOf::DevicePort {
-                    device: device.id.clone(),
-                    port: port.id.clone(),
-                },
-            });
-            let listen_port = port_of(Some(&port.listen), DEFAULT_DEVICE_PORT);
-            port.listen = format!("{addr}:{listen_port}");
-            port_net.insert((device.id.clone(), port.id.clone()), (100 + d8, p8, d));
-        }
-        let inner = push_mgmt(
-            &mut veths,
-            prefix,
-            mgmt,
-            &mut daemon,
-            HostKind::FabricDevice,
-            device.id.as_str(),
-            ns,
-        )?;
-        let port = port_of(device.admin.as_deref(), DEFAULT_DEVICE_ADMIN_PORT);
-        device.admin = Some(format!("{inner}:{port}"));
-        namespaces.push(NsHost {
-            name: ns.clone(),
-            kind: HostKind::FabricDevice,
-            id: device.id.to_string(),
-            admin: device.admin.clone(),
-        });
-    }
-
-    // Clients: a veth per RNIC onto its device port's bridge.
-    let mut per_port: BTreeMap<(FabricDeviceId, PortId), usize> = BTreeMap::new();
-    for (c, (client, ns)) in rewritten.clients.iter_mut().zip(&client_ns).enumerate() {
-        for (r, rnic) in client.rnics.iter_mut().enumerate() {
-            let Some(device) = topology.fabric_device(&rnic.fabric_device) else {
-                continue; // validate() reports it; unreachable here.
-            };
-            let Some(port) = rnic.port_on(device) else {
-                continue;
-            };
-            let key = (device.id.clone(), port.id.clone());
-            let Some(&(b, p8, d)) = port_net.get(&key) else {
-                continue;
-            };
-            let k = per_port.entry(key).or_insert(0);
-            if *k >= MAX_RNICS_PER_PORT {
-                return Err(too_big(format!(
-                    "more than {MAX_RNICS_PER_PORT} RNICs wired to fabric device {} port {}",
-                    device.id, port.id
-                )));
-            }
-            let host = 10 + u8::try_from(*k).map_err(|_| too_big("RNICs per port".into()))?;
-            *k += 1;
-            let addr = ip(10, b, p8, host);
-            let table = SOURCE_TABLE_BASE
-                + u32::try_from(r).map_err(|_| too_big(format!("client {} RNICs", client.id)))?;
-            veths.push(Veth {
-                name_a: format!("p{p8}c{c}r{r}"),
-                ns_a: Some(device_ns[d].clone()),
-                addr_a: None,
-                bridge_a: Some(format!("port{p8}")),
-                name_b: format!("rnic{r}"),
-                ns_b: Some(ns.clone()),
-                addr_b: Some(format!("{addr}/24")),
-                bridge_b: None,
-                source_table: Some(table),
-                link: LinkRef::Rnic {
-                    client: client.id.clone(),
-                    rnic: rnic.id.clone(),
-                    device: device.id.clone(),
-                },
-            });
-            rnic.local_addr = Some(match local_port(rnic.local_addr.as_deref()) {
-                Some(port) => format!("{addr}:{port}"),
-                None => addr.to_string(),
-            });
-        }
-        namespaces.push(NsHost {
-            name: ns.clone(),
-            kind: HostKind::Client,
-            id: client.id.to_string(),
-            admin: None,
-        });
-    }
-
-    for veth in &veths {
-        for name in [&veth.name_a, &veth.name_b] {
-            if name.len() > IFNAME_MAX {
-                return Err(too_big(format!(
-                    "interface name {name:?} of {} is longer than {IFNAME_MAX} characters",
-                    veth.link
-                )));
-            }
-        }
-    }
+    let mut planner = Planner::new(topology, prefix);
+    let nic_net = planner.servers(&mut rewritten.servers)?;
+    let port_net = planner.devices(&mut rewritten.fabric_devices, &nic_net)?;
+    planner.clients(topology, &mut rewritten.clients, &port_net)?;
+    planner.check_names()?;
     let plan = NetPlan {
         prefix: prefix.to_owned(),
-        namespaces,
-        bridges,
-        veths,
-        mgmt_subnet: format!("{}/22", Ipv4Addr::from(mgmt)),
+        namespaces: planner.namespaces,
+        bridges: planner.bridges,
+        veths: planner.veths,
+        mgmt_subnet: format!("{}/22", Ipv4Addr::from(planner.mgmt)),
         mgmt_group: mgmt_group(prefix),
     };
     Ok((plan, rewritten))
+}
+
+/// Where a server NIC's subnet is: (second octet, third octet, server
+/// position).
+type NicNets = BTreeMap<(ServerId, NicId), (u8, u8, usize)>;
+/// Where a device port's subnet is: (second octet, third octet, device
+/// position).
+type PortNets = BTreeMap<(FabricDeviceId, PortId), (u8, u8, usize)>;
+
+/// A plan being built: host names, then servers, devices and clients in
+/// turn, each rewriting its part of the topology to the planned addresses.
+struct Planner<'a> {
+    prefix: &'a str,
+    mgmt: u32,
+    /// Management links handed out so far (servers, then devices).
+    daemon: usize,
+    server_ns: Vec<String>,
+    device_ns: Vec<String>,
+    client_ns: Vec<String>,
+    namespaces: Vec<NsHost>,
+    bridges: Vec<Bridge>,
+    veths: Vec<Veth>,
+}
+
+impl<'a> Planner<'a> {
+    /// Names every host's namespace (`<prefix>-<kind>-<id>`, unique).
+    fn new(topology: &Topology, prefix: &'a str) -> Self {
+        let mut taken = HashSet::new();
+        let mut ns_name = |kind: HostKind, index: usize, id: &str| {
+            let base = format!("{prefix}-{}-{}", kind.letter(), sanitize(id));
+            let name = if taken.contains(&base) {
+                // Sanitized names never contain '-', so this cannot clash.
+                format!("{base}-{index}")
+            } else {
+                base
+            };
+            taken.insert(name.clone());
+            name
+        };
+        let server_ns = topology
+            .servers
+            .iter()
+            .enumerate()
+            .map(|(i, s)| ns_name(HostKind::Server, i, s.id.as_str()))
+            .collect();
+        let device_ns = topology
+            .fabric_devices
+            .iter()
+            .enumerate()
+            .map(|(i, d)| ns_name(HostKind::FabricDevice, i, d.id.as_str()))
+            .collect();
+        let client_ns = topology
+            .clients
+            .iter()
+            .enumerate()
+            .map(|(i, c)| ns_name(HostKind::Client, i, c.id.as_str()))
+            .collect();
+        Planner {
+            prefix,
+            mgmt: mgmt_block(prefix),
+            daemon: 0,
+            server_ns,
+            device_ns,
+            client_ns,
+            namespaces: Vec::new(),
+            bridges: Vec::new(),
+            veths: Vec::new(),
+        }
+    }
+
+    /// Servers: one bridge per NIC, a management link each.
+    fn servers(&mut self, servers: &mut [topology::model::Server]) -> Result<NicNets, NetnsError> {
+        let (prefix, mgmt) = (self.prefix, self.mgmt);
+        let mut nic_net = NicNets::new();
+        for (s, server) in servers.iter_mut().enumerate() {
+            let ns = self.server_ns[s].clone();
+            let s8 = index_u8(s, MAX_SERVERS, || format!("server #{}", s + 1))?;
+            if server.nics.len() > MAX_NICS {
+                return Err(too_big(format!(
+                    "server {} has {} NICs (at most {MAX_NICS})",
+                    server.id,
+                    server.nics.len()
+                )));
+            }
+            for (n, nic) in server.nics.iter_mut().enumerate() {
+                let n8 = index_u8(n, MAX_NICS, || {
+                    format!("server {} NIC #{}", server.id, n + 1)
+                })?;
+                let addr = ip(10, 1 + s8, n8, 1);
+                self.bridges.push(Bridge {
+                    name: format!("nic{n}"),
+                    ns: ns.clone(),
+                    addr: format!("{addr}/24"),
+                    of: BridgeOf::ServerNic {
+                        server: server.id.clone(),
+                        nic: nic.id.clone(),
+                    },
+                });
+                let port = port_of(Some(&nic.listen), DEFAULT_NIC_PORT);
+                nic.listen = format!("{addr}:{port}");
+                nic_net.insert((server.id.clone(), nic.id.clone()), (1 + s8, n8, s));
+            }
+            let inner = push_mgmt(
+                &mut self.veths,
+                prefix,
+                mgmt,
+                &mut self.daemon,
+                HostKind::Server,
+                server.id.as_str(),
+                &ns,
+            )?;
+            let port = port_of(server.admin.as_deref(), DEFAULT_SERVER_ADMIN_PORT);
+            server.admin = Some(format!("{inner}:{port}"));
+            self.namespaces.push(NsHost {
+                name: ns.clone(),
+                kind: HostKind::Server,
+                id: server.id.to_string(),
+                admin: server.admin.clone(),
+            });
+        }
+        Ok(nic_net)
+    }
+
+    /// Fabric devices: a veth per server link, a bridge per port.
+    fn devices(
+        &mut self,
+        devices: &mut [topology::model::FabricDevice],
+        nic_net: &NicNets,
+    ) -> Result<PortNets, NetnsError> {
+        let (prefix, mgmt) = (self.prefix, self.mgmt);
+        let mut port_net = PortNets::new();
+        for (d, device) in devices.iter_mut().enumerate() {
+            let ns = self.device_ns[d].clone();
+            let d8 = index_u8(d, MAX_DEVICES, || format!("fabric device #{}", d + 1))?;
+            let mut seen = BTreeSet::new();
+            for link in &device.links {
+                if !seen.insert((link.server.clone(), link.nic.clone())) {
+                    // A link listed twice is one wire.
+                    continue;
+                }
+                let Some(&(b, c, s)) = nic_net.get(&(link.server.clone(), link.nic.clone())) else {
+                    continue; // validate() reports it; unreachable here.
+                };
+                let n = usize::from(c);
+                self.veths.push(Veth {
+                    name_a: format!("n{n}d{d}"),
+                    ns_a: Some(self.server_ns[s].clone()),
+                    addr_a: None,
+                    bridge_a: Some(format!("nic{n}")),
+                    name_b: format!("s{s}n{n}"),
+                    ns_b: Some(ns.clone()),
+                    addr_b: Some(format!("{}/24", ip(10, b, c, 10 + d8))),
+                    bridge_b: None,
+                    source_table: None,
+                    link: LinkRef::ServerLink {
+                        device: device.id.clone(),
+                        server: link.server.clone(),
+                        nic: link.nic.clone(),
+                    },
+                });
+            }
+            if device.ports.len() > MAX_PORTS {
+                return Err(too_big(format!(
+                    "fabric device {} has {} ports (at most {MAX_PORTS})",
+                    device.id,
+                    device.ports.len()
+                )));
+            }
+            for (p, port) in device.ports.iter_mut().enumerate() {
+                let p8 = index_u8(p, MAX_PORTS, || {
+                    format!("fabric device {} port #{}", device.id, p + 1)
+                })?;
+                let addr = ip(10, 100 + d8, p8, 1);
+                self.bridges.push(Bridge {
+                    name: format!("port{p}"),
+                    ns: ns.clone(),
+                    addr: format!("{addr}/24"),
+                    of: BridgeOf::DevicePort {
+                        device: device.id.clone(),
+                        port: port.id.clone(),
+                    },
+                });
+                let listen_port = port_of(Some(&port.listen), DEFAULT_DEVICE_PORT);
+                port.listen = format!("{addr}:{listen_port}");
+                port_net.insert((device.id.clone(), port.id.clone()), (100 + d8, p8, d));
+            }
+            let inner = push_mgmt(
+                &mut self.veths,
+                prefix,
+                mgmt,
+                &mut self.daemon,
+                HostKind::FabricDevice,
+                device.id.as_str(),
+                &ns,
+            )?;
+            let port = port_of(device.admin.as_deref(), DEFAULT_DEVICE_ADMIN_PORT);
+            device.admin = Some(format!("{inner}:{port}"));
+            self.namespaces.push(NsHost {
+                name: ns.clone(),
+                kind: HostKind::FabricDevice,
+                id: device.id.to_string(),
+                admin: device.admin.clone(),
+            });
+        }
+        Ok(port_net)
+    }
+
+    /// Clients: a veth per RNIC onto its device port's bridge.
+    fn clients(
+        &mut self,
+        topology: &Topology,
+        clients: &mut [topology::model::Client],
+        port_net: &PortNets,
+    ) -> Result<(), NetnsError> {
+        let mut per_port: BTreeMap<(FabricDeviceId, PortId), usize> = BTreeMap::new();
+        for (c, client) in clients.iter_mut().enumerate() {
+            let ns = self.client_ns[c].clone();
+            for (r, rnic) in client.rnics.iter_mut().enumerate() {
+                let Some(device) = topology.fabric_device(&rnic.fabric_device) else {
+                    continue; // validate() reports it; unreachable here.
+                };
+                let Some(port) = rnic.port_on(device) else {
+                    continue;
+                };
+                let key = (device.id.clone(), port.id.clone());
+                let Some(&(b, p8, d)) = port_net.get(&key) else {
+                    continue;
+                };
+                let k = per_port.entry(key).or_insert(0);
+                if *k >= MAX_RNICS_PER_PORT {
+                    return Err(too_big(format!(
+                        "more than {MAX_RNICS_PER_PORT} RNICs wired to fabric device {} port {}",
+                        device.id, port.id
+                    )));
+                }
+                let host = 10 + u8::try_from(*k).map_err(|_| too_big("RNICs per port".into()))?;
+                *k += 1;
+                let addr = ip(10, b, p8, host);
+                let table = SOURCE_TABLE_BASE
+                    + u32::try_from(r)
+                        .map_err(|_| too_big(format!("client {} RNICs", client.id)))?;
+                self.veths.push(Veth {
+                    name_a: format!("p{p8}c{c}r{r}"),
+                    ns_a: Some(self.device_ns[d].clone()),
+                    addr_a: None,
+                    bridge_a: Some(format!("port{p8}")),
+                    name_b: format!("rnic{r}"),
+                    ns_b: Some(ns.clone()),
+                    addr_b: Some(format!("{addr}/24")),
+                    bridge_b: None,
+                    source_table: Some(table),
+                    link: LinkRef::Rnic {
+                        client: client.id.clone(),
+                        rnic: rnic.id.clone(),
+                        device: device.id.clone(),
+                    },
+                });
+                rnic.local_addr = Some(match local_port(rnic.local_addr.as_deref()) {
+                    Some(port) => format!("{addr}:{port}"),
+                    None => addr.to_string(),
+                });
+            }
+            self.namespaces.push(NsHost {
+                name: ns.clone(),
+                kind: HostKind::Client,
+                id: client.id.to_string(),
+                admin: None,
+            });
+        }
+        Ok(())
+    }
+
+    /// Every interface name fits Linux's limit.
+    fn check_names(&self) -> Result<(), NetnsError> {
+        for veth in &self.veths {
+            for name in [&veth.name_a, &veth.name_b] {
+                if name.len() > IFNAME_MAX {
+                    return Err(too_big(format!(
+                        "interface name {name:?} of {} is longer than {IFNAME_MAX} characters",
+                        veth.link
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
 }
