@@ -3,7 +3,7 @@
 use std::fmt;
 
 use proto::Status;
-use topology::VirtAddr;
+use topology::{PmemAddr, VirtAddr};
 
 use crate::conn::ConnectError;
 use crate::paths::{Failure, GiveUpReason};
@@ -43,58 +43,89 @@ impl fmt::Display for Tried {
     }
 }
 
+/// Where a failed request was aimed: an application's virtual address, or
+/// a PMEM address (the allocator's own metadata, which has no virtual one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Address {
+    /// In the shared virtual address space.
+    Virtual(VirtAddr),
+    /// In the PMEM address space.
+    Pmem(PmemAddr),
+}
+
+impl fmt::Display for Address {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Address::Virtual(vaddr) => write!(f, "{vaddr}"),
+            Address::Pmem(pmem) => write!(f, "PMEM {pmem}"),
+        }
+    }
+}
+
+impl From<VirtAddr> for Address {
+    fn from(vaddr: VirtAddr) -> Self {
+        Address::Virtual(vaddr)
+    }
+}
+
+impl From<PmemAddr> for Address {
+    fn from(pmem: PmemAddr) -> Self {
+        Address::Pmem(pmem)
+    }
+}
+
 /// An operation on the pool that failed.
 #[derive(Debug, thiserror::Error)]
 pub enum PoolError {
-    /// The virtual address has no mapping.
-    #[error("{vaddr}: not mapped in the virtual address space")]
+    /// The address has no mapping.
+    #[error("{at}: not mapped (no region or allocation holds it)")]
     Unmapped {
         /// The address.
-        vaddr: VirtAddr,
+        at: Address,
     },
     /// The server refused the key: the translation is stale (the memory was
     /// freed and its key rotated) or the key is wrong.
-    #[error("{vaddr}: access denied (stale translation or wrong key)")]
+    #[error("{at}: access denied (stale translation or wrong key)")]
     AccessDenied {
         /// The address.
-        vaddr: VirtAddr,
+        at: Address,
     },
     /// The address belonged to an allocation that has been freed: its key
     /// was rotated and the page table no longer maps it.
-    #[error("{vaddr}: use after free (the allocation holding it was freed)")]
+    #[error("{at}: use after free (the allocation holding it was freed)")]
     UseAfterFree {
         /// The address.
-        vaddr: VirtAddr,
+        at: Address,
     },
     /// The client's allow-list or the region's bounds refuse the range.
-    #[error("{vaddr}: {len} bytes out of bounds")]
+    #[error("{at}: {len} bytes out of bounds")]
     OutOfBounds {
         /// The address.
-        vaddr: VirtAddr,
+        at: Address,
         /// The length asked for.
         len: u64,
     },
     /// An atomic on an address that is not 8-byte aligned.
-    #[error("{vaddr}: atomics need an 8-byte aligned address")]
+    #[error("{at}: atomics need an 8-byte aligned address")]
     Misaligned {
         /// The address.
-        vaddr: VirtAddr,
+        at: Address,
     },
     /// The server answered with an error status.
-    #[error("{vaddr}: server {server} answered {status}")]
+    #[error("{at}: server {server} answered {status}")]
     Rejected {
         /// The address.
-        vaddr: VirtAddr,
+        at: Address,
         /// The server.
         server: String,
         /// Its status.
         status: Status,
     },
     /// No path to the server works.
-    #[error("{vaddr}: no path to server {server} works ({reason}; tried {tried})")]
+    #[error("{at}: no path to server {server} works ({reason}; tried {tried})")]
     NoPath {
         /// The address.
-        vaddr: VirtAddr,
+        at: Address,
         /// The server.
         server: String,
         /// Why the client stopped trying.
@@ -167,4 +198,27 @@ fn list(failures: &[(String, ConnectError)]) -> String {
         .map(|(path, e)| format!("{path}: {}", crate::error_chain(e)))
         .collect::<Vec<_>>()
         .join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_say_which_address_space_they_mean() {
+        let virt = PoolError::Unmapped {
+            at: VirtAddr(0x1_0000_0040).into(),
+        };
+        let pmem = PoolError::Unmapped {
+            at: PmemAddr(0x40).into(),
+        };
+        assert_eq!(
+            virt.to_string(),
+            "0x100000040: not mapped (no region or allocation holds it)"
+        );
+        assert_eq!(
+            pmem.to_string(),
+            "PMEM 0x40: not mapped (no region or allocation holds it)"
+        );
+    }
 }

@@ -38,7 +38,7 @@ pub mod translate;
 pub mod verbs;
 
 pub use alloc::{AllocError, Allocator, Placement};
-pub use error::{OpenError, PoolError};
+pub use error::{Address, OpenError, PoolError};
 pub use pool::{AsyncPool, Batch, BatchOp, Completion, Pool, PoolBuilder, PoolOptions};
 pub use translate::{StaticTranslator, Translator, VIRT_BASE};
 

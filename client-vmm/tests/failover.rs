@@ -310,7 +310,9 @@ fn unknown_client_and_unmapped_addresses_are_clear_errors() {
 
     let pool = fabric.pool("c2");
     match pool.read(VirtAddr(VIRT_BASE - 8), 8) {
-        Err(PoolError::Unmapped { vaddr }) => assert_eq!(vaddr, VirtAddr(VIRT_BASE - 8)),
+        Err(PoolError::Unmapped { at }) => {
+            assert_eq!(at, client_vmm::Address::Virtual(VirtAddr(VIRT_BASE - 8)))
+        }
         other => panic!("{other:?}"),
     }
     match pool.read(v(SPACE - 4), 8) {

@@ -228,12 +228,12 @@ impl AsyncPool {
         exactly_once: bool,
     ) -> Result<u64, PoolError> {
         if !vaddr.get().is_multiple_of(8) {
-            return Err(PoolError::Misaligned { vaddr });
+            return Err(PoolError::Misaligned { at: vaddr.into() });
         }
         let _op = self.inner.in_flight.begin();
         let pieces = self.inner.plan(vaddr, 8).await?;
         let [piece] = pieces[..] else {
-            return Err(PoolError::Misaligned { vaddr });
+            return Err(PoolError::Misaligned { at: vaddr.into() });
         };
         let spec = Spec {
             operand,

@@ -12,7 +12,7 @@ use topology::{MetaLayout, PmemAddr, RegionIndex, RnicTransport, VirtAddr};
 
 use crate::alloc::records;
 use crate::conn::{self, Response};
-use crate::error::{PoolError, Reason, Tried, TriedPath};
+use crate::error::{Address, PoolError, Reason, Tried, TriedPath};
 use crate::link::PathLink;
 use crate::paths::{Attempts, Failure, GiveUpReason, Next, PathId, Probe};
 use crate::translate::Translation;
@@ -152,7 +152,7 @@ impl Inner {
             Backing::Fixed(translator) => self
                 .tlb
                 .translate(translator.as_ref(), vaddr)
-                .map_err(|_| PoolError::Unmapped { vaddr }),
+                .map_err(|_| PoolError::Unmapped { at: vaddr.into() }),
             Backing::PageTable(meta) => {
                 if let Some(t) = self.tlb.get(vaddr) {
                     return Ok(t);
@@ -170,7 +170,7 @@ impl Inner {
         meta: &MetaLayout,
         vaddr: VirtAddr,
     ) -> Result<Translation, PoolError> {
-        let unmapped = PoolError::Unmapped { vaddr };
+        let unmapped = PoolError::Unmapped { at: vaddr.into() };
         let index = records::vextent_of(meta, vaddr).ok_or(unmapped)?;
         let table = meta.meta_region();
         let at = meta.page_table_entry(index);
@@ -182,7 +182,8 @@ impl Inner {
             )
             .await?
             .data;
-        let entry = records::PtEntry::decode(&bytes).ok_or(PoolError::Unmapped { vaddr })?;
+        let entry =
+            records::PtEntry::decode(&bytes).ok_or(PoolError::Unmapped { at: vaddr.into() })?;
         match entry.control.state {
             records::EntryState::Live => {
                 let pmem = PmemAddr(entry.pmem);
@@ -190,7 +191,7 @@ impl Inner {
                     .layout
                     .lookup(pmem)
                     .map(|at| at.offset.region)
-                    .ok_or(PoolError::Unmapped { vaddr })?;
+                    .ok_or(PoolError::Unmapped { at: vaddr.into() })?;
                 Ok(Translation {
                     vbase: records::vbase_of(meta, index),
                     len: meta.extent_size(),
@@ -202,9 +203,9 @@ impl Inner {
             records::EntryState::Free | records::EntryState::Freeing
                 if entry.control.generation > 0 =>
             {
-                Err(PoolError::UseAfterFree { vaddr })
+                Err(PoolError::UseAfterFree { at: vaddr.into() })
             }
-            _ => Err(PoolError::Unmapped { vaddr }),
+            _ => Err(PoolError::Unmapped { at: vaddr.into() }),
         }
     }
 
@@ -217,14 +218,14 @@ impl Inner {
         key: u64,
         spec: Spec<'_>,
     ) -> Result<Response, PoolError> {
-        let vaddr = VirtAddr(pmem.get());
+        let at = Address::Pmem(pmem);
         let region = self
             .layout
             .lookup(pmem)
             .map(|at| at.offset.region)
-            .ok_or(PoolError::Unmapped { vaddr })?;
+            .ok_or(PoolError::Unmapped { at })?;
         let piece = Piece {
-            vaddr,
+            at,
             pmem,
             len: u64::from(spec.length),
             key,
@@ -239,16 +240,13 @@ impl Inner {
 
     /// The error for a final non-OK status of `piece`.
     pub(super) fn status_error(&self, piece: Piece, status: Status) -> PoolError {
-        let vaddr = piece.vaddr;
+        let at = piece.at;
         match status {
-            Status::AccessDenied => PoolError::AccessDenied { vaddr },
-            Status::Unmapped => PoolError::Unmapped { vaddr },
-            Status::OutOfBounds => PoolError::OutOfBounds {
-                vaddr,
-                len: piece.len,
-            },
+            Status::AccessDenied => PoolError::AccessDenied { at },
+            Status::Unmapped => PoolError::Unmapped { at },
+            Status::OutOfBounds => PoolError::OutOfBounds { at, len: piece.len },
             status => PoolError::Rejected {
-                vaddr,
+                at,
                 server: self.server_name(piece.region),
                 status,
             },
@@ -266,10 +264,10 @@ impl Inner {
     /// Splits `[vaddr, vaddr + len)` into PMEM pieces: one per run of
     /// extents contiguous in PMEM with the same key, at most [`MAX_PIECE`].
     pub(super) async fn plan(&self, vaddr: VirtAddr, len: u64) -> Result<Vec<Piece>, PoolError> {
-        let end = vaddr
-            .get()
-            .checked_add(len)
-            .ok_or(PoolError::OutOfBounds { vaddr, len })?;
+        let end = vaddr.get().checked_add(len).ok_or(PoolError::OutOfBounds {
+            at: vaddr.into(),
+            len,
+        })?;
         let mut pieces: Vec<Piece> = Vec::new();
         let mut at = vaddr.get();
         while at < end {
@@ -286,7 +284,7 @@ impl Inner {
                     last.len += take;
                 }
                 _ => pieces.push(Piece {
-                    vaddr: VirtAddr(at),
+                    at: Address::Virtual(VirtAddr(at)),
                     pmem,
                     len: take,
                     key: t.key,
@@ -299,7 +297,7 @@ impl Inner {
             // A zero-length access still names one address.
             let t = self.translate(vaddr).await?;
             pieces.push(Piece {
-                vaddr,
+                at: vaddr.into(),
                 pmem: t.pmem_of(vaddr),
                 len: 0,
                 key: t.key,
@@ -321,11 +319,14 @@ impl Inner {
         let status = match response.status {
             Status::Ok => return Ok(response),
             status @ (Status::AccessDenied | Status::Unmapped) => {
-                self.tlb.invalidate(piece.vaddr);
-                let fresh = self.translate(piece.vaddr).await?;
-                if fresh.pmem_of(piece.vaddr) != piece.pmem || fresh.key != piece.key {
+                let Address::Virtual(vaddr) = piece.at else {
+                    return Err(self.status_error(piece, status));
+                };
+                self.tlb.invalidate(vaddr);
+                let fresh = self.translate(vaddr).await?;
+                if fresh.pmem_of(vaddr) != piece.pmem || fresh.key != piece.key {
                     let piece = Piece {
-                        pmem: fresh.pmem_of(piece.vaddr),
+                        pmem: fresh.pmem_of(vaddr),
                         key: fresh.key,
                         region: fresh.region,
                         ..piece
@@ -414,7 +415,7 @@ impl Inner {
                             .collect()
                     };
                     return Err(PoolError::NoPath {
-                        vaddr: piece.vaddr,
+                        at: piece.at,
                         server: self.server_name(piece.region),
                         reason: Reason(give_up.reason),
                         tried: Tried(tried),

@@ -26,8 +26,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use proto::request::Operation;
 use tokio::sync::{Notify, Semaphore};
-use topology::{ClientId, Layout, MetaLayout, PmemAddr, RegionIndex, VirtAddr};
+use topology::{ClientId, Layout, MetaLayout, PmemAddr, RegionIndex};
 
+use crate::error::Address;
 use crate::link::PathLink;
 use crate::paths::PathTable;
 use crate::translate::{Tlb, Translator};
@@ -102,10 +103,12 @@ pub struct Pool {
     pool: AsyncPool,
 }
 
-/// One PMEM piece of a virtual range.
+/// One PMEM piece of a virtual range (or a request addressed by PMEM
+/// address only).
 #[derive(Debug, Clone, Copy)]
 struct Piece {
-    vaddr: VirtAddr,
+    /// Where it is aimed, for errors and to refresh a stale translation.
+    at: Address,
     pmem: PmemAddr,
     len: u64,
     key: u64,
