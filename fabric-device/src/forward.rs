@@ -695,14 +695,15 @@ impl Forwarder {
         let (region, offset, addr) = match req.target {
             Target::Pmem(addr) => {
                 let at = self.map.lookup(addr).ok_or(Status::Unmapped)?;
-                (at.offset.region, at.offset.offset, addr.get())
+                (at.offset.region, at.offset.offset, addr)
             }
             Target::Region(at) => {
                 let entry = self.map.layout.entry(at.region).ok_or(Status::Unmapped)?;
                 if at.offset >= entry.len {
                     return Err(Status::Unmapped);
                 }
-                (entry.region, at.offset, entry.start.get() + at.offset)
+                let addr = entry.start.checked_add(at.offset).ok_or(Status::Unmapped)?;
+                (entry.region, at.offset, addr)
             }
         };
         let len = match req.operation {

@@ -46,7 +46,7 @@ pub struct ClientPolicy {
 impl ClientPolicy {
     /// Whether `[addr, addr + len)` lies inside one allowed range (that
     /// may be changed, for a `write`).
-    pub fn allows(&self, addr: u64, len: u64, write: bool) -> bool {
+    pub fn allows(&self, addr: PmemAddr, len: u64, write: bool) -> bool {
         self.grants.allows(addr, len, write)
     }
 }
@@ -261,13 +261,14 @@ mod tests {
             },
         ];
         let map = DeviceMap::new(&t, &"A".into()).unwrap();
-        let pa2 = map.layout.entry_by_id(&"PA.2".into()).unwrap().start.get();
-        let pa3 = map.layout.entry_by_id(&"PA.3".into()).unwrap().start.get();
+        let pa2 = map.layout.entry_by_id(&"PA.2".into()).unwrap().start;
+        let pa3 = map.layout.entry_by_id(&"PA.3".into()).unwrap().start;
+        let at = |base: PmemAddr, offset: u64| base.checked_add(offset).unwrap();
         let a = &map.clients["A"];
-        assert!(a.allows(pa2 + 4096, 8192, true));
-        assert!(!a.allows(pa2 + 4096, 8193, false));
+        assert!(a.allows(at(pa2, 4096), 8192, true));
+        assert!(!a.allows(at(pa2, 4096), 8193, false));
         assert!(!a.allows(pa2, 1, false));
-        assert!(!a.allows(u64::MAX, 2, false));
+        assert!(!a.allows(PmemAddr(u64::MAX), 2, false));
         assert!(a.allows(pa3, 64, false), "read-only: reads");
         assert!(!a.allows(pa3, 64, true), "read-only: no writes");
         assert!(

@@ -316,10 +316,10 @@ impl Executor {
             _ => return Some("unauthenticated"),
         };
         let addr = match req.target {
-            Target::Pmem(addr) => addr.get(),
+            Target::Pmem(addr) => addr,
             Target::Region(at) => {
                 let entry = self.layout.entry(at.region)?;
-                entry.start.get().checked_add(at.offset)?
+                entry.start.checked_add(at.offset)?
             }
         };
         let len = if req.operation.is_atomic() {

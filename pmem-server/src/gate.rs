@@ -13,7 +13,7 @@ use proto::auth::{Key, NONCE_LEN, Proof, Side, Transcript};
 use proto::hello::Role;
 use topology::grants::Grants;
 use topology::secrets::{Principal, SecretError, read_key};
-use topology::{Layout, Topology};
+use topology::{Layout, PmemAddr, Topology};
 
 /// The keys of the principals that may connect.
 #[derive(Debug, Default)]
@@ -69,7 +69,13 @@ impl Gatekeeper {
 
     /// Why client `number` may not touch `[addr, addr + len)` (or change
     /// it, for a `write`), if it may not.
-    pub fn denies(&self, number: u32, addr: u64, len: u64, write: bool) -> Option<&'static str> {
+    pub fn denies(
+        &self,
+        number: u32,
+        addr: PmemAddr,
+        len: u64,
+        write: bool,
+    ) -> Option<&'static str> {
         match self.grants.get(number as usize) {
             None => Some("unknown_client"),
             Some(grants) if !grants.allows(addr, len, write) => Some("not_granted"),

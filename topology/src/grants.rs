@@ -1,6 +1,9 @@
 //! What a client may touch: its allow-list as PMEM address ranges, each
 //! read-write or read-only.
 
+use std::ops::Range;
+
+use crate::addr::PmemAddr;
 use crate::layout::Layout;
 use crate::model::{Access, Client};
 
@@ -8,7 +11,7 @@ use crate::model::{Access, Client};
 /// it may change them; none listed means the whole pool, read-write.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Grants {
-    ranges: Vec<(u64, u64, Access)>,
+    ranges: Vec<(Range<PmemAddr>, Access)>,
 }
 
 impl Grants {
@@ -20,13 +23,14 @@ impl Grants {
             .iter()
             .filter_map(|range| {
                 let entry = layout.entry_by_id(&range.region)?;
-                let start = entry.start.get() + range.offset.bytes();
+                let start = entry.start.checked_add(range.offset.bytes())?;
                 let len = range
                     .size
                     .map_or(entry.len.saturating_sub(range.offset.bytes()), |s| {
                         s.bytes()
                     });
-                Some((start, start.saturating_add(len), range.access))
+                let end = start.checked_add(len).unwrap_or(PmemAddr(u64::MAX));
+                Some((start..end, range.access))
             })
             .collect();
         Grants { ranges }
@@ -34,15 +38,15 @@ impl Grants {
 
     /// Whether `[addr, addr + len)` lies inside one granted range that
     /// lets the client change memory when `write` says it would.
-    pub fn allows(&self, addr: u64, len: u64, write: bool) -> bool {
+    pub fn allows(&self, addr: PmemAddr, len: u64, write: bool) -> bool {
         if self.ranges.is_empty() {
             return true;
         }
         let Some(end) = addr.checked_add(len) else {
             return false;
         };
-        self.ranges
-            .iter()
-            .any(|&(s, e, access)| addr >= s && end <= e && (!write || access == Access::ReadWrite))
+        self.ranges.iter().any(|(range, access)| {
+            addr >= range.start && end <= range.end && (!write || *access == Access::ReadWrite)
+        })
     }
 }
