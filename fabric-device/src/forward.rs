@@ -21,7 +21,7 @@ use proto::frame::{self, Header};
 use proto::hello::{self, Capabilities, Role};
 use proto::opening::{Credentials, Opening, OpeningTags, Progress};
 use proto::request::{self, Operation, Target};
-use proto::{Message, Opcode, Status, map, response};
+use proto::{Message, Opcode, RegionOffset, Status, map, response};
 use telemetry::Gauge;
 
 use crate::deadline::{Deadline, DeadlineQueue};
@@ -207,8 +207,8 @@ pub enum LinkStatus {
 /// Where a request goes.
 #[derive(Debug, Clone, Copy)]
 struct Route {
-    region: u32,
-    offset: u64,
+    /// Where in the server the request lands.
+    at: RegionOffset,
     client_number: u32,
     link: LinkId,
 }
@@ -735,8 +735,7 @@ impl Forwarder {
             .or_else(|| on(other).find(up))
             .ok_or(Status::ServerUnavailable)?;
         Ok(Route {
-            region: region.0,
-            offset,
+            at: RegionOffset::new(region, offset),
             client_number: policy.number,
             link,
         })
@@ -809,8 +808,8 @@ impl Forwarder {
         packet.set_flags(
             packet.flags() | request::flags::REGION_ADDRESSED | request::flags::ON_BEHALF,
         );
-        packet.set_region(route.region);
-        packet.set_addr(route.offset);
+        packet.set_region(route.at.region.0);
+        packet.set_addr(route.at.offset);
         match req.exactly_once {
             // The client picks the lane; its number is the device's to say.
             Some(once) => packet.set_client(once.stamped(route.client_number).client),
