@@ -1,10 +1,13 @@
 //! Virtual → PMEM translation, and the translation cache in front of it.
 //!
-//! The virtual address space is identical on every client of a pool. It is divided into fixed-size extents; a [`Translator`]
-//! maps each extent to a PMEM extent and the key requests for it carry.
-//! [`StaticTranslator`] is the backing the topology implies: the regions'
-//! extents laid end to end in layout order from [`VIRT_BASE`]. The
-//! allocator's PMEM-resident page table implements the same trait.
+//! The virtual address space is identical on every client of a pool. It
+//! is divided into fixed-size extents; a [`Translator`] maps each extent to
+//! a PMEM extent and the key requests for it carry. [`StaticTranslator`] is
+//! the backing the topology implies: the regions' extents laid end to end
+//! in layout order from [`VIRT_BASE`]. The allocator's page table, which
+//! lives in PMEM, is not a `Translator`: looking an extent up there is a
+//! READ through the fabric, so the pool walks it itself (asynchronously)
+//! when the TLB misses, and caches what it finds here.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
