@@ -9,6 +9,9 @@
 //!   puts it and the verbs transport behind one face).
 //! - [`pool`]: the application API: [`AsyncPool`], [`Pool`] and [`Batch`].
 //! - [`alloc`]: the lock-free allocator and named objects, all in PMEM.
+//! - [`records`]: how the allocator's metadata is encoded in PMEM (the
+//!   pool reads its page-table entries too, so neither depends on the
+//!   other for it).
 //! - [`error`]: what goes wrong, said precisely.
 //! - `verbs` (feature `verbs`): RDMA through a real RNIC (or rxe) to a
 //!   fabric device's RoCEv2 port.
@@ -33,6 +36,7 @@ pub mod error;
 mod link;
 pub mod paths;
 pub mod pool;
+pub mod records;
 pub mod translate;
 #[cfg(feature = "verbs")]
 pub mod verbs;

@@ -38,7 +38,7 @@
 mod error;
 mod extents;
 mod names;
-pub mod records;
+pub use crate::records;
 mod scrub;
 mod slab;
 

@@ -10,11 +10,11 @@ use proto::{Status, request};
 use tokio::sync::Notify;
 use topology::{MetaLayout, PmemAddr, RegionIndex, RnicTransport, VirtAddr};
 
-use crate::alloc::records;
 use crate::conn::{self, Response};
 use crate::error::{Address, PoolError, Reason, Tried, TriedPath};
 use crate::link::PathLink;
 use crate::paths::{Attempts, Failure, GiveUpReason, Next, PathId, Probe};
+use crate::records;
 use crate::translate::Translation;
 
 #[cfg(feature = "verbs")]
