@@ -406,78 +406,7 @@ pub fn execute(
             started_unix_ms,
         )?);
     }
-    let bar = progress_bar(options);
-    let mut faults: Vec<FaultRecord> = Vec::new();
-    let mut pending: Vec<&PlannedFault> = options.faults.iter().collect();
-    let mut restores: Vec<(Instant, usize)> = Vec::new();
-    let limit = options.duration + Duration::from_secs(120);
-    loop {
-        let elapsed = start.elapsed();
-        let ops: u64 = workers.iter().map(|w| w.ops.load(Ordering::Relaxed)).sum();
-        let errors: u64 = workers
-            .iter()
-            .map(|w| w.errors.load(Ordering::Relaxed))
-            .sum();
-        bar.set_position(elapsed.as_millis().min(options.duration.as_millis()) as u64);
-        bar.set_message(format!(
-            "{:>9.0} ops/s  {ops} ops  {errors} errors",
-            ops as f64 / elapsed.as_secs_f64().max(0.001)
-        ));
-        while let Some(i) = pending.iter().position(|f| f.at <= elapsed) {
-            let fault = pending.remove(i);
-            let at = fault
-                .kind
-                .inject(&mut fabric, &fault.target)
-                .with_context(|| format!("{} {}", fault.kind.name(), fault.target))?;
-            bar.println(format!(
-                "  {:>6.2}s  {} {}",
-                at.duration_since(start).as_secs_f64(),
-                fault.kind.name(),
-                fault.target
-            ));
-            restores.push((at + fault.restore_after, faults.len()));
-            faults.push(FaultRecord {
-                at_s: at.duration_since(start).as_secs_f64(),
-                kind: fault.kind.name().to_owned(),
-                target: fault.target.clone(),
-                restored_at_s: None,
-                recovery_ms: None,
-                errors_seen: 0,
-            });
-        }
-        while let Some(i) = restores
-            .iter()
-            .position(|(when, _)| *when <= Instant::now())
-        {
-            let (_, record) = restores.remove(i);
-            let fault = &mut faults[record];
-            if let Some(kind) = FaultKind::from_name(&fault.kind) {
-                kind.restore(&mut fabric, &fault.target)
-                    .with_context(|| format!("undo {} {}", fault.kind, fault.target))?;
-            }
-            fault.restored_at_s = Some(start.elapsed().as_secs_f64());
-            bar.println(format!(
-                "  {:>6.2}s  restarted {}",
-                start.elapsed().as_secs_f64(),
-                fault.target
-            ));
-        }
-        let all_done = workers
-            .iter_mut()
-            .all(|w| matches!(w.child.try_wait(), Ok(Some(_))));
-        if all_done && pending.is_empty() && restores.is_empty() {
-            break;
-        }
-        if elapsed > limit {
-            bar.abandon();
-            for w in &mut workers {
-                let _ = w.child.kill();
-            }
-            bail!("workers did not finish within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    bar.finish_and_clear();
+    let faults = drive(&mut fabric, &mut workers, options, start)?;
     let duration_s = start.elapsed().as_secs_f64();
 
     let mut report = RunReport {
@@ -495,38 +424,7 @@ pub fn execute(
         notes: Vec::new(),
         roce: None,
     };
-    let mut counters: BTreeMap<u64, CounterTally> = BTreeMap::new();
-    let mut verification = Verification::default();
-    for worker in &mut workers {
-        let status = worker.child.wait().context("wait for a worker")?;
-        let text = std::fs::read_to_string(&worker.out);
-        let result: WorkerResult = match text.map(|t| serde_json::from_str(&t)) {
-            Ok(Ok(result)) => result,
-            _ => {
-                verification.push_mismatch(format!(
-                    "worker {} ({status}) left no result; see {}",
-                    worker.client,
-                    run_dir
-                        .join("logs")
-                        .join(format!("worker-{}.log", worker.client))
-                        .display()
-                ));
-                continue;
-            }
-        };
-        report.merge_ops(&result.ops);
-        report.timeline.merge(&result.timeline);
-        for (w, tally) in &result.counters {
-            let total = counters.entry(*w).or_default();
-            total.acked += tally.acked;
-            total.uncertain += tally.uncertain;
-        }
-        verification.keys_checked += result.verification.keys_checked;
-        verification.counters_checked += result.verification.counters_checked;
-        for line in &result.verification.mismatches {
-            verification.push_mismatch(format!("{}: {line}", result.client));
-        }
-    }
+    let (counters, mut verification) = collect(&mut workers, &run_dir, &mut report)?;
     check_counters(
         &fabric,
         &clients[0],
@@ -536,22 +434,7 @@ pub fn execute(
     );
     verification.passed = verification.mismatches.is_empty();
     report.verification = verification;
-    for fault in &mut report.faults {
-        let from = fault.at_s;
-        let to = fault.restored_at_s.unwrap_or(duration_s) + 1.0;
-        let first = (from * 1000.0 / BUCKET_MS as f64) as usize;
-        let last = (to * 1000.0 / BUCKET_MS as f64) as usize;
-        fault.errors_seen = (first..last).map(|i| report.timeline.errors_at(i)).sum();
-        if let Some(next) = report.timeline.first_completion_after(fault.at_s) {
-            report.notes.push(format!(
-                "{} {} at {:.3}s: first completed request {:.1} ms later",
-                fault.kind,
-                fault.target,
-                fault.at_s,
-                (next - fault.at_s) * 1000.0
-            ));
-        }
-    }
+    note_fault_effects(&mut report, duration_s);
     report.fill_recovery();
     if fabric.is_lab() {
         let roce = lab_counters(&fabric, &clients);
@@ -581,6 +464,155 @@ pub fn execute(
         endpoints,
         unclean_exits,
     })
+}
+
+/// Runs the workers to their end while injecting the planned faults at
+/// their times and undoing each after its restore delay; shows progress.
+/// Returns what was injected, and when.
+fn drive(
+    fabric: &mut Fabric,
+    workers: &mut [WorkerProcess],
+    options: &RunOptions,
+    start: Instant,
+) -> anyhow::Result<Vec<FaultRecord>> {
+    let bar = progress_bar(options);
+    let mut faults: Vec<FaultRecord> = Vec::new();
+    let mut pending: Vec<&PlannedFault> = options.faults.iter().collect();
+    let mut restores: Vec<(Instant, usize)> = Vec::new();
+    let limit = options.duration + Duration::from_secs(120);
+    loop {
+        let elapsed = start.elapsed();
+        let ops: u64 = workers.iter().map(|w| w.ops.load(Ordering::Relaxed)).sum();
+        let errors: u64 = workers
+            .iter()
+            .map(|w| w.errors.load(Ordering::Relaxed))
+            .sum();
+        bar.set_position(elapsed.as_millis().min(options.duration.as_millis()) as u64);
+        bar.set_message(format!(
+            "{:>9.0} ops/s  {ops} ops  {errors} errors",
+            ops as f64 / elapsed.as_secs_f64().max(0.001)
+        ));
+        while let Some(i) = pending.iter().position(|f| f.at <= elapsed) {
+            let fault = pending.remove(i);
+            let at = fault
+                .kind
+                .inject(fabric, &fault.target)
+                .with_context(|| format!("{} {}", fault.kind.name(), fault.target))?;
+            bar.println(format!(
+                "  {:>6.2}s  {} {}",
+                at.duration_since(start).as_secs_f64(),
+                fault.kind.name(),
+                fault.target
+            ));
+            restores.push((at + fault.restore_after, faults.len()));
+            faults.push(FaultRecord {
+                at_s: at.duration_since(start).as_secs_f64(),
+                kind: fault.kind.name().to_owned(),
+                target: fault.target.clone(),
+                restored_at_s: None,
+                recovery_ms: None,
+                errors_seen: 0,
+            });
+        }
+        while let Some(i) = restores
+            .iter()
+            .position(|(when, _)| *when <= Instant::now())
+        {
+            let (_, record) = restores.remove(i);
+            let fault = &mut faults[record];
+            if let Some(kind) = FaultKind::from_name(&fault.kind) {
+                kind.restore(fabric, &fault.target)
+                    .with_context(|| format!("undo {} {}", fault.kind, fault.target))?;
+            }
+            fault.restored_at_s = Some(start.elapsed().as_secs_f64());
+            bar.println(format!(
+                "  {:>6.2}s  restarted {}",
+                start.elapsed().as_secs_f64(),
+                fault.target
+            ));
+        }
+        let all_done = workers
+            .iter_mut()
+            .all(|w| matches!(w.child.try_wait(), Ok(Some(_))));
+        if all_done && pending.is_empty() && restores.is_empty() {
+            break;
+        }
+        if elapsed > limit {
+            bar.abandon();
+            for w in workers.iter_mut() {
+                let _ = w.child.kill();
+            }
+            bail!("workers did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    bar.finish_and_clear();
+    Ok(faults)
+}
+
+/// Waits for every worker and merges its result into `report`: operation
+/// statistics, the timeline, the counters' tallies and what its
+/// verification found (a worker that left no result is a mismatch).
+fn collect(
+    workers: &mut [WorkerProcess],
+    run_dir: &Path,
+    report: &mut RunReport,
+) -> anyhow::Result<(BTreeMap<u64, CounterTally>, Verification)> {
+    let mut counters: BTreeMap<u64, CounterTally> = BTreeMap::new();
+    let mut verification = Verification::default();
+    for worker in workers.iter_mut() {
+        let status = worker.child.wait().context("wait for a worker")?;
+        let text = std::fs::read_to_string(&worker.out);
+        let result: WorkerResult = match text.map(|t| serde_json::from_str(&t)) {
+            Ok(Ok(result)) => result,
+            _ => {
+                verification.push_mismatch(format!(
+                    "worker {} ({status}) left no result; see {}",
+                    worker.client,
+                    run_dir
+                        .join("logs")
+                        .join(format!("worker-{}.log", worker.client))
+                        .display()
+                ));
+                continue;
+            }
+        };
+        report.merge_ops(&result.ops);
+        report.timeline.merge(&result.timeline);
+        for (w, tally) in &result.counters {
+            let total = counters.entry(*w).or_default();
+            total.acked += tally.acked;
+            total.uncertain += tally.uncertain;
+        }
+        verification.keys_checked += result.verification.keys_checked;
+        verification.counters_checked += result.verification.counters_checked;
+        for line in &result.verification.mismatches {
+            verification.push_mismatch(format!("{}: {line}", result.client));
+        }
+    }
+    Ok((counters, verification))
+}
+
+/// For each fault: the errors the application saw from its injection to a
+/// second after its undoing, and how long until the next request
+/// completed.
+fn note_fault_effects(report: &mut RunReport, duration_s: f64) {
+    for fault in &mut report.faults {
+        let from = fault.at_s;
+        let to = fault.restored_at_s.unwrap_or(duration_s) + 1.0;
+        let first = (from * 1000.0 / BUCKET_MS as f64) as usize;
+        let last = (to * 1000.0 / BUCKET_MS as f64) as usize;
+        fault.errors_seen = (first..last).map(|i| report.timeline.errors_at(i)).sum();
+        if let Some(next) = report.timeline.first_completion_after(fault.at_s) {
+            report.notes.push(format!(
+                "{} {} at {:.3}s: first completed request {:.1} ms later",
+                fault.kind,
+                fault.target,
+                fault.at_s,
+                (next - fault.at_s) * 1000.0
+            ));
+        }
+    }
 }
 
 /// The RoCE counters of a lab run: each device's, scraped now, and each
