@@ -491,24 +491,24 @@ fn a_request_right_after_start_waits_for_the_links_instead_of_failing() {
     );
 }
 
-/// The most memory a process has had resident, from /proc.
-fn peak_resident_bytes(pid: u32) -> u64 {
+/// A memory figure of `/proc/<pid>/status` (`VmRSS`, `VmHWM`), in bytes.
+fn status_bytes(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map_or(0, |kb| kb * 1024)
 }
 
-/// The device's resident memory, from /proc.
+/// The most memory a process has had resident.
+fn peak_resident_bytes(pid: u32) -> u64 {
+    status_bytes(pid, "VmHWM")
+}
+
+/// The memory a process has resident now.
 fn resident_bytes(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024)
+    status_bytes(pid, "VmRSS")
 }
 
 #[test]

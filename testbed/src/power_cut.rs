@@ -550,13 +550,14 @@ fn prepare(work: &Path, medium: Medium) -> anyhow::Result<PathBuf> {
 /// Checks that the server in the guest said it runs on `medium`'s
 /// persistence mechanism (its ready line, on the console).
 fn check_mode(console: &Path, medium: Medium) -> anyhow::Result<()> {
-    let want = format!("mode={}", medium.persistence());
+    let want = medium.persistence();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let text = std::fs::read_to_string(console).unwrap_or_default();
         if let Some(line) = text.lines().find(|l| l.starts_with("ready server=")) {
+            let fields = testkit::parse_ready_line(line).map_err(anyhow::Error::msg)?;
             ensure!(
-                line.split_whitespace().any(|w| w == want),
+                fields.get("mode").map(String::as_str) == Some(want),
                 "the server runs in another mode than {want}: {line}"
             );
             return Ok(());

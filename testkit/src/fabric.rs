@@ -35,7 +35,16 @@ const PORT_RANGE: std::ops::Range<u16> = 20_000..32_000;
 ///
 /// Nothing reserves it afterwards; another test process may still take it,
 /// which the bind check makes rare.
+///
+/// # Panics
+///
+/// When no port of the range is free (see [`try_free_loopback_port`]).
 pub fn free_loopback_port() -> u16 {
+    try_free_loopback_port().unwrap_or_else(|| panic!("no free loopback port in {PORT_RANGE:?}"))
+}
+
+/// [`free_loopback_port`], or `None` when every port of the range is taken.
+pub fn try_free_loopback_port() -> Option<u16> {
     let mut handed_out = HANDED_OUT.lock().unwrap_or_else(PoisonError::into_inner);
     let span = u32::from(PORT_RANGE.end - PORT_RANGE.start);
     let nanos = std::time::SystemTime::now()
@@ -49,10 +58,10 @@ pub fn free_loopback_port() -> u16 {
         }
         if TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok() {
             handed_out.insert(port);
-            return port;
+            return Some(port);
         }
     }
-    panic!("no free loopback port in {PORT_RANGE:?}")
+    None
 }
 
 /// A TOML basic string.

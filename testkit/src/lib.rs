@@ -43,7 +43,9 @@ pub use conn::{
     Conn, IO_TIMEOUT, PROTOCOL_VERSION, REGION_FILE_HEADER_LEN, Reply, at, file_bytes, key, layout,
 };
 pub use daemon::{Daemon, DaemonSpec, READY_TIMEOUT, TERMINATE_TIMEOUT, parse_ready_line};
-pub use fabric::{FabricSpec, Ports, RoceSpec, free_loopback_port, write_topology};
+pub use fabric::{
+    FabricSpec, Ports, RoceSpec, free_loopback_port, try_free_loopback_port, write_topology,
+};
 pub use launch::{
     EMULATED_POWER_CUT_EXIT, PMEM_SERVER_PERSISTENCE_VAR, fabric_device, fabric_device_spec,
     fabric_device_with, pmem_server, pmem_server_spec, pmem_server_with, pmem_servers,

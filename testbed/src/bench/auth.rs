@@ -18,6 +18,7 @@ use topology::secrets::{Principal, read_key};
 use topology::{Layout, Topology};
 
 use super::client::{self, BenchConn, BenchOp, Shape};
+use super::rounds::RatioSpread;
 use super::{Plan, bench_topology};
 use crate::launch::{DaemonKind, Fabric, LaunchOptions};
 
@@ -102,7 +103,8 @@ impl Side {
             times.push(started.elapsed());
             drop(conn);
         }
-        Ok(median(&mut times))
+        let micros = times.iter().map(|t| t.as_secs_f64() * 1e6).collect();
+        Ok(RatioSpread::of(micros).median)
     }
 
     /// p50 of 64-byte READ round trips for `duration`, in µs.
@@ -111,18 +113,6 @@ impl Side {
         let h = client::latency(&mut conn, &self.shape, 200, duration, plan.samples)?;
         Ok(h.quantile(0.5) as f64)
     }
-}
-
-fn median(times: &mut [Duration]) -> f64 {
-    times.sort();
-    times
-        .get(times.len() / 2)
-        .map_or(0.0, |t| t.as_secs_f64() * 1e6)
-}
-
-fn median_of(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values.get(values.len() / 2).copied().unwrap_or(0.0)
 }
 
 /// Measures both fabrics in `ROUNDS` interleaved rounds.
@@ -162,9 +152,9 @@ pub fn measure(plan: &Plan, out: &Path) -> anyhow::Result<AuthCost> {
         read_ratio_per_round,
         rounds,
         opens_per_round: opens,
-        open_plain_p50_us: median_of(&mut open_plain),
-        open_authenticated_p50_us: median_of(&mut open_auth),
-        read_plain_p50_us: median_of(&mut read_plain),
-        read_authenticated_p50_us: median_of(&mut read_auth),
+        open_plain_p50_us: RatioSpread::of(open_plain).median,
+        open_authenticated_p50_us: RatioSpread::of(open_auth).median,
+        read_plain_p50_us: RatioSpread::of(read_plain).median,
+        read_authenticated_p50_us: RatioSpread::of(read_auth).median,
     })
 }

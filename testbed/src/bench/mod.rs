@@ -8,7 +8,7 @@ pub mod peers;
 pub mod rounds;
 
 use std::collections::BTreeMap;
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -202,21 +202,11 @@ pub struct BenchFiles {
     pub throughput: PathBuf,
 }
 
-/// A port below the ephemeral range that is free now.
-fn free_port(taken: &mut Vec<u16>) -> anyhow::Result<u16> {
-    let start = 20_000 + (std::process::id() % 10_000) as u16;
-    (0..10_000u16)
-        .map(|i| 20_000 + (start - 20_000 + i * 7) % 10_000)
-        .find(|p| !taken.contains(p) && TcpListener::bind((Ipv4Addr::LOCALHOST, *p)).is_ok())
-        .inspect(|p| taken.push(*p))
-        .context("no free loopback port")
-}
-
 /// The bench fabric: one server with one 256 MiB region, one fabric
 /// device, one client, on free loopback ports.
 pub(crate) fn bench_topology() -> anyhow::Result<Topology> {
-    let mut taken = Vec::new();
-    let (server, device) = (free_port(&mut taken)?, free_port(&mut taken)?);
+    let port = || testkit::try_free_loopback_port().context("no free loopback port");
+    let (server, device) = (port()?, port()?);
     let text = format!(
         "[pool]\nname = \"bench\"\nextent_size = \"2MiB\"\n\n\
          [[servers]]\nid = \"S\"\n[[servers.sockets]]\nid = \"0\"\n\
@@ -250,16 +240,6 @@ impl Paths {
             "direct" => BenchConn::connect(self.direct, None)?,
             _ => BenchConn::connect(self.fabric, Some("c"))?,
         })
-    }
-}
-
-fn quantiles(h: &LatencyHistogram) -> Quantiles {
-    Quantiles {
-        p50_us: h.quantile(0.5) as f64,
-        p99_us: h.quantile(0.99) as f64,
-        p999_us: h.quantile(0.999) as f64,
-        max_us: h.max() as f64,
-        samples: h.count(),
     }
 }
 
@@ -435,7 +415,7 @@ fn latencies(
                 path: path.to_owned(),
                 op: op.name().to_owned(),
                 size,
-                quantiles: quantiles(&h),
+                quantiles: Quantiles::from_histogram(&h),
                 server_cpu_s_per_million,
                 device_cpu_s_per_million,
             });

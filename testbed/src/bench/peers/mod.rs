@@ -24,7 +24,6 @@
 //! captured outputs.
 
 use std::io;
-use std::ops::Range;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -82,11 +81,6 @@ pub(super) const SERVER_OUTPUT_CAP: usize = 64 << 10;
 
 /// How many characters of output an error message quotes.
 pub(super) const TAIL_CHARS: usize = 2_000;
-
-/// Ports handed out come from below the kernel's ephemeral range
-/// (32768–60999 by default), so an outgoing connection never takes one
-/// between the check and the server's bind.
-pub(super) const PORT_RANGE: Range<u16> = 30_000..32_700;
 
 /// Why a floor or a peer could not be measured.
 #[derive(Debug, thiserror::Error)]

@@ -1,43 +1,21 @@
 //! Starting, watching and reaping the peers' processes: free ports,
 //! ready checks, captured output, timeouts.
 
-use std::collections::BTreeSet;
 use std::io;
 use std::io::Read;
-use std::net::{Ipv4Addr, TcpListener};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::procfs::listens_on;
-use super::{CLIENT_OUTPUT_CAP, PORT_RANGE, PeerError, SERVER_OUTPUT_CAP, TAIL_CHARS};
+use super::{CLIENT_OUTPUT_CAP, PeerError, SERVER_OUTPUT_CAP, TAIL_CHARS};
 
-/// A loopback TCP port that was free a moment ago, below the ephemeral range,
-/// never the same twice in one process.
+/// A loopback TCP port that was free a moment ago, below the ephemeral
+/// range, never the same twice in one process (testkit's search).
 pub(super) fn free_loopback_port() -> Result<u16, PeerError> {
-    static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
-    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(PoisonError::into_inner);
-    let span = u32::from(PORT_RANGE.end - PORT_RANGE.start);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    let seed = std::process::id().wrapping_mul(7919).wrapping_add(nanos);
-    for step in 0..span {
-        let port = PORT_RANGE.start + (seed.wrapping_add(step.wrapping_mul(97)) % span) as u16;
-        if handed_out.contains(&port) {
-            continue;
-        }
-        if TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok() {
-            handed_out.insert(port);
-            return Ok(port);
-        }
-    }
-    Err(io::Error::new(
-        io::ErrorKind::AddrInUse,
-        format!("no free loopback port in {PORT_RANGE:?}"),
-    )
-    .into())
+    testkit::try_free_loopback_port()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::AddrInUse, "no free loopback port").into())
 }
 
 /// Starts `program` with `args(port)` on free ports until it listens on its
