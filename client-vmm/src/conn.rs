@@ -221,8 +221,10 @@ async fn read_frame(
 }
 
 /// Connects a path: binds the RNIC's local address when there is one, sends
-/// HELLO as `client`, fetches MAP and checks its digest against `digest`.
-/// `on_lost` runs once when the connection dies after the handshake.
+/// HELLO as `client`, fetches MAP and checks its digest against `digest`;
+/// returns the connection and the device's MAP (with the keys of the
+/// regions the client may use). `on_lost` runs once when the connection
+/// dies after the handshake.
 pub async fn connect(
     device_addr: &str,
     local_addr: Option<&str>,
@@ -231,7 +233,7 @@ pub async fn connect(
     digest: [u8; 32],
     timeout: Duration,
     on_lost: Box<dyn FnOnce() + Send>,
-) -> Result<PathConn, ConnectError> {
+) -> Result<(PathConn, proto::map::Repr), ConnectError> {
     let addr: SocketAddr = device_addr
         .parse()
         .map_err(|_| ConnectError::BadAddress(device_addr.to_owned()))?;
@@ -280,13 +282,13 @@ pub async fn connect(
                 Ok(Progress::Opened(opened)) => {
                     let device = opened.peer;
                     check_digest(device_addr, &device, opened.map.as_ref(), digest)?;
-                    return Ok((stream, decoder, device));
+                    return Ok((stream, decoder, device, opened.map.unwrap_or_default()));
                 }
                 Err(e) => return Err(opening_error(device_addr, client, e)),
             }
         }
     };
-    let (stream, decoder, device) =
+    let (stream, decoder, device, map) =
         tokio::time::timeout(timeout, handshake)
             .await
             .map_err(|_| ConnectError::HandshakeTimeout {
@@ -316,13 +318,16 @@ pub async fn connect(
     };
     tokio::spawn(write_loop(writer, queue, die.clone()));
     tokio::spawn(read_loop(reader, decoder, Arc::clone(&pending), die));
-    Ok(PathConn {
-        frames,
-        pending,
-        next_tag: AtomicU64::new(1),
-        alive,
-        device,
-    })
+    Ok((
+        PathConn {
+            frames,
+            pending,
+            next_tag: AtomicU64::new(1),
+            alive,
+            device,
+        },
+        map,
+    ))
 }
 
 async fn write_loop(

@@ -13,6 +13,7 @@
 //!   pool reads its page-table entries too, so neither depends on the
 //!   other for it).
 //! - [`error`]: what goes wrong, said precisely.
+//! - [`operator`]: what operators ask of the servers (rotating region keys).
 //! - `verbs` (feature `verbs`): RDMA through a real RNIC (or rxe) to a
 //!   fabric device's RoCEv2 port.
 //!
@@ -34,6 +35,7 @@ pub mod alloc;
 pub mod conn;
 pub mod error;
 mod link;
+pub mod operator;
 pub mod paths;
 pub mod pool;
 pub mod records;

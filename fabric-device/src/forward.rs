@@ -21,7 +21,7 @@ use proto::frame::{self, Header};
 use proto::hello::{self, Capabilities, Role};
 use proto::opening::{Credentials, Opening, OpeningTags, Progress};
 use proto::request::{self, Operation, Target};
-use proto::{Message, Opcode, RegionOffset, Status, map, response};
+use proto::{Message, Opcode, RegionIndex, RegionOffset, Status, map, response};
 use telemetry::Gauge;
 
 use crate::deadline::{Deadline, DeadlineQueue};
@@ -42,6 +42,9 @@ const LINK_OPENING: OpeningTags = OpeningTags {
     hello: CONTROL_TAG | 1,
     map: CONTROL_TAG | 2,
 };
+/// Tag of the MAP_REQUEST that refreshes a link's region keys after the
+/// server refused a request (its key may have been rotated).
+const KEY_REFRESH_TAG: u64 = CONTROL_TAG | 3;
 
 /// A client connection, as the driver numbers them.
 pub type ConnId = u64;
@@ -239,6 +242,20 @@ struct Link {
     /// The first connection attempt has not ended yet (no handshake done,
     /// no failure): requests for its server wait instead of failing.
     starting: bool,
+    /// Where the link stands with refreshing its server's region keys.
+    key_refresh: KeyRefresh,
+}
+
+/// A link's refresh of its server's region keys (MAP_REQUEST on the link).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+enum KeyRefresh {
+    /// The keys are as the last MAP gave them.
+    #[default]
+    Current,
+    /// The server refused a request: ask again.
+    Due,
+    /// Asked; the answer is awaited.
+    Asked,
 }
 
 /// A request that arrived while every link to its region was still
@@ -381,6 +398,7 @@ impl Forwarder {
                 pending: IdMap::default(),
                 up_gauge,
                 starting: true,
+                key_refresh: KeyRefresh::Current,
             },
         );
         id
@@ -499,9 +517,7 @@ impl Forwarder {
         match message {
             Message::Request(req) => self.forward(conn, frame, &req, tag, now),
             Message::Hello(hello) => self.hello(conn, &hello, tag),
-            Message::MapRequest => {
-                ClientAction::Reply(frame_reply(&Message::Map(self.map.layout.to_map()), tag))
-            }
+            Message::MapRequest => self.map_reply(conn, frame, tag, now),
             Message::Ping(token) => ClientAction::Reply(frame_reply(&Message::Pong(token), tag)),
             Message::QpConnect(connect) if self.session_client(conn).is_some() => {
                 ClientAction::ConnectQp { connect, tag }
@@ -515,6 +531,10 @@ impl Forwarder {
                 tag,
                 Status::Unsupported,
             )),
+            // Keys are rotated on the server that makes them.
+            Message::RotateKey(_) => {
+                ClientAction::Reply(error_reply(Opcode::RotateKey, tag, Status::Unsupported))
+            }
             Message::Response(_)
             | Message::Map(_)
             | Message::Pong(_)
@@ -753,7 +773,11 @@ impl Forwarder {
         let opcode = req.operation.opcode();
         let route = match self.route(conn, req) {
             Ok(route) => route,
-            Err(Status::ServerUnavailable) if self.park(conn, frame, req, tag, now) => {
+            Err(Status::ServerUnavailable)
+                if self
+                    .region_of(req)
+                    .is_some_and(|region| self.park(conn, frame, region, opcode, tag, now)) =>
+            {
                 return ClientAction::Nothing;
             }
             Err(status) => {
@@ -831,6 +855,40 @@ impl Forwarder {
         }
     }
 
+    /// The MAP for the client on `conn`: every region, with the keys of
+    /// those its grants reach (0 for the others, and for all without a
+    /// session). While a reached region's key is not known yet because its
+    /// server's links are still starting, the MAP waits, like a request.
+    fn map_reply(
+        &mut self,
+        conn: ConnId,
+        frame: &[u8],
+        tag: u64,
+        now: Instant,
+    ) -> ClientAction<'static> {
+        let mut map = self.map.layout.to_map();
+        let policy = self
+            .sessions
+            .get(&conn)
+            .and_then(|s| s.client.as_ref())
+            .map(|(_, policy)| policy);
+        let mut unknown = None;
+        for entry in &mut map.entries {
+            let reached = policy.is_some_and(|p| p.grants.overlaps(entry.start, entry.len));
+            if !reached {
+                entry.key = 0;
+            } else if entry.key == 0 && unknown.is_none() {
+                unknown = Some(entry.region.0);
+            }
+        }
+        if let Some(region) = unknown
+            && self.park(conn, frame, region, Opcode::MapRequest, tag, now)
+        {
+            return ClientAction::Nothing;
+        }
+        ClientAction::Reply(frame_reply(&Message::Map(map), tag))
+    }
+
     /// Whether some link to `region` is still on its first attempt.
     fn region_starting(&self, region: u32) -> bool {
         self.map
@@ -852,13 +910,11 @@ impl Forwarder {
         &mut self,
         conn: ConnId,
         frame: &[u8],
-        req: &request::Repr<'_>,
+        region: u32,
+        opcode: Opcode,
         tag: u64,
         now: Instant,
     ) -> bool {
-        let Some(region) = self.region_of(req) else {
-            return false;
-        };
         if self.parked.len() >= MAX_PARKED || !self.region_starting(region) {
             return false;
         }
@@ -866,7 +922,7 @@ impl Forwarder {
             conn,
             region,
             frame: frame.to_vec(),
-            opcode: req.operation.opcode(),
+            opcode,
             tag,
             deadline: now + self.config.request_timeout,
         });
@@ -949,6 +1005,9 @@ impl Forwarder {
             Ok(header) => header,
             Err(e) => return LinkAction::Close(format!("bad frame from server: {e}")),
         };
+        if header.tag == KEY_REFRESH_TAG {
+            return self.keys_refreshed(link_id, frame);
+        }
         if header.tag & CONTROL_TAG != 0 {
             return self.link_control(link_id, frame);
         }
@@ -978,6 +1037,17 @@ impl Forwarder {
         head.copy_from_slice(&frame[..REPLY_HEAD_LEN]);
         frame::Packet::new_unchecked(&mut head[..frame::HEADER_LEN]).set_tag(pending.client_tag);
         let status = response::Packet::new_unchecked(&head[frame::HEADER_LEN..]).status();
+        if status == Status::AccessDenied {
+            // Perhaps a key rotated on the server: learn its keys again, so
+            // the client's next MAP (and the device's own RoCE requests)
+            // carry the current ones.
+            if let Some(link) = self.links.get_mut(&link_id)
+                && link.key_refresh == KeyRefresh::Current
+                && link.status == LinkStatus::Up
+            {
+                link.key_refresh = KeyRefresh::Due;
+            }
+        }
         self.metrics.record(pending.opcode, status);
         self.metrics.bytes_to_clients.add(frame.len() as u64);
         LinkAction::Deliver {
@@ -1030,13 +1100,83 @@ impl Forwarder {
                 "server {server:?} serves a layout that disagrees with this device's map"
             ));
         }
+        self.learn_keys(&server, &theirs);
         let Some(link) = self.links.get_mut(&link_id) else {
             return LinkAction::Nothing;
         };
         link.status = LinkStatus::Up;
         link.up_gauge.set(1);
         link.starting = false;
+        link.key_refresh = KeyRefresh::Current;
         link.server_map = Some(theirs);
+        LinkAction::Nothing
+    }
+
+    /// Records the keys `server` gives for its own regions (a server has
+    /// no say over another's keys).
+    fn learn_keys(&mut self, server: &topology::ServerId, theirs: &map::Repr) {
+        let own = |region: RegionIndex| {
+            self.map
+                .layout
+                .entry(region)
+                .is_some_and(|e| &e.server == server)
+        };
+        let entries = theirs
+            .entries
+            .iter()
+            .filter(|e| e.key != 0 && own(e.region))
+            .map(|e| (e.region, e.key))
+            .collect::<Vec<_>>();
+        for (region, key) in entries {
+            self.map.layout.set_key(region, key);
+        }
+    }
+
+    /// The MAP_REQUEST that refreshes `link`'s keys, when one is due (a
+    /// server refused a request on it); the driver sends it on the link.
+    pub fn key_refresh(&mut self, link_id: LinkId) -> Option<Vec<u8>> {
+        let link = self.links.get_mut(&link_id)?;
+        if link.key_refresh != KeyRefresh::Due || link.status != LinkStatus::Up {
+            return None;
+        }
+        link.key_refresh = KeyRefresh::Asked;
+        self.metrics.key_refreshes.inc();
+        Message::MapRequest.encode_to_vec(KEY_REFRESH_TAG).ok()
+    }
+
+    /// The server's answer to a key refresh: its keys are learnt, if it
+    /// still agrees with the map (else the link is closed and reconnects).
+    fn keys_refreshed<'a>(&mut self, link_id: LinkId, frame: &[u8]) -> LinkAction<'a> {
+        let Some(link) = self.links.get_mut(&link_id) else {
+            return LinkAction::Nothing;
+        };
+        if link.key_refresh != KeyRefresh::Asked {
+            return LinkAction::Close("key refresh answer on a link that asked none".into());
+        }
+        link.key_refresh = KeyRefresh::Current;
+        let server = link.key.server.clone();
+        let theirs = match proto::parse_frame(frame) {
+            Ok((Message::Map(theirs), _)) => theirs,
+            // Refused (the server does not answer MAP_REQUEST to this
+            // device any more): keep the keys there are.
+            Ok((Message::Response(_), _)) => return LinkAction::Nothing,
+            Ok((other, _)) => {
+                return LinkAction::Close(format!(
+                    "unexpected {} frame answering a key refresh",
+                    other.opcode()
+                ));
+            }
+            Err(e) => return LinkAction::Close(format!("bad key refresh answer: {e}")),
+        };
+        if !self.map.server_agrees(&server, &theirs) {
+            return LinkAction::Close(format!(
+                "server {server:?} serves a layout that disagrees with this device's map"
+            ));
+        }
+        self.learn_keys(&server, &theirs);
+        if let Some(link) = self.links.get_mut(&link_id) {
+            link.server_map = Some(theirs);
+        }
         LinkAction::Nothing
     }
 
@@ -1050,6 +1190,7 @@ impl Forwarder {
         link.starting = false;
         link.opening = None;
         link.server_map = None;
+        link.key_refresh = KeyRefresh::Current;
         link.up_gauge.set(0);
         let pending: Vec<Pending> = link.pending.drain().map(|(_, p)| p).collect();
         let links = &self.links;
@@ -1175,6 +1316,15 @@ impl Forwarder {
         }
         self.link_ids = link_ids;
         self.map = map;
+        // The new map knows no keys yet: the servers' last MAPs have them.
+        let known: Vec<(topology::ServerId, map::Repr)> = self
+            .links
+            .values()
+            .filter_map(|l| Some((l.key.server.clone(), l.server_map.clone()?)))
+            .collect();
+        for (server, theirs) in &known {
+            self.learn_keys(server, theirs);
+        }
         self.metrics
             .map_regions
             .set(self.map.layout.entries().len() as i64);
@@ -1246,7 +1396,7 @@ mod tests {
             core.link_frame(link, &hello, Instant::now()),
             LinkAction::Nothing
         ));
-        let map = Message::Map(core.map().layout.to_map())
+        let map = Message::Map(server_map(core, 0))
             .encode_to_vec(LINK_OPENING.map)
             .unwrap();
         assert!(matches!(
@@ -1254,6 +1404,22 @@ mod tests {
             LinkAction::Nothing
         ));
         assert_eq!(core.link_status(link), Some(LinkStatus::Up));
+    }
+
+    /// The key the simulated servers give region `region` (after
+    /// `rotations` rotations).
+    fn server_key(region: RegionIndex, rotations: u64) -> u64 {
+        0x5EC0_0000 + (rotations << 16) + u64::from(region.0)
+    }
+
+    /// A server's MAP, with a key for every region (a real server gives
+    /// only its own; the device must take only those).
+    fn server_map(core: &Forwarder, rotations: u64) -> map::Repr {
+        let mut map = core.map().layout.to_map();
+        for entry in &mut map.entries {
+            entry.key = server_key(entry.region, rotations);
+        }
+        map
     }
 
     fn all_up(core: &mut Forwarder) {
@@ -2028,5 +2194,136 @@ mod tests {
             ClientAction::Forward { link, .. } => assert_eq!(link, outcome.connect[0]),
             other => panic!("the existing session uses the new region: {other:?}"),
         }
+    }
+
+    /// The keys in the MAP client `conn` gets.
+    fn client_keys(core: &mut Forwarder, conn: ConnId) -> Vec<u64> {
+        let request = Message::MapRequest.encode_to_vec(5).unwrap();
+        match core.client_frame(conn, &request, Instant::now()) {
+            ClientAction::Reply(reply) => match proto::parse_frame(reply.as_bytes()).unwrap() {
+                (Message::Map(map), 5) => map.entries.iter().map(|e| e.key).collect(),
+                other => panic!("not a MAP: {other:?}"),
+            },
+            other => panic!("MAP_REQUEST answered with {other:?}"),
+        }
+    }
+
+    #[test]
+    fn keys_come_from_each_regions_own_server_and_go_to_granted_clients_only() {
+        let mut t = topology();
+        t.clients[0].allow = vec![topology::AllowRange {
+            region: "PA.2".into(),
+            offset: topology::ByteSize(0),
+            size: Some(topology::ByteSize(1 << 20)),
+            access: topology::Access::Read,
+        }];
+        let mut core = core_with(&t, ForwarderConfig::default());
+        // Server A's links only: its MAP offers keys for B's regions too,
+        // which the device must not take from it.
+        let a = link(&core, "A", "n0");
+        bring_up(&mut core, a);
+        let index = |id: &str| core.map().layout.entry_by_id(&id.into()).unwrap().region;
+        let (pa2, pb1) = (index("PA.2"), index("PB.1"));
+        assert_eq!(key(&core, "PA.2"), server_key(pa2, 0));
+        assert_eq!(key(&core, "PB.1"), 0, "A has no say over B's keys");
+
+        // c1 may read part of PA.2 only: that key is all it gets.
+        hello(&mut core, 1, "c1");
+        let keys = client_keys(&mut core, 1);
+        assert_eq!(keys[pa2.0 as usize], server_key(pa2, 0));
+        assert_eq!(keys.iter().filter(|&&k| k != 0).count(), 1, "{keys:?}");
+        // c2 has no allow-list: it reaches B's regions, whose keys come
+        // once B's links are up (they are still starting).
+        hello(&mut core, 2, "c2");
+        let request = Message::MapRequest.encode_to_vec(5).unwrap();
+        assert!(matches!(
+            core.client_frame(2, &request, Instant::now()),
+            ClientAction::Nothing
+        ));
+        all_up(&mut core);
+        assert_eq!(core.take_unparked().len(), 1);
+        let keys = client_keys(&mut core, 2);
+        assert_eq!(keys[pb1.0 as usize], server_key(pb1, 0));
+        assert!(keys.iter().all(|&k| k != 0), "{keys:?}");
+        // No session, no keys.
+        core.client_opened(3);
+        assert!(client_keys(&mut core, 3).iter().all(|&k| k == 0));
+    }
+
+    #[test]
+    fn a_map_waits_while_a_reached_regions_key_is_still_coming() {
+        let mut core = core();
+        hello(&mut core, 1, "c1");
+        let request = Message::MapRequest.encode_to_vec(9).unwrap();
+        let t0 = Instant::now();
+        assert!(matches!(
+            core.client_frame(1, &request, t0),
+            ClientAction::Nothing
+        ));
+        all_up(&mut core);
+        let unparked = core.take_unparked();
+        assert_eq!(unparked, vec![(1, request)]);
+        match core.client_frame(1, &unparked[0].1, t0) {
+            ClientAction::Reply(reply) => match proto::parse_frame(reply.as_bytes()).unwrap() {
+                (Message::Map(map), 9) => assert!(map.entries.iter().all(|e| e.key != 0)),
+                other => panic!("not a MAP: {other:?}"),
+            },
+            other => panic!("MAP_REQUEST answered with {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_refusal_makes_the_device_learn_its_servers_keys_again() {
+        let mut core = core();
+        all_up(&mut core);
+        hello(&mut core, 1, "c1");
+        let region = core
+            .map()
+            .layout
+            .entry_by_id(&"PA.1".into())
+            .unwrap()
+            .region;
+        let stale = key(&core, "PA.1");
+        let link_id = link(&core, "A", "n0");
+        assert_eq!(core.key_refresh(link_id), None, "nothing refused yet");
+
+        // The server refuses the old key (an operator rotated it).
+        let req = Message::Request(Repr::read(pmem(&core, "PA.1", 0), stale, 8))
+            .encode_to_vec(3)
+            .unwrap();
+        let (link_id, tag) = match core.client_frame(1, &req, Instant::now()) {
+            ClientAction::Forward { link, head, .. } => {
+                (link, Header::parse(&head[..]).unwrap().tag)
+            }
+            other => panic!("not forwarded: {other:?}"),
+        };
+        let denied = server_response(tag, Status::AccessDenied, &[]);
+        assert!(matches!(
+            core.link_frame(link_id, &denied, Instant::now()),
+            LinkAction::Deliver { .. }
+        ));
+        let ask = core.key_refresh(link_id).expect("a MAP_REQUEST is due");
+        let (message, tag) = proto::parse_frame(&ask).unwrap();
+        assert_eq!((message, tag), (Message::MapRequest, KEY_REFRESH_TAG));
+        assert_eq!(core.key_refresh(link_id), None, "asked once");
+
+        let answer = Message::Map(server_map(&core, 1))
+            .encode_to_vec(KEY_REFRESH_TAG)
+            .unwrap();
+        assert!(matches!(
+            core.link_frame(link_id, &answer, Instant::now()),
+            LinkAction::Nothing
+        ));
+        assert_eq!(key(&core, "PA.1"), server_key(region, 1));
+        assert_eq!(
+            client_keys(&mut core, 1)[region.0 as usize],
+            server_key(region, 1)
+        );
+        assert_eq!(core.metrics.key_refreshes.get(), 1);
+        // An answer nobody asked for breaks the link's protocol.
+        assert!(matches!(
+            core.link_frame(link_id, &answer, Instant::now()),
+            LinkAction::Close(_)
+        ));
     }
 }

@@ -35,6 +35,8 @@ pub struct DeviceMetrics {
     pub clients: Arc<Gauge>,
     /// Frames from clients that could not be parsed.
     pub malformed_frames: Arc<Counter>,
+    /// Region keys asked again of a server after it refused a request.
+    pub key_refreshes: Arc<Counter>,
     links_up: Arc<Family<Gauge>>,
     bulk_links_up: Arc<Family<Gauge>>,
     /// Regions in the current map.
@@ -86,6 +88,10 @@ impl DeviceMetrics {
             malformed_frames: r.counter(
                 "fabric_device_malformed_frames_total",
                 "Frames from clients that could not be parsed.",
+            )?,
+            key_refreshes: r.counter(
+                "fabric_device_key_refreshes_total",
+                "Times the device asked a server for its region keys again after the server refused a request (a key may have been rotated).",
             )?,
             links_up: r.gauge_family(
                 "fabric_device_link_up",

@@ -37,7 +37,7 @@ use proto::roce::Datagram;
 use proto::roce::rc::{
     AccessError, Counters, Execution, MemoryOp, MemoryReply, QpConfig, QueuePair,
 };
-use proto::{Message, PmemAddr, Status, response};
+use proto::{Message, PmemAddr, RegionIndex, Status, response};
 
 use crate::forward::{ClientAction, ConnId, Forwarder, LinkId};
 
@@ -51,8 +51,9 @@ pub struct QpSetup {
     pub client: String,
     /// The queue pair's attributes; `local_qpn` is assigned by the gateway.
     pub config: QpConfig,
-    /// R_Keys the client may use, with the region keys they stand for.
-    pub rkeys: Vec<(u32, u64)>,
+    /// R_Keys the client may use, with the regions they stand for; each
+    /// operation carries the region key the device knows at that moment.
+    pub rkeys: Vec<(u32, RegionIndex)>,
     /// How the queue pair's atomics are numbered for exactly-once
     /// execution; `None`: they are not.
     pub atomics: Option<AtomicSeq>,
@@ -94,7 +95,7 @@ enum Kind {
 struct GatewayQp {
     qp: QueuePair,
     conn: ConnId,
-    rkeys: HashMap<u32, u64>,
+    rkeys: HashMap<u32, RegionIndex>,
     /// The lane and number of the next COMPARE_SWAP / FETCH_ADD.
     atomics: Option<AtomicSeq>,
     /// Requests forwarded for this QP: tag → (ticket, kind).
@@ -283,7 +284,11 @@ fn pump(
             }
             _ => None,
         };
-        let Some((mut req, kind)) = request_for(&op, &q.rkeys) else {
+        let key = |rkey: &u32| {
+            let region = q.rkeys.get(rkey)?;
+            Some(fwd.map().layout.entry(*region)?.key)
+        };
+        let Some((mut req, kind)) = request_for(&op, key) else {
             counters.bad_rkeys += 1;
             q.qp.complete_execution(ticket, Err(AccessError::BadKey));
             continue;
@@ -324,14 +329,13 @@ fn pump(
     }
 }
 
-/// The device request that performs `op`, with the region key its R_Key
-/// stands for; `None` for an R_Key the queue pair was not given.
+/// The device request that performs `op`, with the region key `key` gives
+/// for its R_Key; `None` for an R_Key the queue pair was not given.
 fn request_for<'a>(
     op: &'a MemoryOp,
-    rkeys: &HashMap<u32, u64>,
+    key: impl Fn(&u32) -> Option<u64>,
 ) -> Option<(request::Repr<'a>, Kind)> {
     let at = |va: u64| Target::Pmem(PmemAddr(va));
-    let key = |rkey: &u32| rkeys.get(rkey).copied();
     Some(match op {
         MemoryOp::Read { va, rkey, len } => {
             (request::Repr::read(at(*va), key(rkey)?, *len), Kind::Read)

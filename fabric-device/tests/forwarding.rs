@@ -62,7 +62,7 @@ impl Fabric {
             .collect();
         let device = testkit::fabric_device(&config, "F", DEVICE_FLAGS)
             .unwrap_or_else(|e| panic!("fabric-device did not start:\n{e}"));
-        let fabric = Self {
+        let mut fabric = Self {
             layout: layout(&config),
             dir,
             ports,
@@ -71,7 +71,15 @@ impl Fabric {
             device,
         };
         fabric.device.wait_links_up(spec.servers.len());
+        fabric.learn_keys();
         fabric
+    }
+
+    /// Learns the region keys from the device's MAP (client c1 may use
+    /// every region: it has no allow-list).
+    fn learn_keys(&mut self) {
+        let map = self.client("c1").map();
+        self.layout.learn_keys(&map);
     }
 
     fn device_addr(&self) -> std::net::SocketAddr {
@@ -259,8 +267,10 @@ fn sighup_reload_adds_a_server_without_dropping_clients() {
 
     let deadline = Instant::now() + Duration::from_secs(10);
     let target = Target::Pmem(c1.start.checked_add(64).expect("address"));
+    // C1's key, from C itself (an unauthenticated server gives it to anyone).
+    let c1_key = testkit::key(fabric.servers["C"].addr("nic.n0"), c1.region.0);
     loop {
-        let reply = conn.call(Repr::write(target, c1.key, b"new region"));
+        let reply = conn.call(Repr::write(target, c1_key, b"new region"));
         if reply.status == Status::Ok {
             break;
         }
@@ -274,7 +284,7 @@ fn sighup_reload_adds_a_server_without_dropping_clients() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    let read = conn.call(Repr::read(target, c1.key, 10));
+    let read = conn.call(Repr::read(target, c1_key, 10));
     assert_eq!(read.data, b"new region", "same connection, new region");
     assert_eq!(
         file_bytes(&data_dir(fabric.dir.path(), "C"), "C1", 64, 10),
@@ -293,7 +303,7 @@ fn sighup_reload_adds_a_server_without_dropping_clients() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert_eq!(conn.call(Repr::read(target, c1.key, 10)).status, Status::Ok);
+    assert_eq!(conn.call(Repr::read(target, c1_key, 10)).status, Status::Ok);
     assert!(
         fabric
             .metrics()
@@ -481,14 +491,16 @@ fn a_request_right_after_start_waits_for_the_links_instead_of_failing() {
             unsafe { libc::kill(pid as i32, libc::SIGCONT) };
         }
     });
+    // B1's key comes from B: the MAP waits for B's handshake too.
     let started = Instant::now();
-    let reply = conn.call(Repr::read(Target::Pmem(entry.start), entry.key, 8));
-    resume.join().expect("resume thread");
-    assert_eq!(reply.status, Status::Ok, "{reply:?}");
+    let key = conn.region_key(entry.region.0);
     assert!(
         started.elapsed() >= Duration::from_millis(250),
-        "it waited for the handshake"
+        "the MAP waited for the handshake"
     );
+    let reply = conn.call(Repr::read(Target::Pmem(entry.start), key, 8));
+    resume.join().expect("resume thread");
+    assert_eq!(reply.status, Status::Ok, "{reply:?}");
 }
 
 /// A memory figure of `/proc/<pid>/status` (`VmRSS`, `VmHWM`), in bytes.
@@ -566,7 +578,8 @@ fn connections_that_never_say_hello_are_closed() {
         .entry_by_id(&"A1".into())
         .expect("A1")
         .clone();
-    let reply = greeted.call(Repr::read(Target::Pmem(a1.start), a1.key, 8));
+    let key = greeted.region_key(a1.region.0);
+    let reply = greeted.call(Repr::read(Target::Pmem(a1.start), key, 8));
     assert_eq!(reply.status, Status::Ok);
     let metrics = telemetry::http_get(device.addr("admin"), "/metrics", Duration::from_secs(5))
         .map(|(_, body)| body)
@@ -606,7 +619,12 @@ fn idle_connections_close_and_no_client_takes_more_than_its_share() {
         .entry_by_id(&"A1".into())
         .expect("A1")
         .clone();
-    let read = Repr::read(Target::Pmem(a1.start), a1.key, 8);
+    let key = {
+        let mut other = Conn::connect(port);
+        other.hello("c2");
+        other.region_key(a1.region.0)
+    };
+    let read = Repr::read(Target::Pmem(a1.start), key, 8);
 
     let mut quiet = Conn::connect(port);
     quiet.hello("c1");
@@ -687,11 +705,14 @@ fn links_to_servers_that_ask_for_proof_open_only_with_the_devices_key() {
         .expect("A1")
         .clone();
     let port = device.addr("port.p0");
-    let write = Repr::write(Target::Pmem(a1.start), a1.key, b"through");
     let mut client = Conn::connect(port);
     client
         .authenticate(Role::Client, "c1", [0xC1; 32])
         .expect("c1 proves its key");
+    // The region key came from A (which gives it to the device it trusts)
+    // and on to c1, whose grants reach A1.
+    let key = client.region_key(a1.region.0);
+    let write = Repr::write(Target::Pmem(a1.start), key, b"through");
     assert_eq!(client.call(write).status, Status::Ok);
 
     // What an attacker on the client port gets: nothing.

@@ -49,16 +49,17 @@ fn device_overhead_on_a_64_byte_read() {
     let flags: Vec<&str> = flags.split_whitespace().collect();
     let device = testkit::fabric_device(&config, "F", &flags).expect("device");
 
+    let key = testkit::key(server.addr("nic.n0"), entry.region.0);
     let mut direct = Conn::connect(server.addr("nic.n0"));
     let mut fabric = Conn::connect(device.addr("port.p0"));
     fabric.hello("c1");
     let target = Target::Pmem(entry.start);
     // Wait for the device's link.
-    while fabric.call(Repr::read(target, entry.key, 64)).status != Status::Ok {
+    while fabric.call(Repr::read(target, key, 64)).status != Status::Ok {
         std::thread::sleep(Duration::from_millis(10));
     }
-    let direct_samples = measure(&mut direct, target, entry.key);
-    let fabric_samples = measure(&mut fabric, target, entry.key);
+    let direct_samples = measure(&mut direct, target, key);
+    let fabric_samples = measure(&mut fabric, target, key);
     let (d50, f50) = (p(&direct_samples, 0.5), p(&fabric_samples, 0.5));
     println!(
         "64 B READ, queue depth 1, {SAMPLES} samples each:\n  \

@@ -75,11 +75,8 @@ fn a_raw_rc_client_reaches_the_pool_through_the_roce_port() {
     let mut conn = Conn::connect(control);
     conn.hello("c0");
     for entry in layout.entries() {
-        let reply = conn.call(Repr::read(
-            Target::Pmem(entry.start),
-            entry.key,
-            WRITE_LEN as u32,
-        ));
+        let key = conn.region_key(entry.region.0);
+        let reply = conn.call(Repr::read(Target::Pmem(entry.start), key, WRITE_LEN as u32));
         assert_eq!(
             reply.data,
             pattern(entry.region.0, WRITE_LEN),
@@ -87,7 +84,7 @@ fn a_raw_rc_client_reaches_the_pool_through_the_roce_port() {
             entry.region_id
         );
         let counter = PmemAddr(entry.start.get() + COUNTER_AT);
-        let reply = conn.call(Repr::read(Target::Pmem(counter), entry.key, 16));
+        let reply = conn.call(Repr::read(Target::Pmem(counter), key, 16));
         let mut expected = 10u64.to_le_bytes().to_vec();
         expected.extend_from_slice(b"placed!!");
         assert_eq!(reply.data, expected, "region {}", entry.region_id);
@@ -303,13 +300,14 @@ fn an_rdma_atomic_asked_again_through_another_device_runs_once() {
     let word = Target::Pmem(PmemAddr(entry.start.get() + IN_DOUBT_AT));
     let mut conn = Conn::connect(tcp_device.addr("port.p0"));
     conn.hello("c0");
+    let key = conn.region_key(entry.region.0);
     let read = |conn: &mut Conn| {
-        let data = conn.call(Repr::read(word, entry.key, 8)).data;
+        let data = conn.call(Repr::read(word, key, 8)).data;
         u64::from_le_bytes(data.try_into().expect("8 bytes"))
     };
     let fetch_add = |conn: &mut Conn, lane: u8, seq: u64| {
         let once = proto::request::ExactlyOnce::on_lane(lane, seq);
-        conn.call(Repr::fetch_add(word, entry.key, 1).with_exactly_once(once.client, seq))
+        conn.call(Repr::fetch_add(word, key, 1).with_exactly_once(once.client, seq))
             .value
     };
     assert_eq!(read(&mut conn), 2);

@@ -5,7 +5,7 @@
 //! data path is the exactly-once table's per-shard lock, taken for
 //! COMPARE_SWAP / FETCH_ADD that ask for exactly-once execution.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -35,16 +35,30 @@ pub const CAPABILITIES: Capabilities = Capabilities(
         | Capabilities::PERSISTENT_ATOMICS.0,
 );
 
-/// A region this server exports: its place in the layout and its mapped file.
+/// A region this server exports: its place in the layout, its mapped file
+/// and its key.
 #[derive(Debug)]
 pub struct ServedRegion {
-    /// The region's layout entry (index, key, size, cache policy).
+    /// The region's layout entry (index, size, cache policy).
     pub entry: LayoutEntry,
     /// The mapped file holding it.
     pub file: RegionFile,
+    /// The region key requests must carry: the file's, until rotated.
+    key: AtomicU64,
 }
 
 impl ServedRegion {
+    /// Serves `file` as the region of `entry`, with the key its header holds.
+    pub fn new(entry: LayoutEntry, file: RegionFile) -> Self {
+        let key = AtomicU64::new(file.header.key);
+        Self { entry, file, key }
+    }
+
+    /// The region key requests must carry now.
+    pub fn key(&self) -> u64 {
+        self.key.load(Ordering::Acquire)
+    }
+
     /// The mapping offset of `len` bytes at region offset `offset`, or
     /// OUT_OF_BOUNDS when the range leaves the region.
     fn span(&self, offset: u64, len: u64) -> Result<usize, Status> {
@@ -93,7 +107,7 @@ impl ExtentKeys {
                     .map_or(u64::MAX, |word| word.load(Ordering::Acquire))
             };
             match installed {
-                0 => key == region.entry.key,
+                0 => key == region.key(),
                 allocated => key == allocated,
             }
         })
@@ -137,6 +151,8 @@ pub struct Executor {
     /// Per-extent keys by region index, for pools with an allocator.
     extent_keys: Vec<Option<ExtentKeys>>,
     dedup: DedupTable,
+    /// Held while a region key is being rotated, so rotations never race.
+    rotation: Mutex<()>,
     metrics: Arc<ServerMetrics>,
     /// With `--secrets`: who may connect, and the proof they owe.
     gate: Option<Gatekeeper>,
@@ -227,6 +243,7 @@ impl Executor {
             regions: by_index,
             extent_keys,
             dedup,
+            rotation: Mutex::new(()),
             metrics,
             gate: None,
         }
@@ -284,7 +301,7 @@ impl Executor {
                 Ok(Flow::Continue)
             }
             Ok((message, tag)) if session.admits() => {
-                self.handle_message(message, tag, out);
+                self.handle_message(session, message, tag, out);
                 Ok(Flow::Continue)
             }
             Ok((message, tag)) => Ok(self.at_the_gate(session, message, tag, out)),
@@ -313,6 +330,7 @@ impl Executor {
             (Session::ProvenDevice, None) => return Some("no_client"),
             (Session::ProvenClient { number }, None) => *number,
             (Session::ProvenClient { .. }, Some(_)) => return Some("on_behalf_from_client"),
+            (Session::ProvenOperator, _) => return Some("operator"),
             _ => return Some("unauthenticated"),
         };
         let addr = match req.target {
@@ -364,7 +382,7 @@ impl Executor {
                 if getrandom::fill(&mut nonce).is_err() {
                     return refuse("no_randomness", Opcode::Hello, Status::IoError, out);
                 }
-                self.handle_message(Message::Hello(peer), tag, out);
+                self.handle_message(session, Message::Hello(peer), tag, out);
                 encode(&Message::AuthChallenge(nonce), tag, out);
                 *session = Session::Challenged {
                     role: peer.role,
@@ -379,6 +397,7 @@ impl Executor {
                 });
                 let proven = match role {
                     Role::FabricDevice => Some(Session::ProvenDevice),
+                    Role::Admin => Some(Session::ProvenOperator),
                     Role::Client => gate
                         .client_number(name)
                         .map(|number| Session::ProvenClient { number }),
@@ -402,7 +421,7 @@ impl Executor {
         }
     }
 
-    fn handle_message(&self, message: Message<'_>, tag: u64, out: &mut Vec<u8>) {
+    fn handle_message(&self, session: &Session, message: Message<'_>, tag: u64, out: &mut Vec<u8>) {
         match message {
             Message::Request(req) => self.execute(&req, tag, out),
             Message::Hello(peer) => {
@@ -418,8 +437,13 @@ impl Executor {
                 };
                 encode(&reply, tag, out);
             }
-            Message::MapRequest => {
-                encode(&Message::Map(self.layout.to_map()), tag, out);
+            Message::MapRequest => encode(&Message::Map(self.map_for(session)), tag, out),
+            Message::RotateKey(region) => {
+                let status = match self.rotate_key(session, region) {
+                    Ok(()) => Status::Ok,
+                    Err(status) => status,
+                };
+                encode(&proto::error_response(Opcode::RotateKey, status), tag, out);
             }
             Message::Ping(token) => encode(&Message::Pong(token), tag, out),
             // A server terminates no queue pairs on this transport.
@@ -442,6 +466,55 @@ impl Executor {
             | Message::QpAccept(_)
             | Message::AuthChallenge(_) => {
                 self.metrics.malformed_frames.inc();
+            }
+        }
+    }
+
+    /// The address map as `session`'s peer may see it: the keys of this
+    /// server's regions go to fabric devices, to clients for the regions
+    /// their grants reach, and to everyone when there is no authentication;
+    /// every other key is 0.
+    fn map_for(&self, session: &Session) -> proto::map::Repr {
+        let mut map = self.layout.to_map();
+        for entry in &mut map.entries {
+            let Some(region) = self.region(entry.region) else {
+                continue;
+            };
+            let given = match (session, &self.gate) {
+                (Session::Open | Session::ProvenDevice, _) => true,
+                (Session::ProvenClient { number }, Some(gate)) => {
+                    gate.reaches(*number, entry.start, entry.len)
+                }
+                _ => false,
+            };
+            entry.key = if given { region.key() } else { 0 };
+        }
+        map
+    }
+
+    /// Replaces the key of `index` with a fresh random one, durably, for an
+    /// operator (or anyone, without authentication). The old key opens
+    /// nothing once this returns.
+    fn rotate_key(&self, session: &Session, index: RegionIndex) -> Result<(), Status> {
+        if !matches!(session, Session::Open | Session::ProvenOperator) {
+            self.metrics.denied.with(&["not_operator"]).inc();
+            return Err(Status::AccessDenied);
+        }
+        let region = self.region(index).ok_or(Status::Unmapped)?;
+        let _serial = self.rotation.lock().unwrap_or_else(PoisonError::into_inner);
+        match region.file.rotate_key() {
+            Ok(key) => {
+                region.key.store(key, Ordering::Release);
+                tracing::info!(region = %region.entry.region_id, "region key rotated");
+                Ok(())
+            }
+            Err(e) => {
+                tracing::error!(
+                    region = %region.entry.region_id,
+                    "cannot rotate the region key: {}",
+                    telemetry::logging::error_chain(&e)
+                );
+                Err(Status::IoError)
             }
         }
     }
@@ -673,11 +746,12 @@ impl Executor {
     ) -> Result<(), Status> {
         let admitted = match self.extent_keys.get(region.entry.region.0 as usize) {
             Some(Some(keys)) => keys.admits(region, key, offset, len),
-            _ => key == region.entry.key,
+            _ => key == region.key(),
         };
         if admitted {
             Ok(())
         } else {
+            self.metrics.denied.with(&["bad_key"]).inc();
             Err(Status::AccessDenied)
         }
     }

@@ -3,7 +3,8 @@
 //! it names in HELLO before anything else is answered (`proto::auth`), and
 //! every request is held to the grants (allow-list) of the client it is
 //! for: the one a device says it forwards for (ON_BEHALF), or the client
-//! itself on a direct connection. Without, the server answers whoever
+//! itself on a direct connection. Operators (`operator.<name>.key`) may
+//! rotate region keys and nothing else. Without, the server answers whoever
 //! reaches its data port, as before.
 
 use std::collections::HashMap;
@@ -12,7 +13,7 @@ use std::path::Path;
 use proto::auth::{Key, NONCE_LEN, Proof, Side, Transcript};
 use proto::hello::Role;
 use topology::grants::Grants;
-use topology::secrets::{Principal, SecretError, read_key};
+use topology::secrets::{Principal, SecretError, operators, read_key};
 use topology::{Layout, PmemAddr, Topology};
 
 /// The keys of the principals that may connect.
@@ -55,11 +56,23 @@ impl Gatekeeper {
                 Err(e) => return Err(e),
             }
         }
+        for operator in operators(dir)? {
+            let key = read_key(dir, Principal::Operator(&operator))?;
+            keys.insert((Role::Admin, operator), Key::new(key));
+        }
         Ok(Gatekeeper {
             keys,
             grants,
             numbers,
         })
+    }
+
+    /// Whether client `number`'s grants reach any of `[addr, addr + len)`:
+    /// then it is given the region key of a region there.
+    pub fn reaches(&self, number: u32, addr: PmemAddr, len: u64) -> bool {
+        self.grants
+            .get(number as usize)
+            .is_some_and(|grants| grants.overlaps(addr, len))
     }
 
     /// Client `name`'s number, if the topology has it.
@@ -122,6 +135,8 @@ pub enum Session {
         /// Its number.
         number: u32,
     },
+    /// An operator proved its key: it may rotate region keys, nothing else.
+    ProvenOperator,
 }
 
 impl Session {
@@ -129,7 +144,10 @@ impl Session {
     pub fn admits(&self) -> bool {
         matches!(
             self,
-            Session::Open | Session::ProvenDevice | Session::ProvenClient { .. }
+            Session::Open
+                | Session::ProvenDevice
+                | Session::ProvenClient { .. }
+                | Session::ProvenOperator
         )
     }
 }

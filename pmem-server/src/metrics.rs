@@ -106,10 +106,12 @@ impl ServerMetrics {
             )?,
             denied: r.counter_family(
                 "pmem_server_denied_requests_total",
-                "Requests refused ACCESS_DENIED because the client they are for has no grant \
-                 for the range (with --secrets), by reason: not_granted, unknown_client, \
-                 no_client (a device that did not say whom it forwards for), \
-                 on_behalf_from_client.",
+                "Requests refused ACCESS_DENIED, by reason: bad_key (a key that is not the \
+                 region's or the extent's), not_operator (a key rotation asked by someone \
+                 else), and with --secrets when the client they are for has no grant for the \
+                 range: not_granted, unknown_client, no_client (a device that did not say \
+                 whom it forwards for), on_behalf_from_client, operator (operators rotate \
+                 keys, they do not touch data).",
                 &["reason"],
             )?,
             latency,

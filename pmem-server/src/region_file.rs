@@ -6,12 +6,16 @@
 //! 12..16   header_len  u32 (4096: data starts on its own page)
 //! 16..24   size        u64 bytes of region data
 //! 24..32   generation  u64, bumped every time a server opens the file
-//! 32..40   key         u64 protection key
+//! 32..40   key         u64 region key: random, made when the file is created
 //! 40..44   index       u32 region index in the layout when last opened
 //! 44..46   id_len      u16
 //! 46..302  id          region id, UTF-8, at most 256 bytes
 //! 504..512 checksum    first 8 bytes of SHA-256 over 0..504
 //! ```
+//!
+//! The region key is this server's to make: it is drawn at random (never
+//! 0) when the file is created, kept across restarts, and replaced only by
+//! [`RegionFile::rotate_key`]. The topology does not hold it.
 //!
 //! On restart the server recognises its files and keeps their data. A file
 //! whose header names another region or another size is refused; nothing is
@@ -57,7 +61,7 @@ pub struct RegionHeader {
     pub size: u64,
     /// How many times a server has opened (or formatted) the file.
     pub generation: u64,
-    /// The protection key requests must carry.
+    /// The region key requests must carry.
     pub key: u64,
 }
 
@@ -321,7 +325,7 @@ impl RegionFile {
             region_index: entry.region.0,
             size: entry.len,
             generation: 1,
-            key: entry.key,
+            key: fresh_key(path)?,
         };
         write_header(path, &file, &header)?;
         if let Some(dir) = path.parent() {
@@ -385,7 +389,9 @@ impl RegionFile {
         // Files made sparse (by an older server, or copied) get their blocks now.
         allocate(path, &file, expected)?;
         header.generation += 1;
-        header.key = entry.key;
+        if header.key == 0 {
+            header.key = fresh_key(path)?;
+        }
         header.region_index = entry.region.0;
         write_header(path, &file, &header)?;
         Ok(header)
@@ -394,6 +400,43 @@ impl RegionFile {
     /// Bytes of region data.
     pub fn data_len(&self) -> u64 {
         self.header.size
+    }
+
+    /// Replaces the region key in the file's header with a fresh random one
+    /// and makes it durable before returning it. Callers serialise rotations
+    /// of one file; [`RegionFile::header`] keeps the key of this open.
+    pub fn rotate_key(&self) -> Result<u64, RegionFileError> {
+        let io_err = |op, source| RegionFileError::Io {
+            path: self.path.clone(),
+            op,
+            source,
+        };
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&self.path)
+            .map_err(|e| io_err("open", e))?;
+        let mut raw = [0u8; ENCODED_LEN];
+        file.read_exact_at(&mut raw, 0)
+            .map_err(|e| io_err("read the header of", e))?;
+        let mut header = RegionHeader::decode(&self.path, &raw)?;
+        header.key = fresh_key(&self.path)?;
+        write_header(&self.path, &file, &header)?;
+        Ok(header.key)
+    }
+}
+
+/// A random, non-zero region key.
+fn fresh_key(path: &Path) -> Result<u64, RegionFileError> {
+    loop {
+        let key = getrandom::u64().map_err(|e| RegionFileError::Io {
+            path: path.to_path_buf(),
+            op: "draw a random key for",
+            source: io::Error::other(e),
+        })?;
+        if key != 0 {
+            return Ok(key);
+        }
     }
 }
 

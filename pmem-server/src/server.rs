@@ -357,10 +357,7 @@ impl OpenedServer {
         for entry in layout.entries().iter().filter(|e| e.server == server.id) {
             let file =
                 RegionFile::open(&config.data_dir, entry, &config.persistence, config.format)?;
-            regions.push(ServedRegion {
-                entry: entry.clone(),
-                file,
-            });
+            regions.push(ServedRegion::new(entry.clone(), file));
         }
         let mode = regions.first().map(|r| r.file.map.mode());
 

@@ -7,11 +7,11 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::Duration;
 
-use proto::Status;
 use proto::hello::Role;
 use proto::opening::OpeningError;
 use proto::request::Repr;
-use testkit::{Conn, at, key, layout, pmem_server_with, write_topology};
+use proto::{Message, RegionIndex, Status};
+use testkit::{Conn, Daemon, at, pmem_server_with, write_topology};
 use topology::secrets::{Principal, write_key};
 
 const PMEM_SERVER: &str = env!("CARGO_BIN_EXE_pmem-server");
@@ -53,8 +53,8 @@ fn only_a_peer_that_proves_its_key_is_served() {
     )
     .expect("server");
     let data = server.addr("nic.n0");
-    let k = key(&layout(&config), 0);
-    let read = Repr::read(at(0, 0), k, 8);
+    // Refused before any key is looked at.
+    let read = Repr::read(at(0, 0), 0, 8);
 
     // A request with no HELLO: refused, connection closed.
     let mut anonymous = Conn::connect(data);
@@ -85,6 +85,8 @@ fn only_a_peer_that_proves_its_key_is_served() {
     device
         .authenticate(Role::FabricDevice, "F", DEVICE_KEY)
         .expect("authenticated");
+    let k = device.map().entries[0].key;
+    let read = Repr::read(at(0, 0), k, 8);
     let for_client = |number, at: u64| Repr {
         on_behalf: Some(number),
         ..Repr::read(testkit::at(0, at), k, 8)
@@ -150,4 +152,135 @@ fn a_key_file_others_can_read_stops_the_server_with_the_fix() {
     )
     .expect_err("refused to start");
     assert!(err.contains("device.F.key: no key file"), "{err}");
+}
+
+/// The key of operator `ops` in these tests.
+const OPERATOR_KEY: [u8; 32] = [0x0F; 32];
+/// The key of client `c` in these tests.
+const CLIENT_KEY: [u8; 32] = [0xC1; 32];
+
+/// A server with regions R1 and R2 whose client `c` may use the first MiB
+/// of R1 only; device F, client c and operator `ops` have keys.
+fn keyed_server(dir: &Path) -> Daemon {
+    let config = write_topology(dir, &[("R1", "4MiB"), ("R2", "4MiB")]);
+    let mut text = std::fs::read_to_string(&config).expect("topology");
+    text.push_str("allow = [{ region = \"R1\", size = \"1MiB\" }]\n");
+    std::fs::write(&config, text).expect("topology");
+    let secrets = secrets(dir);
+    write_key(&secrets, Principal::Client("c"), &CLIENT_KEY).expect("key");
+    write_key(&secrets, Principal::Operator("ops"), &OPERATOR_KEY).expect("key");
+    pmem_server_with(
+        PMEM_SERVER,
+        &config,
+        "S",
+        &dir.join("data"),
+        &["--secrets", secrets.to_str().expect("path")],
+    )
+    .expect("server")
+}
+
+/// A connection that proved `name`'s key in `role`.
+fn proven(server: &Daemon, role: Role, name: &str, key: [u8; 32]) -> Conn {
+    let mut conn = Conn::connect(server.addr("nic.n0"));
+    conn.authenticate(role, name, key).expect("authenticated");
+    conn
+}
+
+/// The keys a MAP gives, by region index.
+fn keys(conn: &mut Conn) -> Vec<u64> {
+    conn.map().entries.iter().map(|e| e.key).collect()
+}
+
+/// Asks to rotate region `index`'s key; the status of the answer.
+fn rotate(conn: &mut Conn, index: u32) -> Status {
+    conn.send(&Message::RotateKey(RegionIndex(index)));
+    conn.recv().status
+}
+
+fn denied(server: &Daemon, reason: &str) -> u64 {
+    let metrics = telemetry::http_get(server.addr("admin"), "/metrics", Duration::from_secs(5))
+        .expect("metrics")
+        .1;
+    let series = format!("pmem_server_denied_requests_total{{reason=\"{reason}\"}} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&series)?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn region_keys_are_random_and_go_only_to_those_who_may_use_them() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let server = keyed_server(dir.path());
+    let device_keys = keys(&mut proven(&server, Role::FabricDevice, "F", DEVICE_KEY));
+    assert!(device_keys.iter().all(|&k| k != 0), "{device_keys:?}");
+    assert_ne!(
+        device_keys[0], device_keys[1],
+        "each region has its own key"
+    );
+
+    // Client c's grants reach R1 only: it learns R1's key and not R2's.
+    let mut client = proven(&server, Role::Client, "c", CLIENT_KEY);
+    assert_eq!(keys(&mut client), vec![device_keys[0], 0]);
+    assert_eq!(
+        client.call(Repr::read(at(0, 0), device_keys[0], 8)).status,
+        Status::Ok
+    );
+    // A guessed key opens nothing, and is counted.
+    let guessed = device_keys[0] ^ 1;
+    assert_eq!(
+        client.call(Repr::read(at(0, 0), guessed, 8)).status,
+        Status::AccessDenied
+    );
+    assert_eq!(denied(&server, "bad_key"), 1);
+
+    // The keys stay with the regions across a restart.
+    let restarted = {
+        let (status, stderr) = server.terminate();
+        assert!(status.success(), "{stderr}");
+        keyed_server(dir.path())
+    };
+    let again = keys(&mut proven(&restarted, Role::FabricDevice, "F", DEVICE_KEY));
+    assert_eq!(again, device_keys, "keys survive a restart");
+}
+
+#[test]
+fn only_an_operator_rotates_a_key_and_the_old_key_stops_working() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let server = keyed_server(dir.path());
+    let mut client = proven(&server, Role::Client, "c", CLIENT_KEY);
+    let old = keys(&mut client)[0];
+
+    // Neither a client nor a device may rotate.
+    assert_eq!(rotate(&mut client, 0), Status::AccessDenied);
+    let mut device = proven(&server, Role::FabricDevice, "F", DEVICE_KEY);
+    assert_eq!(rotate(&mut device, 0), Status::AccessDenied);
+    assert_eq!(denied(&server, "not_operator"), 2);
+    assert_eq!(keys(&mut device)[0], old, "nothing rotated");
+
+    // The operator rotates R1's key; it may not touch data itself.
+    let mut operator = proven(&server, Role::Admin, "ops", OPERATOR_KEY);
+    assert_eq!(
+        operator.call(Repr::read(at(0, 0), old, 8)).status,
+        Status::AccessDenied
+    );
+    assert_eq!(rotate(&mut operator, 0), Status::Ok);
+    assert_eq!(rotate(&mut operator, 9), Status::Unmapped);
+    let new = keys(&mut client)[0];
+    assert_ne!(new, old);
+    assert_ne!(new, 0);
+
+    // The stale key is refused (and counted), the new one works.
+    let stale_before = denied(&server, "bad_key");
+    let write = |key| Repr::write(at(0, 64), key, b"rotated");
+    assert_eq!(client.call(write(old)).status, Status::AccessDenied);
+    assert_eq!(denied(&server, "bad_key"), stale_before + 1);
+    assert_eq!(client.call(write(new)).status, Status::Ok);
+
+    // The rotated key is the one kept across a restart.
+    let (status, stderr) = server.terminate();
+    assert!(status.success(), "{stderr}");
+    let restarted = keyed_server(dir.path());
+    let mut device = proven(&restarted, Role::FabricDevice, "F", DEVICE_KEY);
+    assert_eq!(keys(&mut device)[0], new);
 }

@@ -5,15 +5,15 @@ use std::net::SocketAddr;
 
 use proto::request::Repr;
 use proto::{Message, Opcode, Status};
-use testkit::{Conn, Daemon, at, key, layout, pmem_server_with, write_topology};
-use topology::Layout;
+use testkit::{Conn, Daemon, at, key, pmem_server_with, write_topology};
 
 /// This package's daemon, built with the features of the test run.
 const PMEM_SERVER: &str = env!("CARGO_BIN_EXE_pmem-server");
 
 struct Fixture {
     _dir: tempfile::TempDir,
-    layout: Layout,
+    /// The region's key, from the server's MAP.
+    key: u64,
     server: Daemon,
     /// The server's data address (NIC n0).
     data: SocketAddr,
@@ -24,15 +24,15 @@ impl Fixture {
     fn new() -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let config = write_topology(dir.path(), &[("R1", "4MiB")]);
-        let layout = layout(&config);
         let server = pmem_server_with(PMEM_SERVER, &config, "S", &dir.path().join("data"), &[])
             .expect("server starts");
         let data = server.addr("nic.n0");
+        let key = key(data, 0);
         let mut bystander = Conn::connect(data);
-        bystander.call(Repr::write(at(0, 0), key(&layout, 0), b"still here"));
+        bystander.call(Repr::write(at(0, 0), key, b"still here"));
         Self {
             _dir: dir,
-            layout,
+            key,
             server,
             data,
             bystander,
@@ -40,14 +40,12 @@ impl Fixture {
     }
 
     fn key(&self) -> u64 {
-        key(&self.layout, 0)
+        self.key
     }
 
     /// The second connection still gets served.
     fn bystander_works(&mut self) {
-        let reply = self
-            .bystander
-            .call(Repr::read(at(0, 0), key(&self.layout, 0), 10));
+        let reply = self.bystander.call(Repr::read(at(0, 0), self.key, 10));
         assert_eq!(reply.status, Status::Ok);
         assert_eq!(reply.data, b"still here");
         assert!(self.server.is_running());

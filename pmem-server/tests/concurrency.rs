@@ -2,7 +2,7 @@
 
 use proto::request::Repr;
 use proto::{Message, Status};
-use testkit::{Conn, at, key, layout, pmem_server_with, write_topology};
+use testkit::{Conn, at, key, pmem_server_with, write_topology};
 
 /// The exactly-once identity of the topology's only client, `c` (number 0),
 /// on lane 0; and on lane 1, which its one RNIC gives it.
@@ -21,10 +21,9 @@ const WINDOW: usize = 64;
 fn fetch_add_from_eight_connections_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_topology(dir.path(), &[("R1", "4MiB")]);
-    let layout = layout(&config);
     let server =
         pmem_server_with(PMEM_SERVER, &config, "S", &dir.path().join("data"), &[]).unwrap();
-    let k = key(&layout, 0);
+    let k = key(server.addr("nic.n0"), 0);
     let data = server.addr("nic.n0");
     std::thread::scope(|s| {
         for _ in 0..CONNECTIONS {
@@ -51,10 +50,9 @@ fn fetch_add_from_eight_connections_loses_nothing() {
 fn compare_swap_counter_under_contention_loses_no_increment() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_topology(dir.path(), &[("R1", "4MiB")]);
-    let layout = layout(&config);
     let server =
         pmem_server_with(PMEM_SERVER, &config, "S", &dir.path().join("data"), &[]).unwrap();
-    let k = key(&layout, 0);
+    let k = key(server.addr("nic.n0"), 0);
     let data = server.addr("nic.n0");
     const THREADS: usize = 4;
     const INCREMENTS: usize = 1_000;
@@ -91,10 +89,9 @@ fn compare_swap_counter_under_contention_loses_no_increment() {
 fn replayed_fetch_add_is_applied_once() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_topology(dir.path(), &[("R1", "4MiB")]);
-    let layout = layout(&config);
     let server =
         pmem_server_with(PMEM_SERVER, &config, "S", &dir.path().join("data"), &[]).unwrap();
-    let k = key(&layout, 0);
+    let k = key(server.addr("nic.n0"), 0);
     let data = server.addr("nic.n0");
     let mut first_path = Conn::connect(data);
     let mut second_path = Conn::connect(data);
@@ -131,10 +128,9 @@ fn replayed_fetch_add_is_applied_once() {
 fn exactly_once_holds_across_a_server_crash() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_topology(dir.path(), &[("R1", "4MiB")]);
-    let layout = layout(&config);
     let data = dir.path().join("data");
-    let k = key(&layout, 0);
     let server = pmem_server_with(PMEM_SERVER, &config, "S", &data, &[]).unwrap();
+    let k = key(server.addr("nic.n0"), 0);
     let add = Repr::fetch_add(at(0, 32), k, 10).with_exactly_once(CLIENT, 500);
     let first = Conn::connect(server.addr("nic.n0")).call(add);
     assert_eq!((first.status, first.value), (Status::Ok, 0));
@@ -154,6 +150,12 @@ fn exactly_once_holds_across_a_server_crash() {
     // `--format` starts a fresh window along with fresh regions.
     server.kill9();
     let server = pmem_server_with(PMEM_SERVER, &config, "S", &data, &["--format"]).unwrap();
+    let new_key = key(server.addr("nic.n0"), 0);
+    assert_ne!(new_key, k, "fresh regions get fresh keys");
+    let add = Repr {
+        key: new_key,
+        ..add
+    };
     let fresh = Conn::connect(server.addr("nic.n0")).call(add);
     assert_eq!((fresh.status, fresh.value), (Status::Ok, 0));
 }
@@ -164,10 +166,9 @@ fn exactly_once_holds_across_a_server_crash() {
 fn forged_exactly_once_identities_are_refused_and_counted() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_topology(dir.path(), &[("R1", "4MiB")]);
-    let layout = layout(&config);
     let server =
         pmem_server_with(PMEM_SERVER, &config, "S", &dir.path().join("data"), &[]).unwrap();
-    let k = key(&layout, 0);
+    let k = key(server.addr("nic.n0"), 0);
     let mut conn = Conn::connect(server.addr("nic.n0"));
     // Client number 5 does not exist; client 0 has lanes 0 and 1 only.
     for forged in [5, 2 << proto::request::LANE_SHIFT, u32::MAX] {

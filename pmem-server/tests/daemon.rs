@@ -19,18 +19,21 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 fn write_persist_survives_kill_9() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_topology(dir.path(), &[("R1", "4MiB"), ("R2", "4MiB")]);
-    let layout = layout(&config);
     let data = dir.path().join("data");
     let server = pmem_server_with(PMEM_SERVER, &config, "S", &data, &[]).unwrap();
     let mut conn = Conn::connect(server.addr("nic.n0"));
     let block = pattern(4096, 7);
-    let reply = conn.call(Repr::write_persist(at(1, 8192), key(&layout, 1), &block));
+    let reply = conn.call(Repr::write_persist(
+        at(1, 8192),
+        key(server.addr("nic.n0"), 1),
+        &block,
+    ));
     assert_eq!(reply.status, Status::Ok);
     server.kill9();
 
     let server = pmem_server_with(PMEM_SERVER, &config, "S", &data, &[]).unwrap();
     let mut conn = Conn::connect(server.addr("nic.n0"));
-    let reply = conn.call(Repr::read(at(1, 8192), key(&layout, 1), 4096));
+    let reply = conn.call(Repr::read(at(1, 8192), key(server.addr("nic.n0"), 1), 4096));
     assert_eq!(reply.opcode, Opcode::ReadResponse);
     assert_eq!(reply.status, Status::Ok);
     assert_eq!(reply.data, block);
@@ -45,7 +48,6 @@ fn write_persist_survives_kill_9() {
 fn sigterm_drains_flushes_and_exits_zero() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_topology(dir.path(), &[("R1", "4MiB")]);
-    let layout = layout(&config);
     let data = dir.path().join("data");
     let server = pmem_server_with(PMEM_SERVER, &config, "S", &data, &[]).unwrap();
     let mut conn = Conn::connect(server.addr("nic.n0"));
@@ -54,7 +56,7 @@ fn sigterm_drains_flushes_and_exits_zero() {
     for (i, block) in blocks.iter().enumerate() {
         conn.send(&Message::Request(Repr::write(
             at(0, i as u64 * 1024),
-            key(&layout, 0),
+            key(server.addr("nic.n0"), 0),
             block,
         )));
     }
@@ -73,17 +75,19 @@ fn sigterm_drains_flushes_and_exits_zero() {
 fn restart_keeps_data_and_bumps_generation() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_topology(dir.path(), &[("R1", "4MiB")]);
-    let layout = layout(&config);
     let data = dir.path().join("data");
     let server = pmem_server_with(PMEM_SERVER, &config, "S", &data, &[]).unwrap();
     Conn::connect(server.addr("nic.n0"))
-        .call(Repr::atomic_write(at(0, 0), key(&layout, 0), 0xfeed).with_persist());
+        .call(Repr::atomic_write(at(0, 0), key(server.addr("nic.n0"), 0), 0xfeed).with_persist());
     let (status, _) = server.terminate();
     assert!(status.success());
 
     let server = pmem_server_with(PMEM_SERVER, &config, "S", &data, &[]).unwrap();
-    let reply =
-        Conn::connect(server.addr("nic.n0")).call(Repr::fetch_add(at(0, 0), key(&layout, 0), 1));
+    let reply = Conn::connect(server.addr("nic.n0")).call(Repr::fetch_add(
+        at(0, 0),
+        key(server.addr("nic.n0"), 0),
+        1,
+    ));
     assert_eq!(reply.value, 0xfeed);
     let (code, metrics) =
         telemetry::http_get(server.addr("admin"), "/metrics", Duration::from_secs(5)).unwrap();
@@ -99,10 +103,9 @@ fn header_mismatch_refuses_to_start_and_format_recovers() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let config = write_topology(dir.path(), &[("R1", "4MiB")]);
-    let layout_before = layout(&config);
     let server = pmem_server_with(PMEM_SERVER, &config, "S", &data, &[]).unwrap();
     Conn::connect(server.addr("nic.n0"))
-        .call(Repr::atomic_write(at(0, 64), key(&layout_before, 0), 42).with_persist());
+        .call(Repr::atomic_write(at(0, 64), key(server.addr("nic.n0"), 0), 42).with_persist());
     server.terminate();
 
     // The same region, now 8 MiB in the topology.
@@ -126,9 +129,11 @@ fn header_mismatch_refuses_to_start_and_format_recovers() {
     assert!(err.contains("not a pmem-fabric region file"), "{err}");
 
     let server = pmem_server_with(PMEM_SERVER, &config, "S", &data, &["--format"]).unwrap();
-    let layout_after = layout(&config);
-    let reply =
-        Conn::connect(server.addr("nic.n0")).call(Repr::read(at(0, 64), key(&layout_after, 0), 8));
+    let reply = Conn::connect(server.addr("nic.n0")).call(Repr::read(
+        at(0, 64),
+        key(server.addr("nic.n0"), 0),
+        8,
+    ));
     assert_eq!(reply.status, Status::Ok);
     assert_eq!(reply.data, vec![0; 8], "--format starts from zeroes");
     assert_eq!(
@@ -148,11 +153,11 @@ fn pmem_addressed_requests_work_directly() {
     let r2 = layout.entries()[1].start;
     let addr = Target::Pmem(r2.checked_add(100).unwrap());
     assert_eq!(
-        conn.call(Repr::write(addr, key(&layout, 1), b"direct"))
+        conn.call(Repr::write(addr, key(server.addr("nic.n0"), 1), b"direct"))
             .status,
         Status::Ok
     );
-    let reply = conn.call(Repr::read(at(1, 100), key(&layout, 1), 6));
+    let reply = conn.call(Repr::read(at(1, 100), key(server.addr("nic.n0"), 1), 6));
     assert_eq!(reply.data, b"direct");
     let past_end = Target::Pmem(layout.entries()[1].start.checked_add(8 << 20).unwrap());
     assert_eq!(
@@ -188,13 +193,16 @@ fn hello_map_and_ping_are_answered() {
 fn metrics_pass_promtool_and_count_operations() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_topology(dir.path(), &[("R1", "4MiB")]);
-    let layout = layout(&config);
     let server =
         pmem_server_with(PMEM_SERVER, &config, "S", &dir.path().join("data"), &[]).unwrap();
     let mut conn = Conn::connect(server.addr("nic.n0"));
-    conn.call(Repr::write_persist(at(0, 0), key(&layout, 0), &[1; 100]));
-    conn.call(Repr::read(at(0, 0), key(&layout, 0), 100));
-    conn.call(Repr::read(at(0, 0), key(&layout, 0) ^ 1, 100));
+    conn.call(Repr::write_persist(
+        at(0, 0),
+        key(server.addr("nic.n0"), 0),
+        &[1; 100],
+    ));
+    conn.call(Repr::read(at(0, 0), key(server.addr("nic.n0"), 0), 100));
+    conn.call(Repr::read(at(0, 0), key(server.addr("nic.n0"), 0) ^ 1, 100));
     let (code, text) =
         telemetry::http_get(server.addr("admin"), "/metrics", Duration::from_secs(5)).unwrap();
     assert_eq!(code, 200);
@@ -252,10 +260,9 @@ fn a_deleted_region_file_stops_the_server_instead_of_coming_back_empty() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let config = write_topology(dir.path(), &[("R1", "4MiB"), ("R2", "4MiB")]);
-    let l = layout(&config);
     let server = pmem_server_with(PMEM_SERVER, &config, "S", &data, &[]).unwrap();
     Conn::connect(server.addr("nic.n0"))
-        .call(Repr::atomic_write(at(1, 64), key(&l, 1), 42).with_persist());
+        .call(Repr::atomic_write(at(1, 64), key(server.addr("nic.n0"), 1), 42).with_persist());
     server.terminate();
     std::fs::remove_file(data.join("R2.pmem")).unwrap();
 
@@ -267,7 +274,11 @@ fn a_deleted_region_file_stops_the_server_instead_of_coming_back_empty() {
 
     // The operator's way out: recreate the regions empty.
     let server = pmem_server_with(PMEM_SERVER, &config, "S", &data, &["--format"]).unwrap();
-    let reply = Conn::connect(server.addr("nic.n0")).call(Repr::read(at(1, 64), key(&l, 1), 8));
+    let reply = Conn::connect(server.addr("nic.n0")).call(Repr::read(
+        at(1, 64),
+        key(server.addr("nic.n0"), 1),
+        8,
+    ));
     assert_eq!(reply.data, vec![0; 8]);
 }
 
@@ -352,13 +363,12 @@ fn emulated_persistence_makes_kill_9_a_power_cut() {
     use proto::request::ExactlyOnce;
     let dir = tempfile::tempdir().unwrap();
     let config = write_topology(dir.path(), &[("R1", "4MiB")]);
-    let layout = layout(&config);
-    let k = key(&layout, 0);
     let data = dir.path().join("data");
     let emulated = ["--persistence", "emulated"];
+    let server = pmem_server_with(PMEM_SERVER, &config, "S", &data, &emulated).unwrap();
+    let k = key(server.addr("nic.n0"), 0);
     let once = ExactlyOnce::on_lane(0, 1).stamped(0);
     let fetch_add = || Repr::fetch_add(at(0, 65536), k, 5).with_exactly_once(once.client, once.seq);
-    let server = pmem_server_with(PMEM_SERVER, &config, "S", &data, &emulated).unwrap();
     let mut conn = Conn::connect(server.addr("nic.n0"));
     let persisted = pattern(4096, 1);
     let volatile = pattern(4096, 2);
@@ -418,7 +428,6 @@ fn emulated_persistence_makes_kill_9_a_power_cut() {
 fn an_emulated_power_cut_ends_the_daemon_before_it_answers() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_topology(dir.path(), &[("R1", "4MiB")]);
-    let k = key(&layout(&config), 0);
     let data = dir.path().join("data");
     let refused = pmem_server_with(
         PMEM_SERVER,
@@ -440,6 +449,7 @@ fn an_emulated_power_cut_ends_the_daemon_before_it_answers() {
         "3",
     ];
     let mut server = pmem_server_with(PMEM_SERVER, &config, "S", &data, &cut).unwrap();
+    let k = key(server.addr("nic.n0"), 0);
     let mut conn = Conn::connect(server.addr("nic.n0"));
     let block = |i: u64| pattern(4096, i as u8 + 1);
     let mut acknowledged = 0;
@@ -492,11 +502,11 @@ fn silent_connections_are_closed_and_counted() {
     use std::io::Read;
     let dir = tempfile::tempdir().unwrap();
     let config = write_topology(dir.path(), &[("R1", "1MiB")]);
-    let k = key(&layout(&config), 0);
     let flags = ["--hello-timeout-ms", "300", "--idle-timeout-ms", "600"];
     let server =
         pmem_server_with(PMEM_SERVER, &config, "S", &dir.path().join("d"), &flags).unwrap();
     let addr = server.addr("nic.n0");
+    let k = key(addr, 0);
     let closed_within = |stream: &mut std::net::TcpStream, limit: Duration| {
         stream.set_read_timeout(Some(limit)).unwrap();
         let mut buf = [0u8; 64];

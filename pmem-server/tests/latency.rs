@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use proto::Status;
 use proto::request::Repr;
-use testkit::{Conn, at, key, layout, pmem_server_with, write_topology};
+use testkit::{Conn, at, key, pmem_server_with, write_topology};
 
 /// This package's daemon, built with the features of the test run.
 const PMEM_SERVER: &str = env!("CARGO_BIN_EXE_pmem-server");
@@ -29,7 +29,6 @@ fn write_persist_4k_round_trip_per_mode() {
     for mode in modes {
         let dir = tempfile::tempdir().expect("temp dir");
         let config = write_topology(dir.path(), &[("R1", "64MiB")]);
-        let layout = layout(&config);
         let server = match pmem_server_with(
             PMEM_SERVER,
             &config,
@@ -46,13 +45,14 @@ fn write_persist_4k_round_trip_per_mode() {
                 continue;
             }
         };
+        let key = key(server.addr("nic.n0"), 0);
         let mut conn = Conn::connect(server.addr("nic.n0"));
         let block = vec![0x5a; 4096];
         let mut samples = Vec::with_capacity(ITERATIONS);
         for i in 0..ITERATIONS + 100 {
             let offset = (i as u64 % 16_000) * 4096;
             let started = Instant::now();
-            let reply = conn.call(Repr::write_persist(at(0, offset), key(&layout, 0), &block));
+            let reply = conn.call(Repr::write_persist(at(0, offset), key, &block));
             let elapsed = started.elapsed();
             assert_eq!(reply.status, Status::Ok);
             if i >= 100 {

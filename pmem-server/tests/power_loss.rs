@@ -22,7 +22,7 @@ use pmem_server::persist::{PersistPolicy, PowerDomain};
 use pmem_server::{OpenedServer, ServerConfig};
 use proto::request::{ExactlyOnce, Repr};
 use proto::{Message, Status};
-use testkit::{at, key, layout, write_topology};
+use testkit::{at, write_topology};
 use topology::{RegionIndex, ServerId, Topology};
 
 /// Lane `lane` of the topology's only client (number 0).
@@ -217,7 +217,22 @@ struct Server {
 }
 
 impl Server {
-    fn open(config: &ServerConfig, key: u64) -> Server {
+    /// A server on new files, with the key it made for region 0.
+    fn create(config: &ServerConfig) -> Server {
+        let opened =
+            OpenedServer::open(config).unwrap_or_else(|e| panic!("create the server: {e:?}"));
+        let key = opened.exec.region(RegionIndex(0)).expect("region 0").key();
+        let session = opened.exec.new_session();
+        Server {
+            opened,
+            session,
+            key,
+        }
+    }
+
+    /// The server reopened after a power cut; requests carry `key`, the
+    /// key it had before (a region keeps its key across the cut).
+    fn reopen(config: &ServerConfig, key: u64) -> Server {
         let opened = OpenedServer::open(config)
             .unwrap_or_else(|e| panic!("reopen after the power cut: {e:?}"));
         let session = opened.exec.new_session();
@@ -276,21 +291,18 @@ struct Bench {
     _dir: tempfile::TempDir,
     topology: Topology,
     root: std::path::PathBuf,
-    key: u64,
 }
 
 impl Bench {
     fn new() -> Bench {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = write_topology(dir.path(), &[("R1", "4MiB")]);
-        let key = key(&layout(&path), 0);
         let topology = Topology::load(&path).expect("topology");
         let root = dir.path().to_owned();
         Bench {
             _dir: dir,
             topology,
             root,
-            key,
         }
     }
 
@@ -321,7 +333,7 @@ struct Baseline {
 fn baseline(bench: &Bench) -> Baseline {
     let domain = PowerDomain::new();
     let config = bench.config(&bench.root.join("baseline"), &domain);
-    let mut server = Server::open(&config, bench.key);
+    let mut server = Server::create(&config);
     let steps_at_open = domain.steps();
     let answers: Vec<Answer> = workload().iter().map(|op| server.call(op)).collect();
     for (op, answer) in workload().iter().zip(&answers) {
@@ -445,8 +457,8 @@ fn every_crash_point_keeps_what_was_acknowledged_and_retries_apply_once() {
             let data_dir = bench.root.join(format!("cut-{cut}-{eviction:?}"));
             let domain = PowerDomain::new();
             let config = bench.config(&data_dir, &domain);
-            let acked = {
-                let mut server = Server::open(&config, bench.key);
+            let (acked, key) = {
+                let mut server = Server::create(&config);
                 domain.cut_after(domain.steps() + cut, eviction);
                 let mut acked = 0;
                 for op in &ops {
@@ -457,11 +469,11 @@ fn every_crash_point_keeps_what_was_acknowledged_and_retries_apply_once() {
                     assert_eq!(answer.status, Status::Ok, "{what}: {op:?}");
                     acked += 1;
                 }
-                acked
+                (acked, server.key)
             };
             // Reboot: a new domain with the power on, over the same files.
             let config = bench.config(&data_dir, &PowerDomain::new());
-            let mut server = Server::open(&config, bench.key);
+            let mut server = Server::reopen(&config, key);
             check_durable(&server, &ops, acked, &what);
             // The client retries everything it was not told about, and (to
             // check the replies) everything it was.

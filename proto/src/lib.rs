@@ -55,6 +55,9 @@
 //! | PONG | 0xE4 | [`ping`] |
 //! | QP_CONNECT | 0xE5 | [`qp`] (a RoCEv2 queue pair's end) |
 //! | QP_ACCEPT | 0xE6 | [`qp`] (the device's end and R_Keys) |
+//! | AUTH_CHALLENGE | 0xE7 | [`auth`] (the listener's nonce) |
+//! | AUTH_PROOF | 0xE8 | [`auth`] (an HMAC proof) |
+//! | ROTATE_KEY | 0xE9 | one u64: the region index (below 2³²) |
 //!
 //! Request body, 56 bytes then the payload ([`request`]):
 //!
@@ -88,8 +91,9 @@
 //! or with an ACKNOWLEDGE carrying `UNKNOWN_CLIENT` or `VERSION_MISMATCH`.
 //!
 //! MAP body ([`map`]): `0..32` digest, `32..40` extent_size u64, `40..44`
-//! count u32, `44..48` reserved, then `count` entries of 24 bytes (start u64,
-//! len u64, region u32, server u16, socket u16) and nothing else.
+//! count u32, `44..48` reserved, then `count` entries of 32 bytes (start u64,
+//! len u64, region u32, server u16, socket u16, key u64: 0 when the sender
+//! does not give it) and nothing else.
 //!
 //! PING / PONG body ([`ping`]): one opaque u64 that PONG echoes.
 //!

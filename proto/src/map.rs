@@ -5,13 +5,22 @@
 //! 32..40  extent_size  u64
 //! 40..44  count        u32 entries
 //! 44..48  reserved     zero
-//! 48..    entries      count × 24 bytes; nothing follows:
+//! 48..    entries      count × 32 bytes; nothing follows:
 //!           0..8   start   u64 PmemAddr
 //!           8..16  len     u64
 //!           16..20 region  u32 RegionIndex
 //!           20..22 server  u16
 //!           22..24 socket  u16
+//!           24..32 key     u64 region key, 0 when not given
 //! ```
+//!
+//! Region keys are made by the server that holds the region and are not
+//! part of the topology. A MAP carries the key of a region only to a peer
+//! that may use it: a server gives a fabric device the keys of all its
+//! regions and a client those of the regions its grants reach; a fabric
+//! device gives a client the keys it learnt from the servers, again only
+//! for the client's regions. Everywhere else the key is 0, which opens
+//! nothing.
 
 use crate::error::{Error, Result};
 use crate::le;
@@ -46,13 +55,15 @@ pub mod field {
         pub const SERVER: Field = 20..22;
         /// CPU socket of the region on its server.
         pub const SOCKET: Field = 22..24;
+        /// Region key, 0 when not given.
+        pub const KEY: Field = 24..32;
     }
 }
 
 /// Length of the fixed part of a MAP body.
 pub const HEADER_LEN: usize = 48;
 /// Length of one entry.
-pub const ENTRY_LEN: usize = 24;
+pub const ENTRY_LEN: usize = 32;
 
 /// A read/write view of a MAP body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -133,6 +144,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
             region: RegionIndex(le::u32_at(&raw[field::entry::REGION])),
             server: le::u16_at(&raw[field::entry::SERVER]),
             socket: le::u16_at(&raw[field::entry::SOCKET]),
+            key: le::u64_at(&raw[field::entry::KEY]),
         })
     }
 
@@ -172,6 +184,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
         le::put_u32(&mut raw[field::entry::REGION], entry.region.0);
         le::put_u16(&mut raw[field::entry::SERVER], entry.server);
         le::put_u16(&mut raw[field::entry::SOCKET], entry.socket);
+        le::put_u64(&mut raw[field::entry::KEY], entry.key);
     }
 }
 
@@ -188,6 +201,8 @@ pub struct MapEntry {
     pub server: u16,
     /// The CPU socket the region's device hangs off.
     pub socket: u16,
+    /// The region key, or 0 when the sender does not give it.
+    pub key: u64,
 }
 
 /// A parsed MAP body.
@@ -257,6 +272,7 @@ mod tests {
             0x00, 0x00, 0x00, 0x00, // region 0
             0x00, 0x00, // server 0
             0x01, 0x00, // socket 1
+            0xEF, 0xCD, 0xAB, 0x89, 0x67, 0x45, 0x23, 0x01, // key
         ]);
         bytes.extend_from_slice(&[
             0x00, 0x00, 0x00, 0x40, 0x00, 0x00, 0x00, 0x00, // start 1 GiB
@@ -264,6 +280,7 @@ mod tests {
             0x05, 0x00, 0x00, 0x00, // region 5
             0x02, 0x01, // server 0x102
             0x00, 0x00, // socket 0
+            0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, // key not given
         ]);
         bytes
     }
@@ -283,6 +300,7 @@ mod tests {
                     region: RegionIndex(0),
                     server: 0,
                     socket: 1,
+                    key: 0x0123_4567_89AB_CDEF,
                 },
                 MapEntry {
                     start: PmemAddr(1 << 30),
@@ -290,6 +308,7 @@ mod tests {
                     region: RegionIndex(5),
                     server: 0x102,
                     socket: 0,
+                    key: 0,
                 },
             ],
         }
@@ -298,7 +317,7 @@ mod tests {
     #[test]
     fn construct() {
         let repr = repr();
-        let mut bytes = vec![0xFFu8; 96];
+        let mut bytes = vec![0xFFu8; 112];
         let mut packet = Packet::new_unchecked(&mut bytes[..]);
         packet.set_digest(&repr.digest);
         packet.set_extent_size(2 << 20);
@@ -333,8 +352,8 @@ mod tests {
     #[test]
     fn emit() {
         let repr = repr();
-        assert_eq!(repr.buffer_len(), 96);
-        let mut bytes = vec![0xFFu8; 96];
+        assert_eq!(repr.buffer_len(), 112);
+        let mut bytes = vec![0xFFu8; 112];
         repr.emit(&mut Packet::new_unchecked(&mut bytes[..]));
         assert_eq!(bytes, self::bytes());
     }
@@ -347,11 +366,11 @@ mod tests {
     fn rejects_count_not_matching_body() {
         let bytes = bytes();
         assert_eq!(
-            parse_bytes(&bytes[..95]),
+            parse_bytes(&bytes[..111]),
             Err(Error::LengthMismatch {
                 what: "map body",
-                expected: 96,
-                got: 95
+                expected: 112,
+                got: 111
             })
         );
         let mut lying = bytes.clone();
@@ -360,15 +379,15 @@ mod tests {
             parse_bytes(&lying),
             Err(Error::LengthMismatch {
                 what: "map body",
-                expected: 48 + 24 * u32::MAX as usize,
-                got: 96
+                expected: 48 + 32 * u32::MAX as usize,
+                got: 112
             })
         );
         let mut extra = bytes.clone();
         extra.push(0);
         assert!(matches!(
             parse_bytes(&extra),
-            Err(Error::LengthMismatch { got: 97, .. })
+            Err(Error::LengthMismatch { got: 113, .. })
         ));
         assert_eq!(
             parse_bytes(&bytes[..47]),

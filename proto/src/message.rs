@@ -7,7 +7,7 @@ use crate::opcode::Opcode;
 use crate::request::{self, Operation};
 use crate::response::{self, ResponseKind};
 use crate::status::Status;
-use crate::{auth, hello, map, ping, qp};
+use crate::{RegionIndex, auth, hello, map, ping, qp};
 
 /// Any message of the protocol: the body of one frame, typed by its opcode.
 ///
@@ -36,6 +36,9 @@ pub enum Message<'a> {
     AuthChallenge([u8; auth::NONCE_LEN]),
     /// A proof of knowing the connecting principal's key.
     AuthProof(auth::Proof),
+    /// Replace the key of the region with this index; answered with an
+    /// ACKNOWLEDGE. Only an operator may ask.
+    RotateKey(RegionIndex),
 }
 
 impl<'a> Message<'a> {
@@ -53,6 +56,7 @@ impl<'a> Message<'a> {
             Message::QpAccept(_) => Opcode::QpAccept,
             Message::AuthChallenge(_) => Opcode::AuthChallenge,
             Message::AuthProof(_) => Opcode::AuthProof,
+            Message::RotateKey(_) => Opcode::RotateKey,
         }
     }
 
@@ -95,6 +99,15 @@ impl<'a> Message<'a> {
             Opcode::QpAccept => qp::Accept::parse(body).map(Message::QpAccept),
             Opcode::AuthChallenge => auth::parse_challenge(body).map(Message::AuthChallenge),
             Opcode::AuthProof => auth::Proof::parse(body).map(Message::AuthProof),
+            Opcode::RotateKey => {
+                let region = ping::Repr::parse(&ping::Packet::new_checked(body)?)?.value;
+                u32::try_from(region)
+                    .map(|r| Message::RotateKey(RegionIndex(r)))
+                    .map_err(|_| Error::ReservedBits {
+                        what: "rotate key region high bits",
+                        value: region >> 32,
+                    })
+            }
             other => Err(Error::UnknownOpcode {
                 opcode: other.into(),
                 tag: frame.tag(),
@@ -110,7 +123,7 @@ impl<'a> Message<'a> {
             Message::Hello(h) => h.buffer_len(),
             Message::MapRequest => 0,
             Message::Map(m) => m.buffer_len(),
-            Message::Ping(_) | Message::Pong(_) => ping::HEADER_LEN,
+            Message::Ping(_) | Message::Pong(_) | Message::RotateKey(_) => ping::HEADER_LEN,
             Message::QpConnect(c) => c.buffer_len(),
             Message::QpAccept(a) => a.buffer_len(),
             Message::AuthChallenge(_) => auth::NONCE_LEN,
@@ -137,7 +150,8 @@ impl<'a> Message<'a> {
             | Message::QpConnect(_)
             | Message::QpAccept(_)
             | Message::AuthChallenge(_)
-            | Message::AuthProof(_) => {}
+            | Message::AuthProof(_)
+            | Message::RotateKey(_) => {}
         }
         let body_len = self.body_len();
         if body_len > MAX_BODY_LEN as usize {
@@ -182,6 +196,10 @@ impl<'a> Message<'a> {
             Message::QpAccept(a) => a.emit(body),
             Message::AuthChallenge(nonce) => body.copy_from_slice(nonce),
             Message::AuthProof(proof) => proof.emit(body),
+            Message::RotateKey(region) => ping::Repr {
+                value: u64::from(region.0),
+            }
+            .emit(&mut ping::Packet::new_unchecked(body)),
         }
         Ok(len)
     }
@@ -324,6 +342,22 @@ mod tests {
         let map_request = [0x50, 0x46, 0x01, 0xE1, 0, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0];
         assert_eq!(parse_frame(&map_request), Ok((Message::MapRequest, 5)));
         assert_eq!(Message::MapRequest.encode_to_vec(5).unwrap(), map_request);
+    }
+
+    #[test]
+    fn rotate_key_frames_name_a_region_below_two_to_the_32() {
+        let mut rotate = [
+            0x50, 0x46, 0x01, 0xE9, 0x08, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, //
+            0x07, 0, 0, 0, 0, 0, 0, 0,
+        ];
+        let message = Message::RotateKey(RegionIndex(7));
+        assert_eq!(parse_frame(&rotate), Ok((message.clone(), 3)));
+        assert_eq!(message.encode_to_vec(3).unwrap(), rotate);
+        rotate[20] = 1;
+        assert!(matches!(
+            parse_frame(&rotate),
+            Err(Error::ReservedBits { value: 1, .. })
+        ));
     }
 
     #[test]
@@ -496,7 +530,8 @@ mod tests {
                     len: 0,
                     region: RegionIndex(0),
                     server: 0,
-                    socket: 0
+                    socket: 0,
+                    key: 0,
                 };
                 MAX_BODY_LEN as usize / map::ENTRY_LEN + 1
             ],

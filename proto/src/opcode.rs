@@ -53,13 +53,15 @@ pub enum Opcode {
     AuthChallenge,
     /// A proof of knowing the principal's key (0xE8).
     AuthProof,
+    /// An operator's order to replace a region's key (0xE9).
+    RotateKey,
     /// Any other value.
     Unknown(u8),
 }
 
 impl Opcode {
     /// Every named opcode, in numeric order.
-    pub const ALL: [Opcode; 19] = [
+    pub const ALL: [Opcode; 20] = [
         Opcode::Write,
         Opcode::Read,
         Opcode::ReadResponse,
@@ -79,6 +81,7 @@ impl Opcode {
         Opcode::QpAccept,
         Opcode::AuthChallenge,
         Opcode::AuthProof,
+        Opcode::RotateKey,
     ];
 
     /// Whether this is one of the seven one-sided request operations.
@@ -148,6 +151,7 @@ impl Opcode {
             Opcode::QpAccept => "QP_ACCEPT",
             Opcode::AuthChallenge => "AUTH_CHALLENGE",
             Opcode::AuthProof => "AUTH_PROOF",
+            Opcode::RotateKey => "ROTATE_KEY",
             Opcode::Unknown(_) => "UNKNOWN",
         }
     }
@@ -175,6 +179,7 @@ impl From<u8> for Opcode {
             0xE6 => Opcode::QpAccept,
             0xE7 => Opcode::AuthChallenge,
             0xE8 => Opcode::AuthProof,
+            0xE9 => Opcode::RotateKey,
             other => Opcode::Unknown(other),
         }
     }
@@ -202,6 +207,7 @@ impl From<Opcode> for u8 {
             Opcode::QpAccept => 0xE6,
             Opcode::AuthChallenge => 0xE7,
             Opcode::AuthProof => 0xE8,
+            Opcode::RotateKey => 0xE9,
             Opcode::Unknown(other) => other,
         }
     }

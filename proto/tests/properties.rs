@@ -196,13 +196,15 @@ fn map() -> impl Strategy<Value = Spec> {
         any::<u32>(),
         any::<u16>(),
         any::<u16>(),
+        any::<u64>(),
     )
-        .prop_map(|(start, len, region, server, socket)| MapEntry {
+        .prop_map(|(start, len, region, server, socket, key)| MapEntry {
             start: PmemAddr(start),
             len,
             region: RegionIndex(region),
             server,
             socket,
+            key,
         });
     (
         any::<[u8; 32]>(),

@@ -1,13 +1,19 @@
 //! Keys for a fabric's principals: one fresh random key file per client
-//! and fabric device of a topology (see `topology::secrets`).
+//! and fabric device of a topology, and one for the operator
+//! [`OPERATOR`] (see `topology::secrets`).
 
 use std::path::{Path, PathBuf};
 
 use topology::Topology;
 use topology::secrets::{KEY_LEN, Principal, SecretError, write_key};
 
-/// Writes a fresh key for every client and fabric device of `topology`
-/// into `dir`, readable by the owner only; returns the files written.
+/// The operator `keygen` makes a key for (`pmemctl rotate-key` acts as
+/// it by default).
+pub const OPERATOR: &str = "admin";
+
+/// Writes a fresh key for every client and fabric device of `topology`,
+/// and for the operator [`OPERATOR`], into `dir`, readable by the owner
+/// only; returns the files written.
 pub fn generate(topology: &Topology, dir: &Path) -> Result<Vec<PathBuf>, SecretError> {
     let principals = topology
         .clients
@@ -18,7 +24,8 @@ pub fn generate(topology: &Topology, dir: &Path) -> Result<Vec<PathBuf>, SecretE
                 .fabric_devices
                 .iter()
                 .map(|d| Principal::Device(d.id.as_str())),
-        );
+        )
+        .chain([Principal::Operator(OPERATOR)]);
     principals
         .map(|principal| {
             let mut key = [0u8; KEY_LEN];

@@ -64,9 +64,10 @@ enum Command {
         prometheus: bool,
     },
     /// Write a fresh key for every client and fabric device of a topology
-    /// (`client.<id>.key`, `device.<id>.key`, owner-only): give the folder
-    /// to the daemons with `--secrets` and to clients in
-    /// `PMEM_FABRIC_SECRETS` (pmemctl: `--secrets`).
+    /// and for the operator `admin` (`client.<id>.key`, `device.<id>.key`,
+    /// `operator.admin.key`, owner-only): give the folder to the daemons
+    /// with `--secrets` and to clients in `PMEM_FABRIC_SECRETS` (pmemctl:
+    /// `--secrets`, also for `rotate-key`).
     Keygen {
         /// The topology file; the embedded default topology when absent.
         file: Option<PathBuf>,

@@ -32,7 +32,7 @@ use anyhow::{Context, bail, ensure};
 use proto::request::{ExactlyOnce, Repr, Target};
 use proto::{Message, Status, frame};
 use serde::Serialize;
-use topology::{EnvOverrides, Layout, RegionIndex, RegionOffset, Topology};
+use topology::{RegionIndex, RegionOffset};
 
 use crate::lab::{GuestStorage, LabNet};
 
@@ -243,20 +243,50 @@ struct Link {
 type Answer = (Status, u64, Vec<u8>);
 
 impl Link {
-    fn connect(addr: SocketAddr, key: u64) -> io::Result<Link> {
+    /// Connects and learns region 0's key from the server's MAP.
+    fn connect(addr: SocketAddr) -> io::Result<Link> {
         let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(IO_TIMEOUT))?;
-        Ok(Link {
+        let mut link = Link {
             stream,
-            key,
+            key: 0,
             tag: 0,
-        })
+        };
+        let frame = link.exchange(&Message::MapRequest)?;
+        link.key = match proto::parse_frame(&frame) {
+            Ok((Message::Map(map), tag)) if tag == link.tag => map
+                .entries
+                .iter()
+                .find(|e| e.region == RegionIndex(0))
+                .map_or(0, |e| e.key),
+            other => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("expected a MAP: {other:?}"),
+                ));
+            }
+        };
+        Ok(link)
     }
 
     fn call(&mut self, req: Repr<'_>) -> io::Result<Answer> {
+        let frame = self.exchange(&Message::Request(req))?;
+        match proto::parse_frame(&frame) {
+            Ok((Message::Response(r), tag)) if tag == self.tag => {
+                Ok((r.status, r.value, r.payload.to_vec()))
+            }
+            other => Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("unexpected reply: {other:?}"),
+            )),
+        }
+    }
+
+    /// Sends `message` with the next tag and reads one frame back.
+    fn exchange(&mut self, message: &Message<'_>) -> io::Result<Vec<u8>> {
         self.tag += 1;
-        let bytes = Message::Request(req)
+        let bytes = message
             .encode_to_vec(self.tag)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
         self.stream.write_all(&bytes)?;
@@ -271,15 +301,7 @@ impl Link {
         }
         frame.resize(frame::HEADER_LEN + body, 0);
         self.stream.read_exact(&mut frame[frame::HEADER_LEN..])?;
-        match proto::parse_frame(&frame) {
-            Ok((Message::Response(r), tag)) if tag == self.tag => {
-                Ok((r.status, r.value, r.payload.to_vec()))
-            }
-            other => Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("unexpected reply: {other:?}"),
-            )),
-        }
+        Ok(frame)
     }
 
     fn at(offset: u64) -> Target {
@@ -446,10 +468,10 @@ impl Guest {
     }
 
     /// Waits until the server in the guest accepts connections.
-    fn wait_ready(&mut self, addr: SocketAddr, key: u64, console: &Path) -> anyhow::Result<Link> {
+    fn wait_ready(&mut self, addr: SocketAddr, console: &Path) -> anyhow::Result<Link> {
         let deadline = Instant::now() + BOOT_TIMEOUT;
         loop {
-            if let Ok(link) = Link::connect(addr, key) {
+            if let Ok(link) = Link::connect(addr) {
                 return Ok(link);
             }
             if let Some(status) = self.child.try_wait()? {
@@ -671,12 +693,9 @@ fn drive(link: &mut Link, ledger: &mut Ledger, cut: &AtomicBool) -> anyhow::Resu
 pub fn run(plan: &PowerCutPlan) -> anyhow::Result<PowerCutReport> {
     let lab = LabNet::enter().context("the RDMA lab")?;
     let work = plan.out.join("work");
-    let topology_path = prepare(&work, plan.medium)?;
-    let topology = Topology::load_with(&topology_path, &EnvOverrides::None)?;
-    let key = Layout::new(&topology)?
-        .entry(RegionIndex(0))
-        .context("region 0")?
-        .key;
+    prepare(&work, plan.medium)?;
+    // The region key the server made on its first boot; kept across cuts.
+    let mut first_key = None;
     let addr: SocketAddr = format!("{GUEST_IP}:{NIC_PORT}").parse()?;
     let mut rng = fastrand::Rng::with_seed(plan.seed);
     let mut ledger = Ledger::new(rng.u32(1..u32::MAX));
@@ -688,7 +707,13 @@ pub fn run(plan: &PowerCutPlan) -> anyhow::Result<PowerCutReport> {
     for boot in 0..=plan.cuts {
         let console = work.join(format!("console-{boot}.log"));
         let mut guest = Guest::boot(&lab, &work, plan.medium, boot)?;
-        let mut link = guest.wait_ready(addr, key, &console)?;
+        let mut link = guest.wait_ready(addr, &console)?;
+        if link.key == 0 {
+            bail!("boot {boot}: the server gives no key for region 0");
+        }
+        if *first_key.get_or_insert(link.key) != link.key {
+            bail!("boot {boot}: region 0's key is not the one it had before the power cut");
+        }
         check_mode(&console, plan.medium)?;
         verify(&mut link, &mut ledger, in_flight.take(), &mut report)
             .with_context(|| format!("checking after boot {boot}"))?;

@@ -199,13 +199,15 @@ impl Setup {
             .map_err(|e| anyhow::anyhow!("fabric-device did not start:\n{e}"))?;
         device.wait_links_up(1);
         let region = testkit::layout(&config).entries()[0].clone();
-        Ok(Setup {
+        let mut setup = Setup {
             _dir: dir,
             veth,
             _server: server,
             device,
             region,
-        })
+        };
+        setup.region.key = setup.control().region_key(setup.region.region.0);
+        Ok(setup)
     }
 
     fn control(&self) -> Conn {

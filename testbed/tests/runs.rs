@@ -122,8 +122,8 @@ fn run_with_authentication_on_every_connection() {
         .expect("the run's keys")
         .map(|e| e.expect("entry").path())
         .collect();
-    // Two clients and two devices.
-    assert_eq!(keys.len(), 4, "{keys:?}");
+    // Two clients, two devices and the operator.
+    assert_eq!(keys.len(), 5, "{keys:?}");
     for key in &keys {
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(key).expect("key").permissions().mode();

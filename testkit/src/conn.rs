@@ -66,7 +66,8 @@ impl Reply {
             | Message::QpConnect(_)
             | Message::QpAccept(_)
             | Message::AuthChallenge(_)
-            | Message::AuthProof(_) => (Status::Ok, 0, body.to_vec()),
+            | Message::AuthProof(_)
+            | Message::RotateKey(_) => (Status::Ok, 0, body.to_vec()),
         };
         Reply {
             opcode,
@@ -267,6 +268,24 @@ impl Conn {
         }
     }
 
+    /// The key of region `index`, from the peer's MAP (what this
+    /// connection's principal is given).
+    ///
+    /// # Panics
+    ///
+    /// When the MAP names no such region or gives no key for it.
+    pub fn region_key(&mut self, index: u32) -> u64 {
+        let key = self
+            .map()
+            .entries
+            .iter()
+            .find(|e| e.region == RegionIndex(index))
+            .unwrap_or_else(|| panic!("no region {index} in the MAP"))
+            .key;
+        assert_ne!(key, 0, "the MAP gives no key for region {index}");
+        key
+    }
+
     /// Asks for the address map and returns it.
     ///
     /// # Panics
@@ -292,12 +311,15 @@ pub fn at(index: u32, offset: u64) -> Target {
     Target::Region(RegionOffset::new(RegionIndex(index), offset))
 }
 
-/// The key of region `index`.
-pub fn key(layout: &Layout, index: u32) -> u64 {
-    layout
-        .entry(RegionIndex(index))
-        .unwrap_or_else(|| panic!("no region {index} in the layout"))
-        .key
+/// The key of region `index`, as the server at `addr` gives it in its MAP
+/// to a peer that does not authenticate (servers make their regions' keys;
+/// a server without `--secrets` gives them to anyone).
+///
+/// # Panics
+///
+/// When the server cannot be reached or gives no key for the region.
+pub fn key(addr: SocketAddr, index: u32) -> u64 {
+    Conn::connect(addr).region_key(index)
 }
 
 /// The layout a topology file gives (no environment overrides).

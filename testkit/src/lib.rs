@@ -15,16 +15,15 @@
 //! ```no_run
 //! use proto::Status;
 //! use proto::request::Repr;
-//! use testkit::{Conn, at, key, layout, pmem_server, write_topology};
+//! use testkit::{Conn, at, key, pmem_server, write_topology};
 //!
 //! let dir = tempfile::tempdir().expect("temp dir");
 //! let config = write_topology(dir.path(), &[("R1", "4MiB")]);
-//! let layout = layout(&config);
 //! let server = pmem_server(&config, "S", &dir.path().join("data"), &[])
 //!     .unwrap_or_else(|stderr| panic!("pmem-server did not start:\n{stderr}"));
 //! let mut conn = Conn::connect(server.addr("nic.n0"));
 //! assert_eq!(conn.hello("c").data, b"S");
-//! let reply = conn.call(Repr::write_persist(at(0, 0), key(&layout, 0), b"hello"));
+//! let reply = conn.call(Repr::write_persist(at(0, 0), key(server.addr("nic.n0"), 0), b"hello"));
 //! assert_eq!(reply.status, Status::Ok);
 //! let (status, _stderr) = server.terminate();
 //! assert!(status.success());

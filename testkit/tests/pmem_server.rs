@@ -24,10 +24,15 @@ fn built_pmem_server_starts_answers_and_stops() {
     let map = conn.map();
     assert_eq!(map.digest, layout.digest());
     assert_eq!(map.entries.len(), 2);
-    let reply = conn.call(Repr::write_persist(at(1, 64), key(&layout, 1), b"kit"));
+    let reply = conn.call(Repr::write_persist(
+        at(1, 64),
+        key(server.addr("nic.n0"), 1),
+        b"kit",
+    ));
     assert_eq!(reply.status, Status::Ok);
     assert_eq!(
-        conn.call(Repr::read(at(1, 64), key(&layout, 1), 3)).data,
+        conn.call(Repr::read(at(1, 64), key(server.addr("nic.n0"), 1), 3))
+            .data,
         b"kit"
     );
 

@@ -49,4 +49,34 @@ impl Grants {
             addr >= range.start && end <= range.end && (!write || *access == Access::ReadWrite)
         })
     }
+
+    /// Whether any granted range shares a byte with `[addr, addr + len)`
+    /// (so the client needs the key of the region there).
+    pub fn overlaps(&self, addr: PmemAddr, len: u64) -> bool {
+        if self.ranges.is_empty() {
+            return true;
+        }
+        let end = addr.checked_add(len).unwrap_or(PmemAddr(u64::MAX));
+        self.ranges
+            .iter()
+            .any(|(range, _)| range.start < end && addr < range.end)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overlap_is_any_shared_byte_and_no_list_is_everything() {
+        let grants = Grants {
+            ranges: vec![(PmemAddr(100)..PmemAddr(200), Access::Read)],
+        };
+        assert!(grants.overlaps(PmemAddr(0), 101));
+        assert!(grants.overlaps(PmemAddr(199), 1));
+        assert!(!grants.overlaps(PmemAddr(0), 100));
+        assert!(!grants.overlaps(PmemAddr(200), 50));
+        assert!(!grants.overlaps(PmemAddr(u64::MAX - 1), 10));
+        assert!(Grants::default().overlaps(PmemAddr(0), 1));
+    }
 }

@@ -35,7 +35,10 @@ pub struct LayoutEntry {
     pub socket_index: u16,
     /// The PMEM device the region is carved from.
     pub device: PmemDeviceId,
-    /// The protection key requests for this region must carry.
+    /// The region key requests for this region must carry, as far as the
+    /// holder of this layout knows it: 0 (which opens nothing) until it is
+    /// learnt from the server that made it ([`Layout::set_key`]). Keys are
+    /// not part of the topology nor of the layout's digest.
     pub key: u64,
     /// The region's cache policy.
     pub cache: CachePolicy,
@@ -211,20 +214,6 @@ pub(crate) fn place_regions(topology: &Topology) -> Result<Vec<u64>, RegionOverf
     Ok(starts)
 }
 
-/// The default key of a region: derived from the pool name and region id so
-/// that every reader of the same topology agrees on it.
-pub fn derived_key(pool: &str, region: &RegionId) -> u64 {
-    let mut hash = Sha256::new();
-    hash.update(b"pmem-fabric/region-key/v1\0");
-    hash.update(pool.as_bytes());
-    hash.update([0]);
-    hash.update(region.as_str().as_bytes());
-    let out = hash.finalize();
-    let mut key = [0u8; 8];
-    key.copy_from_slice(&out[..8]);
-    u64::from_le_bytes(key)
-}
-
 impl Layout {
     /// The MAP message of this layout (what MAP_REQUEST is answered
     /// with): its digest, extent size and every region in region-index
@@ -242,6 +231,7 @@ impl Layout {
                     region: e.region,
                     server: e.server_index,
                     socket: e.socket_index,
+                    key: e.key,
                 })
                 .collect(),
         }
@@ -282,9 +272,7 @@ impl Layout {
                 socket: place.socket.id.clone(),
                 socket_index: u16::try_from(socket_index).unwrap_or(u16::MAX),
                 device: place.device.id.clone(),
-                key: region
-                    .key
-                    .unwrap_or_else(|| derived_key(&topology.pool.name, &region.id)),
+                key: 0,
                 cache: region.cache,
             });
         }
@@ -428,6 +416,29 @@ impl Layout {
         self.entries.get(region.0 as usize)
     }
 
+    /// Records `key` as the key of `region` (in its entry and the
+    /// allocator's metadata); `false` when there is no such region. The
+    /// digest does not change: keys are not part of it.
+    pub fn set_key(&mut self, region: RegionIndex, key: u64) -> bool {
+        let Some(entry) = self.entries.get_mut(region.0 as usize) else {
+            return false;
+        };
+        entry.key = key;
+        if let Some(meta) = &mut self.meta {
+            meta.set_key(region, key);
+        }
+        true
+    }
+
+    /// The keys a MAP gives, recorded for every region it names with a
+    /// non-zero key; returns how many were recorded.
+    pub fn learn_keys(&mut self, map: &proto::map::Repr) -> usize {
+        map.entries
+            .iter()
+            .filter(|e| e.key != 0 && self.set_key(e.region, e.key))
+            .count()
+    }
+
     /// The entry of a region by its id.
     pub fn entry_by_id(&self, id: &RegionId) -> Option<&LayoutEntry> {
         self.entries.iter().find(|e| &e.region_id == id)
@@ -525,14 +536,22 @@ mod tests {
         "f64e82930f5142dd27a3c5ade5f0a45d5542bea21ae56893fdada6318c058449";
 
     #[test]
-    fn keys_are_derived_or_explicit() {
-        let mut t = default_topology();
-        let layout = Layout::new(&t).unwrap();
-        let derived = layout.entries()[0].key;
-        assert_eq!(derived, derived_key("default", &"PA.1".into()));
-        assert_ne!(derived, layout.entries()[1].key);
-        t.servers[0].sockets[0].devices[0].regions[0].key = Some(42);
-        assert_eq!(Layout::new(&t).unwrap().entries()[0].key, 42);
+    fn keys_start_unknown_and_are_learnt_from_a_map() {
+        let mut layout = Layout::new(&default_topology()).unwrap();
+        assert!(layout.entries().iter().all(|e| e.key == 0));
+        let digest = layout.digest();
+        let mut map = layout.to_map();
+        map.entries[1].key = 42;
+        map.entries.push(proto::map::MapEntry {
+            region: RegionIndex(999),
+            key: 7,
+            ..map.entries[0]
+        });
+        assert_eq!(layout.learn_keys(&map), 1);
+        assert_eq!(layout.entries()[1].key, 42);
+        assert_eq!(layout.to_map().entries[1].key, 42);
+        assert_eq!(layout.entries()[0].key, 0);
+        assert_eq!(layout.digest(), digest);
     }
 
     const MIB2: u64 = 2 << 20;

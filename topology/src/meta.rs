@@ -252,6 +252,17 @@ impl MetaLayout {
         self.regions.get(region.0 as usize)
     }
 
+    /// Records `key` as the key of `region`; `false` when there is no such region.
+    pub(crate) fn set_key(&mut self, region: RegionIndex, key: u64) -> bool {
+        match self.regions.get_mut(region.0 as usize) {
+            Some(meta) => {
+                meta.key = key;
+                true
+            }
+            None => false,
+        }
+    }
+
     /// PMEM address of the superblock.
     pub fn superblock(&self) -> PmemAddr {
         self.superblock

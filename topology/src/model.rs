@@ -169,14 +169,6 @@ pub struct Region {
         skip_serializing_if = "Option::is_none"
     )]
     pub address: Option<u64>,
-    /// The protection key requests must carry; derived from the pool name and
-    /// region id when absent.
-    #[serde(
-        default,
-        with = "flex_u64_opt",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub key: Option<u64>,
     /// Whether the server writes through its CPU cache or around it.
     #[serde(default)]
     pub cache: CachePolicy,

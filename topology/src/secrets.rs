@@ -1,7 +1,8 @@
 //! The secret keys the operator provisions for the fabric's principals:
-//! one file per principal in a folder, `client.<id>.key` for a client and
-//! `device.<id>.key` for a fabric device, each holding 64 hexadecimal digits
-//! (32 bytes) and readable by its owner only.
+//! one file per principal in a folder, `client.<id>.key` for a client,
+//! `device.<id>.key` for a fabric device and `operator.<name>.key` for an
+//! operator (who may rotate region keys), each holding 64 hexadecimal
+//! digits (32 bytes) and readable by its owner only.
 //!
 //! A connecting principal proves it holds its key (see `proto::auth`); a
 //! listener holds the keys of the principals that may connect to it.
@@ -22,6 +23,9 @@ pub enum Principal<'a> {
     Client(&'a str),
     /// A fabric device of the topology, by id.
     Device(&'a str),
+    /// An operator, by name; operators are not part of the topology: the
+    /// key files in a listener's folder say who they are.
+    Operator(&'a str),
 }
 
 impl Principal<'_> {
@@ -30,8 +34,31 @@ impl Principal<'_> {
         match self {
             Principal::Client(id) => format!("client.{id}.key"),
             Principal::Device(id) => format!("device.{id}.key"),
+            Principal::Operator(name) => format!("operator.{name}.key"),
         }
     }
+}
+
+/// The names of the operators whose key files are in `dir`, sorted.
+pub fn operators(dir: &Path) -> Result<Vec<String>, SecretError> {
+    let io_err = |source| SecretError::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
+    let mut names = Vec::new();
+    for entry in fs::read_dir(dir).map_err(io_err)? {
+        let name = entry.map_err(io_err)?.file_name();
+        let name = name.to_string_lossy();
+        if let Some(operator) = name
+            .strip_prefix("operator.")
+            .and_then(|rest| rest.strip_suffix(".key"))
+            .filter(|o| !o.is_empty())
+        {
+            names.push(operator.to_owned());
+        }
+    }
+    names.sort();
+    Ok(names)
 }
 
 /// A key file that cannot be used.
@@ -152,6 +179,25 @@ mod tests {
         assert!(matches!(
             read_key(&dir, Principal::Client("c1")),
             Err(SecretError::Malformed { .. })
+        ));
+    }
+
+    #[test]
+    fn operators_are_named_by_their_key_files() {
+        let temp = tempfile::tempdir().expect("temp dir");
+        let dir = temp.path();
+        for principal in [
+            Principal::Operator("zoe"),
+            Principal::Client("c1"),
+            Principal::Operator("ann"),
+        ] {
+            write_key(dir, principal, &[1; KEY_LEN]).expect("write");
+        }
+        fs::write(dir.join("operator..key"), "").expect("write");
+        assert_eq!(operators(dir).expect("list"), ["ann", "zoe"]);
+        assert!(matches!(
+            operators(&dir.join("absent")),
+            Err(SecretError::Io { .. })
         ));
     }
 }

@@ -89,8 +89,6 @@ pub enum ProblemKind {
     AllocatorMetadata(crate::meta::MetaError),
     /// A region id that cannot name a region file on a server.
     UnsafeRegionId,
-    /// A protection key of 0, which would let an unkeyed request through.
-    ZeroKey,
     /// A `roce` RNIC without an IPv4 `local_addr`.
     RoceRnicAddress,
     /// A `roce` RNIC wired to a device port without a `roce` section.
@@ -160,7 +158,6 @@ impl fmt::Display for ProblemKind {
                 "id cannot name a region file: it must be 1 to 256 bytes, not \".\" or \"..\", \
                  without '/' or NUL"
             ),
-            Self::ZeroKey => write!(f, "key is 0; a region key must be non-zero"),
             Self::NoRnics => write!(f, "has no RNICs, so it reaches no fabric device"),
             Self::NoNics => write!(f, "has no NICs, so no fabric device can reach it"),
             Self::Empty { what } => write!(f, "has no {what}"),
@@ -382,9 +379,6 @@ impl Checker<'_> {
                 || id.contains(['/', '\0'])
             {
                 self.report(item.clone(), ProblemKind::UnsafeRegionId);
-            }
-            if region.key == Some(0) {
-                self.report(item.clone(), ProblemKind::ZeroKey);
             }
             if size == 0 {
                 self.report(item.clone(), ProblemKind::ZeroSize);

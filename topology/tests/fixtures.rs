@@ -126,9 +126,6 @@ fn expectations() -> Vec<Expectation> {
         ("unsafe-region-id", "region \"../PA.1\"", |k| {
             matches!(k, ProblemKind::UnsafeRegionId)
         }),
-        ("zero-key", "region \"PA.1\"", |k| {
-            matches!(k, ProblemKind::ZeroKey)
-        }),
         ("roce-rnic-address", "client \"c1\" RNIC \"r0\"", |k| {
             matches!(k, ProblemKind::RoceRnicAddress)
         }),

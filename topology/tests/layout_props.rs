@@ -42,7 +42,6 @@ fn build(spec: &[Vec<Vec<Vec<RegionSpec>>>]) -> Topology {
                                         id: format!("R{region_no}").as_str().into(),
                                         size: ByteSize(extents * EXTENT),
                                         address: explicit.then_some(region_no * EXPLICIT_SLOT),
-                                        key: None,
                                         cache: Default::default(),
                                     }
                                 })
@@ -251,11 +250,11 @@ fn digest_changes_with_the_layout() {
     let mut renamed = build(&spec);
     renamed.servers[0].id = "other".into();
     assert_ne!(base.digest(), Layout::new(&renamed).unwrap().digest());
-    let mut rekeyed = build(&spec);
-    rekeyed.servers[0].sockets[0].devices[0].regions[0].key = Some(7);
+    let mut rekeyed = Layout::new(&build(&spec)).unwrap();
+    rekeyed.set_key(topology::RegionIndex(0), 7);
     assert_eq!(
         base.digest(),
-        Layout::new(&rekeyed).unwrap().digest(),
+        rekeyed.digest(),
         "keys are not part of the public layout"
     );
 }

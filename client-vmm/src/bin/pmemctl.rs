@@ -9,8 +9,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use client_vmm::{Placement, Pool};
-use topology::{ServerId, SocketId, Topology};
+use client_vmm::{Placement, Pool, operator};
+use topology::{RegionId, ServerId, SocketId, Topology};
 
 use crate::ctl::{CliError, Ctl, Output, payload};
 
@@ -47,7 +47,8 @@ Examples:
   pmemctl --config configs/alloc.toml --client c1 ls
   pmemctl --config configs/alloc.toml --client c1 df
   pmemctl --config configs/alloc.toml --client c1 rm orders
-  pmemctl --config configs/alloc.toml --client c1 scrub";
+  pmemctl --config configs/alloc.toml --client c1 scrub
+  pmemctl --config configs/default.toml --secrets keys rotate-key PA.1 --operator admin";
 
 /// Reads, writes and runs atomics on a pmem-fabric pool as one client of it.
 #[derive(Debug, Parser)]
@@ -56,9 +57,10 @@ struct Cli {
     /// The topology file (the same one the daemons read).
     #[arg(long, value_name = "TOPOLOGY")]
     config: PathBuf,
-    /// The client id to connect as (one of the topology's clients).
+    /// The client id to connect as (one of the topology's clients);
+    /// every command but `rotate-key` needs one.
     #[arg(long, value_name = "ID")]
-    client: String,
+    client: Option<String>,
     /// How long one attempt on one path may take before it is re-sent on
     /// another path.
     #[arg(long, value_name = "MS")]
@@ -70,7 +72,8 @@ struct Cli {
     #[arg(long, value_name = "MS")]
     connect_timeout_ms: Option<u64>,
     /// Folder of the principals' keys: prove this client's key
-    /// (`client.<ID>.key`) to the fabric devices. Default:
+    /// (`client.<ID>.key`) to the fabric devices, or for `rotate-key` the
+    /// operator's (`operator.<NAME>.key`) to the server. Default:
     /// `$PMEM_FABRIC_SECRETS`, if set.
     #[arg(long, value_name = "DIR")]
     secrets: Option<std::path::PathBuf>,
@@ -191,6 +194,17 @@ enum Command {
     /// Reclaims what clients that crashed mid-allocation left behind, and
     /// says what it reclaimed. Run it when no client is allocating.
     Scrub,
+    /// Replaces REGION's key with a fresh random one on the server that
+    /// owns it (an operator's action; no --client needed). The old key
+    /// opens nothing afterwards; clients pick up the new one by themselves.
+    RotateKey {
+        /// The region's id in the topology.
+        region: String,
+        /// The operator to act as: with --secrets (or
+        /// $PMEM_FABRIC_SECRETS), `operator.<NAME>.key` is proven.
+        #[arg(long, value_name = "NAME", default_value = "admin")]
+        operator: String,
+    },
 }
 
 fn main() -> ExitCode {
@@ -213,27 +227,57 @@ fn run(cli: Cli) -> Result<(), CliError> {
         _ => None,
     };
     let topology = Topology::load(&cli.config)?;
-    let clients: Vec<String> = topology.clients.iter().map(|c| c.id.to_string()).collect();
-    let mut builder = Pool::builder(topology, cli.client.as_str());
-    if let Some(ms) = cli.attempt_timeout_ms {
-        builder = builder.attempt_timeout(Duration::from_millis(ms));
-    }
-    if let Some(ms) = cli.op_timeout_ms {
-        builder = builder.op_timeout(Duration::from_millis(ms));
-    }
-    if let Some(dir) = &cli.secrets {
-        builder = builder.secrets(dir);
-    }
-    if let Some(ms) = cli.connect_timeout_ms {
-        builder = builder.connect_timeout(Duration::from_millis(ms));
-    }
-    let pool = builder.connect()?;
-    let ctl = Ctl {
-        pool: &pool,
-        client: &cli.client,
-        clients: &clients,
-    };
+    let secrets = cli
+        .secrets
+        .clone()
+        .or_else(|| std::env::var_os(client_vmm::pool::SECRETS_ENV).map(PathBuf::from));
     let output = match cli.command {
+        Command::RotateKey { region, operator } => {
+            let timeout = Duration::from_millis(cli.connect_timeout_ms.unwrap_or(5_000));
+            operator::rotate_key(
+                &topology,
+                &RegionId::new(region.as_str()),
+                &operator,
+                secrets.as_deref(),
+                timeout,
+            )?;
+            Output::Text(format!("rotated the key of region {region}\n"))
+        }
+        command => {
+            let client = cli.client.clone().ok_or(CliError::NoClient)?;
+            let clients: Vec<String> = topology.clients.iter().map(|c| c.id.to_string()).collect();
+            let mut builder = Pool::builder(topology, client.as_str());
+            if let Some(ms) = cli.attempt_timeout_ms {
+                builder = builder.attempt_timeout(Duration::from_millis(ms));
+            }
+            if let Some(ms) = cli.op_timeout_ms {
+                builder = builder.op_timeout(Duration::from_millis(ms));
+            }
+            if let Some(dir) = &secrets {
+                builder = builder.secrets(dir);
+            }
+            if let Some(ms) = cli.connect_timeout_ms {
+                builder = builder.connect_timeout(Duration::from_millis(ms));
+            }
+            let pool = builder.connect()?;
+            let ctl = Ctl {
+                pool: &pool,
+                client: &client,
+                clients: &clients,
+            };
+            on_pool(&ctl, command, payload)?
+        }
+    };
+    let mut stdout = io::BufWriter::new(io::stdout().lock());
+    output
+        .write_to(&mut stdout)
+        .and_then(|()| stdout.flush())
+        .map_err(CliError::Stdout)
+}
+
+/// Runs a command that works on the pool as its client.
+fn on_pool(ctl: &Ctl<'_>, command: Command, payload: Option<Vec<u8>>) -> Result<Output, CliError> {
+    Ok(match command {
         Command::Read { addr, len, out } => ctl.read(addr, len, out)?,
         Command::Write { addr, persist, .. } => {
             Output::Text(ctl.write(addr, &payload.unwrap_or_default(), persist)?)
@@ -256,12 +300,10 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Ls => Output::Text(ctl.list()?),
         Command::Df => Output::Text(ctl.df()?),
         Command::Scrub => Output::Text(ctl.scrub()?),
-    };
-    let mut stdout = io::BufWriter::new(io::stdout().lock());
-    output
-        .write_to(&mut stdout)
-        .and_then(|()| stdout.flush())
-        .map_err(CliError::Stdout)
+        Command::RotateKey { region, .. } => Output::Text(format!(
+            "rotate-key {region}: an operator's command, run without a pool\n"
+        )),
+    })
 }
 
 /// The placement `--server` and `--socket` ask for.

@@ -17,6 +17,7 @@ use crate::paths::{Failure, PathHealth, PathId, PathTable};
 use crate::translate::{StaticTranslator, Tlb, Translation};
 
 use super::dispatch::probe_loop;
+use super::keys::RegionKeys;
 use super::{
     AsyncPool, Backing, Batch, BatchOp, Completion, InFlight, Inner, MAX_PIECE, PathStatus,
     PoolBuilder, PoolOptions, SECRETS_ENV, Spec, Stats, StatsSnapshot, lock, new_session,
@@ -81,6 +82,7 @@ impl AsyncPool {
             translator,
             key,
             client,
+            region_keys: RegionKeys::new(layout.entries().len()),
             layout,
             table: Mutex::new(table),
             slots,
@@ -408,6 +410,7 @@ impl AsyncPool {
             retries: s.retries.load(Ordering::Relaxed),
             failovers: s.failovers.load(Ordering::Relaxed),
             reconnects: s.reconnects.load(Ordering::Relaxed),
+            key_refreshes: s.key_refreshes.load(Ordering::Relaxed),
         }
     }
 }

@@ -54,8 +54,8 @@ impl Inner {
             }
         });
         let link = match info.transport {
-            RnicTransport::Tcp => PathLink::Tcp(
-                conn::connect(
+            RnicTransport::Tcp => {
+                let (conn, map) = conn::connect(
                     &info.device_addr,
                     info.local_addr.as_deref(),
                     self.client.as_str(),
@@ -64,8 +64,10 @@ impl Inner {
                     self.options.connect_timeout,
                     on_lost,
                 )
-                .await?,
-            ),
+                .await?;
+                self.region_keys.learn(&map);
+                PathLink::Tcp(conn)
+            }
             RnicTransport::Roce => self.connect_roce(&info, on_lost).await?,
         };
         let mut slot = lock(&self.slots[path.0]);
@@ -231,11 +233,70 @@ impl Inner {
             key,
             region,
         };
-        let response = self.send_with_failover(piece, spec).await?;
+        let response = self.send_keyed(piece, spec).await?;
         match response.status {
             Status::Ok => Ok(response),
             status => Err(self.status_error(piece, status)),
         }
+    }
+
+    /// Sends one piece with failover; when a server refuses the region key
+    /// the piece carried (rotated meanwhile), learns the keys again and
+    /// sends it once more with the new key.
+    async fn send_keyed(&self, piece: Piece, spec: Spec<'_>) -> Result<Response, PoolError> {
+        let response = self.send_with_failover(piece, spec).await?;
+        if response.status == Status::AccessDenied
+            && piece.key == 0
+            && self.refresh_keys(piece.region).await
+        {
+            return self.send_with_failover(piece, spec).await;
+        }
+        Ok(response)
+    }
+
+    /// Asks a fabric device for the client's MAP again, a few times while
+    /// `region`'s key stays as it was (the device learns a rotated key
+    /// from its server right after the server refused the old one); true
+    /// when the key changed. Rate-limited per region.
+    async fn refresh_keys(&self, region: RegionIndex) -> bool {
+        const TRIES: u32 = 5;
+        const PAUSE: Duration = Duration::from_millis(20);
+        if !self.region_keys.may_refresh(region, Instant::now()) {
+            return false;
+        }
+        let old = self.region_keys.get(region);
+        let devices: Vec<_> = lock(&self.table)
+            .paths()
+            .iter()
+            .filter(|p| p.transport == RnicTransport::Tcp)
+            .cloned()
+            .collect();
+        for attempt in 0..TRIES {
+            if attempt > 0 {
+                tokio::time::sleep(PAUSE).await;
+            }
+            for path in &devices {
+                let opened = conn::connect(
+                    &path.device_addr,
+                    path.local_addr.as_deref(),
+                    self.client.as_str(),
+                    self.key.clone(),
+                    self.layout.digest(),
+                    self.options.connect_timeout,
+                    Box::new(|| {}),
+                )
+                .await;
+                if let Ok((_, map)) = opened {
+                    self.region_keys.learn(&map);
+                    break;
+                }
+            }
+            if self.region_keys.get(region) != old {
+                self.stats.key_refreshes.fetch_add(1, Ordering::Relaxed);
+                return true;
+            }
+        }
+        false
     }
 
     /// The error for a final non-OK status of `piece`.
@@ -315,7 +376,7 @@ impl Inner {
         piece: Piece,
         spec: Spec<'_>,
     ) -> Result<Response, PoolError> {
-        let response = self.send_with_failover(piece, spec).await?;
+        let response = self.send_keyed(piece, spec).await?;
         let status = match response.status {
             Status::Ok => return Ok(response),
             status @ (Status::AccessDenied | Status::Unmapped) => {
@@ -361,7 +422,7 @@ impl Inner {
         let mut repr = request::Repr {
             operation: spec.operation,
             target: Target::Pmem(piece.pmem),
-            key: piece.key,
+            key: self.region_keys.resolve(piece.region, piece.key),
             length: spec.length,
             exactly_once: None,
             on_behalf: None,

@@ -17,6 +17,8 @@
 //! - `dispatch`: translation, pieces, path choice, attempts, failover and
 //!   the prober;
 //! - `batch`: [`Batch`]; `blocking`: [`Pool`], the blocking facade;
+//! - `keys`: the region keys the devices gave, refreshed when a server
+//!   refuses one (rotated);
 //! - `stats`, `in_flight`: what the pool counts and what `fence` waits for.
 
 use std::collections::HashMap;
@@ -32,6 +34,7 @@ use crate::error::Address;
 use crate::link::PathLink;
 use crate::paths::PathTable;
 use crate::translate::{Tlb, Translator};
+use keys::RegionKeys;
 
 mod async_api;
 mod batch;
@@ -39,6 +42,7 @@ mod blocking;
 mod builder;
 mod dispatch;
 mod in_flight;
+mod keys;
 mod stats;
 
 pub use batch::{Batch, BatchOp, Completion};
@@ -65,6 +69,8 @@ struct Inner {
     client_index: u16,
     pool_name: String,
     layout: Layout,
+    /// The region keys the devices gave.
+    region_keys: RegionKeys,
     translator: Backing,
     /// The client's key, proven to every device (with secrets).
     key: Option<proto::auth::Key>,

@@ -13,6 +13,8 @@ pub struct Stats {
     pub failovers: AtomicU64,
     /// Paths reconnected by the prober.
     pub reconnects: AtomicU64,
+    /// Region keys learnt again after a server refused a rotated one.
+    pub key_refreshes: AtomicU64,
 }
 
 /// A snapshot of [`Stats`].
@@ -26,6 +28,8 @@ pub struct StatsSnapshot {
     pub failovers: u64,
     /// Paths reconnected.
     pub reconnects: u64,
+    /// Region keys learnt again after a server refused a rotated one.
+    pub key_refreshes: u64,
 }
 
 /// One path as `pmemctl map` shows it.

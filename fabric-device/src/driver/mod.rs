@@ -1085,7 +1085,15 @@ impl Device {
         loop {
             let frame = match endpoint.decoder.next_frame() {
                 Ok(Some(frame)) => frame,
-                Ok(None) => return None,
+                Ok(None) => {
+                    // A refusal in this batch may call for the server's
+                    // keys again.
+                    let refresh = core.key_refresh(link)?;
+                    return endpoint
+                        .send(&refresh, &[])
+                        .err()
+                        .map(|e| format!("write failed: {e}"));
+                }
                 Err(e) => return Some(format!("malformed stream from server: {e}")),
             };
             let started = metrics.start_timing();

@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use proto::qp;
 use proto::roce::rc::{Path, QpConfig};
-use proto::{Message, Status};
+use proto::{Message, RegionIndex, Status};
 use smoltcp::wire::{
     ArpOperation, ArpPacket, ArpRepr, EthernetAddress, EthernetFrame, EthernetProtocol,
     EthernetRepr, IpProtocol, Ipv4Packet, UdpPacket,
@@ -265,19 +265,13 @@ impl RoceEndpoint {
         let Some(client) = core.session_client(conn).map(str::to_owned) else {
             return refuse(Status::UnknownClient);
         };
-        let entries: Vec<(u32, u64)> = core
-            .map()
-            .layout
-            .entries()
-            .iter()
-            .map(|e| (e.region.0, e.key))
-            .collect();
-        let mut table = Vec::with_capacity(entries.len());
-        let mut rkeys = Vec::with_capacity(entries.len());
-        for (region, key) in entries {
+        let regions = core.map().layout.entries().len();
+        let mut table = Vec::with_capacity(regions);
+        let mut rkeys = Vec::with_capacity(regions);
+        for region in (0..regions).map(|r| RegionIndex(u32::try_from(r).unwrap_or(u32::MAX))) {
             let rkey = fresh_rkey(&rkeys);
-            table.push((region, rkey));
-            rkeys.push((rkey, key));
+            table.push((region.0, rkey));
+            rkeys.push((rkey, region));
         }
         let pmtu = usize::from(end.mtu.min(self.mtu));
         let send_psn = random_u32() & 0xFF_FFFF;
@@ -416,7 +410,7 @@ impl ArpPort<'_> {
 }
 
 /// A random non-zero R_Key not in `taken`.
-fn fresh_rkey(taken: &[(u32, u64)]) -> u32 {
+fn fresh_rkey(taken: &[(u32, RegionIndex)]) -> u32 {
     loop {
         let rkey = random_u32();
         if rkey != 0 && !taken.iter().any(|(r, _)| *r == rkey) {

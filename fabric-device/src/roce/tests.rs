@@ -27,6 +27,11 @@ fn topology() -> Topology {
     Topology::load_with(path, &EnvOverrides::None).expect("default topology")
 }
 
+/// The key the simulated servers give region `region` in their MAP.
+fn server_key(region: u32) -> u64 {
+    0x5EC0_0000 + u64::from(region)
+}
+
 /// The servers behind every link: region → sparse bytes.
 #[derive(Default)]
 struct Servers {
@@ -46,6 +51,9 @@ impl Servers {
         let Target::Region(at) = req.target else {
             panic!("the device forwards region-addressed requests")
         };
+        if req.key != server_key(at.region.0) {
+            return proto::error_reply(req.operation.opcode(), tag, Status::AccessDenied).to_vec();
+        }
         self.executed += 1;
         self.identities.push(req.exactly_once);
         let byte = |m: &HashMap<(u32, u64), u8>, i: u64| {
@@ -116,7 +124,7 @@ struct Bench {
 
 impl Bench {
     /// A client QP to the gateway; with `grant`, R_Key [`RKEY`] stands for
-    /// the first region's key.
+    /// the first region (whose key the device learns from its server).
     fn new(grant: bool) -> Self {
         Self::with_atomics(grant, None)
     }
@@ -127,7 +135,7 @@ impl Bench {
         let map = DeviceMap::new(&topology, &"A".into()).expect("map");
         let entry = map.layout.entries()[0].clone();
         let rkeys = if grant {
-            vec![(RKEY, entry.key)]
+            vec![(RKEY, entry.region)]
         } else {
             Vec::new()
         };
@@ -151,9 +159,11 @@ impl Bench {
             .encode_to_vec(tags[0])
             .expect("hello");
             fwd.link_frame(link, &hello, Instant::now());
-            let map = Message::Map(fwd.map().layout.to_map())
-                .encode_to_vec(tags[1])
-                .expect("map");
+            let mut map = fwd.map().layout.to_map();
+            for entry in &mut map.entries {
+                entry.key = server_key(entry.region.0);
+            }
+            let map = Message::Map(map).encode_to_vec(tags[1]).expect("map");
             fwd.link_frame(link, &map, Instant::now());
         }
         let device_path = Path {

@@ -81,6 +81,7 @@ impl Side {
             .ready_field(DaemonKind::FabricDevice, "F", "port.p0")
             .and_then(|a| a.parse().ok())
             .context("no device port address")?;
+        let region_key = BenchConn::open(port, "c", key)?.region_key(region.region)?;
         Ok(Side {
             fabric,
             port,
@@ -88,7 +89,7 @@ impl Side {
             shape: Shape {
                 op: BenchOp::Read,
                 target: Target::Pmem(region.start),
-                key: region.key,
+                key: region_key,
                 size: 64,
             },
         })

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use proto::decoder::{ReadError, ReadOutcome};
 use proto::hello::{Capabilities, Role};
 use proto::request::{Repr, Target};
-use proto::{FrameDecoder, Message, Status};
+use proto::{FrameDecoder, Message, RegionIndex, Status};
 
 use crate::report::LatencyHistogram;
 
@@ -129,6 +129,35 @@ impl BenchConn {
                 Progress::Waiting => {}
                 Progress::Opened(_) => return Ok(conn),
             }
+        }
+    }
+
+    /// The key of region `index`, from the peer's MAP (servers make the
+    /// keys; a device gives those its client may use).
+    pub fn region_key(&mut self, index: RegionIndex) -> io::Result<u64> {
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        let request = Message::MapRequest
+            .encode_to_vec(tag)
+            .map_err(|e| other(e.to_string()))?;
+        self.stream.write_all(&request)?;
+        let frame = self.next_frame()?;
+        let key = match proto::parse_frame(&frame).map_err(|e| other(e.to_string()))? {
+            (Message::Map(map), t) if t == tag => map
+                .entries
+                .iter()
+                .find(|e| e.region == index)
+                .map_or(0, |e| e.key),
+            (other_message, _) => {
+                return Err(other(format!(
+                    "expected MAP, got {}",
+                    other_message.opcode()
+                )));
+            }
+        };
+        match key {
+            0 => Err(other(format!("no key for region {} in the MAP", index.0))),
+            key => Ok(key),
         }
     }
 

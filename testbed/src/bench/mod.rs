@@ -268,10 +268,11 @@ pub fn run(
         Some(device) => Some(connection_memory(&paths, device, plan.idle_connections)?),
         None => None,
     };
+    let key = BenchConn::connect(paths.fabric, Some("c"))?.region_key(region.region)?;
     let shape = |op, size: u32| Shape {
         op,
         target: Target::Pmem(region.start),
-        key: region.key,
+        key,
         size,
     };
     let (latency, histograms) = latencies(&plan, &paths, pids, &shape)?;

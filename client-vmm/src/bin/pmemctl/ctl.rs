@@ -47,6 +47,10 @@ pub enum CliError {
     },
     #[error("cannot write to stdout")]
     Stdout(#[source] io::Error),
+    #[error(transparent)]
+    Rotate(#[from] client_vmm::operator::RotateError),
+    #[error("--client ID is needed for this command (one of the topology's clients)")]
+    NoClient,
 }
 
 impl CliError {
