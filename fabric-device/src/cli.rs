@@ -39,6 +39,13 @@ struct Args {
     /// MiB of answers on the way for all clients together.
     #[arg(long, default_value_t = 512)]
     max_reply_mib_total: u64,
+    /// MiB of requests one client's connections may hold while they arrive
+    /// (a large request is read once it fits).
+    #[arg(long, default_value_t = 64)]
+    max_request_mib_per_client: u64,
+    /// MiB of requests all client connections may hold while they arrive.
+    #[arg(long, default_value_t = 1024)]
+    max_request_mib_total: u64,
     /// First delay before reconnecting a failed server link, in milliseconds.
     #[arg(long, default_value_t = 50)]
     reconnect_min_ms: u64,
@@ -120,6 +127,8 @@ where
             max_in_flight_per_client: args.max_in_flight,
             max_reply_bytes_per_client: args.max_reply_mib_per_client << 20,
             max_reply_bytes_total: args.max_reply_mib_total << 20,
+            max_request_bytes_per_client: args.max_request_mib_per_client << 20,
+            max_request_bytes_total: args.max_request_mib_total << 20,
             max_connections_per_client: args.max_connections_per_client,
         },
         reconnect_min: Duration::from_millis(args.reconnect_min_ms),

@@ -28,6 +28,7 @@ use crate::deadline::{Deadline, DeadlineQueue};
 use crate::idmap::IdMap;
 use crate::map::{ClientPolicy, DeviceMap, LinkKey};
 use crate::metrics::DeviceMetrics;
+use crate::request_budget::RequestBudget;
 
 /// The protocol version this device speaks.
 pub use proto::PROTOCOL_VERSION;
@@ -108,6 +109,11 @@ pub struct ForwarderConfig {
     pub max_reply_bytes_per_client: u64,
     /// Bytes of answers on the way for all clients together.
     pub max_reply_bytes_total: u64,
+    /// Bytes of requests one client's connections may hold while they
+    /// arrive (a large frame is read only once it fits).
+    pub max_request_bytes_per_client: u64,
+    /// Bytes of requests all connections together may hold while they arrive.
+    pub max_request_bytes_total: u64,
     /// Connections one client may have open at once (HELLOs beyond are
     /// refused BUSY), so one principal cannot fill the connection cap.
     pub max_connections_per_client: usize,
@@ -120,6 +126,8 @@ impl Default for ForwarderConfig {
             max_in_flight_per_client: 256,
             max_reply_bytes_per_client: 32 << 20,
             max_reply_bytes_total: 512 << 20,
+            max_request_bytes_per_client: 64 << 20,
+            max_request_bytes_total: 1 << 30,
             max_connections_per_client: 64,
         }
     }
@@ -321,6 +329,8 @@ pub struct Forwarder {
     parked: Vec<Parked>,
     /// Bytes of answers on the way for all clients.
     reply_bytes: u64,
+    /// Bytes of requests held while they arrive.
+    request_budget: RequestBudget,
     metrics: Arc<DeviceMetrics>,
 }
 
@@ -358,6 +368,10 @@ impl Forwarder {
             deadlines: DeadlineQueue::default(),
             parked: Vec::new(),
             reply_bytes: 0,
+            request_budget: RequestBudget::new(
+                config.max_request_bytes_per_client,
+                config.max_request_bytes_total,
+            ),
             metrics,
         };
         core.link_ids = (0..core.map.links.len())
@@ -476,11 +490,36 @@ impl Forwarder {
     /// A client connection closed: responses still due to it are dropped.
     pub fn client_closed(&mut self, conn: ConnId) {
         self.parked.retain(|p| p.conn != conn);
+        self.request_budget.release(conn);
+        self.metrics
+            .request_bytes_held
+            .set(self.request_budget.total() as i64);
         if let Some(session) = self.sessions.remove(&conn) {
             self.metrics.clients.dec();
             self.metrics.in_flight.sub(session.in_flight as i64);
             self.reply_bytes = self.reply_bytes.saturating_sub(session.reply_bytes);
         }
+    }
+
+    /// Charges `conn` the bytes of requests its connection will hold once
+    /// the frame it is receiving is in (see [`RequestBudget`]). With
+    /// `admit`, a charge past its client's or the device's budget is
+    /// refused and false returned: the driver stops reading the connection
+    /// until there is room. Without, what was read is recorded as it is.
+    pub fn charge_request_bytes(&mut self, conn: ConnId, bytes: u64, admit: bool) -> bool {
+        let client = self
+            .sessions
+            .get(&conn)
+            .and_then(|s| s.client.as_ref())
+            .map(|(name, _)| name.as_str());
+        let charged = self.request_budget.charge(conn, client, bytes, admit);
+        if !charged {
+            self.metrics.request_budget_waits.inc();
+        }
+        self.metrics
+            .request_bytes_held
+            .set(self.request_budget.total() as i64);
+        charged
     }
 
     /// Whether `conn` may send another request now (backpressure).

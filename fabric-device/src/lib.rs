@@ -6,6 +6,8 @@
 //! - `forward`: the sans-IO forwarding core.
 //! - `deadline`: its request deadlines, in a FIFO.
 //! - `reconnect`: when each server link is (re)connected, sans-IO.
+//! - `request_budget`: the bytes of requests held while they arrive, per
+//!   client and in total.
 //! - `driver`: the event loop that moves bytes between sockets and the core.
 //! - `metrics`: what `/metrics` exports.
 //!
@@ -20,5 +22,6 @@ pub(crate) mod idmap;
 pub(crate) mod map;
 pub(crate) mod metrics;
 pub(crate) mod reconnect;
+pub(crate) mod request_budget;
 pub(crate) mod roce;
 pub(crate) mod roce_metrics;

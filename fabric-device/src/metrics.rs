@@ -37,6 +37,11 @@ pub struct DeviceMetrics {
     pub malformed_frames: Arc<Counter>,
     /// Region keys asked again of a server after it refused a request.
     pub key_refreshes: Arc<Counter>,
+    /// Bytes of requests held while they arrive, over all connections.
+    pub request_bytes_held: Arc<Gauge>,
+    /// Times a connection was not read because its next large frame did
+    /// not fit the request budgets.
+    pub request_budget_waits: Arc<Counter>,
     links_up: Arc<Family<Gauge>>,
     bulk_links_up: Arc<Family<Gauge>>,
     /// Regions in the current map.
@@ -88,6 +93,14 @@ impl DeviceMetrics {
             malformed_frames: r.counter(
                 "fabric_device_malformed_frames_total",
                 "Frames from clients that could not be parsed.",
+            )?,
+            request_bytes_held: r.gauge(
+                "fabric_device_request_bytes_held",
+                "Bytes of requests the device holds while they arrive (read, or announced by a frame it admitted, and not yet handed on).",
+            )?,
+            request_budget_waits: r.counter(
+                "fabric_device_request_budget_waits_total",
+                "Times a client connection was not read because its next large request did not fit its client's or the device's request budget.",
             )?,
             key_refreshes: r.counter(
                 "fabric_device_key_refreshes_total",

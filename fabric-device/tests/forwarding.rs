@@ -883,3 +883,104 @@ fn a_bulk_client_does_not_starve_a_small_one_on_a_shared_link() {
         "{metrics}"
     );
 }
+
+/// Gauge or counter `series` (name and labels) in a Prometheus text.
+fn sample(metrics: &str, series: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Before HELLO a connection may send small frames only; after it, a
+/// client's large requests are read only as far as its request budget (and
+/// the device's) allows. A client that starts many 16 MiB WRITEs and never
+/// finishes them holds its own budget, not the device's memory, and
+/// another client's requests, large ones included, still go through.
+#[test]
+fn large_requests_are_read_only_within_the_request_budgets() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = two_servers().write(dir.path(), "topology.toml", &mut Ports::new());
+    let _servers: Vec<Daemon> = ["A", "B"]
+        .iter()
+        .map(|id| start_server(dir.path(), &config, id))
+        .collect();
+    let mut flags = DEVICE_FLAGS.to_vec();
+    flags.extend_from_slice(&[
+        "--max-request-mib-per-client",
+        "20",
+        "--max-request-mib-total",
+        "40",
+    ]);
+    let device = testkit::fabric_device(&config, "F", &flags)
+        .unwrap_or_else(|e| panic!("fabric-device did not start:\n{e}"));
+    device.wait_links_up(2);
+    let port = device.addr("port.p0");
+    let a1 = layout(&config)
+        .entry_by_id(&"A1".into())
+        .expect("A1")
+        .clone();
+    let metrics = || {
+        telemetry::http_get(device.addr("admin"), "/metrics", Duration::from_secs(5))
+            .expect("metrics")
+            .1
+    };
+
+    // A stranger's large frame closes its connection before its body is read.
+    let mut stranger = Conn::connect(port);
+    let big = Message::Request(Repr::write(Target::Pmem(a1.start), 0, &[0; 1 << 20]))
+        .encode_to_vec(1)
+        .expect("encode");
+    stranger.send_raw(&big[..4096]);
+    assert!(stranger.try_recv().is_none(), "closed");
+
+    // Eight connections of c1 each start a 16 MiB WRITE and send what the
+    // device takes of its first 12 MiB within a second.
+    let huge = Message::Request(Repr::write(Target::Pmem(a1.start), 0, &vec![7u8; 16 << 20]))
+        .encode_to_vec(2)
+        .expect("encode");
+    let hogs: Vec<Conn> = (0..8)
+        .map(|_| {
+            let mut hog = Conn::connect(port);
+            hog.hello("c1");
+            hog.stream
+                .set_write_timeout(Some(Duration::from_millis(300)))
+                .expect("timeout");
+            let _ = hog.stream.write_all(&huge[..12 << 20]);
+            hog
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let text = metrics();
+    let held = sample(&text, "fabric_device_request_bytes_held");
+    eprintln!("device holds {} KiB of requests", held >> 10);
+    assert!(held <= 20 << 20, "{held} bytes held past c1's budget");
+    assert!(sample(&text, "fabric_device_request_budget_waits_total") >= 1);
+    assert_eq!(
+        sample(
+            &text,
+            "fabric_device_connections_closed_total{reason=\"unframeable\"}"
+        ),
+        1
+    );
+    let rss = peak_resident_bytes(device.pid());
+    eprintln!("device peak resident: {} MiB", rss >> 20);
+
+    // c2 is served meanwhile, a 1 MiB WRITE included.
+    let mut good = Conn::connect(port);
+    good.hello("c2");
+    let key = good.region_key(a1.region.0);
+    let target = Target::Pmem(a1.start.checked_add(1 << 20).expect("address"));
+    let reply = good.call(Repr::write(target, key, &vec![9u8; 1 << 20]));
+    assert_eq!(reply.status, Status::Ok);
+    assert_eq!(good.call(Repr::read(target, key, 8)).data, vec![9u8; 8]);
+
+    // Gone clients hold nothing.
+    drop(hogs);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while sample(&metrics(), "fabric_device_request_bytes_held") != 0 {
+        assert!(Instant::now() < deadline, "{}", metrics());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

@@ -263,6 +263,21 @@ impl FrameDecoder {
         self.end - self.frontier
     }
 
+    /// The whole length (header included) of the frame being received,
+    /// once its header is in and checked; `None` between frames. A caller
+    /// can admit a large frame against a memory budget before reading its
+    /// body.
+    pub fn frame_in_progress(&self) -> Option<usize> {
+        self.pending.map(|header| header.frame_len())
+    }
+
+    /// Accepts bodies up to `max_body_len` (at most [`MAX_BODY_LEN`]) from
+    /// the next header on, e.g. once a connection's peer is known; never
+    /// lowers the limit.
+    pub fn raise_max_body_len(&mut self, max_body_len: u32) {
+        self.max_body_len = self.max_body_len.max(max_body_len.min(MAX_BODY_LEN));
+    }
+
     /// Whether [`FrameDecoder::read_from`] has room to read (false = drain
     /// frames first). Says nothing about a framing error; see
     /// [`FrameDecoder::error`].
@@ -1216,6 +1231,29 @@ mod tests {
         let rest = frames[1].len() - 5;
         assert_eq!(decoder.feed(&stream[cut..cut + rest]), Ok(rest));
         assert_eq!(decoder.partial(), 0);
+    }
+
+    #[test]
+    fn a_frame_in_progress_is_known_from_its_header_on() {
+        let mut decoder = FrameDecoder::new();
+        assert_eq!(decoder.frame_in_progress(), None);
+        assert_eq!(decoder.feed(&header(1000)[..10]), Ok(10));
+        assert_eq!(decoder.frame_in_progress(), None, "header not whole yet");
+        assert_eq!(decoder.feed(&header(1000)[10..]), Ok(HEADER_LEN - 10));
+        assert_eq!(decoder.frame_in_progress(), Some(HEADER_LEN + 1000));
+        assert_eq!(decoder.feed(&[0; 1000]), Ok(1000));
+        assert_eq!(decoder.frame_in_progress(), None, "complete");
+    }
+
+    #[test]
+    fn a_raised_limit_applies_from_the_next_header() {
+        let mut decoder = FrameDecoder::with_max_body_len(100);
+        decoder.raise_max_body_len(50);
+        assert_eq!(decoder.max_body_len(), 100, "never lowered");
+        decoder.raise_max_body_len(u32::MAX);
+        assert_eq!(decoder.max_body_len(), MAX_BODY_LEN);
+        assert_eq!(decoder.feed(&header(4096)), Ok(HEADER_LEN));
+        assert_eq!(decoder.frame_in_progress(), Some(HEADER_LEN + 4096));
     }
 
     #[test]

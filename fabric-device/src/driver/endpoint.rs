@@ -18,11 +18,17 @@ const DIRECT_WRITE_MIN: usize = 16 * 1024;
 /// Most bytes read per read call.
 const READ_MAX: usize = 256 * 1024;
 
+/// Frames at least this long are admitted against a budget before their
+/// body is read (see [`Endpoint::fill`]).
+pub const ADMIT_MIN: usize = 64 * 1024;
+
 /// What reading from an endpoint ended with.
 #[derive(Debug)]
 pub enum Fill {
     /// The socket has nothing more for now.
     Drained,
+    /// The frame being received was not admitted: read again later.
+    NotAdmitted,
     /// The decoder is full: hand frames out before reading more.
     Full,
     /// The peer closed the connection.
@@ -44,18 +50,46 @@ pub struct Endpoint {
     /// end or the error instead of stopping after a short read, since no
     /// further event will come.
     hangup_seen: bool,
+    /// Bytes `admit` last approved (see [`Endpoint::fill`]).
+    admitted: usize,
 }
 
 impl Endpoint {
     /// An endpoint over a connected (or connecting) socket.
     pub fn new(stream: TcpStream) -> Self {
+        Self::with_decoder(stream, FrameDecoder::new())
+    }
+
+    /// An endpoint whose frames come through `decoder` (e.g. one that
+    /// takes small frames only until the peer is known).
+    pub fn with_decoder(stream: TcpStream, decoder: FrameDecoder) -> Self {
         Self {
             stream,
-            decoder: FrameDecoder::new(),
+            decoder,
             out: Vec::new(),
             out_pos: 0,
             hangup_seen: false,
+            admitted: 0,
         }
+    }
+
+    /// Bytes the decoder will hold once the frame being received is in:
+    /// the whole frames it holds, plus that frame's full length (or the
+    /// bytes of it there are, while its header is incomplete).
+    pub fn held_when_complete(&self) -> usize {
+        let decoder = &self.decoder;
+        let whole = decoder.buffered() - decoder.partial();
+        whole + decoder.frame_in_progress().unwrap_or(decoder.partial())
+    }
+
+    /// What the connection is to be charged now: what it will hold once
+    /// the frame being received is in, as far as `admit` approved it, and
+    /// at least the bytes it holds.
+    pub fn settle_charge(&mut self) -> usize {
+        let held = self.decoder.buffered();
+        let charge = self.held_when_complete().min(held.max(self.admitted));
+        self.admitted = charge;
+        charge
     }
 
     /// Bytes queued and not yet written.
@@ -83,8 +117,20 @@ impl Endpoint {
     /// about to arrive. A hang-up already reported raises no new event, so
     /// after [`note_event`](Self::note_event) saw one, reading goes on to
     /// the end of the stream.
-    pub fn fill(&mut self) -> Fill {
+    ///
+    /// Before reading the body of a frame of [`ADMIT_MIN`] bytes or more,
+    /// `admit` is asked with [`held_when_complete`](Self::held_when_complete)
+    /// (unless it approved as much already); when it says no, nothing more
+    /// is read ([`Fill::NotAdmitted`]).
+    pub fn fill(&mut self, admit: &mut dyn FnMut(usize) -> bool) -> Fill {
         loop {
+            let want = self.held_when_complete();
+            if self.decoder.frame_in_progress().unwrap_or(0) >= ADMIT_MIN && want > self.admitted {
+                if !admit(want) {
+                    return Fill::NotAdmitted;
+                }
+                self.admitted = want;
+            }
             let mut probe = ShortReadProbe {
                 stream: &mut self.stream,
                 short: false,

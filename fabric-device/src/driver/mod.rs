@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use mio::event::Event;
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
+use proto::FrameDecoder;
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook_mio::v1_0::Signals;
 use telemetry::{AdminServer, Health, Registry};
@@ -48,6 +49,12 @@ const MAX_POLL_WAIT: Duration = Duration::from_millis(250);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Stop reading requests from a client whose replies pile up beyond this.
 const CLIENT_OUT_HIGH_WATER: usize = 8 << 20;
+/// Client connections closing are logged at most this often.
+const CLOSED_LOG_INTERVAL: Duration = Duration::from_secs(10);
+/// Largest frame body taken from a client connection before its client is
+/// known (HELLO, the proof and MAP_REQUEST are far smaller): a peer that
+/// has not said who it is cannot make the device hold large frames.
+const PRE_SESSION_MAX_BODY: u32 = 4096;
 /// A client whose request leaves more than this queued for a link (bytes
 /// the server has not taken yet) stops being read until the link is down
 /// to [`LINK_OUT_LOW_WATER`]: a link holds at most this plus one request
@@ -181,6 +188,10 @@ pub struct Device {
     to_flush: Vec<ConnId>,
     /// Clients paused for backpressure, checked at the end of a turn.
     paused: Vec<ConnId>,
+    /// Client connections closed since the last log line about them.
+    closed_unlogged: u64,
+    /// When that line was written.
+    closed_logged: Instant,
     next_client: usize,
     links: IdMap<LinkId, LinkConn>,
     /// When each link is (re)connected.
@@ -300,6 +311,8 @@ impl Device {
             clients: IdMap::default(),
             to_flush: Vec::new(),
             paused: Vec::new(),
+            closed_unlogged: 0,
+            closed_logged: Instant::now(),
             next_client: CLIENT_BASE,
             links,
             reconnects,
@@ -645,7 +658,10 @@ impl Device {
             self.clients.insert(
                 conn,
                 ClientConn {
-                    endpoint: Endpoint::new(stream),
+                    endpoint: Endpoint::with_decoder(
+                        stream,
+                        FrameDecoder::with_max_body_len(PRE_SESSION_MAX_BODY),
+                    ),
                     opened: Instant::now(),
                     active: Instant::now(),
                     port: index,
@@ -674,6 +690,17 @@ impl Device {
     /// Reads and handles a client's requests until its socket is drained or
     /// backpressure pauses it.
     fn serve_client(&mut self, conn: ConnId, now: Instant) {
+        self.serve_client_frames(conn, now);
+        // Record what the connection holds now that its frames were handled.
+        if let Some(client) = self.clients.get_mut(&conn) {
+            let charge = client.endpoint.settle_charge() as u64;
+            self.core.charge_request_bytes(conn, charge, false);
+        }
+    }
+
+    /// Hands a client's frames to the core and reads more, until the socket
+    /// is drained, the client is paused or the connection closes.
+    fn serve_client_frames(&mut self, conn: ConnId, now: Instant) {
         loop {
             let end = self.handle_client_frames(conn, now);
             let Some(client) = self.clients.get_mut(&conn) else {
@@ -694,8 +721,15 @@ impl Device {
             if self.draining.is_some() || client.closing {
                 return;
             }
-            match client.endpoint.fill() {
+            let core = &mut self.core;
+            let mut admit = |held: usize| core.charge_request_bytes(conn, held as u64, true);
+            match client.endpoint.fill(&mut admit) {
                 Fill::Full => continue,
+                Fill::NotAdmitted => {
+                    // Others' frames will free budget; try again then.
+                    self.pause(conn);
+                    return;
+                }
                 Fill::Drained => {
                     // Complete frames may have arrived with the last read.
                     if client.endpoint.decoder.buffered() == 0 {
@@ -720,6 +754,11 @@ impl Device {
                     return;
                 }
                 Fill::Failed(why) => {
+                    if client.endpoint.decoder.error().is_some() {
+                        // A bad header, or a frame too large for a peer
+                        // that has not said who it is.
+                        self.metrics.connections_closed.with(&["unframeable"]).inc();
+                    }
                     let _ = self.handle_client_frames(conn, now);
                     self.close_client(conn, &why);
                     return;
@@ -781,6 +820,14 @@ impl Device {
             {
                 return FramesEnd::Paused;
             }
+            if endpoint.decoder.max_body_len() < proto::frame::MAX_BODY_LEN
+                && core.session_client(conn).is_some()
+            {
+                // The client is known now: it may send requests of any size.
+                endpoint
+                    .decoder
+                    .raise_max_body_len(proto::frame::MAX_BODY_LEN);
+            }
             let frame = match endpoint.decoder.next_frame() {
                 Ok(Some(frame)) => frame,
                 Ok(None) => return FramesEnd::Drained,
@@ -835,6 +882,19 @@ impl Device {
         if let Some(mut client) = self.clients.remove(&conn) {
             let _ = self.poll.registry().deregister(&mut client.endpoint.stream);
             debug!("closed client connection {conn}: {why}");
+            // A flood of connections must not flood the log: one line per
+            // CLOSED_LOG_INTERVAL at most (the metrics count every close).
+            self.closed_unlogged += 1;
+            let since = self.closed_logged.elapsed();
+            if since >= CLOSED_LOG_INTERVAL {
+                info!(
+                    "{} client connections closed in the last {} s; the last: {why}",
+                    self.closed_unlogged,
+                    since.as_secs()
+                );
+                self.closed_unlogged = 0;
+                self.closed_logged = Instant::now();
+            }
         }
         for port in self.roce.iter_mut().flatten() {
             port.control_closed(&mut self.core, conn);
@@ -1047,14 +1107,15 @@ impl Device {
                 self.link_failed(link, now, &e.to_string());
                 return;
             }
-            let fill = endpoint.fill();
+            // Servers are trusted peers: their answers are never held back.
+            let fill = endpoint.fill(&mut |_| true);
             if let Some(why) = self.handle_link_frames(link, now) {
                 self.link_failed(link, now, &why);
                 return;
             }
             match fill {
                 Fill::Full => continue,
-                Fill::Drained => return,
+                Fill::Drained | Fill::NotAdmitted => return,
                 Fill::Closed => {
                     self.link_failed(link, now, "server closed the connection");
                     return;
