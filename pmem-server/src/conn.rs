@@ -19,6 +19,10 @@ use crate::gate::Session;
 
 /// Most bytes read from the socket at a time.
 const READ_CHUNK: usize = 256 * 1024;
+/// Largest frame body taken from a peer that has not proven its key yet
+/// (with `--secrets`; HELLO and the proof are far smaller), so an
+/// unauthenticated peer cannot make the server hold large frames.
+const PRE_PROOF_MAX_BODY: u32 = 4096;
 /// Replies are written out once this many bytes are pending.
 pub const OUT_FLUSH_BYTES: usize = 1 << 20;
 
@@ -79,9 +83,12 @@ pub fn serve(
     {
         return ConnectionEnd::Io(e);
     }
-    let mut decoder = FrameDecoder::new();
-    let mut out = Vec::with_capacity(64 * 1024);
     let mut session = exec.new_session();
+    let mut decoder = match session.admits() {
+        true => FrameDecoder::new(),
+        false => FrameDecoder::with_max_body_len(PRE_PROOF_MAX_BODY),
+    };
+    let mut out = Vec::with_capacity(64 * 1024);
     let mut greeted = false;
     loop {
         if shutdown.load(Ordering::Relaxed) {
@@ -109,6 +116,9 @@ pub fn serve(
         };
         // Frames completed before a hang-up or a bad header are still answered.
         let drained = drain(&mut decoder, exec, &mut session, &mut stream, &mut out);
+        if session.admits() {
+            decoder.raise_max_body_len(proto::frame::MAX_BODY_LEN);
+        }
         let end = match drained {
             Ok((_, Some(Stop::Malformed(e)))) => Some(ConnectionEnd::Malformed(e)),
             Ok((_, Some(Stop::Refused))) => Some(ConnectionEnd::Refused),

@@ -81,7 +81,9 @@ impl ServerMetrics {
             )?,
             connections_closed: r.counter_family(
                 "pmem_server_connections_closed_total",
-                "Data connections the server closed because the peer stayed silent, by reason.",
+                "Data connections the server closed, by reason: hello_timeout and idle (the peer \
+                 stayed silent), unframeable (a bad frame header, or with --secrets a frame \
+                 larger than 4 KiB before the peer proved its key).",
                 &["reason"],
             )?,
             malformed_frames: r.counter(

@@ -297,6 +297,10 @@ fn spawn_connection(
             match conn::serve(stream, &exec, &shutdown, timeouts) {
                 conn::ConnectionEnd::Malformed(e) => {
                     debug!("closed connection from {peer}: {e}");
+                    exec.metrics()
+                        .connections_closed
+                        .with(&["unframeable"])
+                        .inc();
                 }
                 conn::ConnectionEnd::Io(e) => debug!("connection from {peer} failed: {e}"),
                 conn::ConnectionEnd::Refused => {

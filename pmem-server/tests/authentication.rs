@@ -284,3 +284,32 @@ fn only_an_operator_rotates_a_key_and_the_old_key_stops_working() {
     let mut device = proven(&restarted, Role::FabricDevice, "F", DEVICE_KEY);
     assert_eq!(keys(&mut device)[0], new);
 }
+
+#[test]
+fn a_peer_that_has_not_proven_its_key_cannot_send_large_frames() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let server = keyed_server(dir.path());
+    let write = Repr::write(at(0, 0), 0, &[0; 1 << 20]);
+    let frame = Message::Request(write).encode_to_vec(1).expect("encode");
+    // Before the proof: closed once the header is in, the body never read.
+    let mut stranger = Conn::connect(server.addr("nic.n0"));
+    stranger.send_raw(&frame[..4096]);
+    assert!(stranger.try_recv().is_none(), "closed");
+    let metrics = telemetry::http_get(server.addr("admin"), "/metrics", Duration::from_secs(5))
+        .expect("metrics")
+        .1;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "pmem_server_connections_closed_total{reason=\"unframeable\"} 1"),
+        "{metrics}"
+    );
+    // After it, large frames are served.
+    let mut device = proven(&server, Role::FabricDevice, "F", DEVICE_KEY);
+    let key = keys(&mut device)[0];
+    let write = Repr {
+        on_behalf: Some(0),
+        ..Repr::write(at(0, 0), key, &[5; 1 << 20])
+    };
+    assert_eq!(device.call(write).status, Status::Ok);
+}
