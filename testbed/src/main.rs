@@ -84,44 +84,7 @@ enum Command {
         prefix: Option<String>,
     },
     /// Run a client workload on a fresh fabric, verify it and write a report.
-    Run {
-        /// The topology file; the embedded default topology when absent.
-        file: Option<PathBuf>,
-        /// ycsb-a, ycsb-b, ycsb-c, counter or mixed.
-        #[arg(long, default_value = "mixed")]
-        workload: Workload,
-        /// How many of the topology's clients run (all by default).
-        #[arg(long)]
-        clients: Option<usize>,
-        /// Seconds of workload.
-        #[arg(long, default_value_t = 10.0)]
-        duration: f64,
-        /// Value size in bytes.
-        #[arg(long, default_value_t = 256)]
-        size: u64,
-        /// Operations in flight per client.
-        #[arg(long, default_value_t = 8)]
-        depth: usize,
-        /// Keys per client.
-        #[arg(long, default_value_t = 4096)]
-        keys: u64,
-        /// Zipfian keys instead of uniform.
-        #[arg(long)]
-        zipfian: bool,
-        /// How hosts are networked.
-        #[arg(long, value_enum, default_value = "loopback")]
-        net: Net,
-        /// Keep region files here (a temporary folder by default).
-        #[arg(long)]
-        data_dir: Option<PathBuf>,
-        /// Make a key for every client and fabric device and require
-        /// every connection to prove its principal's key.
-        #[arg(long)]
-        authenticate: bool,
-        /// Reports go to DIR/<run-id>/.
-        #[arg(long, default_value = "reports")]
-        reports: PathBuf,
-    },
+    Run(RunArgs),
     /// The demo: the default fabric, a mixed workload, a fabric device
     /// killed half way and restarted, then a verified summary.
     Demo {
@@ -135,35 +98,7 @@ enum Command {
     /// Run a workload while injecting faults at seeded random times, and
     /// check the contract: fabric-device faults are invisible to the
     /// application, nothing acknowledged is lost.
-    Chaos {
-        /// The topology file; the embedded default topology when absent.
-        file: Option<PathBuf>,
-        /// kill-fabric, kill-server, cut-link (needs --net netns or lab) or restart-all.
-        #[arg(long)]
-        scenario: Scenario,
-        /// How many faults.
-        #[arg(long, default_value_t = 2)]
-        faults: usize,
-        /// Seconds of workload.
-        #[arg(long, default_value_t = 10.0)]
-        duration: f64,
-        /// ycsb-a, ycsb-b, ycsb-c, counter or mixed.
-        #[arg(long, default_value = "mixed")]
-        workload: Workload,
-        /// Seed of the fault times and targets.
-        #[arg(long, default_value_t = 7)]
-        seed: u64,
-        /// How hosts are networked.
-        #[arg(long, value_enum, default_value = "loopback")]
-        net: Net,
-        /// Make a key for every client and fabric device and require
-        /// every connection to prove its principal's key.
-        #[arg(long)]
-        authenticate: bool,
-        /// Reports go to DIR/<run-id>/.
-        #[arg(long, default_value = "reports")]
-        reports: PathBuf,
-    },
+    Chaos(ChaosArgs),
     /// Measure pmem-fabric against the network floor (sockperf, iperf3) and
     /// redis, and write the ratios with plots.
     Bench {
@@ -220,39 +155,116 @@ enum Command {
     },
     /// Runs one client's workload (used by `run`, `demo` and `chaos`).
     #[command(hide = true)]
-    Worker {
-        #[arg(long)]
-        config: PathBuf,
-        #[arg(long)]
-        client: String,
-        #[arg(long)]
-        index: usize,
-        #[arg(long)]
-        clients: usize,
-        #[arg(long)]
-        workload: Workload,
-        #[arg(long)]
-        duration_ms: u64,
-        #[arg(long)]
-        size: u64,
-        #[arg(long)]
-        depth: usize,
-        #[arg(long)]
-        keys: u64,
-        #[arg(long)]
-        seed: u64,
-        #[arg(long)]
-        start_unix_ms: u64,
-        #[arg(long)]
-        bucket_ms: u64,
-        #[arg(long)]
-        zipfian: bool,
-        /// Zero the worker's slice first (a reused data directory).
-        #[arg(long)]
-        clear: bool,
-        #[arg(long)]
-        out: PathBuf,
-    },
+    Worker(WorkerArgs),
+}
+
+/// The options of `testbed run`.
+#[derive(Debug, clap::Args)]
+struct RunArgs {
+    /// The topology file; the embedded default topology when absent.
+    file: Option<PathBuf>,
+    /// ycsb-a, ycsb-b, ycsb-c, counter or mixed.
+    #[arg(long, default_value = "mixed")]
+    workload: Workload,
+    /// How many of the topology's clients run (all by default).
+    #[arg(long)]
+    clients: Option<usize>,
+    /// Seconds of workload.
+    #[arg(long, default_value_t = 10.0)]
+    duration: f64,
+    /// Value size in bytes.
+    #[arg(long, default_value_t = 256)]
+    size: u64,
+    /// Operations in flight per client.
+    #[arg(long, default_value_t = 8)]
+    depth: usize,
+    /// Keys per client.
+    #[arg(long, default_value_t = 4096)]
+    keys: u64,
+    /// Zipfian keys instead of uniform.
+    #[arg(long)]
+    zipfian: bool,
+    /// How hosts are networked.
+    #[arg(long, value_enum, default_value = "loopback")]
+    net: Net,
+    /// Keep region files here (a temporary folder by default).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Make a key for every client and fabric device and require
+    /// every connection to prove its principal's key.
+    #[arg(long)]
+    authenticate: bool,
+    /// Reports go to DIR/<run-id>/.
+    #[arg(long, default_value = "reports")]
+    reports: PathBuf,
+}
+
+/// The options of `testbed chaos`.
+#[derive(Debug, clap::Args)]
+struct ChaosArgs {
+    /// The topology file; the embedded default topology when absent.
+    file: Option<PathBuf>,
+    /// kill-fabric, kill-server, cut-link (needs --net netns or lab) or restart-all.
+    #[arg(long)]
+    scenario: Scenario,
+    /// How many faults.
+    #[arg(long, default_value_t = 2)]
+    faults: usize,
+    /// Seconds of workload.
+    #[arg(long, default_value_t = 10.0)]
+    duration: f64,
+    /// ycsb-a, ycsb-b, ycsb-c, counter or mixed.
+    #[arg(long, default_value = "mixed")]
+    workload: Workload,
+    /// Seed of the fault times and targets.
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    /// How hosts are networked.
+    #[arg(long, value_enum, default_value = "loopback")]
+    net: Net,
+    /// Make a key for every client and fabric device and require
+    /// every connection to prove its principal's key.
+    #[arg(long)]
+    authenticate: bool,
+    /// Reports go to DIR/<run-id>/.
+    #[arg(long, default_value = "reports")]
+    reports: PathBuf,
+}
+
+/// The options of `testbed worker`.
+#[derive(Debug, clap::Args)]
+struct WorkerArgs {
+    #[arg(long)]
+    config: PathBuf,
+    #[arg(long)]
+    client: String,
+    #[arg(long)]
+    index: usize,
+    #[arg(long)]
+    clients: usize,
+    #[arg(long)]
+    workload: Workload,
+    #[arg(long)]
+    duration_ms: u64,
+    #[arg(long)]
+    size: u64,
+    #[arg(long)]
+    depth: usize,
+    #[arg(long)]
+    keys: u64,
+    #[arg(long)]
+    seed: u64,
+    #[arg(long)]
+    start_unix_ms: u64,
+    #[arg(long)]
+    bucket_ms: u64,
+    #[arg(long)]
+    zipfian: bool,
+    /// Zero the worker's slice first (a reused data directory).
+    #[arg(long)]
+    clear: bool,
+    #[arg(long)]
+    out: PathBuf,
 }
 
 /// Prints an error with its whole cause chain.
@@ -457,14 +469,14 @@ fn log_id(command: &Command) -> Option<String> {
         Command::Up { .. } => "up",
         Command::Down { .. } => "down",
         Command::Keygen { .. } => "keygen",
-        Command::Run { .. } => "run",
+        Command::Run(_) => "run",
         Command::Demo { .. } => "demo",
-        Command::Chaos { .. } => "chaos",
+        Command::Chaos(_) => "chaos",
         Command::Bench { .. } => "bench",
         Command::BenchRoce { .. } => "bench-roce",
         Command::PowerCut { .. } => "power-cut",
         Command::Daemon { .. } => return None,
-        Command::Worker { client, .. } => return Some(format!("worker-{client}")),
+        Command::Worker(args) => return Some(format!("worker-{}", args.client)),
     };
     Some(name.to_owned())
 }
@@ -481,126 +493,19 @@ fn main() -> ExitCode {
             data_dir,
             prometheus,
         } => outcome(up(file.as_ref(), net, data_dir, prometheus).map(|()| true)),
-        Command::Keygen { file, secrets } => outcome((|| {
-            let topology = load_topology(file.as_deref())?;
-            let written = testbed::keys::generate(&topology, &secrets)?;
-            println!("{} keys written to {}", written.len(), secrets.display());
-            Ok(true)
-        })()),
-        Command::Down { prefix } => {
-            match testbed::netns::clean_up_crashed_runs(prefix.as_deref()) {
-                Ok((killed, removed)) => {
-                    println!(
-                        "killed {killed} leftover processes; removed {removed} namespaces and interfaces left by earlier runs"
-                    );
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    print_chain(&e);
-                    ExitCode::FAILURE
-                }
-            }
-        }
-        Command::Run {
-            file,
-            workload,
-            clients,
-            duration,
-            size,
-            depth,
-            keys,
-            zipfian,
-            net,
-            data_dir,
-            authenticate,
-            reports,
-        } => {
-            let mut options = RunOptions::new("run", workload);
-            options.authenticate = authenticate;
-            options.clients = clients;
-            options.duration = Duration::from_secs_f64(duration);
-            options.size = size.max(16);
-            options.depth = depth.max(1);
-            options.keys = keys.max(1);
-            options.zipfian = zipfian;
-            options.net = net.into();
-            options.data_dir = data_dir;
-            options.reports = reports;
-            outcome(run(&options, file.as_ref()))
-        }
+        Command::Keygen { file, secrets } => outcome(keygen(file.as_deref(), &secrets)),
+        Command::Down { prefix } => down(prefix.as_deref()),
+        Command::Run(args) => outcome(run_command(args)),
         Command::Demo { duration, reports } => outcome(demo(duration, reports)),
-        Command::BenchRoce { quick, rounds, out } => outcome((|| {
-            let out = out.unwrap_or_else(|| {
-                PathBuf::from("reports").join(testbed::run::run_id("bench-roce"))
-            });
-            let plan = testbed::roce_bench::RocePlan::new(quick, rounds);
-            let report = testbed::roce_bench::run(plan, &out)?;
-            print!("{}", testbed::roce_bench::markdown(&report));
-            println!("\nreport: {}", out.display());
-            Ok(true)
-        })()),
+        Command::BenchRoce { quick, rounds, out } => outcome(bench_roce(quick, rounds, out)),
         Command::PowerCut {
             cuts,
             seed,
             medium,
             out,
-        } => outcome((|| {
-            let out = out.unwrap_or_else(|| {
-                PathBuf::from("reports").join(testbed::run::run_id("power-cut"))
-            });
-            let plan = testbed::power_cut::PowerCutPlan {
-                cuts,
-                medium,
-                seed,
-                out: out.clone(),
-            };
-            let report = testbed::power_cut::run(&plan)?;
-            print!("{}", testbed::power_cut::markdown(&report));
-            println!("\nreport: {}", out.join("report.md").display());
-            Ok(report.lost == 0)
-        })()),
-        Command::Bench { quick, rounds, out } => outcome((|| {
-            let out =
-                out.unwrap_or_else(|| PathBuf::from("reports").join(testbed::run::run_id("bench")));
-            let (report, files) = testbed::bench::run(quick, rounds, &out)?;
-            println!("ratio                               value");
-            for (name, value) in &report.ratios {
-                println!("{name:<35} {value:>6.2}");
-            }
-            println!(
-                "\nreport: {}\nraw figures: {}",
-                files.markdown.display(),
-                files.json.display()
-            );
-            Ok(true)
-        })()),
-        Command::Chaos {
-            file,
-            scenario,
-            faults,
-            duration,
-            workload,
-            seed,
-            net,
-            authenticate,
-            reports,
-        } => outcome((|| {
-            let topology = load_topology_on(file.as_deref(), net.into())?;
-            let mut options = RunOptions::new("chaos", workload);
-            options.authenticate = authenticate;
-            options.duration = Duration::from_secs_f64(duration);
-            options.net = net.into();
-            options.reports = reports;
-            options.faults = testbed::run::plan_faults(
-                &topology,
-                options.net,
-                scenario,
-                options.duration,
-                faults,
-                seed,
-            );
-            run_on(&options, &topology)
-        })()),
+        } => outcome(power_cut(cuts, seed, medium, out)),
+        Command::Bench { quick, rounds, out } => outcome(bench(quick, rounds, out)),
+        Command::Chaos(args) => outcome(chaos(args)),
         Command::Daemon { args } => match args.split_first() {
             Some((name, _)) if name == "pmem-server" => pmem_server::cli::main_with_args(args),
             Some((name, _)) if name == "fabric-device" => fabric_device::cli::main_with_args(args),
@@ -609,38 +514,177 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
-        Command::Worker {
-            config,
-            client,
-            index,
-            clients,
-            workload,
-            duration_ms,
-            size,
-            depth,
-            keys,
-            seed,
-            start_unix_ms,
-            bucket_ms,
-            zipfian,
-            clear,
-            out,
-        } => {
-            let worker_config = WorkerConfig {
-                client,
-                index,
-                clients,
-                workload,
-                zipfian,
-                duration: Duration::from_millis(duration_ms),
-                size: size.max(16),
-                depth,
-                keys,
-                seed,
-                bucket_ms,
-                clear,
-            };
-            outcome(worker(worker_config, config, start_unix_ms, out).map(|()| true))
+        Command::Worker(args) => outcome(worker_command(args)),
+    }
+}
+
+/// `testbed keygen`.
+fn keygen(file: Option<&std::path::Path>, secrets: &std::path::Path) -> anyhow::Result<bool> {
+    let topology = load_topology(file)?;
+    let written = testbed::keys::generate(&topology, secrets)?;
+    println!("{} keys written to {}", written.len(), secrets.display());
+    Ok(true)
+}
+
+/// `testbed down`.
+fn down(prefix: Option<&str>) -> ExitCode {
+    match testbed::netns::clean_up_crashed_runs(prefix) {
+        Ok((killed, removed)) => {
+            println!(
+                "killed {killed} leftover processes; removed {removed} namespaces and interfaces left by earlier runs"
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            print_chain(&e);
+            ExitCode::FAILURE
         }
     }
+}
+
+/// `testbed run`.
+fn run_command(args: RunArgs) -> anyhow::Result<bool> {
+    let RunArgs {
+        file,
+        workload,
+        clients,
+        duration,
+        size,
+        depth,
+        keys,
+        zipfian,
+        net,
+        data_dir,
+        authenticate,
+        reports,
+    } = args;
+    let mut options = RunOptions::new("run", workload);
+    options.authenticate = authenticate;
+    options.clients = clients;
+    options.duration = Duration::from_secs_f64(duration);
+    options.size = size.max(16);
+    options.depth = depth.max(1);
+    options.keys = keys.max(1);
+    options.zipfian = zipfian;
+    options.net = net.into();
+    options.data_dir = data_dir;
+    options.reports = reports;
+    run(&options, file.as_ref())
+}
+
+/// `testbed chaos`.
+fn chaos(args: ChaosArgs) -> anyhow::Result<bool> {
+    let ChaosArgs {
+        file,
+        scenario,
+        faults,
+        duration,
+        workload,
+        seed,
+        net,
+        authenticate,
+        reports,
+    } = args;
+    let topology = load_topology_on(file.as_deref(), net.into())?;
+    let mut options = RunOptions::new("chaos", workload);
+    options.authenticate = authenticate;
+    options.duration = Duration::from_secs_f64(duration);
+    options.net = net.into();
+    options.reports = reports;
+    options.faults = testbed::run::plan_faults(
+        &topology,
+        options.net,
+        scenario,
+        options.duration,
+        faults,
+        seed,
+    );
+    run_on(&options, &topology)
+}
+
+/// Where a report goes: `out`, or a fresh folder under `reports/`.
+fn report_dir(out: Option<PathBuf>, kind: &str) -> PathBuf {
+    out.unwrap_or_else(|| PathBuf::from("reports").join(testbed::run::run_id(kind)))
+}
+
+/// `testbed bench-roce`.
+fn bench_roce(quick: bool, rounds: Option<usize>, out: Option<PathBuf>) -> anyhow::Result<bool> {
+    let out = report_dir(out, "bench-roce");
+    let plan = testbed::roce_bench::RocePlan::new(quick, rounds);
+    let report = testbed::roce_bench::run(plan, &out)?;
+    print!("{}", testbed::roce_bench::markdown(&report));
+    println!("\nreport: {}", out.display());
+    Ok(true)
+}
+
+/// `testbed power-cut`: true when nothing acknowledged was lost.
+fn power_cut(
+    cuts: usize,
+    seed: u64,
+    medium: testbed::power_cut::Medium,
+    out: Option<PathBuf>,
+) -> anyhow::Result<bool> {
+    let out = report_dir(out, "power-cut");
+    let plan = testbed::power_cut::PowerCutPlan {
+        cuts,
+        medium,
+        seed,
+        out: out.clone(),
+    };
+    let report = testbed::power_cut::run(&plan)?;
+    print!("{}", testbed::power_cut::markdown(&report));
+    println!("\nreport: {}", out.join("report.md").display());
+    Ok(report.lost == 0)
+}
+
+/// `testbed bench`.
+fn bench(quick: bool, rounds: Option<usize>, out: Option<PathBuf>) -> anyhow::Result<bool> {
+    let out = report_dir(out, "bench");
+    let (report, files) = testbed::bench::run(quick, rounds, &out)?;
+    println!("ratio                               value");
+    for (name, value) in &report.ratios {
+        println!("{name:<35} {value:>6.2}");
+    }
+    println!(
+        "\nreport: {}\nraw figures: {}",
+        files.markdown.display(),
+        files.json.display()
+    );
+    Ok(true)
+}
+
+/// `testbed worker`: one client process of a run.
+fn worker_command(args: WorkerArgs) -> anyhow::Result<bool> {
+    let WorkerArgs {
+        config,
+        client,
+        index,
+        clients,
+        workload,
+        duration_ms,
+        size,
+        depth,
+        keys,
+        seed,
+        start_unix_ms,
+        bucket_ms,
+        zipfian,
+        clear,
+        out,
+    } = args;
+    let worker_config = WorkerConfig {
+        client,
+        index,
+        clients,
+        workload,
+        zipfian,
+        duration: Duration::from_millis(duration_ms),
+        size: size.max(16),
+        depth,
+        keys,
+        seed,
+        bucket_ms,
+        clear,
+    };
+    worker(worker_config, config, start_unix_ms, out).map(|()| true)
 }
