@@ -6,6 +6,7 @@
 //! update only with COMPARE_SWAP, so two clients can never both win the same
 //! transition.
 
+use proto::AccessKey;
 use topology::{MetaLayout, VirtAddr, meta};
 
 use crate::translate::VIRT_BASE;
@@ -136,7 +137,7 @@ pub struct PtEntry {
     /// PMEM address of the extent (0 while unset).
     pub pmem: u64,
     /// The key the extent's server enforces.
-    pub key: u64,
+    pub key: AccessKey,
     /// Head: requested size (bits 0–47) and name slot + 1 (bits 48–63);
     /// tail: head index (bits 0–31) and head generation (bits 32–63);
     /// slab: its size class.
@@ -147,7 +148,7 @@ impl PtEntry {
     /// The 32 bytes of the entry.
     pub fn encode(&self) -> [u8; 32] {
         let mut out = [0u8; 32];
-        for (i, w) in [self.control.encode(), self.pmem, self.key, self.info]
+        for (i, w) in [self.control.encode(), self.pmem, self.key.get(), self.info]
             .into_iter()
             .enumerate()
         {
@@ -162,7 +163,7 @@ impl PtEntry {
         Some(Self {
             control: Control::decode(word(0)?)?,
             pmem: word(1)?,
-            key: word(2)?,
+            key: AccessKey(word(2)?),
             info: word(3)?,
         })
     }
@@ -440,7 +441,7 @@ mod tests {
         let e = PtEntry {
             control: c,
             pmem: 1 << 32,
-            key: 42,
+            key: AccessKey(42),
             info: PtEntry::head_info(5 << 20, Some(3)),
         };
         let back = PtEntry::decode(&e.encode()).unwrap();

@@ -9,6 +9,7 @@
 //! READ through the fabric, so the pool walks it itself (asynchronously)
 //! when the TLB misses, and caches what it finds here.
 
+use proto::AccessKey;
 use std::collections::HashMap;
 use std::sync::Mutex;
 
@@ -28,7 +29,7 @@ pub struct Translation {
     /// PMEM address the extent starts at.
     pub pmem: PmemAddr,
     /// Key requests for the extent carry.
-    pub key: u64,
+    pub key: AccessKey,
     /// The region holding the extent.
     pub region: RegionIndex,
 }
@@ -65,7 +66,7 @@ pub trait Translator: Send + Sync + std::fmt::Debug {
 pub struct StaticTranslator {
     extent: u64,
     /// (virtual start, PMEM start, length, key, region), ascending.
-    spans: Vec<(u64, u64, u64, u64, RegionIndex)>,
+    spans: Vec<(u64, u64, u64, AccessKey, RegionIndex)>,
 }
 
 impl StaticTranslator {

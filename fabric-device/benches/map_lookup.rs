@@ -17,6 +17,7 @@
 //!
 //! Smoke run: `cargo bench -p fabric-device --bench map_lookup -- --quick`.
 
+use proto::AccessKey;
 use std::hint::black_box;
 use std::time::Duration;
 
@@ -76,7 +77,7 @@ fn layout(regions: usize, rng: &mut Rng) -> Layout {
                 socket: sockets[socket].clone(),
                 socket_index: socket as u16,
                 device: device.clone(),
-                key: rng.next(),
+                key: AccessKey(rng.next()),
                 cache: CachePolicy::WriteBack,
             }
         })

@@ -13,6 +13,7 @@
 //! and restores them on the response. Control messages the device itself
 //! sends on a link (HELLO, MAP_REQUEST) carry tags with the top bit set.
 
+use proto::AccessKey;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -915,8 +916,8 @@ impl Forwarder {
         for entry in &mut map.entries {
             let reached = policy.is_some_and(|p| p.grants.overlaps(entry.start, entry.len));
             if !reached {
-                entry.key = 0;
-            } else if entry.key == 0 && unknown.is_none() {
+                entry.key = AccessKey::NONE;
+            } else if entry.key == AccessKey::NONE && unknown.is_none() {
                 unknown = Some(entry.region.0);
             }
         }
@@ -1163,7 +1164,7 @@ impl Forwarder {
         let entries = theirs
             .entries
             .iter()
-            .filter(|e| e.key != 0 && own(e.region))
+            .filter(|e| e.key != AccessKey::NONE && own(e.region))
             .map(|e| (e.region, e.key))
             .collect::<Vec<_>>();
         for (region, key) in entries {
@@ -1383,6 +1384,7 @@ fn fresh_nonce() -> [u8; proto::auth::NONCE_LEN] {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proto::AccessKey;
     use proto::request::Repr;
     use proto::response;
     use topology::{EnvOverrides, PmemAddr, RegionIndex, RegionOffset, Topology};
@@ -1447,8 +1449,8 @@ mod tests {
 
     /// The key the simulated servers give region `region` (after
     /// `rotations` rotations).
-    fn server_key(region: RegionIndex, rotations: u64) -> u64 {
-        0x5EC0_0000 + (rotations << 16) + u64::from(region.0)
+    fn server_key(region: RegionIndex, rotations: u64) -> AccessKey {
+        AccessKey(0x5EC0_0000 + (rotations << 16) + u64::from(region.0))
     }
 
     /// A server's MAP, with a key for every region (a real server gives
@@ -1490,7 +1492,7 @@ mod tests {
         Target::Pmem(PmemAddr(start.get() + offset))
     }
 
-    fn key(core: &Forwarder, region: &str) -> u64 {
+    fn key(core: &Forwarder, region: &str) -> AccessKey {
         core.map().layout.entry_by_id(&region.into()).unwrap().key
     }
 
@@ -1830,7 +1832,7 @@ mod tests {
             other => panic!("{other:?}"),
         }
         // Requests before an accepted HELLO are refused too.
-        let req = Message::Request(Repr::read(pmem(&core, "PA.1", 0), 0, 8))
+        let req = Message::Request(Repr::read(pmem(&core, "PA.1", 0), AccessKey::NONE, 8))
             .encode_to_vec(2)
             .unwrap();
         assert_eq!(
@@ -1846,7 +1848,7 @@ mod tests {
             Target::Region(RegionOffset::new(RegionIndex(99), 0)),
             Target::Region(RegionOffset::new(RegionIndex(0), 64 << 20)),
         ] {
-            let req = Message::Request(Repr::read(target, 0, 8))
+            let req = Message::Request(Repr::read(target, AccessKey::NONE, 8))
                 .encode_to_vec(3)
                 .unwrap();
             assert_eq!(
@@ -2236,7 +2238,7 @@ mod tests {
     }
 
     /// The keys in the MAP client `conn` gets.
-    fn client_keys(core: &mut Forwarder, conn: ConnId) -> Vec<u64> {
+    fn client_keys(core: &mut Forwarder, conn: ConnId) -> Vec<AccessKey> {
         let request = Message::MapRequest.encode_to_vec(5).unwrap();
         match core.client_frame(conn, &request, Instant::now()) {
             ClientAction::Reply(reply) => match proto::parse_frame(reply.as_bytes()).unwrap() {
@@ -2264,13 +2266,17 @@ mod tests {
         let index = |id: &str| core.map().layout.entry_by_id(&id.into()).unwrap().region;
         let (pa2, pb1) = (index("PA.2"), index("PB.1"));
         assert_eq!(key(&core, "PA.2"), server_key(pa2, 0));
-        assert_eq!(key(&core, "PB.1"), 0, "A has no say over B's keys");
+        assert_eq!(
+            key(&core, "PB.1"),
+            AccessKey::NONE,
+            "A has no say over B's keys"
+        );
 
         // c1 may read part of PA.2 only: that key is all it gets.
         hello(&mut core, 1, "c1");
         let keys = client_keys(&mut core, 1);
         assert_eq!(keys[pa2.0 as usize], server_key(pa2, 0));
-        assert_eq!(keys.iter().filter(|&&k| k != 0).count(), 1, "{keys:?}");
+        assert_eq!(keys.iter().filter(|k| !k.is_none()).count(), 1, "{keys:?}");
         // c2 has no allow-list: it reaches B's regions, whose keys come
         // once B's links are up (they are still starting).
         hello(&mut core, 2, "c2");
@@ -2283,10 +2289,10 @@ mod tests {
         assert_eq!(core.take_unparked().len(), 1);
         let keys = client_keys(&mut core, 2);
         assert_eq!(keys[pb1.0 as usize], server_key(pb1, 0));
-        assert!(keys.iter().all(|&k| k != 0), "{keys:?}");
+        assert!(keys.iter().all(|k| !k.is_none()), "{keys:?}");
         // No session, no keys.
         core.client_opened(3);
-        assert!(client_keys(&mut core, 3).iter().all(|&k| k == 0));
+        assert!(client_keys(&mut core, 3).iter().all(|k| k.is_none()));
     }
 
     #[test]
@@ -2304,7 +2310,9 @@ mod tests {
         assert_eq!(unparked, vec![(1, request)]);
         match core.client_frame(1, &unparked[0].1, t0) {
             ClientAction::Reply(reply) => match proto::parse_frame(reply.as_bytes()).unwrap() {
-                (Message::Map(map), 9) => assert!(map.entries.iter().all(|e| e.key != 0)),
+                (Message::Map(map), 9) => {
+                    assert!(map.entries.iter().all(|e| e.key != AccessKey::NONE))
+                }
                 other => panic!("not a MAP: {other:?}"),
             },
             other => panic!("MAP_REQUEST answered with {other:?}"),

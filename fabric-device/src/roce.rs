@@ -27,6 +27,7 @@
 //! datagrams for an unknown QP number, or from another address than the
 //! one the queue pair was set up with, are dropped and counted.
 
+use proto::AccessKey;
 use std::collections::HashMap;
 use std::time::Instant;
 
@@ -333,7 +334,7 @@ fn pump(
 /// for its R_Key; `None` for an R_Key the queue pair was not given.
 fn request_for<'a>(
     op: &'a MemoryOp,
-    key: impl Fn(&u32) -> Option<u64>,
+    key: impl Fn(&u32) -> Option<AccessKey>,
 ) -> Option<(request::Repr<'a>, Kind)> {
     let at = |va: u64| Target::Pmem(PmemAddr(va));
     Some(match op {

@@ -1,5 +1,6 @@
 //! The fabric device between real pmem-servers and raw protocol clients.
 
+use proto::AccessKey;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -113,7 +114,7 @@ impl Fabric {
         Target::Pmem(PmemAddr(self.region(region).start.get() + offset))
     }
 
-    fn key(&self, region: &str) -> u64 {
+    fn key(&self, region: &str) -> AccessKey {
         self.region(region).key
     }
 }
@@ -228,7 +229,10 @@ fn unknown_clients_unmapped_addresses_and_malformed_frames() {
         Target::Pmem(PmemAddr(0)),
         Target::Pmem(PmemAddr(end + 4096)),
     ] {
-        assert_eq!(conn.call(Repr::read(target, 0, 8)).status, Status::Unmapped);
+        assert_eq!(
+            conn.call(Repr::read(target, AccessKey::NONE, 8)).status,
+            Status::Unmapped
+        );
     }
 
     // One client sends garbage; only its connection closes.
@@ -247,7 +251,11 @@ fn unknown_clients_unmapped_addresses_and_malformed_frames() {
         "the well-behaved client is unaffected"
     );
     // A wrong key is relayed from the server as ACCESS_DENIED.
-    let denied = conn.call(Repr::read(fabric.pmem("A1", 0), fabric.key("A1") ^ 1, 8));
+    let denied = conn.call(Repr::read(
+        fabric.pmem("A1", 0),
+        AccessKey(fabric.key("A1").get() ^ 1),
+        8,
+    ));
     assert_eq!(denied.status, Status::AccessDenied);
 }
 
@@ -929,17 +937,25 @@ fn large_requests_are_read_only_within_the_request_budgets() {
 
     // A stranger's large frame closes its connection before its body is read.
     let mut stranger = Conn::connect(port);
-    let big = Message::Request(Repr::write(Target::Pmem(a1.start), 0, &[0; 1 << 20]))
-        .encode_to_vec(1)
-        .expect("encode");
+    let big = Message::Request(Repr::write(
+        Target::Pmem(a1.start),
+        AccessKey::NONE,
+        &[0; 1 << 20],
+    ))
+    .encode_to_vec(1)
+    .expect("encode");
     stranger.send_raw(&big[..4096]);
     assert!(stranger.try_recv().is_none(), "closed");
 
     // Eight connections of c1 each start a 16 MiB WRITE and send what the
     // device takes of its first 12 MiB within a second.
-    let huge = Message::Request(Repr::write(Target::Pmem(a1.start), 0, &vec![7u8; 16 << 20]))
-        .encode_to_vec(2)
-        .expect("encode");
+    let huge = Message::Request(Repr::write(
+        Target::Pmem(a1.start),
+        AccessKey::NONE,
+        &vec![7u8; 16 << 20],
+    ))
+    .encode_to_vec(2)
+    .expect("encode");
     let hogs: Vec<Conn> = (0..8)
         .map(|_| {
             let mut hog = Conn::connect(port);

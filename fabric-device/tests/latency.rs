@@ -2,6 +2,7 @@
 //! server path, measured in one run. A measurement, not an assertion:
 //! `cargo test --release -p fabric-device --test latency -- --ignored --nocapture`.
 
+use proto::AccessKey;
 use std::time::{Duration, Instant};
 
 use proto::Status;
@@ -16,7 +17,7 @@ fn p(sorted: &[Duration], q: f64) -> Duration {
 }
 
 /// Round trips of a 64 B READ at queue depth 1.
-fn measure(conn: &mut Conn, target: Target, key: u64) -> Vec<Duration> {
+fn measure(conn: &mut Conn, target: Target, key: AccessKey) -> Vec<Duration> {
     let mut samples = Vec::with_capacity(SAMPLES);
     for i in 0..WARMUP + SAMPLES {
         let started = Instant::now();

@@ -5,6 +5,7 @@
 //! data path is the exactly-once table's per-shard lock, taken for
 //! COMPARE_SWAP / FETCH_ADD that ask for exactly-once execution.
 
+use proto::AccessKey;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -50,13 +51,13 @@ pub struct ServedRegion {
 impl ServedRegion {
     /// Serves `file` as the region of `entry`, with the key its header holds.
     pub fn new(entry: LayoutEntry, file: RegionFile) -> Self {
-        let key = AtomicU64::new(file.header.key);
+        let key = AtomicU64::new(file.header.key.get());
         Self { entry, file, key }
     }
 
     /// The region key requests must carry now.
-    pub fn key(&self) -> u64 {
-        self.key.load(Ordering::Acquire)
+    pub fn key(&self) -> AccessKey {
+        AccessKey(self.key.load(Ordering::Acquire))
     }
 
     /// The mapping offset of `len` bytes at region offset `offset`, or
@@ -94,7 +95,7 @@ impl ExtentKeys {
     }
 
     /// Whether `key` opens `[offset, offset + len)` (already bounds-checked).
-    fn admits(&self, region: &ServedRegion, key: u64, offset: u64, len: u64) -> bool {
+    fn admits(&self, region: &ServedRegion, key: AccessKey, offset: u64, len: u64) -> bool {
         let first = offset / self.extent;
         let last = (offset + len.max(1) - 1) / self.extent;
         (first..=last).all(|extent| {
@@ -108,7 +109,7 @@ impl ExtentKeys {
             };
             match installed {
                 0 => key == region.key(),
-                allocated => key == allocated,
+                allocated => key == AccessKey(allocated),
             }
         })
     }
@@ -487,7 +488,7 @@ impl Executor {
                 }
                 _ => false,
             };
-            entry.key = if given { region.key() } else { 0 };
+            entry.key = if given { region.key() } else { AccessKey::NONE };
         }
         map
     }
@@ -504,7 +505,7 @@ impl Executor {
         let _serial = self.rotation.lock().unwrap_or_else(PoisonError::into_inner);
         match region.file.rotate_key() {
             Ok(key) => {
-                region.key.store(key, Ordering::Release);
+                region.key.store(key.get(), Ordering::Release);
                 tracing::info!(region = %region.entry.region_id, "region key rotated");
                 Ok(())
             }
@@ -740,7 +741,7 @@ impl Executor {
     fn check_key(
         &self,
         region: &ServedRegion,
-        key: u64,
+        key: AccessKey,
         offset: u64,
         len: u64,
     ) -> Result<(), Status> {

@@ -28,6 +28,7 @@
 //! held: a listed region whose file is gone stops the server instead of
 //! being recreated empty.
 
+use proto::AccessKey;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
@@ -62,7 +63,7 @@ pub struct RegionHeader {
     /// How many times a server has opened (or formatted) the file.
     pub generation: u64,
     /// The region key requests must carry.
-    pub key: u64,
+    pub key: AccessKey,
 }
 
 /// A region file that cannot be used.
@@ -184,7 +185,7 @@ impl RegionHeader {
         b[12..16].copy_from_slice(&(HEADER_LEN as u32).to_le_bytes());
         b[16..24].copy_from_slice(&self.size.to_le_bytes());
         b[24..32].copy_from_slice(&self.generation.to_le_bytes());
-        b[32..40].copy_from_slice(&self.key.to_le_bytes());
+        b[32..40].copy_from_slice(&self.key.get().to_le_bytes());
         b[40..44].copy_from_slice(&self.region_index.to_le_bytes());
         let id = &self.region_id.as_bytes()[..self.region_id.len().min(MAX_ID_LEN)];
         b[44..46].copy_from_slice(&(id.len() as u16).to_le_bytes());
@@ -228,7 +229,7 @@ impl RegionHeader {
             region_index: u32_at(40),
             size: u64_at(16),
             generation: u64_at(24),
-            key: u64_at(32),
+            key: AccessKey(u64_at(32)),
         })
     }
 }
@@ -389,7 +390,7 @@ impl RegionFile {
         // Files made sparse (by an older server, or copied) get their blocks now.
         allocate(path, &file, expected)?;
         header.generation += 1;
-        if header.key == 0 {
+        if header.key.is_none() {
             header.key = fresh_key(path)?;
         }
         header.region_index = entry.region.0;
@@ -405,7 +406,7 @@ impl RegionFile {
     /// Replaces the region key in the file's header with a fresh random one
     /// and makes it durable before returning it. Callers serialise rotations
     /// of one file; [`RegionFile::header`] keeps the key of this open.
-    pub fn rotate_key(&self) -> Result<u64, RegionFileError> {
+    pub fn rotate_key(&self) -> Result<AccessKey, RegionFileError> {
         let io_err = |op, source| RegionFileError::Io {
             path: self.path.clone(),
             op,
@@ -427,7 +428,7 @@ impl RegionFile {
 }
 
 /// A random, non-zero region key.
-fn fresh_key(path: &Path) -> Result<u64, RegionFileError> {
+fn fresh_key(path: &Path) -> Result<AccessKey, RegionFileError> {
     loop {
         let key = getrandom::u64().map_err(|e| RegionFileError::Io {
             path: path.to_path_buf(),
@@ -435,7 +436,7 @@ fn fresh_key(path: &Path) -> Result<u64, RegionFileError> {
             source: io::Error::other(e),
         })?;
         if key != 0 {
-            return Ok(key);
+            return Ok(AccessKey(key));
         }
     }
 }

@@ -3,6 +3,7 @@
 //! request to the grants of the client it is for: the real daemon, attacked
 //! over its data port.
 
+use proto::AccessKey;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::Duration;
@@ -54,7 +55,7 @@ fn only_a_peer_that_proves_its_key_is_served() {
     .expect("server");
     let data = server.addr("nic.n0");
     // Refused before any key is looked at.
-    let read = Repr::read(at(0, 0), 0, 8);
+    let read = Repr::read(at(0, 0), AccessKey::NONE, 8);
 
     // A request with no HELLO: refused, connection closed.
     let mut anonymous = Conn::connect(data);
@@ -187,7 +188,7 @@ fn proven(server: &Daemon, role: Role, name: &str, key: [u8; 32]) -> Conn {
 }
 
 /// The keys a MAP gives, by region index.
-fn keys(conn: &mut Conn) -> Vec<u64> {
+fn keys(conn: &mut Conn) -> Vec<AccessKey> {
     conn.map().entries.iter().map(|e| e.key).collect()
 }
 
@@ -213,7 +214,7 @@ fn region_keys_are_random_and_go_only_to_those_who_may_use_them() {
     let dir = tempfile::tempdir().expect("temp dir");
     let server = keyed_server(dir.path());
     let device_keys = keys(&mut proven(&server, Role::FabricDevice, "F", DEVICE_KEY));
-    assert!(device_keys.iter().all(|&k| k != 0), "{device_keys:?}");
+    assert!(device_keys.iter().all(|k| !k.is_none()), "{device_keys:?}");
     assert_ne!(
         device_keys[0], device_keys[1],
         "each region has its own key"
@@ -221,13 +222,13 @@ fn region_keys_are_random_and_go_only_to_those_who_may_use_them() {
 
     // Client c's grants reach R1 only: it learns R1's key and not R2's.
     let mut client = proven(&server, Role::Client, "c", CLIENT_KEY);
-    assert_eq!(keys(&mut client), vec![device_keys[0], 0]);
+    assert_eq!(keys(&mut client), vec![device_keys[0], AccessKey::NONE]);
     assert_eq!(
         client.call(Repr::read(at(0, 0), device_keys[0], 8)).status,
         Status::Ok
     );
     // A guessed key opens nothing, and is counted.
-    let guessed = device_keys[0] ^ 1;
+    let guessed = AccessKey(device_keys[0].get() ^ 1);
     assert_eq!(
         client.call(Repr::read(at(0, 0), guessed, 8)).status,
         Status::AccessDenied
@@ -268,7 +269,7 @@ fn only_an_operator_rotates_a_key_and_the_old_key_stops_working() {
     assert_eq!(rotate(&mut operator, 9), Status::Unmapped);
     let new = keys(&mut client)[0];
     assert_ne!(new, old);
-    assert_ne!(new, 0);
+    assert!(!new.is_none());
 
     // The stale key is refused (and counted), the new one works.
     let stale_before = denied(&server, "bad_key");
@@ -289,7 +290,7 @@ fn only_an_operator_rotates_a_key_and_the_old_key_stops_working() {
 fn a_peer_that_has_not_proven_its_key_cannot_send_large_frames() {
     let dir = tempfile::tempdir().expect("temp dir");
     let server = keyed_server(dir.path());
-    let write = Repr::write(at(0, 0), 0, &[0; 1 << 20]);
+    let write = Repr::write(at(0, 0), AccessKey::NONE, &[0; 1 << 20]);
     let frame = Message::Request(write).encode_to_vec(1).expect("encode");
     // Before the proof: closed once the header is in, the body never read.
     let mut stranger = Conn::connect(server.addr("nic.n0"));

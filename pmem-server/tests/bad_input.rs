@@ -1,6 +1,7 @@
 //! Every kind of bad input gets its status or closes only its own connection,
 //! while a second connection keeps working.
 
+use proto::AccessKey;
 use std::net::SocketAddr;
 
 use proto::request::Repr;
@@ -13,7 +14,7 @@ const PMEM_SERVER: &str = env!("CARGO_BIN_EXE_pmem-server");
 struct Fixture {
     _dir: tempfile::TempDir,
     /// The region's key, from the server's MAP.
-    key: u64,
+    key: AccessKey,
     server: Daemon,
     /// The server's data address (NIC n0).
     data: SocketAddr,
@@ -39,7 +40,7 @@ impl Fixture {
         }
     }
 
-    fn key(&self) -> u64 {
+    fn key(&self) -> AccessKey {
         self.key
     }
 
@@ -53,7 +54,7 @@ impl Fixture {
 }
 
 /// A well-formed READ frame, to be damaged by the tests.
-fn read_frame(key: u64) -> Vec<u8> {
+fn read_frame(key: AccessKey) -> Vec<u8> {
     Message::Request(Repr::read(at(0, 0), key, 8))
         .encode_to_vec(99)
         .expect("encode")
@@ -64,10 +65,10 @@ fn wrong_key_is_access_denied() {
     let mut f = Fixture::new();
     let mut conn = Conn::connect(f.data);
     for req in [
-        Repr::read(at(0, 0), f.key() ^ 1, 8),
-        Repr::write(at(0, 0), 0, b"x"),
-        Repr::fetch_add(at(0, 8), f.key().wrapping_add(1), 1),
-        Repr::flush(at(0, 0), 12345, 8),
+        Repr::read(at(0, 0), AccessKey(f.key().get() ^ 1), 8),
+        Repr::write(at(0, 0), AccessKey::NONE, b"x"),
+        Repr::fetch_add(at(0, 8), AccessKey(f.key().get().wrapping_add(1)), 1),
+        Repr::flush(at(0, 0), AccessKey(12345), 8),
     ] {
         assert_eq!(conn.call(req).status, Status::AccessDenied, "{req:?}");
     }

@@ -1,6 +1,7 @@
 //! The daemon's life: durability across kill -9, clean SIGTERM, region file
 //! headers, direct PMEM addressing, metrics.
 
+use proto::AccessKey;
 use proto::request::{Repr, Target};
 use proto::{Message, Opcode, Status};
 use std::time::Duration;
@@ -161,7 +162,7 @@ fn pmem_addressed_requests_work_directly() {
     assert_eq!(reply.data, b"direct");
     let past_end = Target::Pmem(layout.entries()[1].start.checked_add(8 << 20).unwrap());
     assert_eq!(
-        conn.call(Repr::read(past_end, 0, 1)).status,
+        conn.call(Repr::read(past_end, AccessKey::NONE, 1)).status,
         Status::Unmapped
     );
 }
@@ -202,7 +203,11 @@ fn metrics_pass_promtool_and_count_operations() {
         &[1; 100],
     ));
     conn.call(Repr::read(at(0, 0), key(server.addr("nic.n0"), 0), 100));
-    conn.call(Repr::read(at(0, 0), key(server.addr("nic.n0"), 0) ^ 1, 100));
+    conn.call(Repr::read(
+        at(0, 0),
+        AccessKey(key(server.addr("nic.n0"), 0).get() ^ 1),
+        100,
+    ));
     let (code, text) =
         telemetry::http_get(server.addr("admin"), "/metrics", Duration::from_secs(5)).unwrap();
     assert_eq!(code, 200);

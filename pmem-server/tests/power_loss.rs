@@ -15,6 +15,7 @@
 //!   returns the first execution's result for every exactly-once atomic,
 //!   and leaves the region exactly as a run without power loss does.
 
+use proto::AccessKey;
 use std::path::Path;
 
 use pmem_server::Flow;
@@ -177,7 +178,7 @@ impl Op {
         }
     }
 
-    fn request<'a>(&'a self, k: u64) -> Repr<'a> {
+    fn request<'a>(&'a self, k: AccessKey) -> Repr<'a> {
         match self {
             Op::WritePersist { offset, data } => Repr::write_persist(at(0, *offset), k, data),
             Op::NonTemporalPersist { offset, data } => {
@@ -213,7 +214,7 @@ struct Answer {
 struct Server {
     opened: OpenedServer,
     session: pmem_server::Session,
-    key: u64,
+    key: AccessKey,
 }
 
 impl Server {
@@ -232,7 +233,7 @@ impl Server {
 
     /// The server reopened after a power cut; requests carry `key`, the
     /// key it had before (a region keeps its key across the cut).
-    fn reopen(config: &ServerConfig, key: u64) -> Server {
+    fn reopen(config: &ServerConfig, key: AccessKey) -> Server {
         let opened = OpenedServer::open(config)
             .unwrap_or_else(|e| panic!("reopen after the power cut: {e:?}"));
         let session = opened.exec.new_session();

@@ -3,7 +3,8 @@
 //! A [`VirtAddr`] is what an application uses, a [`PmemAddr`] is a location in
 //! the flat pool-wide PMEM space, and a [`RegionOffset`] is what a server sees:
 //! a region index plus a byte offset inside that region. They are distinct
-//! types so that one can never be passed where another is meant.
+//! types so that one can never be passed where another is meant. An
+//! [`AccessKey`] is what opens a range to a request.
 
 use std::fmt;
 
@@ -28,6 +29,40 @@ pub struct RegionOffset {
     pub region: RegionIndex,
     /// Byte offset from the start of the region's data.
     pub offset: u64,
+}
+
+/// The key a request carries to reach memory: the key of its region, or
+/// with an allocator the key of the allocation it touches. Servers make
+/// region keys at random; [`AccessKey::NONE`] (0) is never a valid key and
+/// stands for "not given" in a MAP or "the region's key" inside a client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct AccessKey(pub u64);
+
+impl AccessKey {
+    /// No key: not given, or not known yet.
+    pub const NONE: AccessKey = AccessKey(0);
+
+    /// The key's bits, as they go on the wire.
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+
+    /// Whether this is [`AccessKey::NONE`].
+    pub const fn is_none(self) -> bool {
+        self.0 == 0
+    }
+}
+
+impl From<u64> for AccessKey {
+    fn from(bits: u64) -> Self {
+        Self(bits)
+    }
+}
+
+impl fmt::Display for AccessKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#018x}", self.0)
+    }
 }
 
 macro_rules! addr_ops {

@@ -546,6 +546,7 @@ impl FrameDecoder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::AccessKey;
     use crate::message::{Message, parse_frame};
     use crate::request::{self, Target};
     use crate::response;
@@ -559,11 +560,15 @@ mod tests {
             Message::MapRequest,
             Message::Request(request::Repr::write(
                 Target::Region(RegionOffset::new(RegionIndex(2), 64)),
-                3,
+                AccessKey(3),
                 &data,
             )),
             Message::Response(response::Repr::ack(Status::Ok)),
-            Message::Request(request::Repr::read(Target::Pmem(PmemAddr(9)), 1, 8)),
+            Message::Request(request::Repr::read(
+                Target::Pmem(PmemAddr(9)),
+                AccessKey(1),
+                8,
+            )),
         ];
         let frames: Vec<Vec<u8>> = messages
             .iter()
@@ -1285,9 +1290,13 @@ mod tests {
         // 40 KiB frames, the reader empty after each: the buffer grows once
         // and is neither released nor zero-filled again.
         let data = vec![1u8; 40 * 1024];
-        let frame = Message::Request(request::Repr::write(Target::Pmem(PmemAddr(0)), 1, &data))
-            .encode_to_vec(5)
-            .unwrap();
+        let frame = Message::Request(request::Repr::write(
+            Target::Pmem(PmemAddr(0)),
+            AccessKey(1),
+            &data,
+        ))
+        .encode_to_vec(5)
+        .unwrap();
         let stream = frame.repeat(50);
         for sizes in [&[usize::MAX][..], &[frame.len()], &[1000, 7]] {
             let mut decoder = FrameDecoder::new();

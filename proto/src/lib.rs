@@ -126,7 +126,7 @@ pub mod response;
 pub mod roce;
 pub mod status;
 
-pub use addr::{PmemAddr, RegionIndex, RegionOffset, VirtAddr};
+pub use addr::{AccessKey, PmemAddr, RegionIndex, RegionOffset, VirtAddr};
 pub use decoder::{FrameDecoder, ReadError, ReadOutcome};
 pub use error::{Error, Result};
 pub use hello::PROTOCOL_VERSION;

@@ -24,7 +24,7 @@
 
 use crate::error::{Error, Result};
 use crate::le;
-use crate::{PmemAddr, RegionIndex};
+use crate::{AccessKey, PmemAddr, RegionIndex};
 
 /// Byte ranges of a MAP body.
 pub mod field {
@@ -144,7 +144,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
             region: RegionIndex(le::u32_at(&raw[field::entry::REGION])),
             server: le::u16_at(&raw[field::entry::SERVER]),
             socket: le::u16_at(&raw[field::entry::SOCKET]),
-            key: le::u64_at(&raw[field::entry::KEY]),
+            key: AccessKey(le::u64_at(&raw[field::entry::KEY])),
         })
     }
 
@@ -184,7 +184,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
         le::put_u32(&mut raw[field::entry::REGION], entry.region.0);
         le::put_u16(&mut raw[field::entry::SERVER], entry.server);
         le::put_u16(&mut raw[field::entry::SOCKET], entry.socket);
-        le::put_u64(&mut raw[field::entry::KEY], entry.key);
+        le::put_u64(&mut raw[field::entry::KEY], entry.key.get());
     }
 }
 
@@ -201,8 +201,8 @@ pub struct MapEntry {
     pub server: u16,
     /// The CPU socket the region's device hangs off.
     pub socket: u16,
-    /// The region key, or 0 when the sender does not give it.
-    pub key: u64,
+    /// The region key, or [`AccessKey::NONE`] when the sender does not give it.
+    pub key: AccessKey,
 }
 
 /// A parsed MAP body.
@@ -300,7 +300,7 @@ mod tests {
                     region: RegionIndex(0),
                     server: 0,
                     socket: 1,
-                    key: 0x0123_4567_89AB_CDEF,
+                    key: AccessKey(0x0123_4567_89AB_CDEF),
                 },
                 MapEntry {
                     start: PmemAddr(1 << 30),
@@ -308,7 +308,7 @@ mod tests {
                     region: RegionIndex(5),
                     server: 0x102,
                     socket: 0,
-                    key: 0,
+                    key: AccessKey::NONE,
                 },
             ],
         }

@@ -297,6 +297,7 @@ pub fn reply_to_malformed(frame: &[u8], error: &Error) -> Option<[u8; ERROR_REPL
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::AccessKey;
     use crate::request::Target;
     use crate::{PmemAddr, RegionIndex, RegionOffset};
 
@@ -317,7 +318,11 @@ mod tests {
     ];
 
     fn read() -> Message<'static> {
-        Message::Request(request::Repr::read(Target::Pmem(PmemAddr(0x2000)), 9, 4096))
+        Message::Request(request::Repr::read(
+            Target::Pmem(PmemAddr(0x2000)),
+            AccessKey(9),
+            4096,
+        ))
     }
 
     #[test]
@@ -507,7 +512,7 @@ mod tests {
             length: 3,
             ..request::Repr::write(
                 Target::Region(RegionOffset::new(RegionIndex(1), 0)),
-                0,
+                AccessKey::NONE,
                 b"ab",
             )
         });
@@ -531,7 +536,7 @@ mod tests {
                     region: RegionIndex(0),
                     server: 0,
                     socket: 0,
-                    key: 0,
+                    key: AccessKey::NONE,
                 };
                 MAX_BODY_LEN as usize / map::ENTRY_LEN + 1
             ],
@@ -548,7 +553,7 @@ mod tests {
         let data = vec![0xA5u8; crate::frame::MAX_DATA_LEN as usize];
         let write = Message::Request(request::Repr::write_persist(
             Target::Pmem(PmemAddr(0)),
-            1,
+            AccessKey(1),
             &data,
         ));
         let frame = write.encode_to_vec(3).unwrap();

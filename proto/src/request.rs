@@ -24,7 +24,7 @@ use crate::error::{Error, Result};
 use crate::frame::MAX_DATA_LEN;
 use crate::le;
 use crate::opcode::Opcode;
-use crate::{PmemAddr, RegionIndex, RegionOffset};
+use crate::{AccessKey, PmemAddr, RegionIndex, RegionOffset};
 
 /// Byte ranges of a request body.
 pub mod field {
@@ -389,8 +389,8 @@ pub struct Repr<'a> {
     pub operation: Operation,
     /// Where to operate.
     pub target: Target,
-    /// Protection key.
-    pub key: u64,
+    /// The key that opens the target range.
+    pub key: AccessKey,
     /// Bytes to read, write or flush; [`ATOMIC_LEN`] for atomics; equal to
     /// `payload.len()` for writes.
     pub length: u32,
@@ -413,7 +413,7 @@ pub struct Repr<'a> {
 }
 
 impl<'a> Repr<'a> {
-    fn plain(operation: Operation, target: Target, key: u64, length: u32) -> Self {
+    fn plain(operation: Operation, target: Target, key: AccessKey, length: u32) -> Self {
         Repr {
             operation,
             target,
@@ -430,12 +430,12 @@ impl<'a> Repr<'a> {
     }
 
     /// READ of `length` bytes.
-    pub fn read(target: Target, key: u64, length: u32) -> Self {
+    pub fn read(target: Target, key: AccessKey, length: u32) -> Self {
         Self::plain(Operation::Read, target, key, length)
     }
 
     /// WRITE of `data` ([`Repr::check`] says whether it fits [`MAX_DATA_LEN`]).
-    pub fn write(target: Target, key: u64, data: &'a [u8]) -> Self {
+    pub fn write(target: Target, key: AccessKey, data: &'a [u8]) -> Self {
         let length = u32::try_from(data.len()).unwrap_or(u32::MAX);
         Repr {
             payload: data,
@@ -444,7 +444,7 @@ impl<'a> Repr<'a> {
     }
 
     /// WRITE_PERSIST of `data`: acknowledged once durable.
-    pub fn write_persist(target: Target, key: u64, data: &'a [u8]) -> Self {
+    pub fn write_persist(target: Target, key: AccessKey, data: &'a [u8]) -> Self {
         Repr {
             operation: Operation::WritePersist,
             ..Self::write(target, key, data)
@@ -452,12 +452,12 @@ impl<'a> Repr<'a> {
     }
 
     /// FLUSH of `length` bytes.
-    pub fn flush(target: Target, key: u64, length: u32) -> Self {
+    pub fn flush(target: Target, key: AccessKey, length: u32) -> Self {
         Self::plain(Operation::Flush, target, key, length)
     }
 
     /// COMPARE_SWAP: store `swap` if the current value equals `compare`.
-    pub fn compare_swap(target: Target, key: u64, compare: u64, swap: u64) -> Self {
+    pub fn compare_swap(target: Target, key: AccessKey, compare: u64, swap: u64) -> Self {
         Repr {
             operand: swap,
             compare,
@@ -466,7 +466,7 @@ impl<'a> Repr<'a> {
     }
 
     /// FETCH_ADD of `add` (wrapping).
-    pub fn fetch_add(target: Target, key: u64, add: u64) -> Self {
+    pub fn fetch_add(target: Target, key: AccessKey, add: u64) -> Self {
         Repr {
             operand: add,
             ..Self::plain(Operation::FetchAdd, target, key, ATOMIC_LEN)
@@ -474,7 +474,7 @@ impl<'a> Repr<'a> {
     }
 
     /// ATOMIC_WRITE of `value`.
-    pub fn atomic_write(target: Target, key: u64, value: u64) -> Self {
+    pub fn atomic_write(target: Target, key: AccessKey, value: u64) -> Self {
         Repr {
             operand: value,
             ..Self::plain(Operation::AtomicWrite, target, key, ATOMIC_LEN)
@@ -569,7 +569,7 @@ impl<'a> Repr<'a> {
         let repr = Repr {
             operation,
             target,
-            key: packet.key(),
+            key: AccessKey(packet.key()),
             length: packet.length(),
             exactly_once,
             on_behalf,
@@ -669,7 +669,7 @@ impl<'a> Repr<'a> {
         };
         packet.set_region(region);
         packet.set_addr(addr);
-        packet.set_key(self.key);
+        packet.set_key(self.key.get());
         packet.set_length(self.length);
         let (client, seq) = self.exactly_once.map_or((0, 0), |e| (e.client, e.seq));
         // With both, the exactly-once field's client number is the one the
@@ -716,7 +716,7 @@ mod tests {
     fn repr() -> Repr<'static> {
         Repr::write_persist(
             Target::Region(RegionOffset::new(RegionIndex(3), 0x1000)),
-            0xAABB,
+            AccessKey(0xAABB),
             b"hello",
         )
         .with_exactly_once(7, 42)
@@ -783,7 +783,7 @@ mod tests {
         let cas = Packet::new_checked(&CAS[..]).unwrap();
         assert_eq!(
             Repr::parse(&cas, Operation::CompareSwap).unwrap(),
-            Repr::compare_swap(Target::Pmem(PmemAddr(0x4000_0000)), 1, 5, 6)
+            Repr::compare_swap(Target::Pmem(PmemAddr(0x4000_0000)), AccessKey(1), 5, 6)
         );
     }
 
@@ -795,7 +795,7 @@ mod tests {
         repr.emit(&mut Packet::new_unchecked(&mut bytes[..]));
         assert_eq!(bytes, BYTES);
 
-        let cas = Repr::compare_swap(Target::Pmem(PmemAddr(0x4000_0000)), 1, 5, 6);
+        let cas = Repr::compare_swap(Target::Pmem(PmemAddr(0x4000_0000)), AccessKey(1), 5, 6);
         let mut bytes = [0xFFu8; 56];
         cas.emit(&mut Packet::new_unchecked(&mut bytes[..]));
         assert_eq!(bytes, CAS);
@@ -847,7 +847,7 @@ mod tests {
     fn on_behalf_carries_the_client_number_with_or_without_exactly_once() {
         let read = Repr {
             on_behalf: Some(7),
-            ..Repr::read(Target::Pmem(PmemAddr(64)), 1, 8)
+            ..Repr::read(Target::Pmem(PmemAddr(64)), AccessKey(1), 8)
         };
         let mut body = vec![0u8; read.buffer_len()];
         read.emit(&mut Packet::new_unchecked(&mut body[..]));
@@ -856,7 +856,7 @@ mod tests {
         // With exactly-once: the lane stays, the number is the device's.
         let add = Repr {
             on_behalf: Some(3),
-            ..Repr::fetch_add(Target::Pmem(PmemAddr(64)), 1, 1)
+            ..Repr::fetch_add(Target::Pmem(PmemAddr(64)), AccessKey(1), 1)
                 .with_exactly_once(ExactlyOnce::on_lane(2, 0).client, 9)
         };
         let mut body = vec![0u8; add.buffer_len()];
@@ -929,7 +929,7 @@ mod tests {
                 got: 4
             })
         );
-        let read = Repr::read(Target::Pmem(PmemAddr(0)), 0, MAX_DATA_LEN + 1);
+        let read = Repr::read(Target::Pmem(PmemAddr(0)), AccessKey::NONE, MAX_DATA_LEN + 1);
         assert_eq!(
             read.check(),
             Err(Error::DataTooLong {
@@ -937,12 +937,12 @@ mod tests {
             })
         );
         assert_eq!(
-            Repr::read(Target::Pmem(PmemAddr(0)), 0, MAX_DATA_LEN).check(),
+            Repr::read(Target::Pmem(PmemAddr(0)), AccessKey::NONE, MAX_DATA_LEN).check(),
             Ok(())
         );
         // FLUSH ranges are not bounded by the data limit.
         assert_eq!(
-            Repr::flush(Target::Pmem(PmemAddr(0)), 0, u32::MAX).check(),
+            Repr::flush(Target::Pmem(PmemAddr(0)), AccessKey::NONE, u32::MAX).check(),
             Ok(())
         );
     }

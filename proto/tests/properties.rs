@@ -3,6 +3,7 @@
 //! decoder frames any split of a valid stream identically, whether the bytes
 //! are fed or read from a reader.
 
+use proto::AccessKey;
 use std::collections::VecDeque;
 use std::io::{self, Read};
 
@@ -68,7 +69,7 @@ impl Spec {
             } => Message::Request(request::Repr {
                 operation: *operation,
                 target: *target,
-                key: *key,
+                key: AccessKey(*key),
                 length: *length,
                 exactly_once: *exactly_once,
                 on_behalf: None,
@@ -204,7 +205,7 @@ fn map() -> impl Strategy<Value = Spec> {
             region: RegionIndex(region),
             server,
             socket,
-            key,
+            key: AccessKey(key),
         });
     (
         any::<[u8; 32]>(),

@@ -20,6 +20,7 @@
 //! retried after the boot with its original sequence number and must be
 //! answered as if it ran once.
 
+use proto::AccessKey;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -235,7 +236,7 @@ fn block(slot: u64, stamp: u64) -> Vec<u8> {
 /// error instead of panicking.
 struct Link {
     stream: TcpStream,
-    key: u64,
+    key: AccessKey,
     tag: u64,
 }
 
@@ -250,7 +251,7 @@ impl Link {
         stream.set_read_timeout(Some(IO_TIMEOUT))?;
         let mut link = Link {
             stream,
-            key: 0,
+            key: AccessKey::NONE,
             tag: 0,
         };
         let frame = link.exchange(&Message::MapRequest)?;
@@ -259,7 +260,7 @@ impl Link {
                 .entries
                 .iter()
                 .find(|e| e.region == RegionIndex(0))
-                .map_or(0, |e| e.key),
+                .map_or(AccessKey::NONE, |e| e.key),
             other => {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
@@ -708,7 +709,7 @@ pub fn run(plan: &PowerCutPlan) -> anyhow::Result<PowerCutReport> {
         let console = work.join(format!("console-{boot}.log"));
         let mut guest = Guest::boot(&lab, &work, plan.medium, boot)?;
         let mut link = guest.wait_ready(addr, &console)?;
-        if link.key == 0 {
+        if link.key.is_none() {
             bail!("boot {boot}: the server gives no key for region 0");
         }
         if *first_key.get_or_insert(link.key) != link.key {

@@ -1,6 +1,7 @@
 //! A raw protocol client over a blocking TCP stream, and helpers to address
 //! regions and check region files.
 
+use proto::AccessKey;
 use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -274,7 +275,7 @@ impl Conn {
     /// # Panics
     ///
     /// When the MAP names no such region or gives no key for it.
-    pub fn region_key(&mut self, index: u32) -> u64 {
+    pub fn region_key(&mut self, index: u32) -> AccessKey {
         let key = self
             .map()
             .entries
@@ -282,7 +283,7 @@ impl Conn {
             .find(|e| e.region == RegionIndex(index))
             .unwrap_or_else(|| panic!("no region {index} in the MAP"))
             .key;
-        assert_ne!(key, 0, "the MAP gives no key for region {index}");
+        assert!(!key.is_none(), "the MAP gives no key for region {index}");
         key
     }
 
@@ -318,7 +319,7 @@ pub fn at(index: u32, offset: u64) -> Target {
 /// # Panics
 ///
 /// When the server cannot be reached or gives no key for the region.
-pub fn key(addr: SocketAddr, index: u32) -> u64 {
+pub fn key(addr: SocketAddr, index: u32) -> AccessKey {
     Conn::connect(addr).region_key(index)
 }
 

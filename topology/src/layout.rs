@@ -8,7 +8,7 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::addr::{PmemAddr, RegionIndex, RegionOffset};
+use crate::addr::{AccessKey, PmemAddr, RegionIndex, RegionOffset};
 use crate::extent_table::ExtentTable;
 use crate::ids::{PmemDeviceId, RegionId, ServerId, SocketId};
 use crate::meta::MetaLayout;
@@ -39,7 +39,7 @@ pub struct LayoutEntry {
     /// holder of this layout knows it: 0 (which opens nothing) until it is
     /// learnt from the server that made it ([`Layout::set_key`]). Keys are
     /// not part of the topology nor of the layout's digest.
-    pub key: u64,
+    pub key: AccessKey,
     /// The region's cache policy.
     pub cache: CachePolicy,
 }
@@ -272,7 +272,7 @@ impl Layout {
                 socket: place.socket.id.clone(),
                 socket_index: u16::try_from(socket_index).unwrap_or(u16::MAX),
                 device: place.device.id.clone(),
-                key: 0,
+                key: AccessKey::NONE,
                 cache: region.cache,
             });
         }
@@ -419,7 +419,7 @@ impl Layout {
     /// Records `key` as the key of `region` (in its entry and the
     /// allocator's metadata); `false` when there is no such region. The
     /// digest does not change: keys are not part of it.
-    pub fn set_key(&mut self, region: RegionIndex, key: u64) -> bool {
+    pub fn set_key(&mut self, region: RegionIndex, key: AccessKey) -> bool {
         let Some(entry) = self.entries.get_mut(region.0 as usize) else {
             return false;
         };
@@ -435,7 +435,7 @@ impl Layout {
     pub fn learn_keys(&mut self, map: &proto::map::Repr) -> usize {
         map.entries
             .iter()
-            .filter(|e| e.key != 0 && self.set_key(e.region, e.key))
+            .filter(|e| !e.key.is_none() && self.set_key(e.region, e.key))
             .count()
     }
 
@@ -475,6 +475,7 @@ mod tests {
     use super::*;
     use crate::extent_table::Step;
     use crate::load::EnvOverrides;
+    use proto::AccessKey;
 
     fn default_topology() -> Topology {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/default.toml");
@@ -538,19 +539,19 @@ mod tests {
     #[test]
     fn keys_start_unknown_and_are_learnt_from_a_map() {
         let mut layout = Layout::new(&default_topology()).unwrap();
-        assert!(layout.entries().iter().all(|e| e.key == 0));
+        assert!(layout.entries().iter().all(|e| e.key.is_none()));
         let digest = layout.digest();
         let mut map = layout.to_map();
-        map.entries[1].key = 42;
+        map.entries[1].key = AccessKey(42);
         map.entries.push(proto::map::MapEntry {
             region: RegionIndex(999),
-            key: 7,
+            key: AccessKey(7),
             ..map.entries[0]
         });
         assert_eq!(layout.learn_keys(&map), 1);
-        assert_eq!(layout.entries()[1].key, 42);
-        assert_eq!(layout.to_map().entries[1].key, 42);
-        assert_eq!(layout.entries()[0].key, 0);
+        assert_eq!(layout.entries()[1].key, AccessKey(42));
+        assert_eq!(layout.to_map().entries[1].key, AccessKey(42));
+        assert_eq!(layout.entries()[0].key, AccessKey::NONE);
         assert_eq!(layout.digest(), digest);
     }
 
@@ -568,7 +569,7 @@ mod tests {
             socket: "0".into(),
             socket_index: 0,
             device: "d".into(),
-            key: 0,
+            key: AccessKey::NONE,
             cache: CachePolicy::WriteBack,
         }
     }
@@ -758,7 +759,7 @@ mod tests {
         let a = Layout::new(&default_topology()).unwrap();
         assert_eq!(a, a.clone());
         let mut entries = a.entries().to_vec();
-        entries[0].key ^= 1;
+        entries[0].key = AccessKey(entries[0].key.get() ^ 1);
         let rekeyed = Layout::from_entries(a.extent_size(), entries).unwrap();
         assert_eq!(a.digest(), rekeyed.digest());
         assert_ne!(a, rekeyed);

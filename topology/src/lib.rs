@@ -28,7 +28,7 @@ pub mod secrets;
 pub mod size;
 pub mod validate;
 
-pub use addr::{PmemAddr, RegionIndex, RegionOffset, VirtAddr};
+pub use addr::{AccessKey, PmemAddr, RegionIndex, RegionOffset, VirtAddr};
 pub use ids::{
     ClientId, FabricDeviceId, NicId, PmemDeviceId, PortId, RegionId, RnicId, ServerId, SocketId,
 };

@@ -16,7 +16,7 @@
 //!
 //! All words are little-endian u64; every table starts 64-byte aligned.
 
-use crate::addr::{PmemAddr, RegionIndex};
+use crate::addr::{AccessKey, PmemAddr, RegionIndex};
 use crate::ids::RegionId;
 use crate::layout::LayoutEntry;
 use crate::model::AllocatorConfig;
@@ -96,7 +96,7 @@ pub struct RegionMeta {
     /// Leading extents reserved for metadata (never allocated).
     pub reserved: u64,
     /// The region key: it opens the reserved extents and unallocated ones.
-    pub key: u64,
+    pub key: AccessKey,
 }
 
 impl RegionMeta {
@@ -253,7 +253,7 @@ impl MetaLayout {
     }
 
     /// Records `key` as the key of `region`; `false` when there is no such region.
-    pub(crate) fn set_key(&mut self, region: RegionIndex, key: u64) -> bool {
+    pub(crate) fn set_key(&mut self, region: RegionIndex, key: AccessKey) -> bool {
         match self.regions.get_mut(region.0 as usize) {
             Some(meta) => {
                 meta.key = key;

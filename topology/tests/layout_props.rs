@@ -1,6 +1,7 @@
 //! Property tests of the PMEM address layout.
 
 use proptest::prelude::*;
+use proto::AccessKey;
 use topology::{
     ByteSize, CachePolicy, Client, FabricDevice, FabricLink, FabricPort, Layout, LayoutEntry,
     PmemAddr, PmemDevice, Pool, Region, RegionIndex, Rnic, Server, ServerNic, Socket, Topology,
@@ -125,7 +126,7 @@ fn synthetic(extent: u64, spans: &[(u64, u64)]) -> Layout {
             socket: "0".into(),
             socket_index: 0,
             device: "d".into(),
-            key: i as u64,
+            key: AccessKey(i as u64),
             cache: CachePolicy::WriteBack,
         })
         .collect();
@@ -251,7 +252,7 @@ fn digest_changes_with_the_layout() {
     renamed.servers[0].id = "other".into();
     assert_ne!(base.digest(), Layout::new(&renamed).unwrap().digest());
     let mut rekeyed = Layout::new(&build(&spec)).unwrap();
-    rekeyed.set_key(topology::RegionIndex(0), 7);
+    rekeyed.set_key(topology::RegionIndex(0), AccessKey(7));
     assert_eq!(
         base.digest(),
         rekeyed.digest(),

@@ -1,6 +1,7 @@
 //! Whole extents: virtual runs in the page table, PMEM extents in the
 //! regions' free-extent bitmaps, keys in the regions' extent key tables.
 
+use proto::AccessKey;
 use topology::{PmemAddr, RegionIndex, RegionMeta};
 
 use super::records::{self, Control, EntryKind, EntryState, PtEntry, sb};
@@ -15,7 +16,7 @@ const CURSOR_TRIES: u32 = 64;
 pub(super) struct Claimed {
     pub(super) region: RegionIndex,
     pub(super) extent: u64,
-    pub(super) key: u64,
+    pub(super) key: AccessKey,
 }
 
 impl Allocator {
@@ -258,7 +259,7 @@ impl Allocator {
             if let Some(extent) = self.claim_in(region).await? {
                 let key = self.fresh_key();
                 let meta = self.region(region)?;
-                self.store(meta.at(meta.key_offset(extent)), meta.key, key)
+                self.store(meta.at(meta.key_offset(extent)), meta.key, key.get())
                     .await?;
                 return Ok(Some(Claimed {
                     region,
@@ -435,7 +436,7 @@ pub(super) fn free_entry(control: Control) -> PtEntry {
             generation: control.generation,
         },
         pmem: 0,
-        key: 0,
+        key: AccessKey::NONE,
         info: 0,
     }
 }

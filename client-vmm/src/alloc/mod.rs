@@ -42,6 +42,7 @@ pub use crate::records;
 mod scrub;
 mod slab;
 
+use proto::AccessKey;
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -321,7 +322,7 @@ impl Allocator {
         self.pool.pool_name().to_owned()
     }
 
-    fn meta_key(&self) -> u64 {
+    fn meta_key(&self) -> AccessKey {
         self.meta.meta_region().key
     }
 
@@ -338,7 +339,7 @@ impl Allocator {
     }
 
     /// A fresh non-zero key (splitmix64 over a seed from the OS).
-    fn fresh_key(&self) -> u64 {
+    fn fresh_key(&self) -> AccessKey {
         let mut state = self
             .rng
             .lock()
@@ -350,14 +351,14 @@ impl Allocator {
             z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
             z ^= z >> 31;
             if z != 0 {
-                return z;
+                return AccessKey(z);
             }
         }
     }
 
     // One-sided operations on metadata, counted.
 
-    async fn read(&self, at: PmemAddr, key: u64, len: u32) -> Result<Vec<u8>, PoolError> {
+    async fn read(&self, at: PmemAddr, key: AccessKey, len: u32) -> Result<Vec<u8>, PoolError> {
         self.ops.fetch_add(1, Ordering::Relaxed);
         self.pool.pmem_read(at, key, len).await
     }
@@ -368,26 +369,32 @@ impl Allocator {
         Ok(records::word_at(&bytes, 0).unwrap_or_default())
     }
 
-    async fn write(&self, at: PmemAddr, key: u64, data: &[u8]) -> Result<(), PoolError> {
+    async fn write(&self, at: PmemAddr, key: AccessKey, data: &[u8]) -> Result<(), PoolError> {
         self.ops.fetch_add(1, Ordering::Relaxed);
         self.pool.pmem_write(at, key, data).await
     }
 
-    async fn cas(&self, at: PmemAddr, key: u64, old: u64, new: u64) -> Result<u64, PoolError> {
+    async fn cas(
+        &self,
+        at: PmemAddr,
+        key: AccessKey,
+        old: u64,
+        new: u64,
+    ) -> Result<u64, PoolError> {
         self.ops.fetch_add(1, Ordering::Relaxed);
         self.pool
             .pmem_atomic(at, key, Operation::CompareSwap, new, old)
             .await
     }
 
-    async fn fetch_add(&self, at: PmemAddr, key: u64, delta: u64) -> Result<u64, PoolError> {
+    async fn fetch_add(&self, at: PmemAddr, key: AccessKey, delta: u64) -> Result<u64, PoolError> {
         self.ops.fetch_add(1, Ordering::Relaxed);
         self.pool
             .pmem_atomic(at, key, Operation::FetchAdd, delta, 0)
             .await
     }
 
-    async fn store(&self, at: PmemAddr, key: u64, value: u64) -> Result<(), PoolError> {
+    async fn store(&self, at: PmemAddr, key: AccessKey, value: u64) -> Result<(), PoolError> {
         self.ops.fetch_add(1, Ordering::Relaxed);
         self.pool
             .pmem_atomic(at, key, Operation::AtomicWrite, value, 0)

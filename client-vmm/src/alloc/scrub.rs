@@ -152,7 +152,7 @@ impl Allocator {
         for (i, entry) in table.iter().enumerate() {
             let i = i as u64;
             if live.contains_key(&i) {
-                held.insert(entry.pmem, entry.key);
+                held.insert(entry.pmem, entry.key.get());
                 continue;
             }
             if entry.control.state != EntryState::Free {

@@ -17,6 +17,7 @@
 //! with COMPARE_SWAP, so no reservation can sneak in) and frees its extent,
 //! which rotates its key.
 
+use proto::AccessKey;
 use topology::{PmemAddr, VirtAddr};
 
 use super::records::{self, EntryKind, PtEntry, SlabHeader, SlabShape, sb};
@@ -137,7 +138,8 @@ impl Allocator {
         entry: &PtEntry,
         shape: &SlabShape,
     ) -> Result<u64, AllocError> {
-        let start = self.fresh_key() % shape.words;
+        // A random word to start from, so claimers spread out.
+        let start = self.fresh_key().get() % shape.words;
         for step in 0..shape.words * 4 {
             let w = (start + step) % shape.words;
             let offset = SlabShape::CLAIMED + w * 8;
@@ -348,7 +350,7 @@ impl Allocator {
     async fn read_slab_word(
         &self,
         base: PmemAddr,
-        key: u64,
+        key: AccessKey,
         offset: u64,
     ) -> Result<u64, AllocError> {
         let bytes = self.read(PmemAddr(base.get() + offset), key, 8).await?;

@@ -1,6 +1,7 @@
 //! The async API: reads, writes, atomics, flushes and batches on virtual
 //! ranges, fences, status.
 
+use proto::AccessKey;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -291,7 +292,7 @@ impl AsyncPool {
     pub(crate) async fn pmem_read(
         &self,
         at: PmemAddr,
-        key: u64,
+        key: AccessKey,
         len: u32,
     ) -> Result<Vec<u8>, PoolError> {
         let mut out = Vec::with_capacity(len as usize);
@@ -310,7 +311,7 @@ impl AsyncPool {
     pub(crate) async fn pmem_write(
         &self,
         at: PmemAddr,
-        key: u64,
+        key: AccessKey,
         data: &[u8],
     ) -> Result<(), PoolError> {
         for (i, chunk) in data.chunks(MAX_PIECE as usize).enumerate() {
@@ -329,7 +330,7 @@ impl AsyncPool {
     pub(crate) async fn pmem_atomic(
         &self,
         at: PmemAddr,
-        key: u64,
+        key: AccessKey,
         operation: Operation,
         operand: u64,
         compare: u64,

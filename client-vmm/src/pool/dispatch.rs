@@ -1,6 +1,7 @@
 //! Sending pieces: translation, path choice, attempts and failover, and
 //! the prober that brings paths back.
 
+use proto::AccessKey;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -217,7 +218,7 @@ impl Inner {
     pub(super) async fn raw(
         &self,
         pmem: PmemAddr,
-        key: u64,
+        key: AccessKey,
         spec: Spec<'_>,
     ) -> Result<Response, PoolError> {
         let at = Address::Pmem(pmem);
@@ -246,7 +247,7 @@ impl Inner {
     async fn send_keyed(&self, piece: Piece, spec: Spec<'_>) -> Result<Response, PoolError> {
         let response = self.send_with_failover(piece, spec).await?;
         if response.status == Status::AccessDenied
-            && piece.key == 0
+            && piece.key == AccessKey::NONE
             && self.refresh_keys(piece.region).await
         {
             return self.send_with_failover(piece, spec).await;

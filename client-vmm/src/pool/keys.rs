@@ -3,7 +3,7 @@
 //! Servers make their regions' keys (random, kept with the region, rotated
 //! by operators) and hand them out in the MAP: a fabric device passes on
 //! those of the regions the client's grants reach. A key of 0 in a
-//! translation or an allocator record stands for "the region's key", looked
+//! translation or an allocator record ([`AccessKey::NONE`]) stands for "the region's key", looked
 //! up here when the request is sent, so a rotated key is picked up by
 //! learning the new MAP, without touching translations.
 
@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use topology::RegionIndex;
+use topology::{AccessKey, RegionIndex};
 
 /// How often at most the keys of one region are asked for again after a
 /// refusal: a client without a grant must not turn each refused request
@@ -35,30 +35,32 @@ impl RegionKeys {
         }
     }
 
-    /// Records the non-zero keys `map` gives; returns how many changed.
+    /// Records the keys `map` gives; returns how many changed.
     pub fn learn(&self, map: &proto::map::Repr) -> usize {
         map.entries
             .iter()
-            .filter(|e| e.key != 0)
-            .filter_map(|e| self.keys.get(e.region.0 as usize).map(|k| (k, e.key)))
+            .filter(|e| !e.key.is_none())
+            .filter_map(|e| self.keys.get(e.region.0 as usize).map(|k| (k, e.key.get())))
             .filter(|(slot, key)| slot.swap(*key, Ordering::AcqRel) != *key)
             .count()
     }
 
     /// The key to send for a request carrying `key` into `region`: `key`
-    /// itself (an allocation's own key), or for 0 the region's key.
-    pub fn resolve(&self, region: RegionIndex, key: u64) -> u64 {
+    /// itself (an allocation's own key), or for none the region's key.
+    pub fn resolve(&self, region: RegionIndex, key: AccessKey) -> AccessKey {
         match key {
-            0 => self.get(region),
+            AccessKey::NONE => self.get(region),
             key => key,
         }
     }
 
-    /// The region's key as last learnt (0: not given).
-    pub fn get(&self, region: RegionIndex) -> u64 {
-        self.keys
-            .get(region.0 as usize)
-            .map_or(0, |k| k.load(Ordering::Acquire))
+    /// The region's key as last learnt ([`AccessKey::NONE`]: not given).
+    pub fn get(&self, region: RegionIndex) -> AccessKey {
+        AccessKey(
+            self.keys
+                .get(region.0 as usize)
+                .map_or(0, |k| k.load(Ordering::Acquire)),
+        )
     }
 
     /// Whether `region`'s keys may be asked for again now (at most once
@@ -97,7 +99,7 @@ mod tests {
                     region: RegionIndex(i as u32),
                     server: 0,
                     socket: 0,
-                    key,
+                    key: AccessKey(key),
                 })
                 .collect(),
         }
@@ -106,14 +108,20 @@ mod tests {
     #[test]
     fn zero_means_the_regions_key_as_last_learnt() {
         let keys = RegionKeys::new(2);
-        assert_eq!(keys.resolve(RegionIndex(0), 0), 0, "not given yet");
+        let none = AccessKey::NONE;
+        assert_eq!(keys.resolve(RegionIndex(0), none), none, "not given yet");
         assert_eq!(keys.learn(&map_with(&[7, 0])), 1);
-        assert_eq!(keys.resolve(RegionIndex(0), 0), 7);
-        assert_eq!(keys.resolve(RegionIndex(0), 99), 99, "an allocation's key");
+        assert_eq!(keys.resolve(RegionIndex(0), none), AccessKey(7));
+        let own = AccessKey(99);
+        assert_eq!(
+            keys.resolve(RegionIndex(0), own),
+            own,
+            "an allocation's key"
+        );
         assert_eq!(keys.learn(&map_with(&[7, 0])), 0, "nothing changed");
         assert_eq!(keys.learn(&map_with(&[8, 5])), 2, "rotated and new");
-        assert_eq!(keys.get(RegionIndex(1)), 5);
-        assert_eq!(keys.get(RegionIndex(9)), 0, "no such region");
+        assert_eq!(keys.get(RegionIndex(1)), AccessKey(5));
+        assert_eq!(keys.get(RegionIndex(9)), none, "no such region");
     }
 
     #[test]

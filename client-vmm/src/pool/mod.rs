@@ -21,6 +21,7 @@
 //!   refuses one (rotated);
 //! - `stats`, `in_flight`: what the pool counts and what `fence` waits for.
 
+use proto::AccessKey;
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -117,7 +118,7 @@ struct Piece {
     at: Address,
     pmem: PmemAddr,
     len: u64,
-    key: u64,
+    key: AccessKey,
     region: RegionIndex,
 }
 

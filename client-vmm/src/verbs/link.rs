@@ -28,6 +28,7 @@
 //! saw one is in the error state), or posting fails; every request still
 //! waiting then fails as lost.
 
+use proto::AccessKey;
 use std::collections::{HashMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
@@ -134,7 +135,7 @@ impl Ticket {
 struct Owned {
     operation: Operation,
     pmem: PmemAddr,
-    key: u64,
+    key: AccessKey,
     length: u32,
     operand: u64,
     compare: u64,

@@ -2,6 +2,7 @@
 //! gateway forwards through a real forwarding core to simulated servers
 //! that execute the device's requests on sparse memory.
 
+use proto::AccessKey;
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
 use std::sync::Arc;
@@ -51,7 +52,7 @@ impl Servers {
         let Target::Region(at) = req.target else {
             panic!("the device forwards region-addressed requests")
         };
-        if req.key != server_key(at.region.0) {
+        if req.key != AccessKey(server_key(at.region.0)) {
             return proto::error_reply(req.operation.opcode(), tag, Status::AccessDenied).to_vec();
         }
         self.executed += 1;
@@ -161,7 +162,7 @@ impl Bench {
             fwd.link_frame(link, &hello, Instant::now());
             let mut map = fwd.map().layout.to_map();
             for entry in &mut map.entries {
-                entry.key = server_key(entry.region.0);
+                entry.key = AccessKey(server_key(entry.region.0));
             }
             let map = Message::Map(map).encode_to_vec(tags[1]).expect("map");
             fwd.link_frame(link, &map, Instant::now());

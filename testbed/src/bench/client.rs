@@ -2,6 +2,7 @@
 //! reused buffers, so a measurement sees the daemons' data path and not a
 //! client library.
 
+use proto::AccessKey;
 use std::io::{self, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
@@ -21,7 +22,7 @@ pub struct Shape {
     /// Where (PMEM address; the device or server resolves it).
     pub target: Target,
     /// The region's key.
-    pub key: u64,
+    pub key: AccessKey,
     /// Bytes read or written.
     pub size: u32,
 }
@@ -134,7 +135,7 @@ impl BenchConn {
 
     /// The key of region `index`, from the peer's MAP (servers make the
     /// keys; a device gives those its client may use).
-    pub fn region_key(&mut self, index: RegionIndex) -> io::Result<u64> {
+    pub fn region_key(&mut self, index: RegionIndex) -> io::Result<AccessKey> {
         let tag = self.next_tag;
         self.next_tag += 1;
         let request = Message::MapRequest
@@ -147,7 +148,7 @@ impl BenchConn {
                 .entries
                 .iter()
                 .find(|e| e.region == index)
-                .map_or(0, |e| e.key),
+                .map_or(AccessKey::NONE, |e| e.key),
             (other_message, _) => {
                 return Err(other(format!(
                     "expected MAP, got {}",
@@ -156,7 +157,7 @@ impl BenchConn {
             }
         };
         match key {
-            0 => Err(other(format!("no key for region {} in the MAP", index.0))),
+            AccessKey::NONE => Err(other(format!("no key for region {} in the MAP", index.0))),
             key => Ok(key),
         }
     }
