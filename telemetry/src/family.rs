@@ -1,23 +1,31 @@
 //! Labelled families: one metric value per combination of label values.
 
-use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{Arc, OnceLock};
+
+use prometheus_client::encoding::{EncodeMetric, MetricEncoder};
+use prometheus_client::metrics::family;
+use prometheus_client::metrics::{MetricType, TypedMetric};
 
 use crate::metric::{Counter, Metric};
 use crate::registry::RegistryError;
-use crate::{read, write};
+
+/// Label (name, value) pairs, in the order of the family's label names.
+type LabelSet = Vec<(String, String)>;
+
+/// Makes a family's child at zero.
+type NewChild<M> = Box<dyn Fn() -> M + Send + Sync>;
 
 /// Metrics of one name with fixed label names, e.g. `["op", "status"]`, and one
-/// child per combination of label values, created on first use.
+/// child per combination of label values, created on first use: a
+/// `prometheus-client` family.
 ///
 /// Looking a child up takes a lock (a read lock once it exists); hot paths look
 /// it up once and keep the `Arc`. A family without children renders only its
-/// `# HELP` and `# TYPE` lines. Children are rendered sorted by label values.
+/// `# HELP` and `# TYPE` lines. Children are rendered in no particular order.
 pub struct Family<M> {
     label_names: Box<[String]>,
-    children: RwLock<BTreeMap<Vec<String>, Arc<M>>>,
-    new_child: Box<dyn Fn() -> M + Send + Sync>,
+    children: family::Family<LabelSet, M, NewChild<M>>,
 }
 
 impl<M: Metric> Family<M> {
@@ -27,8 +35,7 @@ impl<M: Metric> Family<M> {
     ) -> Self {
         Self {
             label_names: label_names.iter().map(|name| (*name).to_owned()).collect(),
-            children: RwLock::new(BTreeMap::new()),
-            new_child: Box::new(new_child),
+            children: family::Family::new_with_constructor(Box::new(new_child)),
         }
     }
 
@@ -58,34 +65,27 @@ impl<M: Metric> Family<M> {
                 got: label_values.len(),
             });
         }
-        let key: Vec<String> = label_values
+        let labels: LabelSet = self
+            .label_names
             .iter()
-            .map(|value| (*value).to_owned())
+            .zip(label_values)
+            .map(|(name, value)| (name.clone(), (*value).to_owned()))
             .collect();
-        if let Some(child) = read(&self.children).get(&key) {
-            return Ok(Arc::clone(child));
-        }
-        let mut children = write(&self.children);
-        let child = children
-            .entry(key)
-            .or_insert_with(|| Arc::new((self.new_child)()));
-        Ok(Arc::clone(child))
+        Ok(Arc::new(self.children.get_or_create_owned(&labels)))
+    }
+}
+
+impl<M: Metric> TypedMetric for Family<M> {
+    const TYPE: MetricType = M::TYPE;
+}
+
+impl<M: Metric> EncodeMetric for Family<M> {
+    fn encode(&self, encoder: MetricEncoder<'_>) -> fmt::Result {
+        self.children.encode(encoder)
     }
 
-    /// Appends the samples of every child, sorted by label values.
-    pub(crate) fn encode_children(&self, name: &str, out: &mut String) {
-        let children = read(&self.children);
-        let mut labels = Vec::with_capacity(self.label_names.len());
-        for (values, child) in children.iter() {
-            labels.clear();
-            labels.extend(
-                self.label_names
-                    .iter()
-                    .map(String::as_str)
-                    .zip(values.iter().map(String::as_str)),
-            );
-            child.encode(name, &labels, out);
-        }
+    fn metric_type(&self) -> MetricType {
+        M::TYPE
     }
 }
 
@@ -93,8 +93,8 @@ impl<M: fmt::Debug> fmt::Debug for Family<M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Family")
             .field("label_names", &self.label_names)
-            .field("children", &*read(&self.children))
-            .finish_non_exhaustive()
+            .field("children", &self.children)
+            .finish()
     }
 }
 
@@ -141,20 +141,14 @@ mod tests {
     use crate::Counter;
 
     #[test]
-    fn children_are_shared_and_sorted() {
+    fn children_are_shared() {
         let family = Family::new(&["op", "status"], Counter::new);
         family.with(&["WRITE", "OK"]).inc();
         let read_ok = family.with(&["READ", "OK"]);
         read_ok.add(2);
         family.with(&["READ", "OK"]).inc();
         assert_eq!(read_ok.get(), 3);
-
-        let mut out = String::new();
-        family.encode_children("ops_total", &mut out);
-        assert_eq!(
-            out,
-            "ops_total{op=\"READ\",status=\"OK\"} 3\nops_total{op=\"WRITE\",status=\"OK\"} 1\n"
-        );
+        assert_eq!(family.with(&["WRITE", "OK"]).get(), 1);
     }
 
     #[test]

@@ -2,12 +2,15 @@
 //!
 //! - Hot paths update [`Counter`], [`Gauge`], [`GaugeF64`] and [`Histogram`] values
 //!   with relaxed atomics only; no lock is taken once a caller holds the `Arc`.
+//!   The first three wrap `prometheus-client`'s metrics.
 //! - A [`Registry`] names them (alone or as a labelled [`Family`]), adds metrics
-//!   computed at scrape time, and renders the Prometheus text exposition format,
-//!   version 0.0.4.
-//! - An [`AdminServer`] serves that text on `/metrics`, next to `/healthz`, on its
-//!   own threads; [`http_get`] is the small client tests and the testbed use, and
-//!   [`promtool_check`] lints rendered text with `promtool check metrics`.
+//!   computed at scrape time, and renders them with `prometheus-client` in the
+//!   Prometheus text exposition format, version 0.0.4. Names are validated, and
+//!   HELP texts are written as given.
+//! - An [`AdminServer`] serves that text on `/metrics`, next to `/healthz`, with
+//!   `tiny_http` on threads of its own; [`http_get`] is the `ureq` client tests,
+//!   pmemctl and the testbed use, and [`promtool_check`] lints rendered text with
+//!   `promtool check metrics`.
 //! - [`logging::init`] sends the daemons' `tracing` events to stderr, as text
 //!   or JSON, inside a root span naming the daemon and its id.
 //!
@@ -38,7 +41,6 @@ pub mod logging;
 mod metric;
 mod promtool;
 mod registry;
-mod render;
 
 pub use admin::{AdminError, AdminServer, Health, HealthCheck, METRICS_CONTENT_TYPE};
 pub use client::http_get;
@@ -47,7 +49,7 @@ pub use metric::{Counter, Gauge, GaugeF64, Histogram, Metric};
 pub use promtool::promtool_check;
 pub use registry::{Registry, RegistryError, SampleFn};
 
-use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// Locks for reading. Nothing here panics while holding a lock, and the data
 /// behind every lock stays consistent even if a caller's callback did, so a
@@ -59,9 +61,4 @@ pub(crate) fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
 /// Locks for writing; see [`read`] about poisoning.
 pub(crate) fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
     lock.write().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// Locks a mutex; see [`read`] about poisoning.
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }

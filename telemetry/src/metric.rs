@@ -1,205 +1,171 @@
 //! Metric values updated on the hot path: relaxed atomics, no locks.
+//!
+//! [`Counter`], [`Gauge`] and [`GaugeF64`] wrap the `prometheus-client` types
+//! of the same kind. [`Histogram`] is this crate's own, since the
+//! `prometheus-client` histogram takes a mutex on every observation; it is
+//! encoded through `prometheus-client` all the same.
 
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
+use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
+use prometheus_client::metrics::{MetricType, TypedMetric, counter, gauge};
+
 use crate::registry::RegistryError;
-use crate::render::{PromF64, write_sample};
 
 pub(crate) mod sealed {
-    /// The `# TYPE` of a family.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-    pub enum Kind {
-        Counter,
-        Gauge,
-        Histogram,
-    }
-
-    impl Kind {
-        pub fn as_str(self) -> &'static str {
-            match self {
-                Kind::Counter => "counter",
-                Kind::Gauge => "gauge",
-                Kind::Histogram => "histogram",
-            }
-        }
-    }
-
-    /// How a metric value writes its samples; implemented only in this crate.
-    pub trait Encode {
-        const KIND: Kind;
-
-        /// Appends the sample lines of this value, called `name`, with `labels`.
-        fn encode(&self, name: &str, labels: &[(&str, &str)], out: &mut String);
-    }
+    /// Keeps [`Metric`](super::Metric) implemented by this crate's types only.
+    pub trait Sealed {}
 }
-
-use sealed::{Encode, Kind};
 
 /// A value a [`Registry`](crate::Registry) can expose, alone or as the children of
 /// a [`Family`](crate::Family): [`Counter`], [`Gauge`], [`GaugeF64`], [`Histogram`].
-pub trait Metric: Encode + fmt::Debug + Send + Sync + 'static {}
+///
+/// Clones share one value, as in `prometheus-client`.
+pub trait Metric:
+    sealed::Sealed + EncodeMetric + TypedMetric + Clone + fmt::Debug + Send + Sync + 'static
+{
+}
+
+/// Implements the `prometheus-client` metric traits of a wrapper by
+/// delegating to the wrapped value.
+macro_rules! delegate_metric {
+    ($wrapper:ty, $kind:expr) => {
+        impl TypedMetric for $wrapper {
+            const TYPE: MetricType = $kind;
+        }
+
+        impl EncodeMetric for $wrapper {
+            fn encode(&self, encoder: MetricEncoder<'_>) -> fmt::Result {
+                self.0.encode(encoder)
+            }
+
+            fn metric_type(&self) -> MetricType {
+                $kind
+            }
+        }
+
+        impl sealed::Sealed for $wrapper {}
+        impl Metric for $wrapper {}
+    };
+}
 
 /// A count that only goes up: operations served, bytes written.
-#[derive(Debug, Default)]
-pub struct Counter {
-    value: AtomicU64,
-}
+#[derive(Debug, Clone, Default)]
+pub struct Counter(counter::Counter<u64, AtomicU64>);
 
 impl Counter {
     /// A counter at zero.
-    pub const fn new() -> Self {
-        Self {
-            value: AtomicU64::new(0),
-        }
+    pub fn new() -> Self {
+        Self::default()
     }
 
     /// Adds one.
     #[inline]
     pub fn inc(&self) {
-        self.add(1);
+        self.0.inc();
     }
 
     /// Adds `n`.
     #[inline]
     pub fn add(&self, n: u64) {
-        self.value.fetch_add(n, Relaxed);
+        self.0.inc_by(n);
     }
 
     /// The current count.
     pub fn get(&self) -> u64 {
-        self.value.load(Relaxed)
+        self.0.get()
     }
 }
 
-impl Encode for Counter {
-    const KIND: Kind = Kind::Counter;
-
-    fn encode(&self, name: &str, labels: &[(&str, &str)], out: &mut String) {
-        write_sample(out, name, "", labels, None, self.get());
-    }
-}
-
-impl Metric for Counter {}
+delegate_metric!(Counter, MetricType::Counter);
 
 /// An integer that goes up and down: requests in flight, connected peers.
-#[derive(Debug, Default)]
-pub struct Gauge {
-    value: AtomicI64,
-}
+#[derive(Debug, Clone, Default)]
+pub struct Gauge(gauge::Gauge<i64, AtomicI64>);
 
 impl Gauge {
     /// A gauge at zero.
-    pub const fn new() -> Self {
-        Self {
-            value: AtomicI64::new(0),
-        }
+    pub fn new() -> Self {
+        Self::default()
     }
 
     /// Replaces the value.
     #[inline]
     pub fn set(&self, value: i64) {
-        self.value.store(value, Relaxed);
+        self.0.set(value);
     }
 
     /// Adds one.
     #[inline]
     pub fn inc(&self) {
-        self.add(1);
+        self.0.inc();
     }
 
     /// Subtracts one.
     #[inline]
     pub fn dec(&self) {
-        self.add(-1);
+        self.0.dec();
     }
 
     /// Adds `delta`, which may be negative.
     #[inline]
     pub fn add(&self, delta: i64) {
-        self.value.fetch_add(delta, Relaxed);
+        self.0.inc_by(delta);
     }
 
     /// Subtracts `delta`.
     #[inline]
     pub fn sub(&self, delta: i64) {
-        self.value.fetch_sub(delta, Relaxed);
+        self.0.dec_by(delta);
     }
 
     /// The current value.
     pub fn get(&self) -> i64 {
-        self.value.load(Relaxed)
+        self.0.get()
     }
 }
 
-impl Encode for Gauge {
-    const KIND: Kind = Kind::Gauge;
-
-    fn encode(&self, name: &str, labels: &[(&str, &str)], out: &mut String) {
-        write_sample(out, name, "", labels, None, self.get());
-    }
-}
-
-impl Metric for Gauge {}
+delegate_metric!(Gauge, MetricType::Gauge);
 
 /// A floating-point gauge (a ratio, a temperature), kept as the bits of an `f64`
 /// in an `AtomicU64`; `add` is a compare-and-swap loop.
-#[derive(Debug, Default)]
-pub struct GaugeF64 {
-    bits: AtomicU64,
-}
+#[derive(Debug, Clone, Default)]
+pub struct GaugeF64(gauge::Gauge<f64, AtomicU64>);
 
 impl GaugeF64 {
     /// A gauge at zero.
-    pub const fn new() -> Self {
-        Self {
-            // The bits of 0.0 are all zero.
-            bits: AtomicU64::new(0),
-        }
+    pub fn new() -> Self {
+        Self::default()
     }
 
     /// Replaces the value.
     #[inline]
     pub fn set(&self, value: f64) {
-        self.bits.store(value.to_bits(), Relaxed);
+        self.0.set(value);
     }
 
     /// Adds `delta`, which may be negative.
     #[inline]
     pub fn add(&self, delta: f64) {
-        add_f64(&self.bits, delta);
+        self.0.inc_by(delta);
     }
 
     /// Subtracts `delta`.
     #[inline]
     pub fn sub(&self, delta: f64) {
-        add_f64(&self.bits, -delta);
+        self.0.dec_by(delta);
     }
 
     /// The current value.
     pub fn get(&self) -> f64 {
-        f64::from_bits(self.bits.load(Relaxed))
+        self.0.get()
     }
 }
 
-impl Encode for GaugeF64 {
-    const KIND: Kind = Kind::Gauge;
-
-    fn encode(&self, name: &str, labels: &[(&str, &str)], out: &mut String) {
-        write_sample(out, name, "", labels, None, PromF64(self.get()));
-    }
-}
-
-impl Metric for GaugeF64 {}
-
-fn add_f64(bits: &AtomicU64, delta: f64) {
-    // The closure always returns `Some`, so the update always succeeds.
-    let _ = bits.fetch_update(Relaxed, Relaxed, |old| {
-        Some((f64::from_bits(old) + delta).to_bits())
-    });
-}
+delegate_metric!(GaugeF64, MetricType::Gauge);
 
 /// Upper bounds, in seconds, from 1 µs to 10 s: 1, 2.5 and 5 in every decade.
 const LATENCY_BUCKETS: [f64; 22] = [
@@ -209,14 +175,17 @@ const LATENCY_BUCKETS: [f64; 22] = [
 
 /// A distribution of observations into buckets with fixed upper bounds, chosen
 /// when it is created. Each observation is one `fetch_add` on its bucket and a
-/// compare-and-swap loop on the sum; buckets are made cumulative when rendered,
-/// and the count is their total, so a scrape always sees `+Inf` equal to `_count`.
+/// compare-and-swap loop on the sum. The count is the buckets' total, so a
+/// scrape always sees `+Inf` equal to `_count`. Clones share the buckets.
+#[derive(Debug, Clone)]
+pub struct Histogram(Arc<Buckets>);
+
 #[derive(Debug)]
-pub struct Histogram {
+struct Buckets {
     /// Finite, strictly increasing upper bounds; `+Inf` is implicit.
     bounds: Arc<[f64]>,
     /// One counter per bound, then one for values above the last bound.
-    buckets: Box<[AtomicU64]>,
+    counts: Box<[AtomicU64]>,
     /// The sum of observations, as `f64` bits.
     sum: AtomicU64,
 }
@@ -264,12 +233,12 @@ impl Histogram {
     }
 
     pub(crate) fn with_bounds(bounds: Arc<[f64]>) -> Self {
-        let buckets = (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect();
-        Self {
+        let counts = (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect();
+        Self(Arc::new(Buckets {
             bounds,
-            buckets,
+            counts,
             sum: AtomicU64::new(0),
-        }
+        }))
     }
 
     /// Records one observation. NaN is not a measurement and is ignored, so it
@@ -279,11 +248,15 @@ impl Histogram {
         if value.is_nan() {
             return;
         }
-        let index = self.bounds.partition_point(|&bound| bound < value);
-        if let Some(bucket) = self.buckets.get(index) {
-            bucket.fetch_add(1, Relaxed);
+        let buckets = &*self.0;
+        let index = buckets.bounds.partition_point(|&bound| bound < value);
+        if let Some(count) = buckets.counts.get(index) {
+            count.fetch_add(1, Relaxed);
         }
-        add_f64(&self.sum, value);
+        // The closure always returns `Some`, so the update always succeeds.
+        let _ = buckets.sum.fetch_update(Relaxed, Relaxed, |old| {
+            Some((f64::from_bits(old) + value).to_bits())
+        });
     }
 
     /// Records a duration in seconds.
@@ -294,38 +267,46 @@ impl Histogram {
 
     /// The number of observations.
     pub fn count(&self) -> u64 {
-        self.buckets.iter().map(|bucket| bucket.load(Relaxed)).sum()
+        self.0.counts.iter().map(|count| count.load(Relaxed)).sum()
     }
 
     /// The sum of observations.
     pub fn sum(&self) -> f64 {
-        f64::from_bits(self.sum.load(Relaxed))
+        f64::from_bits(self.0.sum.load(Relaxed))
     }
 
     /// The finite upper bounds (`+Inf` is implicit).
     pub fn bounds(&self) -> &[f64] {
-        &self.bounds
+        &self.0.bounds
+    }
+
+    /// Each bucket's upper bound (the last one `+Inf`) and its own,
+    /// not cumulative, count.
+    fn per_bucket(&self) -> Vec<(f64, u64)> {
+        let bounds = self.0.bounds.iter().copied().chain([f64::INFINITY]);
+        bounds
+            .zip(self.0.counts.iter().map(|count| count.load(Relaxed)))
+            .collect()
     }
 }
 
-impl Encode for Histogram {
-    const KIND: Kind = Kind::Histogram;
+impl TypedMetric for Histogram {
+    const TYPE: MetricType = MetricType::Histogram;
+}
 
-    fn encode(&self, name: &str, labels: &[(&str, &str)], out: &mut String) {
-        let mut cumulative = 0_u64;
-        for (index, bucket) in self.buckets.iter().enumerate() {
-            cumulative += bucket.load(Relaxed);
-            let le = match self.bounds.get(index) {
-                Some(&bound) => PromF64(bound).to_string(),
-                None => PromF64(f64::INFINITY).to_string(),
-            };
-            write_sample(out, name, "_bucket", labels, Some(("le", &le)), cumulative);
-        }
-        write_sample(out, name, "_sum", labels, None, PromF64(self.sum()));
-        write_sample(out, name, "_count", labels, None, cumulative);
+impl EncodeMetric for Histogram {
+    fn encode(&self, mut encoder: MetricEncoder<'_>) -> fmt::Result {
+        let buckets = self.per_bucket();
+        let count = buckets.iter().map(|(_, count)| count).sum();
+        encoder.encode_histogram::<NoLabelSet>(self.sum(), count, &buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
     }
 }
 
+impl sealed::Sealed for Histogram {}
 impl Metric for Histogram {}
 
 #[cfg(test)]
@@ -333,12 +314,19 @@ mod tests {
     use super::*;
     use std::thread;
 
+    fn own_counts(histogram: &Histogram) -> Vec<u64> {
+        histogram.per_bucket().iter().map(|(_, n)| *n).collect()
+    }
+
     #[test]
     fn counter_and_gauges() {
         let counter = Counter::new();
         counter.inc();
         counter.add(41);
         assert_eq!(counter.get(), 42);
+        let shared = counter.clone();
+        shared.inc();
+        assert_eq!(counter.get(), 43);
 
         let gauge = Gauge::new();
         gauge.set(10);
@@ -363,9 +351,8 @@ mod tests {
         for value in [0.5, 1.0, 1.5, 2.0, 4.0, 7.0, f64::NAN] {
             histogram.observe(value);
         }
-        let per_bucket: Vec<u64> = histogram.buckets.iter().map(|b| b.load(Relaxed)).collect();
         // `le` is inclusive: 1.0 falls in the first bucket; NaN is ignored.
-        assert_eq!(per_bucket, [2, 2, 1, 1]);
+        assert_eq!(own_counts(&histogram), [2, 2, 1, 1]);
         assert_eq!(histogram.count(), 6);
         assert_eq!(histogram.sum(), 16.0);
     }
@@ -430,8 +417,7 @@ mod tests {
         let total = THREADS * PER_THREAD;
         assert_eq!(counter.get(), total);
         assert_eq!(histogram.count(), total);
-        let per_bucket: Vec<u64> = histogram.buckets.iter().map(|b| b.load(Relaxed)).collect();
-        assert_eq!(per_bucket, [total / 2, total / 2, 0]);
+        assert_eq!(own_counts(&histogram), [total / 2, total / 2, 0]);
         // Every partial sum is a multiple of 0.25 far below 2^53, hence exact.
         assert_eq!(histogram.sum(), (total / 2) as f64 * 1.25);
     }

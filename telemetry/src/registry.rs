@@ -1,13 +1,22 @@
-//! The registry: named metrics, families and scrape-time callbacks, rendered in
-//! the Prometheus text exposition format.
+//! The registry: named metrics, families and scrape-time callbacks, kept in a
+//! `prometheus-client` registry and rendered in the Prometheus text exposition
+//! format, version 0.0.4.
 
+use std::collections::HashSet;
 use std::fmt;
 use std::sync::{Arc, RwLock};
 
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    CounterValueEncoder, DescriptorEncoder, EncodeCounterValue, EncodeGaugeValue, EncodeMetric,
+    GaugeValueEncoder, prometheus_text,
+};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+
 use crate::family::Family;
-use crate::metric::sealed::Kind;
 use crate::metric::{Counter, Gauge, GaugeF64, Histogram, Metric};
-use crate::render::{PromF64, write_header, write_sample};
 use crate::{read, write};
 
 /// A metric computed when scraped: each call returns the samples as (label values,
@@ -21,6 +30,9 @@ pub enum RegistryError {
     /// The metric name does not match `[a-zA-Z_:][a-zA-Z0-9_:]*`.
     #[error("invalid metric name {0:?}: expected [a-zA-Z_:][a-zA-Z0-9_:]*")]
     InvalidMetricName(String),
+    /// A counter's name does not end in `_total`.
+    #[error("counter name {0:?} does not end in \"_total\"")]
+    CounterWithoutTotal(String),
     /// The label name does not match `[a-zA-Z_][a-zA-Z0-9_]*`, or starts with `__`.
     #[error("invalid label name {0:?}: expected [a-zA-Z_][a-zA-Z0-9_]*, not starting with \"__\"")]
     InvalidLabelName(String),
@@ -50,48 +62,81 @@ pub enum RegistryError {
 /// The metrics of one process, rendered in registration order.
 ///
 /// Registration takes a lock and validates names; it happens at start-up. The
-/// returned `Arc`s are updated without any lock. Rendering reads each value once.
+/// returned `Arc`s are updated without any lock. Rendering reads each value
+/// once and runs the [`SampleFn`]s.
 #[derive(Default)]
 pub struct Registry {
-    entries: RwLock<Vec<Arc<Entry>>>,
+    inner: RwLock<Inner>,
 }
 
-struct Entry {
+#[derive(Default)]
+struct Inner {
+    /// One collector per registered name, in registration order.
+    collectors: Vec<Arc<dyn Collector>>,
+    /// Every registered name, in registration order.
+    names: Vec<String>,
+    /// Every series name in use: the registered names and a histogram's
+    /// `_bucket`, `_sum` and `_count`.
+    series: HashSet<String>,
+}
+
+/// One registered metric or family. Each is a `Collector` of its own, so its
+/// HELP text is written as given (`Registry::register` would append a period).
+#[derive(Debug)]
+struct Described<T> {
+    /// The name without a counter's `_total`, which the encoder appends.
     name: String,
     help: String,
-    kind: Kind,
-    collector: Box<dyn Collect>,
+    metric: Arc<T>,
 }
 
-/// Something that appends the sample lines of one registered name.
-trait Collect: Send + Sync {
-    fn collect(&self, name: &str, out: &mut String);
-}
-
-impl<M: Metric> Collect for Arc<M> {
-    fn collect(&self, name: &str, out: &mut String) {
-        self.encode(name, &[], out);
+impl<T: EncodeMetric + fmt::Debug + Send + Sync + 'static> Collector for Described<T> {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> fmt::Result {
+        let kind = self.metric.metric_type();
+        let metric_encoder = encoder.encode_descriptor(&self.name, &self.help, None, kind)?;
+        self.metric.encode(metric_encoder)
     }
 }
 
-impl<M: Metric> Collect for Arc<Family<M>> {
-    fn collect(&self, name: &str, out: &mut String) {
-        self.encode_children(name, out);
+/// A registered collector, lent to the registry of one scrape.
+#[derive(Debug)]
+struct Shared(Arc<dyn Collector>);
+
+impl Collector for Shared {
+    fn encode(&self, encoder: DescriptorEncoder<'_>) -> fmt::Result {
+        self.0.encode(encoder)
     }
 }
 
-struct Callback {
+/// A metric whose samples a [`SampleFn`] computes at every scrape.
+struct Computed {
+    /// The name without a counter's `_total`, which the encoder appends.
+    name: String,
+    help: String,
+    kind: MetricType,
     label_names: Vec<String>,
     samples: SampleFn,
 }
 
-impl Collect for Callback {
-    fn collect(&self, name: &str, out: &mut String) {
+impl fmt::Debug for Computed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Computed")
+            .field("name", &self.name)
+            .field("kind", &self.kind)
+            .field("label_names", &self.label_names)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Collector for Computed {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> fmt::Result {
         let mut samples = (self.samples)();
         samples.retain(|(values, _)| values.len() == self.label_names.len());
         // Stable: of equal label values, the first one returned stays first.
         samples.sort_by(|a, b| a.0.cmp(&b.0));
         samples.dedup_by(|later, earlier| later.0 == earlier.0);
+        let mut metric_encoder =
+            encoder.encode_descriptor(&self.name, &self.help, None, self.kind)?;
         for (values, value) in &samples {
             let labels: Vec<(&str, &str)> = self
                 .label_names
@@ -99,7 +144,49 @@ impl Collect for Callback {
                 .map(String::as_str)
                 .zip(values.iter().map(String::as_str))
                 .collect();
-            write_sample(out, name, "", &labels, None, PromF64(*value));
+            let sample_encoder = metric_encoder.encode_family(&labels)?;
+            if self.kind == MetricType::Counter {
+                ConstCounter::new(Sample(*value)).encode(sample_encoder)?;
+            } else {
+                ConstGauge::new(Sample(*value)).encode(sample_encoder)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A computed value, written as an integer when it is one (`1024`, not
+/// `1024.0`), as the integer metrics are.
+#[derive(Debug, Clone, Copy)]
+struct Sample(f64);
+
+impl Sample {
+    /// The largest magnitude below which every integer is an exact `f64`.
+    const EXACT: f64 = 9_007_199_254_740_992.0;
+
+    fn integer(self) -> Option<i64> {
+        // In range and whole, so the cast is exact.
+        (self.0.fract() == 0.0 && self.0.abs() <= Self::EXACT).then_some(self.0 as i64)
+    }
+}
+
+impl EncodeGaugeValue for Sample {
+    fn encode(&self, encoder: &mut GaugeValueEncoder<'_>) -> fmt::Result {
+        match self.integer() {
+            Some(integer) => EncodeGaugeValue::encode(&integer, encoder),
+            None => EncodeGaugeValue::encode(&self.0, encoder),
+        }
+    }
+}
+
+impl EncodeCounterValue for Sample {
+    fn encode(&self, encoder: &mut CounterValueEncoder<'_>) -> fmt::Result {
+        match self
+            .integer()
+            .and_then(|integer| u64::try_from(integer).ok())
+        {
+            Some(integer) => EncodeCounterValue::encode(&integer, encoder),
+            None => EncodeCounterValue::encode(&self.0, encoder),
         }
     }
 }
@@ -110,7 +197,7 @@ impl Registry {
         Self::default()
     }
 
-    /// Registers a counter without labels.
+    /// Registers a counter without labels; its name must end in `_total`.
     pub fn counter(&self, name: &str, help: &str) -> Result<Arc<Counter>, RegistryError> {
         self.add_metric(name, help, Counter::new())
     }
@@ -135,7 +222,8 @@ impl Registry {
         self.add_metric(name, help, Histogram::new(bounds)?)
     }
 
-    /// Registers a family of counters with these label names.
+    /// Registers a family of counters with these label names; its name must
+    /// end in `_total`.
     pub fn counter_family(
         &self,
         name: &str,
@@ -190,11 +278,13 @@ impl Registry {
         label_names: &[&str],
         samples: SampleFn,
     ) -> Result<(), RegistryError> {
-        self.add_callback(name, help, Kind::Gauge, label_names, samples)
+        self.add_computed(name, help, MetricType::Gauge, label_names, samples)
     }
 
     /// Registers a counter computed by `samples` at every scrape, e.g. one read
-    /// from a structure that counts already. The values must never go down.
+    /// from a structure that counts already. Its name must end in `_total`, and
+    /// the values must never go down; `samples` runs as for
+    /// [`Registry::register_fn_gauge`].
     pub fn register_fn_counter(
         &self,
         name: &str,
@@ -202,20 +292,25 @@ impl Registry {
         label_names: &[&str],
         samples: SampleFn,
     ) -> Result<(), RegistryError> {
-        self.add_callback(name, help, Kind::Counter, label_names, samples)
+        self.add_computed(name, help, MetricType::Counter, label_names, samples)
     }
 
     /// Renders every metric in the text exposition format 0.0.4, in registration
     /// order, each as `# HELP`, `# TYPE` and its samples.
     pub fn render(&self) -> String {
-        // Callbacks run without the lock, so they may even register metrics.
-        let entries = read(&self.entries).clone();
-        let mut out = String::new();
-        for entry in &entries {
-            write_header(&mut out, &entry.name, &entry.help, entry.kind.as_str());
-            entry.collector.collect(&entry.name, &mut out);
+        // A `prometheus-client` registry is filled through `&mut`, so each scrape
+        // gets one of its own, sharing the collectors. No lock is held while
+        // encoding: a `SampleFn` may even register metrics.
+        let mut metrics = prometheus_client::registry::Registry::default();
+        for collector in read(&self.inner).collectors.iter() {
+            metrics.register_collector(Box::new(Shared(Arc::clone(collector))));
         }
-        out
+        let mut text = String::new();
+        if let Err(error) = prometheus_text::encode(&mut text, &metrics) {
+            // Writing into a `String` does not fail, and neither do the collectors here.
+            tracing::error!(%error, "cannot encode the metrics");
+        }
+        text
     }
 
     fn add_metric<M: Metric>(
@@ -225,7 +320,11 @@ impl Registry {
         metric: M,
     ) -> Result<Arc<M>, RegistryError> {
         let metric = Arc::new(metric);
-        self.insert(name, help, M::KIND, &[], Box::new(Arc::clone(&metric)))?;
+        self.insert(name, M::TYPE, &[], |name| Described {
+            name,
+            help: help.to_owned(),
+            metric: Arc::clone(&metric),
+        })?;
         Ok(metric)
     }
 
@@ -237,73 +336,75 @@ impl Registry {
         new_child: impl Fn() -> M + Send + Sync + 'static,
     ) -> Result<Arc<Family<M>>, RegistryError> {
         let family = Arc::new(Family::new(label_names, new_child));
-        let collector = Box::new(Arc::clone(&family));
-        self.insert(name, help, M::KIND, label_names, collector)?;
+        self.insert(name, M::TYPE, label_names, |name| Described {
+            name,
+            help: help.to_owned(),
+            metric: Arc::clone(&family),
+        })?;
         Ok(family)
     }
 
-    fn add_callback(
+    fn add_computed(
         &self,
         name: &str,
         help: &str,
-        kind: Kind,
+        kind: MetricType,
         label_names: &[&str],
         samples: SampleFn,
     ) -> Result<(), RegistryError> {
-        let callback = Callback {
-            label_names: label_names.iter().map(|name| (*name).to_owned()).collect(),
-            samples,
-        };
-        self.insert(name, help, kind, label_names, Box::new(callback))
-    }
-
-    fn insert(
-        &self,
-        name: &str,
-        help: &str,
-        kind: Kind,
-        label_names: &[&str],
-        collector: Box<dyn Collect>,
-    ) -> Result<(), RegistryError> {
-        check_metric_name(name)?;
-        check_label_names(label_names, kind)?;
-        let series = series_names(name, kind);
-        let mut entries = write(&self.entries);
-        let clash = entries.iter().any(|entry| {
-            series_names(&entry.name, entry.kind)
-                .iter()
-                .any(|taken| series.contains(taken))
-        });
-        if clash {
-            return Err(RegistryError::DuplicateMetric(name.to_owned()));
-        }
-        entries.push(Arc::new(Entry {
-            name: name.to_owned(),
+        self.insert(name, kind, label_names, |name| Computed {
+            name,
             help: help.to_owned(),
             kind,
-            collector,
-        }));
+            label_names: label_names.iter().map(|name| (*name).to_owned()).collect(),
+            samples,
+        })
+    }
+
+    /// Checks the names, then registers the collector `collector` makes from
+    /// the name `prometheus-client` is to be given.
+    fn insert<C: Collector>(
+        &self,
+        name: &str,
+        kind: MetricType,
+        label_names: &[&str],
+        collector: impl FnOnce(String) -> C,
+    ) -> Result<(), RegistryError> {
+        check_metric_name(name)?;
+        let encoder_name = if kind == MetricType::Counter {
+            name.strip_suffix("_total")
+                .ok_or_else(|| RegistryError::CounterWithoutTotal(name.to_owned()))?
+        } else {
+            name
+        };
+        check_label_names(label_names, kind)?;
+        let series = series_names(name, kind);
+        let mut inner = write(&self.inner);
+        if series.iter().any(|name| inner.series.contains(name)) {
+            return Err(RegistryError::DuplicateMetric(name.to_owned()));
+        }
+        inner.series.extend(series);
+        inner.names.push(name.to_owned());
+        inner
+            .collectors
+            .push(Arc::new(collector(encoder_name.to_owned())));
         Ok(())
     }
 }
 
 impl fmt::Debug for Registry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let entries = read(&self.entries);
         f.debug_struct("Registry")
-            .field(
-                "metrics",
-                &entries.iter().map(|e| e.name.as_str()).collect::<Vec<_>>(),
-            )
+            .field("metrics", &read(&self.inner).names)
             .finish()
     }
 }
 
 /// The names a family's lines use: a histogram also writes `_bucket`, `_sum` and
 /// `_count` series.
-fn series_names(name: &str, kind: Kind) -> Vec<String> {
+fn series_names(name: &str, kind: MetricType) -> Vec<String> {
     let mut names = vec![name.to_owned()];
-    if kind == Kind::Histogram {
+    if kind == MetricType::Histogram {
         names.extend(["_bucket", "_sum", "_count"].map(|suffix| format!("{name}{suffix}")));
     }
     names
@@ -322,7 +423,7 @@ fn check_metric_name(name: &str) -> Result<(), RegistryError> {
     }
 }
 
-fn check_label_names(label_names: &[&str], kind: Kind) -> Result<(), RegistryError> {
+fn check_label_names(label_names: &[&str], kind: MetricType) -> Result<(), RegistryError> {
     for (index, &name) in label_names.iter().enumerate() {
         let mut bytes = name.bytes();
         let valid = bytes
@@ -333,7 +434,7 @@ fn check_label_names(label_names: &[&str], kind: Kind) -> Result<(), RegistryErr
         if !valid {
             return Err(RegistryError::InvalidLabelName(name.to_owned()));
         }
-        if kind == Kind::Histogram && name == "le" {
+        if kind == MetricType::Histogram && name == "le" {
             return Err(RegistryError::ReservedLabelName(name.to_owned()));
         }
         if label_names[..index].contains(&name) {
@@ -346,6 +447,13 @@ fn check_label_names(label_names: &[&str], kind: Kind) -> Result<(), RegistryErr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The lines of `text`, sorted: a family's children come in no particular order.
+    fn sorted_lines(text: &str) -> Vec<&str> {
+        let mut lines: Vec<&str> = text.lines().collect();
+        lines.sort_unstable();
+        lines
+    }
 
     #[test]
     fn counter_text() {
@@ -376,13 +484,17 @@ mod tests {
         ops.with(&["WRITE", "OK"]).inc();
         ops.with(&["READ", "ERR"]).add(2);
         ops.with(&["READ", "OK"]).add(3);
+        let text = registry.render();
+        assert!(text.starts_with("# HELP pmem_ops_total Operations.\n# TYPE"));
         assert_eq!(
-            registry.render(),
-            "# HELP pmem_ops_total Operations.\n\
+            sorted_lines(&text),
+            sorted_lines(
+                "# HELP pmem_ops_total Operations.\n\
              # TYPE pmem_ops_total counter\n\
              pmem_ops_total{op=\"READ\",status=\"ERR\"} 2\n\
              pmem_ops_total{op=\"READ\",status=\"OK\"} 3\n\
              pmem_ops_total{op=\"WRITE\",status=\"OK\"} 1\n"
+            )
         );
     }
 
@@ -400,14 +512,18 @@ mod tests {
             .gauge_f64_family("temp_celsius", "Temperature.", &["socket"])
             .unwrap();
         temps.with(&["0"]).set(f64::NAN);
+        let text = registry.render();
+        assert!(text.starts_with("# HELP in_flight In flight.\n# TYPE in_flight gauge\n"));
         assert_eq!(
-            registry.render(),
-            "# HELP in_flight In flight.\n# TYPE in_flight gauge\nin_flight -3\n\
+            sorted_lines(&text),
+            sorted_lines(
+                "# HELP in_flight In flight.\n# TYPE in_flight gauge\nin_flight -3\n\
              # HELP ratio A ratio.\n# TYPE ratio gauge\nratio 0.125\n\
              # HELP link_up Links up.\n# TYPE link_up gauge\n\
              link_up{link=\"a\"} 1\nlink_up{link=\"b\"} 0\n\
              # HELP temp_celsius Temperature.\n# TYPE temp_celsius gauge\n\
              temp_celsius{socket=\"0\"} NaN\n"
+            )
         );
     }
 
@@ -442,17 +558,19 @@ mod tests {
         sizes.with(&["WRITE"]).observe(128.0);
         sizes.with(&["READ"]).observe(8.0);
         assert_eq!(
-            registry.render(),
-            "# HELP op_bytes Sizes.\n\
+            sorted_lines(&registry.render()),
+            sorted_lines(
+                "# HELP op_bytes Sizes.\n\
              # TYPE op_bytes histogram\n\
              op_bytes_bucket{op=\"READ\",le=\"64\"} 1\n\
              op_bytes_bucket{op=\"READ\",le=\"+Inf\"} 1\n\
-             op_bytes_sum{op=\"READ\"} 8\n\
+             op_bytes_sum{op=\"READ\"} 8.0\n\
              op_bytes_count{op=\"READ\"} 1\n\
              op_bytes_bucket{op=\"WRITE\",le=\"64\"} 0\n\
              op_bytes_bucket{op=\"WRITE\",le=\"+Inf\"} 1\n\
-             op_bytes_sum{op=\"WRITE\"} 128\n\
+             op_bytes_sum{op=\"WRITE\"} 128.0\n\
              op_bytes_count{op=\"WRITE\"} 1\n"
+            )
         );
     }
 
@@ -535,11 +653,11 @@ mod tests {
     fn names_are_validated() {
         let registry = Registry::new();
         for good in ["a", "_a", ":a", "a:b_c9", "Z"] {
-            assert!(registry.counter(good, "ok").is_ok(), "{good}");
+            assert!(registry.gauge(good, "ok").is_ok(), "{good}");
         }
         for bad in ["", "9a", "a-b", "a b", "é", "a.b"] {
             assert_eq!(
-                registry.counter(bad, "bad").unwrap_err(),
+                registry.gauge(bad, "bad").unwrap_err(),
                 RegistryError::InvalidMetricName(bad.to_owned())
             );
         }
@@ -558,10 +676,16 @@ mod tests {
         );
         assert_eq!(
             registry
-                .counter_family("c", "bad", &["op", "op"])
+                .counter_family("c_total", "bad", &["op", "op"])
                 .unwrap_err(),
             RegistryError::DuplicateLabelName("op".into())
         );
+        for counter in ["c", "c_totals", "total"] {
+            assert_eq!(
+                registry.counter(counter, "bad").unwrap_err(),
+                RegistryError::CounterWithoutTotal(counter.to_owned())
+            );
+        }
         assert!(matches!(
             registry.histogram("h", "bad", &[2.0, 1.0]),
             Err(RegistryError::InvalidBuckets(_))
@@ -591,7 +715,7 @@ mod tests {
             duplicate("ops_total")
         );
         assert_eq!(
-            registry.counter("lat_count", "Clash.").unwrap_err(),
+            registry.gauge("lat_count", "Clash.").unwrap_err(),
             duplicate("lat_count")
         );
         assert_eq!(
