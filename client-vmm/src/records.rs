@@ -6,8 +6,7 @@
 //! update only with COMPARE_SWAP, so two clients can never both win the same
 //! transition.
 
-use proto::AccessKey;
-use topology::{MetaLayout, VirtAddr, meta};
+use topology::{AccessKey, MetaLayout, VirtAddr, meta};
 
 use crate::translate::VIRT_BASE;
 

@@ -9,11 +9,10 @@
 //! READ through the fabric, so the pool walks it itself (asynchronously)
 //! when the TLB misses, and caches what it finds here.
 
-use proto::AccessKey;
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use topology::{Layout, PmemAddr, RegionIndex, VirtAddr};
+use topology::{AccessKey, Layout, PmemAddr, RegionIndex, VirtAddr};
 
 /// Where the shared virtual address space starts (1 TiB): far from the PMEM
 /// addresses, so one mistaken for the other is never valid.

@@ -17,11 +17,11 @@
 //!
 //! Smoke run: `cargo bench -p fabric-device --bench map_lookup -- --quick`.
 
-use proto::AccessKey;
 use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use proto::AccessKey;
 use topology::{
     CachePolicy, Layout, LayoutEntry, PmemAddr, PmemDeviceId, RegionId, RegionIndex, ServerId,
     SocketId,

@@ -13,7 +13,6 @@
 //! and restores them on the response. Control messages the device itself
 //! sends on a link (HELLO, MAP_REQUEST) carry tags with the top bit set.
 
-use proto::AccessKey;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,7 +21,7 @@ use proto::frame::{self, Header};
 use proto::hello::{self, Capabilities, Role};
 use proto::opening::{Credentials, Opening, OpeningTags, Progress};
 use proto::request::{self, Operation, Target};
-use proto::{Message, Opcode, RegionIndex, RegionOffset, Status, map, response};
+use proto::{AccessKey, Message, Opcode, RegionIndex, RegionOffset, Status, map, response};
 use telemetry::Gauge;
 
 use crate::deadline::{Deadline, DeadlineQueue};
@@ -1384,10 +1383,9 @@ fn fresh_nonce() -> [u8; proto::auth::NONCE_LEN] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proto::AccessKey;
     use proto::request::Repr;
     use proto::response;
-    use topology::{EnvOverrides, PmemAddr, RegionIndex, RegionOffset, Topology};
+    use topology::{AccessKey, EnvOverrides, PmemAddr, RegionIndex, RegionOffset, Topology};
 
     fn topology() -> Topology {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/default.toml");

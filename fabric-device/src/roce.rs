@@ -27,7 +27,6 @@
 //! datagrams for an unknown QP number, or from another address than the
 //! one the queue pair was set up with, are dropped and counted.
 
-use proto::AccessKey;
 use std::collections::HashMap;
 use std::time::Instant;
 
@@ -38,7 +37,7 @@ use proto::roce::Datagram;
 use proto::roce::rc::{
     AccessError, Counters, Execution, MemoryOp, MemoryReply, QpConfig, QueuePair,
 };
-use proto::{Message, PmemAddr, RegionIndex, Status, response};
+use proto::{AccessKey, Message, PmemAddr, RegionIndex, Status, response};
 
 use crate::forward::{ClientAction, ConnId, Forwarder, LinkId};
 

@@ -1,13 +1,12 @@
 //! The fabric device between real pmem-servers and raw protocol clients.
 
-use proto::AccessKey;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use proto::hello::Role;
 use proto::request::{Repr, Target};
-use proto::{Message, Opcode, Status};
+use proto::{AccessKey, Message, Opcode, Status};
 use testkit::{Conn, Daemon, FabricSpec, Ports, file_bytes, layout};
 use topology::{Layout, PmemAddr};
 

@@ -2,11 +2,10 @@
 //! server path, measured in one run. A measurement, not an assertion:
 //! `cargo test --release -p fabric-device --test latency -- --ignored --nocapture`.
 
-use proto::AccessKey;
 use std::time::{Duration, Instant};
 
-use proto::Status;
 use proto::request::{Repr, Target};
+use proto::{AccessKey, Status};
 use testkit::{Conn, FabricSpec, Ports, layout};
 
 const WARMUP: usize = 2_000;

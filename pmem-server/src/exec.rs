@@ -5,7 +5,6 @@
 //! data path is the exactly-once table's per-shard lock, taken for
 //! COMPARE_SWAP / FETCH_ADD that ask for exactly-once execution.
 
-use proto::AccessKey;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -15,7 +14,7 @@ use proto::frame::{self, Header};
 use proto::hello::{self, Capabilities, Role};
 use proto::request::{self, Operation, Target};
 use proto::response::{self, ResponseKind};
-use proto::{Message, Opcode, Status};
+use proto::{AccessKey, Message, Opcode, Status};
 use topology::{CachePolicy, Layout, LayoutEntry, RegionIndex, ServerId};
 
 use crate::dedup::{Dedup, DedupError, DedupTable, Refusal, Word};

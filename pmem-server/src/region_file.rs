@@ -28,14 +28,13 @@
 //! held: a listed region whose file is gone stops the server instead of
 //! being recreated empty.
 
-use proto::AccessKey;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
-use topology::LayoutEntry;
+use topology::{AccessKey, LayoutEntry};
 
 use crate::persist::{PersistError, PersistPolicy, PmemMap};
 

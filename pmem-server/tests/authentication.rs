@@ -3,7 +3,6 @@
 //! request to the grants of the client it is for: the real daemon, attacked
 //! over its data port.
 
-use proto::AccessKey;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::Duration;
@@ -11,7 +10,7 @@ use std::time::Duration;
 use proto::hello::Role;
 use proto::opening::OpeningError;
 use proto::request::Repr;
-use proto::{Message, RegionIndex, Status};
+use proto::{AccessKey, Message, RegionIndex, Status};
 use testkit::{Conn, Daemon, at, pmem_server_with, write_topology};
 use topology::secrets::{Principal, write_key};
 

@@ -1,11 +1,10 @@
 //! Every kind of bad input gets its status or closes only its own connection,
 //! while a second connection keeps working.
 
-use proto::AccessKey;
 use std::net::SocketAddr;
 
 use proto::request::Repr;
-use proto::{Message, Opcode, Status};
+use proto::{AccessKey, Message, Opcode, Status};
 use testkit::{Conn, Daemon, at, key, pmem_server_with, write_topology};
 
 /// This package's daemon, built with the features of the test run.

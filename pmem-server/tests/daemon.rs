@@ -1,9 +1,8 @@
 //! The daemon's life: durability across kill -9, clean SIGTERM, region file
 //! headers, direct PMEM addressing, metrics.
 
-use proto::AccessKey;
 use proto::request::{Repr, Target};
-use proto::{Message, Opcode, Status};
+use proto::{AccessKey, Message, Opcode, Status};
 use std::time::Duration;
 use testkit::{Conn, at, file_bytes, key, layout, pmem_server_with, write_topology};
 

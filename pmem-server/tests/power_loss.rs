@@ -15,14 +15,13 @@
 //!   returns the first execution's result for every exactly-once atomic,
 //!   and leaves the region exactly as a run without power loss does.
 
-use proto::AccessKey;
 use std::path::Path;
 
 use pmem_server::Flow;
 use pmem_server::persist::{PersistPolicy, PowerDomain};
 use pmem_server::{OpenedServer, ServerConfig};
 use proto::request::{ExactlyOnce, Repr};
-use proto::{Message, Status};
+use proto::{AccessKey, Message, Status};
 use testkit::{at, write_topology};
 use topology::{RegionIndex, ServerId, Topology};
 

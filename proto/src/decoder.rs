@@ -546,12 +546,11 @@ impl FrameDecoder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::AccessKey;
     use crate::message::{Message, parse_frame};
     use crate::request::{self, Target};
     use crate::response;
     use crate::status::Status;
-    use crate::{PmemAddr, RegionIndex, RegionOffset};
+    use crate::{AccessKey, PmemAddr, RegionIndex, RegionOffset};
 
     fn sample_stream() -> (Vec<u8>, Vec<Vec<u8>>) {
         let data: Vec<u8> = (0..=255).collect();

@@ -297,9 +297,8 @@ pub fn reply_to_malformed(frame: &[u8], error: &Error) -> Option<[u8; ERROR_REPL
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::AccessKey;
     use crate::request::Target;
-    use crate::{PmemAddr, RegionIndex, RegionOffset};
+    use crate::{AccessKey, PmemAddr, RegionIndex, RegionOffset};
 
     // READ of 4096 bytes at PMEM address 0x2000, key 9, tag 77.
     const READ_FRAME: [u8; 72] = [

@@ -3,11 +3,11 @@
 //! decoder frames any split of a valid stream identically, whether the bytes
 //! are fed or read from a reader.
 
-use proto::AccessKey;
 use std::collections::VecDeque;
 use std::io::{self, Read};
 
 use proptest::prelude::*;
+use proto::AccessKey;
 use proto::decoder::{ReadError, ReadOutcome};
 use proto::frame::{self, HEADER_LEN, MAX_DATA_LEN};
 use proto::hello::{self, Capabilities, Role};

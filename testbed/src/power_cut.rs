@@ -20,7 +20,6 @@
 //! retried after the boot with its original sequence number and must be
 //! answered as if it ran once.
 
-use proto::AccessKey;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -31,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 use proto::request::{ExactlyOnce, Repr, Target};
-use proto::{Message, Status, frame};
+use proto::{AccessKey, Message, Status, frame};
 use serde::Serialize;
 use topology::{RegionIndex, RegionOffset};
 

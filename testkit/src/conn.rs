@@ -1,7 +1,6 @@
 //! A raw protocol client over a blocking TCP stream, and helpers to address
 //! regions and check region files.
 
-use proto::AccessKey;
 use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -11,7 +10,7 @@ use std::time::Duration;
 
 use proto::hello::{self, Capabilities, Role};
 use proto::request::{self, Target};
-use proto::{FrameDecoder, Message, Opcode, Status, map};
+use proto::{AccessKey, FrameDecoder, Message, Opcode, Status, map};
 use topology::{EnvOverrides, Layout, RegionIndex, RegionOffset, Topology};
 
 /// The protocol version [`Conn::hello`] announces.

@@ -475,7 +475,6 @@ mod tests {
     use super::*;
     use crate::extent_table::Step;
     use crate::load::EnvOverrides;
-    use proto::AccessKey;
 
     fn default_topology() -> Topology {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/default.toml");

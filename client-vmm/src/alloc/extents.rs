@@ -1,8 +1,7 @@
 //! Whole extents: virtual runs in the page table, PMEM extents in the
 //! regions' free-extent bitmaps, keys in the regions' extent key tables.
 
-use proto::AccessKey;
-use topology::{PmemAddr, RegionIndex, RegionMeta};
+use topology::{AccessKey, PmemAddr, RegionIndex, RegionMeta};
 
 use super::records::{self, Control, EntryKind, EntryState, PtEntry, sb};
 use super::{AllocError, Allocator, Placement};

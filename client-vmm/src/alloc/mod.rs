@@ -42,13 +42,14 @@ pub use crate::records;
 mod scrub;
 mod slab;
 
-use proto::AccessKey;
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use proto::request::Operation;
-use topology::{MetaLayout, PmemAddr, RegionIndex, RegionMeta, ServerId, SocketId, VirtAddr};
+use topology::{
+    AccessKey, MetaLayout, PmemAddr, RegionIndex, RegionMeta, ServerId, SocketId, VirtAddr,
+};
 
 pub use error::AllocError;
 pub use names::NamedObject;

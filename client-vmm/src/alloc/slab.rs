@@ -17,8 +17,7 @@
 //! with COMPARE_SWAP, so no reservation can sneak in) and frees its extent,
 //! which rotates its key.
 
-use proto::AccessKey;
-use topology::{PmemAddr, VirtAddr};
+use topology::{AccessKey, PmemAddr, VirtAddr};
 
 use super::records::{self, EntryKind, PtEntry, SlabHeader, SlabShape, sb};
 use super::{AllocError, Allocator, Placement};

@@ -1,7 +1,6 @@
 //! The async API: reads, writes, atomics, flushes and batches on virtual
 //! ranges, fences, status.
 
-use proto::AccessKey;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -10,7 +9,7 @@ use std::time::Instant;
 use futures::future::join_all;
 use proto::request::Operation;
 use tokio::sync::{Notify, Semaphore};
-use topology::{ClientId, Layout, PmemAddr, RnicTransport, Topology, VirtAddr};
+use topology::{AccessKey, ClientId, Layout, PmemAddr, RnicTransport, Topology, VirtAddr};
 
 use crate::conn;
 use crate::error::{OpenError, PoolError};

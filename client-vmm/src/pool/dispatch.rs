@@ -1,13 +1,12 @@
 //! Sending pieces: translation, path choice, attempts and failover, and
 //! the prober that brings paths back.
 
-use proto::AccessKey;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use proto::request::{Operation, Target};
-use proto::{Status, request};
+use proto::{AccessKey, Status, request};
 use tokio::sync::Notify;
 use topology::{MetaLayout, PmemAddr, RegionIndex, RnicTransport, VirtAddr};
 

@@ -21,7 +21,6 @@
 //!   refuses one (rotated);
 //! - `stats`, `in_flight`: what the pool counts and what `fence` waits for.
 
-use proto::AccessKey;
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -29,7 +28,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use proto::request::Operation;
 use tokio::sync::{Notify, Semaphore};
-use topology::{ClientId, Layout, MetaLayout, PmemAddr, RegionIndex};
+use topology::{AccessKey, ClientId, Layout, MetaLayout, PmemAddr, RegionIndex};
 
 use crate::error::Address;
 use crate::link::PathLink;

@@ -28,7 +28,6 @@
 //! saw one is in the error state), or posting fails; every request still
 //! waiting then fails as lost.
 
-use proto::AccessKey;
 use std::collections::{HashMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
@@ -38,7 +37,7 @@ use std::time::{Duration, Instant};
 
 use proto::qp::AtomicSeq;
 use proto::request::{self, ExactlyOnce, Operation, Target};
-use proto::{PmemAddr, Status};
+use proto::{AccessKey, PmemAddr, Status};
 use tokio::sync::oneshot;
 use topology::Layout;
 

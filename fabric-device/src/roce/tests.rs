@@ -2,7 +2,6 @@
 //! gateway forwards through a real forwarding core to simulated servers
 //! that execute the device's requests on sparse memory.
 
-use proto::AccessKey;
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
 use std::sync::Arc;
@@ -11,7 +10,7 @@ use std::time::{Duration, Instant};
 use proto::frame::Header;
 use proto::request::{Operation, Target};
 use proto::roce::rc::{CompletionKind, Path, RemoteAddr, WcStatus, WorkOp, WorkRequest};
-use proto::{Message, response};
+use proto::{AccessKey, Message, response};
 use topology::{EnvOverrides, Topology};
 
 use super::*;

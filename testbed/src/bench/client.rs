@@ -2,7 +2,6 @@
 //! reused buffers, so a measurement sees the daemons' data path and not a
 //! client library.
 
-use proto::AccessKey;
 use std::io::{self, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
@@ -10,7 +9,7 @@ use std::time::{Duration, Instant};
 use proto::decoder::{ReadError, ReadOutcome};
 use proto::hello::{Capabilities, Role};
 use proto::request::{Repr, Target};
-use proto::{FrameDecoder, Message, RegionIndex, Status};
+use proto::{AccessKey, FrameDecoder, Message, RegionIndex, Status};
 
 use crate::report::LatencyHistogram;
 
