@@ -64,6 +64,14 @@ fn a_running_client_follows_a_key_rotation_and_the_old_key_is_refused() {
     let at = VirtAddr(VIRT_BASE + 4096);
     pool.write_persist(at, b"before").expect("write");
 
+    // Pool commands need a client; rotate-key is the operator's.
+    let no_client = pmemctl(&config, &secrets, &["read", "1TiB", "8"]);
+    assert_eq!(no_client.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&no_client.stderr).contains("--client ID is needed"),
+        "{no_client:?}"
+    );
+
     // Someone without an operator key cannot rotate.
     let refused = pmemctl(
         &config,

@@ -83,6 +83,25 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Commands on the pool, as its client (`--client`).
+    #[command(flatten)]
+    Pool(PoolCommand),
+    /// Replaces REGION's key with a fresh random one on the server that
+    /// owns it (an operator's action; no --client needed). The old key
+    /// opens nothing afterwards; clients pick up the new one by themselves.
+    RotateKey {
+        /// The region's id in the topology.
+        region: String,
+        /// The operator to act as: with --secrets (or
+        /// $PMEM_FABRIC_SECRETS), `operator.<NAME>.key` is proven.
+        #[arg(long, value_name = "NAME", default_value = "admin")]
+        operator: String,
+    },
+}
+
+/// What a client does with the pool.
+#[derive(Debug, Subcommand)]
+enum PoolCommand {
     /// Reads LEN bytes at ADDR: a hex dump on stdout (the offset column is
     /// the virtual address), or the raw bytes into a file.
     Read {
@@ -194,17 +213,6 @@ enum Command {
     /// Reclaims what clients that crashed mid-allocation left behind, and
     /// says what it reclaimed. Run it when no client is allocating.
     Scrub,
-    /// Replaces REGION's key with a fresh random one on the server that
-    /// owns it (an operator's action; no --client needed). The old key
-    /// opens nothing afterwards; clients pick up the new one by themselves.
-    RotateKey {
-        /// The region's id in the topology.
-        region: String,
-        /// The operator to act as: with --secrets (or
-        /// $PMEM_FABRIC_SECRETS), `operator.<NAME>.key` is proven.
-        #[arg(long, value_name = "NAME", default_value = "admin")]
-        operator: String,
-    },
 }
 
 fn main() -> ExitCode {
@@ -223,7 +231,7 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<(), CliError> {
     // Read the input before connecting, so a bad file fails fast.
     let payload = match &cli.command {
-        Command::Write { data, .. } => Some(payload(data)?),
+        Command::Pool(PoolCommand::Write { data, .. }) => Some(payload(data)?),
         _ => None,
     };
     let topology = Topology::load(&cli.config)?;
@@ -243,7 +251,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
             )?;
             Output::Text(format!("rotated the key of region {region}\n"))
         }
-        command => {
+        Command::Pool(command) => {
             let client = cli.client.clone().ok_or(CliError::NoClient)?;
             let clients: Vec<String> = topology.clients.iter().map(|c| c.id.to_string()).collect();
             let mut builder = Pool::builder(topology, client.as_str());
@@ -276,33 +284,34 @@ fn run(cli: Cli) -> Result<(), CliError> {
 }
 
 /// Runs a command that works on the pool as its client.
-fn on_pool(ctl: &Ctl<'_>, command: Command, payload: Option<Vec<u8>>) -> Result<Output, CliError> {
+fn on_pool(
+    ctl: &Ctl<'_>,
+    command: PoolCommand,
+    payload: Option<Vec<u8>>,
+) -> Result<Output, CliError> {
     Ok(match command {
-        Command::Read { addr, len, out } => ctl.read(addr, len, out)?,
-        Command::Write { addr, persist, .. } => {
+        PoolCommand::Read { addr, len, out } => ctl.read(addr, len, out)?,
+        PoolCommand::Write { addr, persist, .. } => {
             Output::Text(ctl.write(addr, &payload.unwrap_or_default(), persist)?)
         }
-        Command::Cas { addr, old, new } => Output::Text(ctl.cas(addr, old, new)?),
-        Command::Faa { addr, delta } => Output::Text(ctl.faa(addr, delta)?),
-        Command::Flush { addr, len } => Output::Text(ctl.flush(addr, len)?),
-        Command::Map => Output::Text(ctl.map()),
-        Command::Stat => Output::Text(ctl.stat()),
-        Command::Format { force } => Output::Text(ctl.format(force)?),
-        Command::Alloc {
+        PoolCommand::Cas { addr, old, new } => Output::Text(ctl.cas(addr, old, new)?),
+        PoolCommand::Faa { addr, delta } => Output::Text(ctl.faa(addr, delta)?),
+        PoolCommand::Flush { addr, len } => Output::Text(ctl.flush(addr, len)?),
+        PoolCommand::Map => Output::Text(ctl.map()),
+        PoolCommand::Stat => Output::Text(ctl.stat()),
+        PoolCommand::Format { force } => Output::Text(ctl.format(force)?),
+        PoolCommand::Alloc {
             size,
             name,
             server,
             socket,
         } => Output::Text(ctl.alloc(size, name.as_deref(), &placement(server, socket))?),
-        Command::Free { addr } => Output::Text(ctl.free(addr)?),
-        Command::Open { name } => Output::Text(ctl.open(&name)?),
-        Command::Rm { name } => Output::Text(ctl.remove(&name)?),
-        Command::Ls => Output::Text(ctl.list()?),
-        Command::Df => Output::Text(ctl.df()?),
-        Command::Scrub => Output::Text(ctl.scrub()?),
-        Command::RotateKey { region, .. } => Output::Text(format!(
-            "rotate-key {region}: an operator's command, run without a pool\n"
-        )),
+        PoolCommand::Free { addr } => Output::Text(ctl.free(addr)?),
+        PoolCommand::Open { name } => Output::Text(ctl.open(&name)?),
+        PoolCommand::Rm { name } => Output::Text(ctl.remove(&name)?),
+        PoolCommand::Ls => Output::Text(ctl.list()?),
+        PoolCommand::Df => Output::Text(ctl.df()?),
+        PoolCommand::Scrub => Output::Text(ctl.scrub()?),
     })
 }
 
@@ -348,7 +357,10 @@ mod tests {
         assert!(parse(&["alloc", "64", "--socket", "1"]).is_err());
         let cli = parse(&["alloc", "4KiB", "--server", "A", "--socket", "1"]).expect("parses");
         assert!(
-            matches!(cli.command, Command::Alloc { size: 4096, .. }),
+            matches!(
+                cli.command,
+                Command::Pool(PoolCommand::Alloc { size: 4096, .. })
+            ),
             "{cli:?}"
         );
     }
