@@ -44,7 +44,9 @@ mkdir -p "$DEBS" "$WORK" "$OUT"
 chown _apt "$DEBS" 2>/dev/null || true
 
 # What goes into the guest: these packages and the libraries they link.
-KERNEL_PKG=$(apt-cache depends "$KERNEL_META" 2>/dev/null | awk '/Depends: linux-image/{print $2; exit}')
+# apt-cache fails when the package lists are stale or missing (a fresh
+# machine): then the lists are refreshed and it is asked again.
+KERNEL_PKG=$(apt-cache depends "$KERNEL_META" 2>/dev/null | awk '/Depends: linux-image/{print $2; exit}' || true)
 if [ -z "$KERNEL_PKG" ]; then
   apt-get update >&2
   KERNEL_PKG=$(apt-cache depends "$KERNEL_META" | awk '/Depends: linux-image/{print $2; exit}')
