@@ -120,6 +120,9 @@ impl Inner {
                 addr: info.device_addr.clone(),
                 what: format!("verbs set-up task: {e}"),
             })??;
+        // Requests that go over the control connection (WRITE_PERSIST,
+        // FLUSH, ATOMIC_WRITE, atomics asked again) carry region keys.
+        self.region_keys.learn(&link.map);
         Ok(PathLink::Verbs(link))
     }
 
@@ -265,12 +268,9 @@ impl Inner {
             return false;
         }
         let old = self.region_keys.get(region);
-        let devices: Vec<_> = lock(&self.table)
-            .paths()
-            .iter()
-            .filter(|p| p.transport == RnicTransport::Tcp)
-            .cloned()
-            .collect();
+        // Every device port speaks the opening, RoCE ports' control
+        // connections included.
+        let devices: Vec<_> = lock(&self.table).paths().to_vec();
         for attempt in 0..TRIES {
             if attempt > 0 {
                 tokio::time::sleep(PAUSE).await;

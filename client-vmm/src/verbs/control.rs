@@ -42,6 +42,9 @@ pub struct Control {
     next_tag: u64,
     /// The device's name from its HELLO.
     pub device: String,
+    /// The device's MAP from the opening, when it was asked for: the
+    /// region keys this client may use.
+    pub map: Option<proto::map::Repr>,
 }
 
 impl Control {
@@ -82,6 +85,7 @@ impl Control {
             addr: name.clone(),
             next_tag: 1,
             device: String::new(),
+            map: None,
         };
         let mut out = Vec::new();
         let mut opening = Opening::start(
@@ -108,6 +112,7 @@ impl Control {
                         check_digest(&name, &opened.peer, opened.map.as_ref(), digest)?;
                     }
                     control.device = opened.peer;
+                    control.map = opened.map;
                     return Ok(control);
                 }
                 Err(e) => return Err(opening_error(&name, client, e)),
@@ -269,6 +274,7 @@ mod tests {
                 addr: String::new(),
                 next_tag: 1,
                 device: String::new(),
+                map: None,
             };
             let frame = peer.recv().expect("HELLO");
             let Ok((Message::Hello(h), tag)) = proto::parse_frame(&frame) else {

@@ -207,6 +207,9 @@ pub(crate) struct VerbsLink {
     /// Set once the queue pair is destroyed: nothing posted on it can
     /// reach the device any more (no retransmission either).
     destroyed: Arc<AtomicBool>,
+    /// The device's MAP from the control connection's opening (the region
+    /// keys requests sent over the control connection carry).
+    pub map: proto::map::Repr,
 }
 
 /// Why a verbs link could not be opened.
@@ -264,8 +267,8 @@ impl VerbsLink {
                     Ok((control, qp))
                 });
                 match set_up {
-                    Ok((control, qp)) => {
-                        let _ = ready_tx.send(Ok(()));
+                    Ok((mut control, qp)) => {
+                        let _ = ready_tx.send(Ok(control.map.take().unwrap_or_default()));
                         let mut worker = Worker {
                             control,
                             qp,
@@ -298,11 +301,12 @@ impl VerbsLink {
             })?;
         drop(spawned);
         match ready_rx.recv() {
-            Ok(Ok(())) => Ok(VerbsLink {
+            Ok(Ok(map)) => Ok(VerbsLink {
                 jobs: Mutex::new(jobs_tx),
                 alive,
                 stop,
                 destroyed,
+                map,
             }),
             Ok(Err(e)) => Err(verbs_error(addr, e)),
             Err(_) => Err(ConnectError::Protocol {
