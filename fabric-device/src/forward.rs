@@ -12,6 +12,9 @@
 //! the core remembers which client connection and client tag it stands for
 //! and restores them on the response. Control messages the device itself
 //! sends on a link (HELLO, MAP_REQUEST) carry tags with the top bit set.
+//!
+//! Region keys (learnt from the servers, passed on in clients' MAPs) are
+//! the submodule `keys`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -21,7 +24,7 @@ use proto::frame::{self, Header};
 use proto::hello::{self, Capabilities, Role};
 use proto::opening::{Credentials, Opening, OpeningTags, Progress};
 use proto::request::{self, Operation, Target};
-use proto::{AccessKey, Message, Opcode, RegionIndex, RegionOffset, Status, map, response};
+use proto::{Message, Opcode, RegionOffset, Status, map, response};
 use telemetry::Gauge;
 
 use crate::deadline::{Deadline, DeadlineQueue};
@@ -43,9 +46,10 @@ const LINK_OPENING: OpeningTags = OpeningTags {
     hello: CONTROL_TAG | 1,
     map: CONTROL_TAG | 2,
 };
-/// Tag of the MAP_REQUEST that refreshes a link's region keys after the
-/// server refused a request (its key may have been rotated).
-const KEY_REFRESH_TAG: u64 = CONTROL_TAG | 3;
+
+mod keys;
+
+use keys::{KEY_REFRESH_TAG, KeyRefresh};
 
 /// A client connection, as the driver numbers them.
 pub type ConnId = u64;
@@ -252,18 +256,6 @@ struct Link {
     starting: bool,
     /// Where the link stands with refreshing its server's region keys.
     key_refresh: KeyRefresh,
-}
-
-/// A link's refresh of its server's region keys (MAP_REQUEST on the link).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-enum KeyRefresh {
-    /// The keys are as the last MAP gave them.
-    #[default]
-    Current,
-    /// The server refused a request: ask again.
-    Due,
-    /// Asked; the answer is awaited.
-    Asked,
 }
 
 /// A request that arrived while every link to its region was still
@@ -894,40 +886,6 @@ impl Forwarder {
         }
     }
 
-    /// The MAP for the client on `conn`: every region, with the keys of
-    /// those its grants reach (0 for the others, and for all without a
-    /// session). While a reached region's key is not known yet because its
-    /// server's links are still starting, the MAP waits, like a request.
-    fn map_reply(
-        &mut self,
-        conn: ConnId,
-        frame: &[u8],
-        tag: u64,
-        now: Instant,
-    ) -> ClientAction<'static> {
-        let mut map = self.map.layout.to_map();
-        let policy = self
-            .sessions
-            .get(&conn)
-            .and_then(|s| s.client.as_ref())
-            .map(|(_, policy)| policy);
-        let mut unknown = None;
-        for entry in &mut map.entries {
-            let reached = policy.is_some_and(|p| p.grants.overlaps(entry.start, entry.len));
-            if !reached {
-                entry.key = AccessKey::NONE;
-            } else if entry.key == AccessKey::NONE && unknown.is_none() {
-                unknown = Some(entry.region.0);
-            }
-        }
-        if let Some(region) = unknown
-            && self.park(conn, frame, region, Opcode::MapRequest, tag, now)
-        {
-            return ClientAction::Nothing;
-        }
-        ClientAction::Reply(frame_reply(&Message::Map(map), tag))
-    }
-
     /// Whether some link to `region` is still on its first attempt.
     fn region_starting(&self, region: u32) -> bool {
         self.map
@@ -1148,74 +1106,6 @@ impl Forwarder {
         link.starting = false;
         link.key_refresh = KeyRefresh::Current;
         link.server_map = Some(theirs);
-        LinkAction::Nothing
-    }
-
-    /// Records the keys `server` gives for its own regions (a server has
-    /// no say over another's keys).
-    fn learn_keys(&mut self, server: &topology::ServerId, theirs: &map::Repr) {
-        let own = |region: RegionIndex| {
-            self.map
-                .layout
-                .entry(region)
-                .is_some_and(|e| &e.server == server)
-        };
-        let entries = theirs
-            .entries
-            .iter()
-            .filter(|e| e.key != AccessKey::NONE && own(e.region))
-            .map(|e| (e.region, e.key))
-            .collect::<Vec<_>>();
-        for (region, key) in entries {
-            self.map.layout.set_key(region, key);
-        }
-    }
-
-    /// The MAP_REQUEST that refreshes `link`'s keys, when one is due (a
-    /// server refused a request on it); the driver sends it on the link.
-    pub fn key_refresh(&mut self, link_id: LinkId) -> Option<Vec<u8>> {
-        let link = self.links.get_mut(&link_id)?;
-        if link.key_refresh != KeyRefresh::Due || link.status != LinkStatus::Up {
-            return None;
-        }
-        link.key_refresh = KeyRefresh::Asked;
-        self.metrics.key_refreshes.inc();
-        Message::MapRequest.encode_to_vec(KEY_REFRESH_TAG).ok()
-    }
-
-    /// The server's answer to a key refresh: its keys are learnt, if it
-    /// still agrees with the map (else the link is closed and reconnects).
-    fn keys_refreshed<'a>(&mut self, link_id: LinkId, frame: &[u8]) -> LinkAction<'a> {
-        let Some(link) = self.links.get_mut(&link_id) else {
-            return LinkAction::Nothing;
-        };
-        if link.key_refresh != KeyRefresh::Asked {
-            return LinkAction::Close("key refresh answer on a link that asked none".into());
-        }
-        link.key_refresh = KeyRefresh::Current;
-        let server = link.key.server.clone();
-        let theirs = match proto::parse_frame(frame) {
-            Ok((Message::Map(theirs), _)) => theirs,
-            // Refused (the server does not answer MAP_REQUEST to this
-            // device any more): keep the keys there are.
-            Ok((Message::Response(_), _)) => return LinkAction::Nothing,
-            Ok((other, _)) => {
-                return LinkAction::Close(format!(
-                    "unexpected {} frame answering a key refresh",
-                    other.opcode()
-                ));
-            }
-            Err(e) => return LinkAction::Close(format!("bad key refresh answer: {e}")),
-        };
-        if !self.map.server_agrees(&server, &theirs) {
-            return LinkAction::Close(format!(
-                "server {server:?} serves a layout that disagrees with this device's map"
-            ));
-        }
-        self.learn_keys(&server, &theirs);
-        if let Some(link) = self.links.get_mut(&link_id) {
-            link.server_map = Some(theirs);
-        }
         LinkAction::Nothing
     }
 
