@@ -52,6 +52,11 @@ fn start_server(dir: &Path, config: &Path, id: &str) -> Daemon {
 
 impl Fabric {
     fn start(spec: &FabricSpec) -> Self {
+        Self::start_with(spec, &[])
+    }
+
+    /// [`Fabric::start`] with `extra` device flags after [`DEVICE_FLAGS`].
+    fn start_with(spec: &FabricSpec, extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let mut ports = Ports::new();
         let config = spec.write(dir.path(), "topology.toml", &mut ports);
@@ -60,7 +65,8 @@ impl Fabric {
             .iter()
             .map(|(id, _)| (id.clone(), start_server(dir.path(), &config, id)))
             .collect();
-        let device = testkit::fabric_device(&config, "F", DEVICE_FLAGS)
+        let flags = [DEVICE_FLAGS, extra].concat();
+        let device = testkit::fabric_device(&config, "F", &flags)
             .unwrap_or_else(|e| panic!("fabric-device did not start:\n{e}"));
         let mut fabric = Self {
             layout: layout(&config),
@@ -907,32 +913,17 @@ fn sample(metrics: &str, series: &str) -> u64 {
 #[test]
 fn large_requests_are_read_only_within_the_request_budgets() {
     use std::io::Write;
-    let dir = tempfile::tempdir().expect("temp dir");
-    let config = two_servers().write(dir.path(), "topology.toml", &mut Ports::new());
-    let _servers: Vec<Daemon> = ["A", "B"]
-        .iter()
-        .map(|id| start_server(dir.path(), &config, id))
-        .collect();
-    let mut flags = DEVICE_FLAGS.to_vec();
-    flags.extend_from_slice(&[
+    let budgets = [
         "--max-request-mib-per-client",
         "20",
         "--max-request-mib-total",
         "40",
-    ]);
-    let device = testkit::fabric_device(&config, "F", &flags)
-        .unwrap_or_else(|e| panic!("fabric-device did not start:\n{e}"));
-    device.wait_links_up(2);
-    let port = device.addr("port.p0");
-    let a1 = layout(&config)
-        .entry_by_id(&"A1".into())
-        .expect("A1")
-        .clone();
-    let metrics = || {
-        telemetry::http_get(device.addr("admin"), "/metrics", Duration::from_secs(5))
-            .expect("metrics")
-            .1
-    };
+    ];
+    let fabric = Fabric::start_with(&two_servers(), &budgets);
+    let device = &fabric.device;
+    let port = fabric.device_addr();
+    let a1 = fabric.region("A1").clone();
+    let metrics = || fabric.metrics();
 
     // A stranger's large frame closes its connection before its body is read.
     let mut stranger = Conn::connect(port);

@@ -236,6 +236,15 @@ impl Repr {
         })
     }
 
+    /// The key this MAP gives for `region`: [`AccessKey::NONE`] when it
+    /// names no such region or does not give its key.
+    pub fn key(&self, region: RegionIndex) -> AccessKey {
+        self.entries
+            .iter()
+            .find(|e| e.region == region)
+            .map_or(AccessKey::NONE, |e| e.key)
+    }
+
     /// Length of the body this value encodes to.
     pub fn buffer_len(&self) -> usize {
         HEADER_LEN + self.entries.len() * ENTRY_LEN
@@ -312,6 +321,24 @@ mod tests {
                 },
             ],
         }
+    }
+
+    #[test]
+    fn key_of_a_region_is_none_when_not_given_or_unknown() {
+        let map = Repr {
+            digest: [0; 32],
+            extent_size: 1 << 20,
+            entries: vec![MapEntry {
+                start: PmemAddr(1 << 30),
+                len: 1 << 20,
+                region: RegionIndex(3),
+                server: 0,
+                socket: 0,
+                key: AccessKey(9),
+            }],
+        };
+        assert_eq!(map.key(RegionIndex(3)), AccessKey(9));
+        assert_eq!(map.key(RegionIndex(4)), AccessKey::NONE);
     }
 
     #[test]

@@ -255,11 +255,7 @@ impl Link {
         };
         let frame = link.exchange(&Message::MapRequest)?;
         link.key = match proto::parse_frame(&frame) {
-            Ok((Message::Map(map), tag)) if tag == link.tag => map
-                .entries
-                .iter()
-                .find(|e| e.region == RegionIndex(0))
-                .map_or(AccessKey::NONE, |e| e.key),
+            Ok((Message::Map(map), tag)) if tag == link.tag => map.key(RegionIndex(0)),
             other => {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,

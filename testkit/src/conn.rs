@@ -273,15 +273,9 @@ impl Conn {
     ///
     /// # Panics
     ///
-    /// When the MAP names no such region or gives no key for it.
+    /// When the MAP gives no key for the region (or names no such region).
     pub fn region_key(&mut self, index: u32) -> AccessKey {
-        let key = self
-            .map()
-            .entries
-            .iter()
-            .find(|e| e.region == RegionIndex(index))
-            .unwrap_or_else(|| panic!("no region {index} in the MAP"))
-            .key;
+        let key = self.map().key(RegionIndex(index));
         assert!(!key.is_none(), "the MAP gives no key for region {index}");
         key
     }

@@ -54,26 +54,34 @@ impl Inner {
             }
         });
         let link = match info.transport {
-            RnicTransport::Tcp => {
-                let (conn, map) = conn::connect(
-                    &info.device_addr,
-                    info.local_addr.as_deref(),
-                    self.client.as_str(),
-                    self.key.clone(),
-                    self.layout.digest(),
-                    self.options.connect_timeout,
-                    on_lost,
-                )
-                .await?;
-                self.region_keys.learn(&map);
-                PathLink::Tcp(conn)
-            }
+            RnicTransport::Tcp => PathLink::Tcp(self.open_tcp(&info, on_lost).await?),
             RnicTransport::Roce => self.connect_roce(&info, on_lost).await?,
         };
         let mut slot = lock(&self.slots[path.0]);
         slot.generation = generation;
         slot.conn = Some(Arc::new(link));
         Ok(())
+    }
+
+    /// Opens the device protocol over TCP from `info`'s RNIC to its device
+    /// and learns the region keys the device's MAP gives.
+    async fn open_tcp(
+        &self,
+        info: &crate::paths::PathInfo,
+        on_lost: Box<dyn FnOnce() + Send>,
+    ) -> Result<conn::PathConn, conn::ConnectError> {
+        let (conn, map) = conn::connect(
+            &info.device_addr,
+            info.local_addr.as_deref(),
+            self.client.as_str(),
+            self.key.clone(),
+            self.layout.digest(),
+            self.options.connect_timeout,
+            on_lost,
+        )
+        .await?;
+        self.region_keys.learn(&map);
+        Ok(conn)
     }
 
     /// Sets up a RoCE path: control connection and queue pair, numbering
@@ -276,18 +284,7 @@ impl Inner {
                 tokio::time::sleep(PAUSE).await;
             }
             for path in &devices {
-                let opened = conn::connect(
-                    &path.device_addr,
-                    path.local_addr.as_deref(),
-                    self.client.as_str(),
-                    self.key.clone(),
-                    self.layout.digest(),
-                    self.options.connect_timeout,
-                    Box::new(|| {}),
-                )
-                .await;
-                if let Ok((_, map)) = opened {
-                    self.region_keys.learn(&map);
+                if self.open_tcp(path, Box::new(|| {})).await.is_ok() {
                     break;
                 }
             }

@@ -143,11 +143,7 @@ impl BenchConn {
         self.stream.write_all(&request)?;
         let frame = self.next_frame()?;
         let key = match proto::parse_frame(&frame).map_err(|e| other(e.to_string()))? {
-            (Message::Map(map), t) if t == tag => map
-                .entries
-                .iter()
-                .find(|e| e.region == index)
-                .map_or(AccessKey::NONE, |e| e.key),
+            (Message::Map(map), t) if t == tag => map.key(index),
             (other_message, _) => {
                 return Err(other(format!(
                     "expected MAP, got {}",
