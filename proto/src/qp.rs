@@ -31,7 +31,13 @@
 //! identity and can ask again on another path without it running twice.
 //!
 //! QP_ACCEPT body: the device's [`Endpoint`] (16 bytes), then `count` u32
-//! and `count` entries of 8 bytes: region index u32, R_Key u32.
+//! and `count` entries of 8 bytes: region index u32, R_Key u32; optionally
+//! followed by a u64 of [`caps`] (absent: none).
+//!
+//! A fabric device also sends QP_CONNECT to a PMEM server on verbs (on its
+//! link's control connection): the server answers QP_ACCEPT with the
+//! R_Keys of the memory regions its RNIC registered for each region, and
+//! with the [`caps`] of its queue pair.
 
 use crate::error::{Error, Result};
 use crate::le;
@@ -66,6 +72,23 @@ pub const ENDPOINT_LEN: usize = 16;
 pub const CONNECT_WITH_LANE_LEN: usize = 32;
 /// Length of one R_Key entry.
 pub const RKEY_ENTRY_LEN: usize = 8;
+/// Length of the optional capabilities word after the R_Key table.
+pub const CAPS_LEN: usize = 8;
+
+/// What the queue pair behind a QP_ACCEPT can do beyond READ, WRITE and
+/// the atomics (bits of the capabilities word).
+pub mod caps {
+    /// FLUSH with the persistence placement type makes the bytes it names
+    /// durable (IBTA 1.5 memory placement extensions). Without it, the
+    /// requester makes a WRITE durable with a READ after it (the appliance
+    /// persistency method: valid where the RNIC writes straight into the
+    /// persistence domain).
+    pub const FLUSH_PERSISTENT: u64 = 1;
+    /// ATOMIC_WRITE (IBTA 1.5) is executed.
+    pub const ATOMIC_WRITE: u64 = 2;
+    /// Every bit this version knows.
+    pub const KNOWN: u64 = FLUSH_PERSISTENT | ATOMIC_WRITE;
+}
 /// Most R_Key entries a QP_ACCEPT may carry.
 pub const MAX_RKEYS: usize = 1 << 16;
 
@@ -217,13 +240,29 @@ pub struct Accept<'a> {
     pub endpoint: Endpoint,
     /// `count` entries of (region index, R_Key), little-endian u32 pairs.
     rkeys: &'a [u8],
+    /// Bits of [`caps`].
+    caps: u64,
 }
 
 impl<'a> Accept<'a> {
     /// An accept over an encoded R_Key table (see [`encode_rkeys`]).
     pub fn new(endpoint: Endpoint, rkeys: &'a [u8]) -> Result<Self> {
         check_table(rkeys)?;
-        Ok(Accept { endpoint, rkeys })
+        Ok(Accept {
+            endpoint,
+            rkeys,
+            caps: 0,
+        })
+    }
+
+    /// The same accept with capabilities `caps` (bits of [`caps`]).
+    pub fn with_caps(self, caps: u64) -> Self {
+        Accept { caps, ..self }
+    }
+
+    /// Its capabilities (bits of [`caps`]; 0 when the frame has none).
+    pub fn caps(&self) -> u64 {
+        self.caps
     }
 
     /// Parses a QP_ACCEPT body.
@@ -237,17 +276,27 @@ impl<'a> Accept<'a> {
             });
         }
         let count = le::u32_at(&body[field::COUNT]) as usize;
-        let table = &body[header..];
-        if count > MAX_RKEYS || table.len() != count * RKEY_ENTRY_LEN {
+        let rest = &body[header..];
+        let table_len = count.min(MAX_RKEYS) * RKEY_ENTRY_LEN;
+        if count > MAX_RKEYS || (rest.len() != table_len && rest.len() != table_len + CAPS_LEN) {
             return Err(Error::LengthMismatch {
                 what: "qp accept r_key table",
-                expected: count.min(MAX_RKEYS) * RKEY_ENTRY_LEN,
-                got: table.len(),
+                expected: table_len,
+                got: rest.len(),
+            });
+        }
+        let (table, tail) = rest.split_at(table_len);
+        let caps = if tail.is_empty() { 0 } else { le::u64_at(tail) };
+        if caps & !caps::KNOWN != 0 {
+            return Err(Error::ReservedBits {
+                what: "qp accept caps",
+                value: caps,
             });
         }
         Ok(Accept {
             endpoint,
             rkeys: table,
+            caps,
         })
     }
 
@@ -260,7 +309,8 @@ impl<'a> Accept<'a> {
 
     /// Length of the body.
     pub fn buffer_len(&self) -> usize {
-        field::COUNT.end + self.rkeys.len()
+        let caps = if self.caps == 0 { 0 } else { CAPS_LEN };
+        field::COUNT.end + self.rkeys.len() + caps
     }
 
     /// Writes the body into a buffer of [`Accept::buffer_len`] bytes.
@@ -268,7 +318,11 @@ impl<'a> Accept<'a> {
         self.endpoint.emit(body);
         let count = (self.rkeys.len() / RKEY_ENTRY_LEN) as u32;
         le::put_u32(&mut body[field::COUNT], count);
-        body[field::COUNT.end..].copy_from_slice(self.rkeys);
+        let table_end = field::COUNT.end + self.rkeys.len();
+        body[field::COUNT.end..table_end].copy_from_slice(self.rkeys);
+        if self.caps != 0 {
+            le::put_u64(&mut body[table_end..table_end + CAPS_LEN], self.caps);
+        }
     }
 }
 
@@ -386,6 +440,20 @@ mod tests {
         );
         body.pop();
         assert!(Accept::parse(&body).is_err());
+        body.push(0);
+        // With capabilities: they round-trip; unknown bits are refused.
+        let with = accept.with_caps(caps::FLUSH_PERSISTENT | caps::ATOMIC_WRITE);
+        let mut capped = vec![0; with.buffer_len()];
+        with.emit(&mut capped);
+        assert_eq!(capped.len(), body.len() + CAPS_LEN);
+        assert_eq!(Accept::parse(&capped).unwrap().caps(), 3);
+        assert_eq!(Accept::parse(&body).unwrap().caps(), 0);
+        let last = capped.len() - 1;
+        capped[last] = 0x80;
+        assert!(matches!(
+            Accept::parse(&capped),
+            Err(Error::ReservedBits { .. })
+        ));
         let mut lying = body.clone();
         lying.truncate(20);
         le::put_u32(&mut lying[16..20], u32::MAX);

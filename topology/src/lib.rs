@@ -37,8 +37,8 @@ pub use load::{EnvOverrides, LoadError};
 pub use meta::{MetaError, MetaLayout, RegionMeta};
 pub use model::{
     Access, AllocatorConfig, AllowRange, CachePolicy, Client, FabricDevice, FabricLink, FabricPort,
-    Persistence, PmemDevice, Pool, Region, Rnic, RnicTransport, RocePort, Server, ServerNic,
-    Socket, Topology,
+    NicTransport, Persistence, PmemDevice, Pool, Region, Rnic, RnicTransport, RocePort, Server,
+    ServerNic, Socket, Topology,
 };
 pub use routes::Path;
 pub use size::ByteSize;

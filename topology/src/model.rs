@@ -259,8 +259,41 @@ pub struct ServerNic {
     pub id: NicId,
     /// The socket whose PCIe root the NIC sits on.
     pub socket: SocketId,
-    /// Listen address, `host:port`.
+    /// Listen address, `host:port`: the TCP transport, and the control
+    /// connection of a `verbs` NIC.
     pub listen: String,
+    /// How fabric devices reach the regions behind this NIC.
+    #[serde(default)]
+    pub transport: NicTransport,
+    /// `verbs`: the RDMA device (e.g. `"rxe0"`; default: the first). Its
+    /// RoCEv2 address is the IPv4 address of `listen`.
+    #[serde(default)]
+    pub rdma_device: Option<String>,
+}
+
+/// How a server NIC serves the regions of its socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NicTransport {
+    /// The device protocol over TCP: a server thread executes each request.
+    #[default]
+    Tcp,
+    /// The regions of the NIC's socket are registered with its RNIC, and
+    /// fabric devices read, write and flush them with RDMA over RoCEv2 (an
+    /// RC queue pair per device link, set up on the TCP connection at
+    /// `listen`, which also carries what RDMA cannot: exactly-once atomics
+    /// and requests with per-extent keys).
+    Verbs,
+}
+
+impl NicTransport {
+    /// `tcp` or `verbs`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NicTransport::Tcp => "tcp",
+            NicTransport::Verbs => "verbs",
+        }
+    }
 }
 
 /// A fabric device: the switch/proxy daemon of one switch node.

@@ -93,6 +93,10 @@ pub enum ProblemKind {
     RoceRnicAddress,
     /// A `roce` RNIC wired to a device port without a `roce` section.
     RoceRnicPort,
+    /// A `verbs` server NIC whose listen address is not IPv4.
+    VerbsNicAddress,
+    /// A link to a `verbs` server NIC from a device with no RoCEv2 port.
+    VerbsLinkWithoutRoce,
     /// An allow-list range that leaves its region.
     AllowOutOfRange {
         /// The region named by the range.
@@ -152,6 +156,16 @@ impl fmt::Display for ProblemKind {
             Self::RoceRnicPort => write!(
                 f,
                 "transport \"roce\" needs a device port with a roce section (interface, ip)"
+            ),
+            Self::VerbsNicAddress => write!(
+                f,
+                "transport \"verbs\" needs an IPv4 listen address: it is also the NIC's RoCEv2 \
+                 address"
+            ),
+            Self::VerbsLinkWithoutRoce => write!(
+                f,
+                "reaches a \"verbs\" server NIC, which needs RDMA: give one of the device's \
+                 ports a roce section (interface, ip)"
             ),
             Self::UnsafeRegionId => write!(
                 f,
@@ -352,6 +366,14 @@ impl Checker<'_> {
                     };
                     self.report(item.clone(), kind);
                 }
+                if nic.transport == crate::model::NicTransport::Verbs
+                    && nic
+                        .listen
+                        .parse::<std::net::SocketAddr>()
+                        .is_ok_and(|a| !a.is_ipv4())
+                {
+                    self.report(item.clone(), ProblemKind::VerbsNicAddress);
+                }
                 self.listen(item, &nic.listen);
             }
             if let Some(admin) = &server.admin {
@@ -500,14 +522,22 @@ impl Checker<'_> {
                             id: link.server.to_string(),
                         },
                     ),
-                    Some(server) if server.nic(&link.nic).is_none() => self.report(
-                        link_item,
-                        ProblemKind::UnknownReference {
-                            kind: "server NIC",
-                            id: format!("{}/{}", link.server, link.nic),
-                        },
-                    ),
-                    Some(_) => {}
+                    Some(server) => match server.nic(&link.nic) {
+                        None => self.report(
+                            link_item,
+                            ProblemKind::UnknownReference {
+                                kind: "server NIC",
+                                id: format!("{}/{}", link.server, link.nic),
+                            },
+                        ),
+                        Some(nic)
+                            if nic.transport == crate::model::NicTransport::Verbs
+                                && device.ports.iter().all(|p| p.roce.is_none()) =>
+                        {
+                            self.report(link_item, ProblemKind::VerbsLinkWithoutRoce);
+                        }
+                        Some(_) => {}
+                    },
                 }
             }
             for server in &t.servers {

@@ -132,6 +132,14 @@ fn expectations() -> Vec<Expectation> {
         ("roce-rnic-port", "client \"c1\" RNIC \"r0\"", |k| {
             matches!(k, ProblemKind::RoceRnicPort)
         }),
+        ("verbs-nic-address", "server \"A\" NIC \"n0\"", |k| {
+            matches!(k, ProblemKind::VerbsNicAddress)
+        }),
+        (
+            "verbs-link-without-roce",
+            "fabric device \"A\" link #1 (A/n0)",
+            |k| matches!(k, ProblemKind::VerbsLinkWithoutRoce),
+        ),
         (
             "bad-roce-address",
             "fabric device \"A\" port \"p0\" roce",

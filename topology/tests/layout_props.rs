@@ -55,6 +55,8 @@ fn build(spec: &[Vec<Vec<Vec<RegionSpec>>>]) -> Topology {
                 id: "n0".into(),
                 socket: "0".into(),
                 listen: format!("127.0.1.{}:7000", si + 1),
+                transport: Default::default(),
+                rdma_device: None,
             }],
         })
         .collect();

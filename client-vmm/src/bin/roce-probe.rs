@@ -104,7 +104,9 @@ fn run(cli: &Cli) -> Result<usize, Failure> {
     // Fail fast, before touching the device, when there is no RDMA device.
     let devices = device_names().map_err(|e| error_chain(&e))?;
     if devices.is_empty() {
-        return Err(error_chain(&VerbsError::NoDevice));
+        return Err(error_chain(&VerbsError::Rnic(
+            client_vmm::verbs::RnicError::NoDevice,
+        )));
     }
     println!("rdma devices: {}", devices.join(", "));
     let timeout = Duration::from_millis(cli.timeout_ms);

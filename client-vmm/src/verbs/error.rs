@@ -1,19 +1,12 @@
 //! What goes wrong in the verbs transport: one variant per failing verbs
 //! call (named in the message), plus the control exchange and completions.
 
-use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use proto::Status;
-use sideway::ibverbs::completion::{
-    CreateCompletionQueueError, PollCompletionQueueError, WorkCompletionStatus,
-};
-use sideway::ibverbs::device::{GetDeviceListError, OpenDeviceError};
-use sideway::ibverbs::device_context::{
-    AllocateProtectionDomainError, QueryDeviceError, QueryPortError,
-};
+use sideway::ibverbs::completion::{PollCompletionQueueError, WorkCompletionStatus};
 use sideway::ibverbs::memory_region::RegisterMemoryRegionError;
-use sideway::ibverbs::queue_pair::{CreateQueuePairError, ModifyQueuePairError, PostSendError};
+use sideway::ibverbs::queue_pair::PostSendError;
 
 use crate::conn::ConnectError;
 
@@ -53,87 +46,9 @@ pub enum ControlError {
 /// Why the verbs transport failed.
 #[derive(Debug, thiserror::Error)]
 pub enum VerbsError {
-    /// `libibverbs.so.1` could not be loaded at run time.
-    #[error(
-        "ibv_get_device_list: libibverbs.so.1 is not loadable \
-         (install libibverbs1 and ibverbs-providers)"
-    )]
-    NoLibrary(#[source] GetDeviceListError),
-    /// `ibv_get_device_list` failed otherwise.
-    #[error("ibv_get_device_list")]
-    GetDeviceList(#[source] GetDeviceListError),
-    /// The list is empty.
-    #[error("no RDMA device: is rdma_rxe loaded (rdma link add) / is an RNIC present")]
-    NoDevice,
-    /// The device asked for is not in the list.
-    #[error("no RDMA device named {name:?} (present: {present})")]
-    UnknownDevice {
-        /// The name asked for.
-        name: String,
-        /// The devices there are, comma separated.
-        present: String,
-    },
-    /// `ibv_open_device` failed.
-    #[error("ibv_open_device {device}")]
-    OpenDevice {
-        /// The device.
-        device: String,
-        /// Why.
-        #[source]
-        source: OpenDeviceError,
-    },
-    /// `ibv_query_device_ex` failed.
-    #[error("ibv_query_device_ex {device}")]
-    QueryDevice {
-        /// The device.
-        device: String,
-        /// Why.
-        #[source]
-        source: QueryDeviceError,
-    },
-    /// `ibv_query_port` failed.
-    #[error("ibv_query_port {device} port {port}")]
-    QueryPort {
-        /// The device.
-        device: String,
-        /// The port.
-        port: u8,
-        /// Why.
-        #[source]
-        source: QueryPortError,
-    },
-    /// The port is not ACTIVE.
-    #[error("{device} port {port} is {state} (not ACTIVE): is its netdev up?")]
-    PortDown {
-        /// The device.
-        device: String,
-        /// The port.
-        port: u8,
-        /// Its state.
-        state: String,
-    },
-    /// No GID of the port is the IPv4-mapped address of the local IP with
-    /// type RoCE v2 (`ibv_query_gid_ex` over the table).
-    #[error(
-        "ibv_query_gid_ex: {device} port {port} has no RoCE v2 GID ::ffff:{ip} \
-         (GIDs: {seen}); is {ip} configured on the netdev the device is bound to?"
-    )]
-    NoGid {
-        /// The device.
-        device: String,
-        /// The port.
-        port: u8,
-        /// The local IP.
-        ip: Ipv4Addr,
-        /// The GIDs seen, `index=gid/type`.
-        seen: String,
-    },
-    /// `ibv_alloc_pd` failed.
-    #[error("ibv_alloc_pd")]
-    AllocPd(#[source] AllocateProtectionDomainError),
-    /// `ibv_create_cq` failed.
-    #[error("ibv_create_cq")]
-    CreateCq(#[source] CreateCompletionQueueError),
+    /// Opening or querying the RDMA device, or bringing the queue pair up.
+    #[error(transparent)]
+    Rnic(#[from] rnic::RnicError),
     /// The local buffer could not be allocated.
     #[error("cannot allocate a {0}-byte local buffer")]
     Buffer(usize),
@@ -146,24 +61,9 @@ pub enum VerbsError {
         #[source]
         source: RegisterMemoryRegionError,
     },
-    /// `ibv_create_qp` failed.
-    #[error("ibv_create_qp (RC)")]
-    CreateQp(#[source] CreateQueuePairError),
     /// The QP_CONNECT / QP_ACCEPT exchange failed.
     #[error("QP set-up over the control connection")]
     Control(#[source] ControlError),
-    /// The device offered a path MTU verbs cannot express.
-    #[error("the device offered path MTU {0}, not one of 256, 512, 1024, 2048, 4096")]
-    BadMtu(u16),
-    /// `ibv_modify_qp` to `state` failed.
-    #[error("ibv_modify_qp to {state}")]
-    ModifyQp {
-        /// The target state.
-        state: &'static str,
-        /// Why.
-        #[source]
-        source: ModifyQueuePairError,
-    },
     /// The device handed out no R_Key for the region.
     #[error("the device handed out no R_Key for region {0}")]
     UnknownRegion(u32),

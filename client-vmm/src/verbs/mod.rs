@@ -14,7 +14,7 @@
 //! Built on `sideway` (feature `verbs`), which loads `libibverbs.so.1` at
 //! run time: building needs no rdma-core (only cmake and libclang for its
 //! bindings), and running without it (or without a device) fails
-//! with [`VerbsError::NoLibrary`] / [`VerbsError::NoDevice`]. sideway 0.4
+//! with [`RnicError::NoLibrary`] / [`RnicError::NoDevice`]. sideway 0.4
 //! builds READ, WRITE, FETCH_ADD and COMPARE_SWAP work requests; it names
 //! ATOMIC_WRITE and FLUSH only as opcode and flag constants, with no way
 //! to post them, so this transport has neither.
@@ -40,14 +40,13 @@
 mod buffer;
 mod control;
 mod counters;
-mod device;
 mod error;
 pub(crate) mod link;
 mod qp;
 
 pub use control::{Control, QpAccept};
 pub use counters::{HwCounter, SYSFS_INFINIBAND, hw_counters};
-pub use device::{device_names, ipv4_gid, mtu_bytes, mtu_from_bytes};
 pub use error::{ControlError, VerbsError};
 pub use qp::{Completion, Op, VerbsOptions, VerbsQp};
+pub use rnic::{RnicError, device_names, ipv4_gid, mtu_bytes, mtu_from_bytes};
 pub use sideway::ibverbs::completion::WorkCompletionStatus;

@@ -10,7 +10,6 @@
 //! later).
 
 use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasher, Hasher};
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,7 +17,6 @@ use std::time::{Duration, Instant};
 use proto::qp::{AtomicSeq, Connect, Endpoint};
 use proto::request::ExactlyOnce;
 use sideway::ibverbs::AccessFlags;
-use sideway::ibverbs::address::AddressHandleAttribute;
 use sideway::ibverbs::completion::{
     BasicCompletionQueue, PollCompletionQueueError, WorkCompletionStatus,
 };
@@ -34,8 +32,9 @@ use rdma_mummy_sys::ibv_qp_ex;
 
 use super::buffer::{DmaBuffer, place};
 use super::control::Control;
-use super::device::{self, PortInfo};
 use super::error::VerbsError;
+use rnic::PortInfo;
+use rnic::rc::RcAttrs;
 
 /// Knobs of a [`VerbsQp`]; [`Default`] suits rxe and RNICs alike.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -199,17 +198,6 @@ pub struct VerbsQp {
     done: VecDeque<Completion>,
 }
 
-/// A random 24-bit PSN.
-fn random_psn() -> u32 {
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    (hasher.finish() & 0xFF_FFFF) as u32
-}
-
 impl VerbsQp {
     /// Sets up a queue pair with the device on `control` (which must stay
     /// open while the queue pair is used), on RDMA device `device` (or the
@@ -229,15 +217,15 @@ impl VerbsQp {
         local_ip: Ipv4Addr,
         options: VerbsOptions,
     ) -> Result<VerbsQp, VerbsError> {
-        let (ctx, name) = device::open(device)?;
-        let port = device::port_info(&ctx, &name, options.port, local_ip)?;
-        let pd = ctx.alloc_pd().map_err(VerbsError::AllocPd)?;
+        let (ctx, name) = rnic::open(device)?;
+        let port = rnic::port_info(&ctx, &name, options.port, local_ip)?;
+        let pd = ctx.alloc_pd().map_err(rnic::RnicError::AllocPd)?;
         let depth = options.queue_depth.max(1);
         let cq = ctx
             .create_cq_builder()
             .setup_cqe(depth * 2)
             .build()
-            .map_err(VerbsError::CreateCq)?;
+            .map_err(rnic::RnicError::CreateCq)?;
         let buffer =
             DmaBuffer::new(options.buffer_len).ok_or(VerbsError::Buffer(options.buffer_len))?;
         // SAFETY: the buffer is a live allocation of `buffer.len()` bytes and
@@ -269,16 +257,16 @@ impl VerbsQp {
                 builder
                     .setup_send_ops_flags(basic)
                     .build_ex()
-                    .map_err(VerbsError::CreateQp)?,
+                    .map_err(rnic::RnicError::CreateQp)?,
                 false,
             ),
         };
 
         let local = Endpoint {
             qpn: qp.qp_number(),
-            psn: random_psn(),
+            psn: rnic::rc::random_psn(),
             ip: local_ip,
-            mtu: device::mtu_bytes(port.active_mtu),
+            mtu: rnic::mtu_bytes(port.active_mtu),
         };
         let accept = control
             .qp_connect(Connect {
@@ -287,47 +275,17 @@ impl VerbsQp {
             })
             .map_err(VerbsError::Control)?;
         let remote = accept.endpoint;
-        let path_mtu = device::mtu_from_bytes(remote.mtu)
-            .ok_or(VerbsError::BadMtu(remote.mtu))?
-            .min(port.active_mtu);
-
-        let modify = |qp: &mut ExtendedQueuePair, attr: &QueuePairAttribute, state| {
-            qp.modify(attr)
-                .map_err(|source| VerbsError::ModifyQp { state, source })
+        let path_mtu = rnic::rc::path_mtu(remote.mtu, &port)?;
+        let attrs = RcAttrs {
+            port: options.port,
+            access: AccessFlags::LocalWrite,
+            path_mtu,
+            max_dest_rd_atomic: 1,
+            ack_timeout: options.ack_timeout,
+            retry_cnt: options.retry_cnt,
+            rnr_retry: options.rnr_retry,
         };
-        let mut attr = QueuePairAttribute::new();
-        attr.setup_state(QueuePairState::Init)
-            .setup_pkey_index(0)
-            .setup_port(options.port)
-            .setup_access_flags(AccessFlags::LocalWrite);
-        modify(&mut qp, &attr, "INIT")?;
-
-        let mut path = AddressHandleAttribute::new();
-        path.setup_port(options.port).setup_grh(
-            &device::ipv4_gid(remote.ip),
-            0,
-            port.gid_index,
-            64,
-            0,
-        );
-        let mut attr = QueuePairAttribute::new();
-        attr.setup_state(QueuePairState::ReadyToReceive)
-            .setup_path_mtu(path_mtu)
-            .setup_dest_qp_num(remote.qpn)
-            .setup_rq_psn(remote.psn)
-            .setup_max_dest_read_atomic(1)
-            .setup_min_rnr_timer(12)
-            .setup_address_vector(&path);
-        modify(&mut qp, &attr, "RTR")?;
-
-        let mut attr = QueuePairAttribute::new();
-        attr.setup_state(QueuePairState::ReadyToSend)
-            .setup_sq_psn(local.psn)
-            .setup_timeout(options.ack_timeout)
-            .setup_retry_cnt(options.retry_cnt)
-            .setup_rnr_retry(options.rnr_retry)
-            .setup_max_read_atomic(port.max_rd_atomic);
-        modify(&mut qp, &attr, "RTS")?;
+        rnic::rc::connect(&mut qp, &port, &attrs, local.psn, &remote)?;
 
         Ok(VerbsQp {
             qp,
@@ -339,7 +297,7 @@ impl VerbsQp {
             buffer,
             rkeys: accept.rkeys,
             local: Endpoint {
-                mtu: device::mtu_bytes(path_mtu),
+                mtu: rnic::mtu_bytes(path_mtu),
                 ..local
             },
             remote,

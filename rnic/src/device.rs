@@ -8,7 +8,7 @@ use sideway::ibverbs::address::{Gid, GidType};
 use sideway::ibverbs::device::{DeviceInfo, DeviceList, GetDeviceListErrorKind};
 use sideway::ibverbs::device_context::{DeviceContext, Mtu, PortState};
 
-use super::error::VerbsError;
+use crate::error::RnicError;
 
 /// `EOPNOTSUPP`: what rdma-mummy-sys's stubs return when `libibverbs.so.1`
 /// could not be loaded.
@@ -19,44 +19,44 @@ const ENOSYS: i32 = 38;
 const SYSFS_ROCE_V2: u32 = 1;
 
 /// The names of the RDMA devices present.
-pub fn device_names() -> Result<Vec<String>, VerbsError> {
+pub fn device_names() -> Result<Vec<String>, RnicError> {
     let list = device_list()?;
     Ok(list.iter().map(|d| d.name()).collect())
 }
 
-fn device_list() -> Result<DeviceList, VerbsError> {
+fn device_list() -> Result<DeviceList, RnicError> {
     DeviceList::new().map_err(|e| {
         let errno = match &e.0 {
             GetDeviceListErrorKind::Ibverbs(io) => io.raw_os_error(),
             _ => None,
         };
         match errno {
-            Some(EOPNOTSUPP) => VerbsError::NoLibrary(e),
-            Some(ENOSYS) => VerbsError::NoDevice,
-            _ => VerbsError::GetDeviceList(e),
+            Some(EOPNOTSUPP) => RnicError::NoLibrary(e),
+            Some(ENOSYS) => RnicError::NoDevice,
+            _ => RnicError::GetDeviceList(e),
         }
     })
 }
 
 /// Opens the device called `name`, or the first one; returns it and its name.
-pub(crate) fn open(name: Option<&str>) -> Result<(Arc<DeviceContext>, String), VerbsError> {
+pub fn open(name: Option<&str>) -> Result<(Arc<DeviceContext>, String), RnicError> {
     let list = device_list()?;
     if list.is_empty() {
-        return Err(VerbsError::NoDevice);
+        return Err(RnicError::NoDevice);
     }
     let device = match name {
-        None => list.get(0).ok_or(VerbsError::NoDevice)?,
+        None => list.get(0).ok_or(RnicError::NoDevice)?,
         Some(name) => {
             list.iter()
                 .find(|d| d.name() == name)
-                .ok_or_else(|| VerbsError::UnknownDevice {
+                .ok_or_else(|| RnicError::UnknownDevice {
                     name: name.to_owned(),
                     present: list.iter().map(|d| d.name()).collect::<Vec<_>>().join(", "),
                 })?
         }
     };
     let device_name = device.name();
-    let ctx = device.open().map_err(|source| VerbsError::OpenDevice {
+    let ctx = device.open().map_err(|source| RnicError::OpenDevice {
         device: device_name.clone(),
         source,
     })?;
@@ -65,7 +65,7 @@ pub(crate) fn open(name: Option<&str>) -> Result<(Arc<DeviceContext>, String), V
 
 /// What the queue pair needs to know about the local port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct PortInfo {
+pub struct PortInfo {
     /// The GID index whose GID is `::ffff:<local ip>`, RoCE v2.
     pub gid_index: u8,
     /// That GID.
@@ -83,28 +83,28 @@ pub fn ipv4_gid(ip: Ipv4Addr) -> Gid {
 
 /// Queries port `port` of the device: it must be ACTIVE and have a RoCE v2
 /// GID for `ip`.
-pub(crate) fn port_info(
+pub fn port_info(
     ctx: &DeviceContext,
     device: &str,
     port: u8,
     ip: Ipv4Addr,
-) -> Result<PortInfo, VerbsError> {
+) -> Result<PortInfo, RnicError> {
     let attr = ctx
         .query_device()
-        .map_err(|source| VerbsError::QueryDevice {
+        .map_err(|source| RnicError::QueryDevice {
             device: device.to_owned(),
             source,
         })?;
     let port_attr = ctx
         .query_port(port)
-        .map_err(|source| VerbsError::QueryPort {
+        .map_err(|source| RnicError::QueryPort {
             device: device.to_owned(),
             port,
             source,
         })?;
     let state = port_attr.port_state();
     if state != PortState::Active {
-        return Err(VerbsError::PortDown {
+        return Err(RnicError::PortDown {
             device: device.to_owned(),
             port,
             state: format!("{state:?}"),
@@ -136,7 +136,7 @@ pub(crate) fn port_info(
         }
     }
     let Some((gid_index, gid)) = found else {
-        return Err(VerbsError::NoGid {
+        return Err(RnicError::NoGid {
             device: device.to_owned(),
             port,
             ip,
@@ -196,7 +196,7 @@ mod tests {
         match open(None) {
             // A machine with an RNIC or rxe.
             Ok(_) => {}
-            Err(VerbsError::NoDevice | VerbsError::NoLibrary(_)) => {}
+            Err(RnicError::NoDevice | RnicError::NoLibrary(_)) => {}
             Err(e) => panic!("unexpected error: {e:?}"),
         }
         let err = open(Some("no-such-rdma-device"))
@@ -205,7 +205,7 @@ mod tests {
         assert!(
             matches!(
                 err,
-                VerbsError::NoDevice | VerbsError::NoLibrary(_) | VerbsError::UnknownDevice { .. }
+                RnicError::NoDevice | RnicError::NoLibrary(_) | RnicError::UnknownDevice { .. }
             ),
             "{err:?}"
         );
