@@ -431,7 +431,6 @@ impl Forwarder {
     }
 
     /// A link's status.
-    #[cfg(test)]
     pub fn link_status(&self, link: LinkId) -> Option<LinkStatus> {
         self.links.get(&link).map(|l| l.status)
     }

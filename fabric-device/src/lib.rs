@@ -8,6 +8,8 @@
 //! - `reconnect`: when each server link is (re)connected, sans-IO.
 //! - `request_budget`: the bytes of requests held while they arrive, per
 //!   client and in total.
+//! - `uplink`: RC queue pairs toward servers on verbs, which carry READ,
+//!   WRITE, FLUSH and ATOMIC_WRITE to the server's RNIC.
 //! - `driver`: the event loop that moves bytes between sockets and the core.
 //! - `metrics`: what `/metrics` exports.
 //!
@@ -25,3 +27,4 @@ pub(crate) mod reconnect;
 pub(crate) mod request_budget;
 pub(crate) mod roce;
 pub(crate) mod roce_metrics;
+pub(crate) mod uplink;

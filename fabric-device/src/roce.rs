@@ -152,7 +152,13 @@ impl RoceGateway {
         let conn = QP_CONN_BASE + u64::from(qpn);
         fwd.open_session_as(conn, &setup.client)
             .map_err(SetupError::Client)?;
-        self.next_qpn = (qpn + 1) & 0xFF_FFFF;
+        // Numbers from `uplink::QPN_BASE` up belong to the queue pairs
+        // toward servers.
+        self.next_qpn = if qpn + 1 >= crate::uplink::QPN_BASE {
+            0x100
+        } else {
+            qpn + 1
+        };
         self.qps.insert(
             qpn,
             GatewayQp {

@@ -10,6 +10,7 @@ use proto::roce::rc::Counters;
 use telemetry::{Registry, RegistryError};
 
 use crate::roce::GatewayCounters;
+use crate::uplink::UplinkCounters;
 
 /// The counters of one port: its gateway, its reader and its queue pairs.
 #[derive(Debug, Clone, Default)]
@@ -36,6 +37,7 @@ type Snapshot = Arc<Mutex<Vec<PortSnapshot>>>;
 #[derive(Debug, Clone, Default)]
 pub struct RoceMetrics {
     snapshot: Snapshot,
+    uplinks: Arc<Mutex<UplinkCounters>>,
 }
 
 /// One series of a per-QP counter: its labels and how to read it.
@@ -175,7 +177,44 @@ impl RoceMetrics {
                 })
             }),
         )?;
+        let uplinks = Arc::clone(&metrics.uplinks);
+        let read =
+            move |f: fn(&UplinkCounters) -> u64| uplinks.lock().map(|u| f(&u)).unwrap_or(0) as f64;
+        let requests = read.clone();
+        registry.register_fn_counter(
+            "fabric_device_server_requests_total",
+            "Requests for servers on verbs, by how they went: rdma (work requests on the \
+             device's queue pair to the server's RNIC) or control (the server's TCP connection: \
+             exactly-once atomics, per-extent keys, no queue pair yet).",
+            &["path"],
+            Box::new(move || {
+                vec![
+                    (vec!["rdma".into()], requests(|u| u.posted)),
+                    (vec!["control".into()], requests(|u| u.on_control)),
+                ]
+            }),
+        )?;
+        let broken = read.clone();
+        registry.register_fn_counter(
+            "fabric_device_server_qps_broken_total",
+            "Queue pairs to servers that failed (retries exhausted); their links reconnected.",
+            &[],
+            Box::new(move || vec![(vec![], broken(|u| u.broken))]),
+        )?;
+        registry.register_fn_gauge(
+            "fabric_device_server_qps",
+            "RDMA queue pairs to servers on verbs that are up.",
+            &[],
+            Box::new(move || vec![(vec![], read(|u| u.up))]),
+        )?;
         Ok(metrics)
+    }
+
+    /// Replaces the published counters of the queue pairs toward servers.
+    pub fn publish_uplinks(&self, counters: UplinkCounters) {
+        if let Ok(mut published) = self.uplinks.lock() {
+            *published = counters;
+        }
     }
 
     /// Replaces the published snapshot.

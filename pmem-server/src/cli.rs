@@ -34,6 +34,10 @@ struct Args {
     /// power-loss tests only; overrides the topology).
     #[arg(long, value_parser = parse_persistence)]
     persistence: Option<Persistence>,
+    /// Serve every NIC with this transport (tcp or verbs) instead of the
+    /// topology's `transport`.
+    #[arg(long, value_parser = parse_transport)]
+    transport: Option<topology::NicTransport>,
     /// Recreate every region file of this server, discarding its data.
     #[arg(long)]
     format: bool,
@@ -76,6 +80,14 @@ struct Args {
     /// Log lines on stderr as text or json (levels from RUST_LOG, default info).
     #[arg(long, value_name = "text|json", default_value_t = LogFormat::Text)]
     log_format: LogFormat,
+}
+
+fn parse_transport(text: &str) -> Result<topology::NicTransport, String> {
+    match text {
+        "tcp" => Ok(topology::NicTransport::Tcp),
+        "verbs" => Ok(topology::NicTransport::Verbs),
+        other => Err(format!("unknown transport {other:?}: tcp or verbs")),
+    }
 }
 
 fn parse_persistence(text: &str) -> Result<Persistence, String> {
@@ -151,6 +163,7 @@ fn config(args: Args) -> Result<ServerConfig, ExitCode> {
             idle: (args.idle_timeout_ms > 0).then(|| Duration::from_millis(args.idle_timeout_ms)),
         },
         secrets: args.secrets,
+        transport: args.transport,
         topology,
     })
 }

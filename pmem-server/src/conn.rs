@@ -17,6 +17,18 @@ use proto::decoder::{ReadError, ReadOutcome};
 use crate::exec::{Executor, Flow};
 use crate::gate::Session;
 
+/// Sets up RDMA queue pairs for the peers of one NIC (the `verbs` feature's
+/// NICs implement it).
+pub trait QueuePairs: Send + Sync {
+    /// Answers a QP_CONNECT body: a queue pair, kept until the connection
+    /// ends, and its QP_ACCEPT frame for `tag`; or the status refusing it.
+    fn connect(
+        &self,
+        connect: &proto::qp::Connect,
+        tag: u64,
+    ) -> Result<(Box<dyn Send>, Vec<u8>), proto::Status>;
+}
+
 /// Most bytes read from the socket at a time.
 const READ_CHUNK: usize = 256 * 1024;
 /// Largest frame body taken from a peer that has not proven its key yet
@@ -76,6 +88,7 @@ pub fn serve(
     exec: &Executor,
     shutdown: &Arc<AtomicBool>,
     timeouts: Timeouts,
+    qps: Option<&dyn QueuePairs>,
 ) -> ConnectionEnd {
     if let Err(e) = stream
         .set_nodelay(true)
@@ -90,6 +103,12 @@ pub fn serve(
     };
     let mut out = Vec::with_capacity(64 * 1024);
     let mut greeted = false;
+    // Queue pairs set up on this connection live until it ends.
+    let mut link = QpLink {
+        service: qps,
+        held: Vec::new(),
+        gauge: Arc::clone(&exec.metrics().queue_pairs),
+    };
     loop {
         if shutdown.load(Ordering::Relaxed) {
             return ConnectionEnd::Shutdown;
@@ -115,7 +134,14 @@ pub fn serve(
             Err(ReadError::Framing(e)) => Some(ConnectionEnd::Malformed(e)),
         };
         // Frames completed before a hang-up or a bad header are still answered.
-        let drained = drain(&mut decoder, exec, &mut session, &mut stream, &mut out);
+        let drained = drain(
+            &mut decoder,
+            exec,
+            &mut session,
+            &mut link,
+            &mut stream,
+            &mut out,
+        );
         if session.admits() {
             decoder.raise_max_body_len(proto::frame::MAX_BODY_LEN);
         }
@@ -158,6 +184,7 @@ fn drain(
     decoder: &mut FrameDecoder,
     exec: &Executor,
     session: &mut Session,
+    link: &mut QpLink<'_>,
     stream: &mut TcpStream,
     out: &mut Vec<u8>,
 ) -> io::Result<(usize, Option<Stop>)> {
@@ -165,6 +192,10 @@ fn drain(
     loop {
         match decoder.next_frame() {
             Ok(Some(frame)) => {
+                if link.answer(session, frame, out) {
+                    executed += 1;
+                    continue;
+                }
                 match exec.handle_frame(session, frame, out) {
                     Ok(Flow::Continue) => executed += 1,
                     Ok(Flow::Close) => return Ok((executed, Some(Stop::Refused))),
@@ -178,5 +209,54 @@ fn drain(
             Ok(None) => return Ok((executed, None)),
             Err(e) => return Ok((executed, Some(Stop::Malformed(e)))),
         }
+    }
+}
+
+/// The queue pairs a connection set up, and who sets them up.
+struct QpLink<'a> {
+    service: Option<&'a dyn QueuePairs>,
+    held: Vec<Box<dyn Send>>,
+    /// `pmem_server_queue_pairs`.
+    gauge: Arc<telemetry::Gauge>,
+}
+
+impl QpLink<'_> {
+    /// Answers `frame` if it is a QP_CONNECT this NIC serves, from a peer
+    /// that may set up queue pairs (a proven fabric device, or anyone
+    /// without authentication); false leaves it to the executor.
+    fn answer(&mut self, session: &Session, frame: &[u8], out: &mut Vec<u8>) -> bool {
+        let Some(service) = self.service else {
+            return false;
+        };
+        let Ok((proto::Message::QpConnect(connect), tag)) = proto::parse_frame(frame) else {
+            return false;
+        };
+        if !session.may_set_up_queue_pairs() {
+            return false;
+        }
+        match service.connect(&connect, tag) {
+            Ok((qp, accept)) => {
+                self.held.push(qp);
+                self.gauge.inc();
+                out.extend_from_slice(&accept);
+            }
+            Err(status) => {
+                out.extend_from_slice(&proto::error_reply(proto::Opcode::QpConnect, tag, status));
+            }
+        }
+        true
+    }
+}
+
+impl Drop for QpLink<'_> {
+    fn drop(&mut self) {
+        if self.held.is_empty() {
+            return;
+        }
+        self.gauge.sub(self.held.len() as i64);
+        tracing::debug!(
+            "{} queue pairs closed with their connection",
+            self.held.len()
+        );
     }
 }

@@ -140,6 +140,13 @@ pub enum Session {
 }
 
 impl Session {
+    /// Whether the peer may set up RDMA queue pairs to this server's
+    /// memory: a fabric device that proved its key, or anyone when the
+    /// server asks for no keys.
+    pub fn may_set_up_queue_pairs(&self) -> bool {
+        matches!(self, Session::Open | Session::ProvenDevice)
+    }
+
     /// Whether requests may be answered.
     pub fn admits(&self) -> bool {
         matches!(

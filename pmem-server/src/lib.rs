@@ -10,6 +10,9 @@
 //!   atomics, kept in a mapped file so it survives a restart.
 //! - `conn` and [`server`]: connections, listeners and the daemon's life.
 //! - `metrics`: what `/metrics` exports.
+//! - `verbs` (feature `verbs`): regions registered with a NIC's RNIC and
+//!   queue pairs for fabric devices, so they reach memory without this
+//!   process.
 //!
 //! The public API is what a user or a test needs: [`cli`] (the daemon),
 //! [`RunningServer`] and [`OpenedServer`] with their [`ServerConfig`],
@@ -26,6 +29,8 @@ pub mod persist;
 pub mod region_file;
 pub mod server;
 pub(crate) mod stale_marks;
+#[cfg(feature = "verbs")]
+pub mod verbs;
 
 pub use conn::Timeouts;
 pub use exec::{Executor, Flow};

@@ -18,6 +18,8 @@ pub struct ServerMetrics {
     latency: [Arc<Histogram>; Operation::ALL.len()],
     /// Payload bytes received in WRITE / WRITE_PERSIST requests.
     pub bytes_in: Arc<Counter>,
+    /// RDMA queue pairs set up by fabric devices and still open.
+    pub queue_pairs: Arc<Gauge>,
     /// Payload bytes sent in READ responses.
     pub bytes_out: Arc<Counter>,
     /// Requests being executed right now.
@@ -71,6 +73,10 @@ impl ServerMetrics {
             )?,
             in_flight: r.gauge("pmem_server_in_flight_requests", "Requests being executed.")?,
             connections: r.gauge("pmem_server_connections", "Open data connections.")?,
+            queue_pairs: r.gauge(
+                "pmem_server_queue_pairs",
+                "RDMA queue pairs fabric devices set up on verbs NICs, open now.",
+            )?,
             connections_total: r.counter(
                 "pmem_server_accepted_connections_total",
                 "Data connections accepted.",

@@ -12,10 +12,10 @@ use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
 use telemetry::{AdminServer, Health, Registry};
-use topology::{Layout, NicId, ServerId, Topology};
+use topology::{Layout, NicId, NicTransport, ServerId, Topology};
 use tracing::{Span, debug, error, info, warn};
 
-use crate::conn::{self, Timeouts};
+use crate::conn::{self, QueuePairs, Timeouts};
 use crate::dedup::DedupTable;
 use crate::dedup_store::{StoreError, WindowStore};
 use crate::exec::{Executor, ServedRegion};
@@ -49,6 +49,8 @@ pub struct ServerConfig {
     /// The folder with the principals' keys: every connection must prove
     /// its key before anything is answered. `None`: no authentication.
     pub secrets: Option<PathBuf>,
+    /// Serve every NIC with this transport instead of the topology's.
+    pub transport: Option<NicTransport>,
 }
 
 /// Why the server could not start or stop cleanly.
@@ -112,6 +114,19 @@ pub enum ServerError {
     /// A thread cannot be started.
     #[error("cannot start a thread")]
     Spawn(#[source] io::Error),
+    /// A `verbs` NIC cannot serve over RDMA.
+    #[cfg(feature = "verbs")]
+    #[error(transparent)]
+    Verbs(#[from] Box<crate::verbs::VerbsNicError>),
+    /// A NIC asks for verbs in a build without them.
+    #[error(
+        "NIC {nic}: transport \"verbs\" needs a pmem-server built with the `verbs` feature \
+         (cargo build -p pmem-server --features verbs)"
+    )]
+    VerbsDisabled {
+        /// The NIC.
+        nic: NicId,
+    },
     /// Flushing the regions at shutdown failed.
     #[error("cannot make the regions durable at shutdown")]
     Persist(#[source] crate::persist::PersistError),
@@ -226,14 +241,26 @@ impl Acceptor {
 
 /// Accepts connections on one NIC until shutdown (its waker), one thread
 /// per connection.
-fn accept_loop(
-    mut acceptor: Acceptor,
+/// What a NIC's accept loop hands each connection.
+#[derive(Clone)]
+struct NicService {
     exec: Arc<Executor>,
     shutdown: Arc<AtomicBool>,
     live: Arc<LiveConnections>,
     max_connections: usize,
     timeouts: Timeouts,
-) {
+    /// Queue pair set-up, on a `verbs` NIC.
+    qps: Option<Arc<dyn QueuePairs>>,
+}
+
+fn accept_loop(mut acceptor: Acceptor, service: NicService) {
+    let NicService {
+        exec,
+        shutdown,
+        live,
+        max_connections,
+        ..
+    } = &service;
     let mut events = mio::Events::with_capacity(8);
     while !shutdown.load(Ordering::Relaxed) {
         if let Err(e) = acceptor.poll.poll(&mut events, None) {
@@ -259,8 +286,8 @@ fn accept_loop(
                 debug!("dropped connection from {peer}: {e}");
                 continue;
             }
-            match live.try_add(max_connections, &stream) {
-                Ok(id) => spawn_connection(stream, id, &exec, &shutdown, &live, timeouts),
+            match live.try_add(*max_connections, &stream) {
+                Ok(id) => spawn_connection(stream, id, &service),
                 Err(Refusal::Full) => {
                     debug!("refused connection from {peer}: {max_connections} connections open");
                     exec.metrics().connections_refused.inc();
@@ -272,19 +299,19 @@ fn accept_loop(
     }
 }
 
-fn spawn_connection(
-    stream: TcpStream,
-    id: u64,
-    exec: &Arc<Executor>,
-    shutdown: &Arc<AtomicBool>,
-    live: &Arc<LiveConnections>,
-    timeouts: Timeouts,
-) {
-    let metrics = Arc::clone(exec.metrics());
+fn spawn_connection(stream: TcpStream, id: u64, service: &NicService) {
+    let metrics = Arc::clone(service.exec.metrics());
     metrics.connections_total.inc();
     metrics.connections.inc();
-    let (exec, shutdown, live_for_thread) =
-        (Arc::clone(exec), Arc::clone(shutdown), Arc::clone(live));
+    let live = &service.live;
+    let NicService {
+        exec,
+        shutdown,
+        live: live_for_thread,
+        timeouts,
+        qps,
+        ..
+    } = service.clone();
     let span = Span::current();
     let spawned = thread::Builder::new()
         .name("pmem-conn".into())
@@ -294,7 +321,7 @@ fn spawn_connection(
                 .peer_addr()
                 .map_or_else(|_| "?".to_owned(), |p| p.to_string());
             debug!("connection from {peer} opened");
-            match conn::serve(stream, &exec, &shutdown, timeouts) {
+            match conn::serve(stream, &exec, &shutdown, timeouts, qps.as_deref()) {
                 conn::ConnectionEnd::Malformed(e) => {
                     debug!("closed connection from {peer}: {e}");
                     exec.metrics()
@@ -432,6 +459,23 @@ impl RunningServer {
                     server: config.server.to_string(),
                 })?;
 
+        let mut qps: HashMap<NicId, Arc<dyn QueuePairs>> = HashMap::new();
+        let mut rdma_modes = Vec::new();
+        for nic in &server.nics {
+            if config.transport.unwrap_or(nic.transport) == NicTransport::Verbs {
+                let (service, mode) = open_verbs_nic(nic, &exec)?;
+                rdma_modes.push((vec![nic.id.to_string(), mode.to_owned()], 1.0));
+                qps.insert(nic.id.clone(), service);
+            }
+        }
+        registry.register_fn_gauge(
+            "pmem_server_rdma_persistence",
+            "How RDMA writes to a verbs NIC's regions are made durable (1 for the mode in use): \
+             flush (IBTA FLUSH, persistence placement) or apm (READ after WRITE).",
+            &["nic", "mode"],
+            Box::new(move || rdma_modes.clone()),
+        )?;
+
         let mut listeners = Vec::new();
         for nic in &server.nics {
             let bind_err = |source| ServerError::Bind {
@@ -467,15 +511,18 @@ impl RunningServer {
                     addr: local.to_string(),
                     source,
                 })?;
-            let (exec, shutdown, live) =
-                (Arc::clone(&exec), Arc::clone(&shutdown), Arc::clone(&live));
-            let (max, timeouts) = (config.max_connections, config.timeouts);
+            let service = NicService {
+                exec: Arc::clone(&exec),
+                shutdown: Arc::clone(&shutdown),
+                live: Arc::clone(&live),
+                max_connections: config.max_connections,
+                timeouts: config.timeouts,
+                qps: qps.get(&nic).cloned(),
+            };
             let span = Span::current();
             let handle = thread::Builder::new()
                 .name(format!("accept-{nic}"))
-                .spawn(move || {
-                    span.in_scope(|| accept_loop(acceptor, exec, shutdown, live, max, timeouts))
-                })
+                .spawn(move || span.in_scope(|| accept_loop(acceptor, service)))
                 .map_err(ServerError::Spawn)?;
             acceptors.push((handle, waker));
             data_addrs.push((nic, local));
@@ -529,6 +576,33 @@ impl RunningServer {
         self.admin.shutdown();
         persisted
     }
+}
+
+/// Registers the regions of `nic`'s socket with its RNIC; returns the
+/// queue pair service and how RDMA writes are made durable there.
+#[cfg(feature = "verbs")]
+fn open_verbs_nic(
+    nic: &topology::ServerNic,
+    exec: &Executor,
+) -> Result<(Arc<dyn QueuePairs>, &'static str), ServerError> {
+    let regions: Vec<&ServedRegion> = exec
+        .regions()
+        .filter(|r| r.entry.socket == nic.socket)
+        .collect();
+    let verbs = crate::verbs::VerbsNic::open(nic, &regions)?;
+    let mode = verbs.persistence().as_str();
+    Ok((Arc::new(verbs), mode))
+}
+
+/// Without the `verbs` feature a verbs NIC cannot start.
+#[cfg(not(feature = "verbs"))]
+fn open_verbs_nic(
+    nic: &topology::ServerNic,
+    _exec: &Executor,
+) -> Result<(Arc<dyn QueuePairs>, &'static str), ServerError> {
+    Err(ServerError::VerbsDisabled {
+        nic: nic.id.clone(),
+    })
 }
 
 /// Scrape-time gauges: the persistence mode, and each region's size and

@@ -318,6 +318,7 @@ impl Bench {
             max_connections: 1,
             timeouts: Default::default(),
             secrets: None,
+            transport: None,
         }
     }
 }

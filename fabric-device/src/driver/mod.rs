@@ -32,6 +32,7 @@ use crate::map::{DeviceMap, MapError};
 use crate::metrics::DeviceMetrics;
 use crate::reconnect::{Backoff, Reconnects};
 use crate::roce_metrics::RoceMetrics;
+use crate::uplink::{QP_CONNECT_TAG, Uplinks};
 use endpoint::{Endpoint, Fill};
 use roce_port::RoceEndpoint;
 pub use roce_port::RocePortError;
@@ -178,6 +179,8 @@ pub struct Device {
     listeners: Vec<(PortId, TcpListener, SocketAddr)>,
     /// The RoCEv2 side of each port that has one, by port index.
     roce: Vec<Option<RoceEndpoint>>,
+    /// The queue pairs toward servers on verbs (over the first RoCEv2 port).
+    uplinks: Uplinks,
     roce_metrics: RoceMetrics,
     roce_published: Instant,
     /// RoCE traffic since the last publication: publish within [`ROCE_PUBLISH`].
@@ -305,6 +308,7 @@ impl Device {
             metrics,
             listeners,
             roce,
+            uplinks: Uplinks::new(),
             roce_metrics,
             roce_published: now,
             roce_dirty: true,
@@ -426,6 +430,9 @@ impl Device {
             if let Some(t) = port.gateway.poll_timeout() {
                 next = next.min(t);
             }
+        }
+        if let Some(t) = self.uplinks.poll_timeout() {
+            next = next.min(t);
         }
         if self.roce_dirty {
             next = next.min(self.roce_published + ROCE_PUBLISH);
@@ -555,9 +562,7 @@ impl Device {
                 } => {
                     // A link that went away again answers through its
                     // pending request's timeout, as for any client request.
-                    if let Some(LinkConn::Connected { endpoint }) = self.links.get_mut(&link) {
-                        let _ = endpoint.send(&head, payload);
-                    }
+                    let _ = send_to_link(&mut self.links, &mut self.uplinks, link, &head, payload);
                 }
                 ClientAction::Reply(reply) | ClientAction::ReplyAndClose(reply) => {
                     self.deliver_all(vec![(conn, reply)]);
@@ -571,23 +576,30 @@ impl Device {
     fn roce_receive(&mut self, index: usize, now: Instant) {
         self.roce_dirty = true;
         let Self {
-            core, links, roce, ..
+            core,
+            links,
+            roce,
+            uplinks,
+            ..
         } = self;
         if let Some(Some(port)) = roce.get_mut(index) {
-            port.receive(now, core, |link, head, payload| {
-                if let Some(LinkConn::Connected { endpoint }) = links.get_mut(&link) {
-                    let _ = endpoint.send(head, payload);
-                }
+            port.receive(now, core, uplinks, |uplinks, link, head, payload| {
+                let _ = send_to_link(links, uplinks, link, head, payload);
             });
         }
+        self.drain_uplinks(now);
     }
 
     /// Fires the queue pairs' timers, sends what they have ready and, at
     /// most every [`ROCE_PUBLISH`], publishes their counters.
     fn roce_turn(&mut self, now: Instant) {
-        for port in self.roce.iter_mut().flatten() {
-            port.gateway.handle_timeout(now);
-            self.roce_dirty |= port.transmit(now);
+        self.uplinks.handle_timeout(now);
+        self.drain_uplinks(now);
+        for (index, port) in self.roce.iter_mut().enumerate() {
+            if let Some(port) = port {
+                port.gateway.handle_timeout(now);
+                self.roce_dirty |= port.transmit(now, &mut self.uplinks, index);
+            }
         }
         if self.roce_dirty && now >= self.roce_published + ROCE_PUBLISH {
             self.roce_published = now;
@@ -599,6 +611,7 @@ impl Device {
                 .filter_map(|((id, _, _), r)| r.as_mut().map(|r| r.snapshot(id.as_str())))
                 .collect();
             self.roce_metrics.publish(snapshots);
+            self.roce_metrics.publish_uplinks(self.uplinks.counters());
         }
     }
 
@@ -798,6 +811,7 @@ impl Device {
             links,
             metrics,
             roce,
+            uplinks,
             ..
         } = self;
         let Some(client) = clients.get_mut(&conn) else {
@@ -839,15 +853,14 @@ impl Device {
                     link,
                     head,
                     payload,
-                } => match links.get_mut(&link) {
-                    Some(LinkConn::Connected { endpoint: link_end }) => {
-                        let sent = link_end.send(&head, payload);
-                        if link_end.pending_out() > LINK_OUT_HIGH_WATER {
+                } => match send_to_link(links, uplinks, link, &head, payload) {
+                    Ok(queued) => {
+                        if queued > LINK_OUT_HIGH_WATER {
                             *waiting_for = Some(link);
                         }
-                        sent
+                        Ok(())
                     }
-                    _ => Ok(()),
+                    Err(e) => Err(e),
                 },
                 ClientAction::Reply(reply) => endpoint.send(reply.as_bytes(), &[]),
                 ClientAction::ReplyAndClose(reply) => {
@@ -1047,6 +1060,7 @@ impl Device {
                 debug!("{name} not connected: {why}");
             }
         }
+        self.uplinks.close(link);
         let failed = self.core.link_down(link);
         self.deliver_all(failed);
         self.reconnects.failed(link, now);
@@ -1113,6 +1127,10 @@ impl Device {
                 self.link_failed(link, now, &why);
                 return;
             }
+            if let Err(why) = self.start_uplink(link) {
+                self.link_failed(link, now, &why);
+                return;
+            }
             match fill {
                 Fill::Full => continue,
                 Fill::Drained | Fill::NotAdmitted => return,
@@ -1128,6 +1146,89 @@ impl Device {
         }
     }
 
+    /// For an up link to a `verbs` server NIC: keeps the queue pair's copy
+    /// of the server's region keys current and, the first time, sends
+    /// QP_CONNECT from the first RoCEv2 port. Returns why the link must
+    /// close, if it must.
+    fn start_uplink(&mut self, link: LinkId) -> Result<(), String> {
+        if self.core.link_status(link) != Some(crate::forward::LinkStatus::Up) {
+            return Ok(());
+        }
+        let Some(key) = self.core.link_key(link) else {
+            return Ok(());
+        };
+        let verbs = self
+            .config
+            .topology
+            .server(&key.server)
+            .and_then(|s| s.nic(&key.nic))
+            .is_some_and(|n| n.transport == topology::NicTransport::Verbs);
+        if !verbs {
+            return Ok(());
+        }
+        let server = key.server.clone();
+        for entry in self.core.map().layout.entries() {
+            if entry.server == server {
+                self.uplinks.set_region_key(entry.region, entry.key);
+            }
+        }
+        if self.uplinks.has(link) {
+            return Ok(());
+        }
+        let Some((index, port)) = self
+            .roce
+            .iter()
+            .enumerate()
+            .find_map(|(i, p)| p.as_ref().map(|p| (i, p)))
+        else {
+            return Err("the server NIC is on verbs but this device has no RoCEv2 port".into());
+        };
+        let connect = self.uplinks.start(link, index, port.ip(), port.mtu());
+        let Some(LinkConn::Connected { endpoint }) = self.links.get_mut(&link) else {
+            return Ok(());
+        };
+        endpoint
+            .send(&connect, &[])
+            .map_err(|e| format!("write failed: {e}"))
+    }
+
+    /// Relays what the queue pairs toward servers completed, and takes down
+    /// the links whose queue pair broke.
+    fn drain_uplinks(&mut self, now: Instant) {
+        while let Some((link, frame)) = self.uplinks.poll_answer() {
+            let Self {
+                core,
+                clients,
+                to_flush,
+                roce,
+                ..
+            } = self;
+            match core.link_frame(link, &frame, now) {
+                LinkAction::Deliver {
+                    conn,
+                    head,
+                    payload,
+                } => {
+                    if Self::roce_deliver(roce, conn, &head, payload) {
+                        // A queue pair's operation: its gateway answered it.
+                    } else if let Some(client) = clients.get_mut(&conn) {
+                        let _ = client.endpoint.send(&head, payload);
+                        mark_to_flush(to_flush, conn, client);
+                    }
+                }
+                LinkAction::Close(why) => self.link_failed(link, now, &why),
+                LinkAction::Send(_) | LinkAction::Nothing => {}
+            }
+        }
+        for (link, status) in self.uplinks.take_broken() {
+            self.link_failed(
+                link,
+                now,
+                &format!("its RDMA queue pair to the server failed ({status:?})"),
+            );
+        }
+    }
+
     /// Hands every complete frame of a link to the core; returns why the
     /// link must close, if it must.
     fn handle_link_frames(&mut self, link: LinkId, now: Instant) -> Option<String> {
@@ -1138,6 +1239,7 @@ impl Device {
             links,
             metrics,
             roce,
+            uplinks,
             ..
         } = self;
         let Some(LinkConn::Connected { endpoint }) = links.get_mut(&link) else {
@@ -1157,6 +1259,17 @@ impl Device {
                 }
                 Err(e) => return Some(format!("malformed stream from server: {e}")),
             };
+            if let Ok(header) = proto::frame::Header::parse(frame)
+                && header.tag == QP_CONNECT_TAG
+            {
+                if let Err(why) = uplink_answer(uplinks, link, frame) {
+                    warn!(
+                        "link {}: no RDMA queue pair, requests stay on TCP: {why}",
+                        link.0
+                    );
+                }
+                continue;
+            }
             let started = metrics.start_timing();
             match core.link_frame(link, frame, now) {
                 LinkAction::Deliver {
@@ -1184,6 +1297,40 @@ impl Device {
             }
         }
     }
+}
+
+/// Sends a request the core wrote for `link`: as work requests on the
+/// link's RDMA queue pair when it can carry them, else on its TCP
+/// connection. Returns the bytes the TCP connection has queued (0 when the
+/// link is not connected: the core answers the request at its timeout).
+fn send_to_link(
+    links: &mut IdMap<LinkId, LinkConn>,
+    uplinks: &mut Uplinks,
+    link: LinkId,
+    head: &[u8],
+    payload: &[u8],
+) -> io::Result<usize> {
+    let Some(LinkConn::Connected { endpoint }) = links.get_mut(&link) else {
+        return Ok(0);
+    };
+    if !uplinks.try_post(link, head, payload) {
+        endpoint.send(head, payload)?;
+    }
+    Ok(endpoint.pending_out())
+}
+
+/// The server's answer to the QP_CONNECT the device sent on `link`.
+fn uplink_answer(uplinks: &mut Uplinks, link: LinkId, frame: &[u8]) -> Result<(), String> {
+    let outcome = match proto::parse_frame(frame) {
+        Ok((proto::Message::QpAccept(accept), _)) => uplinks.accepted(link, &accept),
+        Ok((proto::Message::Response(r), _)) => Err(format!("the server refused it: {}", r.status)),
+        Ok((other, _)) => Err(format!("unexpected answer {:?}", other.opcode())),
+        Err(e) => Err(format!("malformed answer: {e}")),
+    };
+    if outcome.is_err() {
+        uplinks.close(link);
+    }
+    outcome
 }
 
 /// How handling a client's buffered frames ended.

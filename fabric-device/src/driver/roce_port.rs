@@ -26,8 +26,11 @@ use super::packet::{PacketSocket, RxBatch, TxBatch, interface_info, roce_filter}
 use crate::forward::{ConnId, Forwarder, LinkId};
 use crate::roce::{QpSetup, RoceGateway};
 use crate::roce_metrics::PortSnapshot;
+use crate::uplink::Uplinks;
 
 const ETH_HEADER_LEN: usize = 14;
+/// An address not yet resolved is asked for at most this often.
+const ARP_RETRY: std::time::Duration = std::time::Duration::from_millis(200);
 /// Room for a VLAN tag beyond the interface MTU and Ethernet header.
 const FRAME_SLACK: usize = ETH_HEADER_LEN + 4;
 
@@ -71,6 +74,10 @@ pub struct PortCounters {
     pub arp_replies: u64,
     /// Datagrams not sent for want of the peer's MAC address.
     pub no_neighbor: u64,
+    /// ARP requests sent (for servers the device's queue pairs reach).
+    pub arp_requests: u64,
+    /// Malformed datagrams for the device's queue pairs toward servers.
+    pub uplink_drops: u64,
 }
 
 /// The RoCEv2 side of one port.
@@ -84,6 +91,8 @@ pub struct RoceEndpoint {
     rx: RxBatch,
     tx: TxBatch,
     neighbors: HashMap<Ipv4Addr, EthernetAddress>,
+    /// When each unresolved address was last asked for.
+    arp_asked: HashMap<Ipv4Addr, Instant>,
     /// The gateway terminating the queue pairs.
     pub gateway: RoceGateway,
     /// Queue pairs by the control connection that set them up.
@@ -120,6 +129,7 @@ impl RoceEndpoint {
             rx: RxBatch::new(frame_cap),
             tx: TxBatch::new(frame_cap),
             neighbors: HashMap::new(),
+            arp_asked: HashMap::new(),
             gateway: RoceGateway::new(),
             owners: HashMap::new(),
             counters: PortCounters::default(),
@@ -159,13 +169,16 @@ impl RoceEndpoint {
         }
     }
 
-    /// Handles every frame waiting on the socket (until it would block);
-    /// `send` takes requests for links.
+    /// Handles every frame waiting on the socket (until it would block):
+    /// datagrams for the device's queue pairs toward servers go to
+    /// `uplinks`, the others to the gateway; `send` takes the gateway's
+    /// requests for links.
     pub fn receive(
         &mut self,
         now: Instant,
         core: &mut Forwarder,
-        mut send: impl FnMut(LinkId, &[u8], &[u8]),
+        uplinks: &mut Uplinks,
+        mut send: impl FnMut(&mut Uplinks, LinkId, &[u8], &[u8]),
     ) {
         loop {
             match self.rx.receive(&self.socket) {
@@ -203,7 +216,16 @@ impl RoceEndpoint {
                         if let Ok(ip) = Ipv4Packet::new_checked(payload) {
                             self.neighbors.insert(ip.src_addr(), eth.src_addr());
                         }
-                        self.gateway.handle_datagram(now, payload, core, &mut send);
+                        if dest_qpn(payload).is_some_and(|qpn| uplinks.owns(qpn)) {
+                            match proto::roce::Datagram::new_checked(payload) {
+                                Ok(d) => uplinks.handle_datagram(now, &d),
+                                Err(_) => self.counters.uplink_drops += 1,
+                            }
+                        } else {
+                            self.gateway.handle_datagram(now, payload, core, |l, h, p| {
+                                send(uplinks, l, h, p)
+                            });
+                        }
                     }
                     _ => {}
                 }
@@ -214,10 +236,13 @@ impl RoceEndpoint {
         }
     }
 
-    /// Sends every datagram the queue pairs have ready; whether there were any.
-    pub fn transmit(&mut self, now: Instant) -> bool {
+    /// Sends every datagram the queue pairs have ready (the gateway's, and
+    /// `uplinks`' of this port, index `index`); whether there were any.
+    pub fn transmit(&mut self, now: Instant, uplinks: &mut Uplinks, index: usize) -> bool {
         let mut any = false;
-        while self.gateway.poll_transmit(now, &mut self.datagram) {
+        while self.gateway.poll_transmit(now, &mut self.datagram)
+            || uplinks.poll_transmit(index, now, &mut self.datagram)
+        {
             any = true;
             let Some(dst) = self
                 .datagram
@@ -228,6 +253,9 @@ impl RoceEndpoint {
             };
             let Some(&mac) = self.neighbors.get(&dst) else {
                 self.counters.no_neighbor += 1;
+                // The queue pair resends after its ACK timeout; by then
+                // the answer is in.
+                self.ask_for(dst, now);
                 continue;
             };
             let Some(slot) = self
@@ -249,6 +277,45 @@ impl RoceEndpoint {
             self.counters.frames_out += self.tx.flush(&self.socket) as u64;
         }
         any
+    }
+
+    /// Broadcasts an ARP request for `ip`, at most every [`ARP_RETRY`].
+    fn ask_for(&mut self, ip: Ipv4Addr, now: Instant) {
+        if self
+            .arp_asked
+            .get(&ip)
+            .is_some_and(|t| now.saturating_duration_since(*t) < ARP_RETRY)
+        {
+            return;
+        }
+        self.arp_asked.insert(ip, now);
+        let request = ArpRepr::EthernetIpv4 {
+            operation: ArpOperation::Request,
+            source_hardware_addr: self.mac,
+            source_protocol_addr: self.ip,
+            target_hardware_addr: EthernetAddress([0; 6]),
+            target_protocol_addr: ip,
+        };
+        let Some(slot) = self
+            .tx
+            .slot(&self.socket, ETH_HEADER_LEN + request.buffer_len())
+        else {
+            return;
+        };
+        let mut frame = EthernetFrame::new_unchecked(slot);
+        EthernetRepr {
+            src_addr: self.mac,
+            dst_addr: EthernetAddress::BROADCAST,
+            ethertype: EthernetProtocol::Arp,
+        }
+        .emit(&mut frame);
+        request.emit(&mut ArpPacket::new_unchecked(frame.payload_mut()));
+        self.counters.arp_requests += 1;
+    }
+
+    /// The port's path MTU for queue pairs.
+    pub fn mtu(&self) -> u16 {
+        self.mtu
     }
 
     /// Sets up a queue pair for control connection `conn` (authenticated
@@ -329,6 +396,15 @@ impl RoceEndpoint {
             self.gateway.close(core, qpn);
         }
     }
+}
+
+/// The destination QP number of a RoCEv2 datagram (IPv4 + UDP + BTH), read
+/// before any check: only to choose who checks it.
+fn dest_qpn(ip_datagram: &[u8]) -> Option<u32> {
+    let ip = Ipv4Packet::new_checked(ip_datagram).ok()?;
+    let udp = UdpPacket::new_checked(ip.payload()).ok()?;
+    let bth = udp.payload().get(4..8)?;
+    Some(u32::from_be_bytes([0, bth[1], bth[2], bth[3]]))
 }
 
 /// Whether the port wants a frame: ARP, or IPv4/UDP to 4791 for `ip`.

@@ -135,6 +135,13 @@ impl PmemMap {
         self.len
     }
 
+    /// The start of the mapping (`len` bytes), for registering it with an
+    /// RNIC. Writes through it bypass this type's persistence: whoever
+    /// writes there must make the bytes durable itself.
+    pub fn base_ptr(&self) -> *mut u8 {
+        self.base.as_ptr()
+    }
+
     /// Whether the mapping has no bytes; never true, as empty files are
     /// refused by [`open`](Self::open).
     pub fn is_empty(&self) -> bool {

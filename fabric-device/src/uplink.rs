@@ -1,0 +1,550 @@
+//! The device as an RC requester toward PMEM servers on verbs.
+//!
+//! A link to a `verbs` server NIC keeps its TCP control connection (HELLO,
+//! MAP, and what RDMA cannot carry) and gains one RC queue pair (sans-IO,
+//! from `proto::roce::rc`) to the server's RNIC, set up with QP_CONNECT on
+//! that connection. The server answers QP_ACCEPT with its end, an R_Key per
+//! region it registered (at I/O address 0, so a region offset is the
+//! remote address) and what its queue pair can do ([`caps`]).
+//!
+//! The forwarding core still routes, checks and times every request, and
+//! still writes a request frame for the link; [`Uplinks::try_post`] turns
+//! the ones RDMA can carry into work requests instead of sending them:
+//!
+//! | request | on the queue pair |
+//! |---|---|
+//! | READ | RDMA READ |
+//! | WRITE | RDMA WRITE |
+//! | WRITE_PERSIST | RDMA WRITE, then FLUSH (persistent) of its bytes, or a READ of its last byte where the server has no FLUSH (APM) |
+//! | FLUSH | FLUSH (persistent), or a 1-byte READ (APM) |
+//! | ATOMIC_WRITE | ATOMIC_WRITE (then FLUSH of its 8 bytes when persistent), where the server's RNIC executes it |
+//!
+//! The server never sees the 64-bit region key on this path, so the device
+//! checks it: only a request whose key is the region key the server gave
+//! in its MAP goes over RDMA. Requests with another key (per-extent keys
+//! of the allocator, or a wrong one) go to the server on the control
+//! connection, which checks them; so do exactly-once atomics
+//! (COMPARE_SWAP, FETCH_ADD), whose window the server keeps.
+//!
+//! Each completion becomes the response frame the server would have sent
+//! ([`Uplinks::poll_answer`]), which the core relays as usual. A queue
+//! pair whose work request fails with a transport error (retries
+//! exhausted) is broken: its link is taken down and reconnected, so the
+//! core fails its requests and the clients retry elsewhere.
+
+use std::collections::HashMap;
+use std::net::Ipv4Addr;
+use std::time::Instant;
+
+use proto::qp::{self, Connect, Endpoint, caps};
+use proto::request::{self, Operation, flags};
+use proto::response::Repr as ResponseRepr;
+use proto::roce::Datagram;
+use proto::roce::rc::{
+    Completion, CompletionKind, Path, QpConfig, QueuePair, RemoteAddr, WcStatus, WorkOp,
+    WorkRequest,
+};
+use proto::{AccessKey, Message, RegionIndex, Status, frame};
+
+use crate::forward::LinkId;
+
+/// The tag of the QP_CONNECT a device sends on a link; the answer carries it.
+pub const QP_CONNECT_TAG: u64 = u64::MAX - 2;
+/// QP numbers of the device's requester queue pairs; client queue pairs of
+/// the gateway stay below.
+pub const QPN_BASE: u32 = 0xF0_0000;
+
+/// Counters of the queue pairs toward servers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UplinkCounters {
+    /// Requests carried as RDMA work requests.
+    pub posted: u64,
+    /// Requests left to the control connection (atomics, other keys, no
+    /// queue pair yet).
+    pub on_control: u64,
+    /// Queue pairs that broke (a transport error).
+    pub broken: u64,
+    /// Queue pairs up now.
+    pub up: u64,
+}
+
+/// What a posted request waits for.
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    /// The link-level tag of the request (the response echoes it).
+    tag: u64,
+    /// The request's operation (the response's kind follows from it).
+    operation: Operation,
+    /// Work requests still to complete; the answer goes with the last.
+    parts: u8,
+    /// The first part's data, for a READ.
+    read: bool,
+}
+
+#[derive(Debug)]
+enum State {
+    /// QP_CONNECT sent with this end; QP_ACCEPT awaited.
+    Connecting { local: Endpoint },
+    /// The queue pair is up.
+    Up(Box<Up>),
+}
+
+#[derive(Debug)]
+struct Up {
+    qp: QueuePair,
+    rkeys: HashMap<u32, u32>,
+    caps: u64,
+    /// By wr_id: the request a work request belongs to (its first part's
+    /// wr_id).
+    parts: HashMap<u64, u64>,
+    pending: HashMap<u64, Pending>,
+    next_wr_id: u64,
+}
+
+#[derive(Debug)]
+struct Uplink {
+    /// The RoCE port (index) its datagrams use.
+    port: usize,
+    state: State,
+}
+
+/// The requester queue pairs of every verbs link of the device.
+#[derive(Debug, Default)]
+pub struct Uplinks {
+    links: HashMap<LinkId, Uplink>,
+    by_qpn: HashMap<u32, LinkId>,
+    next_qpn: u32,
+    /// The region keys the servers gave (the core's copy, kept in step by
+    /// the driver).
+    region_keys: HashMap<u32, AccessKey>,
+    answers: Vec<(LinkId, Vec<u8>)>,
+    broken: Vec<(LinkId, WcStatus)>,
+    counters: UplinkCounters,
+    turn: usize,
+}
+
+impl Uplinks {
+    /// No queue pairs yet.
+    pub fn new() -> Self {
+        Uplinks {
+            next_qpn: QPN_BASE,
+            ..Self::default()
+        }
+    }
+
+    /// The counters.
+    pub fn counters(&self) -> UplinkCounters {
+        UplinkCounters {
+            up: self
+                .links
+                .values()
+                .filter(|u| matches!(u.state, State::Up(_)))
+                .count() as u64,
+            ..self.counters
+        }
+    }
+
+    /// Whether `link` has a queue pair (up or being set up).
+    pub fn has(&self, link: LinkId) -> bool {
+        self.links.contains_key(&link)
+    }
+
+    /// Records the region keys requests must carry to go over RDMA.
+    pub fn set_region_key(&mut self, region: RegionIndex, key: AccessKey) {
+        self.region_keys.insert(region.0, key);
+    }
+
+    /// Starts a queue pair for `link` from RoCE port `port` (address `ip`,
+    /// path MTU `mtu`): returns the QP_CONNECT frame to send on the link.
+    pub fn start(&mut self, link: LinkId, port: usize, ip: Ipv4Addr, mtu: u16) -> Vec<u8> {
+        self.close(link);
+        let qpn = self.fresh_qpn();
+        let local = Endpoint {
+            qpn,
+            psn: random_psn(),
+            ip,
+            mtu,
+        };
+        self.links.insert(
+            link,
+            Uplink {
+                port,
+                state: State::Connecting { local },
+            },
+        );
+        self.by_qpn.insert(qpn, link);
+        let connect = Connect {
+            endpoint: local,
+            atomics: None,
+        };
+        Message::QpConnect(connect)
+            .encode_to_vec(QP_CONNECT_TAG)
+            .unwrap_or_default()
+    }
+
+    fn fresh_qpn(&mut self) -> u32 {
+        loop {
+            let qpn = self.next_qpn;
+            self.next_qpn = if qpn >= 0xFF_FFFF { QPN_BASE } else { qpn + 1 };
+            if !self.by_qpn.contains_key(&qpn) {
+                return qpn;
+            }
+        }
+    }
+
+    /// The server's QP_ACCEPT for `link`: brings the queue pair up.
+    pub fn accepted(&mut self, link: LinkId, accept: &qp::Accept<'_>) -> Result<(), String> {
+        let Some(uplink) = self.links.get_mut(&link) else {
+            return Err("no queue pair is being set up on this link".into());
+        };
+        let State::Connecting { local } = uplink.state else {
+            return Err("QP_ACCEPT for a queue pair already up".into());
+        };
+        let remote = accept.endpoint;
+        let mut config = QpConfig::new(
+            local.qpn,
+            remote.qpn,
+            Path {
+                local_ip: local.ip,
+                remote_ip: remote.ip,
+                src_port: 0xC000 | (local.qpn as u16 & 0x3FFF),
+                dscp: 0,
+                ttl: 64,
+            },
+        );
+        config.pmtu = usize::from(local.mtu.min(remote.mtu));
+        config.send_psn = proto::roce::Psn::new(local.psn);
+        config.recv_psn = proto::roce::Psn::new(remote.psn);
+        let qp = QueuePair::new(config).map_err(|e| format!("queue pair attributes: {e}"))?;
+        uplink.state = State::Up(Box::new(Up {
+            qp,
+            rkeys: accept.rkeys().collect(),
+            caps: accept.caps(),
+            parts: HashMap::new(),
+            pending: HashMap::new(),
+            next_wr_id: 1,
+        }));
+        Ok(())
+    }
+
+    /// Forgets `link`'s queue pair (its link went down); what it had posted
+    /// is answered by the core's own failure handling.
+    pub fn close(&mut self, link: LinkId) {
+        if let Some(uplink) = self.links.remove(&link) {
+            let qpn = match &uplink.state {
+                State::Connecting { local } => local.qpn,
+                State::Up(up) => up.qp.config().local_qpn,
+            };
+            self.by_qpn.remove(&qpn);
+        }
+    }
+
+    /// Posts the request the core wrote for `link` (`head`: frame and
+    /// request header, `payload`: write data) as work requests, if the
+    /// link's queue pair is up and RDMA can carry it; false leaves it to
+    /// the control connection.
+    pub fn try_post(&mut self, link: LinkId, head: &[u8], payload: &[u8]) -> bool {
+        let taken = self.post(link, head, payload);
+        if taken {
+            self.counters.posted += 1;
+        } else if self.links.contains_key(&link) {
+            self.counters.on_control += 1;
+        }
+        taken
+    }
+
+    fn post(&mut self, link: LinkId, head: &[u8], payload: &[u8]) -> bool {
+        let Some(Uplink {
+            state: State::Up(up),
+            ..
+        }) = self.links.get_mut(&link)
+        else {
+            return false;
+        };
+        let Some(req) = ForwardedRequest::parse(head) else {
+            return false;
+        };
+        if req.flags & (flags::EXACTLY_ONCE | flags::REGION_ADDRESSED) != flags::REGION_ADDRESSED {
+            return false;
+        }
+        if self.region_keys.get(&req.region) != Some(&req.key) || req.key.is_none() {
+            return false;
+        }
+        let Some(&rkey) = up.rkeys.get(&req.region) else {
+            return false;
+        };
+        let remote = RemoteAddr {
+            va: req.offset,
+            rkey,
+        };
+        let flush = up.caps & caps::FLUSH_PERSISTENT != 0;
+        // How to make `len` bytes at `remote` durable after what precedes.
+        let persist = |len: u32| -> WorkOp {
+            if flush {
+                WorkOp::persist(remote, len.max(1))
+            } else {
+                // APM: a READ is answered only once the writes before it on
+                // this queue pair are placed.
+                WorkOp::Read {
+                    remote: RemoteAddr {
+                        va: req.offset + u64::from(len.max(1)) - 1,
+                        rkey,
+                    },
+                    len: 1,
+                }
+            }
+        };
+        let persistent = req.flags & flags::PERSIST != 0;
+        let ops: Vec<WorkOp> = match req.operation {
+            Operation::Read => vec![WorkOp::Read {
+                remote,
+                len: req.length,
+            }],
+            Operation::Write | Operation::WritePersist if payload.len() != req.length as usize => {
+                return false;
+            }
+            Operation::Write if !persistent => vec![WorkOp::Write {
+                remote,
+                data: payload.to_vec(),
+                imm: None,
+            }],
+            Operation::Write | Operation::WritePersist => vec![
+                WorkOp::Write {
+                    remote,
+                    data: payload.to_vec(),
+                    imm: None,
+                },
+                persist(req.length),
+            ],
+            Operation::Flush => vec![persist(req.length)],
+            Operation::AtomicWrite if up.caps & caps::ATOMIC_WRITE != 0 => {
+                let store = WorkOp::AtomicWrite {
+                    remote,
+                    value: req.operand.to_le_bytes(),
+                };
+                if persistent {
+                    vec![store, persist(8)]
+                } else {
+                    vec![store]
+                }
+            }
+            _ => return false,
+        };
+        if up.qp.outstanding() + ops.len() > up.qp.config().max_send_wr {
+            // The send queue is full: the control connection takes it.
+            return false;
+        }
+        let first = up.next_wr_id;
+        let parts = ops.len() as u8;
+        for op in ops {
+            let wr_id = up.next_wr_id;
+            up.next_wr_id += 1;
+            up.parts.insert(wr_id, first);
+            if up.qp.post(WorkRequest::new(wr_id, op)).is_err() {
+                // Checked for room above; a queue pair in the error state
+                // refuses everything. Its link is about to go down, and
+                // the core answers the request then.
+                break;
+            }
+        }
+        up.pending.insert(
+            first,
+            Pending {
+                tag: req.tag,
+                operation: req.operation,
+                parts,
+                read: req.operation == Operation::Read,
+            },
+        );
+        true
+    }
+
+    /// Whether datagrams for `qpn` belong here.
+    pub fn owns(&self, qpn: u32) -> bool {
+        self.by_qpn.contains_key(&qpn)
+    }
+
+    /// A datagram for one of the queue pairs.
+    pub fn handle_datagram(&mut self, now: Instant, checked: &Datagram<'_>) {
+        let qpn = checked.transport.bth().dest_qp();
+        let Some(link) = self.by_qpn.get(&qpn).copied() else {
+            return;
+        };
+        if let Some(Uplink {
+            state: State::Up(up),
+            ..
+        }) = self.links.get_mut(&link)
+        {
+            up.qp.handle_checked(now, checked);
+            self.reap(link);
+        }
+    }
+
+    /// Turns `link`'s completions into answers.
+    fn reap(&mut self, link: LinkId) {
+        let Some(Uplink {
+            state: State::Up(up),
+            ..
+        }) = self.links.get_mut(&link)
+        else {
+            return;
+        };
+        while let Some(done) = up.qp.poll_completion() {
+            let Some(first) = up.parts.remove(&done.wr_id) else {
+                continue;
+            };
+            let Some(pending) = up.pending.get_mut(&first) else {
+                continue;
+            };
+            pending.parts -= 1;
+            let failed = done.status != WcStatus::Success;
+            if failed
+                && matches!(
+                    done.status,
+                    WcStatus::RetryExceeded | WcStatus::RnrRetryExceeded
+                )
+            {
+                self.broken.push((link, done.status));
+            }
+            // A READ's data comes with its own (first) part.
+            let data = match (&done.kind, pending.read, done.wr_id == first) {
+                (CompletionKind::Read(data), true, true) => Some(data.clone()),
+                _ => None,
+            };
+            if pending.parts > 0 && !failed {
+                continue;
+            }
+            let Some(pending) = up.pending.remove(&first) else {
+                continue;
+            };
+            up.parts.retain(|_, f| *f != first);
+            self.answers
+                .push((link, answer(&pending, &done, data.as_deref())));
+        }
+    }
+
+    /// The next response frame for a link, as its server would have sent it.
+    pub fn poll_answer(&mut self) -> Option<(LinkId, Vec<u8>)> {
+        self.answers.pop()
+    }
+
+    /// Links whose queue pair broke since the last call, with why.
+    pub fn take_broken(&mut self) -> Vec<(LinkId, WcStatus)> {
+        let broken = std::mem::take(&mut self.broken);
+        self.counters.broken += broken.len() as u64;
+        broken
+    }
+
+    /// Writes the next datagram a queue pair of RoCE port `port` has to
+    /// send into `buf`.
+    pub fn poll_transmit(&mut self, port: usize, now: Instant, buf: &mut Vec<u8>) -> bool {
+        let links: Vec<LinkId> = self
+            .links
+            .iter()
+            .filter(|(_, u)| u.port == port && matches!(u.state, State::Up(_)))
+            .map(|(l, _)| *l)
+            .collect();
+        let n = links.len();
+        for i in 0..n {
+            let link = links[(self.turn + i) % n];
+            if let Some(Uplink {
+                state: State::Up(up),
+                ..
+            }) = self.links.get_mut(&link)
+                && up.qp.poll_transmit(now, buf)
+            {
+                self.turn = (self.turn + i + 1) % n.max(1);
+                return true;
+            }
+        }
+        false
+    }
+
+    /// The earliest timer of any queue pair.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.links
+            .values()
+            .filter_map(|u| match &u.state {
+                State::Up(up) => up.qp.poll_timeout(),
+                State::Connecting { .. } => None,
+            })
+            .min()
+    }
+
+    /// Fires the timers that are due (retransmissions, retry limits).
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let due: Vec<LinkId> = self
+            .links
+            .iter_mut()
+            .filter_map(|(link, u)| match &mut u.state {
+                State::Up(up) if up.qp.poll_timeout().is_some_and(|t| t <= now) => {
+                    up.qp.handle_timeout(now);
+                    Some(*link)
+                }
+                _ => None,
+            })
+            .collect();
+        for link in due {
+            self.reap(link);
+        }
+    }
+}
+
+/// The fields of a forwarded request the queue pair needs.
+#[derive(Debug, Clone, Copy)]
+struct ForwardedRequest {
+    tag: u64,
+    operation: Operation,
+    flags: u8,
+    region: u32,
+    offset: u64,
+    key: AccessKey,
+    length: u32,
+    operand: u64,
+}
+
+impl ForwardedRequest {
+    /// Reads a frame header and request header the core wrote.
+    fn parse(head: &[u8]) -> Option<Self> {
+        let header = frame::Header::parse(head).ok()?;
+        let operation = Operation::from_opcode(header.opcode)?;
+        let body = request::Packet::new_checked(head.get(frame::HEADER_LEN..)?).ok()?;
+        Some(ForwardedRequest {
+            tag: header.tag,
+            operation,
+            flags: body.flags(),
+            region: body.region(),
+            offset: body.addr(),
+            key: AccessKey(body.key()),
+            length: body.length(),
+            operand: body.operand(),
+        })
+    }
+}
+
+/// The response frame the server would have sent for `pending`, given the
+/// completion that ends it.
+fn answer(pending: &Pending, done: &Completion, data: Option<&[u8]>) -> Vec<u8> {
+    let opcode = pending.operation.opcode();
+    let repr = match done.status {
+        WcStatus::Success => match data {
+            Some(data) => ResponseRepr::read_data(data),
+            None => ResponseRepr::ack(Status::Ok),
+        },
+        WcStatus::RemoteAccessError => ResponseRepr::error(opcode, Status::OutOfBounds),
+        WcStatus::RemoteInvalidRequest => ResponseRepr::error(opcode, Status::BadRequest),
+        _ => ResponseRepr::error(opcode, Status::IoError),
+    };
+    Message::Response(repr)
+        .encode_to_vec(pending.tag)
+        .unwrap_or_default()
+}
+
+/// A random 24-bit PSN.
+fn random_psn() -> u32 {
+    let mut bytes = [0u8; 4];
+    if getrandom::fill(&mut bytes).is_err() {
+        return 0;
+    }
+    u32::from_le_bytes(bytes) & 0xFF_FFFF
+}
