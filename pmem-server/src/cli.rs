@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use crate::devices::SysRoots;
 use crate::persist::PowerDomain;
 use crate::{RunningServer, ServerConfig};
 use clap::Parser;
@@ -125,6 +126,19 @@ fn config(args: Args) -> Result<ServerConfig, ExitCode> {
             Some(Err(_)) | None => SocketAddr::from(([127, 0, 0, 1], 0)),
         },
     };
+    // Where each PMEM device keeps its regions, and its NUMA node.
+    let devices = crate::devices::ServerDevices::resolve(server, &data_dir, &SysRoots::host())
+        .map_err(|e| {
+            report(&e);
+            ExitCode::FAILURE
+        })?;
+    for line in devices.describe() {
+        info!("{line}");
+    }
+    for warning in devices.warnings() {
+        warn!("{warning}");
+    }
+    crate::devices::install(devices);
     let persistence = args.persistence.unwrap_or(server.persistence);
     if persistence == Persistence::Emulated {
         warn!(
