@@ -142,6 +142,17 @@ impl Medium {
         }
     }
 
+    /// The line the server must log about its PMEM device: where its
+    /// regions are, on what, and its NUMA node.
+    fn device_line(self) -> String {
+        let (place, kind, node) = match self {
+            Medium::Disk => ("/data/S (data dir)", "files on vda", "NUMA node unknown"),
+            Medium::Fsdax => ("/data/S (data dir)", "fsdax on pmem0", "NUMA node 0"),
+            Medium::Devdax => (DEVDAX_PATH, "devdax", "NUMA node 0"),
+        };
+        format!("pmem device pmem0 of socket 0: {place}, {kind}, {node}, 1 region")
+    }
+
     /// Whether the guest gets the virtio disk.
     fn has_disk(self) -> bool {
         matches!(self, Medium::Disk | Medium::Devdax)
@@ -613,8 +624,8 @@ fn prepare(work: &Path, medium: Medium) -> anyhow::Result<PathBuf> {
 }
 
 /// Checks that the server in the guest said it runs on `medium`'s
-/// persistence mechanism (its ready line, on the console) and, on device
-/// DAX, that it found the device's NUMA node.
+/// persistence mechanism (its ready line, on the console) and where it
+/// found its device's memory and NUMA node.
 fn check_mode(console: &Path, medium: Medium) -> anyhow::Result<()> {
     let want = medium.mode();
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -626,11 +637,9 @@ fn check_mode(console: &Path, medium: Medium) -> anyhow::Result<()> {
                 fields.get("mode").map(String::as_str) == Some(want),
                 "the server runs in another mode than {want}: {line}"
             );
-            let device_line = format!(
-                "pmem device pmem0 of socket 0: {DEVDAX_PATH}, devdax, NUMA node 0, 1 region"
-            );
+            let device_line = medium.device_line();
             ensure!(
-                medium != Medium::Devdax || text.contains(&device_line),
+                text.contains(&device_line),
                 "the server did not say where its device is ({device_line:?}):\n{}",
                 tail(console)
             );
