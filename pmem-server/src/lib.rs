@@ -4,6 +4,8 @@
 //! - [`persist`]: mapping region files (DAX with `MAP_SYNC` and cache-line
 //!   write-back, `msync`, or libpmem) and making ranges durable.
 //! - [`region_file`]: the on-disk region files and their headers.
+//! - [`devices`]: where each PMEM device keeps its regions (the data
+//!   directory, a directory of its own, or device DAX) and its NUMA node.
 //! - `exec`: executing READ, WRITE, WRITE_PERSIST, FLUSH and the atomics,
 //!   with key and bounds checks.
 //! - `dedup` and `dedup_store`: the exactly-once window for retried
@@ -16,12 +18,13 @@
 //!
 //! The public API is what a user or a test needs: [`cli`] (the daemon),
 //! [`RunningServer`] and [`OpenedServer`] with their [`ServerConfig`],
-//! [`persist`] and [`region_file`]; the rest is the crate's own.
+//! [`persist`], [`region_file`] and [`devices`]; the rest is the crate's own.
 
 pub mod cli;
 pub(crate) mod conn;
 pub(crate) mod dedup;
 pub(crate) mod dedup_store;
+pub mod devices;
 pub(crate) mod exec;
 pub(crate) mod gate;
 pub(crate) mod metrics;

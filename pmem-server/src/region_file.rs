@@ -1,4 +1,6 @@
-//! Region files: one file per PMEM region, a header followed by the data.
+//! Region files: one file per PMEM region, a header followed by the data;
+//! on a device DAX device, the same header and data in the region's slot of
+//! the device (see [`crate::devices`]).
 //!
 //! ```text
 //! 0..8     magic       b"PMFABRGN"
@@ -26,7 +28,16 @@
 //! the file and the shortfall, never later with SIGBUS on a write. The data
 //! directory keeps a manifest (`regions.manifest`) of the regions it has
 //! held: a listed region whose file is gone stops the server instead of
-//! being recreated empty.
+//! being recreated empty. The manifest stays in the data directory whatever
+//! device holds a region (so an fsdax filesystem that is not mounted is
+//! noticed): on device DAX, which has no files, a listed region whose slot
+//! holds a blank (all-zero) header, as a recreated namespace does, stops the
+//! server the same way.
+//!
+//! Device DAX has no read(2), write(2) or fallocate: the header is read and
+//! written through the region's mapping and made durable by cache-line
+//! write-back, and a region created there has its data zeroed (as a new file
+//! would be).
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -36,6 +47,7 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest, Sha256};
 use topology::{AccessKey, LayoutEntry};
 
+use crate::devices::{DevDax, Medium, ServerDevices};
 use crate::persist::{PersistError, PersistPolicy, PmemMap};
 
 /// The first bytes of every region file.
@@ -157,6 +169,27 @@ pub enum RegionFileError {
         /// The manifest that lists it.
         manifest: PathBuf,
     },
+    /// A region the data directory held has a blank header on its device
+    /// DAX device.
+    #[error(
+        "{path}: the region's header on the device is blank, but {manifest} says this server \
+         held the region; its data is gone (was the namespace recreated?). Restore it, or \
+         start with --format to recreate the regions empty"
+    )]
+    Blank {
+        /// The device and the region's offset in it.
+        path: PathBuf,
+        /// The manifest that lists it.
+        manifest: PathBuf,
+    },
+    /// The device plan has no place for the region.
+    #[error("{path}: no slot for region {region:?} on this device")]
+    NoSlot {
+        /// The device.
+        path: PathBuf,
+        /// The region.
+        region: String,
+    },
     /// Mapping the file failed (the cause names the file).
     #[error("cannot map region file")]
     Map {
@@ -248,10 +281,10 @@ pub fn region_path(data_dir: &Path, region_id: &str) -> Result<PathBuf, RegionFi
     Ok(data_dir.join(format!("{region_id}.pmem")))
 }
 
-/// An open, mapped region file.
+/// An open, mapped region file (or region slot of a device DAX device).
 #[derive(Debug)]
 pub struct RegionFile {
-    /// Where the file is.
+    /// Where the file is; for device DAX, the character device.
     pub path: PathBuf,
     /// Its header as of this open.
     pub header: RegionHeader,
@@ -259,26 +292,109 @@ pub struct RegionFile {
     pub created: bool,
     /// The mapping of the whole file, header included.
     pub map: PmemMap,
+    /// Where the header is read and written.
+    place: Place,
+}
+
+/// How a region's header is reached.
+#[derive(Debug, Clone)]
+enum Place {
+    /// With pread/pwrite on the region file.
+    File,
+    /// Through the mapping (device DAX); `label` names the device and the
+    /// region's offset in messages.
+    Mapped { label: PathBuf },
+}
+
+/// Where a header is read and written: a file, or the start of a mapping
+/// (made durable by [`PmemMap::persist`]).
+enum HeaderAt<'a> {
+    File(&'a File),
+    Map(&'a PmemMap),
+}
+
+impl HeaderAt<'_> {
+    /// The header's bytes.
+    fn read(&self, path: &Path) -> Result<[u8; ENCODED_LEN], RegionFileError> {
+        let mut raw = [0u8; ENCODED_LEN];
+        match self {
+            HeaderAt::File(file) => {
+                file.read_exact_at(&mut raw, 0)
+                    .map_err(|source| RegionFileError::Io {
+                        path: path.to_path_buf(),
+                        op: "read the header of",
+                        source,
+                    })?
+            }
+            HeaderAt::Map(map) => map
+                .read(0, &mut raw)
+                .map_err(|source| RegionFileError::Map {
+                    path: path.to_path_buf(),
+                    source,
+                })?,
+        }
+        Ok(raw)
+    }
+
+    /// Writes `header` and makes it durable.
+    fn write(&self, path: &Path, header: &RegionHeader) -> Result<(), RegionFileError> {
+        match self {
+            HeaderAt::File(file) => write_header(path, file, header),
+            HeaderAt::Map(map) => map
+                .write_persist(0, &header.encode(), topology::CachePolicy::WriteBack)
+                .map_err(|source| RegionFileError::Map {
+                    path: path.to_path_buf(),
+                    source,
+                }),
+        }
+    }
 }
 
 impl RegionFile {
-    /// Opens the file of `entry` in `data_dir`, creating it on first start
-    /// (or when `format` is set), checking its header against the topology
-    /// otherwise, and maps it with `policy`.
+    /// Opens the region of `entry`, creating it on first start (or when
+    /// `format` is set), checking its header against the topology otherwise,
+    /// and maps it with `policy`, as a file in `data_dir` (whatever device
+    /// the topology gives it; [`open_on`](Self::open_on) follows devices).
     pub fn open(
         data_dir: &Path,
         entry: &LayoutEntry,
         policy: &PersistPolicy,
         format: bool,
     ) -> Result<Self, RegionFileError> {
-        let path = region_path(data_dir, entry.region_id.as_str())?;
+        Self::open_on(&ServerDevices::in_data_dir(data_dir), entry, policy, format)
+    }
+
+    /// [`open`](Self::open) with the server's device plan given.
+    pub fn open_on(
+        plan: &ServerDevices,
+        entry: &LayoutEntry,
+        policy: &PersistPolicy,
+        format: bool,
+    ) -> Result<Self, RegionFileError> {
+        let manifest = Manifest::read(&plan.data_dir)?;
+        match plan.medium(&entry.socket, &entry.device) {
+            Medium::DataDir(dir) | Medium::Directory(dir) => {
+                Self::open_file(&dir, manifest, entry, policy, format)
+            }
+            Medium::DevDax(dax) => Self::open_devdax(&dax, manifest, entry, policy, format),
+        }
+    }
+
+    /// Opens the region file of `entry` in `dir`.
+    fn open_file(
+        dir: &Path,
+        manifest: Manifest,
+        entry: &LayoutEntry,
+        policy: &PersistPolicy,
+        format: bool,
+    ) -> Result<Self, RegionFileError> {
+        let path = region_path(dir, entry.region_id.as_str())?;
         let io_err = |op, source| RegionFileError::Io {
             path: path.clone(),
             op,
             source,
         };
         let exists = path.try_exists().map_err(|e| io_err("check for", e))?;
-        let manifest = Manifest::read(data_dir)?;
         if !exists && !format && manifest.lists(entry.region_id.as_str()) {
             return Err(RegionFileError::Missing {
                 path,
@@ -300,6 +416,75 @@ impl RegionFile {
             header,
             created,
             map,
+            place: Place::File,
+        })
+    }
+
+    /// Maps the slot of `entry` in device DAX device `dax` and creates or
+    /// checks its header through the mapping.
+    fn open_devdax(
+        dax: &DevDax,
+        manifest: Manifest,
+        entry: &LayoutEntry,
+        policy: &PersistPolicy,
+        format: bool,
+    ) -> Result<Self, RegionFileError> {
+        let slot = dax
+            .slots
+            .iter()
+            .find(|s| s.region == entry.region_id)
+            .ok_or_else(|| RegionFileError::NoSlot {
+                path: dax.path.clone(),
+                region: entry.region_id.to_string(),
+            })?;
+        let label = PathBuf::from(format!("{}@{:#x}", dax.path.display(), slot.offset));
+        let too_large = || RegionFileError::Map {
+            path: label.clone(),
+            source: PersistError::Map {
+                path: dax.path.clone(),
+                source: io::Error::new(
+                    io::ErrorKind::FileTooLarge,
+                    "the region does not fit the address space",
+                ),
+            },
+        };
+        let len = HEADER_LEN
+            .checked_add(entry.len)
+            .and_then(|l| usize::try_from(l).ok())
+            .ok_or_else(too_large)?;
+        let map_len = usize::try_from(slot.map_len).map_err(|_| too_large())?;
+        let map = PmemMap::open_device_dax(&dax.path, slot.offset, map_len, len, policy).map_err(
+            |source| RegionFileError::Map {
+                path: label.clone(),
+                source,
+            },
+        )?;
+        let at = HeaderAt::Map(&map);
+        let raw = at.read(&label)?;
+        let blank = raw.iter().all(|&b| b == 0);
+        if blank && !format && manifest.lists(entry.region_id.as_str()) {
+            return Err(RegionFileError::Blank {
+                path: label,
+                manifest: manifest.path,
+            });
+        }
+        let (header, created) = if blank || format {
+            zero_data(&map, &label, entry.len)?;
+            let header = fresh_header(&label, entry)?;
+            at.write(&label, &header)?;
+            (header, true)
+        } else {
+            let header = reopened_header(&label, &raw, entry)?;
+            at.write(&label, &header)?;
+            (header, false)
+        };
+        manifest.add(entry.region_id.as_str())?;
+        Ok(Self {
+            path: dax.path.clone(),
+            header,
+            created,
+            map,
+            place: Place::Mapped { label },
         })
     }
 
@@ -320,13 +505,7 @@ impl RegionFile {
         file.set_len(HEADER_LEN + entry.len)
             .map_err(|e| io_err("size", e))?;
         allocate(path, &file, HEADER_LEN + entry.len)?;
-        let header = RegionHeader {
-            region_id: entry.region_id.to_string(),
-            region_index: entry.region.0,
-            size: entry.len,
-            generation: 1,
-            key: fresh_key(path)?,
-        };
+        let header = fresh_header(path, entry)?;
         write_header(path, &file, &header)?;
         if let Some(dir) = path.parent() {
             File::open(dir)
@@ -349,36 +528,14 @@ impl RegionFile {
             .open(path)
             .map_err(|e| io_err("open", e))?;
         let len = file.metadata().map_err(|e| io_err("stat", e))?.len();
-        let mut raw = [0u8; ENCODED_LEN];
         if len < ENCODED_LEN as u64 {
             return Err(RegionFileError::NotARegionFile {
                 path: path.to_path_buf(),
             });
         }
-        file.read_exact_at(&mut raw, 0)
-            .map_err(|e| io_err("read the header of", e))?;
-        let mut header = RegionHeader::decode(path, &raw)?;
-        let mismatch = |field, in_file: String, in_topology: String| RegionFileError::Mismatch {
-            path: path.to_path_buf(),
-            field,
-            in_file,
-            in_topology,
-        };
-        if header.region_id != entry.region_id.as_str() {
-            return Err(mismatch(
-                "region id",
-                format!("{:?}", header.region_id),
-                format!("{:?}", entry.region_id.as_str()),
-            ));
-        }
-        if header.size != entry.len {
-            return Err(mismatch(
-                "size",
-                header.size.to_string(),
-                entry.len.to_string(),
-            ));
-        }
-        let expected = HEADER_LEN + header.size;
+        let raw = HeaderAt::File(&file).read(path)?;
+        let expected = HEADER_LEN + entry.len;
+        let header = reopened_header(path, &raw, entry)?;
         if len < expected {
             return Err(RegionFileError::Truncated {
                 path: path.to_path_buf(),
@@ -388,11 +545,6 @@ impl RegionFile {
         }
         // Files made sparse (by an older server, or copied) get their blocks now.
         allocate(path, &file, expected)?;
-        header.generation += 1;
-        if header.key.is_none() {
-            header.key = fresh_key(path)?;
-        }
-        header.region_index = entry.region.0;
         write_header(path, &file, &header)?;
         Ok(header)
     }
@@ -406,24 +558,97 @@ impl RegionFile {
     /// and makes it durable before returning it. Callers serialise rotations
     /// of one file; [`RegionFile::header`] keeps the key of this open.
     pub fn rotate_key(&self) -> Result<AccessKey, RegionFileError> {
-        let io_err = |op, source| RegionFileError::Io {
-            path: self.path.clone(),
-            op,
-            source,
+        let (path, file) = match &self.place {
+            Place::File => {
+                let file = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(&self.path)
+                    .map_err(|source| RegionFileError::Io {
+                        path: self.path.clone(),
+                        op: "open",
+                        source,
+                    })?;
+                (&self.path, Some(file))
+            }
+            Place::Mapped { label } => (label, None),
         };
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&self.path)
-            .map_err(|e| io_err("open", e))?;
-        let mut raw = [0u8; ENCODED_LEN];
-        file.read_exact_at(&mut raw, 0)
-            .map_err(|e| io_err("read the header of", e))?;
-        let mut header = RegionHeader::decode(&self.path, &raw)?;
-        header.key = fresh_key(&self.path)?;
-        write_header(&self.path, &file, &header)?;
+        let at = match &file {
+            Some(file) => HeaderAt::File(file),
+            None => HeaderAt::Map(&self.map),
+        };
+        let mut header = RegionHeader::decode(path, &at.read(path)?)?;
+        header.key = fresh_key(path)?;
+        at.write(path, &header)?;
         Ok(header.key)
     }
+}
+
+/// The header of a region `entry` created now: generation 1, a fresh key.
+fn fresh_header(path: &Path, entry: &LayoutEntry) -> Result<RegionHeader, RegionFileError> {
+    Ok(RegionHeader {
+        region_id: entry.region_id.to_string(),
+        region_index: entry.region.0,
+        size: entry.len,
+        generation: 1,
+        key: fresh_key(path)?,
+    })
+}
+
+/// Decodes the header `raw` of an existing region, checks it names
+/// `entry`'s region and size, and returns it as this open records it: the
+/// generation bumped, a key made if it had none, the current index.
+fn reopened_header(
+    path: &Path,
+    raw: &[u8; ENCODED_LEN],
+    entry: &LayoutEntry,
+) -> Result<RegionHeader, RegionFileError> {
+    let mut header = RegionHeader::decode(path, raw)?;
+    let mismatch = |field, in_file: String, in_topology: String| RegionFileError::Mismatch {
+        path: path.to_path_buf(),
+        field,
+        in_file,
+        in_topology,
+    };
+    if header.region_id != entry.region_id.as_str() {
+        return Err(mismatch(
+            "region id",
+            format!("{:?}", header.region_id),
+            format!("{:?}", entry.region_id.as_str()),
+        ));
+    }
+    if header.size != entry.len {
+        return Err(mismatch(
+            "size",
+            header.size.to_string(),
+            entry.len.to_string(),
+        ));
+    }
+    header.generation += 1;
+    if header.key.is_none() {
+        header.key = fresh_key(path)?;
+    }
+    header.region_index = entry.region.0;
+    Ok(header)
+}
+
+/// Zeroes `len` bytes of region data after the header of `map` with
+/// streaming stores (durable on return in DAX mode), a chunk at a time.
+fn zero_data(map: &PmemMap, path: &Path, len: u64) -> Result<(), RegionFileError> {
+    const CHUNK: u64 = 1 << 20;
+    let zeros = vec![0u8; CHUNK as usize];
+    let mut done = 0u64;
+    while done < len {
+        let n = (len - done).min(CHUNK);
+        let at = usize::try_from(HEADER_LEN + done).unwrap_or(usize::MAX);
+        map.write_persist(at, &zeros[..n as usize], topology::CachePolicy::NonTemporal)
+            .map_err(|source| RegionFileError::Map {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        done += n;
+    }
+    Ok(())
 }
 
 /// A random, non-zero region key.

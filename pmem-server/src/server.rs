@@ -18,6 +18,7 @@ use tracing::{Span, debug, error, info, warn};
 use crate::conn::{self, QueuePairs, Timeouts};
 use crate::dedup::DedupTable;
 use crate::dedup_store::{StoreError, WindowStore};
+use crate::devices::{DeviceError, ServerDevices, SysRoots};
 use crate::exec::{Executor, ServedRegion};
 use crate::gate::Gatekeeper;
 use crate::metrics::ServerMetrics;
@@ -85,6 +86,9 @@ pub enum ServerError {
         #[source]
         source: io::Error,
     },
+    /// A PMEM device of the topology cannot be used.
+    #[error(transparent)]
+    Device(#[from] DeviceError),
     /// A region file cannot be used.
     #[error(transparent)]
     Region(#[from] RegionFileError),
@@ -384,10 +388,17 @@ impl OpenedServer {
             source,
         })?;
 
+        // Where each PMEM device keeps its regions, and its NUMA node.
+        let devices = ServerDevices::resolve(server, &config.data_dir, &SysRoots::host())?;
+        for line in devices.describe() {
+            info!("{line}");
+        }
+        for warning in devices.warnings() {
+            warn!("{warning}");
+        }
         let mut regions = Vec::new();
         for entry in layout.entries().iter().filter(|e| e.server == server.id) {
-            let file =
-                RegionFile::open(&config.data_dir, entry, &config.persistence, config.format)?;
+            let file = RegionFile::open_on(&devices, entry, &config.persistence, config.format)?;
             regions.push(ServedRegion::new(entry.clone(), file));
         }
         let mode = regions.first().map(|r| r.file.map.mode());

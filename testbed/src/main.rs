@@ -138,8 +138,9 @@ enum Command {
         /// Seed of the cut instants.
         #[arg(long, default_value_t = 1)]
         seed: u64,
-        /// Where the server keeps its regions: `disk` (virtio disk, msync)
-        /// or `fsdax` (emulated NVDIMM, DAX with MAP_SYNC).
+        /// Where the server keeps its regions: `disk` (virtio disk, msync),
+        /// `fsdax` (emulated NVDIMM, DAX with MAP_SYNC) or `devdax` (emulated
+        /// NVDIMM as /dev/dax0.0, device DAX).
         #[arg(long, value_enum, default_value_t = testbed::power_cut::Medium::Disk)]
         medium: testbed::power_cut::Medium,
         /// Where the report goes (reports/<run-id>/ by default).

@@ -4,10 +4,13 @@
 //! a seeded random instant, the guest boots again on the same media, and
 //! every acknowledged write and atomic is checked.
 //!
-//! Two media ([`Medium`]): the region files on the guest's virtio disk
-//! (ext4, the msync mechanism), or on an emulated NVDIMM (ext4 mounted
+//! Three media ([`Medium`]): the region files on the guest's virtio disk
+//! (ext4, the msync mechanism), on an emulated NVDIMM (ext4 mounted
 //! `-o dax`, the DAX mechanism: `MAP_SYNC` mappings and cache-line
-//! write-back).
+//! write-back), or the regions straight on an emulated NVDIMM made a device
+//! DAX namespace (`/dev/dax0.0`, the devdax mechanism: the region header and
+//! data in the character device's mapping, cache-line write-back; the
+//! exactly-once window and the manifest stay on the virtio disk).
 //!
 //! Killing QEMU is a power cut for the guest: its page cache, and anything
 //! the guest had not written to its virtual disk, is gone; what QEMU had
@@ -85,6 +88,22 @@ const CHAIN_AT: u64 = 64;
 const BOOT_TIMEOUT: Duration = Duration::from_secs(180);
 const IO_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// The device path a [`Medium::Devdax`] server's PMEM device names.
+const DEVDAX_PATH: &str = "/dev/dax0.0";
+
+/// The server's topology on `medium`: [`TOPOLOGY`], with the device's
+/// path on device DAX.
+fn topology(medium: Medium) -> String {
+    match medium {
+        Medium::Devdax => TOPOLOGY.replacen(
+            "id = \"pmem0\"\n",
+            &format!("id = \"pmem0\"\n    path = \"{DEVDAX_PATH}\"\n"),
+            1,
+        ),
+        Medium::Disk | Medium::Fsdax => TOPOLOGY.to_owned(),
+    }
+}
+
 /// Size of the NVDIMM backing file (sparse on the host).
 const NVDIMM_SIZE: u64 = 128 << 20;
 
@@ -97,15 +116,51 @@ pub enum Medium {
     /// An emulated NVDIMM as an fsdax namespace with ext4 mounted `-o
     /// dax`; persistence by `MAP_SYNC` and cache-line write-back.
     Fsdax,
+    /// An emulated NVDIMM as a device DAX namespace (`/dev/dax0.0`) holding
+    /// the regions, next to a virtio disk for the data directory;
+    /// persistence by cache-line write-back.
+    Devdax,
 }
 
 impl Medium {
-    /// The persistence mechanism the server is forced to use.
+    /// The persistence mechanism the server is asked for: on device DAX
+    /// `auto`, so that the exactly-once window on the disk takes msync.
     fn persistence(self) -> &'static str {
         match self {
             Medium::Disk => "msync",
             Medium::Fsdax => "dax",
+            Medium::Devdax => "auto",
         }
+    }
+
+    /// The mode the server must report for its regions.
+    fn mode(self) -> &'static str {
+        match self {
+            Medium::Disk => "msync",
+            Medium::Fsdax => "dax",
+            Medium::Devdax => "devdax",
+        }
+    }
+
+    /// The line the server must log about its PMEM device: where its
+    /// regions are, on what, and its NUMA node.
+    fn device_line(self) -> String {
+        let (place, kind, node) = match self {
+            Medium::Disk => ("/data/S (data dir)", "files on vda", "NUMA node unknown"),
+            Medium::Fsdax => ("/data/S (data dir)", "fsdax on pmem0", "NUMA node 0"),
+            Medium::Devdax => (DEVDAX_PATH, "devdax", "NUMA node 0"),
+        };
+        format!("pmem device pmem0 of socket 0: {place}, {kind}, {node}, 1 region")
+    }
+
+    /// Whether the guest gets the virtio disk.
+    fn has_disk(self) -> bool {
+        matches!(self, Medium::Disk | Medium::Devdax)
+    }
+
+    /// Whether the guest gets the NVDIMM.
+    fn has_nvdimm(self) -> bool {
+        matches!(self, Medium::Fsdax | Medium::Devdax)
     }
 
     /// The guest's lines that put the data folder in place at /data.
@@ -122,6 +177,14 @@ impl Medium {
                  mkfs.ext4 -q -F -b 4096 /dev/pmem0\nfi\n\
                  mount -t ext4 -o dax /dev/pmem0 /data\n"
             }
+            // The first boot turns the raw namespace into device DAX; later
+            // boots find /dev/dax0.0 by its info block.
+            Medium::Devdax => {
+                "mount -t ext4 /dev/vda /data\n\
+                 i=0; while [ ! -e /dev/pmem0 ] && [ ! -e /dev/dax0.0 ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done\n\
+                 if [ ! -e /dev/dax0.0 ]; then\n\
+                 ndctl create-namespace --force --reconfig namespace0.0 --mode devdax --align 2M\nfi\n"
+            }
         }
     }
 }
@@ -131,6 +194,7 @@ impl std::fmt::Display for Medium {
         f.write_str(match self {
             Medium::Disk => "msync on a virtio disk",
             Medium::Fsdax => "DAX on an emulated NVDIMM (fsdax, MAP_SYNC)",
+            Medium::Devdax => "device DAX on an emulated NVDIMM (devdax, /dev/dax0.0)",
         })
     }
 }
@@ -445,12 +509,8 @@ impl Guest {
         let nvdimm = work.join("nvdimm.img");
         let nvdimms = [nvdimm.as_path()];
         let storage = GuestStorage {
-            disk: (medium == Medium::Disk).then_some(disk.as_path()),
-            nvdimms: if medium == Medium::Fsdax {
-                &nvdimms
-            } else {
-                &[]
-            },
+            disk: medium.has_disk().then_some(disk.as_path()),
+            nvdimms: if medium.has_nvdimm() { &nvdimms } else { &[] },
             nodes: 1,
             pidfile: &pidfile,
         };
@@ -520,12 +580,12 @@ fn tail(path: &Path) -> String {
     lines[lines.len().saturating_sub(20)..].join("\n")
 }
 
-/// Writes the guest's script and topology and makes the medium: an ext4
-/// disk image, or an NVDIMM backing file the first boot formats.
+/// Writes the guest's script and topology and makes the media: an ext4
+/// disk image, an NVDIMM backing file the first boot formats, or both.
 fn prepare(work: &Path, medium: Medium) -> anyhow::Result<PathBuf> {
     std::fs::create_dir_all(work)?;
     let topology = work.join("topology.toml");
-    std::fs::write(&topology, TOPOLOGY)?;
+    std::fs::write(&topology, self::topology(medium))?;
     let exe = std::env::current_exe()?;
     let script = work.join("guest-server.sh");
     std::fs::write(
@@ -543,32 +603,31 @@ fn prepare(work: &Path, medium: Medium) -> anyhow::Result<PathBuf> {
     )?;
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))?;
-    match medium {
-        Medium::Disk => {
-            let disk = work.join("disk.img");
-            std::fs::File::create(&disk)?.set_len(64 << 20)?;
-            let out = std::process::Command::new("mkfs.ext4")
-                .args(["-q", "-F"])
-                .arg(&disk)
-                .output()
-                .context("run mkfs.ext4 (Debian package e2fsprogs)")?;
-            ensure!(
-                out.status.success(),
-                "mkfs.ext4 failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        Medium::Fsdax => {
-            std::fs::File::create(work.join("nvdimm.img"))?.set_len(NVDIMM_SIZE)?;
-        }
+    if medium.has_disk() {
+        let disk = work.join("disk.img");
+        std::fs::File::create(&disk)?.set_len(64 << 20)?;
+        let out = std::process::Command::new("mkfs.ext4")
+            .args(["-q", "-F"])
+            .arg(&disk)
+            .output()
+            .context("run mkfs.ext4 (Debian package e2fsprogs)")?;
+        ensure!(
+            out.status.success(),
+            "mkfs.ext4 failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    if medium.has_nvdimm() {
+        std::fs::File::create(work.join("nvdimm.img"))?.set_len(NVDIMM_SIZE)?;
     }
     Ok(topology)
 }
 
 /// Checks that the server in the guest said it runs on `medium`'s
-/// persistence mechanism (its ready line, on the console).
+/// persistence mechanism (its ready line, on the console) and where it
+/// found its device's memory and NUMA node.
 fn check_mode(console: &Path, medium: Medium) -> anyhow::Result<()> {
-    let want = medium.persistence();
+    let want = medium.mode();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let text = std::fs::read_to_string(console).unwrap_or_default();
@@ -577,6 +636,12 @@ fn check_mode(console: &Path, medium: Medium) -> anyhow::Result<()> {
             ensure!(
                 fields.get("mode").map(String::as_str) == Some(want),
                 "the server runs in another mode than {want}: {line}"
+            );
+            let device_line = medium.device_line();
+            ensure!(
+                text.contains(&device_line),
+                "the server did not say where its device is ({device_line:?}):\n{}",
+                tail(console)
             );
             return Ok(());
         }

@@ -149,6 +149,12 @@ pub struct Socket {
 pub struct PmemDevice {
     /// The device's id, unique within its socket.
     pub id: PmemDeviceId,
+    /// Where the device's memory is: a directory (e.g. an fsdax mount) that
+    /// holds its region files, or a device DAX character device
+    /// (`/dev/daxX.Y`) its regions are laid out in. Without it, the region
+    /// files live in the server's data directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
     /// Regions carved from this device.
     #[serde(default)]
     pub regions: Vec<Region>,

@@ -97,6 +97,18 @@ pub enum ProblemKind {
     VerbsNicAddress,
     /// A link to a `verbs` server NIC from a device with no RoCEv2 port.
     VerbsLinkWithoutRoce,
+    /// A PMEM device path that is not absolute.
+    RelativeDevicePath {
+        /// The path written.
+        path: String,
+    },
+    /// Another PMEM device of the same server names the same path.
+    DuplicateDevicePath {
+        /// The path.
+        path: String,
+        /// The device that names it first.
+        other: String,
+    },
     /// An allow-list range that leaves its region.
     AllowOutOfRange {
         /// The region named by the range.
@@ -180,6 +192,14 @@ impl fmt::Display for ProblemKind {
             }
             Self::DuplicateListen { address, other } => {
                 write!(f, "listen address {address} is already used by {other}")
+            }
+            Self::RelativeDevicePath { path } => write!(
+                f,
+                "path {path:?} is not absolute (a directory such as /mnt/pmem0 or a device \
+                 DAX character device such as /dev/dax0.0)"
+            ),
+            Self::DuplicateDevicePath { path, other } => {
+                write!(f, "path {path:?} is already used by {other}")
             }
             Self::AllowOutOfRange {
                 region,
@@ -354,6 +374,7 @@ impl Checker<'_> {
                     (d.id.as_str(), item)
                 }));
             }
+            self.device_paths(server);
             if server.nics.is_empty() {
                 self.report(format!("server {sid:?}"), ProblemKind::NoNics);
             }
@@ -378,6 +399,37 @@ impl Checker<'_> {
             }
             if let Some(admin) = &server.admin {
                 self.listen(format!("server {sid:?} admin"), admin);
+            }
+        }
+    }
+
+    /// Each PMEM device path of `server` is absolute and names no other
+    /// device's memory (paths compare by their components, so `/mnt/pmem0/`
+    /// and `/mnt/pmem0` are the same).
+    fn device_paths(&mut self, server: &crate::model::Server) {
+        let mut seen: HashMap<std::path::PathBuf, String> = HashMap::new();
+        for socket in &server.sockets {
+            for device in &socket.devices {
+                let Some(path) = &device.path else { continue };
+                let item = format!(
+                    "server {:?} socket {:?} PMEM device {:?}",
+                    server.id.as_str(),
+                    socket.id.as_str(),
+                    device.id.as_str()
+                );
+                let normal: std::path::PathBuf = std::path::Path::new(path).components().collect();
+                if !normal.is_absolute() {
+                    let kind = ProblemKind::RelativeDevicePath { path: path.clone() };
+                    self.report(item, kind);
+                } else if let Some(other) = seen.get(&normal) {
+                    let kind = ProblemKind::DuplicateDevicePath {
+                        path: path.clone(),
+                        other: other.clone(),
+                    };
+                    self.report(item, kind);
+                } else {
+                    seen.insert(normal, item);
+                }
             }
         }
     }

@@ -126,6 +126,20 @@ fn expectations() -> Vec<Expectation> {
         ("unsafe-region-id", "region \"../PA.1\"", |k| {
             matches!(k, ProblemKind::UnsafeRegionId)
         }),
+        (
+            "duplicate-device-path",
+            "server \"A\" socket \"1\" PMEM device \"pmem1\"",
+            |k| {
+                matches!(k, ProblemKind::DuplicateDevicePath { path, other }
+                    if path == "/dev/dax0.0/"
+                        && other == "server \"A\" socket \"0\" PMEM device \"pmem0\"")
+            },
+        ),
+        (
+            "relative-device-path",
+            "server \"A\" socket \"0\" PMEM device \"pmem0\"",
+            |k| matches!(k, ProblemKind::RelativeDevicePath { path } if path == "mnt/pmem0"),
+        ),
         ("roce-rnic-address", "client \"c1\" RNIC \"r0\"", |k| {
             matches!(k, ProblemKind::RoceRnicAddress)
         }),
@@ -300,4 +314,24 @@ fn fig4a_routes_fall_back_across_sockets() {
     );
     assert!(t.routes(&"nobody".into(), &"PC.5".into()).is_empty());
     assert!(t.routes(&"A".into(), &"PZ.9".into()).is_empty());
+}
+
+#[test]
+fn device_paths_are_checked_per_server() {
+    let mut t = load("default.toml");
+    // Each server is its own machine: the same path on two is fine.
+    for server in &mut t.servers {
+        server.sockets[0].devices[0].path = Some("/dev/dax0.0".into());
+    }
+    t.validate().unwrap();
+    // Two devices of one server on the same memory are not.
+    let server = &mut t.servers[0];
+    let last = server.sockets.len() - 1;
+    let device = server.sockets[last].devices.last_mut().unwrap();
+    device.path = Some("/dev/./dax0.0".into());
+    let errors = t.validate().unwrap_err();
+    assert_eq!(errors.problems.len(), 1, "{errors}");
+    let text = errors.problems[0].to_string();
+    assert!(text.contains("is already used by server"), "{text}");
+    assert!(text.starts_with(&t.source), "{text}");
 }

@@ -35,6 +35,7 @@ fn build(spec: &[Vec<Vec<Vec<RegionSpec>>>]) -> Topology {
                         .enumerate()
                         .map(|(di, regions)| PmemDevice {
                             id: format!("d{di}").as_str().into(),
+                            path: None,
                             regions: regions
                                 .iter()
                                 .map(|&(extents, explicit)| {

@@ -49,8 +49,42 @@ impl RawMapping {
         RawMapping::map(file, len, libc::MAP_SHARED)
     }
 
+    /// Maps `len` bytes of a device DAX character device from `offset`,
+    /// read-write and shared. Device DAX is always synchronous, so no
+    /// `MAP_SYNC` is asked for; `offset` and `len` must be multiples of the
+    /// device's alignment (the kernel refuses others with `EINVAL`).
+    #[cfg(target_os = "linux")]
+    pub(crate) fn map_device(file: &File, offset: u64, len: usize) -> io::Result<RawMapping> {
+        let offset = libc::off_t::try_from(offset).map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "offset beyond the largest file offset",
+            )
+        })?;
+        RawMapping::map_at(file, offset, len, libc::MAP_SHARED)
+    }
+
+    /// Device DAX exists only on Linux.
+    #[cfg(not(target_os = "linux"))]
+    pub(crate) fn map_device(_file: &File, _offset: u64, _len: usize) -> io::Result<RawMapping> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "device DAX needs Linux",
+        ))
+    }
+
     #[cfg(any(test, all(target_os = "linux", target_arch = "x86_64")))]
     fn map(file: &File, len: usize, flags: libc::c_int) -> io::Result<RawMapping> {
+        RawMapping::map_at(file, 0, len, flags)
+    }
+
+    #[cfg(any(test, target_os = "linux"))]
+    fn map_at(
+        file: &File,
+        offset: libc::off_t,
+        len: usize,
+        flags: libc::c_int,
+    ) -> io::Result<RawMapping> {
         use std::os::fd::AsRawFd;
 
         if len == 0 {
@@ -60,8 +94,9 @@ impl RawMapping {
             ));
         }
         // SAFETY: a fresh mapping (address chosen by the kernel, so nothing
-        // existing is replaced) of `len` bytes of an open file descriptor
-        // that stays valid for the call; the result is checked below.
+        // existing is replaced) of `len` bytes at `offset` of an open file
+        // descriptor that stays valid for the call; the result is checked
+        // below.
         let addr = unsafe {
             libc::mmap(
                 core::ptr::null_mut(),
@@ -69,7 +104,7 @@ impl RawMapping {
                 libc::PROT_READ | libc::PROT_WRITE,
                 flags,
                 file.as_raw_fd(),
-                0,
+                offset,
             )
         };
         if addr == libc::MAP_FAILED {

@@ -61,6 +61,18 @@ pub enum PersistError {
         #[source]
         source: io::Error,
     },
+    /// A device DAX region under a policy other than `auto` or `dax`.
+    #[error(
+        "{} is device DAX, made durable by cache-line write-back only; persistence \
+         {policy:?} cannot apply to it (use auto or dax)",
+        path.display()
+    )]
+    DevDaxPolicy {
+        /// The device.
+        path: PathBuf,
+        /// The policy asked for.
+        policy: &'static str,
+    },
     /// The libpmem policy was requested from a build without the `libpmem`
     /// feature.
     #[error("the libpmem persistence policy needs pmem-server built with feature \"libpmem\"")]

@@ -36,11 +36,13 @@ pub struct PmemMap {
 
 /// Who owns the mapping, and so how it is made durable and released.
 enum Backing {
-    /// `MAP_SYNC` mapping, flushed with `flusher`; munmap on drop (the
-    /// mapping is held only for that).
+    /// `MAP_SYNC` mapping of a file on a DAX filesystem, or (`device`) a
+    /// mapping of a device DAX character device, flushed with `flusher`;
+    /// munmap on drop (the mapping is held only for that).
     Dax {
         _mapping: RawMapping,
         flusher: CacheLineFlusher,
+        device: bool,
     },
     /// memmap2 mapping, flushed with msync; unmapped by memmap2.
     Msync(MmapMut),
@@ -114,10 +116,72 @@ impl PmemMap {
         }
     }
 
+    /// Maps `len` bytes of the device DAX character device `path` from
+    /// `offset`, read-write and shared; `map_len` (at least `len`) bytes are
+    /// mapped so that `offset` and `map_len` can be multiples of the
+    /// device's alignment, and only the first `len` are served. Stores are
+    /// made durable by cache-line write-back (device DAX is always
+    /// synchronous: no `MAP_SYNC`, no msync). Only the `auto` and `dax`
+    /// policies apply; others are [`PersistError::DevDaxPolicy`].
+    pub fn open_device_dax(
+        path: &Path,
+        offset: u64,
+        map_len: usize,
+        len: usize,
+        policy: &PersistPolicy,
+    ) -> Result<PmemMap, PersistError> {
+        if !matches!(policy, PersistPolicy::Auto | PersistPolicy::Dax) {
+            return Err(PersistError::DevDaxPolicy {
+                path: path.to_owned(),
+                policy: policy.name(),
+            });
+        }
+        let map_err = |source| PersistError::Map {
+            path: path.to_owned(),
+            source,
+        };
+        if len == 0 || len > map_len {
+            return Err(map_err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("cannot serve {len} bytes of a {map_len}-byte mapping"),
+            )));
+        }
+        let flusher = CpuFlushSupport::get()
+            .best()
+            .ok_or_else(|| dax_unsupported(path, no_flush_instruction()))?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(map_err)?;
+        let mapping = RawMapping::map_device(&file, offset, map_len).map_err(map_err)?;
+        Ok(PmemMap {
+            path: path.to_owned(),
+            base: mapping.base(),
+            len,
+            backing: Backing::Dax {
+                _mapping: mapping,
+                flusher,
+                device: true,
+            },
+        })
+    }
+
+    /// Start of the mapping, for registering it with an RNIC: the mapping
+    /// is [`len`](Self::len) bytes from here and lives as long as `self`
+    /// (a region's data starts [`HEADER_LEN`](crate::region_file::HEADER_LEN)
+    /// bytes in). Accesses through it are bound by the module's concurrency
+    /// contract, and writes through it bypass this type's persistence:
+    /// whoever writes there makes the bytes durable itself.
+    pub fn base_ptr(&self) -> *mut u8 {
+        self.base.as_ptr()
+    }
+
     /// The persistence mechanism in use.
     pub fn mode(&self) -> PersistMode {
         match self.backing {
-            Backing::Dax { .. } => PersistMode::Dax,
+            Backing::Dax { device: false, .. } => PersistMode::Dax,
+            Backing::Dax { device: true, .. } => PersistMode::DevDax,
             Backing::Msync(_) => PersistMode::Msync,
             #[cfg(feature = "libpmem")]
             Backing::Libpmem(_) => PersistMode::Libpmem,
@@ -133,13 +197,6 @@ impl PmemMap {
     /// Length of the mapping (the file's size) in bytes.
     pub fn len(&self) -> usize {
         self.len
-    }
-
-    /// The start of the mapping (`len` bytes), for registering it with an
-    /// RNIC. Writes through it bypass this type's persistence: whoever
-    /// writes there must make the bytes durable itself.
-    pub fn base_ptr(&self) -> *mut u8 {
-        self.base.as_ptr()
     }
 
     /// Whether the mapping has no bytes; never true, as empty files are
@@ -349,6 +406,7 @@ impl PmemMap {
             backing: Backing::Dax {
                 _mapping: mapping,
                 flusher,
+                device: false,
             },
         })
     }
@@ -417,6 +475,7 @@ fn map_dax(path: &Path, file: &File, len: usize) -> Result<PmemMap, PersistError
         backing: Backing::Dax {
             _mapping: mapping,
             flusher,
+            device: false,
         },
     })
 }

@@ -8,6 +8,9 @@
 //!   Stores go to persistent memory through the CPU cache; [`PmemMap::persist`]
 //!   writes the cache lines back (CLWB, else CLFLUSHOPT, else CLFLUSH) and
 //!   fences (SFENCE). No system call on the data path.
+//! - [`PersistMode::DevDax`]: a region in a device DAX character device,
+//!   mapped by [`PmemMap::open_device_dax`] with plain `MAP_SHARED` (device
+//!   DAX is always synchronous); persisted like `Dax`.
 //! - [`PersistMode::Msync`]: an ordinary shared mapping (page cache);
 //!   [`PmemMap::persist`] is msync(2) with `MS_SYNC` over the pages covering
 //!   the range. This is what runs on machines without DAX.

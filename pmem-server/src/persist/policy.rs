@@ -24,6 +24,19 @@ pub enum PersistPolicy {
     Emulated(Arc<PowerDomain>),
 }
 
+impl PersistPolicy {
+    /// The name the topology and `--persistence` give this policy.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Dax => "dax",
+            Self::Msync => "msync",
+            Self::Libpmem => "libpmem",
+            Self::Emulated(_) => "emulated",
+        }
+    }
+}
+
 impl From<Persistence> for PersistPolicy {
     /// The configured mechanism; `emulated` joins the process's own power
     /// domain.
@@ -44,6 +57,10 @@ impl From<Persistence> for PersistPolicy {
 pub enum PersistMode {
     /// `MAP_SYNC` mapping; durability by cache-line write-back and SFENCE.
     Dax,
+    /// Mapping of a device DAX character device (always synchronous);
+    /// durability by cache-line write-back and SFENCE.
+    #[serde(rename = "devdax")]
+    DevDax,
     /// Ordinary shared file mapping; durability by msync(2).
     Msync,
     /// Mapped by libpmem; durability by `pmem_persist` on persistent memory,
@@ -54,11 +71,12 @@ pub enum PersistMode {
 }
 
 impl PersistMode {
-    /// The name used in logs and metrics: `dax`, `msync`, `libpmem` or
-    /// `emulated`.
+    /// The name used in logs and metrics: `dax`, `devdax`, `msync`,
+    /// `libpmem` or `emulated`.
     pub fn as_str(self) -> &'static str {
         match self {
             PersistMode::Dax => "dax",
+            PersistMode::DevDax => "devdax",
             PersistMode::Msync => "msync",
             PersistMode::Libpmem => "libpmem",
             PersistMode::Emulated => "emulated",
@@ -81,5 +99,6 @@ mod tests {
         assert_eq!(PersistMode::Dax.to_string(), "dax");
         assert_eq!(PersistMode::Msync.as_str(), "msync");
         assert_eq!(PersistMode::Libpmem.to_string(), "libpmem");
+        assert_eq!(PersistMode::DevDax.to_string(), "devdax");
     }
 }
