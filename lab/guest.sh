@@ -113,7 +113,10 @@ ip link set "$tap" master br0 up
 if [ -w /dev/kvm ] && { [ -d /sys/module/kvm_intel ] || [ -d /sys/module/kvm_amd ]; }; then
   accel=(-accel kvm -cpu host)
 else
-  accel=(-accel "tcg,tb-size=256" -cpu max)
+  # One host thread for all vCPUs: with several, multi-threaded TCG
+  # sometimes lets the guest kernel's live code patching (int3) race a vCPU
+  # at boot, and it panics.
+  accel=(-accel "tcg,tb-size=256,thread=single" -cpu max)
 fi
 bios=()
 [ -r /usr/share/qemu/qboot.rom ] && bios=(-bios /usr/share/qemu/qboot.rom)

@@ -453,6 +453,9 @@ impl Uplinks {
             }) = self.links.get_mut(&link)
                 && up.qp.poll_transmit(now, buf)
             {
+                if up.caps & caps::RXE_FLUSH_ICRC != 0 {
+                    rxe_flush_icrc(buf);
+                }
                 self.turn = (self.turn + i + 1) % n.max(1);
                 return true;
             }
@@ -538,6 +541,20 @@ fn answer(pending: &Pending, done: &Completion, data: Option<&[u8]>) -> Vec<u8> 
     Message::Response(repr)
         .encode_to_vec(pending.tag)
         .unwrap_or_default()
+}
+
+/// Gives a FLUSH datagram (IPv4, as the queue pair emits it) the ICRC
+/// Linux rxe expects ([`proto::roce::icrc::ipv4_rxe_flush`]).
+fn rxe_flush_icrc(datagram: &mut [u8]) {
+    const IP: usize = 20;
+    const BTH_AT: usize = IP + 8;
+    let len = datagram.len();
+    if len < BTH_AT + 12 + 4 || datagram[BTH_AT] != u8::from(proto::roce::Opcode::Flush) {
+        return;
+    }
+    if let Some(crc) = proto::roce::icrc::ipv4_rxe_flush(&datagram[..len - 4], IP) {
+        datagram[len - 4..].copy_from_slice(&crc.to_le_bytes());
+    }
 }
 
 /// A random 24-bit PSN.

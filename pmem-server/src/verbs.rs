@@ -151,6 +151,8 @@ pub struct VerbsNic {
     ip: Ipv4Addr,
     persistence: RdmaPersistence,
     atomic_write: bool,
+    /// The device is Linux rxe (see `caps::RXE_FLUSH_ICRC`).
+    rxe: bool,
 }
 
 // SAFETY: the verbs handles inside (context, PD, CQ, MRs) may be used from
@@ -256,6 +258,7 @@ impl VerbsNic {
             persistence.as_str(),
             if atomic_write { ", ATOMIC_WRITE" } else { "" }
         );
+        let rxe = is_rxe(&device);
         Ok(VerbsNic {
             nic,
             regions: registered,
@@ -267,6 +270,7 @@ impl VerbsNic {
             ip,
             persistence,
             atomic_write,
+            rxe,
         })
     }
 
@@ -342,8 +346,20 @@ impl VerbsNic {
         if self.atomic_write {
             caps |= caps::ATOMIC_WRITE;
         }
+        if self.rxe {
+            caps |= caps::RXE_FLUSH_ICRC;
+        }
         Ok((ServerQp { _qp: qp }, local, qp::encode_rkeys(&table), caps))
     }
+}
+
+/// Whether RDMA device `name` is Linux rxe: only rxe devices have a
+/// `parent` attribute (the netdev they run on) in sysfs.
+fn is_rxe(name: &str) -> bool {
+    std::path::Path::new("/sys/class/infiniband")
+        .join(name)
+        .join("parent")
+        .exists()
 }
 
 /// One device's queue pair; destroyed with the control connection that set

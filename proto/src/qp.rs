@@ -86,8 +86,12 @@ pub mod caps {
     pub const FLUSH_PERSISTENT: u64 = 1;
     /// ATOMIC_WRITE (IBTA 1.5) is executed.
     pub const ATOMIC_WRITE: u64 = 2;
+    /// The responder is Linux rxe, which checks a FLUSH's ICRC over its
+    /// headers twice (`roce::icrc::ipv4_rxe_flush`) and drops the
+    /// standard one.
+    pub const RXE_FLUSH_ICRC: u64 = 4;
     /// Every bit this version knows.
-    pub const KNOWN: u64 = FLUSH_PERSISTENT | ATOMIC_WRITE;
+    pub const KNOWN: u64 = FLUSH_PERSISTENT | ATOMIC_WRITE | RXE_FLUSH_ICRC;
 }
 /// Most R_Key entries a QP_ACCEPT may carry.
 pub const MAX_RKEYS: usize = 1 << 16;

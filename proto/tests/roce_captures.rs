@@ -351,3 +351,27 @@ fn dump() {
         println!("{i}: {r} ident={} payload={payload:02x?}", r.ip.ident);
     }
 }
+
+#[test]
+fn linux_rxe_takes_a_flush_only_with_its_own_icrc_and_answers_with_an_empty_read_response() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/quirks/rxe-flush.pcap");
+    let datagrams = roce_datagrams(&path);
+    assert_eq!(datagrams.len(), 2, "{}", path.display());
+    let (flush, answer) = (&datagrams[0], &datagrams[1]);
+    assert_eq!(flush[28], u8::from(Opcode::Flush));
+    // The standard ICRC is not what rxe put on the wire…
+    assert!(matches!(
+        Datagram::new_checked(flush),
+        Err(proto::roce::Error::BadIcrc { .. })
+    ));
+    // …its own variant is.
+    let carried = u32::from_le_bytes(flush[flush.len() - 4..].try_into().expect("4 bytes"));
+    let body = &flush[..flush.len() - 4];
+    assert_eq!(proto::roce::icrc::ipv4_rxe_flush(body, 20), Some(carried));
+    assert_ne!(proto::roce::icrc::ipv4(body, 20), Some(carried));
+    // rxe answers a FLUSH like a READ of nothing, with a standard ICRC.
+    let checked = Datagram::new_checked(answer).expect("rxe's answer verifies");
+    let repr = datagram::Repr::parse(&checked).expect("parses");
+    assert_eq!(repr.transport.bth.opcode, Opcode::ReadResponseOnly);
+    assert!(repr.transport.payload.is_empty());
+}

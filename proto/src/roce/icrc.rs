@@ -53,6 +53,19 @@ pub fn ipv4(datagram: &[u8], ip_header_len: usize) -> Option<u32> {
     Some(hasher.finalize())
 }
 
+/// The ICRC Linux rxe (through at least 6.12) computes for a FLUSH: its
+/// opcode table gives FLUSH no payload offset, so after the headers it
+/// covers the transport headers a second time, unmasked, as if they were
+/// the payload. rxe drops a FLUSH carrying the [`ipv4`] ICRC without a
+/// word; a requester talking to rxe sends this one instead.
+pub fn ipv4_rxe_flush(datagram: &[u8], ip_header_len: usize) -> Option<u32> {
+    let bth_at = ip_header_len + UDP_HEADER_LEN;
+    let mut both = Vec::with_capacity(datagram.len() + datagram.len().saturating_sub(bth_at));
+    both.extend_from_slice(datagram);
+    both.extend_from_slice(datagram.get(bth_at..)?);
+    ipv4(&both, ip_header_len)
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
