@@ -565,3 +565,6 @@ fn random_psn() -> u32 {
     }
     u32::from_le_bytes(bytes) & 0xFF_FFFF
 }
+
+#[cfg(test)]
+mod tests;

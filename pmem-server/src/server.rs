@@ -404,6 +404,7 @@ impl OpenedServer {
         let mode = regions.first().map(|r| r.file.map.mode());
 
         let registry = Arc::new(Registry::new());
+        telemetry::register_process_metrics(&registry)?;
         let metrics = Arc::new(ServerMetrics::new(Arc::clone(&registry))?);
         register_region_metrics(&registry, &regions, mode)?;
         // One window per lane a client can use: lane 0, and one per RNIC.

@@ -180,6 +180,9 @@ impl LabNet {
                 .arg(storage.nodes.max(1).to_string())
                 .arg("--pidfile")
                 .arg(storage.pidfile);
+            if let Some(address) = storage.address {
+                command.arg("--ip").arg(address);
+            }
         }
         for (name, value) in env {
             let mut pair = std::ffi::OsString::from(format!("{name}="));
@@ -247,9 +250,101 @@ pub fn device_roce_counters(metrics: &str) -> std::collections::BTreeMap<String,
     out
 }
 
+/// The sum of every sample of metric `name` whose labels contain `labels`
+/// (`""` for all), from `/metrics` text; `None` when there is none.
+pub fn metric_sum(metrics: &str, name: &str, labels: &str) -> Option<f64> {
+    let mut found = None;
+    for line in metrics.lines() {
+        let Some(rest) = line.strip_prefix(name) else {
+            continue;
+        };
+        let (series, value) = match rest.rsplit_once(' ') {
+            Some(pair) => pair,
+            None => continue,
+        };
+        if !(series.is_empty() || series.starts_with('{')) || !series.contains(labels) {
+            continue;
+        }
+        if let Ok(value) = value.parse::<f64>() {
+            *found.get_or_insert(0.0) += value;
+        }
+    }
+    found
+}
+
+/// How a fabric device reached its servers on verbs, from its `/metrics`:
+/// `server_requests_rdma` (work requests on its queue pairs),
+/// `server_requests_control` (left to the servers' TCP connections) and
+/// `server_qps_broken`.
+pub fn device_server_counters(metrics: &str) -> std::collections::BTreeMap<String, u64> {
+    [
+        (
+            "server_requests_rdma",
+            "fabric_device_server_requests_total",
+            "path=\"rdma\"",
+        ),
+        (
+            "server_requests_control",
+            "fabric_device_server_requests_total",
+            "path=\"control\"",
+        ),
+        (
+            "server_qps_broken",
+            "fabric_device_server_qps_broken_total",
+            "",
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(key, name, labels)| {
+        Some((key.to_owned(), metric_sum(metrics, name, labels)? as u64))
+    })
+    .collect()
+}
+
+/// What a PMEM server did itself, from its `/metrics`: `operations` (the
+/// requests it executed), `cpu_us` (its process's CPU time) and
+/// `queue_pairs` (open RDMA queue pairs).
+pub fn server_counters(metrics: &str) -> std::collections::BTreeMap<String, u64> {
+    [
+        ("operations", "pmem_server_operations_total", 1.0),
+        ("cpu_us", "process_cpu_seconds_total", 1e6),
+        ("queue_pairs", "pmem_server_queue_pairs", 1.0),
+    ]
+    .into_iter()
+    .filter_map(|(key, name, scale)| {
+        Some((
+            key.to_owned(),
+            (metric_sum(metrics, name, "")? * scale) as u64,
+        ))
+    })
+    .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn server_side_counters_come_from_the_daemons_metrics() {
+        let device = "fabric_device_server_requests_total{path=\"rdma\"} 40\n\
+            fabric_device_server_requests_total{path=\"control\"} 2\n\
+            fabric_device_server_qps_broken_total 0\n\
+            fabric_device_server_qps 2\n";
+        let d = device_server_counters(device);
+        assert_eq!(d.get("server_requests_rdma"), Some(&40));
+        assert_eq!(d.get("server_requests_control"), Some(&2));
+        assert_eq!(d.get("server_qps_broken"), Some(&0));
+        let server = "pmem_server_operations_total{op=\"READ\",status=\"OK\"} 3\n\
+            pmem_server_operations_total{op=\"FETCH_ADD\",status=\"OK\"} 4\n\
+            pmem_server_operation_duration_seconds_count{op=\"READ\"} 3\n\
+            process_cpu_seconds_total 0.25\n\
+            pmem_server_queue_pairs 2\n";
+        let s = server_counters(server);
+        assert_eq!(s.get("operations"), Some(&7));
+        assert_eq!(s.get("cpu_us"), Some(&250_000));
+        assert_eq!(s.get("queue_pairs"), Some(&2));
+        assert_eq!(metric_sum(server, "pmem_server_missing", ""), None);
+    }
 
     #[test]
     fn counters_come_from_the_console_and_the_port_wide_series() {
@@ -290,4 +385,6 @@ pub struct GuestStorage<'a> {
     pub nodes: usize,
     /// QEMU's pid file.
     pub pidfile: &'a Path,
+    /// The guest's eth0 address (CIDR); `None`: 10.77.0.2/24.
+    pub address: Option<&'a str>,
 }

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use client_vmm::{AllocError, Allocator, AsyncPool, error_chain};
 use topology::Topology;
 
+use crate::guest_server::{GuestPaths, GuestServer, GuestServerError, guest_address};
 use crate::lab::{LabError, LabNet};
 use crate::netns::{self, NetPlan, NetnsGuard};
 
@@ -112,6 +113,9 @@ pub enum LaunchError {
     /// The RDMA lab could not be set up.
     #[error("cannot set up the RDMA lab")]
     Lab(#[from] LabError),
+    /// A server cannot run in a lab guest.
+    #[error(transparent)]
+    GuestServer(#[from] GuestServerError),
     /// A file or process operation failed.
     #[error("I/O failed")]
     Io(#[source] std::io::Error),
@@ -169,6 +173,9 @@ struct Daemon {
     fields: BTreeMap<String, String>,
     args: Vec<OsString>,
     log: PathBuf,
+    /// A server in a lab guest of its own: how to boot it, cut its power
+    /// and stop it.
+    guest: Option<GuestServer>,
 }
 
 /// A row of the endpoint table `testbed up` prints.
@@ -203,6 +210,12 @@ pub struct Fabric {
     /// The allocator's state after start, when the pool has one.
     pub allocator: Option<AllocatorState>,
 }
+
+/// How long a server in a lab guest may take to boot and report ready
+/// (the first boot makes its namespaces and filesystems, under emulation).
+const GUEST_READY_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a server in a lab guest may take to drain and power off.
+const GUEST_STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Reads the `ready key=value …` line a daemon prints on stdout.
 fn wait_ready(child: &mut Child, timeout: Duration) -> Result<BTreeMap<String, String>, String> {
@@ -491,6 +504,11 @@ impl Fabric {
     }
 
     fn spawn(&mut self, kind: DaemonKind, id: &str) -> Result<(), LaunchError> {
+        if kind == DaemonKind::PmemServer
+            && let Some(guest) = self.guest_server(id)?
+        {
+            return self.launch_guest(id, guest);
+        }
         let mut args: Vec<OsString> =
             vec!["daemon".into(), kind.program().into(), "--config".into()];
         args.push(self.topology_path.clone().into());
@@ -509,6 +527,77 @@ impl Fabric {
             args.extend(["--secrets".into(), dir.clone().into_os_string()]);
         }
         self.launch(kind, id, args)
+    }
+
+    /// In lab mode, a server whose NICs listen on the lab's bridge runs in
+    /// a guest of its own: its boot material.
+    fn guest_server(&self, id: &str) -> Result<Option<GuestServer>, LaunchError> {
+        if self.lab.is_none() {
+            return Ok(None);
+        }
+        let Some(server) = self.topology.server(&id.into()) else {
+            return Ok(None);
+        };
+        let Some(ip) = guest_address(server) else {
+            return Ok(None);
+        };
+        let mut args = vec![
+            "--admin".to_owned(),
+            self.admin_addr(DaemonKind::PmemServer, id),
+        ];
+        if let Some(dir) = &self.options.secrets {
+            args.extend(["--secrets".to_owned(), dir.display().to_string()]);
+        }
+        let data_dir = self.options.data_dir.join(id);
+        let paths = GuestPaths {
+            program: &self.options.program,
+            topology: &self.topology_path,
+            data_dir: &data_dir,
+            run_dir: &self.options.run_dir,
+            secrets: self.options.secrets.as_deref(),
+        };
+        Ok(Some(GuestServer::prepare(
+            &self.topology,
+            server,
+            ip,
+            paths,
+            &args,
+        )?))
+    }
+
+    /// Boots `guest`, whose console carries the server's ready line.
+    fn launch_guest(&mut self, id: &str, guest: GuestServer) -> Result<(), LaunchError> {
+        let Some(lab) = &self.lab else {
+            return Ok(());
+        };
+        let log = self
+            .options
+            .run_dir
+            .join("logs")
+            .join(format!("pmem-server-{id}.log"));
+        let log_file = File::options()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .map_err(LaunchError::Io)?;
+        let child = guest
+            .command(lab)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log_file))
+            .spawn()
+            .map_err(LaunchError::Io)?;
+        self.daemons.insert(
+            (DaemonKind::PmemServer, id.to_owned()),
+            Daemon {
+                child,
+                fields: BTreeMap::new(),
+                args: Vec::new(),
+                log,
+                guest: Some(guest),
+            },
+        );
+        Ok(())
     }
 
     fn launch(
@@ -545,6 +634,7 @@ impl Fabric {
                 fields: BTreeMap::new(),
                 args,
                 log,
+                guest: None,
             },
         );
         Ok(())
@@ -560,7 +650,13 @@ impl Fabric {
     }
 
     fn await_ready(&mut self, kind: DaemonKind, id: &str) -> Result<(), LaunchError> {
-        let timeout = self.options.ready_timeout;
+        let daemon = self.daemon_mut(kind, id)?;
+        // A guest boots (and the first time makes its namespaces) first.
+        let timeout = if daemon.guest.is_some() {
+            GUEST_READY_TIMEOUT
+        } else {
+            self.options.ready_timeout
+        };
         let daemon = self.daemon_mut(kind, id)?;
         match wait_ready(&mut daemon.child, timeout) {
             Ok(fields) => daemon.fields = fields,
@@ -678,6 +774,9 @@ impl Fabric {
     pub fn kill(&mut self, kind: DaemonKind, id: &str) -> Result<Instant, LaunchError> {
         let daemon = self.daemon_mut(kind, id)?;
         let sent = Instant::now();
+        if let Some(guest) = &daemon.guest {
+            guest.power_cut();
+        }
         let _ = daemon.child.kill();
         let _ = daemon.child.wait();
         Ok(sent)
@@ -686,19 +785,25 @@ impl Fabric {
     /// Starts a killed (or stopped) daemon again with the same arguments
     /// and waits until it is ready (and, for a device, its links are up).
     pub fn restart(&mut self, kind: DaemonKind, id: &str) -> Result<(), LaunchError> {
-        let args = self
+        let (args, guest) = self
             .daemons
             .remove(&(kind, id.to_owned()))
             .map(|mut d| {
+                if let Some(guest) = &d.guest {
+                    guest.power_cut();
+                }
                 let _ = d.child.kill();
                 let _ = d.child.wait();
-                d.args
+                (d.args, d.guest)
             })
             .ok_or_else(|| LaunchError::Unknown {
                 kind,
                 id: id.to_owned(),
             })?;
-        self.launch(kind, id, args)?;
+        match guest {
+            Some(guest) => self.launch_guest(id, guest)?,
+            None => self.launch(kind, id, args)?,
+        }
         self.await_ready(kind, id)
     }
 
@@ -789,16 +894,30 @@ impl Fabric {
                 .collect();
             for id in &ids {
                 if let Some(d) = self.daemons.get(&(kind, id.clone())) {
-                    terminate(&d.child);
+                    match &d.guest {
+                        Some(guest) => {
+                            if let Err(e) = guest.ask_to_stop() {
+                                tracing::warn!("cannot ask server {id}'s guest to stop: {e}");
+                            }
+                        }
+                        None => terminate(&d.child),
+                    }
                 }
             }
             for id in ids {
                 if let Some(mut d) = self.daemons.remove(&(kind, id.clone())) {
-                    statuses.push((
-                        kind,
-                        id,
-                        wait_or_kill(&mut d.child, Duration::from_secs(15)),
-                    ));
+                    let limit = if d.guest.is_some() {
+                        GUEST_STOP_TIMEOUT
+                    } else {
+                        Duration::from_secs(15)
+                    };
+                    let status = wait_or_kill(&mut d.child, limit);
+                    if status.is_none()
+                        && let Some(guest) = &d.guest
+                    {
+                        guest.power_cut();
+                    }
+                    statuses.push((kind, id, status));
                 }
             }
         }
@@ -834,6 +953,9 @@ fn wait_or_kill(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
 impl Drop for Fabric {
     fn drop(&mut self) {
         for daemon in self.daemons.values_mut() {
+            if let Some(guest) = &daemon.guest {
+                guest.power_cut();
+            }
             let _ = daemon.child.kill();
             let _ = daemon.child.wait();
         }

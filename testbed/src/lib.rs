@@ -10,6 +10,7 @@
 //! - [`summary`]: `testbed validate`'s summary.
 
 pub mod bench;
+pub mod guest_server;
 pub mod keys;
 pub mod lab;
 pub mod launch;

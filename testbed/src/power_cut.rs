@@ -513,6 +513,7 @@ impl Guest {
             nvdimms: if medium.has_nvdimm() { &nvdimms } else { &[] },
             nodes: 1,
             pidfile: &pidfile,
+            address: None,
         };
         let child = lab
             .guest_with_storage(&script, &[exe_dir], &console, &storage)

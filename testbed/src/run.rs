@@ -625,7 +625,21 @@ fn lab_counters(fabric: &Fabric, clients: &[String]) -> RoceCounters {
             continue;
         };
         if let Ok((_, text)) = telemetry::http_get(admin, "/metrics", Duration::from_secs(5)) {
-            roce.devices.insert(id, lab::device_roce_counters(&text));
+            let mut counters = lab::device_roce_counters(&text);
+            counters.extend(lab::device_server_counters(&text));
+            roce.devices.insert(id, counters);
+        }
+    }
+    for server in &fabric.topology.servers {
+        let id = server.id.to_string();
+        if crate::guest_server::guest_address(server).is_none() {
+            continue;
+        }
+        let Ok(admin) = fabric.admin(DaemonKind::PmemServer, &id) else {
+            continue;
+        };
+        if let Ok((_, text)) = telemetry::http_get(admin, "/metrics", Duration::from_secs(5)) {
+            roce.servers.insert(id, lab::server_counters(&text));
         }
     }
     for client in clients {
@@ -650,6 +664,26 @@ fn lab_notes(roce: &RoceCounters) -> Vec<String> {
             get(c, "duplicates"),
             get(c, "naks_sent"),
             get(c, "icrc_errors"),
+        ));
+    }
+    for (device, c) in &roce.devices {
+        if c.contains_key("server_requests_rdma") {
+            notes.push(format!(
+                "{device} to servers on verbs: {} requests as RDMA work requests, {} on the \
+                 servers' TCP connections, {} queue pairs broke",
+                get(c, "server_requests_rdma"),
+                get(c, "server_requests_control"),
+                get(c, "server_qps_broken"),
+            ));
+        }
+    }
+    for (server, c) in &roce.servers {
+        notes.push(format!(
+            "server {server} (in its guest): executed {} requests itself, {} µs of CPU, {} \
+             queue pairs open",
+            get(c, "operations"),
+            get(c, "cpu_us"),
+            get(c, "queue_pairs"),
         ));
     }
     for (client, c) in &roce.guests {

@@ -36,11 +36,10 @@ fn lab_fabric(dir: &std::path::Path) -> Fabric {
     Fabric::start(&topology, options).expect("lab fabric")
 }
 
-/// Runs `testbed chaos --net lab` with two faults of `scenario` and checks
-/// the run: it passed, the application saw no error, and the workload went
-/// over RoCEv2 without damaged or out-of-sequence packets. Returns the
-/// report and the guest's rxe counters.
-fn lab_chaos(scenario: &str, extra: &[&str]) -> (serde_json::Value, BTreeMap<String, u64>) {
+/// Runs `testbed ARGS --net lab --reports DIR` (one lab at a time) and
+/// checks it succeeded with one run; returns the run's report and a text
+/// with testbed's output and the guest's console and worker log.
+fn lab_run(args: &[&str]) -> (serde_json::Value, String) {
     // One lab at a time: every run uses the same namespace.
     let _lab = LAB
         .lock()
@@ -48,38 +47,49 @@ fn lab_chaos(scenario: &str, extra: &[&str]) -> (serde_json::Value, BTreeMap<Str
     let dir = tempfile::tempdir().expect("temp dir");
     let reports = dir.path().join("reports");
     let out = Command::new(env!("CARGO_BIN_EXE_testbed"))
-        .args(["chaos", "--net", "lab", "--scenario", scenario])
-        .args(["--faults", "2", "--duration", "10", "--seed", "3"])
-        .args(extra)
+        .args(args)
+        .args(["--net", "lab"])
         .arg("--reports")
         .arg(&reports)
         .output()
         .expect("run testbed");
-    let text = format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
     let runs: Vec<PathBuf> = std::fs::read_dir(&reports)
         .map(|d| d.map(|e| e.expect("entry").path()).collect())
         .unwrap_or_default();
     let logs = runs
         .first()
         .map(|run| {
-            let console =
-                std::fs::read_to_string(run.join("logs/guest-c1.log")).unwrap_or_default();
-            let worker =
-                std::fs::read_to_string(run.join("logs/worker-c1.log")).unwrap_or_default();
-            format!("guest console:\n{console}\nworker:\n{worker}")
+            let read = |name: &str| std::fs::read_to_string(run.join("logs").join(name));
+            let console = read("guest-c1.log").unwrap_or_default();
+            let worker = read("worker-c1.log").unwrap_or_default();
+            let server = read("guest-server-S.log").unwrap_or_default();
+            format!("guest console:\n{console}\nworker:\n{worker}\nserver guest:\n{server}")
         })
         .unwrap_or_default();
-    assert!(out.status.success(), "{text}\n{logs}");
+    let text = format!(
+        "{}\n{}\n{logs}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
     assert_eq!(runs.len(), 1, "{runs:?}");
-
     let report: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(runs[0].join("report.json")).expect("report.json"),
     )
     .expect("report JSON");
+    (report, text)
+}
+
+/// Runs `testbed chaos --net lab` with two faults of `scenario` and checks
+/// the run: it passed, the application saw no error, and the workload went
+/// over RoCEv2 without damaged or out-of-sequence packets. Returns the
+/// report and the guest's rxe counters.
+fn lab_chaos(scenario: &str, extra: &[&str]) -> (serde_json::Value, BTreeMap<String, u64>) {
+    let mut args = vec!["chaos", "--scenario", scenario];
+    args.extend(["--faults", "2", "--duration", "10", "--seed", "3"]);
+    args.extend(extra);
+    let (report, text) = lab_run(&args);
+    let logs = &text;
     assert_eq!(report["verification"]["passed"], true, "{text}");
     let ops: u64 = report["ops"]
         .as_object()
@@ -137,6 +147,72 @@ fn a_guest_rdma_client_fails_over_when_its_queue_pair_runs_out_of_retries() {
         guest["completer_retry_err"] > 0,
         "the QP retransmitted: {guest:?}"
     );
+}
+
+/// The whole RDMA path with a PMEM server on verbs (`configs/lab-verbs.toml`):
+/// a server guest with two emulated NVDIMMs on two NUMA nodes (fsdax for
+/// socket 0's region, served over TCP; device DAX for socket 1's,
+/// registered with its rxe0), the fabric devices on the host, and a client
+/// guest whose rxe0 reaches them over RoCEv2. The mixed workload runs
+/// verified while the server guest's power is cut (QEMU killed) and it
+/// boots again: nothing acknowledged is lost, READ, WRITE, WRITE_PERSIST,
+/// FLUSH and ATOMIC_WRITE for the device DAX region went from the devices'
+/// queue pairs to the server's RNIC, and the server said where its devices
+/// are and how RDMA writes become durable there.
+#[test]
+fn a_verbs_server_on_emulated_nvdimms_serves_a_roce_client_through_a_power_cut() {
+    let topology = concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/lab-verbs.toml");
+    let (report, text) = lab_run(&[
+        "chaos",
+        topology,
+        "--scenario",
+        "kill-server",
+        "--faults",
+        "1",
+        "--duration",
+        "15",
+        "--seed",
+        "3",
+    ]);
+    assert_eq!(report["verification"]["passed"], true, "{text}");
+    assert_eq!(report["faults"].as_array().map(Vec::len), Some(1), "{text}");
+    let counters = |v: &serde_json::Value| -> BTreeMap<String, u64> {
+        serde_json::from_value(v.clone()).unwrap_or_default()
+    };
+    let roce = &report["roce"];
+    let (mut rdma, mut control) = (0, 0);
+    for device in ["F1", "F2"] {
+        let c = counters(&roce["devices"][device]);
+        rdma += c.get("server_requests_rdma").copied().unwrap_or(0);
+        control += c.get("server_requests_control").copied().unwrap_or(0);
+        assert_eq!(c.get("icrc_errors"), Some(&0), "{device}: {c:?}");
+    }
+    // Every READ, WRITE, WRITE_PERSIST, FLUSH and ATOMIC_WRITE for the
+    // device DAX region is RDMA; only atomics (and requests before a queue
+    // pair is up) go to the server's CPU.
+    assert!(
+        rdma > 200,
+        "RDMA work requests {rdma}, control {control}\n{text}"
+    );
+    assert!(
+        rdma > 5 * control,
+        "RDMA work requests {rdma}, control {control}\n{text}"
+    );
+    let server = counters(&roce["servers"]["S"]);
+    assert!(
+        server.get("queue_pairs").copied().unwrap_or(0) >= 2,
+        "{server:?}\n{text}"
+    );
+    // The server guest's console (its last boot): device DAX on NUMA node 1,
+    // registered with FLUSH to persistence.
+    for line in [
+        "pmem device pmem0 of socket 0: /mnt/pmem0, fsdax on pmem0, NUMA node 0",
+        "pmem device pmem1 of socket 1: /dev/dax1.0, devdax, NUMA node 1",
+        "FLUSH to persistence",
+        "persistence over RDMA: flush",
+    ] {
+        assert!(text.contains(line), "{line:?} missing from:\n{text}");
+    }
 }
 
 /// roce-probe and pmemctl on the verbs transport, run from a guest against

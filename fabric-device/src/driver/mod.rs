@@ -214,6 +214,7 @@ impl Device {
     pub fn bind(config: DeviceConfig) -> Result<Self, DeviceError> {
         let map = DeviceMap::new(&config.topology, &config.device)?;
         let registry = Arc::new(Registry::new());
+        telemetry::register_process_metrics(&registry)?;
         let metrics = Arc::new(DeviceMetrics::new(Arc::clone(&registry))?);
         let poll = Poll::new().map_err(DeviceError::Poll)?;
         let spec = config

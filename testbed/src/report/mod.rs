@@ -94,6 +94,10 @@ pub struct RoceCounters {
     pub devices: BTreeMap<String, BTreeMap<String, u64>>,
     /// Client → rxe0 counter (`rcvd_seq_err`, `retry_exceeded_err`, …) → value.
     pub guests: BTreeMap<String, BTreeMap<String, u64>>,
+    /// Server in a guest of its own → what it did itself (`operations`,
+    /// `cpu_us`, `queue_pairs`), scraped at the end of the run.
+    #[serde(default)]
+    pub servers: BTreeMap<String, BTreeMap<String, u64>>,
 }
 
 impl RunReport {

@@ -11,6 +11,9 @@ pub const COUNTERS: u64 = COUNTER_AREA / 8;
 /// writes.
 pub const OWN_WORDS: u64 = 64;
 
+/// The bytes a client's keys are spread over, at most.
+pub const MAX_SPREAD: u64 = 4 << 20;
+
 /// One client's part of the virtual space.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KeySpace {
@@ -20,6 +23,10 @@ pub struct KeySpace {
     pub start: u64,
     /// Bytes per key slot (value size rounded up to 64).
     pub slot: u64,
+    /// Bytes from one key's slot to the next: the slice's room shared out
+    /// evenly up to [`MAX_SPREAD`], so the keys reach every region of a
+    /// small space (and clearing the slice stays cheap in a large one).
+    pub stride: u64,
     /// Keys in the slice.
     pub keys: u64,
 }
@@ -33,11 +40,13 @@ impl KeySpace {
         let start = base + COUNTER_AREA + slice * index as u64;
         let slot = Self::slot(size);
         let room = slice.saturating_sub(OWN_WORDS * 8) / slot.max(1);
+        let keys = keys.min(room).max(1);
         Self {
             counters: base,
             start,
             slot,
-            keys: keys.min(room).max(1),
+            stride: slot * (room / keys).min(MAX_SPREAD / (keys * slot).max(1)).max(1),
+            keys,
         }
     }
 
@@ -55,7 +64,7 @@ impl KeySpace {
 
     /// Where key `k`'s value lives.
     pub fn key_addr(&self, k: u64) -> VirtAddr {
-        VirtAddr(self.start + OWN_WORDS * 8 + k * self.slot)
+        VirtAddr(self.start + OWN_WORDS * 8 + k * self.stride)
     }
 
     /// The client's own atomic word `w`.
@@ -230,5 +239,19 @@ mod tests {
         let uniform = KeyPicker::new(1000, false);
         let low = (0..10_000).filter(|_| uniform.pick(&mut rng) < 10).count();
         assert!(low < 300, "{low}");
+    }
+
+    #[test]
+    fn keys_spread_over_a_small_space_and_stay_close_in_a_large_one() {
+        let base = 1 << 40;
+        // Two 2 MiB regions: the keys reach into the second.
+        let small = KeySpace::new(base, 4 << 20, 0, 1, 256, 1000);
+        assert!(small.key_addr(small.keys - 1).get() >= base + (2 << 20));
+        assert!(small.key_addr(small.keys - 1).get() + small.slot <= base + (4 << 20));
+        // A large space: at most MAX_SPREAD bytes of keys.
+        let large = KeySpace::new(base, 1 << 30, 0, 1, 256, 1000);
+        let span = large.key_addr(large.keys - 1).get() - large.key_addr(0).get();
+        assert!(span <= MAX_SPREAD, "{span}");
+        assert!(large.stride >= large.slot);
     }
 }

@@ -409,7 +409,7 @@ async fn step(
         Op::Flush => {
             let k = picker.pick(rng);
             let len = size * (1 + rng.below(16));
-            let len = len.min((keys.keys - k) * keys.slot);
+            let len = len.min((keys.keys - k) * keys.stride);
             Some(
                 pool.flush(keys.key_addr(k), len)
                     .await

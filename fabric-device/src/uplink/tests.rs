@@ -1,0 +1,221 @@
+//! The device's queue pair toward a server, against a sans-IO RC responder
+//! over memory standing in for the server's RNIC.
+
+use std::net::Ipv4Addr;
+use std::time::Instant;
+
+use proto::qp::{self, Accept, Endpoint, caps};
+use proto::request::{self, ExactlyOnce, Target};
+use proto::roce::rc::{BufferMemory, Path, QpConfig, QueuePair};
+use proto::roce::{Datagram, Psn};
+use proto::{AccessKey, Message, RegionIndex, RegionOffset, Status};
+
+use super::{QP_CONNECT_TAG, Uplinks};
+use crate::forward::{FORWARD_HEAD_LEN, LinkId};
+
+const DEVICE: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 101);
+const SERVER: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 3);
+const LINK: LinkId = LinkId(7);
+const RKEY: u32 = 0x2ee;
+const KEY: AccessKey = AccessKey(0x5eed);
+
+/// The device's uplink, up against a responder over 64 KiB of memory.
+struct Rig {
+    uplinks: Uplinks,
+    server: QueuePair,
+    memory: BufferMemory,
+    /// FLUSH datagrams the device sent, as they went.
+    flushes: Vec<Vec<u8>>,
+}
+
+impl Rig {
+    fn new(caps: u64) -> Rig {
+        let mut uplinks = Uplinks::new();
+        let connect = uplinks.start(LINK, 0, DEVICE, 1024);
+        let (message, tag) = proto::parse_frame(&connect).expect("QP_CONNECT parses");
+        assert_eq!(tag, QP_CONNECT_TAG);
+        let Message::QpConnect(connect) = message else {
+            panic!("not a QP_CONNECT: {message:?}");
+        };
+        let device = connect.endpoint;
+        let ours = Endpoint {
+            qpn: 0x12,
+            psn: 0x3456,
+            ip: SERVER,
+            mtu: 1024,
+        };
+        let mut config = QpConfig::new(
+            ours.qpn,
+            device.qpn,
+            Path {
+                local_ip: SERVER,
+                remote_ip: DEVICE,
+                src_port: 0xC000,
+                dscp: 0,
+                ttl: 64,
+            },
+        );
+        config.send_psn = Psn::new(ours.psn);
+        config.recv_psn = Psn::new(device.psn);
+        let server = QueuePair::new(config).expect("server QP");
+        let table = qp::encode_rkeys(&[(0, RKEY)]);
+        let accept = Accept::new(ours, &table).expect("accept").with_caps(caps);
+        uplinks.accepted(LINK, &accept).expect("accepted");
+        uplinks.set_region_key(RegionIndex(0), KEY);
+        Rig {
+            uplinks,
+            server,
+            memory: BufferMemory::new(0, RKEY, 64 << 10),
+            flushes: Vec::new(),
+        }
+    }
+
+    /// Moves datagrams both ways until neither side has any.
+    fn pump(&mut self) {
+        let now = Instant::now();
+        let mut buf = Vec::new();
+        loop {
+            let mut moved = false;
+            while self.uplinks.poll_transmit(0, now, &mut buf) {
+                moved = true;
+                if buf[28] == u8::from(proto::roce::Opcode::Flush) {
+                    self.flushes.push(buf.clone());
+                }
+                // A responder checking the standard ICRC takes what the
+                // standard allows; an rxe-style FLUSH is checked apart.
+                self.server.handle_datagram(now, &buf);
+                self.server.execute_with(&mut self.memory);
+            }
+            while self.server.poll_transmit(now, &mut buf) {
+                moved = true;
+                let d = Datagram::new_checked(&buf).expect("the server's datagram");
+                self.uplinks.handle_datagram(now, &d);
+            }
+            if !moved {
+                return;
+            }
+        }
+    }
+
+    /// Offers `req` (tag `tag`) as the core would; whether the queue pair
+    /// took it.
+    fn offer(&mut self, req: request::Repr<'_>, tag: u64) -> bool {
+        let frame = Message::Request(req).encode_to_vec(tag).expect("encode");
+        let (head, payload) = frame.split_at(FORWARD_HEAD_LEN);
+        self.uplinks.try_post(LINK, head, payload)
+    }
+
+    /// The next answer, as (tag, status, payload).
+    fn answer(&mut self) -> (u64, Status, Vec<u8>) {
+        let (link, frame) = self.uplinks.poll_answer().expect("an answer");
+        assert_eq!(link, LINK);
+        let (message, tag) = proto::parse_frame(&frame).expect("the answer parses");
+        let Message::Response(r) = message else {
+            panic!("not a response: {message:?}");
+        };
+        (tag, r.status, r.payload.to_vec())
+    }
+}
+
+fn at(offset: u64) -> Target {
+    Target::Region(RegionOffset {
+        region: RegionIndex(0),
+        offset,
+    })
+}
+
+#[test]
+fn write_persist_is_a_write_then_a_persistent_flush_of_its_bytes() {
+    let mut rig = Rig::new(caps::FLUSH_PERSISTENT);
+    let data = vec![0xAB; 3000];
+    let req = request::Repr {
+        operation: request::Operation::WritePersist,
+        persist: true,
+        ..request::Repr::write(at(4096), KEY, &data)
+    };
+    assert!(rig.offer(req, 11));
+    rig.pump();
+    assert_eq!(rig.answer(), (11, Status::Ok, vec![]));
+    assert_eq!(&rig.memory.bytes[4096..7096], &data[..]);
+    assert_eq!(rig.memory.flushed, [(4096, 3000)]);
+
+    // A READ comes back with the bytes, a FLUSH flushes.
+    assert!(rig.offer(request::Repr::read(at(4096), KEY, 16), 12));
+    assert!(rig.offer(request::Repr::flush(at(0), KEY, 64), 13));
+    rig.pump();
+    let mut answers = [rig.answer(), rig.answer()];
+    answers.sort_by_key(|a| a.0);
+    assert_eq!(answers[0], (12, Status::Ok, vec![0xAB; 16]));
+    assert_eq!(answers[1], (13, Status::Ok, vec![]));
+    assert_eq!(rig.memory.flushed, [(4096, 3000), (0, 64)]);
+}
+
+#[test]
+fn without_flush_a_write_is_made_durable_by_reading_after_it() {
+    let mut rig = Rig::new(0);
+    let req = request::Repr {
+        operation: request::Operation::WritePersist,
+        persist: true,
+        ..request::Repr::write(at(0), KEY, b"apm")
+    };
+    assert!(rig.offer(req, 1));
+    rig.pump();
+    assert_eq!(rig.answer(), (1, Status::Ok, vec![]));
+    assert_eq!(&rig.memory.bytes[..3], b"apm");
+    assert!(rig.memory.flushed.is_empty(), "no FLUSH without the cap");
+    assert!(rig.flushes.is_empty());
+    // Nor does the queue pair carry ATOMIC_WRITE without its cap.
+    let store = request::Repr::atomic_write(at(64), KEY, 9);
+    assert!(!rig.offer(store, 2));
+}
+
+#[test]
+fn what_rdma_cannot_check_or_number_stays_on_the_control_connection() {
+    let mut rig = Rig::new(caps::FLUSH_PERSISTENT | caps::ATOMIC_WRITE);
+    // Another key (an allocation's, or a wrong one): the server checks it.
+    assert!(!rig.offer(request::Repr::read(at(0), AccessKey(1), 8), 1));
+    // Exactly-once atomics: the server keeps their window.
+    let cas = request::Repr {
+        exactly_once: Some(ExactlyOnce::on_lane(0, 5)),
+        ..request::Repr::compare_swap(at(64), KEY, 0, 1)
+    };
+    assert!(!rig.offer(cas, 2));
+    // A region the server gave no R_Key for.
+    let elsewhere = Target::Region(RegionOffset {
+        region: RegionIndex(3),
+        offset: 0,
+    });
+    assert!(!rig.offer(request::Repr::read(elsewhere, KEY, 8), 3));
+    assert_eq!(rig.uplinks.counters().on_control, 3);
+    // ATOMIC_WRITE goes, and its persistent form flushes its 8 bytes.
+    let store = request::Repr {
+        persist: true,
+        ..request::Repr::atomic_write(at(64), KEY, 0x0102_0304)
+    };
+    assert!(rig.offer(store, 4));
+    rig.pump();
+    assert_eq!(rig.answer(), (4, Status::Ok, vec![]));
+    assert_eq!(&rig.memory.bytes[64..72], &0x0102_0304u64.to_le_bytes());
+    assert_eq!(rig.memory.flushed, [(64, 8)]);
+    // Beyond the region: a remote access error, answered as out of bounds.
+    assert!(rig.offer(request::Repr::read(at(1 << 20), KEY, 8), 5));
+    rig.pump();
+    assert_eq!(rig.answer().1, Status::OutOfBounds);
+}
+
+#[test]
+fn toward_rxe_a_flush_carries_rxes_icrc() {
+    let mut rig = Rig::new(caps::FLUSH_PERSISTENT | caps::RXE_FLUSH_ICRC);
+    assert!(rig.offer(request::Repr::flush(at(0), KEY, 64), 1));
+    rig.pump();
+    let flush = rig.flushes.first().expect("a FLUSH went out");
+    let body = &flush[..flush.len() - 4];
+    let carried = u32::from_le_bytes(flush[flush.len() - 4..].try_into().expect("4 bytes"));
+    assert_eq!(
+        proto::roce::icrc::ipv4_rxe_flush(body, 20),
+        Some(carried),
+        "rxe's variant"
+    );
+    // A standard responder drops it (rxe drops the standard one).
+    assert!(rig.memory.flushed.is_empty());
+}
