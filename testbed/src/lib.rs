@@ -21,6 +21,7 @@ pub mod report;
 pub mod roce_bench;
 pub mod run;
 pub mod summary;
+pub mod verbs_bench;
 pub mod workload;
 
 /// The default topology (`configs/default.toml`), embedded so the testbed runs

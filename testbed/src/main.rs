@@ -128,6 +128,19 @@ enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// A PMEM server's own CPU per operation over RDMA (a verbs NIC, device
+    /// DAX) next to TCP, in the RDMA lab (root): interleaved rounds.
+    BenchVerbs {
+        /// A short smoke run.
+        #[arg(long)]
+        quick: bool,
+        /// Interleaved rounds (default 5; 2 with --quick).
+        #[arg(long)]
+        rounds: Option<usize>,
+        /// Where the report goes (reports/<run-id>/ by default).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// Cut the power of a pmem-server's QEMU guest (the RDMA lab; root) at
     /// seeded random instants while a workload runs, and check every
     /// acknowledged write and atomic after each boot.
@@ -475,6 +488,7 @@ fn log_id(command: &Command) -> Option<String> {
         Command::Chaos(_) => "chaos",
         Command::Bench { .. } => "bench",
         Command::BenchRoce { .. } => "bench-roce",
+        Command::BenchVerbs { .. } => "bench-verbs",
         Command::PowerCut { .. } => "power-cut",
         Command::Daemon { .. } => return None,
         Command::Worker(args) => return Some(format!("worker-{}", args.client)),
@@ -499,6 +513,7 @@ fn main() -> ExitCode {
         Command::Run(args) => outcome(run_command(args)),
         Command::Demo { duration, reports } => outcome(demo(duration, reports)),
         Command::BenchRoce { quick, rounds, out } => outcome(bench_roce(quick, rounds, out)),
+        Command::BenchVerbs { quick, rounds, out } => outcome(bench_verbs(quick, rounds, out)),
         Command::PowerCut {
             cuts,
             seed,
@@ -614,6 +629,16 @@ fn bench_roce(quick: bool, rounds: Option<usize>, out: Option<PathBuf>) -> anyho
     let plan = testbed::roce_bench::RocePlan::new(quick, rounds);
     let report = testbed::roce_bench::run(plan, &out)?;
     print!("{}", testbed::roce_bench::markdown(&report));
+    println!("\nreport: {}", out.display());
+    Ok(true)
+}
+
+/// `testbed bench-verbs`.
+fn bench_verbs(quick: bool, rounds: Option<usize>, out: Option<PathBuf>) -> anyhow::Result<bool> {
+    let out = report_dir(out, "bench-verbs");
+    let plan = testbed::verbs_bench::VerbsPlan::new(quick, rounds);
+    let report = testbed::verbs_bench::run(plan, &out)?;
+    print!("{}", testbed::verbs_bench::markdown(&report));
     println!("\nreport: {}", out.display());
     Ok(true)
 }
