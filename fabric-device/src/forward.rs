@@ -2260,4 +2260,34 @@ mod tests {
             LinkAction::Close(_)
         ));
     }
+
+    #[test]
+    fn a_link_to_a_server_on_verbs_can_ask_for_its_keys_without_a_refusal() {
+        let mut core = core();
+        all_up(&mut core);
+        let region = core
+            .map()
+            .layout
+            .entry_by_id(&"PA.1".into())
+            .unwrap()
+            .region;
+        let link_id = link(&core, "A", "n0");
+        core.refresh_keys_soon(link_id);
+        let ask = core.key_refresh(link_id).expect("a MAP_REQUEST is due");
+        assert_eq!(
+            proto::parse_frame(&ask).unwrap(),
+            (Message::MapRequest, KEY_REFRESH_TAG)
+        );
+        // While it is under way, asking again does not send another.
+        core.refresh_keys_soon(link_id);
+        assert_eq!(core.key_refresh(link_id), None);
+        let answer = Message::Map(server_map(&core, 2))
+            .encode_to_vec(KEY_REFRESH_TAG)
+            .unwrap();
+        assert!(matches!(
+            core.link_frame(link_id, &answer, Instant::now()),
+            LinkAction::Nothing
+        ));
+        assert_eq!(key(&core, "PA.1"), server_key(region, 2));
+    }
 }

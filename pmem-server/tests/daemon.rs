@@ -544,3 +544,26 @@ fn silent_connections_are_closed_and_counted() {
         assert!(metrics.lines().any(|l| l == line), "{line}\n{metrics}");
     }
 }
+
+/// A NIC on verbs that cannot start stops the server with the NIC and what
+/// to do: built without the `verbs` feature, how to build it; with it, on
+/// a host without an RDMA device (this one), which device is missing.
+#[test]
+fn a_verbs_nic_that_cannot_start_says_which_and_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let config = write_topology(dir.path(), &[("R1", "4MiB")]);
+    let err =
+        pmem_server_with(PMEM_SERVER, &config, "S", &data, &["--transport", "verbs"]).unwrap_err();
+    assert!(err.contains("NIC n0"), "{err}");
+    assert!(
+        err.contains("cargo build -p pmem-server --features verbs") || err.contains("RDMA device"),
+        "{err}"
+    );
+    let err =
+        pmem_server_with(PMEM_SERVER, &config, "S", &data, &["--transport", "udp"]).unwrap_err();
+    assert!(
+        err.contains("unknown transport \"udp\": tcp or verbs"),
+        "{err}"
+    );
+}

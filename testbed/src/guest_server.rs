@@ -259,6 +259,23 @@ impl GuestServer {
         lab.guest_with_storage(&self.script, &shares, &self.console, &storage)
     }
 
+    /// Where the guest's console (the server's log among it) is copied.
+    pub fn console(&self) -> &Path {
+        &self.console
+    }
+
+    /// The last `lines` lines of the console that are not the kernel's or
+    /// the lab's counters (the server's own output), without colours.
+    pub fn console_tail(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(&self.console).unwrap_or_default();
+        let kept: Vec<String> = text
+            .lines()
+            .filter(|l| !l.starts_with("PMEMLAB-COUNTER") && !l.trim_start().starts_with('['))
+            .map(strip_colours)
+            .collect();
+        kept[kept.len().saturating_sub(lines)..].join("\n")
+    }
+
     /// Cuts the guest's power: SIGKILL to its QEMU.
     pub fn power_cut(&self) {
         let pid = std::fs::read_to_string(&self.pidfile)
@@ -277,5 +294,36 @@ impl GuestServer {
     /// powers off.
     pub fn ask_to_stop(&self) -> std::io::Result<()> {
         std::fs::write(&self.stopfile, b"stop\n")
+    }
+}
+
+/// `line` without ANSI colour sequences (ESC [ … m).
+fn strip_colours(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn colours_are_stripped() {
+        assert_eq!(
+            strip_colours("\u{1b}[2m2026\u{1b}[0m \u{1b}[31mERROR\u{1b}[0m NIC n1: no"),
+            "2026 ERROR NIC n1: no"
+        );
     }
 }

@@ -570,16 +570,19 @@ impl Fabric {
         let Some(lab) = &self.lab else {
             return Ok(());
         };
-        let log = self
+        // The server logs to the guest's console; guest.sh's own complaints
+        // go to a file of their own.
+        let stderr = self
             .options
             .run_dir
             .join("logs")
-            .join(format!("pmem-server-{id}.log"));
+            .join(format!("guest-server-{id}.stderr.log"));
         let log_file = File::options()
             .create(true)
             .append(true)
-            .open(&log)
+            .open(&stderr)
             .map_err(LaunchError::Io)?;
+        let log = guest.console().to_owned();
         let child = guest
             .command(lab)
             .stdin(Stdio::null())
@@ -661,7 +664,10 @@ impl Fabric {
         match wait_ready(&mut daemon.child, timeout) {
             Ok(fields) => daemon.fields = fields,
             Err(why) => {
-                let tail = log_tail(&daemon.log, 5);
+                let tail = match &daemon.guest {
+                    Some(guest) => guest.console_tail(8),
+                    None => log_tail(&daemon.log, 5),
+                };
                 return Err(LaunchError::NotReady {
                     kind,
                     id: id.to_owned(),

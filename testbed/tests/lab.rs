@@ -215,6 +215,51 @@ fn a_verbs_server_on_emulated_nvdimms_serves_a_roce_client_through_a_power_cut()
     }
 }
 
+/// A region on fsdax behind a `verbs` NIC: the guest's kernel refuses to
+/// pin fsdax pages for the RNIC and rxe has no on-demand paging, so the
+/// server stops at start, naming the region, the reason and what to do.
+#[test]
+fn a_verbs_nic_over_an_fsdax_region_says_to_use_device_dax() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let lab_verbs = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../configs/lab-verbs.toml"
+    ))
+    .expect("lab-verbs.toml");
+    // The same fabric with socket 1's device on fsdax too.
+    let topology = dir.path().join("fsdax-verbs.toml");
+    std::fs::write(
+        &topology,
+        lab_verbs.replace("path = \"/dev/dax1.0\"", "path = \"/mnt/pmem1\""),
+    )
+    .expect("write the topology");
+    let _lab = LAB
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let out = Command::new(env!("CARGO_BIN_EXE_testbed"))
+        .arg("run")
+        .arg(&topology)
+        .args(["--net", "lab", "--duration", "1", "--reports"])
+        .arg(dir.path().join("reports"))
+        .output()
+        .expect("run testbed");
+    let text = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{text}");
+    for said in [
+        "pmem-server S did not start",
+        "NIC n1: region S1 cannot be registered with rxe0",
+        "refuses long-term pinning of its pages (an fsdax file)",
+        "put the region on device DAX",
+        "Operation not supported",
+    ] {
+        assert!(text.contains(said), "{said:?} missing:\n{text}");
+    }
+}
+
 /// roce-probe and pmemctl on the verbs transport, run from a guest against
 /// a lab fabric: every RDMA operation the stock verbs library posts works
 /// through the device, and pmemctl's writes and atomics land where the host

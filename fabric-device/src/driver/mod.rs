@@ -44,6 +44,9 @@ const ROCE_BASE: usize = 1 << 19;
 const ROCE_PUBLISH: Duration = Duration::from_millis(100);
 const CLIENT_BASE: usize = 1 << 20;
 const LINK_BASE: usize = 1 << 40;
+/// How often the region keys of links to servers on verbs are asked for
+/// again: a rotated key stops opening RDMA within this long.
+const VERBS_KEY_POLL: Duration = Duration::from_secs(1);
 /// Longest a poll waits, so housekeeping runs even when nothing happens.
 const MAX_POLL_WAIT: Duration = Duration::from_millis(250);
 /// A connect that has not completed after this long is a failed one.
@@ -203,6 +206,8 @@ pub struct Device {
     draining: Option<Instant>,
     /// When HELLO timeouts were last checked.
     hello_checked: Instant,
+    /// When the keys of links to servers on verbs were last asked for.
+    verbs_keys_polled: Instant,
 }
 
 fn link_token(link: LinkId) -> Token {
@@ -324,6 +329,7 @@ impl Device {
             admin,
             draining: None,
             hello_checked: now,
+            verbs_keys_polled: now,
         })
     }
 
@@ -384,6 +390,7 @@ impl Device {
             let (expired, silent) = self.core.handle_timeouts(now);
             self.deliver_all(expired);
             self.roce_turn(now);
+            self.poll_verbs_keys(now);
             for link in silent {
                 self.link_failed(link, now, "requests timed out");
             }
@@ -1191,6 +1198,34 @@ impl Device {
         endpoint
             .send(&connect, &[])
             .map_err(|e| format!("write failed: {e}"))
+    }
+
+    /// Asks every link with a queue pair to a server on verbs for its
+    /// server's region keys again, every [`VERBS_KEY_POLL`] (see
+    /// [`Forwarder::refresh_keys_soon`]); the answer updates the keys the
+    /// queue pairs check.
+    fn poll_verbs_keys(&mut self, now: Instant) {
+        if now < self.verbs_keys_polled + VERBS_KEY_POLL {
+            return;
+        }
+        self.verbs_keys_polled = now;
+        let links: Vec<LinkId> = self
+            .links
+            .keys()
+            .copied()
+            .filter(|l| self.uplinks.has(*l))
+            .collect();
+        for link in links {
+            self.core.refresh_keys_soon(link);
+            let Some(frame) = self.core.key_refresh(link) else {
+                continue;
+            };
+            if let Some(LinkConn::Connected { endpoint }) = self.links.get_mut(&link)
+                && let Err(e) = endpoint.send(&frame, &[])
+            {
+                self.link_failed(link, now, &format!("write failed: {e}"));
+            }
+        }
     }
 
     /// Relays what the queue pairs toward servers completed, and takes down

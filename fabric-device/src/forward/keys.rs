@@ -82,6 +82,18 @@ impl Forwarder {
         }
     }
 
+    /// Asks for `link`'s keys again at the next [`Forwarder::key_refresh`],
+    /// unless a refresh is under way. A server on verbs never sees the keys
+    /// of the requests its RNIC executes, so nothing refuses a rotated one
+    /// there: the driver polls such links' keys instead.
+    pub fn refresh_keys_soon(&mut self, link_id: LinkId) {
+        if let Some(link) = self.links.get_mut(&link_id)
+            && link.key_refresh == KeyRefresh::Current
+        {
+            link.key_refresh = KeyRefresh::Due;
+        }
+    }
+
     /// The MAP_REQUEST that refreshes `link`'s keys, when one is due (a
     /// server refused a request on it); the driver sends it on the link.
     pub fn key_refresh(&mut self, link_id: LinkId) -> Option<Vec<u8>> {
