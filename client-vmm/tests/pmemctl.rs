@@ -319,6 +319,20 @@ fn atomics_map_and_stat() {
         );
     }
     assert!(stat.contains("paths: 2 of 2 up"), "{stat}");
+    // Each server's persistence comes from its /metrics, at the admin
+    // address the topology gives (this test's servers have none there).
+    let servers = stat
+        .split("servers (from their /metrics)")
+        .nth(1)
+        .unwrap_or_else(|| panic!("{stat}"));
+    for server in ["A", "B"] {
+        assert!(
+            servers
+                .lines()
+                .any(|l| l.starts_with(server) && l.ends_with("no admin address")),
+            "{stat}"
+        );
+    }
 }
 
 #[test]

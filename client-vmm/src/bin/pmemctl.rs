@@ -254,6 +254,11 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Pool(command) => {
             let client = cli.client.clone().ok_or(CliError::NoClient)?;
             let clients: Vec<String> = topology.clients.iter().map(|c| c.id.to_string()).collect();
+            let servers: Vec<(String, Option<String>)> = topology
+                .servers
+                .iter()
+                .map(|s| (s.id.to_string(), s.admin.clone()))
+                .collect();
             let mut builder = Pool::builder(topology, client.as_str());
             if let Some(ms) = cli.attempt_timeout_ms {
                 builder = builder.attempt_timeout(Duration::from_millis(ms));
@@ -272,6 +277,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 pool: &pool,
                 client: &client,
                 clients: &clients,
+                servers: &servers,
             };
             on_pool(&ctl, command, payload)?
         }

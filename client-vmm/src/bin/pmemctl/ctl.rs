@@ -120,6 +120,8 @@ pub struct Ctl<'a> {
     /// Every client id of the topology, in order (an allocation's owner is
     /// an index into it).
     pub clients: &'a [String],
+    /// Every server's id and admin address (for `stat`).
+    pub servers: &'a [(String, Option<String>)],
 }
 
 impl Ctl<'_> {
@@ -334,6 +336,93 @@ impl Ctl<'_> {
         ));
         text.push_str(&format!("\npaths: {up} of {} up\n", paths.len()));
         text.push_str(&self.path_table());
+        text.push_str("\nservers (from their /metrics)\n");
+        text.push_str(&self.server_table());
         text
+    }
+
+    /// Each server's persistence: the mechanism of its mappings, and for
+    /// NICs on verbs how RDMA writes become durable, with its open queue
+    /// pairs; read from the server's admin endpoint.
+    fn server_table(&self) -> String {
+        let rows: Vec<Vec<String>> = self
+            .servers
+            .iter()
+            .map(|(id, admin)| {
+                let Some(admin) = admin else {
+                    return vec![id.clone(), "-".into(), "no admin address".into()];
+                };
+                let scraped = admin.parse().map_err(|e| format!("{e}")).and_then(|addr| {
+                    telemetry::http_get(addr, "/metrics", std::time::Duration::from_secs(2))
+                        .map_err(|e| format!("unreachable: {e}"))
+                });
+                let text = match scraped {
+                    Ok((_, text)) => text,
+                    Err(why) => return vec![id.clone(), admin.clone(), why],
+                };
+                vec![id.clone(), admin.clone(), persistence_summary(&text)]
+            })
+            .collect();
+        show::table(&["SERVER", "ADMIN", "PERSISTENCE"], &rows)
+    }
+}
+
+/// What a server's `/metrics` says of its persistence: the mechanism of its
+/// mappings, how RDMA writes become durable on each NIC on verbs, and the
+/// queue pairs open.
+fn persistence_summary(metrics: &str) -> String {
+    // The values of `label` on the samples of `name` set to 1.
+    let labels = |name: &str, label: &str| -> Vec<String> {
+        metrics
+            .lines()
+            .filter(|l| l.starts_with(name) && l.ends_with(" 1"))
+            .filter_map(|l| l.split_once(&format!("{label}=\"")))
+            .filter_map(|(_, rest)| rest.split_once('"').map(|(v, _)| v.to_owned()))
+            .collect()
+    };
+    let mode = labels("pmem_server_persistence_mode{", "mode").join(",");
+    let rdma: Vec<String> = labels("pmem_server_rdma_persistence{", "nic")
+        .iter()
+        .zip(labels("pmem_server_rdma_persistence{", "mode"))
+        .map(|(nic, mode)| format!("{nic}: {mode}"))
+        .collect();
+    let qps = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("pmem_server_queue_pairs "))
+        .unwrap_or("-");
+    format!(
+        "mappings {}, RDMA {}, queue pairs {qps}",
+        if mode.is_empty() { "-" } else { &mode },
+        if rdma.is_empty() {
+            "none (TCP only)".to_owned()
+        } else {
+            rdma.join(" ")
+        }
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::persistence_summary;
+
+    #[test]
+    fn a_servers_persistence_is_read_from_its_metrics() {
+        let verbs = "pmem_server_persistence_mode{mode=\"dax\"} 1\n\
+            pmem_server_queue_pairs 4\n\
+            pmem_server_rdma_persistence{nic=\"n1\",mode=\"flush\"} 1\n\
+            pmem_server_rdma_persistence{nic=\"n2\",mode=\"apm\"} 1\n";
+        assert_eq!(
+            persistence_summary(verbs),
+            "mappings dax, RDMA n1: flush n2: apm, queue pairs 4"
+        );
+        let tcp = "pmem_server_persistence_mode{mode=\"msync\"} 1\npmem_server_queue_pairs 0\n";
+        assert_eq!(
+            persistence_summary(tcp),
+            "mappings msync, RDMA none (TCP only), queue pairs 0"
+        );
+        assert_eq!(
+            persistence_summary(""),
+            "mappings -, RDMA none (TCP only), queue pairs -"
+        );
     }
 }
