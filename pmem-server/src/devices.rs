@@ -455,6 +455,15 @@ impl ServerDevices {
             )
     }
 
+    /// The NUMA node of `socket`'s PMEM: the first of its devices whose
+    /// node is known.
+    pub fn socket_node(&self, socket: &SocketId) -> Option<u32> {
+        self.devices
+            .iter()
+            .filter(|d| &d.socket == socket)
+            .find_map(|d| d.numa_node)
+    }
+
     /// One line per device for the start-up log, e.g. `pmem device pmem1
     /// of socket 1: /dev/dax1.0, devdax, NUMA node 1, 2 regions`.
     pub fn describe(&self) -> Vec<String> {

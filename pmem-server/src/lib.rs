@@ -28,6 +28,7 @@ pub mod devices;
 pub(crate) mod exec;
 pub(crate) mod gate;
 pub(crate) mod metrics;
+pub(crate) mod numa;
 pub mod persist;
 pub mod region_file;
 pub mod server;

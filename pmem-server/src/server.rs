@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::io;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::OwnedFd;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::{self, JoinHandle};
@@ -366,6 +366,8 @@ pub struct OpenedServer {
     pub registry: Arc<Registry>,
     /// The persistence mode in use (`None` when the server has no regions).
     pub mode: Option<PersistMode>,
+    /// Where the server's PMEM devices are, with their NUMA nodes.
+    pub devices: ServerDevices,
 }
 
 impl OpenedServer {
@@ -448,6 +450,7 @@ impl OpenedServer {
             exec,
             registry,
             mode,
+            devices,
         })
     }
 }
@@ -460,6 +463,7 @@ impl RunningServer {
             exec,
             registry,
             mode,
+            devices,
         } = OpenedServer::open(&config)?;
         let exec = Arc::new(exec);
         let server =
@@ -487,6 +491,31 @@ impl RunningServer {
             &["nic", "mode"],
             Box::new(move || rdma_modes.clone()),
         )?;
+
+        // Each NIC's threads run on the NUMA node of its socket's PMEM.
+        let mut cpus_of: HashMap<NicId, Vec<usize>> = HashMap::new();
+        for nic in &server.nics {
+            let Some(node) = devices.socket_node(&nic.socket) else {
+                info!(
+                    "NIC {} of socket {}: NUMA node of its PMEM unknown, threads not pinned",
+                    nic.id, nic.socket
+                );
+                continue;
+            };
+            match crate::numa::node_cpus(Path::new("/sys"), node) {
+                Some(cpus) => {
+                    info!(
+                        "NIC {} of socket {}: its threads run on NUMA node {node} (CPUs {cpus:?})",
+                        nic.id, nic.socket
+                    );
+                    cpus_of.insert(nic.id.clone(), cpus);
+                }
+                None => warn!(
+                    "NIC {} of socket {}: NUMA node {node} has no CPUs listed, threads not pinned",
+                    nic.id, nic.socket
+                ),
+            }
+        }
 
         let mut listeners = Vec::new();
         for nic in &server.nics {
@@ -532,9 +561,18 @@ impl RunningServer {
                 qps: qps.get(&nic).cloned(),
             };
             let span = Span::current();
+            let cpus = cpus_of.remove(&nic);
             let handle = thread::Builder::new()
                 .name(format!("accept-{nic}"))
-                .spawn(move || span.in_scope(|| accept_loop(acceptor, service)))
+                .spawn(move || {
+                    // Connection threads inherit the accept thread's CPUs.
+                    if let Some(cpus) = cpus
+                        && let Err(e) = crate::numa::pin_current_thread(&cpus)
+                    {
+                        warn!("cannot pin the threads of a NIC to CPUs {cpus:?}: {e}");
+                    }
+                    span.in_scope(|| accept_loop(acceptor, service))
+                })
                 .map_err(ServerError::Spawn)?;
             acceptors.push((handle, waker));
             data_addrs.push((nic, local));

@@ -210,6 +210,8 @@ fn a_verbs_server_on_emulated_nvdimms_serves_a_roce_client_through_a_power_cut()
         "pmem device pmem1 of socket 1: /dev/dax1.0, devdax, NUMA node 1",
         "FLUSH to persistence",
         "persistence over RDMA: flush",
+        "NIC n0 of socket 0: its threads run on NUMA node 0 (CPUs [0])",
+        "NIC n1 of socket 1: its threads run on NUMA node 1 (CPUs [1])",
     ] {
         assert!(text.contains(line), "{line:?} missing from:\n{text}");
     }
