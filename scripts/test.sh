@@ -9,8 +9,9 @@ cd "$(dirname "$0")/.."
 # fabric; libpmem backs pmem-server's `libpmem` feature; ip (iproute2) builds
 # the testbed's network namespaces; sockperf, iperf3 and redis are the floors
 # and the peer `testbed bench --quick` measures against; cmake and libclang
-# build the verbs bindings of client-vmm's `verbs` feature (libibverbs itself
-# is loaded at run time and not needed here); tshark dissects the RoCEv2
+# build the verbs bindings of the `rnic` crate, which client-vmm's and
+# pmem-server's `verbs` features use (libibverbs itself is loaded at run time
+# and not needed here); tshark dissects the RoCEv2
 # packets proto emits (proto/tests/roce_interop.rs); shellcheck checks the
 # lab's scripts (the lab installs QEMU and builds its guest image itself:
 # lab/image.sh). Installing runs
@@ -50,10 +51,12 @@ echo "== cargo clippy"
 cargo clippy --locked --workspace --all-targets -- -D warnings
 cargo clippy --locked -p pmem-server --features libpmem --all-targets -- -D warnings
 cargo clippy --locked -p client-vmm --features verbs --all-targets -- -D warnings
+cargo clippy --locked -p pmem-server --features verbs --all-targets -- -D warnings
 cargo clippy --locked -p testbed --features verbs --all-targets -- -D warnings
 echo "== cargo doc (no warnings)"
 RUSTDOCFLAGS="-D warnings" cargo doc --locked --workspace --no-deps --quiet
 RUSTDOCFLAGS="-D warnings" cargo doc --locked -p testbed --features verbs --no-deps --quiet
+RUSTDOCFLAGS="-D warnings" cargo doc --locked -p pmem-server --features verbs --no-deps --quiet
 echo "== cargo test"
 cargo test --locked --workspace
 echo "== cargo test -p pmem-server --features libpmem, daemons on libpmem"

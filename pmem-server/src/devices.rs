@@ -13,10 +13,9 @@
 //!
 //! [`ServerDevices::resolve`] looks every device up at start (sysfs and
 //! `/proc/self/mountinfo`, under injectable roots, see [`SysRoots`]) and
-//! fails on a device that cannot hold its regions. [`install`] makes the
-//! result what [`RegionFile::open`](crate::region_file::RegionFile::open)
-//! uses for that data directory; without an installed plan every region
-//! file lives in the data directory, as before devices had paths.
+//! fails on a device that cannot hold its regions; the server opens each
+//! region where the result says
+//! ([`RegionFile::open_on`](crate::region_file::RegionFile::open_on)).
 
 use std::fs;
 use std::io;
