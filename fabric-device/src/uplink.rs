@@ -244,6 +244,10 @@ impl Uplinks {
     /// link's queue pair is up and RDMA can carry it; false leaves it to
     /// the control connection.
     pub fn try_post(&mut self, link: LinkId, head: &[u8], payload: &[u8]) -> bool {
+        if self.links.is_empty() {
+            // No server on verbs: the common case costs one branch.
+            return false;
+        }
         let taken = self.post(link, head, payload);
         if taken {
             self.counters.posted += 1;
