@@ -465,7 +465,7 @@ pub fn guest_main(args: &GuestArgs) -> anyhow::Result<()> {
     let work = &args.work;
     let plan = args.plan;
     let topology =
-        topology::Topology::load(&work.join("topology.toml")).context("the bench's topology")?;
+        topology::Topology::load(work.join("topology.toml")).context("the bench's topology")?;
     let layout = topology::Layout::new(&topology).context("the bench topology's layout")?;
     let region = |id: &str| {
         layout

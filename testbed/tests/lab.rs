@@ -479,7 +479,7 @@ fn power_cuts_of_a_devdax_server_guest_lose_nothing_acknowledged() {
     );
 }
 
-/// `testbed bench-persist --quick` (about 35 s): one NVDIMM guest runs a
+/// `testbed bench-persist --quick` (about 12 s): one NVDIMM guest runs a
 /// pmem-server on its fsdax mount (mode dax) and one on its virtio disk
 /// (mode msync), and redis with `appendfsync always`, and the report has
 /// every system's p50 and the ratios to redis.
