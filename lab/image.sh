@@ -2,7 +2,7 @@
 # Builds the lab's guest image from Debian packages: a stock Debian kernel
 # (its rdma_rxe, virtio, virtio-blk, ext4, 9p and NVDIMM/DAX modules) and an
 # initramfs with busybox, rdma-core's verbs library and rxe provider, perftest,
-# `ip`/`rdma`, ndctl/daxctl (NVDIMM namespaces) and mkfs.ext4.
+# `ip`/`rdma`, ndctl/daxctl (NVDIMM namespaces), mkfs.ext4 and redis-server.
 #
 #   usage: image.sh [--force]
 #
@@ -52,11 +52,15 @@ if [ -z "$KERNEL_PKG" ]; then
   KERNEL_PKG=$(apt-cache depends "$KERNEL_META" | awk '/Depends: linux-image/{print $2; exit}')
 fi
 [ -n "$KERNEL_PKG" ] || die "no kernel package behind $KERNEL_META (is bookworm-security in the apt sources?)"
+# redis-server (its binary is redis-tools' redis-check-rdb under the name
+# redis-server) is for `testbed bench-persist`, redis in an NVDIMM guest.
 USERSPACE=(busybox-static libc6 libgcc-s1 libibverbs1 ibverbs-providers ibverbs-utils
-           librdmacm1 libibumad3 perftest iproute2 ndctl daxctl e2fsprogs)
+           librdmacm1 libibumad3 perftest iproute2 ndctl daxctl e2fsprogs
+           redis-server redis-tools)
+# libelogind0 only stands in for libsystemd0 (redis-tools' dependency).
 mapfile -t LIBS < <(apt-cache depends --recurse --no-recommends --no-suggests --no-conflicts \
     --no-breaks --no-replaces --no-enhances "${USERSPACE[@]}" 2>/dev/null |
-  grep -E '^(lib|zlib)' | sort -u)
+  grep -E '^(lib|zlib)' | grep -v '^libelogind' | sort -u)
 
 # The version apt would install of each, one apt-cache call.
 declare -A VERSION=()

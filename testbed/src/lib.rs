@@ -15,6 +15,7 @@ pub mod keys;
 pub mod lab;
 pub mod launch;
 pub mod netns;
+pub mod persist_bench;
 pub mod power_cut;
 pub mod prometheus;
 pub mod report;

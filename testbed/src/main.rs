@@ -141,6 +141,39 @@ enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// For information: the p50 of one durable small write in one lab guest
+    /// with an emulated NVDIMM (root): WRITE_PERSIST on the DAX path and on
+    /// the msync path next to redis with `appendfsync always`, interleaved
+    /// rounds, the load generator in the guest.
+    BenchPersist {
+        /// A short smoke run (2 rounds of 50 operations).
+        #[arg(long)]
+        quick: bool,
+        /// Interleaved rounds (default 5; 2 with --quick).
+        #[arg(long)]
+        rounds: Option<usize>,
+        /// Bytes per write.
+        #[arg(long, default_value_t = 256)]
+        size: usize,
+        /// Where the report goes (reports/<run-id>/ by default).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Runs `bench-persist`'s measurement inside its guest.
+    #[command(hide = true)]
+    BenchPersistGuest {
+        /// The shared work folder (topology in, results out).
+        #[arg(long)]
+        work: PathBuf,
+        #[arg(long)]
+        rounds: usize,
+        #[arg(long)]
+        ops: usize,
+        #[arg(long)]
+        warmup: usize,
+        #[arg(long)]
+        size: usize,
+    },
     /// Cut the power of a pmem-server's QEMU guest (the RDMA lab; root) at
     /// seeded random instants while a workload runs, and check every
     /// acknowledged write and atomic after each boot.
@@ -489,6 +522,8 @@ fn log_id(command: &Command) -> Option<String> {
         Command::Bench { .. } => "bench",
         Command::BenchRoce { .. } => "bench-roce",
         Command::BenchVerbs { .. } => "bench-verbs",
+        Command::BenchPersist { .. } => "bench-persist",
+        Command::BenchPersistGuest { .. } => "bench-persist-guest",
         Command::PowerCut { .. } => "power-cut",
         Command::Daemon { .. } => return None,
         Command::Worker(args) => return Some(format!("worker-{}", args.client)),
@@ -514,6 +549,28 @@ fn main() -> ExitCode {
         Command::Demo { duration, reports } => outcome(demo(duration, reports)),
         Command::BenchRoce { quick, rounds, out } => outcome(bench_roce(quick, rounds, out)),
         Command::BenchVerbs { quick, rounds, out } => outcome(bench_verbs(quick, rounds, out)),
+        Command::BenchPersist {
+            quick,
+            rounds,
+            size,
+            out,
+        } => outcome(bench_persist(quick, rounds, size, out)),
+        Command::BenchPersistGuest {
+            work,
+            rounds,
+            ops,
+            warmup,
+            size,
+        } => {
+            let plan = testbed::persist_bench::PersistPlan {
+                rounds: rounds.clamp(1, 100),
+                ops: ops.max(1),
+                warmup,
+                size: size.clamp(1, 64 << 10),
+            };
+            let args = testbed::persist_bench::GuestArgs { work, plan };
+            outcome(testbed::persist_bench::guest_main(&args).map(|()| true))
+        }
         Command::PowerCut {
             cuts,
             seed,
@@ -640,6 +697,21 @@ fn bench_verbs(quick: bool, rounds: Option<usize>, out: Option<PathBuf>) -> anyh
     let report = testbed::verbs_bench::run(plan, &out)?;
     print!("{}", testbed::verbs_bench::markdown(&report));
     println!("\nreport: {}", out.display());
+    Ok(true)
+}
+
+/// `testbed bench-persist`.
+fn bench_persist(
+    quick: bool,
+    rounds: Option<usize>,
+    size: usize,
+    out: Option<PathBuf>,
+) -> anyhow::Result<bool> {
+    let out = report_dir(out, "bench-persist");
+    let plan = testbed::persist_bench::PersistPlan::new(quick, rounds, size);
+    let report = testbed::persist_bench::run(plan, &out)?;
+    print!("{}", testbed::persist_bench::markdown(&report));
+    println!("\nreport: {}", out.join("report.md").display());
     Ok(true)
 }
 

@@ -481,6 +481,59 @@ fn power_cuts_of_a_devdax_server_guest_lose_nothing_acknowledged() {
     );
 }
 
+/// `testbed bench-persist --quick` (about 12 s): one NVDIMM guest runs a
+/// pmem-server on its fsdax mount (mode dax) and one on its virtio disk
+/// (mode msync), and redis with `appendfsync always`, and the report has
+/// every system's p50 and the ratios to redis.
+#[test]
+fn bench_persist_measures_dax_msync_and_redis_in_one_nvdimm_guest() {
+    let _lab = LAB
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = Command::new(env!("CARGO_BIN_EXE_testbed"))
+        .args(["bench-persist", "--quick", "--size", "64"])
+        .arg("--out")
+        .arg(dir.path())
+        .output()
+        .expect("run testbed bench-persist");
+    let text = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "testbed bench-persist failed:\n{text}"
+    );
+    let report: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(dir.path().join("report.json")).expect("report.json"),
+    )
+    .expect("the report parses");
+    assert_eq!(report["server_modes"]["D"], "dax", "{text}");
+    assert_eq!(report["server_modes"]["M"], "msync", "{text}");
+    let systems = report["systems"].as_array().expect("systems");
+    let names: Vec<&str> = systems
+        .iter()
+        .filter_map(|s| s["system"].as_str())
+        .collect();
+    assert_eq!(names, ["dax", "msync", "redis", "redis-dax"], "{text}");
+    for system in systems {
+        let p50 = system["p50_us"].as_f64().expect("p50");
+        assert!(
+            p50 > 0.0 && p50 <= system["p99_us"].as_f64().expect("p99"),
+            "{text}"
+        );
+    }
+    for ratio in ["dax_over_redis", "msync_over_redis"] {
+        assert!(
+            report[ratio]["median"].as_f64().is_some_and(|r| r > 0.0),
+            "{text}"
+        );
+    }
+    assert!(text.contains("| dax / redis |"), "{text}");
+}
+
 /// `cuts` power cuts of a server guest whose regions are on `medium`; the
 /// report's title names `title`.
 fn power_cuts(medium: &str, title: &str, cuts: u64) {
