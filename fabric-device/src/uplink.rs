@@ -28,9 +28,12 @@
 //!
 //! Each completion becomes the response frame the server would have sent
 //! ([`Uplinks::poll_answer`]), which the core relays as usual. A queue
-//! pair whose work request fails with a transport error (retries
-//! exhausted) is broken: its link is taken down and reconnected, so the
-//! core fails its requests and the clients retry elsewhere.
+//! pair with a failed work request is in the error state and broken
+//! ([`Uplinks::take_broken`]): its link is taken down and reconnected with a
+//! new one. A refusal of the server's RNIC (a NAK) is that request's answer;
+//! requests the transport lost (retries exhausted, or flushed by the error)
+//! get none from here, so the core fails them when the link goes down and
+//! the clients send them again elsewhere.
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
@@ -265,6 +268,10 @@ impl Uplinks {
         else {
             return false;
         };
+        if up.qp.in_error() {
+            // Its link is about to reconnect; the server takes it meanwhile.
+            return false;
+        }
         let Some(req) = ForwardedRequest::parse(head) else {
             return false;
         };
@@ -393,6 +400,7 @@ impl Uplinks {
         else {
             return;
         };
+        let mut broke = None;
         while let Some(done) = up.qp.poll_completion() {
             let Some(first) = up.parts.remove(&done.wr_id) else {
                 continue;
@@ -402,14 +410,6 @@ impl Uplinks {
             };
             pending.parts -= 1;
             let failed = done.status != WcStatus::Success;
-            if failed
-                && matches!(
-                    done.status,
-                    WcStatus::RetryExceeded | WcStatus::RnrRetryExceeded
-                )
-            {
-                self.broken.push((link, done.status));
-            }
             // A READ's data comes with its own (first) part.
             let data = match (&done.kind, pending.read, done.wr_id == first) {
                 (CompletionKind::Read(data), true, true) => Some(data.clone()),
@@ -422,8 +422,27 @@ impl Uplinks {
                 continue;
             };
             up.parts.retain(|_, f| *f != first);
+            if failed {
+                // An RC queue pair that saw an error is in the error state:
+                // its link must reconnect with a new one. The server's own
+                // refusal is its answer; a request the transport lost is
+                // answered by the core when the link goes down, as one
+                // the client may send again elsewhere.
+                broke.get_or_insert(done.status);
+                if !matches!(
+                    done.status,
+                    WcStatus::RemoteAccessError
+                        | WcStatus::RemoteInvalidRequest
+                        | WcStatus::RemoteOperationalError
+                ) {
+                    continue;
+                }
+            }
             self.answers
                 .push((link, answer(&pending, &done, data.as_deref())));
+        }
+        if let Some(status) = broke {
+            self.broken.push((link, status));
         }
     }
 

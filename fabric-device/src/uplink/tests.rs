@@ -197,10 +197,18 @@ fn what_rdma_cannot_check_or_number_stays_on_the_control_connection() {
     assert_eq!(rig.answer(), (4, Status::Ok, vec![]));
     assert_eq!(&rig.memory.bytes[64..72], &0x0102_0304u64.to_le_bytes());
     assert_eq!(rig.memory.flushed, [(64, 8)]);
-    // Beyond the region: a remote access error, answered as out of bounds.
+    // Beyond the region: a remote access error, answered as out of bounds;
+    // the queue pair is in the error state, so its link must reconnect, and
+    // meanwhile requests stay on the control connection.
+    assert!(rig.uplinks.take_broken().is_empty());
     assert!(rig.offer(request::Repr::read(at(1 << 20), KEY, 8), 5));
     rig.pump();
     assert_eq!(rig.answer().1, Status::OutOfBounds);
+    let broken = rig.uplinks.take_broken();
+    assert_eq!(broken.len(), 1, "{broken:?}");
+    assert_eq!(broken[0].0, LINK);
+    assert!(!rig.offer(request::Repr::read(at(0), KEY, 8), 6));
+    assert!(rig.uplinks.poll_answer().is_none());
 }
 
 #[test]
@@ -218,4 +226,25 @@ fn toward_rxe_a_flush_carries_rxes_icrc() {
     );
     // A standard responder drops it (rxe drops the standard one).
     assert!(rig.memory.flushed.is_empty());
+}
+
+#[test]
+fn a_request_the_transport_lost_is_left_to_the_core_and_the_link_reconnects() {
+    let mut rig = Rig::new(caps::FLUSH_PERSISTENT);
+    assert!(rig.offer(request::Repr::write(at(0), KEY, b"lost"), 1));
+    // The server is gone: every datagram is lost, the retries run out.
+    let start = Instant::now();
+    let mut buf = Vec::new();
+    for step in 1..=64u64 {
+        let now = start + std::time::Duration::from_secs(step);
+        while rig.uplinks.poll_transmit(0, now, &mut buf) {}
+        rig.uplinks.handle_timeout(now);
+        if !rig.uplinks.take_broken().is_empty() {
+            // No answer from here: the core fails the request when the
+            // link goes down, as one the client may send elsewhere.
+            assert!(rig.uplinks.poll_answer().is_none());
+            return;
+        }
+    }
+    panic!("the queue pair never gave up");
 }
