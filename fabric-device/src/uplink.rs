@@ -117,9 +117,9 @@ pub struct Uplinks {
     links: HashMap<LinkId, Uplink>,
     by_qpn: HashMap<u32, LinkId>,
     next_qpn: u32,
-    /// The region keys the servers gave (the core's copy, kept in step by
-    /// the driver).
-    region_keys: HashMap<u32, AccessKey>,
+    /// Each region's key as its server gave it (the core's copy, kept in
+    /// step by the driver) and its length.
+    regions: HashMap<u32, (AccessKey, u64)>,
     answers: Vec<(LinkId, Vec<u8>)>,
     broken: Vec<(LinkId, WcStatus)>,
     counters: UplinkCounters,
@@ -152,9 +152,10 @@ impl Uplinks {
         self.links.contains_key(&link)
     }
 
-    /// Records the region keys requests must carry to go over RDMA.
-    pub fn set_region_key(&mut self, region: RegionIndex, key: AccessKey) {
-        self.region_keys.insert(region.0, key);
+    /// Records the key requests for `region` must carry to go over RDMA,
+    /// and the region's length.
+    pub fn set_region(&mut self, region: RegionIndex, key: AccessKey, len: u64) {
+        self.regions.insert(region.0, (key, len));
     }
 
     /// Starts a queue pair for `link` from RoCE port `port` (address `ip`,
@@ -278,7 +279,24 @@ impl Uplinks {
         if req.flags & (flags::EXACTLY_ONCE | flags::REGION_ADDRESSED) != flags::REGION_ADDRESSED {
             return false;
         }
-        if self.region_keys.get(&req.region) != Some(&req.key) || req.key.is_none() {
+        // Only what the server's RNIC will take goes to it: a NAK would put
+        // the queue pair in the error state and reconnect the link under
+        // every other client's requests on it. The server answers the rest
+        // on the control connection.
+        let Some(&(key, region_len)) = self.regions.get(&req.region) else {
+            return false;
+        };
+        let len = if req.operation.is_atomic() {
+            8
+        } else {
+            u64::from(req.length)
+        };
+        let fits = req
+            .offset
+            .checked_add(len)
+            .is_some_and(|end| end <= region_len);
+        let aligned = !req.operation.is_atomic() || req.offset.is_multiple_of(8);
+        if key != req.key || key.is_none() || !fits || !aligned {
             return false;
         }
         let Some(&rkey) = up.rkeys.get(&req.region) else {

@@ -1177,7 +1177,7 @@ impl Device {
         let server = key.server.clone();
         for entry in self.core.map().layout.entries() {
             if entry.server == server {
-                self.uplinks.set_region_key(entry.region, entry.key);
+                self.uplinks.set_region(entry.region, entry.key, entry.len);
             }
         }
         if self.uplinks.has(link) {

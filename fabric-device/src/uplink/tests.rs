@@ -61,7 +61,7 @@ impl Rig {
         let table = qp::encode_rkeys(&[(0, RKEY)]);
         let accept = Accept::new(ours, &table).expect("accept").with_caps(caps);
         uplinks.accepted(LINK, &accept).expect("accepted");
-        uplinks.set_region_key(RegionIndex(0), KEY);
+        uplinks.set_region(RegionIndex(0), KEY, 64 << 10);
         Rig {
             uplinks,
             server,
@@ -197,9 +197,15 @@ fn what_rdma_cannot_check_or_number_stays_on_the_control_connection() {
     assert_eq!(rig.answer(), (4, Status::Ok, vec![]));
     assert_eq!(&rig.memory.bytes[64..72], &0x0102_0304u64.to_le_bytes());
     assert_eq!(rig.memory.flushed, [(64, 8)]);
-    // Beyond the region: a remote access error, answered as out of bounds;
-    // the queue pair is in the error state, so its link must reconnect, and
-    // meanwhile requests stay on the control connection.
+    // What the RNIC would refuse is left to the server: beyond the region,
+    // a misaligned atomic.
+    assert!(!rig.offer(request::Repr::read(at(64 << 10), KEY, 8), 5));
+    assert!(!rig.offer(request::Repr::atomic_write(at(65), KEY, 1), 5));
+    // A refusal all the same (the server registered less than the layout
+    // says): its answer, and the queue pair is in the error state, so its
+    // link must reconnect; meanwhile requests stay on the control
+    // connection.
+    rig.uplinks.set_region(RegionIndex(0), KEY, 1 << 30);
     assert!(rig.uplinks.take_broken().is_empty());
     assert!(rig.offer(request::Repr::read(at(1 << 20), KEY, 8), 5));
     rig.pump();
