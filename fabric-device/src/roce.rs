@@ -393,3 +393,16 @@ fn access_error(status: Status) -> AccessError {
 
 #[cfg(test)]
 mod tests;
+
+/// 32 random bits from the operating system.
+pub(crate) fn random_u32() -> u32 {
+    let mut bytes = [0u8; 4];
+    // The OS source does not fail on Linux once booted; if it ever did, the
+    // key would be a guessable zero-based value, so fall back to the
+    // process's randomly seeded hasher rather than a constant.
+    if getrandom::fill(&mut bytes).is_err() {
+        use std::hash::{BuildHasher, RandomState};
+        return RandomState::new().hash_one(Instant::now()) as u32;
+    }
+    u32::from_le_bytes(bytes)
+}

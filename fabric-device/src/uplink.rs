@@ -123,7 +123,6 @@ pub struct Uplinks {
     answers: Vec<(LinkId, Vec<u8>)>,
     broken: Vec<(LinkId, WcStatus)>,
     counters: UplinkCounters,
-    turn: usize,
 }
 
 impl Uplinks {
@@ -165,7 +164,7 @@ impl Uplinks {
         let qpn = self.fresh_qpn();
         let local = Endpoint {
             qpn,
-            psn: random_psn(),
+            psn: crate::roce::random_u32() & 0xFF_FFFF,
             ip,
             mtu,
         };
@@ -439,8 +438,9 @@ impl Uplinks {
             let Some(pending) = up.pending.remove(&first) else {
                 continue;
             };
-            up.parts.retain(|_, f| *f != first);
             if failed {
+                // Parts still posted complete flushed, with no one waiting.
+                up.parts.retain(|_, f| *f != first);
                 // An RC queue pair that saw an error is in the error state:
                 // its link must reconnect with a new one. The server's own
                 // refusal is its answer; a request the transport lost is
@@ -479,25 +479,15 @@ impl Uplinks {
     /// Writes the next datagram a queue pair of RoCE port `port` has to
     /// send into `buf`.
     pub fn poll_transmit(&mut self, port: usize, now: Instant, buf: &mut Vec<u8>) -> bool {
-        let links: Vec<LinkId> = self
-            .links
-            .iter()
-            .filter(|(_, u)| u.port == port && matches!(u.state, State::Up(_)))
-            .map(|(l, _)| *l)
-            .collect();
-        let n = links.len();
-        for i in 0..n {
-            let link = links[(self.turn + i) % n];
-            if let Some(Uplink {
-                state: State::Up(up),
-                ..
-            }) = self.links.get_mut(&link)
+        // The caller drains every queue pair in one turn, so none waits
+        // behind another for long.
+        for uplink in self.links.values_mut().filter(|u| u.port == port) {
+            if let State::Up(up) = &mut uplink.state
                 && up.qp.poll_transmit(now, buf)
             {
                 if up.caps & caps::RXE_FLUSH_ICRC != 0 {
                     rxe_flush_icrc(buf);
                 }
-                self.turn = (self.turn + i + 1) % n.max(1);
                 return true;
             }
         }
@@ -596,15 +586,6 @@ fn rxe_flush_icrc(datagram: &mut [u8]) {
     if let Some(crc) = proto::roce::icrc::ipv4_rxe_flush(&datagram[..len - 4], IP) {
         datagram[len - 4..].copy_from_slice(&crc.to_le_bytes());
     }
-}
-
-/// A random 24-bit PSN.
-fn random_psn() -> u32 {
-    let mut bytes = [0u8; 4];
-    if getrandom::fill(&mut bytes).is_err() {
-        return 0;
-    }
-    u32::from_le_bytes(bytes) & 0xFF_FFFF
 }
 
 #[cfg(test)]

@@ -577,30 +577,16 @@ impl Fabric {
             .run_dir
             .join("logs")
             .join(format!("guest-server-{id}.stderr.log"));
-        let log_file = File::options()
-            .create(true)
-            .append(true)
-            .open(&stderr)
-            .map_err(LaunchError::Io)?;
         let log = guest.console().to_owned();
-        let child = guest
-            .command(lab)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(log_file))
-            .spawn()
-            .map_err(LaunchError::Io)?;
-        self.daemons.insert(
-            (DaemonKind::PmemServer, id.to_owned()),
-            Daemon {
-                child,
-                fields: BTreeMap::new(),
-                args: Vec::new(),
-                log,
-                guest: Some(guest),
-            },
-        );
-        Ok(())
+        let command = guest.command(lab);
+        self.start_daemon(
+            (DaemonKind::PmemServer, id),
+            command,
+            &stderr,
+            log,
+            Vec::new(),
+            Some(guest),
+        )
     }
 
     fn launch(
@@ -614,17 +600,32 @@ impl Fabric {
             .run_dir
             .join("logs")
             .join(format!("{}-{id}.log", kind.program()));
-        let log_file = File::options()
-            .create(true)
-            .append(true)
-            .open(&log)
-            .map_err(LaunchError::Io)?;
         let mut command = match self.namespace(kind, id) {
             Some(ns) => netns::command_in(&ns, &self.options.program),
             None => Command::new(&self.options.program),
         };
+        command.args(&args);
+        let stderr = log.clone();
+        self.start_daemon((kind, id), command, &stderr, log, args, None)
+    }
+
+    /// Spawns `command` as daemon `kind` `id`: stdout piped (its ready
+    /// line), stderr appended to `stderr`; `log` is where its log is read.
+    fn start_daemon(
+        &mut self,
+        (kind, id): (DaemonKind, &str),
+        mut command: Command,
+        stderr: &Path,
+        log: PathBuf,
+        args: Vec<OsString>,
+        guest: Option<GuestServer>,
+    ) -> Result<(), LaunchError> {
+        let log_file = File::options()
+            .create(true)
+            .append(true)
+            .open(stderr)
+            .map_err(LaunchError::Io)?;
         let child = command
-            .args(&args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log_file))
@@ -637,7 +638,7 @@ impl Fabric {
                 fields: BTreeMap::new(),
                 args,
                 log,
-                guest: None,
+                guest,
             },
         );
         Ok(())

@@ -42,6 +42,21 @@ impl From<Net> for NetMode {
     }
 }
 
+/// How long a bench runs and where its report goes.
+#[derive(Debug, clap::Args)]
+struct BenchArgs {
+    /// A short smoke run (checks the report is complete, not the targets).
+    #[arg(long)]
+    quick: bool,
+    /// Rounds, interleaved where the bench compares systems (default 5, 2
+    /// with --quick); the report gives medians and spreads.
+    #[arg(long)]
+    rounds: Option<usize>,
+    /// Where the report goes (reports/<run-id>/ by default).
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Check a topology file and print a summary with its address map.
@@ -101,63 +116,24 @@ enum Command {
     Chaos(ChaosArgs),
     /// Measure pmem-fabric against the network floor (sockperf, iperf3) and
     /// redis, and write the ratios with plots.
-    Bench {
-        /// A short smoke run (checks the report is complete, not the targets).
-        #[arg(long)]
-        quick: bool,
-        /// Rounds of every tracked ratio, the main pass included (default
-        /// 5, 2 with --quick); the report gives each ratio's median and
-        /// spread.
-        #[arg(long)]
-        rounds: Option<usize>,
-        /// Where the report goes (reports/<run-id>/ by default).
-        #[arg(long)]
-        out: Option<PathBuf>,
-    },
+    Bench(BenchArgs),
     /// The fabric device's CPU per operation on its RoCEv2 port next to its
     /// TCP port, in interleaved rounds (needs root: a network namespace and
     /// raw sockets).
-    BenchRoce {
-        /// A short smoke run.
-        #[arg(long)]
-        quick: bool,
-        /// Interleaved rounds (default 5; 2 with --quick).
-        #[arg(long)]
-        rounds: Option<usize>,
-        /// Where the report goes (reports/<run-id>/ by default).
-        #[arg(long)]
-        out: Option<PathBuf>,
-    },
+    BenchRoce(BenchArgs),
     /// A PMEM server's own CPU per operation over RDMA (a verbs NIC, device
     /// DAX) next to TCP, in the RDMA lab (root): interleaved rounds.
-    BenchVerbs {
-        /// A short smoke run.
-        #[arg(long)]
-        quick: bool,
-        /// Interleaved rounds (default 5; 2 with --quick).
-        #[arg(long)]
-        rounds: Option<usize>,
-        /// Where the report goes (reports/<run-id>/ by default).
-        #[arg(long)]
-        out: Option<PathBuf>,
-    },
+    BenchVerbs(BenchArgs),
     /// For information: the p50 of one durable small write in one lab guest
     /// with an emulated NVDIMM (root): WRITE_PERSIST on the DAX path and on
     /// the msync path next to redis with `appendfsync always`, interleaved
     /// rounds, the load generator in the guest.
     BenchPersist {
-        /// A short smoke run (2 rounds of 50 operations).
-        #[arg(long)]
-        quick: bool,
-        /// Interleaved rounds (default 5; 2 with --quick).
-        #[arg(long)]
-        rounds: Option<usize>,
+        #[command(flatten)]
+        bench: BenchArgs,
         /// Bytes per write.
         #[arg(long, default_value_t = 256)]
         size: usize,
-        /// Where the report goes (reports/<run-id>/ by default).
-        #[arg(long)]
-        out: Option<PathBuf>,
     },
     /// Runs `bench-persist`'s measurement inside its guest.
     #[command(hide = true)]
@@ -519,9 +495,9 @@ fn log_id(command: &Command) -> Option<String> {
         Command::Run(_) => "run",
         Command::Demo { .. } => "demo",
         Command::Chaos(_) => "chaos",
-        Command::Bench { .. } => "bench",
-        Command::BenchRoce { .. } => "bench-roce",
-        Command::BenchVerbs { .. } => "bench-verbs",
+        Command::Bench(_) => "bench",
+        Command::BenchRoce(_) => "bench-roce",
+        Command::BenchVerbs(_) => "bench-verbs",
         Command::BenchPersist { .. } => "bench-persist",
         Command::BenchPersistGuest { .. } => "bench-persist-guest",
         Command::PowerCut { .. } => "power-cut",
@@ -547,14 +523,9 @@ fn main() -> ExitCode {
         Command::Down { prefix } => down(prefix.as_deref()),
         Command::Run(args) => outcome(run_command(args)),
         Command::Demo { duration, reports } => outcome(demo(duration, reports)),
-        Command::BenchRoce { quick, rounds, out } => outcome(bench_roce(quick, rounds, out)),
-        Command::BenchVerbs { quick, rounds, out } => outcome(bench_verbs(quick, rounds, out)),
-        Command::BenchPersist {
-            quick,
-            rounds,
-            size,
-            out,
-        } => outcome(bench_persist(quick, rounds, size, out)),
+        Command::BenchRoce(args) => outcome(bench_roce(args)),
+        Command::BenchVerbs(args) => outcome(bench_verbs(args)),
+        Command::BenchPersist { bench, size } => outcome(bench_persist(bench, size)),
         Command::BenchPersistGuest {
             work,
             rounds,
@@ -577,7 +548,7 @@ fn main() -> ExitCode {
             medium,
             out,
         } => outcome(power_cut(cuts, seed, medium, out)),
-        Command::Bench { quick, rounds, out } => outcome(bench(quick, rounds, out)),
+        Command::Bench(args) => outcome(bench(args)),
         Command::Chaos(args) => outcome(chaos(args)),
         Command::Daemon { args } => match args.split_first() {
             Some((name, _)) if name == "pmem-server" => pmem_server::cli::main_with_args(args),
@@ -681,7 +652,7 @@ fn report_dir(out: Option<PathBuf>, kind: &str) -> PathBuf {
 }
 
 /// `testbed bench-roce`.
-fn bench_roce(quick: bool, rounds: Option<usize>, out: Option<PathBuf>) -> anyhow::Result<bool> {
+fn bench_roce(BenchArgs { quick, rounds, out }: BenchArgs) -> anyhow::Result<bool> {
     let out = report_dir(out, "bench-roce");
     let plan = testbed::roce_bench::RocePlan::new(quick, rounds);
     let report = testbed::roce_bench::run(plan, &out)?;
@@ -691,7 +662,7 @@ fn bench_roce(quick: bool, rounds: Option<usize>, out: Option<PathBuf>) -> anyho
 }
 
 /// `testbed bench-verbs`.
-fn bench_verbs(quick: bool, rounds: Option<usize>, out: Option<PathBuf>) -> anyhow::Result<bool> {
+fn bench_verbs(BenchArgs { quick, rounds, out }: BenchArgs) -> anyhow::Result<bool> {
     let out = report_dir(out, "bench-verbs");
     let plan = testbed::verbs_bench::VerbsPlan::new(quick, rounds);
     let report = testbed::verbs_bench::run(plan, &out)?;
@@ -701,12 +672,7 @@ fn bench_verbs(quick: bool, rounds: Option<usize>, out: Option<PathBuf>) -> anyh
 }
 
 /// `testbed bench-persist`.
-fn bench_persist(
-    quick: bool,
-    rounds: Option<usize>,
-    size: usize,
-    out: Option<PathBuf>,
-) -> anyhow::Result<bool> {
+fn bench_persist(BenchArgs { quick, rounds, out }: BenchArgs, size: usize) -> anyhow::Result<bool> {
     let out = report_dir(out, "bench-persist");
     let plan = testbed::persist_bench::PersistPlan::new(quick, rounds, size);
     let report = testbed::persist_bench::run(plan, &out)?;
@@ -736,7 +702,7 @@ fn power_cut(
 }
 
 /// `testbed bench`.
-fn bench(quick: bool, rounds: Option<usize>, out: Option<PathBuf>) -> anyhow::Result<bool> {
+fn bench(BenchArgs { quick, rounds, out }: BenchArgs) -> anyhow::Result<bool> {
     let out = report_dir(out, "bench");
     let (report, files) = testbed::bench::run(quick, rounds, &out)?;
     println!("ratio                               value");

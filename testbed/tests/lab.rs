@@ -347,10 +347,7 @@ fn pmemctl_in_a_guest_reads_writes_and_adds_over_rdma() {
 
 /// Sums the samples of series `name` in a `/metrics` text.
 fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.split(['{', ' ']).next() == Some(name))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    testbed::lab::metric_sum(text, name, "").unwrap_or(0.0)
 }
 
 /// An RDMA FETCH_ADD in doubt: the guest's atomic reaches a device and the

@@ -1244,14 +1244,7 @@ impl Device {
                     conn,
                     head,
                     payload,
-                } => {
-                    if Self::roce_deliver(roce, conn, &head, payload) {
-                        // A queue pair's operation: its gateway answered it.
-                    } else if let Some(client) = clients.get_mut(&conn) {
-                        let _ = client.endpoint.send(&head, payload);
-                        mark_to_flush(to_flush, conn, client);
-                    }
-                }
+                } => deliver_answer(roce, clients, to_flush, conn, &head, payload),
                 LinkAction::Close(why) => self.link_failed(link, now, &why),
                 LinkAction::Send(_) | LinkAction::Nothing => {}
             }
@@ -1312,14 +1305,7 @@ impl Device {
                     conn,
                     head,
                     payload,
-                } => {
-                    if Self::roce_deliver(roce, conn, &head, payload) {
-                        // A queue pair's operation: its gateway answered it.
-                    } else if let Some(client) = clients.get_mut(&conn) {
-                        let _ = client.endpoint.send(&head, payload);
-                        mark_to_flush(to_flush, conn, client);
-                    }
-                }
+                } => deliver_answer(roce, clients, to_flush, conn, &head, payload),
                 LinkAction::Send(bytes) => {
                     if let Err(e) = endpoint.send(&bytes, &[]) {
                         return Some(format!("write failed: {e}"));
@@ -1378,6 +1364,24 @@ enum FramesEnd {
     Paused,
     /// Close the connection.
     Close(String),
+}
+
+/// Hands a server's answer to whoever asked: a queue pair's gateway, or a
+/// client connection (listed in `to_flush`).
+fn deliver_answer(
+    roce: &mut [Option<RoceEndpoint>],
+    clients: &mut IdMap<ConnId, ClientConn>,
+    to_flush: &mut Vec<ConnId>,
+    conn: ConnId,
+    head: &[u8],
+    payload: &[u8],
+) {
+    if Device::roce_deliver(roce, conn, head, payload) {
+        // A queue pair's operation: its gateway answered it.
+    } else if let Some(client) = clients.get_mut(&conn) {
+        let _ = client.endpoint.send(head, payload);
+        mark_to_flush(to_flush, conn, client);
+    }
 }
 
 /// Lists `client` in `to_flush` once, if it has bytes queued.

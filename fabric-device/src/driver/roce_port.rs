@@ -24,7 +24,7 @@ use topology::RocePort;
 
 use super::packet::{PacketSocket, RxBatch, TxBatch, interface_info, roce_filter};
 use crate::forward::{ConnId, Forwarder, LinkId};
-use crate::roce::{QpSetup, RoceGateway};
+use crate::roce::{QpSetup, RoceGateway, random_u32};
 use crate::roce_metrics::PortSnapshot;
 use crate::uplink::Uplinks;
 
@@ -493,17 +493,4 @@ fn fresh_rkey(taken: &[(u32, RegionIndex)]) -> u32 {
             return rkey;
         }
     }
-}
-
-/// 32 random bits from the operating system.
-fn random_u32() -> u32 {
-    let mut bytes = [0u8; 4];
-    // The OS source does not fail on Linux once booted; if it ever did, the
-    // key would be a guessable zero-based value, so fall back to the
-    // process's randomly seeded hasher rather than a constant.
-    if getrandom::fill(&mut bytes).is_err() {
-        use std::hash::{BuildHasher, RandomState};
-        return RandomState::new().hash_one(Instant::now()) as u32;
-    }
-    u32::from_le_bytes(bytes)
 }
