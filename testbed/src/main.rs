@@ -451,6 +451,7 @@ fn worker(
                 .map_err(|e| anyhow::anyhow!("clear the slice: {}", client_vmm::error_chain(&e)))?;
         }
         let progress = std::sync::Arc::new(Progress::default());
+        println!("{}", testbed::workload::STARTED_LINE);
         let reporter = {
             let progress = std::sync::Arc::clone(&progress);
             tokio::spawn(async move {

@@ -7,7 +7,7 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
@@ -21,7 +21,7 @@ use crate::report::{
 };
 use crate::workload::keys::{COUNTER_AREA, KeySpace, counter_word};
 use crate::workload::space;
-use crate::workload::{CounterTally, WorkerResult, Workload};
+use crate::workload::{CounterTally, STARTED_LINE, WorkerResult, Workload};
 
 /// A fault to inject during a run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -341,6 +341,15 @@ struct WorkerProcess {
     out: PathBuf,
     ops: Arc<AtomicU64>,
     errors: Arc<AtomicU64>,
+    /// The worker printed [`STARTED_LINE`].
+    started: Arc<AtomicBool>,
+}
+
+impl WorkerProcess {
+    /// Its workload began, or it ended (and never will begin).
+    fn started_or_ended(&mut self) -> bool {
+        self.started.load(Ordering::Relaxed) || matches!(self.child.try_wait(), Ok(Some(_)))
+    }
 }
 
 /// Runs a whole workload against a fresh fabric of `topology`.
@@ -467,8 +476,9 @@ pub fn execute(
 }
 
 /// Runs the workers to their end while injecting the planned faults at
-/// their times and undoing each after its restore delay; shows progress.
-/// Returns what was injected, and when.
+/// their times into the workload (counted from when every worker's workload
+/// began) and undoing each after its restore delay; shows progress. Returns
+/// what was injected, and when (counted from `start`, like the timeline).
 fn drive(
     fabric: &mut Fabric,
     workers: &mut [WorkerProcess],
@@ -480,8 +490,13 @@ fn drive(
     let mut pending: Vec<&PlannedFault> = options.faults.iter().collect();
     let mut restores: Vec<(Instant, usize)> = Vec::new();
     let limit = options.duration + Duration::from_secs(120);
+    // When every worker's workload began (a lab guest boots first).
+    let mut began: Option<Duration> = None;
     loop {
         let elapsed = start.elapsed();
+        if began.is_none() && workers.iter_mut().all(WorkerProcess::started_or_ended) {
+            began = Some(elapsed);
+        }
         let ops: u64 = workers.iter().map(|w| w.ops.load(Ordering::Relaxed)).sum();
         let errors: u64 = workers
             .iter()
@@ -492,7 +507,10 @@ fn drive(
             "{:>9.0} ops/s  {ops} ops  {errors} errors",
             ops as f64 / elapsed.as_secs_f64().max(0.001)
         ));
-        while let Some(i) = pending.iter().position(|f| f.at <= elapsed) {
+        while let Some(i) = pending
+            .iter()
+            .position(|f| began.is_some_and(|began| began + f.at <= elapsed))
+        {
             let fault = pending.remove(i);
             let at = fault
                 .kind
@@ -779,10 +797,14 @@ fn spawn_worker(
         .spawn()
         .context("start a worker")?;
     let (ops, errors) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let started = Arc::new(AtomicBool::new(false));
     if let Some(stdout) = child.stdout.take() {
-        let (ops, errors) = (Arc::clone(&ops), Arc::clone(&errors));
+        let (ops, errors, started) = (Arc::clone(&ops), Arc::clone(&errors), Arc::clone(&started));
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if line.trim() == STARTED_LINE {
+                    started.store(true, Ordering::Relaxed);
+                }
                 for field in line.split_whitespace() {
                     match field.split_once('=') {
                         Some(("ops", n)) => ops.store(n.parse().unwrap_or(0), Ordering::Relaxed),
@@ -801,6 +823,7 @@ fn spawn_worker(
         out,
         ops,
         errors,
+        started,
     })
 }
 

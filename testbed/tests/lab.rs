@@ -142,10 +142,11 @@ fn a_guest_rdma_client_runs_verified_through_device_kills() {
 /// the pool fails over on that error completion.
 #[test]
 fn a_guest_rdma_client_fails_over_when_its_queue_pair_runs_out_of_retries() {
-    let (_, guest) = lab_chaos("cut-link", &[]);
+    let (report, guest) = lab_chaos("cut-link", &[]);
     assert!(
         guest["completer_retry_err"] > 0,
-        "the QP retransmitted: {guest:?}"
+        "the QP retransmitted: {guest:?}\nfaults: {}",
+        report["faults"]
     );
 }
 

@@ -214,6 +214,11 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// The line a worker prints on its standard output when its pool is
+/// connected and the workload begins: the run schedules its faults from then
+/// (a lab guest boots for seconds before that).
+pub const STARTED_LINE: &str = "workload started";
+
 /// Live progress, read by whoever prints it.
 #[derive(Debug, Default)]
 pub struct Progress {
@@ -262,8 +267,8 @@ pub async fn clear_slice(
     Ok(())
 }
 
-/// Runs the workload on `pool` in `space` until `config.duration` has
-/// passed since `run_start`, then checks every key and word the worker owns.
+/// Runs the workload on `pool` in `space` for `config.duration`, then checks
+/// every key and word the worker owns; the timeline counts from `run_start`.
 pub async fn run(
     pool: AsyncPool,
     config: WorkerConfig,
