@@ -479,7 +479,8 @@ impl RunningServer {
         let mut rdma_modes = Vec::new();
         for nic in &server.nics {
             if config.transport.unwrap_or(nic.transport) == NicTransport::Verbs {
-                let (service, mode) = open_verbs_nic(nic, &exec)?;
+                let node = devices.socket_node(&nic.socket);
+                let (service, mode) = open_verbs_nic(nic, &exec, node)?;
                 rdma_modes.push((vec![nic.id.to_string(), mode.to_owned()], 1.0));
                 qps.insert(nic.id.clone(), service);
             }
@@ -634,12 +635,13 @@ impl RunningServer {
 fn open_verbs_nic(
     nic: &topology::ServerNic,
     exec: &Executor,
+    node: Option<u32>,
 ) -> Result<(Arc<dyn QueuePairs>, &'static str), ServerError> {
     let regions: Vec<&ServedRegion> = exec
         .regions()
         .filter(|r| r.entry.socket == nic.socket)
         .collect();
-    let verbs = crate::verbs::VerbsNic::open(nic, &regions)?;
+    let verbs = crate::verbs::VerbsNic::open(nic, &regions, node)?;
     let mode = verbs.persistence().as_str();
     Ok((Arc::new(verbs), mode))
 }
@@ -649,6 +651,7 @@ fn open_verbs_nic(
 fn open_verbs_nic(
     nic: &topology::ServerNic,
     _exec: &Executor,
+    _node: Option<u32>,
 ) -> Result<(Arc<dyn QueuePairs>, &'static str), ServerError> {
     Err(ServerError::VerbsDisabled {
         nic: nic.id.clone(),

@@ -27,6 +27,7 @@
 //! kernel said and what to do.
 
 use std::net::{Ipv4Addr, SocketAddr};
+use std::path::Path;
 use std::sync::Arc;
 
 use proto::qp::{self, Connect, Endpoint, caps};
@@ -39,11 +40,14 @@ use sideway::ibverbs::device_context::DeviceContext;
 use sideway::ibverbs::protection_domain::ProtectionDomain;
 use sideway::ibverbs::queue_pair::{BasicQueuePair, QueuePair, QueuePairType, SendOperationFlags};
 use topology::{NicId, ServerNic};
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::exec::ServedRegion;
+use crate::numa::{choose_rdma_device, rdma_device_node, rdma_device_parent};
 use crate::region_file::HEADER_LEN;
 
+/// Where sysfs is.
+const SYSFS: &str = "/sys";
 /// The RNIC port used (rxe has only port 1).
 const PORT: u8 = 1;
 /// Incoming READs and atomics a queue pair answers at once.
@@ -165,10 +169,13 @@ unsafe impl Sync for VerbsNic {}
 
 impl VerbsNic {
     /// Opens the NIC's RDMA device and registers `regions` (those of the
-    /// NIC's socket) with it.
+    /// NIC's socket, whose PMEM is on NUMA node `node`) with it. The device
+    /// is the one the topology names, or else one on `node` (see
+    /// [`choose_rdma_device`]); one on another node is used, with a warning.
     pub fn open(
         spec: &ServerNic,
         regions: &[&ServedRegion],
+        node: Option<u32>,
     ) -> Result<VerbsNic, Box<VerbsNicError>> {
         let nic = spec.id.clone();
         let ip = match spec.listen.parse::<SocketAddr>() {
@@ -186,7 +193,16 @@ impl VerbsNic {
                 source,
             })
         };
-        let (ctx, device) = rnic::open(spec.rdma_device.as_deref()).map_err(rnic_err)?;
+        let sys = Path::new(SYSFS);
+        let chosen = match &spec.rdma_device {
+            Some(named) => Some(named.clone()),
+            None => {
+                let present = rnic::device_names().map_err(rnic_err)?;
+                choose_rdma_device(&present, node, |d| rdma_device_node(sys, d)).map(str::to_owned)
+            }
+        };
+        let (ctx, device) = rnic::open(chosen.as_deref()).map_err(rnic_err)?;
+        say_rdma_device_node(spec, &device, rdma_device_node(sys, &device), node);
         let port = rnic::port_info(&ctx, &device, PORT, ip).map_err(rnic_err)?;
         let pd = ctx
             .alloc_pd()
@@ -258,7 +274,7 @@ impl VerbsNic {
             persistence.as_str(),
             if atomic_write { ", ATOMIC_WRITE" } else { "" }
         );
-        let rxe = is_rxe(&device);
+        let rxe = rdma_device_parent(sys, &device).is_some();
         Ok(VerbsNic {
             nic,
             regions: registered,
@@ -353,13 +369,27 @@ impl VerbsNic {
     }
 }
 
-/// Whether RDMA device `name` is Linux rxe: only rxe devices have a
-/// `parent` attribute (the netdev they run on) in sysfs.
-fn is_rxe(name: &str) -> bool {
-    std::path::Path::new("/sys/class/infiniband")
-        .join(name)
-        .join("parent")
-        .exists()
+/// Logs the NUMA node of a verbs NIC's RDMA device next to its socket's
+/// (`pmem_node`), warning when they differ: every RDMA access would cross
+/// between the nodes.
+fn say_rdma_device_node(
+    spec: &ServerNic,
+    device: &str,
+    rnic_node: Option<u32>,
+    pmem_node: Option<u32>,
+) {
+    let (nic, socket) = (&spec.id, &spec.socket);
+    match (rnic_node, pmem_node) {
+        (Some(rnic), Some(pmem)) if rnic != pmem => warn!(
+            "NIC {nic} of socket {socket}: RDMA device {device} is on NUMA node {rnic}, the \
+             socket's PMEM on node {pmem}: every RDMA access crosses between them; name an RNIC \
+             of node {pmem} as the NIC's rdma_device"
+        ),
+        (Some(rnic), _) => {
+            info!("NIC {nic} of socket {socket}: RDMA device {device}, NUMA node {rnic}")
+        }
+        (None, _) => info!("NIC {nic} of socket {socket}: RDMA device {device}, NUMA node unknown"),
+    }
 }
 
 /// One device's queue pair; destroyed with the control connection that set

@@ -213,6 +213,7 @@ fn a_verbs_server_on_emulated_nvdimms_serves_a_roce_client_through_a_power_cut()
         "persistence over RDMA: flush",
         "NIC n0 of socket 0: its threads run on NUMA node 0 (CPUs [0])",
         "NIC n1 of socket 1: its threads run on NUMA node 1 (CPUs [1])",
+        "NIC n1 of socket 1: RDMA device rxe0",
     ] {
         assert!(text.contains(line), "{line:?} missing from:\n{text}");
     }

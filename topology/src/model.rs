@@ -271,8 +271,9 @@ pub struct ServerNic {
     /// How fabric devices reach the regions behind this NIC.
     #[serde(default)]
     pub transport: NicTransport,
-    /// `verbs`: the RDMA device (e.g. `"rxe0"`; default: the first). Its
-    /// RoCEv2 address is the IPv4 address of `listen`.
+    /// `verbs`: the RDMA device (e.g. `"rxe0"`; default: the first on the
+    /// NUMA node of the socket's PMEM, else the first). Its RoCEv2 address
+    /// is the IPv4 address of `listen`.
     #[serde(default)]
     pub rdma_device: Option<String>,
 }
