@@ -1,6 +1,7 @@
 //! What the fabric device exports on `/metrics`.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use proto::request::Operation;
@@ -26,7 +27,7 @@ pub struct DeviceMetrics {
     /// for one frame in [`DEVICE_TIME_SAMPLE`].
     pub device_time: Arc<Histogram>,
     /// Frames seen, to pick the ones whose device time is measured.
-    frames: std::sync::atomic::AtomicU64,
+    frames: AtomicU64,
     /// Time from forwarding a request to its response arriving.
     pub server_rtt: Arc<Histogram>,
     /// Requests forwarded and not yet answered.
@@ -52,13 +53,27 @@ pub struct DeviceMetrics {
     pub connections_closed: Arc<Family<Counter>>,
     /// HELLOs refused, by reason.
     pub hello_refused: Arc<Family<Counter>>,
+    /// Nanoseconds of event-loop turns that spun (busy polling) and found
+    /// no event.
+    idle_poll_ns: Arc<AtomicU64>,
 }
 
 impl DeviceMetrics {
     /// Registers the device's metrics in `registry`.
     pub fn new(registry: Arc<Registry>) -> Result<Self, RegistryError> {
         let r = &registry;
+        let idle_poll_ns = Arc::new(AtomicU64::new(0));
+        let idle = Arc::clone(&idle_poll_ns);
+        r.register_fn_counter(
+            "fabric_device_idle_poll_seconds_total",
+            "Time the event loop spent busy polling (--busy-poll-us) in turns that found no \
+             event: a spinning device uses a whole CPU, and this is the part of it that waited \
+             (process_cpu_seconds_total minus this is the CPU that forwarded).",
+            &[],
+            Box::new(move || vec![(vec![], idle.load(Ordering::Relaxed) as f64 / 1e9)]),
+        )?;
         Ok(Self {
+            idle_poll_ns,
             requests: CounterTable::new(r.counter_family(
                 "fabric_device_requests_total",
                 "One-sided requests answered to clients, by operation and status.",
@@ -116,7 +131,7 @@ impl DeviceMetrics {
                 "1 when the bulk lane (requests of 64 KiB and more) to a server NIC is up, else 0.",
                 &["server", "nic"],
             )?,
-            frames: std::sync::atomic::AtomicU64::new(0),
+            frames: AtomicU64::new(0),
             map_regions: r.gauge(
                 "fabric_device_map_regions",
                 "Regions in the device's current address map.",
@@ -141,6 +156,12 @@ impl DeviceMetrics {
         })
     }
 
+    /// Adds an event-loop turn that spun and found no event.
+    pub fn add_idle_poll(&self, turn: Duration) {
+        let ns = u64::try_from(turn.as_nanos()).unwrap_or(u64::MAX);
+        self.idle_poll_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
     /// The up/down gauge of the `lane` link to `server`'s `nic`.
     pub fn link_up(&self, server: &str, nic: &str, lane: crate::forward::Lane) -> Arc<Gauge> {
         match lane {
@@ -160,9 +181,7 @@ impl DeviceMetrics {
     /// The start time of a frame whose device time is to be measured (one in
     /// [`DEVICE_TIME_SAMPLE`]), or `None`.
     pub fn start_timing(&self) -> Option<Instant> {
-        let n = self
-            .frames
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let n = self.frames.fetch_add(1, Ordering::Relaxed);
         n.is_multiple_of(DEVICE_TIME_SAMPLE).then(Instant::now)
     }
 

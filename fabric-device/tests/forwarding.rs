@@ -433,6 +433,33 @@ fn metrics_pass_promtool_and_sigterm_exits_cleanly() {
     assert!(stderr.contains("stopped cleanly"), "{stderr}");
 }
 
+/// A device that busy polls after each event counts the turns that found
+/// nothing as idle polling, so an operator sees how much of its spinning
+/// CPU forwarded; a device that sleeps between events counts none.
+#[test]
+fn a_busy_polling_device_says_how_much_of_its_spinning_found_nothing() {
+    let idle_seconds = |fabric: &Fabric| {
+        let text = fabric.metrics();
+        text.lines()
+            .find_map(|l| l.strip_prefix("fabric_device_idle_poll_seconds_total "))
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no idle polling counter:\n{text}"))
+    };
+    let spinning = Fabric::start_with(&two_servers(), &["--busy-poll-us", "400000"]);
+    let sleeping = Fabric::start(&two_servers());
+    for fabric in [&spinning, &sleeping] {
+        let mut conn = fabric.client("c1");
+        let read = Repr::read(fabric.pmem("A1", 0), fabric.key("A1"), 64);
+        assert_eq!(conn.call(read).status, Status::Ok);
+    }
+    // The spinning device polls for 400 ms after the last event, nearly
+    // all of it finding nothing.
+    std::thread::sleep(Duration::from_millis(600));
+    let idle = idle_seconds(&spinning);
+    assert!((0.2..2.0).contains(&idle), "idle polling {idle} s");
+    assert_eq!(idle_seconds(&sleeping), 0.0);
+}
+
 #[test]
 fn large_reads_from_two_servers_interleave_intact_with_small_replies() {
     // Large bodies arrive over many reads while the other link's small

@@ -39,6 +39,7 @@ fn quick_bench_writes_a_complete_report() {
         "authenticated_read_p50_over_plain",
         "fabric_p99_over_floor_p99",
         "device_cpu_us_per_op",
+        "device_busy_cpu_us_per_op",
         "fabric_cpu_per_op_over_redis",
     ] {
         let value = report["ratios"][key]
@@ -86,6 +87,17 @@ fn quick_bench_writes_a_complete_report() {
             system == "fabric",
             "device CPU per million operations: {case}"
         );
+    }
+    // A throughput case on the fabric path splits the device's CPU: the
+    // part that forwarded is some of it, not more (the rest busy polled).
+    for case in rates.iter().filter(|r| r["system"] == "fabric") {
+        let all = case["device_cpu_s_per_million"]
+            .as_f64()
+            .expect("device CPU");
+        let busy = case["device_busy_cpu_s_per_million"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("device CPU forwarding missing: {case}"));
+        assert!(busy > 0.0 && busy <= all * 1.05, "{case}");
     }
     for redis in report["redis"].as_array().expect("redis") {
         assert!(

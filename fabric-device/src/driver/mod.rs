@@ -366,8 +366,15 @@ impl Device {
             .map_err(DeviceError::Poll)?;
         let mut events = Events::with_capacity(1024);
         let mut last_event = Instant::now();
+        // The start of the last turn, when it spun and found no event.
+        let mut idle_turn: Option<Instant> = None;
         loop {
             let now = Instant::now();
+            if let Some(started) = idle_turn.take() {
+                self.metrics
+                    .add_idle_poll(now.saturating_duration_since(started));
+            }
+            let turn_started = now;
             self.connect_due_links(now);
             let spinning = now.saturating_duration_since(last_event) < self.config.busy_poll;
             let wait = if spinning {
@@ -383,6 +390,8 @@ impl Device {
             let now = Instant::now();
             if !events.is_empty() {
                 last_event = now;
+            } else if spinning {
+                idle_turn = Some(turn_started);
             }
             self.dispatch(&events, &mut signals, now);
             self.replay_parked(now);

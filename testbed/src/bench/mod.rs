@@ -137,6 +137,11 @@ pub struct RateCase {
     pub server_cpu_s_per_million: Option<f64>,
     /// fabric-device CPU seconds per million operations (fabric path only).
     pub device_cpu_s_per_million: Option<f64>,
+    /// The same without the event-loop turns that busy polled and found no
+    /// event (`fabric_device_idle_poll_seconds_total`): the CPU that
+    /// forwarded.
+    #[serde(default)]
+    pub device_busy_cpu_s_per_million: Option<f64>,
 }
 
 /// Everything `testbed bench` measured.
@@ -234,6 +239,8 @@ pub(crate) type Pids = (Option<u32>, Option<u32>);
 struct Paths {
     direct: SocketAddr,
     fabric: SocketAddr,
+    /// The fabric device's admin endpoint (its `/metrics`).
+    device_admin: SocketAddr,
 }
 
 impl Paths {
@@ -374,6 +381,7 @@ fn start_fabric(
     let paths = Paths {
         direct: addr(DaemonKind::PmemServer, "S", "nic.n0")?,
         fabric: addr(DaemonKind::FabricDevice, "F", "port.p0")?,
+        device_admin: fabric.admin(DaemonKind::FabricDevice, "F")?,
     };
     let pids = (
         fabric.pid(DaemonKind::PmemServer, "S"),
@@ -403,7 +411,7 @@ fn latencies(
             (BenchOp::WritePersist, 4096),
             (BenchOp::CompareSwap, 8),
         ] {
-            let meter = CpuMeter::start(path, pids);
+            let meter = CpuMeter::start(path, pids, paths.device_admin);
             let h = client::latency(
                 &mut conn,
                 &shape(op, size),
@@ -412,15 +420,14 @@ fn latencies(
                 plan.samples,
             )?;
             // The 200 warm-up round trips count too: they cost the same.
-            let (server_cpu_s_per_million, device_cpu_s_per_million) =
-                meter.per_million(h.count() + 200);
+            let cpu = meter.per_million(h.count() + 200);
             latency.push(LatencyCase {
                 path: path.to_owned(),
                 op: op.name().to_owned(),
                 size,
                 quantiles: Quantiles::from_histogram(&h),
-                server_cpu_s_per_million,
-                device_cpu_s_per_million,
+                server_cpu_s_per_million: cpu.server,
+                device_cpu_s_per_million: cpu.device,
             });
             histograms.insert(format!("{path} {} {size} B", op.name()), h);
         }
@@ -496,6 +503,7 @@ fn redis_runs(
                 bytes_per_s: r.ops_per_s * 64.0,
                 server_cpu_s_per_million: r.server_cpu_s_per_million,
                 device_cpu_s_per_million: None,
+                device_busy_cpu_s_per_million: None,
             });
             redis.push(r);
         }
@@ -547,7 +555,7 @@ fn rate(
     let mut conns = (0..clients)
         .map(|_| paths.connect(path))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let meter = CpuMeter::start(path, daemons);
+    let meter = CpuMeter::start(path, daemons, paths.device_admin);
     let results: Vec<std::io::Result<(u64, Duration)>> = std::thread::scope(|s| {
         let handles: Vec<_> = conns
             .iter_mut()
@@ -568,7 +576,7 @@ fn rate(
         ops += n;
         elapsed = elapsed.max(took);
     }
-    let (server_cpu_s_per_million, device_cpu_s_per_million) = meter.per_million(ops);
+    let cpu = meter.per_million(ops);
     let ops_per_s = ops as f64 / elapsed.as_secs_f64().max(1e-9);
     Ok(RateCase {
         system: path.to_owned(),
@@ -578,8 +586,9 @@ fn rate(
         depth,
         ops_per_s,
         bytes_per_s: ops_per_s * f64::from(shape.size),
-        server_cpu_s_per_million,
-        device_cpu_s_per_million,
+        server_cpu_s_per_million: cpu.server,
+        device_cpu_s_per_million: cpu.device,
+        device_busy_cpu_s_per_million: cpu.device_busy,
     })
 }
 
@@ -612,35 +621,60 @@ fn connection_memory(paths: &Paths, device: u32, count: usize) -> anyhow::Result
 struct CpuMeter {
     server: Option<(u32, f64)>,
     device: Option<(u32, f64)>,
+    /// The device's admin endpoint and its idle polling seconds at the start.
+    device_idle: Option<(SocketAddr, f64)>,
+}
+
+/// CPU seconds per million operations of one measurement.
+struct CpuPerMillion {
+    server: Option<f64>,
+    device: Option<f64>,
+    /// The device's, without its idle polling.
+    device_busy: Option<f64>,
 }
 
 impl CpuMeter {
-    /// Starts counting for `path` with the daemons' pids `(server, device)`.
-    fn start(path: &str, (server, device): Pids) -> Self {
+    /// Starts counting for `path` with the daemons' pids `(server, device)`
+    /// and the device's admin endpoint.
+    fn start(path: &str, (server, device): Pids, device_admin: SocketAddr) -> Self {
         let reading = |pid: Option<u32>| {
             let pid = pid?;
             Some((pid, peers::cpu_seconds(pid).ok()?))
         };
+        let fabric = path == "fabric";
         Self {
             server: reading(server),
-            device: if path == "fabric" {
-                reading(device)
-            } else {
-                None
-            },
+            device: reading(device.filter(|_| fabric)),
+            device_idle: fabric
+                .then(|| Some((device_admin, idle_poll_seconds(device_admin)?)))
+                .flatten(),
         }
     }
 
-    /// CPU seconds per million of `ops` operations since the start, of the
-    /// server and of the device.
-    fn per_million(&self, ops: u64) -> (Option<f64>, Option<f64>) {
+    /// CPU seconds per million of `ops` operations since the start.
+    fn per_million(&self, ops: u64) -> CpuPerMillion {
+        let per_million = |seconds: f64| seconds / ops.max(1) as f64 * 1e6;
         let since = |start: Option<(u32, f64)>| {
             let (pid, before) = start?;
-            let after = peers::cpu_seconds(pid).ok()?;
-            Some((after - before) / ops.max(1) as f64 * 1e6)
+            Some(peers::cpu_seconds(pid).ok()? - before)
         };
-        (since(self.server), since(self.device))
+        let device = since(self.device);
+        let idle = self
+            .device_idle
+            .and_then(|(admin, before)| Some(idle_poll_seconds(admin)? - before));
+        CpuPerMillion {
+            server: since(self.server).map(per_million),
+            device: device.map(per_million),
+            device_busy: device.zip(idle).map(|(cpu, idle)| per_million(cpu - idle)),
+        }
     }
+}
+
+/// `fabric_device_idle_poll_seconds_total` from a device's `/metrics`.
+fn idle_poll_seconds(admin: SocketAddr) -> Option<f64> {
+    let (status, text) = telemetry::http_get(admin, "/metrics", Duration::from_secs(2)).ok()?;
+    (status == 200).then_some(())?;
+    crate::lab::metric_sum(&text, "fabric_device_idle_poll_seconds_total", "")
 }
 
 /// The ratios the project tracks, each a measurement over a floor or a peer.
@@ -701,6 +735,12 @@ pub fn ratios(report: &BenchReport) -> BTreeMap<String, f64> {
         ),
         // CPU seconds per million operations are CPU µs per operation.
         ("device_cpu_us_per_op".into(), cpu(fabric_read, true)),
+        (
+            "device_busy_cpu_us_per_op".into(),
+            fabric_read
+                .and_then(|r| r.device_busy_cpu_s_per_million)
+                .unwrap_or(f64::NAN),
+        ),
         (
             "fabric_cpu_per_op_over_redis".into(),
             (cpu(fabric_read, false) + cpu(fabric_read, true)) / cpu(read_rate("redis"), false),

@@ -155,6 +155,10 @@ fn one_round(
     let daemons_cpu = fabric.server_cpu_s_per_million.unwrap_or(nan) + device_cpu;
     out.push(("device_cpu_us_per_op".to_owned(), device_cpu));
     out.push((
+        "device_busy_cpu_us_per_op".to_owned(),
+        fabric.device_busy_cpu_s_per_million.unwrap_or(nan),
+    ));
+    out.push((
         "fabric_cpu_per_op_over_redis".to_owned(),
         daemons_cpu / redis.server_cpu_s_per_million.unwrap_or(nan),
     ));
