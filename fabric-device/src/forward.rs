@@ -2274,6 +2274,12 @@ mod tests {
         let link_id = link(&core, "A", "n0");
         core.refresh_keys_soon(link_id);
         let ask = core.key_refresh(link_id).expect("a MAP_REQUEST is due");
+        assert_eq!(core.metrics.key_polls.get(), 1);
+        assert_eq!(
+            core.metrics.key_refreshes.get(),
+            0,
+            "a poll is not a refusal"
+        );
         assert_eq!(
             proto::parse_frame(&ask).unwrap(),
             (Message::MapRequest, KEY_REFRESH_TAG)

@@ -38,6 +38,8 @@ pub struct DeviceMetrics {
     pub malformed_frames: Arc<Counter>,
     /// Region keys asked again of a server after it refused a request.
     pub key_refreshes: Arc<Counter>,
+    /// Region keys asked of a server on verbs on schedule.
+    pub key_polls: Arc<Counter>,
     /// Bytes of requests held while they arrive, over all connections.
     pub request_bytes_held: Arc<Gauge>,
     /// Times a connection was not read because its next large frame did
@@ -116,6 +118,11 @@ impl DeviceMetrics {
             request_budget_waits: r.counter(
                 "fabric_device_request_budget_waits_total",
                 "Times a client connection was not read because its next large request did not fit its client's or the device's request budget.",
+            )?,
+            key_polls: r.counter(
+                "fabric_device_key_polls_total",
+                "Times the device asked a server on verbs for its region keys on schedule (its \
+                 RNIC executes the device's requests, so no refusal says a key was rotated).",
             )?,
             key_refreshes: r.counter(
                 "fabric_device_key_refreshes_total",

@@ -364,7 +364,8 @@ pub struct OpenedServer {
     pub exec: Executor,
     /// The metrics it records into.
     pub registry: Arc<Registry>,
-    /// The persistence mode in use (`None` when the server has no regions).
+    /// The persistence mode of the first region, which the ready line gives
+    /// (`None` when the server has no regions; `/metrics` lists every mode).
     pub mode: Option<PersistMode>,
     /// Where the server's PMEM devices are, with their NUMA nodes.
     pub devices: ServerDevices,
@@ -408,7 +409,7 @@ impl OpenedServer {
         let registry = Arc::new(Registry::new());
         telemetry::register_process_metrics(&registry)?;
         let metrics = Arc::new(ServerMetrics::new(Arc::clone(&registry))?);
-        register_region_metrics(&registry, &regions, mode)?;
+        register_region_metrics(&registry, &regions)?;
         // One window per lane a client can use: lane 0, and one per RNIC.
         let lanes: Vec<u8> = topology
             .clients
@@ -599,7 +600,8 @@ impl RunningServer {
         self.admin.local_addr()
     }
 
-    /// The persistence mode in use (`None` when the server has no regions).
+    /// The persistence mode of the first region, which the ready line gives
+    /// (`None` when the server has no regions; `/metrics` lists every mode).
     pub fn mode(&self) -> Option<PersistMode> {
         self.mode
     }
@@ -658,22 +660,21 @@ fn open_verbs_nic(
     })
 }
 
-/// Scrape-time gauges: the persistence mode, and each region's size and
-/// generation.
+/// Scrape-time gauges: the persistence modes in use, and each region's
+/// size and generation.
 fn register_region_metrics(
     registry: &Registry,
     regions: &[ServedRegion],
-    mode: Option<PersistMode>,
 ) -> Result<(), telemetry::RegistryError> {
+    // Regions on different devices may differ (fsdax on one socket, device
+    // DAX on another): every mode in use is 1.
+    let modes: std::collections::BTreeSet<&'static str> =
+        regions.iter().map(|r| r.file.map.mode().as_str()).collect();
     registry.register_fn_gauge(
         "pmem_server_persistence_mode",
-        "The persistence mechanism in use (1 for the active mode).",
+        "The persistence mechanisms in use (1 for each mode some region uses).",
         &["mode"],
-        Box::new(move || {
-            mode.map(|m| (vec![m.as_str().to_owned()], 1.0))
-                .into_iter()
-                .collect()
-        }),
+        Box::new(move || modes.iter().map(|m| (vec![(*m).to_owned()], 1.0)).collect()),
     )?;
     let sizes: Vec<(Vec<String>, f64)> = regions
         .iter()

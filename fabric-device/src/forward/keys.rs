@@ -23,6 +23,8 @@ pub(super) enum KeyRefresh {
     Current,
     /// The server refused a request: ask again.
     Due,
+    /// A server on verbs is polled: ask again.
+    PollDue,
     /// Asked; the answer is awaited.
     Asked,
 }
@@ -90,7 +92,7 @@ impl Forwarder {
         if let Some(link) = self.links.get_mut(&link_id)
             && link.key_refresh == KeyRefresh::Current
         {
-            link.key_refresh = KeyRefresh::Due;
+            link.key_refresh = KeyRefresh::PollDue;
         }
     }
 
@@ -98,11 +100,15 @@ impl Forwarder {
     /// server refused a request on it); the driver sends it on the link.
     pub fn key_refresh(&mut self, link_id: LinkId) -> Option<Vec<u8>> {
         let link = self.links.get_mut(&link_id)?;
-        if link.key_refresh != KeyRefresh::Due || link.status != LinkStatus::Up {
+        if link.status != LinkStatus::Up {
             return None;
         }
+        match link.key_refresh {
+            KeyRefresh::Due => self.metrics.key_refreshes.inc(),
+            KeyRefresh::PollDue => self.metrics.key_polls.inc(),
+            KeyRefresh::Current | KeyRefresh::Asked => return None,
+        }
         link.key_refresh = KeyRefresh::Asked;
-        self.metrics.key_refreshes.inc();
         Message::MapRequest.encode_to_vec(KEY_REFRESH_TAG).ok()
     }
 

@@ -408,12 +408,13 @@ mod tests {
     #[test]
     fn a_servers_persistence_is_read_from_its_metrics() {
         let verbs = "pmem_server_persistence_mode{mode=\"dax\"} 1\n\
+            pmem_server_persistence_mode{mode=\"devdax\"} 1\n\
             pmem_server_queue_pairs 4\n\
             pmem_server_rdma_persistence{nic=\"n1\",mode=\"flush\"} 1\n\
             pmem_server_rdma_persistence{nic=\"n2\",mode=\"apm\"} 1\n";
         assert_eq!(
             persistence_summary(verbs),
-            "mappings dax, RDMA n1: flush n2: apm, queue pairs 4"
+            "mappings dax,devdax, RDMA n1: flush n2: apm, queue pairs 4"
         );
         let tcp = "pmem_server_persistence_mode{mode=\"msync\"} 1\npmem_server_queue_pairs 0\n";
         assert_eq!(
