@@ -1143,8 +1143,12 @@ impl Forwarder {
         ))
     }
 
-    /// When [`Forwarder::handle_timeouts`] next has work.
-    pub fn poll_timeout(&self) -> Option<Instant> {
+    /// When [`Forwarder::handle_timeouts`] next has work. Drops the
+    /// deadlines of answered requests from the front of the queue first
+    /// (done here, before the driver sleeps, rather than every turn).
+    pub fn poll_timeout(&mut self) -> Option<Instant> {
+        let links = &self.links;
+        self.deadlines.trim(|d| is_pending(links, d));
         let parked = self.parked.iter().map(|p| p.deadline).min();
         match (self.deadlines.first(), parked) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -1176,8 +1180,9 @@ impl Forwarder {
                 }
             }
         }
-        let links = &self.links;
-        self.deadlines.trim(|d| is_pending(links, d));
+        if self.parked.is_empty() {
+            return (replies, silent);
+        }
         let (expired, parked): (Vec<Parked>, Vec<Parked>) = std::mem::take(&mut self.parked)
             .into_iter()
             .partition(|p| p.deadline <= now);

@@ -366,20 +366,19 @@ impl Device {
             .map_err(DeviceError::Poll)?;
         let mut events = Events::with_capacity(1024);
         let mut last_event = Instant::now();
-        // The start of the last turn, when it spun and found no event.
-        let mut idle_turn: Option<Instant> = None;
+        // When the last turn that spun and found no event polled.
+        let mut idle_since: Option<Instant> = None;
+        // One clock read per turn, after the poll: a turn that spins uses
+        // the last one (a turn's work is short next to the busy-poll time
+        // and the link timers); only a poll that may sleep reads it anew.
+        let mut now = Instant::now();
         loop {
-            let now = Instant::now();
-            if let Some(started) = idle_turn.take() {
-                self.metrics
-                    .add_idle_poll(now.saturating_duration_since(started));
-            }
-            let turn_started = now;
             self.connect_due_links(now);
             let spinning = now.saturating_duration_since(last_event) < self.config.busy_poll;
             let wait = if spinning {
                 Duration::ZERO
             } else {
+                now = Instant::now();
                 self.next_wakeup(now).saturating_duration_since(now)
             };
             match self.poll.poll(&mut events, Some(wait)) {
@@ -387,11 +386,15 @@ impl Device {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(DeviceError::Poll(e)),
             }
-            let now = Instant::now();
+            now = Instant::now();
+            if let Some(since) = idle_since.take() {
+                self.metrics
+                    .add_idle_poll(now.saturating_duration_since(since));
+            }
             if !events.is_empty() {
                 last_event = now;
             } else if spinning {
-                idle_turn = Some(turn_started);
+                idle_since = Some(now);
             }
             self.dispatch(&events, &mut signals, now);
             self.replay_parked(now);
@@ -438,7 +441,7 @@ impl Device {
     }
 
     /// When the loop must wake up next: a request deadline, a link retry.
-    fn next_wakeup(&self, now: Instant) -> Instant {
+    fn next_wakeup(&mut self, now: Instant) -> Instant {
         let mut next = now + MAX_POLL_WAIT;
         if let Some(deadline) = self.core.poll_timeout() {
             next = next.min(deadline);
