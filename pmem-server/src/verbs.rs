@@ -170,8 +170,8 @@ unsafe impl Sync for VerbsNic {}
 impl VerbsNic {
     /// Opens the NIC's RDMA device and registers `regions` (those of the
     /// NIC's socket, whose PMEM is on NUMA node `node`) with it. The device
-    /// is the one the topology names, or else one on `node` (see
-    /// [`choose_rdma_device`]); one on another node is used, with a warning.
+    /// is the one the topology names, or else the first on `node`, or else
+    /// the first; one on another node than `node` is used, with a warning.
     pub fn open(
         spec: &ServerNic,
         regions: &[&ServedRegion],
