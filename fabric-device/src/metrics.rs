@@ -55,8 +55,8 @@ pub struct DeviceMetrics {
     pub connections_closed: Arc<Family<Counter>>,
     /// HELLOs refused, by reason.
     pub hello_refused: Arc<Family<Counter>>,
-    /// Nanoseconds of event-loop turns that spun (busy polling) and found
-    /// no event.
+    /// CPU nanoseconds of event-loop turns that spun (busy polling) and
+    /// found no event.
     idle_poll_ns: Arc<AtomicU64>,
 }
 
@@ -68,9 +68,9 @@ impl DeviceMetrics {
         let idle = Arc::clone(&idle_poll_ns);
         r.register_fn_counter(
             "fabric_device_idle_poll_seconds_total",
-            "Time the event loop spent busy polling (--busy-poll-us) in turns that found no \
-             event: a spinning device uses a whole CPU, and this is the part of it that waited \
-             (process_cpu_seconds_total minus this is the CPU that forwarded).",
+            "CPU time the event loop spent busy polling (--busy-poll-us) in turns that found \
+             no event: a spinning device uses a whole CPU, and this is the part of it that \
+             waited (process_cpu_seconds_total minus this is the CPU that forwarded).",
             &[],
             Box::new(move || vec![(vec![], idle.load(Ordering::Relaxed) as f64 / 1e9)]),
         )?;
@@ -163,7 +163,7 @@ impl DeviceMetrics {
         })
     }
 
-    /// Adds an event-loop turn that spun and found no event.
+    /// Adds the CPU time of event-loop turns that spun and found no event.
     pub fn add_idle_poll(&self, turn: Duration) {
         let ns = u64::try_from(turn.as_nanos()).unwrap_or(u64::MAX);
         self.idle_poll_ns.fetch_add(ns, Ordering::Relaxed);

@@ -453,10 +453,11 @@ fn a_busy_polling_device_says_how_much_of_its_spinning_found_nothing() {
         assert_eq!(conn.call(read).status, Status::Ok);
     }
     // The spinning device polls for 400 ms after the last event, nearly
-    // all of it finding nothing.
+    // all of it finding nothing: up to that much CPU, as much as it got
+    // of a CPU shared with the tests running beside it.
     std::thread::sleep(Duration::from_millis(600));
     let idle = idle_seconds(&spinning);
-    assert!((0.2..2.0).contains(&idle), "idle polling {idle} s");
+    assert!((0.05..2.0).contains(&idle), "idle polling {idle} s");
     assert_eq!(idle_seconds(&sleeping), 0.0);
 }
 

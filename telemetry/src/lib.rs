@@ -47,7 +47,7 @@ pub use admin::{AdminError, AdminServer, Health, HealthCheck, METRICS_CONTENT_TY
 pub use client::http_get;
 pub use family::{CounterTable, Family};
 pub use metric::{Counter, Gauge, GaugeF64, Histogram, Metric};
-pub use process::{cpu_seconds, register_process_metrics};
+pub use process::{cpu_seconds, register_process_metrics, thread_cpu_time};
 pub use promtool::promtool_check;
 pub use registry::{Registry, RegistryError, SampleFn};
 

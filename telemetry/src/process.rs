@@ -1,6 +1,8 @@
 //! The process's own CPU time and resident memory, under their usual
 //! Prometheus names, computed at each scrape.
 
+use std::time::Duration;
+
 use crate::{Registry, RegistryError};
 
 /// Registers `process_cpu_seconds_total` (user + system CPU time of the
@@ -41,6 +43,25 @@ pub fn cpu_seconds() -> Option<f64> {
     Some(seconds(usage.ru_utime) + seconds(usage.ru_stime))
 }
 
+/// CPU time the calling thread has used (`CLOCK_THREAD_CPUTIME_ID`, a
+/// system call of a few hundred nanoseconds).
+pub fn thread_cpu_time() -> Option<Duration> {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into the pointer we give,
+    // which points at a valid one.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
+    if rc != 0 {
+        return None;
+    }
+    Some(Duration::new(
+        u64::try_from(now.tv_sec).ok()?,
+        u32::try_from(now.tv_nsec).ok()?,
+    ))
+}
+
 /// This process's resident set (`VmRSS` of `/proc/self/status`), in bytes.
 fn resident_bytes() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -52,6 +73,21 @@ fn resident_bytes() -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_threads_cpu_time_counts_its_work_not_its_sleep() {
+        let start = thread_cpu_time().expect("clock_gettime");
+        std::thread::sleep(Duration::from_millis(50));
+        let slept = thread_cpu_time().expect("clock_gettime") - start;
+        let busy_until = std::time::Instant::now() + Duration::from_millis(50);
+        let mut x = 0u64;
+        while std::time::Instant::now() < busy_until {
+            x = std::hint::black_box(x.wrapping_add(1));
+        }
+        let worked = thread_cpu_time().expect("clock_gettime") - start - slept;
+        assert!(slept < Duration::from_millis(10), "slept {slept:?}");
+        assert!(worked >= Duration::from_millis(20), "worked {worked:?}");
+    }
 
     #[test]
     fn cpu_time_grows_with_work_and_both_series_render() {

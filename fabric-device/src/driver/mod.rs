@@ -366,8 +366,10 @@ impl Device {
             .map_err(DeviceError::Poll)?;
         let mut events = Events::with_capacity(1024);
         let mut last_event = Instant::now();
-        // When the last turn that spun and found no event polled.
-        let mut idle_since: Option<Instant> = None;
+        // The thread's CPU time when the turns that spin and find no event
+        // began (read once per run of such turns: preemption while
+        // spinning is not idle polling).
+        let mut idle_since: Option<Duration> = None;
         // One clock read per turn, after the poll: a turn that spins uses
         // the last one (a turn's work is short next to the busy-poll time
         // and the link timers); only a poll that may sleep reads it anew.
@@ -387,14 +389,15 @@ impl Device {
                 Err(e) => return Err(DeviceError::Poll(e)),
             }
             now = Instant::now();
-            if let Some(since) = idle_since.take() {
-                self.metrics
-                    .add_idle_poll(now.saturating_duration_since(since));
+            let idle = events.is_empty() && spinning;
+            if idle && idle_since.is_none() {
+                idle_since = telemetry::thread_cpu_time();
+            } else if !idle && let Some(since) = idle_since.take() {
+                let cpu = telemetry::thread_cpu_time().unwrap_or(since);
+                self.metrics.add_idle_poll(cpu.saturating_sub(since));
             }
             if !events.is_empty() {
                 last_event = now;
-            } else if spinning {
-                idle_since = Some(now);
             }
             self.dispatch(&events, &mut signals, now);
             self.replay_parked(now);

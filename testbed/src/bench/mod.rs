@@ -621,8 +621,9 @@ fn connection_memory(paths: &Paths, device: u32, count: usize) -> anyhow::Result
 struct CpuMeter {
     server: Option<(u32, f64)>,
     device: Option<(u32, f64)>,
-    /// The device's admin endpoint and its idle polling seconds at the start.
-    device_idle: Option<(SocketAddr, f64)>,
+    /// The device's admin endpoint and what its `/metrics` said at the
+    /// start (see [`device_cpu_split`]).
+    device_split: Option<(SocketAddr, (f64, f64))>,
 }
 
 /// CPU seconds per million operations of one measurement.
@@ -645,8 +646,8 @@ impl CpuMeter {
         Self {
             server: reading(server),
             device: reading(device.filter(|_| fabric)),
-            device_idle: fabric
-                .then(|| Some((device_admin, idle_poll_seconds(device_admin)?)))
+            device_split: fabric
+                .then(|| Some((device_admin, device_cpu_split(device_admin)?)))
                 .flatten(),
         }
     }
@@ -658,23 +659,29 @@ impl CpuMeter {
             let (pid, before) = start?;
             Some(peers::cpu_seconds(pid).ok()? - before)
         };
-        let device = since(self.device);
-        let idle = self
-            .device_idle
-            .and_then(|(admin, before)| Some(idle_poll_seconds(admin)? - before));
+        let busy = self.device_split.and_then(|(admin, (cpu, idle))| {
+            let (cpu_after, idle_after) = device_cpu_split(admin)?;
+            Some((cpu_after - cpu) - (idle_after - idle))
+        });
         CpuPerMillion {
             server: since(self.server).map(per_million),
-            device: device.map(per_million),
-            device_busy: device.zip(idle).map(|(cpu, idle)| per_million(cpu - idle)),
+            device: since(self.device).map(per_million),
+            device_busy: busy.map(per_million),
         }
     }
 }
 
-/// `fabric_device_idle_poll_seconds_total` from a device's `/metrics`.
-fn idle_poll_seconds(admin: SocketAddr) -> Option<f64> {
+/// A device's CPU seconds and the part of them it spent busy polling
+/// without finding an event, from one scrape of its `/metrics` (both
+/// exact to the microsecond; `/proc`'s CPU time counts in ticks).
+fn device_cpu_split(admin: SocketAddr) -> Option<(f64, f64)> {
     let (status, text) = telemetry::http_get(admin, "/metrics", Duration::from_secs(2)).ok()?;
     (status == 200).then_some(())?;
-    crate::lab::metric_sum(&text, "fabric_device_idle_poll_seconds_total", "")
+    let metric = |name| crate::lab::metric_sum(&text, name, "");
+    Some((
+        metric("process_cpu_seconds_total")?,
+        metric("fabric_device_idle_poll_seconds_total")?,
+    ))
 }
 
 /// The ratios the project tracks, each a measurement over a floor or a peer.
