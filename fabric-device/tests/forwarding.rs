@@ -440,9 +440,7 @@ fn metrics_pass_promtool_and_sigterm_exits_cleanly() {
 fn a_busy_polling_device_says_how_much_of_its_spinning_found_nothing() {
     let idle_seconds = |fabric: &Fabric| {
         let text = fabric.metrics();
-        text.lines()
-            .find_map(|l| l.strip_prefix("fabric_device_idle_poll_seconds_total "))
-            .and_then(|v| v.parse::<f64>().ok())
+        telemetry::metric_sum(&text, "fabric_device_idle_poll_seconds_total", "")
             .unwrap_or_else(|| panic!("no idle polling counter:\n{text}"))
     };
     let spinning = Fabric::start_with(&two_servers(), &["--busy-poll-us", "400000"]);

@@ -52,6 +52,29 @@ fn into_io(error: ureq::Error) -> io::Error {
     }
 }
 
+/// The sum of every sample of metric `name` whose labels contain `labels`
+/// (`""` for all), from text in the exposition format (a
+/// scraped `/metrics`); `None` when there is none.
+pub fn metric_sum(metrics: &str, name: &str, labels: &str) -> Option<f64> {
+    let mut found = None;
+    for line in metrics.lines() {
+        let Some(rest) = line.strip_prefix(name) else {
+            continue;
+        };
+        let (series, value) = match rest.rsplit_once(' ') {
+            Some(pair) => pair,
+            None => continue,
+        };
+        if !(series.is_empty() || series.starts_with('{')) || !series.contains(labels) {
+            continue;
+        }
+        if let Ok(value) = value.parse::<f64>() {
+            *found.get_or_insert(0.0) += value;
+        }
+    }
+    found
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -63,6 +86,19 @@ mod tests {
             let error = http_get(addr, bad, Duration::from_millis(100)).unwrap_err();
             assert_eq!(error.kind(), io::ErrorKind::InvalidInput);
         }
+    }
+
+    #[test]
+    fn samples_of_a_metric_add_up_by_name_and_labels() {
+        let text = "# TYPE ops_total counter\n\
+            ops_total{op=\"READ\",status=\"OK\"} 3\n\
+            ops_total{op=\"WRITE\",status=\"OK\"} 4\n\
+            ops_total_created 9\n\
+            cpu_seconds_total 0.25\n";
+        assert_eq!(metric_sum(text, "ops_total", ""), Some(7.0));
+        assert_eq!(metric_sum(text, "ops_total", "op=\"READ\""), Some(3.0));
+        assert_eq!(metric_sum(text, "cpu_seconds_total", ""), Some(0.25));
+        assert_eq!(metric_sum(text, "missing", ""), None);
     }
 
     #[test]

@@ -44,7 +44,7 @@ mod promtool;
 mod registry;
 
 pub use admin::{AdminError, AdminServer, Health, HealthCheck, METRICS_CONTENT_TYPE};
-pub use client::http_get;
+pub use client::{http_get, metric_sum};
 pub use family::{CounterTable, Family};
 pub use metric::{Counter, Gauge, GaugeF64, Histogram, Metric};
 pub use process::{cpu_seconds, register_process_metrics, thread_cpu_time};

@@ -250,28 +250,6 @@ pub fn device_roce_counters(metrics: &str) -> std::collections::BTreeMap<String,
     out
 }
 
-/// The sum of every sample of metric `name` whose labels contain `labels`
-/// (`""` for all), from `/metrics` text; `None` when there is none.
-pub fn metric_sum(metrics: &str, name: &str, labels: &str) -> Option<f64> {
-    let mut found = None;
-    for line in metrics.lines() {
-        let Some(rest) = line.strip_prefix(name) else {
-            continue;
-        };
-        let (series, value) = match rest.rsplit_once(' ') {
-            Some(pair) => pair,
-            None => continue,
-        };
-        if !(series.is_empty() || series.starts_with('{')) || !series.contains(labels) {
-            continue;
-        }
-        if let Ok(value) = value.parse::<f64>() {
-            *found.get_or_insert(0.0) += value;
-        }
-    }
-    found
-}
-
 /// How a fabric device reached its servers on verbs, from its `/metrics`:
 /// `server_requests_rdma` (work requests on its queue pairs),
 /// `server_requests_control` (left to the servers' TCP connections) and
@@ -296,7 +274,10 @@ pub fn device_server_counters(metrics: &str) -> std::collections::BTreeMap<Strin
     ]
     .into_iter()
     .filter_map(|(key, name, labels)| {
-        Some((key.to_owned(), metric_sum(metrics, name, labels)? as u64))
+        Some((
+            key.to_owned(),
+            telemetry::metric_sum(metrics, name, labels)? as u64,
+        ))
     })
     .collect()
 }
@@ -314,7 +295,7 @@ pub fn server_counters(metrics: &str) -> std::collections::BTreeMap<String, u64>
     .filter_map(|(key, name, scale)| {
         Some((
             key.to_owned(),
-            (metric_sum(metrics, name, "")? * scale) as u64,
+            (telemetry::metric_sum(metrics, name, "")? * scale) as u64,
         ))
     })
     .collect()
@@ -343,7 +324,6 @@ mod tests {
         assert_eq!(s.get("operations"), Some(&7));
         assert_eq!(s.get("cpu_us"), Some(&250_000));
         assert_eq!(s.get("queue_pairs"), Some(&2));
-        assert_eq!(metric_sum(server, "pmem_server_missing", ""), None);
     }
 
     #[test]

@@ -107,9 +107,9 @@ pub fn run(plan: VerbsPlan, out: &Path) -> anyhow::Result<VerbsReport> {
     let scrape = move || -> anyhow::Result<(f64, u64)> {
         let (_, text) = telemetry::http_get(admin, "/metrics", Duration::from_secs(10))
             .context("scrape the server")?;
-        let cpu = crate::lab::metric_sum(&text, "process_cpu_seconds_total", "")
+        let cpu = telemetry::metric_sum(&text, "process_cpu_seconds_total", "")
             .context("no process_cpu_seconds_total")?;
-        let ops = crate::lab::metric_sum(&text, "pmem_server_operations_total", "").unwrap_or(0.0);
+        let ops = telemetry::metric_sum(&text, "pmem_server_operations_total", "").unwrap_or(0.0);
         Ok((cpu * 1e6, ops as u64))
     };
     let measurements = fabric

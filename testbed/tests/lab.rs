@@ -349,7 +349,7 @@ fn pmemctl_in_a_guest_reads_writes_and_adds_over_rdma() {
 
 /// Sums the samples of series `name` in a `/metrics` text.
 fn metric(text: &str, name: &str) -> f64 {
-    testbed::lab::metric_sum(text, name, "").unwrap_or(0.0)
+    telemetry::metric_sum(text, name, "").unwrap_or(0.0)
 }
 
 /// An RDMA FETCH_ADD in doubt: the guest's atomic reaches a device and the

@@ -677,7 +677,7 @@ impl CpuMeter {
 fn device_cpu_split(admin: SocketAddr) -> Option<(f64, f64)> {
     let (status, text) = telemetry::http_get(admin, "/metrics", Duration::from_secs(2)).ok()?;
     (status == 200).then_some(())?;
-    let metric = |name| crate::lab::metric_sum(&text, name, "");
+    let metric = |name| telemetry::metric_sum(&text, name, "");
     Some((
         metric("process_cpu_seconds_total")?,
         metric("fabric_device_idle_poll_seconds_total")?,
