@@ -90,7 +90,7 @@ fn a_raw_rc_client_reaches_the_pool_through_the_roce_port() {
         assert_eq!(reply.data, expected, "region {}", entry.region_id);
     }
 
-    // The device publishes RoCE counters within 100 ms of traffic.
+    // The device publishes its RoCE counters shortly after the traffic.
     let scrape = || {
         telemetry::http_get(device.addr("admin"), "/metrics", Duration::from_secs(5))
             .map(|(_, body)| body)
@@ -104,18 +104,20 @@ fn a_raw_rc_client_reaches_the_pool_through_the_roce_port() {
             .sum()
     };
     let received = "fabric_device_roce_packets_received_total{port=\"p0\"}";
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let arp = "fabric_device_roce_arp_replies_total";
+    let naks = "fabric_device_roce_naks_sent_total{port=\"p0\",qp=\"all\",kind=\"remote_access\"}";
+    // Counters of one port are published together, but each scrape may
+    // come between two publications: wait for all of them.
+    let published =
+        |m: &str| value(m, received) >= 10.0 && value(m, arp) >= 1.0 && value(m, naks) >= 1.0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let mut metrics = scrape();
-    while value(&metrics, received) < 10.0 && std::time::Instant::now() < deadline {
+    while !published(&metrics) && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
         metrics = scrape();
     }
     assert!(value(&metrics, received) >= 10.0, "{metrics}");
-    assert!(
-        value(&metrics, "fabric_device_roce_arp_replies_total") >= 1.0,
-        "{metrics}"
-    );
-    let naks = "fabric_device_roce_naks_sent_total{port=\"p0\",qp=\"all\",kind=\"remote_access\"}";
+    assert!(value(&metrics, arp) >= 1.0, "{metrics}");
     assert_eq!(value(&metrics, naks), 1.0, "the bad R_Key: {metrics}");
     let icrc = "fabric_device_roce_dropped_total{port=\"p0\",reason=\"icrc_error\"}";
     assert_eq!(value(&metrics, icrc), 0.0);
