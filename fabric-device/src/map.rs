@@ -88,7 +88,7 @@ pub struct DeviceMap {
     /// For each region index, the positions in `links` that reach its
     /// server: links on the region's socket first, then the others.
     pub region_links: Vec<Vec<usize>>,
-    /// The admitted clients by id.
+    /// The admitted clients by id: those with an RNIC wired to this device.
     pub clients: HashMap<String, ClientPolicy>,
 }
 
@@ -143,10 +143,13 @@ impl DeviceMap {
                 reach
             })
             .collect();
+        // Only clients with an RNIC wired to this device: servers refuse
+        // to let a device act for any other.
         let clients = topology
             .clients
             .iter()
             .enumerate()
+            .filter(|(_, client)| client.rnics.iter().any(|r| r.fabric_device == spec.id))
             .map(|(number, client)| {
                 let policy = ClientPolicy {
                     number: u32::try_from(number).unwrap_or(u32::MAX),

@@ -17,8 +17,7 @@ use proto::response::{self, ResponseKind};
 use proto::{AccessKey, Message, Opcode, Status};
 use topology::{CachePolicy, Layout, LayoutEntry, RegionIndex, ServerId};
 
-use crate::dedup::{Dedup, DedupError, DedupTable, Refusal, Word};
-use crate::dedup_store::Intent;
+use crate::dedup::{Attempt, Dedup, DedupError, DedupTable, Intent, Refusal, RequestDigest, Word};
 use crate::gate::{self, Gatekeeper, Session};
 use crate::metrics::ServerMetrics;
 use crate::persist::PersistError;
@@ -285,10 +284,16 @@ impl Executor {
     ) -> Result<Flow, proto::Error> {
         match proto::parse_frame(frame) {
             Ok((Message::Request(req), tag)) if session.admits() => {
-                match self.authorize(session, &req) {
+                let refused = match self.authorize(session, &req) {
+                    Some(reason) => Some((&self.metrics.denied, reason)),
+                    None => self
+                        .foreign_identity(session, &req)
+                        .map(|reason| (&self.metrics.exactly_once_refused, reason)),
+                };
+                match refused {
                     None => self.execute(&req, tag, out),
-                    Some(reason) => {
-                        self.metrics.denied.with(&[reason]).inc();
+                    Some((counter, reason)) => {
+                        counter.with(&[reason]).inc();
                         self.metrics.record(
                             req.operation,
                             Status::AccessDenied,
@@ -326,8 +331,11 @@ impl Executor {
         let gate = self.gate.as_ref()?;
         let number = match (session, req.on_behalf) {
             (Session::Open, _) => return None,
-            (Session::ProvenDevice, Some(number)) => number,
-            (Session::ProvenDevice, None) => return Some("no_client"),
+            (Session::ProvenDevice { device }, Some(number)) if gate.wired(*device, number) => {
+                number
+            }
+            (Session::ProvenDevice { .. }, Some(_)) => return Some("unwired_client"),
+            (Session::ProvenDevice { .. }, None) => return Some("no_client"),
             (Session::ProvenClient { number }, None) => *number,
             (Session::ProvenClient { .. }, Some(_)) => return Some("on_behalf_from_client"),
             (Session::ProvenOperator, _) => return Some("operator"),
@@ -346,6 +354,22 @@ impl Executor {
             u64::from(req.length)
         };
         gate.denies(number, addr, len, req.operation.changes_memory())
+    }
+
+    /// Why `req`'s exactly-once identity is not one `session`'s peer may
+    /// use, if it is not: a client proven by its key uses only its own
+    /// number (any of its lanes), a device only the number of the client it
+    /// acts for. Checked before the identity reaches the window, so no one
+    /// can record (or read) a result under another client's identity.
+    /// Without authentication there is no one to bind an identity to.
+    fn foreign_identity(&self, session: &Session, req: &request::Repr<'_>) -> Option<&'static str> {
+        let once = req.exactly_once?;
+        let owner = match (session, req.on_behalf) {
+            (Session::ProvenClient { number }, _) => *number,
+            (Session::ProvenDevice { .. }, Some(number)) => number,
+            _ => return None,
+        };
+        (once.client & request::CLIENT_NUMBER_MASK != owner).then_some("foreign_identity")
     }
 
     /// A frame from a peer that has not proven its key yet: HELLO and the
@@ -396,7 +420,9 @@ impl Executor {
                     gate::answer_proof(key, *role, name, self.server.as_str(), *nonce, &proof)
                 });
                 let proven = match role {
-                    Role::FabricDevice => Some(Session::ProvenDevice),
+                    Role::FabricDevice => gate
+                        .device_number(name)
+                        .map(|device| Session::ProvenDevice { device }),
                     Role::Admin => Some(Session::ProvenOperator),
                     Role::Client => gate
                         .client_number(name)
@@ -481,7 +507,7 @@ impl Executor {
                 continue;
             };
             let given = match (session, &self.gate) {
-                (Session::Open | Session::ProvenDevice, _) => true,
+                (Session::Open | Session::ProvenDevice { .. }, _) => true,
                 (Session::ProvenClient { number }, Some(gate)) => {
                     gate.reaches(*number, entry.start, entry.len)
                 }
@@ -658,11 +684,27 @@ impl Executor {
                     region: region.entry.region.0,
                     offset,
                 };
+                // A FETCH_ADD's compare field means nothing: a retry may
+                // carry another one (a RoCE atomic retried over TCP).
+                let compare = match req.operation {
+                    Operation::CompareSwap => req.compare,
+                    _ => 0,
+                };
+                let digest = RequestDigest::of(
+                    req.operation.opcode().into(),
+                    target.region,
+                    offset,
+                    compare,
+                    req.operand,
+                );
+                let attempt = Attempt {
+                    client: id.client,
+                    seq: id.seq,
+                    digest,
+                };
                 let ran = self
                     .dedup
-                    .run(id.client, id.seq, target, change, req.persist, || {
-                        map.persist(at, 8)
-                    });
+                    .run(attempt, target, change, req.persist, || map.persist(at, 8));
                 match ran {
                     Ok(Dedup::Applied(old)) => Ok(Done::ok(old)),
                     Ok(Dedup::Replayed(old)) => {
@@ -670,6 +712,10 @@ impl Executor {
                         Ok(Done::ok(old))
                     }
                     Ok(Dedup::Stale) => Err(Status::BadRequest),
+                    Ok(Dedup::Conflict) => {
+                        self.metrics.exactly_once_refused.with(&["conflict"]).inc();
+                        Err(Status::ExactlyOnceConflict)
+                    }
                     Ok(Dedup::Refused(refusal)) => {
                         self.metrics
                             .exactly_once_refused
@@ -704,7 +750,7 @@ impl Executor {
     }
 
     /// Settles the exactly-once atomics a crash left between their intent
-    /// and their result (see the `dedup_store` module), before anything is
+    /// and their result (see the `dedup` module's store), before anything is
     /// served: each whose word changed is recorded as applied (after its
     /// word is made durable), the others will be applied by their retry.
     pub fn recover_exactly_once(&self, unfinished: &[Intent]) -> Result<Recovery, RecoveryError> {

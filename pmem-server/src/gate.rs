@@ -3,11 +3,14 @@
 //! it names in HELLO before anything else is answered (`proto::auth`), and
 //! every request is held to the grants (allow-list) of the client it is
 //! for: the one a device says it forwards for (ON_BEHALF), or the client
-//! itself on a direct connection. Operators (`operator.<name>.key`) may
+//! itself on a direct connection. A device may act only for the clients
+//! the topology wires to it (an RNIC of the client names the device), and
+//! an exactly-once identity is used only by the client it numbers (see
+//! `Executor::authorize`). Operators (`operator.<name>.key`) may
 //! rotate region keys and nothing else. Without, the server answers whoever
 //! reaches its data port, as before.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use proto::auth::{Key, NONCE_LEN, Proof, Side, Transcript};
@@ -24,6 +27,11 @@ pub struct Gatekeeper {
     grants: Vec<Grants>,
     /// Client numbers by id.
     numbers: HashMap<String, u32>,
+    /// Fabric device numbers (positions in the topology) by id.
+    devices: HashMap<String, u32>,
+    /// (device number, client number) for every client RNIC wired to a
+    /// device: whom each device may act for.
+    wired: HashSet<(u32, u32)>,
 }
 
 impl Gatekeeper {
@@ -41,6 +49,25 @@ impl Gatekeeper {
             .iter()
             .enumerate()
             .map(|(n, c)| (c.id.to_string(), u32::try_from(n).unwrap_or(u32::MAX)))
+            .collect();
+        let number_of = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        let devices: HashMap<String, u32> = topology
+            .fabric_devices
+            .iter()
+            .enumerate()
+            .map(|(n, d)| (d.id.to_string(), number_of(n)))
+            .collect();
+        let wired = topology
+            .clients
+            .iter()
+            .enumerate()
+            .flat_map(|(client, c)| {
+                let devices = &devices;
+                c.rnics.iter().filter_map(move |rnic| {
+                    let device = devices.get(rnic.fabric_device.as_str())?;
+                    Some((*device, number_of(client)))
+                })
+            })
             .collect();
         let mut keys = HashMap::new();
         for device in &topology.fabric_devices {
@@ -64,6 +91,8 @@ impl Gatekeeper {
             keys,
             grants,
             numbers,
+            devices,
+            wired,
         })
     }
 
@@ -78,6 +107,17 @@ impl Gatekeeper {
     /// Client `name`'s number, if the topology has it.
     pub fn client_number(&self, name: &str) -> Option<u32> {
         self.numbers.get(name).copied()
+    }
+
+    /// Fabric device `name`'s number, if the topology has it.
+    pub fn device_number(&self, name: &str) -> Option<u32> {
+        self.devices.get(name).copied()
+    }
+
+    /// Whether device `device` may act for client `client`: one of the
+    /// client's RNICs is wired to it.
+    pub fn wired(&self, device: u32, client: u32) -> bool {
+        self.wired.contains(&(device, client))
     }
 
     /// Why client `number` may not touch `[addr, addr + len)` (or change
@@ -128,8 +168,12 @@ pub enum Session {
         /// Our nonce.
         nonce: [u8; NONCE_LEN],
     },
-    /// A fabric device proved its key: it says whom each request is for.
-    ProvenDevice,
+    /// A fabric device proved its key: it says whom each request is for,
+    /// among the clients wired to it.
+    ProvenDevice {
+        /// Its number (position in the topology).
+        device: u32,
+    },
     /// A client proved its key: its requests are its own.
     ProvenClient {
         /// Its number.
@@ -144,7 +188,7 @@ impl Session {
     /// memory: a fabric device that proved its key, or anyone when the
     /// server asks for no keys.
     pub fn may_set_up_queue_pairs(&self) -> bool {
-        matches!(self, Session::Open | Session::ProvenDevice)
+        matches!(self, Session::Open | Session::ProvenDevice { .. })
     }
 
     /// Whether requests may be answered.
@@ -152,7 +196,7 @@ impl Session {
         matches!(
             self,
             Session::Open
-                | Session::ProvenDevice
+                | Session::ProvenDevice { .. }
                 | Session::ProvenClient { .. }
                 | Session::ProvenOperator
         )

@@ -8,8 +8,9 @@
 //!   directory, a directory of its own, or device DAX) and its NUMA node.
 //! - `exec`: executing READ, WRITE, WRITE_PERSIST, FLUSH and the atomics,
 //!   with key and bounds checks.
-//! - `dedup` and `dedup_store`: the exactly-once window for retried
-//!   atomics, kept in a mapped file so it survives a restart.
+//! - `dedup`: the exactly-once window for retried atomics, bound to the
+//!   request that recorded each result and kept in a self-checking mapped
+//!   file so it survives a restart.
 //! - `conn` and [`server`]: connections, listeners and the daemon's life.
 //! - `metrics`: what `/metrics` exports.
 //! - `verbs` (feature `verbs`): regions registered with a NIC's RNIC and
@@ -23,7 +24,6 @@
 pub mod cli;
 pub(crate) mod conn;
 pub(crate) mod dedup;
-pub(crate) mod dedup_store;
 pub mod devices;
 pub(crate) mod exec;
 pub(crate) mod gate;
@@ -32,7 +32,6 @@ pub(crate) mod numa;
 pub mod persist;
 pub mod region_file;
 pub mod server;
-pub(crate) mod stale_marks;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 

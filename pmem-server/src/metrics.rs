@@ -102,8 +102,10 @@ impl ServerMetrics {
             )?,
             exactly_once_refused: r.counter_family(
                 "pmem_server_exactly_once_refused_total",
-                "Exactly-once atomics refused before running, by reason: an identity that is not \
-                 a client (and lane) of the topology, or a reserved sequence number.",
+                "Exactly-once atomics refused before running, by reason: unknown_identity (not a \
+                 client and lane of the topology), foreign_identity (another client's number than \
+                 the proven peer's, or the client a device acts for), conflict (a recorded \
+                 identity reused by a different request), reserved_seq, window_full.",
                 &["reason"],
             )?,
             auth_failures: r.counter_family(

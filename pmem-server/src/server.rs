@@ -16,8 +16,7 @@ use topology::{Layout, NicId, NicTransport, ServerId, Topology};
 use tracing::{Span, debug, error, info, warn};
 
 use crate::conn::{self, QueuePairs, Timeouts};
-use crate::dedup::DedupTable;
-use crate::dedup_store::{StoreError, WindowStore};
+use crate::dedup::{DedupTable, Expect, StoreError, WindowStore};
 use crate::devices::{DeviceError, ServerDevices, SysRoots};
 use crate::exec::{Executor, ServedRegion};
 use crate::gate::Gatekeeper;
@@ -417,12 +416,17 @@ impl OpenedServer {
             .map(|c| u8::try_from(c.rnics.len()).unwrap_or(u8::MAX))
             .collect();
         let identities = lanes.iter().map(|&l| usize::from(l) + 1).sum();
-        let (store, loaded) = WindowStore::open(
-            &config.data_dir,
-            &config.persistence,
-            config.format || config.reset_exactly_once,
-            identities,
-        )?;
+        // Regions kept from an earlier start kept their window beside them:
+        // if it is gone, retried atomics could apply twice.
+        let expect = if config.format || config.reset_exactly_once {
+            Expect::Reset
+        } else if regions.iter().any(|r| !r.file.created) {
+            Expect::Existing
+        } else {
+            Expect::New
+        };
+        let (store, loaded) =
+            WindowStore::open(&config.data_dir, &config.persistence, expect, identities)?;
         let dedup = DedupTable::with_store(store, loaded.windows).bounded_by(lanes);
         let gate = match &config.secrets {
             Some(dir) => Some((dir, Gatekeeper::load(dir, topology, &layout)?)),

@@ -117,7 +117,7 @@ fn only_a_peer_that_proves_its_key_is_served() {
     assert_eq!(metric(&metrics, "unauthenticated"), 2, "{metrics}");
     assert_eq!(metric(&metrics, "unknown_principal"), 2, "{metrics}");
     assert_eq!(metric(&metrics, "bad_proof"), 1, "{metrics}");
-    for (reason, count) in [("not_granted", 3), ("unknown_client", 1), ("no_client", 1)] {
+    for (reason, count) in [("not_granted", 3), ("unwired_client", 1), ("no_client", 1)] {
         let line = format!("pmem_server_denied_requests_total{{reason=\"{reason}\"}} {count}");
         assert!(metrics.lines().any(|l| l == line), "{line}\n{metrics}");
     }

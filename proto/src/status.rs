@@ -32,13 +32,17 @@ pub enum Status {
     VersionMismatch,
     /// The server failed to read, write or persist the data (11).
     IoError,
+    /// The exactly-once identity (client, lane, sequence number) already
+    /// names a different request: another operation, target or operand
+    /// (12). Nothing ran; the recorded result is not given out.
+    ExactlyOnceConflict,
     /// Any other value.
     Unknown(u16),
 }
 
 impl Status {
     /// Every named status, in numeric order.
-    pub const ALL: [Status; 12] = [
+    pub const ALL: [Status; 13] = [
         Status::Ok,
         Status::AccessDenied,
         Status::OutOfBounds,
@@ -51,6 +55,7 @@ impl Status {
         Status::UnknownClient,
         Status::VersionMismatch,
         Status::IoError,
+        Status::ExactlyOnceConflict,
     ];
 
     /// Whether this is [`Status::Ok`].
@@ -74,6 +79,7 @@ impl Status {
             Status::UnknownClient => "UNKNOWN_CLIENT",
             Status::VersionMismatch => "VERSION_MISMATCH",
             Status::IoError => "IO_ERROR",
+            Status::ExactlyOnceConflict => "EXACTLY_ONCE_CONFLICT",
             Status::Unknown(_) => "UNKNOWN",
         }
     }
@@ -94,6 +100,7 @@ impl From<u16> for Status {
             9 => Status::UnknownClient,
             10 => Status::VersionMismatch,
             11 => Status::IoError,
+            12 => Status::ExactlyOnceConflict,
             other => Status::Unknown(other),
         }
     }
@@ -114,6 +121,7 @@ impl From<Status> for u16 {
             Status::UnknownClient => 9,
             Status::VersionMismatch => 10,
             Status::IoError => 11,
+            Status::ExactlyOnceConflict => 12,
             Status::Unknown(other) => other,
         }
     }
@@ -144,7 +152,7 @@ mod tests {
         for value in 0..=u16::MAX {
             let status = Status::from(value);
             assert_eq!(u16::from(status), value);
-            assert_eq!(matches!(status, Status::Unknown(_)), value > 11);
+            assert_eq!(matches!(status, Status::Unknown(_)), value > 12);
         }
     }
 

@@ -176,17 +176,19 @@ impl DedupTable {
     /// `persist`), then the result is recorded. Two copies of one request
     /// racing in on two paths apply once (the client's shard lock), and one
     /// intent is in flight per stripe of words (the stripe lock).
-    #[allow(clippy::too_many_arguments)]
     pub fn run(
         &self,
-        client: u32,
-        seq: u64,
-        digest: RequestDigest,
+        attempt: Attempt,
         word: Word<'_>,
         change: impl Fn(u64) -> u64,
         persist: bool,
         persist_word: impl FnOnce() -> Result<(), PersistError>,
     ) -> Result<Dedup, DedupError> {
+        let Attempt {
+            client,
+            seq,
+            digest,
+        } = attempt;
         if let Err(refusal) = self.admits(client, seq) {
             return Ok(Dedup::Refused(refusal));
         }
@@ -291,6 +293,18 @@ impl DedupTable {
     }
 }
 
+/// One exactly-once atomic as it arrives: its identity (lane and client
+/// number), its sequence number, and the digest of what it asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attempt {
+    /// The exactly-once identity.
+    pub client: u32,
+    /// Its sequence number.
+    pub seq: u64,
+    /// What it asks (operation, word, operands).
+    pub digest: RequestDigest,
+}
+
 /// The 8-byte word an exactly-once atomic changes.
 #[derive(Debug, Clone, Copy)]
 pub struct Word<'a> {
@@ -344,6 +358,14 @@ mod tests {
     use super::*;
     use crate::persist::PersistPolicy;
 
+    fn attempt(client: u32, seq: u64, digest: RequestDigest) -> Attempt {
+        Attempt {
+            client,
+            seq,
+            digest,
+        }
+    }
+
     /// The digest of a FETCH_ADD of 1 on offset 64 of region 0.
     fn add_one() -> RequestDigest {
         RequestDigest::of(0x14, 0, 64, 0, 1)
@@ -357,7 +379,13 @@ mod tests {
             offset: 64,
         };
         table
-            .run(client, seq, add_one(), word, |old| old + 1, false, || Ok(()))
+            .run(
+                attempt(client, seq, add_one()),
+                word,
+                |old| old + 1,
+                false,
+                || Ok(()),
+            )
             .unwrap()
     }
 
@@ -420,13 +448,17 @@ mod tests {
             value: 10,
             digest: add_one(),
         };
-        assert_eq!(loaded.windows[&3].results, vec![(2, recorded), (1, recorded)]);
+        assert_eq!(
+            loaded.windows[&3].results,
+            vec![(2, recorded), (1, recorded)]
+        );
     }
 
     #[test]
     fn an_atomic_that_changes_nothing_writes_no_intent() {
         let dir = tempfile::tempdir().unwrap();
-        let (store, _) = WindowStore::open(dir.path(), &PersistPolicy::Msync, Expect::New, 8).unwrap();
+        let (store, _) =
+            WindowStore::open(dir.path(), &PersistPolicy::Msync, Expect::New, 8).unwrap();
         let table = DedupTable::with_store(store, HashMap::new());
         let counter = AtomicU64::new(5);
         let word = Word {
@@ -437,11 +469,12 @@ mod tests {
         let failed_cas = |old| if old == 4 { 9 } else { old };
         let cas = RequestDigest::of(0x13, 0, 0, 4, 9);
         let ran = table
-            .run(1, 1, cas, word, failed_cas, true, || Ok(()))
+            .run(attempt(1, 1, cas), word, failed_cas, true, || Ok(()))
             .unwrap();
         assert_eq!(ran, Dedup::Applied(5));
         drop(table);
-        let (_, loaded) = WindowStore::open(dir.path(), &PersistPolicy::Msync, Expect::New, 8).unwrap();
+        let (_, loaded) =
+            WindowStore::open(dir.path(), &PersistPolicy::Msync, Expect::New, 8).unwrap();
         assert!(loaded.unfinished.is_empty());
         let recorded = Recorded {
             value: 5,
@@ -471,7 +504,7 @@ mod tests {
             offset: 0,
         };
         let failing = || Err(PersistError::Misaligned { offset: 4 });
-        let ran = table.run(1, 5, add_one(), word, |o| o + 1, true, failing);
+        let ran = table.run(attempt(1, 5, add_one()), word, |o| o + 1, true, failing);
         assert!(ran.is_err());
         assert_eq!(add(&table, &counter, 1, 5), Dedup::Replayed(0));
         assert_eq!(counter.load(Ordering::SeqCst), 1, "applied once");
@@ -566,7 +599,8 @@ mod tests {
     #[test]
     fn a_full_window_file_is_refused_before_anything_runs() {
         let dir = tempfile::tempdir().unwrap();
-        let (store, _) = WindowStore::open(dir.path(), &PersistPolicy::Msync, Expect::New, 1).unwrap();
+        let (store, _) =
+            WindowStore::open(dir.path(), &PersistPolicy::Msync, Expect::New, 1).unwrap();
         let table = DedupTable::with_store(store, HashMap::new());
         let counter = AtomicU64::new(0);
         assert_eq!(add(&table, &counter, 1, 1), Dedup::Applied(0));
@@ -591,7 +625,7 @@ mod tests {
         // and the first request's result is not given out.
         let other = RequestDigest::of(0x14, 0, 64, 0, 1000);
         let ran = table
-            .run(5, 40, other, word, |o| o + 1000, false, || Ok(()))
+            .run(attempt(5, 40, other), word, |o| o + 1000, false, || Ok(()))
             .unwrap();
         assert_eq!(ran, Dedup::Conflict);
         assert_eq!(counter.load(Ordering::SeqCst), 8);
@@ -626,7 +660,7 @@ mod tests {
             offset: 64,
         };
         let other = RequestDigest::of(0x13, 0, 64, 3, 1);
-        let ran = table.run(2, 9, other, word, |o| o, false, || Ok(()));
+        let ran = table.run(attempt(2, 9, other), word, |o| o, false, || Ok(()));
         assert_eq!(ran.unwrap(), Dedup::Conflict);
     }
 }

@@ -459,9 +459,8 @@ impl WindowStore {
             return Ok(None);
         }
         let client = u32_at(bytes, 0);
-        let bad = |what: String| {
-            self.damaged(format!("slot {slot} (identity {client:#x}): {what}"))
-        };
+        let bad =
+            |what: String| self.damaged(format!("slot {slot} (identity {client:#x}): {what}"));
         if in_use != 1 {
             return Err(bad(format!("its in-use word is {in_use:#x}")));
         }
@@ -793,7 +792,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         drop(open(dir.path(), false, 1));
         let path = dir.path().join(FILE_NAME);
-        let file = OpenOptions::new().read(true).write(true).open(&path).unwrap();
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
         file.write_all_at(&1u32.to_le_bytes(), 8).unwrap();
         let err = WindowStore::open(dir.path(), &PersistPolicy::Msync, Expect::New, 1).unwrap_err();
         assert!(err.to_string().contains("format version 1"), "{err}");
@@ -840,7 +843,11 @@ mod tests {
                 std::fs::remove_file(&path).unwrap();
             }
             let err = reopen(dir.path(), Expect::Existing).unwrap_err();
-            let why = if emptied { "it is empty" } else { "it is missing" };
+            let why = if emptied {
+                "it is empty"
+            } else {
+                "it is missing"
+            };
             assert!(err.to_string().contains(why), "{err}");
             assert!(err.to_string().contains("--reset-exactly-once"), "{err}");
             // New regions, or the operator's reset, start an empty window.
@@ -856,7 +863,11 @@ mod tests {
         for at in [8, SLOT_HEAD + 2 * ENTRY_BYTES + 3, MARKS_AT] {
             let dir = tempfile::tempdir().unwrap();
             let path = written(dir.path());
-            let file = OpenOptions::new().read(true).write(true).open(&path).unwrap();
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+                .unwrap();
             file.write_all_at(&[0xa5, 0x5a, 0x3c, 0xc3, 0x99], (SLOTS_AT + at) as u64)
                 .unwrap();
             let err = reopen(dir.path(), Expect::Existing).unwrap_err();
@@ -869,7 +880,11 @@ mod tests {
     fn a_duplicated_identity_or_a_bad_in_use_word_is_damage() {
         let dir = tempfile::tempdir().unwrap();
         let path = written(dir.path());
-        let file = OpenOptions::new().read(true).write(true).open(&path).unwrap();
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
         // Slot 1 (identity 2) copied over slot 2.
         let mut slot = vec![0u8; SLOT_BYTES];
         file.read_exact_at(&mut slot, (SLOTS_AT + SLOT_BYTES) as u64)
@@ -888,7 +903,11 @@ mod tests {
     fn a_result_moved_to_another_identity_fails_its_check() {
         let dir = tempfile::tempdir().unwrap();
         let path = written(dir.path());
-        let file = OpenOptions::new().read(true).write(true).open(&path).unwrap();
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
         // Identity 2's only result, copied over identity 1's first.
         let mut entry = [0u8; ENTRY_BYTES];
         file.read_exact_at(&mut entry, (SLOTS_AT + SLOT_BYTES + SLOT_HEAD) as u64)
@@ -896,6 +915,9 @@ mod tests {
         file.write_all_at(&entry, (SLOTS_AT + SLOT_HEAD) as u64)
             .unwrap();
         let err = reopen(dir.path(), Expect::Existing).unwrap_err();
-        assert!(err.to_string().contains("result 0 fails its check"), "{err}");
+        assert!(
+            err.to_string().contains("result 0 fails its check"),
+            "{err}"
+        );
     }
 }
