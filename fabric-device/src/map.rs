@@ -280,4 +280,18 @@ mod tests {
         );
         assert_eq!(map.clients["B"].number, 1);
     }
+
+    #[test]
+    fn only_clients_wired_to_the_device_are_admitted() {
+        let mut t = fig4a();
+        // Client B keeps only its RNIC on device C.
+        t.clients[1]
+            .rnics
+            .retain(|r| r.fabric_device.as_str() == "C");
+        let on_a = DeviceMap::new(&t, &"A".into()).unwrap();
+        assert!(!on_a.clients.contains_key("B"));
+        assert_eq!(on_a.clients["C"].number, 2, "numbers stay positions");
+        let on_c = DeviceMap::new(&t, &"C".into()).unwrap();
+        assert_eq!(on_c.clients["B"].number, 1);
+    }
 }
