@@ -14,7 +14,9 @@ cd "$(dirname "$0")/.."
 # and not needed here); tshark dissects the RoCEv2
 # packets proto emits (proto/tests/roce_interop.rs); shellcheck checks the
 # lab's scripts (the lab installs QEMU and builds its guest image itself:
-# lab/image.sh). Installing runs
+# lab/image.sh); etcd and etcdctl are the control plane's store in its tests
+# (each test starts its own member on its own ports), and protoc with the
+# well-known .proto files builds the etcd client. Installing runs
 # unattended: tshark's package asks whether non-root users may capture, and
 # the answer (no) is given beforehand.
 export DEBIAN_FRONTEND=noninteractive
@@ -35,7 +37,11 @@ scripts/ensure-packages.sh \
   cmake:cmake \
   /usr/lib/llvm-14/lib/libclang.so:libclang-dev \
   tshark:tshark \
-  shellcheck:shellcheck
+  shellcheck:shellcheck \
+  etcd:etcd-server \
+  etcdctl:etcd-client \
+  protoc:protobuf-compiler \
+  /usr/include/google/protobuf/descriptor.proto:libprotobuf-dev
 
 # scapy builds RoCEv2 packets and computes their ICRC independently of proto
 # (proto/tests/roce_interop.rs, proto/tests/scapy_roce.py).

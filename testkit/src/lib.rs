@@ -11,6 +11,8 @@
 //!   [`file_bytes`] to address regions and check their files.
 //! - [`write_topology`] (one server on ephemeral ports) and [`FabricSpec`]
 //!   (several servers, devices and clients on fixed [`Ports`]).
+//! - [`Etcd`]: a real etcd member on ports and a data directory of its own,
+//!   for the control plane.
 //!
 //! ```no_run
 //! use proto::Status;
@@ -32,6 +34,7 @@
 mod binaries;
 mod conn;
 mod daemon;
+mod etcd;
 mod fabric;
 mod launch;
 pub mod netns;
@@ -42,6 +45,7 @@ pub use conn::{
     Conn, IO_TIMEOUT, PROTOCOL_VERSION, REGION_FILE_HEADER_LEN, Reply, at, file_bytes, key, layout,
 };
 pub use daemon::{Daemon, DaemonSpec, READY_TIMEOUT, TERMINATE_TIMEOUT, parse_ready_line};
+pub use etcd::Etcd;
 pub use fabric::{
     FabricSpec, Ports, RoceSpec, free_loopback_port, try_free_loopback_port, write_topology,
 };

@@ -16,6 +16,8 @@ use crate::ctl::{CliError, Ctl, Output, payload};
 
 #[path = "pmemctl/allocator.rs"]
 mod allocator;
+#[path = "pmemctl/cluster.rs"]
+mod cluster;
 #[path = "pmemctl/ctl.rs"]
 mod ctl;
 #[path = "pmemctl/num.rs"]
@@ -54,9 +56,10 @@ Examples:
 #[derive(Debug, Parser)]
 #[command(name = "pmemctl", version, after_help = AFTER_HELP)]
 struct Cli {
-    /// The topology file (the same one the daemons read).
+    /// The topology file (the same one the daemons read); every command
+    /// but `cluster` needs one.
     #[arg(long, value_name = "TOPOLOGY")]
-    config: PathBuf,
+    config: Option<PathBuf>,
     /// The client id to connect as (one of the topology's clients);
     /// every command but `rotate-key` needs one.
     #[arg(long, value_name = "ID")]
@@ -97,6 +100,10 @@ enum Command {
         #[arg(long, value_name = "NAME", default_value = "admin")]
         operator: String,
     },
+    /// The cluster map and membership in etcd (the control plane): `init`,
+    /// `show`, `apply`, `drain-server`. Needs --etcd (or
+    /// $PMEM_FABRIC_ETCD), not --config.
+    Cluster(cluster::ClusterArgs),
 }
 
 /// What a client does with the pool.
@@ -234,7 +241,16 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Pool(PoolCommand::Write { data, .. }) => Some(payload(data)?),
         _ => None,
     };
-    let topology = Topology::load(&cli.config)?;
+    let config = match cli.command {
+        Command::Cluster(args) => {
+            let text = cluster::run(args)?;
+            return Output::Text(text)
+                .write_to(&mut io::stdout().lock())
+                .map_err(CliError::Stdout);
+        }
+        _ => cli.config.clone().ok_or(CliError::NoConfig)?,
+    };
+    let topology = Topology::load(&config)?;
     let secrets = cli
         .secrets
         .clone()
@@ -251,6 +267,8 @@ fn run(cli: Cli) -> Result<(), CliError> {
             )?;
             Output::Text(format!("rotated the key of region {region}\n"))
         }
+        // Answered before the topology is read.
+        Command::Cluster(_) => return Ok(()),
         Command::Pool(command) => {
             let client = cli.client.clone().ok_or(CliError::NoClient)?;
             let clients: Vec<String> = topology.clients.iter().map(|c| c.id.to_string()).collect();

@@ -51,6 +51,10 @@ pub enum CliError {
     Rotate(#[from] client_vmm::operator::RotateError),
     #[error("--client ID is needed for this command (one of the topology's clients)")]
     NoClient,
+    #[error("--config TOPOLOGY is needed for this command (the file the daemons read)")]
+    NoConfig,
+    #[error(transparent)]
+    Cluster(#[from] crate::cluster::ClusterError),
 }
 
 impl CliError {

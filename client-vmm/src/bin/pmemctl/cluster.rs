@@ -1,0 +1,255 @@
+//! `pmemctl cluster …`: the cluster map and membership in etcd (the
+//! control plane): load the first map, show it with who is alive, replace
+//! it at a known epoch, and record the operator's intent.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+use control::{ControlError, ControlPlane, Endpoints, Intent, Role};
+use topology::{EnvOverrides, Topology};
+
+/// The control plane's commands and where etcd is.
+#[derive(Debug, Args)]
+pub struct ClusterArgs {
+    /// etcd's client URLs, comma-separated (http://h1:2379,http://h2:2379).
+    #[arg(long, value_name = "URLS", env = "PMEM_FABRIC_ETCD")]
+    etcd: Endpoints,
+    /// The pool (its `[pool] name`); `init` takes it from the file.
+    #[arg(long, value_name = "NAME")]
+    pool: Option<String>,
+    #[command(subcommand)]
+    action: ClusterAction,
+}
+
+#[derive(Debug, Subcommand)]
+enum ClusterAction {
+    /// Loads the first map (epoch 1) from a topology file; refused if the
+    /// pool already has one.
+    Init {
+        /// The topology file.
+        #[arg(long, value_name = "TOPOLOGY")]
+        from: PathBuf,
+    },
+    /// Shows the map's epoch, every server and device with the operator's
+    /// intent and its liveness (from its lease in etcd), and each region's
+    /// server.
+    Show,
+    /// Replaces the map by a topology file's, if the map is still at
+    /// EPOCH (what `show` printed): a change made meanwhile by someone
+    /// else is never overwritten.
+    Apply {
+        /// The topology file.
+        #[arg(long, value_name = "TOPOLOGY")]
+        from: PathBuf,
+        /// The epoch the change is based on.
+        #[arg(long)]
+        epoch: u64,
+    },
+    /// No new allocations go to SERVER; it waits to be emptied.
+    DrainServer {
+        /// The server's id.
+        server: String,
+    },
+}
+
+/// Why a cluster command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// The control plane refused or failed.
+    #[error(transparent)]
+    Control(#[from] ControlError),
+    /// The topology file could not be read.
+    #[error("{}: cannot read the topology file", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The topology file does not load.
+    #[error(transparent)]
+    Load(#[from] topology::LoadError),
+    /// `--pool` and the file disagree, or `--pool` is missing.
+    #[error("{0}")]
+    Pool(String),
+    /// The async runtime could not start.
+    #[error("cannot start the runtime for etcd")]
+    Runtime(#[source] std::io::Error),
+    /// `--epoch` is not the map's epoch.
+    #[error(
+        "the map is at epoch {current}, not {given}; `pmemctl cluster show` prints it, and a \
+         change is made against the map as it is"
+    )]
+    StaleEpoch {
+        /// The epoch given.
+        given: u64,
+        /// The map's.
+        current: u64,
+    },
+    /// A server the map does not have.
+    #[error("the map (epoch {epoch}) has no server {server}")]
+    UnknownServer {
+        /// The server asked for.
+        server: String,
+        /// The map's epoch.
+        epoch: u64,
+    },
+}
+
+/// Runs a cluster command; returns what to print.
+pub fn run(args: ClusterArgs) -> Result<String, ClusterError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(ClusterError::Runtime)?;
+    runtime.block_on(run_async(args))
+}
+
+/// The file's text and its topology, with the pool name `--pool` must match.
+fn read_topology(path: &PathBuf) -> Result<(String, Topology), ClusterError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ClusterError::Read {
+        path: path.clone(),
+        source,
+    })?;
+    let topology =
+        Topology::from_toml_str(&path.display().to_string(), &text, &EnvOverrides::None)?;
+    Ok((text, topology))
+}
+
+async fn run_async(args: ClusterArgs) -> Result<String, ClusterError> {
+    let pool = match (&args.action, &args.pool) {
+        (ClusterAction::Init { from } | ClusterAction::Apply { from, .. }, given) => {
+            let (_, topology) = read_topology(from)?;
+            let named = topology.pool.name.clone();
+            if let Some(given) = given
+                && *given != named
+            {
+                return Err(ClusterError::Pool(format!(
+                    "--pool {given} but {} is pool {named}",
+                    from.display()
+                )));
+            }
+            named
+        }
+        (_, Some(pool)) => pool.clone(),
+        (_, None) => {
+            return Err(ClusterError::Pool(
+                "--pool NAME is needed for this command (the topology's [pool] name)".to_owned(),
+            ));
+        }
+    };
+    let mut plane = ControlPlane::connect(&args.etcd, &pool).await?;
+    match args.action {
+        ClusterAction::Init { from } => {
+            let (text, _) = read_topology(&from)?;
+            let map = plane.init(&text).await?;
+            Ok(format!(
+                "pool {pool}: map loaded from {} at epoch {}\n",
+                from.display(),
+                map.map.epoch
+            ))
+        }
+        ClusterAction::Show => show(&mut plane, &pool).await,
+        ClusterAction::Apply { from, epoch } => {
+            let (text, _) = read_topology(&from)?;
+            let current = plane.read_map().await?;
+            if current.map.epoch != epoch {
+                return Err(ClusterError::StaleEpoch {
+                    given: epoch,
+                    current: current.map.epoch,
+                });
+            }
+            let changed = plane.change_map(&current, &text).await?;
+            Ok(format!(
+                "pool {pool}: map replaced from {}: epoch {} -> {}\n",
+                from.display(),
+                epoch,
+                changed.map.epoch
+            ))
+        }
+        ClusterAction::DrainServer { server } => {
+            let current = plane.read_map().await?;
+            let topology = current.map.topology_at(&plane.keys().map())?;
+            if !topology.servers.iter().any(|s| s.id.as_str() == server) {
+                return Err(ClusterError::UnknownServer {
+                    server,
+                    epoch: current.map.epoch,
+                });
+            }
+            plane
+                .set_intent(Role::Server, &server, Intent::Draining)
+                .await?;
+            Ok(format!(
+                "server {server}: draining (no new allocations land there)\n"
+            ))
+        }
+    }
+}
+
+/// The map, members and intents as text.
+async fn show(plane: &mut ControlPlane, pool: &str) -> Result<String, ClusterError> {
+    let map = plane.read_map().await?;
+    let topology = map.map.topology_at(&plane.keys().map())?;
+    let members = plane.members().await?;
+    let intents = plane.intents().await?;
+    let intent_of = |role: Role, name: &str| {
+        intents
+            .iter()
+            .find(|(r, n, _)| *r == role && n == name)
+            .map_or(Intent::Active, |(_, _, i)| *i)
+    };
+    let liveness =
+        |role: Role, name: &str| match members.iter().find(|m| m.role == role && m.name == name) {
+            Some(m) => format!(
+                "live at {} (pid {}, incarnation {:016x}, epoch {})",
+                m.address, m.pid, m.incarnation, m.epoch
+            ),
+            None => "not live".to_owned(),
+        };
+    let mut out = String::new();
+    // `write!` to a String cannot fail.
+    let _ = writeln!(
+        out,
+        "pool {pool}: map epoch {} (etcd revision {}), {}",
+        map.map.epoch,
+        map.revision,
+        plane.endpoints()
+    );
+    let _ = writeln!(out, "servers:");
+    for server in &topology.servers {
+        let name = server.id.as_str();
+        let _ = writeln!(
+            out,
+            "  {name:<12} {:<9} {}",
+            intent_of(Role::Server, name).as_str(),
+            liveness(Role::Server, name)
+        );
+        for socket in &server.sockets {
+            for device in &socket.devices {
+                for region in &device.regions {
+                    let _ = writeln!(
+                        out,
+                        "    region {:<10} {:>10} on socket {}",
+                        region.id.as_str(),
+                        region.size.to_string(),
+                        socket.id.as_str()
+                    );
+                }
+            }
+        }
+    }
+    let _ = writeln!(out, "devices:");
+    for device in &topology.fabric_devices {
+        let name = device.id.as_str();
+        let _ = writeln!(
+            out,
+            "  {name:<12} {:<9} {}",
+            intent_of(Role::Device, name).as_str(),
+            liveness(Role::Device, name)
+        );
+    }
+    let _ = writeln!(out, "clients: {}", topology.clients.len());
+    Ok(out)
+}

@@ -1,0 +1,38 @@
+//! The pmem-fabric control plane: the cluster's map and membership in etcd.
+//!
+//! With `--etcd` (or a `[control]` section naming endpoints) the daemons,
+//! `pmemctl` and the client library take the fabric's shape from etcd
+//! instead of a file copied to every host. Everything lives under one
+//! prefix per pool ([`Keys`]):
+//!
+//! - the **cluster map** ([`ClusterMap`]): the topology (servers, sockets,
+//!   regions and their placement, NICs, devices, clients, grants) with an
+//!   **epoch** that every change bumps. A change is one etcd transaction
+//!   that compares the map's revision, so two operators never clobber each
+//!   other: the loser gets [`ControlError::Conflict`] naming the epoch.
+//! - **liveness** ([`Member`]): each daemon holds a lease-bound key with its
+//!   address and the incarnation of its process; the key vanishes when the
+//!   lease is not kept alive.
+//! - the operator's **intent** per server and device ([`Intent`]): active,
+//!   draining, removed.
+//!
+//! Secrets (principals' keys, region keys) never go into etcd.
+//!
+//! Modules: [`endpoints`] (the `--etcd` list), [`keys`] (the key layout),
+//! [`map`] (the map document and its validation), [`member`] (liveness and
+//! intent records), [`plane`] (the etcd client: reading and changing the
+//! map, registering liveness), [`error`].
+
+pub mod endpoints;
+pub mod error;
+pub mod keys;
+pub mod map;
+pub mod member;
+pub mod plane;
+
+pub use endpoints::Endpoints;
+pub use error::ControlError;
+pub use keys::Keys;
+pub use map::{ClusterMap, VersionedMap};
+pub use member::{Intent, Member, Role};
+pub use plane::{ControlPlane, Liveness};
