@@ -72,7 +72,10 @@ fn an_operator_loads_shows_changes_and_drains_through_etcd() {
 
     let (code, out, err) = cluster(&e, &["--pool", "default", "drain-server", "A"]);
     assert_eq!(code, 0, "{err}");
-    assert!(out.contains("server A: draining"), "{out}");
+    assert!(
+        out.contains("server A: intent recorded as draining"),
+        "{out}"
+    );
     let (_, out, _) = cluster(&e, &["--pool", "default", "show"]);
     assert!(out.contains("map epoch 2"), "{out}");
     assert!(out.contains("  A            draining  not live"), "{out}");

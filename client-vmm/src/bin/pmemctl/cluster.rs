@@ -46,7 +46,8 @@ enum ClusterAction {
         #[arg(long)]
         epoch: u64,
     },
-    /// No new allocations go to SERVER; it waits to be emptied.
+    /// Records the operator's intent that SERVER drain (shown by `show`;
+    /// allocators and replication act on it once they follow the map).
     DrainServer {
         /// The server's id.
         server: String,
@@ -182,7 +183,8 @@ async fn run_async(args: ClusterArgs) -> Result<String, ClusterError> {
                 .set_intent(Role::Server, &server, Intent::Draining)
                 .await?;
             Ok(format!(
-                "server {server}: draining (no new allocations land there)\n"
+                "server {server}: intent recorded as draining (allocators do not follow the \
+                 map's intents yet)\n"
             ))
         }
     }
