@@ -74,4 +74,11 @@ pub enum ControlError {
         /// The name.
         name: String,
     },
+    /// The client's runtime or thread could not start.
+    #[error("cannot start the etcd client's runtime")]
+    Runtime {
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
 }

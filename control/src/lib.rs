@@ -21,7 +21,9 @@
 //! Modules: [`endpoints`] (the `--etcd` list), [`keys`] (the key layout),
 //! [`map`] (the map document and its validation), [`member`] (liveness and
 //! intent records), [`plane`] (the etcd client: reading and changing the
-//! map, registering liveness), [`error`].
+//! map, registering liveness), [`registration`] (the same for daemons
+//! without async code: the map at start, liveness from a thread),
+//! [`error`].
 
 pub mod endpoints;
 pub mod error;
@@ -29,6 +31,7 @@ pub mod keys;
 pub mod map;
 pub mod member;
 pub mod plane;
+pub mod registration;
 
 pub use endpoints::Endpoints;
 pub use error::ControlError;
@@ -36,3 +39,4 @@ pub use keys::Keys;
 pub use map::{ClusterMap, VersionedMap};
 pub use member::{Intent, Member, Role};
 pub use plane::{ControlPlane, Liveness};
+pub use registration::{Registration, load_map};

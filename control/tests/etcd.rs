@@ -162,3 +162,50 @@ async fn an_unreachable_etcd_is_named() {
     assert!(matches!(err, ControlError::Unreachable { .. }), "{err}");
     assert!(err.to_string().contains(&port.to_string()), "{err}");
 }
+
+#[test]
+fn a_daemons_registration_outlives_an_etcd_restart_and_goes_with_the_daemon() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut etcd = start_etcd(dir.path());
+    let endpoints = Endpoints::parse(&etcd.endpoint()).expect("endpoint");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let members = || {
+        runtime.block_on(async {
+            let mut plane = ControlPlane::connect(&endpoints, "test").await?;
+            plane.members().await
+        })
+    };
+    let member = Member::this_process(Role::Device, "F1", "127.0.0.1:9300", 4);
+    let registration =
+        control::Registration::start(endpoints.clone(), "test".to_owned(), member.clone())
+            .expect("register");
+    assert_eq!(members().expect("members"), std::slice::from_ref(&member));
+
+    // etcd dies and comes back: past two lease TTLs later the record is
+    // still there, kept by a new lease.
+    etcd.kill();
+    etcd.restart().unwrap_or_else(|e| panic!("etcd again: {e}"));
+    std::thread::sleep(Duration::from_secs(
+        2 * control::registration::LEASE_TTL_SECS as u64 + 1,
+    ));
+    assert_eq!(members().expect("members"), std::slice::from_ref(&member));
+
+    // The daemon stops: its record goes at once.
+    drop(registration);
+    assert!(members().expect("members").is_empty());
+}
+
+#[test]
+fn a_daemon_that_cannot_reach_etcd_fails_at_start_naming_it() {
+    let port = testkit::free_loopback_port();
+    let endpoints = Endpoints::parse(&format!("http://127.0.0.1:{port}")).expect("endpoint");
+    let member = Member::this_process(Role::Server, "A", "127.0.0.1:1", 0);
+    let err = control::Registration::start(endpoints.clone(), "test".to_owned(), member)
+        .expect_err("nothing listens");
+    assert!(err.to_string().contains(&endpoints.to_string()), "{err}");
+    let err = control::load_map(&endpoints, "test").expect_err("nothing listens");
+    assert!(matches!(err, ControlError::Unreachable { .. }), "{err}");
+}
