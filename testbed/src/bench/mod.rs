@@ -187,7 +187,8 @@ pub struct BenchReport {
 /// What idle client connections cost the fabric device in memory.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 pub struct ConnectionMemory {
-    /// Connections opened (after HELLO) and held while measuring.
+    /// Connections opened (HELLO, and the proof with keys) and held while
+    /// measuring.
     pub connections: usize,
     /// The device's resident set before, bytes.
     pub rss_before: u64,
