@@ -198,15 +198,18 @@ fn rotate(conn: &mut Conn, index: u32) -> Status {
     conn.recv().status
 }
 
-fn denied(server: &Daemon, reason: &str) -> u64 {
+/// The sum of metric `name`'s samples labelled `reason` on `server`'s
+/// `/metrics`.
+fn scraped(server: &Daemon, name: &str, reason: &str) -> u64 {
     let metrics = telemetry::http_get(server.addr("admin"), "/metrics", Duration::from_secs(5))
         .expect("metrics")
         .1;
-    let series = format!("pmem_server_denied_requests_total{{reason=\"{reason}\"}} ");
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(&series)?.parse().ok())
-        .unwrap_or(0)
+    let labels = format!("reason=\"{reason}\"");
+    telemetry::metric_sum(&metrics, name, &labels).unwrap_or(0.0) as u64
+}
+
+fn denied(server: &Daemon, reason: &str) -> u64 {
+    scraped(server, "pmem_server_denied_requests_total", reason)
 }
 
 #[test]
@@ -376,14 +379,7 @@ fn an_unproven_peer_gets_no_map_and_rotates_no_key() {
 }
 
 fn closed(server: &Daemon, reason: &str) -> u64 {
-    let metrics = telemetry::http_get(server.addr("admin"), "/metrics", Duration::from_secs(5))
-        .expect("metrics")
-        .1;
-    let series = format!("pmem_server_connections_closed_total{{reason=\"{reason}\"}} ");
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(&series)?.parse().ok())
-        .unwrap_or(0)
+    scraped(server, "pmem_server_connections_closed_total", reason)
 }
 
 /// Connections that say HELLO as client `c` and never prove it count
