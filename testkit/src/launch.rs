@@ -127,3 +127,28 @@ pub fn fabric_device_with(
 pub fn fabric_device(config: &Path, device: &str, extra: &[&str]) -> Result<Daemon, String> {
     fabric_device_with(binary("fabric-device"), config, device, extra)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn has(spec: &DaemonSpec, flag: &str) -> bool {
+        spec.args.iter().any(|a| a == flag)
+    }
+
+    #[test]
+    fn a_daemon_without_keys_is_started_insecure_and_one_with_keys_is_not() {
+        let (config, data) = (Path::new("t.toml"), Path::new("data"));
+        let plain = pmem_server_spec("pmem-server", config, "S", data, &[]);
+        assert!(has(&plain, "--insecure"), "{:?}", plain.args);
+        let keyed = pmem_server_spec("pmem-server", config, "S", data, &["--secrets", "k"]);
+        assert!(!has(&keyed, "--insecure"), "{:?}", keyed.args);
+        let plain = fabric_device_spec("fabric-device", config, "F", &[]);
+        assert!(has(&plain, "--insecure"), "{:?}", plain.args);
+        let keyed = fabric_device_spec("fabric-device", config, "F", &["--secrets", "k"]);
+        assert!(!has(&keyed, "--insecure"), "{:?}", keyed.args);
+        let explicit = fabric_device_spec("fabric-device", config, "F", &["--insecure"]);
+        let count = explicit.args.iter().filter(|a| *a == "--insecure").count();
+        assert_eq!(count, 1, "{:?}", explicit.args);
+    }
+}
