@@ -58,8 +58,11 @@ for _ in $(seq 300); do
   kill -0 "$up_pid" 2>/dev/null || { cat "$run/testbed-up.log" >&2; exit 1; }
   sleep 0.2
 done
-bash "$HERE/guest.sh" --share "$bin" --share "$run" --timeout 300 --log "$run/probe.log" \
-  -- "$bin/roce-probe" --topology "$run/topology.toml" --client c1 \
+# The fabric asks for keys: testbed up made them and says where.
+keys=$(sed -n 's/^keys: \([^ ]*\) .*/\1/p' "$run/testbed-up.log")
+[ -n "$keys" ] || { echo "testbed up named no keys folder" >&2; cat "$run/testbed-up.log" >&2; exit 1; }
+bash "$HERE/guest.sh" --share "$bin" --share "$run" --share "$keys" --timeout 300 --log "$run/probe.log" \
+  -- "$bin/roce-probe" --topology "$run/topology.toml" --client c1 --secrets "$keys" \
   --device-port 10.77.0.100:7101 --local-ip 10.77.0.2 --rdma-device rxe0 \
   --latency "$iterations" >/dev/null
 kill -TERM "$up_pid"

@@ -12,6 +12,17 @@ use telemetry::logging::{self, LogFormat};
 use topology::Topology;
 use tracing::{error, info, warn};
 
+/// Why the daemon does not start without `--secrets` or `--insecure`.
+const NO_KEYS: &str = "no --secrets: every client must prove its key and the device proves \
+    its own to the servers, so the device needs the keys' folder. Make one with `testbed keygen \
+    TOPOLOGY --secrets DIR` (a key per client and fabric device, and the operator's) and start \
+    with `--secrets DIR`, or pass --insecure to serve without authentication";
+
+/// What `--insecure` is, said once at start.
+const INSECURE_WARNING: &str = "--insecure: no authentication; anyone who reaches a client \
+    port is served as any client it names, with its grants and region keys. Use it only where \
+    nobody else reaches the client ports (other users of this host included)";
+
 /// Forwards one-sided requests from clients to the PMEM servers that own
 /// their addresses.
 #[derive(Debug, Parser)]
@@ -56,27 +67,39 @@ struct Args {
     /// before sleeping (lower latency for a whole CPU; 0 = off).
     #[arg(long, default_value_t = 0)]
     busy_poll_us: u64,
-    /// Client connections served at once.
+    /// Client connections served at once that proved their key (with
+    /// --insecure: all of them).
     #[arg(long, default_value_t = 4096)]
     max_clients: usize,
-    /// A client connection that has not said HELLO after this many
-    /// milliseconds is closed.
+    /// Client connections at once that have not proven their key yet (with
+    /// --secrets); a new one beyond closes the oldest of them.
+    #[arg(long, default_value_t = 256)]
+    max_unproven: usize,
+    /// A client connection that has not proven its key (with --secrets), or
+    /// said HELLO (with --insecure), this many milliseconds after it opened
+    /// is closed.
     #[arg(long, default_value_t = 10_000)]
     hello_timeout_ms: u64,
     /// A client connection with nothing in flight, no queue pair and no
     /// traffic for this many milliseconds is closed (0 = never).
     #[arg(long, default_value_t = 300_000)]
     idle_timeout_ms: u64,
-    /// Connections one client may have open at once; further HELLOs from
-    /// it are refused BUSY.
+    /// Connections one client may have open at once (counted once they
+    /// proved the client's key); further HELLOs from it are refused BUSY.
     #[arg(long, default_value_t = 64)]
     max_connections_per_client: usize,
     /// Folder of the principals' keys (`testbed keygen` makes them): this
     /// device proves its key (`device.<id>.key`) to servers that ask, and
     /// every client must prove its key (`client.<id>.key`) after HELLO
-    /// before anything else is answered.
+    /// before anything else is answered. Required unless --insecure.
     #[arg(long, value_name = "DIR")]
     secrets: Option<std::path::PathBuf>,
+    /// Run without keys: anyone who reaches a client port is served as any
+    /// client it names, with that client's grants and region keys, and the
+    /// device proves nothing to its servers. Only for a host and network
+    /// nobody else uses.
+    #[arg(long, conflicts_with = "secrets")]
+    insecure: bool,
     /// Log lines on stderr as text or json (levels from RUST_LOG, default info).
     #[arg(long, value_name = "text|json", default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -97,6 +120,13 @@ where
         }
     };
     let _log = logging::init("fabric-device", &args.device, args.log_format);
+    if args.secrets.is_none() && !args.insecure {
+        error!("{NO_KEYS}");
+        return ExitCode::from(2);
+    }
+    if args.insecure {
+        warn!("{INSECURE_WARNING}");
+    }
     let topology = match Topology::load(&args.config) {
         Ok(t) => t,
         Err(e) => {
@@ -134,6 +164,7 @@ where
         reconnect_min: Duration::from_millis(args.reconnect_min_ms),
         reconnect_max: Duration::from_millis(args.reconnect_max_ms),
         max_clients: args.max_clients,
+        max_unproven: args.max_unproven,
         hello_timeout: Duration::from_millis(args.hello_timeout_ms),
         idle_timeout: (args.idle_timeout_ms > 0)
             .then(|| Duration::from_millis(args.idle_timeout_ms)),

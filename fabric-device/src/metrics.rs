@@ -150,7 +150,10 @@ impl DeviceMetrics {
             )?,
             connections_closed: r.counter_family(
                 "fabric_device_connections_closed_total",
-                "Client connections the device closed or refused, by reason.",
+                "Client connections the device closed or refused, by reason: hello_timeout (no \
+                 HELLO, or with --secrets no proof, in time), idle, unframeable, draining, \
+                 too_many_clients (--max-clients proven), unproven_evicted (the oldest unproven \
+                 connection, for a new one past --max-unproven), too_many_unproven.",
                 &["reason"],
             )?,
             hello_refused: r.counter_family(

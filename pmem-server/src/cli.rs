@@ -14,6 +14,18 @@ use telemetry::logging::{self, LogFormat, error_chain};
 use topology::{Persistence, Topology};
 use tracing::{error, info, warn};
 
+/// Why the daemon does not start without `--secrets` or `--insecure`.
+const NO_KEYS: &str = "no --secrets: every connection must prove its principal's key, so the \
+    server needs the keys' folder. Make one with `testbed keygen TOPOLOGY --secrets DIR` \
+    (a key per client and fabric device, and the operator's) and start with `--secrets DIR`, \
+    or pass --insecure to serve without authentication";
+
+/// What `--insecure` is, said once at start.
+const INSECURE_WARNING: &str = "--insecure: no authentication; anyone who reaches a data port \
+    is served as any device or client it names, gets every region key in a MAP and may rotate \
+    them. Use it only where nobody else reaches the data ports (other users of this host \
+    included)";
+
 /// Exports the PMEM regions the topology gives one server.
 #[derive(Debug, Parser)]
 #[command(version, about)]
@@ -45,11 +57,17 @@ struct Args {
     /// damaged (retried atomics from before may then apply twice).
     #[arg(long)]
     reset_exactly_once: bool,
-    /// Data connections served at once.
+    /// Data connections served at once that proved their key (with
+    /// --insecure: all of them).
     #[arg(long, default_value_t = 4096)]
     max_connections: usize,
-    /// A data connection that sends no complete frame (HELLO, or any
-    /// request without --secrets) within this many milliseconds is closed.
+    /// Data connections at once that have not proven their key yet (with
+    /// --secrets); a new one beyond closes the oldest of them.
+    #[arg(long, default_value_t = 256)]
+    max_unproven: usize,
+    /// A data connection that has not proven its key (with --secrets), or
+    /// sent no complete frame (with --insecure), within this many
+    /// milliseconds of opening is closed.
     #[arg(long, default_value_t = 10_000)]
     hello_timeout_ms: u64,
     /// A data connection silent for this many milliseconds after its first
@@ -60,9 +78,14 @@ struct Args {
     /// Folder of the principals' keys (`device.<id>.key`, `client.<id>.key`;
     /// `testbed keygen` makes them): every connection must prove it holds
     /// the key of the device or client it names before anything is
-    /// answered. Without it, anyone who reaches the data port is served.
+    /// answered. Required unless --insecure.
     #[arg(long, value_name = "DIR")]
     secrets: Option<PathBuf>,
+    /// Run without keys: anyone who reaches a data port is served, as any
+    /// device or client it names, gets every region key and may rotate
+    /// them. Only for a host and network nobody else uses.
+    #[arg(long, conflicts_with = "secrets")]
+    insecure: bool,
     /// Tests only, with `--persistence emulated`: cut the emulated power
     /// after this many persist steps and exit at once (status 86), as a
     /// machine losing power would.
@@ -101,6 +124,13 @@ fn report(err: &dyn std::error::Error) {
 }
 
 fn config(args: Args) -> Result<ServerConfig, ExitCode> {
+    if args.secrets.is_none() && !args.insecure {
+        error!("{}", NO_KEYS);
+        return Err(ExitCode::from(2));
+    }
+    if args.insecure {
+        warn!("{}", INSECURE_WARNING);
+    }
     let topology = Topology::load(&args.config).map_err(|e| {
         report(&e);
         ExitCode::FAILURE
@@ -158,6 +188,7 @@ fn config(args: Args) -> Result<ServerConfig, ExitCode> {
         format: args.format,
         reset_exactly_once: args.reset_exactly_once,
         max_connections: args.max_connections,
+        max_unproven: args.max_unproven,
         timeouts: crate::conn::Timeouts {
             hello: Duration::from_millis(args.hello_timeout_ms.max(1)),
             idle: (args.idle_timeout_ms > 0).then(|| Duration::from_millis(args.idle_timeout_ms)),

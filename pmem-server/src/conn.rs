@@ -9,7 +9,7 @@ use std::io::{self, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use proto::FrameDecoder;
 use proto::decoder::{ReadError, ReadOutcome};
@@ -41,9 +41,9 @@ pub const OUT_FLUSH_BYTES: usize = 1 << 20;
 /// How long a connection may stay silent before it is closed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timeouts {
-    /// Until its first complete frame (HELLO, or with no authentication
-    /// any request), so sockets that say nothing do not hold connection
-    /// slots.
+    /// From its accept until it proved its key (with authentication; without,
+    /// until its first complete frame), so sockets that say nothing, or
+    /// say HELLO and never prove it, do not hold connection slots.
     pub hello: Duration,
     /// Between frames after that (a server's connection has nothing in
     /// flight while it waits to read); `None`: never.
@@ -72,6 +72,9 @@ pub enum ConnectionEnd {
     Malformed(proto::Error),
     /// The peer did not prove its key (with `--secrets`).
     Refused,
+    /// The peer proved its key, but may not stay: the proven connections'
+    /// cap is reached, or it was evicted for a newer unproven one.
+    NotAdmitted,
     /// The socket failed.
     Io(io::Error),
     /// The peer said nothing for too long: `hello_timeout` or `idle`.
@@ -82,27 +85,30 @@ pub enum ConnectionEnd {
 /// peer stays silent past `timeouts`, or shutdown ends its reads (the
 /// server shuts the socket's read side, which wakes a blocked read; see
 /// `server`). Frames already received when shutdown starts are still
-/// executed and answered.
+/// executed and answered. Once the peer proves its key, `promote` says
+/// whether it may stay (see `live`).
 pub fn serve(
     mut stream: TcpStream,
     exec: &Executor,
     shutdown: &Arc<AtomicBool>,
     timeouts: Timeouts,
     qps: Option<&dyn QueuePairs>,
+    promote: &dyn Fn() -> bool,
 ) -> ConnectionEnd {
-    if let Err(e) = stream
-        .set_nodelay(true)
-        .and_then(|()| stream.set_read_timeout(Some(timeouts.hello)))
-    {
+    if let Err(e) = stream.set_nodelay(true) {
         return ConnectionEnd::Io(e);
     }
+    let settle_by = Instant::now() + timeouts.hello;
     let mut session = exec.new_session();
+    // Without authentication nothing is to be proven.
+    let mut proven = session.admits();
     let mut decoder = match session.admits() {
         true => FrameDecoder::new(),
         false => FrameDecoder::with_max_body_len(PRE_PROOF_MAX_BODY),
     };
     let mut out = Vec::with_capacity(64 * 1024);
-    let mut greeted = false;
+    // Proven, and a frame executed: the idle timeout applies from then on.
+    let mut settled = false;
     // Queue pairs set up on this connection live until it ends.
     let mut link = QpLink {
         service: qps,
@@ -112,6 +118,18 @@ pub fn serve(
     loop {
         if shutdown.load(Ordering::Relaxed) {
             return ConnectionEnd::Shutdown;
+        }
+        // Until it settles (proven, or without authentication its first
+        // frame) the peer has what is left of `timeouts.hello` in all, however
+        // it spreads its bytes.
+        if !settled {
+            let left = settle_by.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return ConnectionEnd::Silent("hello_timeout");
+            }
+            if let Err(e) = stream.set_read_timeout(Some(left)) {
+                return ConnectionEnd::Io(e);
+            }
         }
         // Bytes go from the socket straight into the decoder's buffer.
         let read = decoder.read_from(&mut stream, READ_CHUNK);
@@ -128,7 +146,7 @@ pub fn serve(
                     io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
                 ) =>
             {
-                return ConnectionEnd::Silent(if greeted { "idle" } else { "hello_timeout" });
+                return ConnectionEnd::Silent(if settled { "idle" } else { "hello_timeout" });
             }
             Err(ReadError::Io(e)) => Some(ConnectionEnd::Io(e)),
             Err(ReadError::Framing(e)) => Some(ConnectionEnd::Malformed(e)),
@@ -142,7 +160,11 @@ pub fn serve(
             &mut stream,
             &mut out,
         );
-        if session.admits() {
+        if !proven && session.admits() {
+            if !promote() {
+                return ConnectionEnd::NotAdmitted;
+            }
+            proven = true;
             decoder.raise_max_body_len(proto::frame::MAX_BODY_LEN);
         }
         let end = match drained {
@@ -150,8 +172,8 @@ pub fn serve(
             Ok((_, Some(Stop::Refused))) => Some(ConnectionEnd::Refused),
             Ok((0, None)) => broken,
             Ok((_, None)) => {
-                if !greeted {
-                    greeted = true;
+                if proven && !settled {
+                    settled = true;
                     if let Err(e) = stream.set_read_timeout(timeouts.idle) {
                         return ConnectionEnd::Io(e);
                     }

@@ -11,7 +11,8 @@
 //! - `dedup`: the exactly-once window for retried atomics, bound to the
 //!   request that recorded each result and kept in a self-checking mapped
 //!   file so it survives a restart.
-//! - `conn` and [`server`]: connections, listeners and the daemon's life.
+//! - `conn`, `live` and [`server`]: connections and their admission,
+//!   listeners and the daemon's life.
 //! - `metrics`: what `/metrics` exports.
 //! - `verbs` (feature `verbs`): regions registered with a NIC's RNIC and
 //!   queue pairs for fabric devices, so they reach memory without this
@@ -27,6 +28,7 @@ pub(crate) mod dedup;
 pub mod devices;
 pub(crate) mod exec;
 pub(crate) mod gate;
+pub(crate) mod live;
 pub(crate) mod metrics;
 pub(crate) mod numa;
 pub mod persist;

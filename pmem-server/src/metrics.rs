@@ -83,13 +83,16 @@ impl ServerMetrics {
             )?,
             connections_refused: r.counter(
                 "pmem_server_refused_connections_total",
-                "Data connections refused because the connection limit was reached.",
+                "Data connections refused because --max-connections proven connections (all, \
+                 with --insecure) were open.",
             )?,
             connections_closed: r.counter_family(
                 "pmem_server_connections_closed_total",
-                "Data connections the server closed, by reason: hello_timeout and idle (the peer \
-                 stayed silent), unframeable (a bad frame header, or with --secrets a frame \
-                 larger than 4 KiB before the peer proved its key).",
+                "Data connections the server closed, by reason: hello_timeout (not proven, or \
+                 without --secrets no frame, in time), idle (the peer stayed silent), \
+                 unframeable (a bad frame header, or with --secrets a frame larger than 4 KiB \
+                 before the peer proved its key), unproven_evicted (the oldest unproven \
+                 connection, for a new one past --max-unproven).",
                 &["reason"],
             )?,
             malformed_frames: r.counter(

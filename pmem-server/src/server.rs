@@ -3,11 +3,11 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
@@ -20,6 +20,7 @@ use crate::dedup::{DedupTable, Expect, StoreError, WindowStore};
 use crate::devices::{DeviceError, ServerDevices, SysRoots};
 use crate::exec::{Executor, ServedRegion};
 use crate::gate::Gatekeeper;
+use crate::live::{Limits, LiveConnections, Refusal};
 use crate::metrics::ServerMetrics;
 use crate::persist::{PersistMode, PersistPolicy};
 use crate::region_file::{RegionFile, RegionFileError};
@@ -41,8 +42,12 @@ pub struct ServerConfig {
     pub format: bool,
     /// Start with an empty exactly-once window even if its file is damaged.
     pub reset_exactly_once: bool,
-    /// Data connections served at once; more are closed on accept.
+    /// Data connections served at once that proved their key (all of
+    /// them without authentication); more are closed.
     pub max_connections: usize,
+    /// Data connections at once that have not proven their key yet; a new
+    /// one beyond closes the oldest of them.
+    pub max_unproven: usize,
     /// How long a connection may stay silent before its first frame, and
     /// between frames after it.
     pub timeouts: Timeouts,
@@ -135,79 +140,6 @@ pub enum ServerError {
     Persist(#[source] crate::persist::PersistError),
 }
 
-/// The live data connections: counted so shutdown can wait for them, with a
-/// handle on each socket so shutdown can end their blocked reads.
-#[derive(Debug, Default)]
-struct LiveConnections {
-    state: Mutex<Live>,
-    gone: Condvar,
-}
-
-#[derive(Debug, Default)]
-struct Live {
-    sockets: HashMap<u64, TcpStream>,
-    next: u64,
-    /// Shutdown began: no new connection is admitted.
-    closing: bool,
-}
-
-impl LiveConnections {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Live> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Registers `stream` if fewer than `max` connections are live and
-    /// shutdown has not begun; its number, for [`remove`](Self::remove).
-    fn try_add(&self, max: usize, stream: &TcpStream) -> Result<u64, Refusal> {
-        let mut live = self.lock();
-        if live.closing {
-            return Err(Refusal::Closing);
-        }
-        if live.sockets.len() >= max {
-            return Err(Refusal::Full);
-        }
-        let handle = stream.try_clone().map_err(Refusal::Io)?;
-        let id = live.next;
-        live.next += 1;
-        live.sockets.insert(id, handle);
-        Ok(id)
-    }
-
-    fn remove(&self, id: u64) {
-        self.lock().sockets.remove(&id);
-        self.gone.notify_all();
-    }
-
-    /// Admits no more connections and ends every live connection's reads:
-    /// a read blocked in the kernel returns at once, and each connection
-    /// answers what it already received before it closes.
-    fn close_reads(&self) {
-        let mut live = self.lock();
-        live.closing = true;
-        for socket in live.sockets.values() {
-            let _ = socket.shutdown(Shutdown::Read);
-        }
-    }
-
-    /// Waits until no connection is live, or `limit` passes.
-    fn wait_idle(&self, limit: Duration) -> bool {
-        let live = self.lock();
-        let (live, _) = self
-            .gone
-            .wait_timeout_while(live, limit, |l| !l.sockets.is_empty())
-            .unwrap_or_else(PoisonError::into_inner);
-        live.sockets.is_empty()
-    }
-}
-
-/// Why a connection was not admitted.
-#[derive(Debug)]
-enum Refusal {
-    Full,
-    Closing,
-    Io(io::Error),
-}
-
 /// A started server. Dropping it without [`RunningServer::stop`] leaves its
 /// threads running until the process exits.
 #[derive(Debug)]
@@ -242,28 +174,30 @@ impl Acceptor {
     }
 }
 
-/// Accepts connections on one NIC until shutdown (its waker), one thread
-/// per connection.
 /// What a NIC's accept loop hands each connection.
 #[derive(Clone)]
 struct NicService {
     exec: Arc<Executor>,
     shutdown: Arc<AtomicBool>,
     live: Arc<LiveConnections>,
-    max_connections: usize,
+    limits: Limits,
     timeouts: Timeouts,
     /// Queue pair set-up, on a `verbs` NIC.
     qps: Option<Arc<dyn QueuePairs>>,
 }
 
+/// Accepts connections on one NIC until shutdown (its waker), one thread
+/// per connection.
 fn accept_loop(mut acceptor: Acceptor, service: NicService) {
     let NicService {
         exec,
         shutdown,
         live,
-        max_connections,
+        limits,
         ..
     } = &service;
+    // Without authentication there is nothing to prove.
+    let proven = exec.new_session().admits();
     let mut events = mio::Events::with_capacity(8);
     while !shutdown.load(Ordering::Relaxed) {
         if let Err(e) = acceptor.poll.poll(&mut events, None) {
@@ -289,10 +223,18 @@ fn accept_loop(mut acceptor: Acceptor, service: NicService) {
                 debug!("dropped connection from {peer}: {e}");
                 continue;
             }
-            match live.try_add(*max_connections, &stream) {
-                Ok(id) => spawn_connection(stream, id, &service),
+            match live.try_add(*limits, &stream, proven) {
+                Ok(admitted) => {
+                    if admitted.evicted_oldest {
+                        exec.metrics()
+                            .connections_closed
+                            .with(&["unproven_evicted"])
+                            .inc();
+                    }
+                    spawn_connection(stream, admitted.id, &service);
+                }
                 Err(Refusal::Full) => {
-                    debug!("refused connection from {peer}: {max_connections} connections open");
+                    debug!("refused connection from {peer}: {limits:?} connections open");
                     exec.metrics().connections_refused.inc();
                 }
                 Err(Refusal::Closing) => {}
@@ -313,7 +255,7 @@ fn spawn_connection(stream: TcpStream, id: u64, service: &NicService) {
         live: live_for_thread,
         timeouts,
         qps,
-        ..
+        limits,
     } = service.clone();
     let span = Span::current();
     let spawned = thread::Builder::new()
@@ -324,7 +266,8 @@ fn spawn_connection(stream: TcpStream, id: u64, service: &NicService) {
                 .peer_addr()
                 .map_or_else(|_| "?".to_owned(), |p| p.to_string());
             debug!("connection from {peer} opened");
-            match conn::serve(stream, &exec, &shutdown, timeouts, qps.as_deref()) {
+            let promote = || live_for_thread.promote(id, limits.proven);
+            match conn::serve(stream, &exec, &shutdown, timeouts, qps.as_deref(), &promote) {
                 conn::ConnectionEnd::Malformed(e) => {
                     debug!("closed connection from {peer}: {e}");
                     exec.metrics()
@@ -335,6 +278,14 @@ fn spawn_connection(stream: TcpStream, id: u64, service: &NicService) {
                 conn::ConnectionEnd::Io(e) => debug!("connection from {peer} failed: {e}"),
                 conn::ConnectionEnd::Refused => {
                     debug!("refused connection from {peer}: no proof of its key");
+                }
+                conn::ConnectionEnd::NotAdmitted => {
+                    debug!(
+                        "closed connection from {peer}: proven, but {} proven connections are \
+                         open or it was evicted meanwhile",
+                        limits.proven
+                    );
+                    exec.metrics().connections_refused.inc();
                 }
                 conn::ConnectionEnd::PeerClosed | conn::ConnectionEnd::Shutdown => {
                     debug!("connection from {peer} closed");
@@ -562,7 +513,10 @@ impl RunningServer {
                 exec: Arc::clone(&exec),
                 shutdown: Arc::clone(&shutdown),
                 live: Arc::clone(&live),
-                max_connections: config.max_connections,
+                limits: Limits {
+                    proven: config.max_connections,
+                    unproven: config.max_unproven,
+                },
                 timeouts: config.timeouts,
                 qps: qps.get(&nic).cloned(),
             };

@@ -5,6 +5,7 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
+use std::process::Command;
 use std::time::Duration;
 
 use proto::hello::Role;
@@ -162,6 +163,11 @@ const CLIENT_KEY: [u8; 32] = [0xC1; 32];
 /// A server with regions R1 and R2 whose client `c` may use the first MiB
 /// of R1 only; device F, client c and operator `ops` have keys.
 fn keyed_server(dir: &Path) -> Daemon {
+    keyed_server_with(dir, &[])
+}
+
+/// [`keyed_server`] with more flags.
+fn keyed_server_with(dir: &Path, extra: &[&str]) -> Daemon {
     let config = write_topology(dir, &[("R1", "4MiB"), ("R2", "4MiB")]);
     let mut text = std::fs::read_to_string(&config).expect("topology");
     text.push_str("allow = [{ region = \"R1\", size = \"1MiB\" }]\n");
@@ -169,14 +175,9 @@ fn keyed_server(dir: &Path) -> Daemon {
     let secrets = secrets(dir);
     write_key(&secrets, Principal::Client("c"), &CLIENT_KEY).expect("key");
     write_key(&secrets, Principal::Operator("ops"), &OPERATOR_KEY).expect("key");
-    pmem_server_with(
-        PMEM_SERVER,
-        &config,
-        "S",
-        &dir.join("data"),
-        &["--secrets", secrets.to_str().expect("path")],
-    )
-    .expect("server")
+    let mut flags = vec!["--secrets", secrets.to_str().expect("path")];
+    flags.extend_from_slice(extra);
+    pmem_server_with(PMEM_SERVER, &config, "S", &dir.join("data"), &flags).expect("server")
 }
 
 /// A connection that proved `name`'s key in `role`.
@@ -197,15 +198,18 @@ fn rotate(conn: &mut Conn, index: u32) -> Status {
     conn.recv().status
 }
 
-fn denied(server: &Daemon, reason: &str) -> u64 {
+/// The sum of metric `name`'s samples labelled `reason` on `server`'s
+/// `/metrics`.
+fn scraped(server: &Daemon, name: &str, reason: &str) -> u64 {
     let metrics = telemetry::http_get(server.addr("admin"), "/metrics", Duration::from_secs(5))
         .expect("metrics")
         .1;
-    let series = format!("pmem_server_denied_requests_total{{reason=\"{reason}\"}} ");
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(&series)?.parse().ok())
-        .unwrap_or(0)
+    let labels = format!("reason=\"{reason}\"");
+    telemetry::metric_sum(&metrics, name, &labels).unwrap_or(0.0) as u64
+}
+
+fn denied(server: &Daemon, reason: &str) -> u64 {
+    scraped(server, "pmem_server_denied_requests_total", reason)
 }
 
 #[test]
@@ -312,4 +316,124 @@ fn a_peer_that_has_not_proven_its_key_cannot_send_large_frames() {
         ..Repr::write(at(0, 0), key, &[5; 1 << 20])
     };
     assert_eq!(device.call(write).status, Status::Ok);
+}
+
+#[test]
+fn without_keys_the_server_starts_only_when_told_insecure() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = write_topology(dir.path(), &[("R1", "4MiB")]);
+    let data = dir.path().join("data");
+    let refused = Command::new(PMEM_SERVER)
+        .arg("--config")
+        .arg(&config)
+        .args(["--server", "S", "--admin", "127.0.0.1:0", "--data-dir"])
+        .arg(&data)
+        .output()
+        .expect("run pmem-server");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{stderr}");
+    for needed in ["testbed keygen", "--secrets DIR", "--insecure"] {
+        assert!(stderr.contains(needed), "{needed:?} in {stderr}");
+    }
+    assert!(!data.exists(), "refused before touching the data directory");
+
+    // With --insecure it serves anyone, and says so once.
+    let server = pmem_server_with(PMEM_SERVER, &config, "S", &data, &["--insecure"])
+        .expect("an insecure server starts");
+    let mut anyone = Conn::connect(server.addr("nic.n0"));
+    assert!(!anyone.map().entries[0].key.is_none(), "no proof asked");
+    let (status, stderr) = server.terminate();
+    assert!(status.success(), "{stderr}");
+    assert_eq!(
+        stderr.matches("--insecure: no authentication").count(),
+        1,
+        "{stderr}"
+    );
+}
+
+/// Anonymous MAP_REQUEST and ROTATE_KEY, before HELLO or after HELLO and
+/// before the proof, get nothing but a refusal and a closed connection.
+#[test]
+fn an_unproven_peer_gets_no_map_and_rotates_no_key() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let server = keyed_server(dir.path());
+    let data = server.addr("nic.n0");
+    let before = keys(&mut proven(&server, Role::FabricDevice, "F", DEVICE_KEY));
+    for message in [Message::MapRequest, Message::RotateKey(RegionIndex(0))] {
+        for hello_first in [false, true] {
+            let mut stranger = Conn::connect(data);
+            if hello_first {
+                // As the operator, without its key.
+                stranger.hello_as(Role::Admin, "ops");
+                assert_eq!(stranger.recv().opcode, proto::Opcode::AuthChallenge);
+            }
+            stranger.send(&message);
+            let reply = stranger.recv();
+            assert_ne!(reply.opcode, proto::Opcode::Map, "{message:?}: {reply:?}");
+            assert_eq!(reply.status, Status::UnknownClient, "{message:?}");
+            assert!(stranger.try_recv().is_none(), "closed");
+        }
+    }
+    let after = keys(&mut proven(&server, Role::FabricDevice, "F", DEVICE_KEY));
+    assert_eq!(after, before, "nothing rotated");
+}
+
+fn closed(server: &Daemon, reason: &str) -> u64 {
+    scraped(server, "pmem_server_connections_closed_total", reason)
+}
+
+/// Connections that say HELLO as client `c` and never prove it count
+/// against no cap of the real `c`: with room for 8 proven connections, 64
+/// such strangers do not keep it out.
+#[test]
+fn unproven_hellos_do_not_keep_the_real_client_out() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let server = keyed_server_with(dir.path(), &["--max-connections", "8"]);
+    let data = server.addr("nic.n0");
+    let strangers: Vec<Conn> = (0..64)
+        .map(|_| {
+            let mut stranger = Conn::connect(data);
+            stranger.hello("c");
+            assert_eq!(stranger.recv().opcode, proto::Opcode::AuthChallenge);
+            stranger
+        })
+        .collect();
+    let mut client = proven(&server, Role::Client, "c", CLIENT_KEY);
+    let key = keys(&mut client)[0];
+    assert_eq!(client.call(Repr::read(at(0, 0), key, 8)).status, Status::Ok);
+    drop(strangers);
+}
+
+/// Unproven connections are bounded apart: past `--max-unproven` a new one
+/// closes the oldest, and one that does not prove its key within
+/// `--hello-timeout-ms` of opening is closed.
+#[test]
+fn unproven_connections_are_bounded_in_number_and_time() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let server = keyed_server_with(
+        dir.path(),
+        &["--max-unproven", "4", "--hello-timeout-ms", "1500"],
+    );
+    let data = server.addr("nic.n0");
+    let mut strangers: Vec<Conn> = (0..5)
+        .map(|_| {
+            let mut stranger = Conn::connect(data);
+            stranger.hello("c");
+            assert_eq!(stranger.recv().opcode, proto::Opcode::AuthChallenge);
+            stranger
+        })
+        .collect();
+    // The fifth evicted the first.
+    assert!(strangers[0].try_recv().is_none(), "the oldest was closed");
+    assert_eq!(closed(&server, "unproven_evicted"), 1);
+    // The others did not prove in time: closed, counted.
+    for stranger in &mut strangers[1..] {
+        assert!(stranger.try_recv().is_none(), "closed unproven");
+    }
+    assert_eq!(closed(&server, "hello_timeout"), 4);
+    // A proven client is not held to the HELLO timeout.
+    let mut client = proven(&server, Role::Client, "c", CLIENT_KEY);
+    std::thread::sleep(Duration::from_millis(2000));
+    let key = keys(&mut client)[0];
+    assert_eq!(client.call(Repr::read(at(0, 0), key, 8)).status, Status::Ok);
 }

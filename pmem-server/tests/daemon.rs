@@ -237,7 +237,7 @@ fn bad_command_lines_fail_clearly() {
     let out = std::process::Command::new(PMEM_SERVER)
         .args(["--config"])
         .arg(&config)
-        .args(["--server", "nobody"])
+        .args(["--server", "nobody", "--insecure"])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
@@ -245,7 +245,13 @@ fn bad_command_lines_fail_clearly() {
     assert!(stderr.contains("no server \"nobody\""), "{stderr}");
 
     let out = std::process::Command::new(PMEM_SERVER)
-        .args(["--config", "/nonexistent.toml", "--server", "S"])
+        .args([
+            "--config",
+            "/nonexistent.toml",
+            "--server",
+            "S",
+            "--insecure",
+        ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));

@@ -316,6 +316,7 @@ impl Bench {
             format: false,
             reset_exactly_once: false,
             max_connections: 1,
+            max_unproven: 1,
             timeouts: Default::default(),
             secrets: None,
             transport: None,

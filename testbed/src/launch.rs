@@ -74,9 +74,23 @@ pub struct LaunchOptions {
     /// How long a daemon may take to report ready and a device to bring
     /// its links up.
     pub ready_timeout: Duration,
-    /// The folder of the principals' keys: every daemon gets `--secrets`
-    /// and every client proves its key. `None`: no authentication.
-    pub secrets: Option<PathBuf>,
+    /// Where the principals' keys come from (fresh ones by default).
+    pub keys: Keys,
+}
+
+/// Where a fabric's keys come from. With keys every daemon gets
+/// `--secrets` and every client proves its key; without, every daemon
+/// runs `--insecure`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Keys {
+    /// A fresh key for every client and device of the topology and for the
+    /// operator, made at start into `run_dir/secrets` (see [`crate::keys`]).
+    #[default]
+    Fresh,
+    /// The keys in this folder.
+    Folder(PathBuf),
+    /// No keys: the daemons run `--insecure` (for comparisons only).
+    Insecure,
 }
 
 impl LaunchOptions {
@@ -96,7 +110,7 @@ impl LaunchOptions {
                 "500".into(),
             ],
             ready_timeout: Duration::from_secs(30),
-            secrets: None,
+            keys: Keys::Fresh,
         })
     }
 }
@@ -122,6 +136,9 @@ pub enum LaunchError {
     /// The effective topology could not be written.
     #[error("cannot write the effective topology")]
     Serialize(#[from] toml::ser::Error),
+    /// The principals' keys could not be made.
+    #[error("cannot make the principals' keys")]
+    Keys(#[from] topology::secrets::SecretError),
     /// A daemon exited or stayed silent instead of reporting ready.
     #[error("{kind} {id} did not start: {why} (log: {log})", kind = .kind.program())]
     NotReady {
@@ -209,6 +226,8 @@ pub struct Fabric {
     lab: Option<LabNet>,
     /// The allocator's state after start, when the pool has one.
     pub allocator: Option<AllocatorState>,
+    /// The folder of the principals' keys (absolute); `None`: insecure.
+    secrets: Option<PathBuf>,
 }
 
 /// How long a server in a lab guest may take to boot and report ready
@@ -283,6 +302,16 @@ impl Fabric {
             "# The topology as this run's daemons use it (written by testbed).\n",
         );
         std::fs::write(&topology_path, text).map_err(LaunchError::Io)?;
+        let secrets = match &options.keys {
+            Keys::Fresh => {
+                let dir = std::path::absolute(options.run_dir.join("secrets"))
+                    .map_err(LaunchError::Io)?;
+                crate::keys::generate(&topology, &dir)?;
+                Some(dir)
+            }
+            Keys::Folder(dir) => Some(std::path::absolute(dir).map_err(LaunchError::Io)?),
+            Keys::Insecure => None,
+        };
         let mut fabric = Self {
             topology: topology.clone(),
             topology_path,
@@ -291,6 +320,7 @@ impl Fabric {
             net,
             lab,
             allocator: None,
+            secrets,
         };
         let servers: Vec<String> = topology.servers.iter().map(|s| s.id.to_string()).collect();
         let devices: Vec<String> = topology
@@ -371,7 +401,7 @@ impl Fabric {
     {
         let topology = self.host_side(self.topology.clone());
         let as_client = client.to_owned();
-        let secrets = self.options.secrets.clone();
+        let secrets = self.secrets.clone();
         let connect_and_work = move || -> Result<T, String> {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -423,7 +453,7 @@ impl Fabric {
                 Some(ns) => netns::command_in(&ns, program),
                 None => Command::new(program),
             };
-            if let Some(dir) = &self.options.secrets {
+            if let Some(dir) = &self.secrets {
                 command.env(client_vmm::pool::SECRETS_ENV, dir);
             }
             return command;
@@ -449,7 +479,7 @@ impl Fabric {
     /// read/write), for a lab guest.
     fn guest_secrets(&self, client: &str) -> std::io::Result<Option<PathBuf>> {
         use std::os::unix::fs::PermissionsExt;
-        let Some(secrets) = &self.options.secrets else {
+        let Some(secrets) = &self.secrets else {
             return Ok(None);
         };
         let name = topology::secrets::Principal::Client(client).file_name();
@@ -468,6 +498,13 @@ impl Fabric {
             .run_dir
             .join("logs")
             .join(format!("guest-{client}.log"))
+    }
+
+    /// The folder of the principals' keys the daemons require (clients
+    /// find theirs there, e.g. through `PMEM_FABRIC_SECRETS`); `None` when
+    /// the fabric runs `--insecure`.
+    pub fn secrets(&self) -> Option<&Path> {
+        self.secrets.as_deref()
     }
 
     /// Whether the clients run in lab guests.
@@ -523,8 +560,9 @@ impl Fabric {
             }
         }
         args.extend(["--admin".into(), self.admin_addr(kind, id).into()]);
-        if let Some(dir) = &self.options.secrets {
-            args.extend(["--secrets".into(), dir.clone().into_os_string()]);
+        match &self.secrets {
+            Some(dir) => args.extend(["--secrets".into(), dir.clone().into_os_string()]),
+            None => args.push("--insecure".into()),
         }
         self.launch(kind, id, args)
     }
@@ -545,8 +583,9 @@ impl Fabric {
             "--admin".to_owned(),
             self.admin_addr(DaemonKind::PmemServer, id),
         ];
-        if let Some(dir) = &self.options.secrets {
-            args.extend(["--secrets".to_owned(), dir.display().to_string()]);
+        match &self.secrets {
+            Some(dir) => args.extend(["--secrets".to_owned(), dir.display().to_string()]),
+            None => args.push("--insecure".to_owned()),
         }
         let data_dir = self.options.data_dir.join(id);
         let paths = GuestPaths {
@@ -554,7 +593,7 @@ impl Fabric {
             topology: &self.topology_path,
             data_dir: &data_dir,
             run_dir: &self.options.run_dir,
-            secrets: self.options.secrets.as_deref(),
+            secrets: self.secrets.as_deref(),
         };
         Ok(Some(GuestServer::prepare(
             &self.topology,

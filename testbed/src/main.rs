@@ -213,10 +213,6 @@ struct RunArgs {
     /// Keep region files here (a temporary folder by default).
     #[arg(long)]
     data_dir: Option<PathBuf>,
-    /// Make a key for every client and fabric device and require
-    /// every connection to prove its principal's key.
-    #[arg(long)]
-    authenticate: bool,
     /// Reports go to DIR/<run-id>/.
     #[arg(long, default_value = "reports")]
     reports: PathBuf,
@@ -245,10 +241,6 @@ struct ChaosArgs {
     /// How hosts are networked.
     #[arg(long, value_enum, default_value = "loopback")]
     net: Net,
-    /// Make a key for every client and fabric device and require
-    /// every connection to prove its principal's key.
-    #[arg(long)]
-    authenticate: bool,
     /// Reports go to DIR/<run-id>/.
     #[arg(long, default_value = "reports")]
     reports: PathBuf,
@@ -347,6 +339,13 @@ fn up(file: Option<&PathBuf>, net: Net, data_dir: PathBuf, prometheus: bool) -> 
     let endpoints = fabric.endpoints();
     println!("{}", summary::endpoints_table(&endpoints));
     println!("topology in use: {}", fabric.topology_path.display());
+    if let Some(dir) = fabric.secrets() {
+        println!(
+            "keys: {} (clients: PMEM_FABRIC_SECRETS={0} or pmemctl --secrets {0}; \
+             rotate-key as operator admin)",
+            dir.display()
+        );
+    }
     let _prometheus = if prometheus {
         let targets: Vec<ScrapeTarget> = endpoints
             .iter()
@@ -600,11 +599,9 @@ fn run_command(args: RunArgs) -> anyhow::Result<bool> {
         zipfian,
         net,
         data_dir,
-        authenticate,
         reports,
     } = args;
     let mut options = RunOptions::new("run", workload);
-    options.authenticate = authenticate;
     options.clients = clients;
     options.duration = Duration::from_secs_f64(duration);
     options.size = size.max(16);
@@ -627,12 +624,10 @@ fn chaos(args: ChaosArgs) -> anyhow::Result<bool> {
         workload,
         seed,
         net,
-        authenticate,
         reports,
     } = args;
     let topology = load_topology_on(file.as_deref(), net.into())?;
     let mut options = RunOptions::new("chaos", workload);
-    options.authenticate = authenticate;
     options.duration = Duration::from_secs_f64(duration);
     options.net = net.into();
     options.reports = reports;

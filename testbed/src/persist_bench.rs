@@ -31,8 +31,10 @@ use anyhow::{Context, bail, ensure};
 use proto::request::{Repr, Target};
 use proto::{AccessKey, Message, Status, frame};
 use serde::{Deserialize, Serialize};
+use topology::secrets::{Principal, read_key};
 use topology::{RegionIndex, RegionOffset};
 
+use crate::bench::client::BenchConn;
 use crate::bench::peers::{RedisConfig, RedisServer};
 use crate::lab::{GuestStorage, LabNet};
 
@@ -337,11 +339,18 @@ fn tail(path: &Path) -> String {
     lines[lines.len().saturating_sub(30)..].join("\n")
 }
 
-/// Writes the topology and the guest's script, and makes the media: an
+/// The keys' folder in the work folder (the guest sees it at the same path).
+const SECRETS: &str = "secrets";
+
+/// Writes the topology, the keys and the guest's script, and makes the media: an
 /// ext4 disk image and an NVDIMM backing file the guest formats. Returns
 /// the script.
 fn prepare(work: &Path, plan: PersistPlan) -> anyhow::Result<PathBuf> {
     std::fs::write(work.join("topology.toml"), TOPOLOGY).context("write the topology")?;
+    // The guest's servers ask client c to prove its key, as any server does.
+    let topology =
+        topology::Topology::load(work.join("topology.toml")).context("the bench's topology")?;
+    crate::keys::generate(&topology, &work.join(SECRETS)).context("make the keys")?;
     let exe = std::env::current_exe().context("the testbed binary")?;
     let script = work.join("guest-bench.sh");
     std::fs::write(
@@ -432,6 +441,8 @@ fn start_server(
         .arg(work.join("topology.toml"))
         .args(["--server", server, "--data-dir", data_dir])
         .args(["--persistence", persistence])
+        .arg("--secrets")
+        .arg(work.join(SECRETS))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(log)
@@ -475,6 +486,7 @@ pub fn guest_main(args: &GuestArgs) -> anyhow::Result<()> {
             .map(|e| e.region)
             .with_context(|| format!("no region {id} in the bench topology"))
     };
+    let client_key = read_key(&work.join(SECRETS), Principal::Client("c"))?;
     let mut results = GuestResults::default();
     let mut servers = Vec::new();
     let mut fabric = BTreeMap::new();
@@ -494,7 +506,7 @@ pub fn guest_main(args: &GuestArgs) -> anyhow::Result<()> {
             .context("no nic.n0 in the ready line")?
             .parse()
             .context("the ready line's nic.n0")?;
-        let link = Link::connect(nic, region(region_id)?)
+        let link = Link::connect(nic, region(region_id)?, client_key)
             .with_context(|| format!("connect to pmem-server {server} at {nic}"))?;
         servers.push(child);
         fabric.insert(system, link);
@@ -579,12 +591,15 @@ struct Link {
 }
 
 impl Link {
-    /// Connects and learns `region`'s key from the server's MAP.
-    fn connect(addr: SocketAddr, region: RegionIndex) -> anyhow::Result<Link> {
+    /// Connects, proves client c's `key` and learns `region`'s key from
+    /// the server's MAP.
+    fn connect(addr: SocketAddr, region: RegionIndex, key: [u8; 32]) -> anyhow::Result<Link> {
         let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(IO_TIMEOUT))?;
         stream.set_write_timeout(Some(IO_TIMEOUT))?;
+        let stream = BenchConn::open_stream(stream, "c", Some(key))
+            .context("open the connection as client c")?;
         let mut link = Link {
             stream,
             region,

@@ -35,8 +35,10 @@ use anyhow::{Context, bail, ensure};
 use proto::request::{ExactlyOnce, Repr, Target};
 use proto::{AccessKey, Message, Status, frame};
 use serde::Serialize;
+use topology::secrets::{Principal, read_key};
 use topology::{RegionIndex, RegionOffset};
 
+use crate::bench::client::BenchConn;
 use crate::lab::{GuestStorage, LabNet};
 
 /// The guest's address on the lab bridge, where its server listens.
@@ -307,11 +309,13 @@ struct Link {
 type Answer = (Status, u64, Vec<u8>);
 
 impl Link {
-    /// Connects and learns region 0's key from the server's MAP.
-    fn connect(addr: SocketAddr) -> io::Result<Link> {
+    /// Connects, proves client c's `key` and learns region 0's key from
+    /// the server's MAP.
+    fn connect(addr: SocketAddr, key: [u8; 32]) -> io::Result<Link> {
         let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(IO_TIMEOUT))?;
+        let stream = BenchConn::open_stream(stream, "c", Some(key))?;
         let mut link = Link {
             stream,
             key: AccessKey::NONE,
@@ -525,10 +529,15 @@ impl Guest {
     }
 
     /// Waits until the server in the guest accepts connections.
-    fn wait_ready(&mut self, addr: SocketAddr, console: &Path) -> anyhow::Result<Link> {
+    fn wait_ready(
+        &mut self,
+        addr: SocketAddr,
+        key: [u8; 32],
+        console: &Path,
+    ) -> anyhow::Result<Link> {
         let deadline = Instant::now() + BOOT_TIMEOUT;
         loop {
-            if let Ok(link) = Link::connect(addr) {
+            if let Ok(link) = Link::connect(addr, key) {
                 return Ok(link);
             }
             if let Some(status) = self.child.try_wait()? {
@@ -581,12 +590,18 @@ fn tail(path: &Path) -> String {
     lines[lines.len().saturating_sub(20)..].join("\n")
 }
 
-/// Writes the guest's script and topology and makes the media: an ext4
+/// The keys' folder in the work folder (the guest sees it at the same path).
+const SECRETS: &str = "secrets";
+
+/// Writes the guest's script, topology and keys and makes the media: an ext4
 /// disk image, an NVDIMM backing file the first boot formats, or both.
 fn prepare(work: &Path, medium: Medium) -> anyhow::Result<PathBuf> {
     std::fs::create_dir_all(work)?;
     let topology = work.join("topology.toml");
     std::fs::write(&topology, self::topology(medium))?;
+    // The driver proves client c's key to the server, as any client would.
+    let parsed = topology::Topology::load(&topology).context("the power-cut topology")?;
+    crate::keys::generate(&parsed, &work.join(SECRETS)).context("make the keys")?;
     let exe = std::env::current_exe()?;
     let script = work.join("guest-server.sh");
     std::fs::write(
@@ -595,11 +610,12 @@ fn prepare(work: &Path, medium: Medium) -> anyhow::Result<PathBuf> {
             "#!/bin/sh\n# The server's guest: its data on {medium}.\nset -e\n\
              mkdir -p /data\n{}\
              exec {} daemon pmem-server --config {} --server S --data-dir /data/S \
-             --persistence {}\n",
+             --persistence {} --secrets {}\n",
             medium.mount(),
             exe.display(),
             topology.display(),
             medium.persistence(),
+            work.join(SECRETS).display(),
         ),
     )?;
     use std::os::unix::fs::PermissionsExt;
@@ -756,6 +772,7 @@ pub fn run(plan: &PowerCutPlan) -> anyhow::Result<PowerCutReport> {
     let lab = LabNet::enter().context("the RDMA lab")?;
     let work = plan.out.join("work");
     prepare(&work, plan.medium)?;
+    let client_key = read_key(&work.join(SECRETS), Principal::Client("c"))?;
     // The region key the server made on its first boot; kept across cuts.
     let mut first_key = None;
     let addr: SocketAddr = format!("{GUEST_IP}:{NIC_PORT}").parse()?;
@@ -769,7 +786,7 @@ pub fn run(plan: &PowerCutPlan) -> anyhow::Result<PowerCutReport> {
     for boot in 0..=plan.cuts {
         let console = work.join(format!("console-{boot}.log"));
         let mut guest = Guest::boot(&lab, &work, plan.medium, boot)?;
-        let mut link = guest.wait_ready(addr, &console)?;
+        let mut link = guest.wait_ready(addr, client_key, &console)?;
         if link.key.is_none() {
             bail!("boot {boot}: the server gives no key for region 0");
         }

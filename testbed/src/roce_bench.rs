@@ -16,12 +16,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use proto::Message;
+use proto::hello::Role;
 use proto::request::{Repr, Target};
 use proto::roce::rc::{WcStatus, WorkOp, WorkRequest};
 use serde::{Deserialize, Serialize};
 use testkit::netns::VethNamespace;
 use testkit::roce::RawRoceClient;
 use testkit::{Conn, Daemon, FabricSpec, Ports, RoceSpec};
+use topology::secrets::{Principal, read_key};
 use topology::{LayoutEntry, PmemAddr};
 
 use crate::bench::peers::cpu_seconds;
@@ -174,6 +176,8 @@ struct Setup {
     _server: Vec<Daemon>,
     device: Daemon,
     region: LayoutEntry,
+    /// Client c0's key, proven on every control connection.
+    client_key: [u8; 32],
 }
 
 impl Setup {
@@ -194,8 +198,18 @@ impl Setup {
                 },
             );
         let config = spec.write(dir.path(), "topology.toml", &mut Ports::new());
-        let server = testkit::pmem_servers(&config, &["A"], dir.path());
-        let device = testkit::fabric_device(&config, "F", &[])
+        // Keys as on every testbed fabric: the control connection proves c0's.
+        let secrets = dir.path().join("secrets");
+        let topology = topology::Topology::load(&config).context("the bench's topology")?;
+        crate::keys::generate(&topology, &secrets).context("make the keys")?;
+        let client_key = read_key(&secrets, Principal::Client("c0"))?;
+        let secrets_arg = secrets.to_str().context("a UTF-8 keys' path")?;
+        let with_keys = ["--secrets", secrets_arg];
+        let server = vec![
+            testkit::pmem_server(&config, "A", &dir.path().join("A"), &with_keys)
+                .map_err(|e| anyhow::anyhow!("pmem-server did not start:\n{e}"))?,
+        ];
+        let device = testkit::fabric_device(&config, "F", &with_keys)
             .map_err(|e| anyhow::anyhow!("fabric-device did not start:\n{e}"))?;
         device.wait_links_up(1);
         let region = testkit::layout(&config).entries()[0].clone();
@@ -205,6 +219,7 @@ impl Setup {
             _server: server,
             device,
             region,
+            client_key,
         };
         setup.region.key = setup.control().region_key(setup.region.region.0);
         Ok(setup)
@@ -212,7 +227,8 @@ impl Setup {
 
     fn control(&self) -> Conn {
         let mut conn = Conn::connect(self.device.addr("port.p0"));
-        conn.hello("c0");
+        conn.authenticate(Role::Client, "c0", self.client_key)
+            .expect("c0 proves its key");
         conn
     }
 

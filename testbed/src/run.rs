@@ -147,9 +147,6 @@ pub struct RunOptions {
     pub faults: Vec<PlannedFault>,
     /// Show a progress bar.
     pub progress: bool,
-    /// Make a key for every principal (in the report's folder) and run
-    /// the fabric with authentication on every connection.
-    pub authenticate: bool,
 }
 
 impl RunOptions {
@@ -170,7 +167,6 @@ impl RunOptions {
             reports: PathBuf::from("reports"),
             faults: Vec::new(),
             progress: true,
-            authenticate: false,
         }
     }
 }
@@ -369,12 +365,8 @@ pub fn execute(
         None => (run_dir.join("data"), true),
     };
     let mut launch = LaunchOptions::new(data_dir.clone(), run_dir.clone())?;
+    // Fresh keys in the report's folder: every connection proves its key.
     launch.net = options.net;
-    if options.authenticate {
-        let secrets = run_dir.join("secrets");
-        crate::keys::generate(topology, &secrets).context("make the principals' keys")?;
-        launch.secrets = Some(secrets);
-    }
     let mut fabric = Fabric::start(topology, launch).context("bring the fabric up")?;
     let endpoints = fabric.endpoints();
     let clients: Vec<String> = topology

@@ -129,11 +129,11 @@ fn lab_chaos(scenario: &str, extra: &[&str]) -> (serde_json::Value, BTreeMap<Str
     (report, guest)
 }
 
-/// With keys (`--authenticate`): the guest gets a folder holding only its
-/// own key, and its control connections prove it to the devices.
+/// With keys (every run has them): the guest gets a folder holding only
+/// its own key, and its control connections prove it to the devices.
 #[test]
 fn a_guest_rdma_client_runs_verified_through_device_kills() {
-    let (_, guest) = lab_chaos("kill-fabric", &["--authenticate"]);
+    let (_, guest) = lab_chaos("kill-fabric", &[]);
     assert_eq!(guest["retry_exceeded_err"], 0, "{guest:?}");
 }
 

@@ -101,19 +101,13 @@ fn run_workload(workload: &str) {
     assert_eq!(report["verification"]["passed"], true);
 }
 
-/// A whole fabric with authentication on every connection: the servers
-/// admit only the devices that prove their keys, the devices only the
-/// clients that prove theirs; the workload runs and verifies as without.
+/// Every run is authenticated, without asking: fresh keys in the report's
+/// folder, the servers admit only the devices that prove their keys, the
+/// devices only the clients that prove theirs, and no daemon runs
+/// `--insecure`; the workload runs and verifies.
 #[test]
-fn run_with_authentication_on_every_connection() {
-    let (output, dir) = run_in_fresh_fabric(&[
-        "run",
-        "--workload",
-        "mixed",
-        "--duration",
-        "1.5",
-        "--authenticate",
-    ]);
+fn a_run_authenticates_every_connection_by_default() {
+    let (output, dir) = run_in_fresh_fabric(&["run", "--workload", "mixed", "--duration", "1.5"]);
     let out = text(&output);
     assert!(output.status.success(), "{out}");
     assert!(out.contains("verification    PASSED"), "{out}");
@@ -133,6 +127,7 @@ fn run_with_authentication_on_every_connection() {
         let log =
             std::fs::read_to_string(run.join(format!("logs/{daemon}.log"))).unwrap_or_default();
         assert!(log.contains("authentication on"), "{daemon}: {log}");
+        assert!(!log.contains("--insecure"), "{daemon}: {log}");
         assert!(!log.contains("ERROR"), "{daemon}: {log}");
     }
 }
@@ -274,6 +269,15 @@ fn start_up_in(dir: tempfile::TempDir, config: &Path, extra: &[&str]) -> Up {
 }
 
 impl Up {
+    /// The keys' folder `testbed up` made and printed (`keys: DIR …`).
+    fn keys(&self) -> PathBuf {
+        self.table
+            .iter()
+            .find_map(|l| l.strip_prefix("keys: ")?.split_whitespace().next())
+            .map(PathBuf::from)
+            .unwrap_or_else(|| panic!("no keys line: {:#?}", self.table))
+    }
+
     /// SIGTERM, then every daemon must report stopped and the exit be 0;
     /// returns the folder, data included.
     fn stop(mut self) -> tempfile::TempDir {
@@ -325,10 +329,14 @@ fn up_serves_every_daemon_until_sigterm() {
     up.stop();
 }
 
-/// Connects `client` and attaches to the pool's allocator.
-fn attach(config: &Path, client: &str) -> (client_vmm::Pool, client_vmm::Allocator) {
+/// Connects `client` with its key from `up`'s folder and attaches to the
+/// pool's allocator.
+fn attach(up: &Up, config: &Path, client: &str) -> (client_vmm::Pool, client_vmm::Allocator) {
     let topology = topology::Topology::load(config).expect("topology");
-    let pool = client_vmm::Pool::connect(topology, client).expect("connect");
+    let pool = client_vmm::Pool::builder(topology, client)
+        .secrets(up.keys())
+        .connect()
+        .expect("connect");
     let allocator = pool
         .block_on(client_vmm::Allocator::attach(pool.handle().clone()))
         .unwrap_or_else(|e| panic!("attach: {}", client_vmm::error_chain(&e)));
@@ -355,7 +363,7 @@ fn up_formats_a_pool_with_an_allocator_once() {
         "{:#?}",
         up.table
     );
-    let (pool, allocator) = attach(&config, "c1");
+    let (pool, allocator) = attach(&up, &config, "c1");
     let at = pool
         .block_on(allocator.alloc_named("kept", 4096, &client_vmm::Placement::RoundRobin))
         .expect("alloc_named");
@@ -372,7 +380,7 @@ fn up_formats_a_pool_with_an_allocator_once() {
         "{:#?}",
         up.table
     );
-    let (pool, allocator) = attach(&config, "c1");
+    let (pool, allocator) = attach(&up, &config, "c1");
     let (again, size) = pool.block_on(allocator.open("kept")).expect("open");
     assert_eq!((again, size), (at, 4096));
     assert_eq!(pool.read(at, 10).expect("read"), b"still here");
@@ -445,7 +453,7 @@ fn runs_on_an_allocator_pool_keep_their_keys_in_a_named_object() {
 
     // The counters live where the object says: the runs incremented them.
     let up = start_up_in(dir, &config, &[]);
-    let (pool, allocator) = attach(&config, "c1");
+    let (pool, allocator) = attach(&up, &config, "c1");
     let (base, size) = pool
         .block_on(allocator.open("testbed.workload"))
         .expect("the run's named object");

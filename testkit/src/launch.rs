@@ -1,6 +1,11 @@
 //! The command lines of the fabric's daemons, with their admin endpoints on
 //! ephemeral loopback ports.
 //!
+//! The daemons refuse to start without keys unless told `--insecure`. A
+//! test that gives no `--secrets` (nor `--insecure`) in `extra` gets
+//! `--insecure` added: it does not exercise authentication, and runs on a
+//! test host nobody else uses. A test of authentication passes `--secrets`.
+//!
 //! Each daemon has three entry points: `*_spec` (the [`DaemonSpec`] to adjust
 //! before spawning), `*_with` (spawn a given executable, e.g. the package's
 //! own `env!("CARGO_BIN_EXE_…")`) and the plain one, which runs the binary
@@ -19,9 +24,22 @@ pub const PMEM_SERVER_PERSISTENCE_VAR: &str = "PMEM_SERVER_TEST_PERSISTENCE";
 /// N` exits with when its emulated power goes.
 pub const EMULATED_POWER_CUT_EXIT: i32 = 86;
 
+/// `--insecure` unless `extra` gives `--secrets` (or `--insecure` itself).
+fn authentication(extra: &[&str]) -> &'static [&'static str] {
+    if extra
+        .iter()
+        .any(|a| *a == "--secrets" || *a == "--insecure")
+    {
+        &[]
+    } else {
+        &["--insecure"]
+    }
+}
+
 /// `program --config CONFIG --server SERVER --admin 127.0.0.1:0 --data-dir
-/// DATA_DIR EXTRA…`, plus `--persistence $PMEM_SERVER_TEST_PERSISTENCE` when
-/// that variable is set and `extra` does not choose a mechanism itself.
+/// DATA_DIR EXTRA…`, plus `--insecure` when `extra` gives no `--secrets`,
+/// and `--persistence $PMEM_SERVER_TEST_PERSISTENCE` when that variable is
+/// set and `extra` does not choose a mechanism itself.
 pub fn pmem_server_spec(
     program: impl Into<PathBuf>,
     config: &Path,
@@ -34,7 +52,8 @@ pub fn pmem_server_spec(
         .arg(config)
         .args(["--server", server, "--admin", "127.0.0.1:0", "--data-dir"])
         .arg(data_dir)
-        .args(extra);
+        .args(extra)
+        .args(authentication(extra));
     match std::env::var(PMEM_SERVER_PERSISTENCE_VAR) {
         Ok(mode) if !extra.contains(&"--persistence") => spec.args(["--persistence", &mode]),
         _ => spec,
@@ -77,7 +96,8 @@ pub fn pmem_servers(config: &Path, servers: &[&str], dir: &Path) -> Vec<Daemon> 
         .collect()
 }
 
-/// `program --config CONFIG --device DEVICE --admin 127.0.0.1:0 EXTRA…`.
+/// `program --config CONFIG --device DEVICE --admin 127.0.0.1:0 EXTRA…`,
+/// plus `--insecure` when `extra` gives no `--secrets`.
 pub fn fabric_device_spec(
     program: impl Into<PathBuf>,
     config: &Path,
@@ -89,6 +109,7 @@ pub fn fabric_device_spec(
         .arg(config)
         .args(["--device", device, "--admin", "127.0.0.1:0"])
         .args(extra)
+        .args(authentication(extra))
 }
 
 /// Starts `program` as fabric device `device` (see [`fabric_device_spec`])
@@ -105,4 +126,29 @@ pub fn fabric_device_with(
 /// Starts the workspace's `fabric-device` binary (see [`fabric_device_with`]).
 pub fn fabric_device(config: &Path, device: &str, extra: &[&str]) -> Result<Daemon, String> {
     fabric_device_with(binary("fabric-device"), config, device, extra)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn has(spec: &DaemonSpec, flag: &str) -> bool {
+        spec.args.iter().any(|a| a == flag)
+    }
+
+    #[test]
+    fn a_daemon_without_keys_is_started_insecure_and_one_with_keys_is_not() {
+        let (config, data) = (Path::new("t.toml"), Path::new("data"));
+        let plain = pmem_server_spec("pmem-server", config, "S", data, &[]);
+        assert!(has(&plain, "--insecure"), "{:?}", plain.args);
+        let keyed = pmem_server_spec("pmem-server", config, "S", data, &["--secrets", "k"]);
+        assert!(!has(&keyed, "--insecure"), "{:?}", keyed.args);
+        let plain = fabric_device_spec("fabric-device", config, "F", &[]);
+        assert!(has(&plain, "--insecure"), "{:?}", plain.args);
+        let keyed = fabric_device_spec("fabric-device", config, "F", &["--secrets", "k"]);
+        assert!(!has(&keyed, "--insecure"), "{:?}", keyed.args);
+        let explicit = fabric_device_spec("fabric-device", config, "F", &["--insecure"]);
+        let count = explicit.args.iter().filter(|a| *a == "--insecure").count();
+        assert_eq!(count, 1, "{:?}", explicit.args);
+    }
 }

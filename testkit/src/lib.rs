@@ -6,7 +6,8 @@
 //!   `ready key=value …` line; signalled, terminated, killed when dropped,
 //!   its stderr always collected.
 //! - [`pmem_server`], [`fabric_device`]: the daemons' command lines, admin
-//!   endpoints on ephemeral ports.
+//!   endpoints on ephemeral ports, `--insecure` unless the test gives
+//!   `--secrets`.
 //! - [`Conn`]: a raw protocol client, with [`at`], [`key`], [`layout`] and
 //!   [`file_bytes`] to address regions and check their files.
 //! - [`write_topology`] (one server on ephemeral ports) and [`FabricSpec`]

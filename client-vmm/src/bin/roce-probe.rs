@@ -53,6 +53,11 @@ struct Cli {
     /// flight, like perftest's `_lat` tests).
     #[arg(long, value_name = "N", default_value_t = 0)]
     latency: usize,
+    /// The folder with the client's key (`client.<ID>.key`), proven to the
+    /// device; default `$PMEM_FABRIC_SECRETS`, if set. Without, only a
+    /// device run `--insecure` answers.
+    #[arg(long, value_name = "DIR")]
+    secrets: Option<PathBuf>,
 }
 
 /// The pattern written to region `region`.
@@ -110,9 +115,25 @@ fn run(cli: &Cli) -> Result<usize, Failure> {
     }
     println!("rdma devices: {}", devices.join(", "));
     let timeout = Duration::from_millis(cli.timeout_ms);
-    let mut control =
-        Control::connect(cli.device_port, &cli.client, Some(layout.digest()), timeout)
-            .map_err(|e| error_chain(&e))?;
+    let secrets = cli
+        .secrets
+        .clone()
+        .or_else(|| std::env::var_os(client_vmm::pool::SECRETS_ENV).map(PathBuf::from));
+    let key = match secrets {
+        Some(dir) => Some(proto::auth::Key::new(
+            topology::secrets::read_key(&dir, topology::secrets::Principal::Client(&cli.client))
+                .map_err(|e| error_chain(&e))?,
+        )),
+        None => None,
+    };
+    let mut control = Control::connect_with(
+        cli.device_port,
+        &cli.client,
+        key,
+        Some(layout.digest()),
+        timeout,
+    )
+    .map_err(|e| error_chain(&e))?;
     let options = VerbsOptions {
         op_timeout: timeout,
         ..VerbsOptions::default()

@@ -6,6 +6,7 @@
 //! queues or writes the results, answers timeouts, reconnects links whose
 //! backoff has passed and flushes what is queued.
 
+mod admission;
 mod endpoint;
 mod packet;
 mod roce_port;
@@ -33,6 +34,7 @@ use crate::metrics::DeviceMetrics;
 use crate::reconnect::{Backoff, Reconnects};
 use crate::roce_metrics::RoceMetrics;
 use crate::uplink::{QP_CONNECT_TAG, Uplinks};
+use admission::{Admission, Verdict};
 use endpoint::{Endpoint, Fill};
 use roce_port::RoceEndpoint;
 pub use roce_port::RocePortError;
@@ -83,9 +85,14 @@ pub struct DeviceConfig {
     pub reconnect_min: Duration,
     /// Longest reconnect delay.
     pub reconnect_max: Duration,
-    /// Client connections served at once; more are closed on accept.
+    /// Client connections served at once that proved their key (all of
+    /// them without authentication); more are closed.
     pub max_clients: usize,
-    /// A client connection without HELLO after this long is closed.
+    /// Client connections at once that have not proven their key yet (with
+    /// authentication); a new one beyond closes the oldest of them.
+    pub max_unproven: usize,
+    /// A client connection that has not proven its key (without
+    /// authentication: said HELLO) this long after it opened is closed.
     pub hello_timeout: Duration,
     /// A client connection idle this long (nothing in flight, no queue
     /// pair, no traffic) is closed; `None`: never.
@@ -189,6 +196,8 @@ pub struct Device {
     /// RoCE traffic since the last publication: publish within [`ROCE_PUBLISH`].
     roce_dirty: bool,
     clients: IdMap<ConnId, ClientConn>,
+    /// What the client connections count against.
+    admission: Admission,
     /// Clients with bytes queued since the last flush: only these are
     /// written at the end of a turn, however many clients are connected.
     to_flush: Vec<ConnId>,
@@ -307,6 +316,13 @@ impl Device {
             .collect();
         let health: telemetry::HealthCheck = Arc::new(|| Health::Healthy);
         let admin = AdminServer::start(config.admin, registry, health)?;
+        let admission = Admission::new(
+            admission::Limits {
+                proven: config.max_clients,
+                unproven: config.max_unproven,
+            },
+            config.secrets.is_some(),
+        );
         Ok(Self {
             config,
             poll,
@@ -319,6 +335,7 @@ impl Device {
             roce_published: now,
             roce_dirty: true,
             clients: IdMap::default(),
+            admission,
             to_flush: Vec::new(),
             paused: Vec::new(),
             closed_unlogged: 0,
@@ -524,8 +541,9 @@ impl Device {
         info!("reloaded {}: {regions} regions", path.display());
     }
 
-    /// Closes connections that have not said HELLO within the HELLO
-    /// timeout, and connections idle for the idle timeout (nothing in
+    /// Closes connections that have not said HELLO (and with
+    /// authentication proven their key) within the HELLO timeout, and
+    /// connections idle for the idle timeout (nothing in
     /// flight or queued, no queue pair), so idle sockets cannot fill the
     /// connection cap. Checked at most once a second.
     fn close_silent_clients(&mut self, now: Instant) {
@@ -547,7 +565,7 @@ impl Device {
                 .connections_closed
                 .with(&["hello_timeout"])
                 .inc();
-            self.close_client(conn, "no HELLO in time");
+            self.close_client(conn, "no HELLO (or no proof) in time");
         }
         let Some(limit) = self.config.idle_timeout else {
             return;
@@ -664,15 +682,24 @@ impl Device {
                     return;
                 }
             };
-            if self.clients.len() >= self.config.max_clients || self.draining.is_some() {
-                let reason = if self.draining.is_some() {
-                    "draining"
-                } else {
-                    "too_many_clients"
-                };
-                debug!("refused client connection from {peer}: {reason}");
-                self.metrics.connections_closed.with(&[reason]).inc();
-                continue;
+            let verdict = match self.draining {
+                Some(_) => Verdict::Refuse("draining"),
+                None => self.admission.verdict(),
+            };
+            match verdict {
+                Verdict::Admit => {}
+                Verdict::AdmitEvicting(oldest) => {
+                    self.metrics
+                        .connections_closed
+                        .with(&["unproven_evicted"])
+                        .inc();
+                    self.close_client(oldest, "unproven, evicted for a newer connection");
+                }
+                Verdict::Refuse(reason) => {
+                    debug!("refused client connection from {peer}: {reason}");
+                    self.metrics.connections_closed.with(&[reason]).inc();
+                    continue;
+                }
             }
             let conn = self.next_client as ConnId;
             self.next_client += 1;
@@ -691,6 +718,7 @@ impl Device {
             }
             debug!("client connection {conn} from {peer} opened");
             self.core.client_opened(conn);
+            self.admission.opened(conn);
             self.clients.insert(
                 conn,
                 ClientConn {
@@ -727,6 +755,17 @@ impl Device {
     /// backpressure pauses it.
     fn serve_client(&mut self, conn: ConnId, now: Instant) {
         self.serve_client_frames(conn, now);
+        if self.admission.is_unproven(conn)
+            && self.core.session_client(conn).is_some()
+            && !self.admission.proven(conn)
+        {
+            self.metrics
+                .connections_closed
+                .with(&["too_many_clients"])
+                .inc();
+            self.close_client(conn, "proven, but --max-clients connections are open");
+            return;
+        }
         // Record what the connection holds now that its frames were handled.
         if let Some(client) = self.clients.get_mut(&conn) {
             let charge = client.endpoint.settle_charge() as u64;
@@ -916,6 +955,7 @@ impl Device {
 
     fn close_client(&mut self, conn: ConnId, why: &str) {
         if let Some(mut client) = self.clients.remove(&conn) {
+            self.admission.closed(conn);
             let _ = self.poll.registry().deregister(&mut client.endpoint.stream);
             debug!("closed client connection {conn}: {why}");
             // A flood of connections must not flood the log: one line per

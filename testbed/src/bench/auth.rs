@@ -1,6 +1,7 @@
 //! What authentication costs: two bench fabrics side by side, one whose
 //! daemons run with `--secrets` (every connection opens with the HMAC
-//! challenge–response) and one without, measured in interleaved rounds.
+//! challenge–response, as on every other testbed fabric) and one whose
+//! daemons run `--insecure`, measured in interleaved rounds.
 //!
 //! Two figures: the time to open a client connection to the device (TCP
 //! connect, HELLO, and with keys the challenge, both proofs), and the
@@ -20,7 +21,7 @@ use topology::{Layout, Topology};
 use super::client::{self, BenchConn, BenchOp, Shape};
 use super::rounds::RatioSpread;
 use super::{Plan, bench_topology};
-use crate::launch::{DaemonKind, Fabric, LaunchOptions};
+use crate::launch::{DaemonKind, Fabric, Keys, LaunchOptions};
 
 /// Fewest interleaved rounds of each measurement (more when the plan asks).
 const MIN_ROUNDS: usize = 3;
@@ -68,15 +69,15 @@ impl Side {
             "--max-connections-per-client".into(),
             "4096".into(),
         ];
-        let mut key = None;
-        if authenticate {
-            let secrets = dir.join("secrets");
-            crate::keys::generate(&topology, &secrets).context("make the bench keys")?;
-            key = Some(read_key(&secrets, Principal::Client("c"))?);
-            launch.secrets = Some(secrets);
+        if !authenticate {
+            launch.keys = Keys::Insecure;
         }
         let fabric = Fabric::start(&topology, launch)
             .with_context(|| format!("bring the {name} bench fabric up"))?;
+        let key = match fabric.secrets() {
+            Some(secrets) => Some(read_key(secrets, Principal::Client("c"))?),
+            None => None,
+        };
         let port = fabric
             .ready_field(DaemonKind::FabricDevice, "F", "port.p0")
             .and_then(|a| a.parse().ok())

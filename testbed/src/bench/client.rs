@@ -86,10 +86,26 @@ impl BenchConn {
     /// with the project's opening (HELLO, and with `key` the challenge and
     /// proofs both ways).
     pub fn open(addr: SocketAddr, client: &str, key: Option<[u8; 32]>) -> io::Result<Self> {
-        use proto::opening::{Credentials, Opening, OpeningTags, Progress};
         let stream = TcpStream::connect(addr)?;
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+        Self::opened(stream, client, key)
+    }
+
+    /// Opens `stream`, already connected, as `client` (see
+    /// [`BenchConn::open`]) and hands it back, for callers that frame
+    /// their own requests. The peer sends nothing after the opening, so
+    /// no byte is left behind.
+    pub fn open_stream(
+        stream: TcpStream,
+        client: &str,
+        key: Option<[u8; 32]>,
+    ) -> io::Result<TcpStream> {
+        Self::opened(stream, client, key).map(|conn| conn.stream)
+    }
+
+    fn opened(stream: TcpStream, client: &str, key: Option<[u8; 32]>) -> io::Result<Self> {
+        use proto::opening::{Credentials, Opening, OpeningTags, Progress};
         let mut conn = Self {
             stream,
             decoder: FrameDecoder::new(),

@@ -16,6 +16,7 @@ use std::time::Duration;
 use anyhow::Context;
 use proto::request::Target;
 use serde::{Deserialize, Serialize};
+use topology::secrets::{Principal, read_key};
 use topology::{EnvOverrides, Layout, Topology};
 
 use crate::launch::{DaemonKind, Fabric, LaunchOptions};
@@ -186,7 +187,8 @@ pub struct BenchReport {
 /// What idle client connections cost the fabric device in memory.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 pub struct ConnectionMemory {
-    /// Connections opened (after HELLO) and held while measuring.
+    /// Connections opened (HELLO, and the proof with keys) and held while
+    /// measuring.
     pub connections: usize,
     /// The device's resident set before, bytes.
     pub rss_before: u64,
@@ -241,13 +243,16 @@ struct Paths {
     fabric: SocketAddr,
     /// The fabric device's admin endpoint (its `/metrics`).
     device_admin: SocketAddr,
+    /// Client `c`'s key, which both daemons ask it to prove.
+    key: Option<[u8; 32]>,
 }
 
 impl Paths {
     fn connect(&self, path: &str) -> anyhow::Result<BenchConn> {
-        Ok(match path {
-            "direct" => BenchConn::connect(self.direct, None)?,
-            _ => BenchConn::connect(self.fabric, Some("c"))?,
+        Ok(match (path, self.key) {
+            ("direct", None) => BenchConn::connect(self.direct, None)?,
+            ("direct", key) => BenchConn::open(self.direct, "c", key)?,
+            (_, key) => BenchConn::open(self.fabric, "c", key)?,
         })
     }
 }
@@ -277,7 +282,7 @@ pub fn run(
         Some(device) => Some(connection_memory(&paths, device, plan.idle_connections)?),
         None => None,
     };
-    let key = BenchConn::connect(paths.fabric, Some("c"))?.region_key(region.region)?;
+    let key = paths.connect("fabric")?.region_key(region.region)?;
     let shape = |op, size: u32| Shape {
         op,
         target: Target::Pmem(region.start),
@@ -382,6 +387,10 @@ fn start_fabric(
         direct: addr(DaemonKind::PmemServer, "S", "nic.n0")?,
         fabric: addr(DaemonKind::FabricDevice, "F", "port.p0")?,
         device_admin: fabric.admin(DaemonKind::FabricDevice, "F")?,
+        key: match fabric.secrets() {
+            Some(dir) => Some(read_key(dir, Principal::Client("c"))?),
+            None => None,
+        },
     };
     let pids = (
         fabric.pid(DaemonKind::PmemServer, "S"),

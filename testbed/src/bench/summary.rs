@@ -156,7 +156,7 @@ fn rates(md: &mut String, report: &BenchReport) {
         let _ = writeln!(
             md,
             "\nFabric device memory: {:.1} KiB resident per idle client connection \
-             ({} connections after HELLO; {:.1} → {:.1} MiB).",
+             ({} connections opened with their key proven; {:.1} → {:.1} MiB).",
             m.bytes_per_connection / 1024.0,
             m.connections,
             m.rss_before as f64 / (1 << 20) as f64,
