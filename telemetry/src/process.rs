@@ -74,30 +74,44 @@ fn resident_bytes() -> Option<u64> {
 mod tests {
     use super::*;
 
+    /// Spins until this thread's CPU time grew by `work` (a bound on a hang
+    /// only: 60 s of wall time); returns how much it grew.
+    fn spin_for_cpu(work: Duration) -> Duration {
+        let start = thread_cpu_time().expect("clock_gettime");
+        let give_up = std::time::Instant::now() + Duration::from_secs(60);
+        let mut x = 0u64;
+        loop {
+            let grew = thread_cpu_time().expect("clock_gettime") - start;
+            if grew >= work || std::time::Instant::now() > give_up {
+                return grew;
+            }
+            for _ in 0..1000 {
+                x = std::hint::black_box(x.wrapping_add(1));
+            }
+        }
+    }
+
     #[test]
     fn a_threads_cpu_time_counts_its_work_not_its_sleep() {
         let start = thread_cpu_time().expect("clock_gettime");
         std::thread::sleep(Duration::from_millis(50));
         let slept = thread_cpu_time().expect("clock_gettime") - start;
-        let busy_until = std::time::Instant::now() + Duration::from_millis(50);
-        let mut x = 0u64;
-        while std::time::Instant::now() < busy_until {
-            x = std::hint::black_box(x.wrapping_add(1));
-        }
-        let worked = thread_cpu_time().expect("clock_gettime") - start - slept;
-        assert!(slept < Duration::from_millis(10), "slept {slept:?}");
+        let worked = spin_for_cpu(Duration::from_millis(20));
         assert!(worked >= Duration::from_millis(20), "worked {worked:?}");
+        // Sleeping costs a thread next to nothing; another thread's work
+        // is not its own.
+        assert!(slept < worked, "slept {slept:?}, worked {worked:?}");
+        let before = thread_cpu_time().expect("clock_gettime");
+        let other = std::thread::spawn(|| spin_for_cpu(Duration::from_millis(20)));
+        let theirs = other.join().expect("the spinning thread");
+        let mine = thread_cpu_time().expect("clock_gettime") - before;
+        assert!(mine < theirs, "mine {mine:?} while it spun {theirs:?}");
     }
 
     #[test]
     fn cpu_time_grows_with_work_and_both_series_render() {
         let before = cpu_seconds().expect("getrusage");
-        let mut x = 0u64;
-        let start = std::time::Instant::now();
-        while start.elapsed() < std::time::Duration::from_millis(50) {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
-        }
-        std::hint::black_box(x);
+        spin_for_cpu(Duration::from_millis(20));
         assert!(cpu_seconds().expect("getrusage") > before);
         let registry = Registry::new();
         register_process_metrics(&registry).expect("register");

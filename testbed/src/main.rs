@@ -181,11 +181,9 @@ enum Command {
     Worker(WorkerArgs),
 }
 
-/// The options of `testbed run`.
+/// What `run` and `chaos` run on each client, and for how long.
 #[derive(Debug, clap::Args)]
-struct RunArgs {
-    /// The topology file; the embedded default topology when absent.
-    file: Option<PathBuf>,
+struct WorkloadArgs {
     /// ycsb-a, ycsb-b, ycsb-c, counter or mixed.
     #[arg(long, default_value = "mixed")]
     workload: Workload,
@@ -207,10 +205,38 @@ struct RunArgs {
     /// Zipfian keys instead of uniform.
     #[arg(long)]
     zipfian: bool,
+}
+
+impl WorkloadArgs {
+    /// Run options for `command` with these workload settings and `seed`.
+    fn options(&self, command: &str, seed: u64) -> RunOptions {
+        let mut options = RunOptions::new(command, self.workload);
+        options.clients = self.clients;
+        options.duration = Duration::from_secs_f64(self.duration);
+        options.size = self.size.max(16);
+        options.depth = self.depth.max(1);
+        options.keys = self.keys.max(1);
+        options.zipfian = self.zipfian;
+        options.seed = seed;
+        options
+    }
+}
+
+/// The options of `testbed run`.
+#[derive(Debug, clap::Args)]
+struct RunArgs {
+    /// The topology file; the embedded default topology when absent.
+    file: Option<PathBuf>,
+    #[command(flatten)]
+    workload: WorkloadArgs,
+    /// Seed of the workload's operations and keys (client i uses seed + i).
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
     /// How hosts are networked.
     #[arg(long, value_enum, default_value = "loopback")]
     net: Net,
-    /// Keep region files here (a temporary folder by default).
+    /// Keep region files here (by default a folder in the run's report
+    /// folder, removed when the run passes and kept when it fails).
     #[arg(long)]
     data_dir: Option<PathBuf>,
     /// Reports go to DIR/<run-id>/.
@@ -229,13 +255,10 @@ struct ChaosArgs {
     /// How many faults.
     #[arg(long, default_value_t = 2)]
     faults: usize,
-    /// Seconds of workload.
-    #[arg(long, default_value_t = 10.0)]
-    duration: f64,
-    /// ycsb-a, ycsb-b, ycsb-c, counter or mixed.
-    #[arg(long, default_value = "mixed")]
-    workload: Workload,
-    /// Seed of the fault times and targets.
+    #[command(flatten)]
+    workload: WorkloadArgs,
+    /// Seed of the fault times and targets and of the workload's
+    /// operations and keys (client i uses seed + i).
     #[arg(long, default_value_t = 7)]
     seed: u64,
     /// How hosts are networked.
@@ -591,24 +614,14 @@ fn run_command(args: RunArgs) -> anyhow::Result<bool> {
     let RunArgs {
         file,
         workload,
-        clients,
-        duration,
-        size,
-        depth,
-        keys,
-        zipfian,
+        seed,
         net,
         data_dir,
         reports,
     } = args;
-    let mut options = RunOptions::new("run", workload);
-    options.clients = clients;
-    options.duration = Duration::from_secs_f64(duration);
-    options.size = size.max(16);
-    options.depth = depth.max(1);
-    options.keys = keys.max(1);
-    options.zipfian = zipfian;
+    let mut options = workload.options("run", seed);
     options.net = net.into();
+    options.topology_file = file.clone();
     options.data_dir = data_dir;
     options.reports = reports;
     run(&options, file.as_ref())
@@ -620,16 +633,16 @@ fn chaos(args: ChaosArgs) -> anyhow::Result<bool> {
         file,
         scenario,
         faults,
-        duration,
         workload,
         seed,
         net,
         reports,
     } = args;
     let topology = load_topology_on(file.as_deref(), net.into())?;
-    let mut options = RunOptions::new("chaos", workload);
-    options.duration = Duration::from_secs_f64(duration);
+    let mut options = workload.options("chaos", seed);
     options.net = net.into();
+    options.topology_file = file;
+    options.scenario = Some(scenario);
     options.reports = reports;
     options.faults = testbed::run::plan_faults(
         &topology,

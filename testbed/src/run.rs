@@ -2,6 +2,8 @@
 //! process per client, inject the planned faults, then verify, report and
 //! stop everything.
 
+pub mod replay;
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -138,8 +140,13 @@ pub struct RunOptions {
     pub seed: u64,
     /// Loopback or netns.
     pub net: NetMode,
-    /// Region files go here (a folder inside the report, removed after the
-    /// run, when `None`).
+    /// The topology file given on the command line (`None`: the embedded
+    /// one for `net`), for the replay command line.
+    pub topology_file: Option<PathBuf>,
+    /// The chaos scenario `faults` were drawn from, for the report.
+    pub scenario: Option<Scenario>,
+    /// Region files go here (when `None`, a folder inside the report,
+    /// removed after a run that passed and kept after one that failed).
     pub data_dir: Option<PathBuf>,
     /// Reports go to `reports/<run-id>/`.
     pub reports: PathBuf,
@@ -163,6 +170,8 @@ impl RunOptions {
             keys: 4096,
             seed: 42,
             net: NetMode::Loopback,
+            topology_file: None,
+            scenario: None,
             data_dir: None,
             reports: PathBuf::from("reports"),
             faults: Vec::new(),
@@ -276,8 +285,10 @@ pub fn plan_faults(
 }
 
 /// Where a run broke the fabric's contract: faults of a fabric device must
-/// be invisible to the application (another path exists), and nothing
-/// acknowledged may be lost (the verification).
+/// be invisible to the application (another path exists), a read must see
+/// a version that was written (a mix of two only while a write of its key
+/// overlapped it), and nothing acknowledged may be lost (the final
+/// verification).
 pub fn contract_violations(report: &RunReport) -> Vec<String> {
     let mut violations = Vec::new();
     for fault in &report.faults {
@@ -290,10 +301,28 @@ pub fn contract_violations(report: &RunReport) -> Vec<String> {
             ));
         }
     }
-    if !report.verification.passed {
-        violations.push("acknowledged data was missing or wrong after the run".to_owned());
+    let v = &report.verification;
+    if !v.during_run.is_empty() {
+        violations.push(format!(
+            "during the run, {} found a value no write explains (reads with no write of \
+             their key overlapping them, compare-and-swaps on a worker's own words)",
+            plural(v.during_run_count(), "check", "checks")
+        ));
+    }
+    if !v.mismatches.is_empty() {
+        violations.push(format!(
+            "the final verification found {} with acknowledged data (missing, wrong or not \
+             checked)",
+            plural(v.mismatch_count(), "problem", "problems")
+        ));
+    } else if !v.passed && v.during_run.is_empty() {
+        violations.push("the verification failed".to_owned());
     }
     violations
+}
+
+fn plural(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
 }
 
 /// Width of the timeline buckets: fine enough to time a failover.
@@ -348,7 +377,9 @@ impl WorkerProcess {
     }
 }
 
-/// Runs a whole workload against a fresh fabric of `topology`.
+/// Runs a whole workload against a fresh fabric of `topology`. A run that
+/// fails keeps its region files; one that stops with an error says where
+/// its logs and region files are.
 pub fn execute(
     topology: &Topology,
     topology_name: &str,
@@ -360,11 +391,37 @@ pub fn execute(
         std::path::absolute(options.reports.join(&run_id)).context("where the reports go")?;
     std::fs::create_dir_all(run_dir.join("workers"))
         .with_context(|| format!("create {}", run_dir.display()))?;
-    let (data_dir, temporary_data) = match &options.data_dir {
-        Some(dir) => (dir.clone(), false),
-        None => (run_dir.join("data"), true),
+    let data_dir = match &options.data_dir {
+        Some(dir) => dir.clone(),
+        None => run_dir.join("data"),
     };
-    let mut launch = LaunchOptions::new(data_dir.clone(), run_dir.clone())?;
+    execute_in(
+        topology,
+        topology_name,
+        options,
+        &run_id,
+        &run_dir,
+        &data_dir,
+    )
+    .with_context(|| {
+        format!(
+            "run {run_id} stopped; its logs are in {}, its region files in {}",
+            run_dir.join("logs").display(),
+            data_dir.display()
+        )
+    })
+}
+
+/// [`execute`] with the run's id and folders made.
+fn execute_in(
+    topology: &Topology,
+    topology_name: &str,
+    options: &RunOptions,
+    run_id: &str,
+    run_dir: &Path,
+    data_dir: &Path,
+) -> anyhow::Result<RunOutcome> {
+    let mut launch = LaunchOptions::new(data_dir.to_path_buf(), run_dir.to_path_buf())?;
     // Fresh keys in the report's folder: every connection proves its key.
     launch.net = options.net;
     let mut fabric = Fabric::start(topology, launch).context("bring the fabric up")?;
@@ -399,7 +456,7 @@ pub fn execute(
     for (index, client) in clients.iter().enumerate() {
         workers.push(spawn_worker(
             &fabric,
-            &run_dir,
+            run_dir,
             options,
             client,
             index,
@@ -411,7 +468,7 @@ pub fn execute(
     let duration_s = start.elapsed().as_secs_f64();
 
     let mut report = RunReport {
-        run_id: run_id.clone(),
+        run_id: run_id.to_owned(),
         command: options.command.clone(),
         topology: topology_name.to_owned(),
         workload: options.workload.name().to_owned(),
@@ -424,8 +481,12 @@ pub fn execute(
         verification: Verification::default(),
         notes: Vec::new(),
         roce: None,
+        parameters: replay::parameters(options),
+        replay: replay::command_line(&replay::program_name(), options),
+        data_dir: data_dir.display().to_string(),
+        data_kept: true,
     };
-    let (counters, mut verification) = collect(&mut workers, &run_dir, &mut report)?;
+    let (counters, mut verification) = collect(&mut workers, run_dir, &mut report)?;
     check_counters(
         &fabric,
         &clients[0],
@@ -433,7 +494,7 @@ pub fn execute(
         &counters,
         &mut verification,
     );
-    verification.passed = verification.mismatches.is_empty();
+    verification.passed = verification.is_clean();
     report.verification = verification;
     note_fault_effects(&mut report, duration_s);
     report.fill_recovery();
@@ -452,13 +513,16 @@ pub fn execute(
     for line in &unclean_exits {
         report.notes.push(format!("did not stop cleanly: {line}"));
     }
-    for line in contract_violations(&report) {
+    let violations = contract_violations(&report);
+    for line in &violations {
         report.notes.push(format!("contract violated: {line}"));
     }
-    if temporary_data {
-        let _ = std::fs::remove_dir_all(&data_dir);
+    // A failed run keeps its region files to be looked at.
+    let failed = !violations.is_empty() || !unclean_exits.is_empty();
+    if options.data_dir.is_none() && !failed {
+        report.data_kept = std::fs::remove_dir_all(data_dir).is_err();
     }
-    let files = write_report(&run_dir, &report).context("write the report")?;
+    let files = write_report(run_dir, &report).context("write the report")?;
     Ok(RunOutcome {
         report,
         files,
@@ -594,11 +658,7 @@ fn collect(
             total.acked += tally.acked;
             total.uncertain += tally.uncertain;
         }
-        verification.keys_checked += result.verification.keys_checked;
-        verification.counters_checked += result.verification.counters_checked;
-        for line in &result.verification.mismatches {
-            verification.push_mismatch(format!("{}: {line}", result.client));
-        }
+        verification.merge(&result.verification, &format!("{}: ", result.client));
     }
     Ok((counters, verification))
 }
@@ -868,5 +928,52 @@ fn check_counters(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report_with(verification: Verification) -> RunReport {
+        RunReport {
+            verification,
+            ..RunReport::default()
+        }
+    }
+
+    #[test]
+    fn a_read_during_the_run_is_not_reported_as_lost_acknowledged_data() {
+        let mut v = Verification::default();
+        v.push_during_run("c1: read of key 905 during the run saw bytes no write of it produced");
+        let violations = contract_violations(&report_with(v));
+        assert_eq!(violations.len(), 1, "{violations:?}");
+        assert!(
+            violations[0].starts_with("during the run, 1 check "),
+            "{violations:?}"
+        );
+        assert!(!violations[0].contains("acknowledged"), "{violations:?}");
+    }
+
+    #[test]
+    fn a_mismatch_at_the_end_is_reported_as_acknowledged_data() {
+        let mut v = Verification::default();
+        v.push_mismatch("c1: key 3: acknowledged version 2 but found Version(1)");
+        v.push_mismatch("c1: key 4: acknowledged version 2 but found Garbage");
+        let violations = contract_violations(&report_with(v));
+        assert_eq!(
+            violations,
+            [
+                "the final verification found 2 problems with acknowledged data (missing, wrong \
+              or not checked)"
+            ]
+        );
+        let clean = Verification {
+            passed: true,
+            reads_overlapped: 5,
+            reads_torn_by_overlap: 5,
+            ..Verification::default()
+        };
+        assert!(contract_violations(&report_with(clean)).is_empty());
     }
 }

@@ -156,13 +156,22 @@ pub fn run_summary(outcome: &RunOutcome) -> String {
     let v = &report.verification;
     let _ = writeln!(
         out,
-        "  verification    {} ({} keys, {} counters checked)",
+        "  verification    {} ({} keys, {} counters checked at the end)",
         if v.passed { "PASSED" } else { "FAILED" },
         v.keys_checked,
         v.counters_checked
     );
+    let _ = writeln!(
+        out,
+        "  reads checked   {} during the run; {} overlapped a write of their key, {} of them \
+         saw a mix of two versions (the contract allows it; not judged)",
+        v.reads_checked, v.reads_overlapped, v.reads_torn_by_overlap
+    );
+    for line in &v.during_run {
+        let _ = writeln!(out, "    during the run: {line}");
+    }
     for line in &v.mismatches {
-        let _ = writeln!(out, "    {line}");
+        let _ = writeln!(out, "    at the final verification: {line}");
     }
     let _ = writeln!(out, "\n{}", crate::report::summary_table(report));
     let _ = writeln!(
@@ -177,6 +186,16 @@ pub fn run_summary(outcome: &RunOutcome) -> String {
         outcome.files.throughput.display()
     );
     let _ = writeln!(out, "  raw figures     {}", outcome.files.json.display());
+    let _ = writeln!(out, "  replay          {}", report.replay);
+    let _ = writeln!(
+        out,
+        "  region files    {}",
+        if report.data_kept {
+            format!("kept in {}", report.data_dir)
+        } else {
+            "removed (the run passed)".to_owned()
+        }
+    );
     let admins: Vec<String> = outcome
         .endpoints
         .iter()

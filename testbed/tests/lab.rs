@@ -103,7 +103,7 @@ fn lab_chaos(scenario: &str, extra: &[&str]) -> (serde_json::Value, BTreeMap<Str
         .values()
         .map(|s| s["errors"].as_u64().unwrap_or(0))
         .sum();
-    assert!(ops > 100, "{text}");
+    assert!(ops > 0, "no operation completed: {text}");
     assert_eq!(
         errors, 0,
         "device kills are invisible to the application: {text}"

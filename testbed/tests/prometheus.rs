@@ -410,11 +410,10 @@ fn a_target_on_a_closed_port_is_reported_down() {
         }
         other => panic!("a closed port gave {other:?}"),
     }
+    // It gave the target the whole timeout before it said so (a timer
+    // cannot end early, however slow the machine).
     let waited = started.elapsed();
-    assert!(
-        waited >= timeout && waited < timeout + Duration::from_secs(5),
-        "{waited:?}"
-    );
+    assert!(waited >= timeout, "gave up after {waited:?} of {timeout:?}");
     drop(prometheus);
     assert!(
         !process_exists(pid),

@@ -97,8 +97,29 @@ fn run_workload(workload: &str) {
         .values()
         .map(|op| op["count"].as_u64().unwrap_or(0))
         .sum();
-    assert!(ops > 100, "{workload}: only {ops} operations\n{out}");
+    assert!(ops > 0, "{workload}: no operation completed\n{out}");
     assert_eq!(report["verification"]["passed"], true);
+    // What ran is recorded, and a passed run removed its region files.
+    assert_eq!(report["parameters"]["seed"], 42);
+    assert_eq!(report["parameters"]["depth"], 4);
+    assert_eq!(report["data_kept"], false);
+    let data = report["data_dir"].as_str().expect("data_dir");
+    assert!(!Path::new(data).exists(), "{data} is still there");
+    assert!(
+        out.contains("region files    removed (the run passed)"),
+        "{out}"
+    );
+    let replay = report["replay"].as_str().expect("replay");
+    assert!(out.contains(&format!("replay          {replay}")), "{out}");
+    for needle in [
+        " run ",
+        &format!("--workload {workload} "),
+        "--duration 1.5 ",
+        "--depth 4 ",
+        "--seed 42 ",
+    ] {
+        assert!(replay.contains(needle), "{needle:?} missing in {replay}");
+    }
 }
 
 /// Every run is authenticated, without asking: fresh keys in the report's
@@ -175,6 +196,18 @@ fn chaos(scenario: &str) -> (String, serde_json::Value) {
     let faults = report["faults"].as_array().expect("faults");
     assert_eq!(faults.len(), 1, "{out}");
     assert_eq!(faults[0]["kind"], scenario);
+    // The seed drives the workload and the faults; the replay names both.
+    assert_eq!(report["parameters"]["seed"], 7);
+    assert_eq!(report["parameters"]["scenario"], scenario);
+    let replay = report["replay"].as_str().expect("replay");
+    for needle in [
+        format!(" chaos {}", report["topology"].as_str().expect("topology")),
+        format!("--scenario {scenario} --faults 1 "),
+        "--seed 7 ".to_owned(),
+    ] {
+        assert!(replay.contains(&needle), "{needle:?} missing in {replay}");
+    }
+    assert!(out.contains("reads checked   "), "{out}");
     assert!(
         faults[0]["restored_at_s"].is_number(),
         "the target came back"
@@ -198,6 +231,70 @@ fn chaos_kill_server_loses_nothing_acknowledged() {
 fn chaos_restart_all_loses_nothing_acknowledged() {
     let (_, report) = chaos("restart-all");
     assert_eq!(report["faults"][0]["target"], "all");
+}
+
+/// The pid of the `testbed worker` process of `client` whose command line
+/// names `dir`, once it runs.
+fn worker_pid(dir: &Path, client: &str) -> Option<i32> {
+    let dir = dir.to_str().expect("utf-8 path");
+    std::fs::read_dir("/proc").ok()?.find_map(|entry| {
+        let entry = entry.ok()?;
+        let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
+        let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+        let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+        let has = |arg: &str| args.contains(&arg.as_bytes());
+        let names_dir = args.iter().any(|a| a.starts_with(dir.as_bytes()));
+        (has("worker") && has("--client") && has(client) && names_dir).then_some(pid)
+    })
+}
+
+/// A run whose worker dies leaves no result for its keys: it fails, keeps
+/// its region files and says where they are.
+#[test]
+fn a_failed_run_keeps_its_region_files_and_says_where() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = topology(dir.path());
+    let reports = dir.path().join("reports");
+    let child = Command::new(env!("CARGO_BIN_EXE_testbed"))
+        .args(["run", config.to_str().expect("utf-8 path")])
+        .args(["--clients", "1", "--duration", "60", "--reports"])
+        .arg(&reports)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start testbed run");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let pid = loop {
+        if let Some(pid) = worker_pid(dir.path(), "c1") {
+            break pid;
+        }
+        assert!(std::time::Instant::now() < deadline, "no worker started");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // SAFETY: kill(2) on the pid of a worker this test's run started.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let output = child.wait_with_output().expect("wait for testbed run");
+    let out = text(&output);
+    assert!(!output.status.success(), "{out}");
+    assert!(
+        out.contains("worker c1") && out.contains("left no result"),
+        "{out}"
+    );
+    assert!(
+        out.contains("CONTRACT VIOLATED: the final verification"),
+        "{out}"
+    );
+    let report = assert_report(dir.path());
+    assert_eq!(report["data_kept"], true);
+    let data = report["data_dir"].as_str().expect("data_dir");
+    assert!(
+        out.contains(&format!("region files    kept in {data}")),
+        "{out}"
+    );
+    let regions = std::fs::read_dir(data)
+        .unwrap_or_else(|e| panic!("{data}: {e}"))
+        .count();
+    assert!(regions > 0, "{data} is empty");
 }
 
 #[test]

@@ -833,6 +833,7 @@ fn write(
         verification: Default::default(),
         notes: Vec::new(),
         roce: None,
+        ..Default::default()
     };
     std::fs::write(&files.latency_cdf, crate::report::latency_cdf_svg(&series))
         .with_context(|| format!("write {}", files.latency_cdf.display()))?;

@@ -214,6 +214,9 @@ pub fn markdown(report: &RunReport) -> String {
     let _ = writeln!(out, "\n## Verification\n");
     verification_section(&mut out, &report.verification);
 
+    let _ = writeln!(out, "\n## Parameters\n");
+    replay_section(&mut out, report);
+
     if !report.notes.is_empty() {
         let _ = writeln!(out, "\n## Notes\n");
         for note in &report.notes {
@@ -293,25 +296,90 @@ fn summary_paragraph(out: &mut String, report: &RunReport) {
 fn verification_section(out: &mut String, v: &Verification) {
     let _ = writeln!(
         out,
-        "- result: {}\n- keys checked: {}\n- counters checked: {}\n- mismatches: {}",
+        "- result: {}\n- keys checked at the end: {}\n- counters checked at the end: {}\n\
+         - mismatches at the end: {}\n- reads checked during the run: {}\n\
+         - of them, overlapping a write of their key: {} ({} saw a mix of two versions, which \
+         the contract allows; not judged)\n- problems found during the run: {}",
         if v.passed { "**PASSED**" } else { "**FAILED**" },
         v.keys_checked,
         v.counters_checked,
-        v.mismatch_count()
+        v.mismatch_count(),
+        v.reads_checked,
+        v.reads_overlapped,
+        v.reads_torn_by_overlap,
+        v.during_run_count(),
     );
-    if !v.mismatches.is_empty() {
-        let longest_run = v
-            .mismatches
+    for (title, lines) in [
+        ("During the run", &v.during_run),
+        ("At the final verification", &v.mismatches),
+    ] {
+        if lines.is_empty() {
+            continue;
+        }
+        let longest_run = lines
             .iter()
             .flat_map(|m| m.split(|c| c != '`').map(str::len))
             .max()
             .unwrap_or(0);
         let fence = "`".repeat(longest_run.max(2) + 1);
-        let _ = writeln!(out, "\n{fence}text");
-        for m in &v.mismatches {
+        let _ = writeln!(out, "\n{title}:\n\n{fence}text");
+        for m in lines {
             let _ = writeln!(out, "{}", m.replace(['\r', '\n'], " "));
         }
         let _ = writeln!(out, "{fence}");
+    }
+}
+
+/// What the run was asked to do, how to run it again, and where its region
+/// files are.
+fn replay_section(out: &mut String, report: &RunReport) {
+    let p = &report.parameters;
+    let _ = writeln!(
+        out,
+        "- seed: {}\n- duration asked: {} s\n- value size: {} B\n- depth: {}\n- keys per client: \
+         {}\n- key choice: {}\n- clients: {}\n- net: {}\n- authentication: {}\n- faults planned: {}{}",
+        p.seed,
+        p.duration_s,
+        p.size,
+        p.depth,
+        p.keys,
+        if p.zipfian { "zipfian" } else { "uniform" },
+        p.clients
+            .map_or_else(|| "all".to_owned(), |n| n.to_string()),
+        code(&p.net),
+        if p.authenticate { "on" } else { "off" },
+        p.faults_planned,
+        p.scenario
+            .as_deref()
+            .map_or_else(String::new, |s| format!(" (scenario {})", code(s))),
+    );
+    if !report.replay.is_empty() {
+        let fence = "`".repeat(
+            report
+                .replay
+                .split(|c| c != '`')
+                .map(str::len)
+                .max()
+                .unwrap_or(0)
+                .max(2)
+                + 1,
+        );
+        let _ = writeln!(
+            out,
+            "\nTo run it again:\n\n{fence}sh\n{}\n{fence}",
+            report.replay
+        );
+    }
+    if !report.data_dir.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nRegion files: {}.",
+            if report.data_kept {
+                format!("kept in {}", code(&report.data_dir))
+            } else {
+                "removed (the run passed)".to_owned()
+            }
+        );
     }
 }
 

@@ -82,6 +82,48 @@ pub struct RunReport {
     /// What the RoCEv2 side counted, in lab runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub roce: Option<RoceCounters>,
+    /// What the run was asked to do, beyond the workload and topology.
+    #[serde(default)]
+    pub parameters: RunParameters,
+    /// The command line that runs it again with the same parameters.
+    #[serde(default)]
+    pub replay: String,
+    /// Where the daemons kept their region files.
+    #[serde(default)]
+    pub data_dir: String,
+    /// Whether the region files are still there after the run: a failed run
+    /// keeps them, as does one given its data directory.
+    #[serde(default)]
+    pub data_kept: bool,
+}
+
+/// What a run was asked to do beyond its workload, topology and clients
+/// (which [`RunReport`] names): with them, enough to run it again.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunParameters {
+    /// Seed of the workload (worker `i` uses `seed + i`) and, for `chaos`,
+    /// of the fault plan.
+    pub seed: u64,
+    /// Seconds of workload asked for.
+    pub duration_s: f64,
+    /// Value size in bytes.
+    pub size: u64,
+    /// Operations in flight per client.
+    pub depth: usize,
+    /// Keys per client asked for.
+    pub keys: u64,
+    /// Zipfian keys instead of uniform ones.
+    pub zipfian: bool,
+    /// How many of the topology's clients ran (all when `None`).
+    pub clients: Option<usize>,
+    /// How hosts were networked: `loopback`, `netns` or `lab`.
+    pub net: String,
+    /// Whether every connection proved its principal's key.
+    pub authenticate: bool,
+    /// The chaos scenario the faults were drawn from, for `chaos`.
+    pub scenario: Option<String>,
+    /// How many faults were planned.
+    pub faults_planned: usize,
 }
 
 /// RoCEv2 counters of a lab run: each fabric device's RoCE ports (summed
@@ -470,45 +512,104 @@ pub struct FaultRecord {
     pub errors_seen: u64,
 }
 
-/// The final check: everything acknowledged read back and compared.
+/// The checks of a run: the values read during it, and the final read-back
+/// of everything acknowledged.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Verification {
     /// Keys whose last acknowledged version was read back.
     pub keys_checked: u64,
     /// Counters compared with their number of acknowledged increments.
     pub counters_checked: u64,
-    /// What was wrong, one human-readable line each; at most
-    /// [`MAX_MISMATCHES`] lines plus a final `... and N more` (see
+    /// What the final read-back found wrong, one human-readable line each;
+    /// at most [`MAX_MISMATCHES`] lines plus a final `... and N more` (see
     /// [`Verification::push_mismatch`]).
     pub mismatches: Vec<String>,
-    /// Whether the verification passed.
+    /// Whether every check passed, during the run and at the end.
     pub passed: bool,
+    /// Reads during the run whose value was judged.
+    #[serde(default)]
+    pub reads_checked: u64,
+    /// Of those, reads that overlapped a write of their key: the contract
+    /// lets them see a mix of two versions, so such a mix is not judged.
+    #[serde(default)]
+    pub reads_overlapped: u64,
+    /// Of the overlapped reads, those that did see a mix of two versions.
+    #[serde(default)]
+    pub reads_torn_by_overlap: u64,
+    /// What the checks during the run found wrong (reads no write explains,
+    /// compare-and-swaps that found what the model did not expect), capped
+    /// like `mismatches` (see [`Verification::push_during_run`]).
+    #[serde(default)]
+    pub during_run: Vec<String>,
 }
 
 impl Verification {
-    /// Adds one mismatch line, keeping at most [`MAX_MISMATCHES`] lines and
-    /// counting the rest in a final `... and N more` line.
+    /// Adds one line found by the final read-back, keeping at most
+    /// [`MAX_MISMATCHES`] lines and counting the rest in a final
+    /// `... and N more` line.
     pub fn push_mismatch(&mut self, line: impl Into<String>) {
-        let len = self.mismatches.len();
-        if len < MAX_MISMATCHES {
-            self.mismatches.push(line.into());
-        } else if len == MAX_MISMATCHES {
-            self.mismatches.push(more_line(1));
-        } else if let Some(last) = self.mismatches.last_mut() {
-            let more = parse_more_line(last).unwrap_or(0);
-            *last = more_line(more + 1);
-        }
+        push_capped(&mut self.mismatches, line.into());
     }
 
-    /// Total mismatches found, including those summarized in the
-    /// `... and N more` line.
+    /// Adds one line found during the run, capped as
+    /// [`Verification::push_mismatch`] caps.
+    pub fn push_during_run(&mut self, line: impl Into<String>) {
+        push_capped(&mut self.during_run, line.into());
+    }
+
+    /// Total mismatches the final read-back found, including those
+    /// summarized in the `... and N more` line.
     pub fn mismatch_count(&self) -> u64 {
-        match self.mismatches.last().and_then(|l| parse_more_line(l)) {
-            Some(more) if self.mismatches.len() > MAX_MISMATCHES => {
-                (self.mismatches.len() - 1) as u64 + more
-            }
-            _ => self.mismatches.len() as u64,
+        capped_count(&self.mismatches)
+    }
+
+    /// Total problems found during the run, including those summarized in
+    /// the `... and N more` line.
+    pub fn during_run_count(&self) -> u64 {
+        capped_count(&self.during_run)
+    }
+
+    /// Whether no check, during the run or at the end, found anything.
+    pub fn is_clean(&self) -> bool {
+        self.mismatches.is_empty() && self.during_run.is_empty()
+    }
+
+    /// Adds `other`'s counts and lines (each line prefixed with `prefix`,
+    /// say a client id), e.g. one worker's into the run's.
+    pub fn merge(&mut self, other: &Verification, prefix: &str) {
+        self.keys_checked += other.keys_checked;
+        self.counters_checked += other.counters_checked;
+        self.reads_checked += other.reads_checked;
+        self.reads_overlapped += other.reads_overlapped;
+        self.reads_torn_by_overlap += other.reads_torn_by_overlap;
+        for line in &other.mismatches {
+            self.push_mismatch(format!("{prefix}{line}"));
         }
+        for line in &other.during_run {
+            self.push_during_run(format!("{prefix}{line}"));
+        }
+    }
+}
+
+/// Pushes `line`, keeping at most [`MAX_MISMATCHES`] lines and counting
+/// the rest in a final `... and N more` line.
+fn push_capped(lines: &mut Vec<String>, line: String) {
+    let len = lines.len();
+    if len < MAX_MISMATCHES {
+        lines.push(line);
+    } else if len == MAX_MISMATCHES {
+        lines.push(more_line(1));
+    } else if let Some(last) = lines.last_mut() {
+        let more = parse_more_line(last).unwrap_or(0);
+        *last = more_line(more + 1);
+    }
+}
+
+/// The lines [`push_capped`] kept, counting the summarized ones.
+fn capped_count(lines: &[String]) -> u64 {
+    match lines.last().and_then(|l| parse_more_line(l)) {
+        Some(more) if lines.len() > MAX_MISMATCHES => (lines.len() - 1) as u64 + more,
+        _ => lines.len() as u64,
     }
 }
 

@@ -96,6 +96,7 @@ fn sample_report() -> RunReport {
             "topology <embedded> & friends".to_owned(),
         ],
         roce: None,
+        ..RunReport::default()
     };
     report.fill_recovery();
     report
@@ -299,6 +300,71 @@ fn verification_keeps_twenty_mismatches_and_counts_the_rest() {
     assert_eq!(v.mismatches[19], "m19");
     assert_eq!(v.mismatch_count(), 100);
     assert_eq!(Verification::default().mismatch_count(), 0);
+}
+
+#[test]
+fn checks_during_the_run_and_at_the_end_are_kept_apart_and_merged_per_client() {
+    let mut worker = Verification {
+        keys_checked: 3,
+        reads_checked: 10,
+        reads_overlapped: 2,
+        reads_torn_by_overlap: 1,
+        ..Verification::default()
+    };
+    assert!(worker.is_clean());
+    worker.push_during_run("read of key 9 during the run saw bytes no write of it produced");
+    assert!(!worker.is_clean());
+    assert_eq!((worker.during_run_count(), worker.mismatch_count()), (1, 0));
+    let mut run = Verification::default();
+    run.merge(&worker, "c1: ");
+    run.merge(&worker, "c2: ");
+    assert_eq!(
+        (run.keys_checked, run.reads_checked, run.reads_overlapped),
+        (6, 20, 4)
+    );
+    assert_eq!(run.reads_torn_by_overlap, 2);
+    assert!(run.mismatches.is_empty());
+    assert_eq!(run.during_run.len(), 2);
+    assert!(run.during_run[1].starts_with("c2: read of key 9"));
+    for i in 0..100 {
+        run.push_during_run(format!("d{i}"));
+    }
+    assert_eq!(run.during_run_count(), 102);
+    assert_eq!(run.during_run.len(), MAX_MISMATCHES + 1);
+
+    let md = markdown(&RunReport {
+        verification: run,
+        ..RunReport::default()
+    });
+    assert!(md.contains("During the run:"), "{md}");
+    assert!(!md.contains("At the final verification:"), "{md}");
+    assert!(
+        md.contains("overlapping a write of their key: 4 (2 saw a mix"),
+        "{md}"
+    );
+}
+
+#[test]
+fn a_report_from_before_the_during_run_checks_still_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut json: serde_json::Value = serde_json::to_value(sample_report()).unwrap();
+    let v = json["verification"].as_object_mut().unwrap();
+    for field in [
+        "reads_checked",
+        "reads_overlapped",
+        "reads_torn_by_overlap",
+        "during_run",
+    ] {
+        v.remove(field);
+    }
+    for field in ["parameters", "replay", "data_dir", "data_kept"] {
+        json.as_object_mut().unwrap().remove(field);
+    }
+    fs::write(dir.path().join(JSON_FILE), json.to_string()).unwrap();
+    let back = read_report(dir.path()).unwrap();
+    assert_eq!(back.verification.reads_checked, 0);
+    assert!(back.verification.during_run.is_empty());
+    assert!(back.replay.is_empty());
 }
 
 // ---------------------------------------------------------------------------

@@ -6,7 +6,10 @@
 //! all workers. A write takes its key for its duration, so acknowledged
 //! versions of a key are strictly ordered and the last one must be what a
 //! final read finds (or a later write whose acknowledgement was lost).
+//! Reads during the run are judged by [`check`]: one that overlapped a
+//! write of its key may see a mix of versions.
 
+pub mod check;
 pub mod keys;
 pub mod space;
 
@@ -21,7 +24,8 @@ use serde::{Deserialize, Serialize};
 use topology::VirtAddr;
 
 use crate::report::{OpStats, Timeline, Verification};
-use keys::{KeyPicker, KeySpace, Rng, Seen, counter_word, decode, value};
+use check::{KeyModel, ReadVerdict};
+use keys::{KeyPicker, KeySpace, Rng, counter_word, decode, value};
 
 /// The workloads `testbed run` offers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -188,26 +192,16 @@ pub struct WorkerResult {
     pub verification: Verification,
 }
 
-/// The state of one key.
-#[derive(Debug, Default, Clone)]
-struct KeyState {
-    /// Last acknowledged version (0: none).
-    acked: u64,
-    /// Versions written after it without an acknowledgement.
-    unacked: Vec<u64>,
-    /// Highest version ever sent.
-    highest: u64,
-}
-
 /// State shared by a worker's tasks.
 #[derive(Debug, Default)]
 struct Shared {
-    keys: HashMap<u64, KeyState>,
-    busy: HashSet<u64>,
+    model: KeyModel,
     words: HashMap<u64, (u64, bool)>,
     busy_words: HashSet<u64>,
     counters: BTreeMap<u64, CounterTally>,
-    mismatches: Vec<String>,
+    /// What the checks during the run found, and how many reads they
+    /// judged.
+    during_run: Verification,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -340,10 +334,28 @@ pub async fn run(
     }
 }
 
-/// Picks a key nobody else is writing and takes it.
-fn take_key(shared: &Mutex<Shared>, picker: &KeyPicker, rng: &mut Rng) -> Option<u64> {
+/// Picks a key no other task is writing and starts a write of it: the key
+/// and the version to write.
+fn take_key(shared: &Mutex<Shared>, picker: &KeyPicker, rng: &mut Rng) -> Option<(u64, u64)> {
     let mut s = lock(shared);
-    (0..8).map(|_| picker.pick(rng)).find(|k| s.busy.insert(*k))
+    (0..8).find_map(|_| {
+        let k = picker.pick(rng);
+        s.model.begin_write(k).map(|version| (k, version))
+    })
+}
+
+/// Records what a read during the run saw.
+fn record_read(shared: &Mutex<Shared>, verdict: ReadVerdict) {
+    let checks = &mut lock(shared).during_run;
+    checks.reads_checked += 1;
+    match verdict {
+        ReadVerdict::Clean => {}
+        ReadVerdict::Overlapped { torn } => {
+            checks.reads_overlapped += 1;
+            checks.reads_torn_by_overlap += u64::from(torn);
+        }
+        ReadVerdict::Wrong(line) => checks.push_during_run(line),
+    }
 }
 
 /// Logs an operation the application saw fail (the report counts it).
@@ -366,30 +378,16 @@ async fn step(
     match op {
         Op::Read => {
             let k = picker.pick(rng);
-            let highest = lock(shared).keys.get(&k).map_or(0, |s| s.highest);
+            let pending = lock(shared).model.begin_read(k);
             let result = pool.read(keys.key_addr(k), size).await;
             Some(result.map_err(|e| report_error(op, &e)).map(|bytes| {
-                match decode(k, &bytes) {
-                    Seen::Empty => {}
-                    Seen::Version(v)
-                        if v <= highest.max(lock(shared).keys.get(&k).map_or(0, |s| s.highest)) => {
-                    }
-                    seen => lock(shared).mismatches.push(format!(
-                        "{}: read of key {k} saw {seen:?}, never written",
-                        config.client
-                    )),
-                }
+                let verdict = lock(shared).model.end_read(pending, decode(k, &bytes));
+                record_read(shared, verdict);
                 size
             }))
         }
         Op::Write | Op::WritePersist => {
-            let k = take_key(shared, picker, rng)?;
-            let version = {
-                let mut s = lock(shared);
-                let state = s.keys.entry(k).or_default();
-                state.highest += 1;
-                state.highest
-            };
+            let (k, version) = take_key(shared, picker, rng)?;
             let data = value(k, version, size as usize);
             let result = if op == Op::Write {
                 pool.write(keys.key_addr(k), &data).await
@@ -399,16 +397,8 @@ async fn step(
             if let Err(e) = &result {
                 report_error(op, e);
             }
-            let mut s = lock(shared);
-            let state = s.keys.entry(k).or_default();
             let ok = result.is_ok();
-            if ok {
-                state.acked = version;
-                state.unacked.clear();
-            } else {
-                state.unacked.push(version);
-            }
-            s.busy.remove(&k);
+            lock(shared).model.end_write(k, version, ok);
             Some(if ok { Ok(size) } else { Err(()) })
         }
         Op::Flush => {
@@ -450,9 +440,9 @@ async fn step(
                     && certain
                     && old != expected
                 {
-                    lock(shared).mismatches.push(format!(
-                        "{}: compare_and_swap on own word {w} found {old}, the model says {expected}",
-                        config.client
+                    lock(shared).during_run.push_during_run(format!(
+                        "compare_and_swap on own word {w} during the run found {old}, the model \
+                         says {expected}"
                     ));
                 }
                 (result.map(drop), new)
@@ -474,58 +464,41 @@ async fn step(
 }
 
 /// Reads back every key and word the worker wrote and checks each holds
-/// its last acknowledged value (or a later unacknowledged one).
+/// its last acknowledged value (or a later unacknowledged one); the result
+/// also carries what the checks during the run found.
 async fn verify(
     pool: &AsyncPool,
     keys: &KeySpace,
     shared: &Mutex<Shared>,
     size: u64,
 ) -> Verification {
-    let (key_states, words, mut mismatches) = {
+    let (key_states, words, mut verification) = {
         let s = lock(shared);
-        (s.keys.clone(), s.words.clone(), s.mismatches.clone())
+        let states: Vec<_> = s.model.written().map(|(k, st)| (k, st.clone())).collect();
+        (states, s.words.clone(), s.during_run.clone())
     };
-    let mut checked = 0;
     for (k, state) in &key_states {
-        if state.acked == 0 && state.unacked.is_empty() {
-            continue;
-        }
-        checked += 1;
+        verification.keys_checked += 1;
         let problem = match pool.read(keys.key_addr(*k), size).await {
             Err(e) => Some(format!("key {k}: read back failed: {e}")),
-            Ok(bytes) => match decode(*k, &bytes) {
-                Seen::Version(v) if v == state.acked || state.unacked.contains(&v) => None,
-                Seen::Empty if state.acked == 0 => None,
-                seen => Some(format!(
-                    "key {k}: acknowledged version {} but found {seen:?}",
-                    state.acked
-                )),
-            },
+            Ok(bytes) => check::final_problem(*k, state, decode(*k, &bytes)),
         };
-        mismatches.extend(problem);
+        if let Some(line) = problem {
+            verification.push_mismatch(line);
+        }
     }
-    let mut counters_checked = 0;
     for (w, (expected, certain)) in &words {
         if !certain {
             continue;
         }
-        counters_checked += 1;
+        verification.counters_checked += 1;
         match pool.fetch_add(keys.own_word(*w), 0).await {
             Ok(found) if found == *expected => {}
-            Ok(found) => {
-                mismatches.push(format!("own word {w}: expected {expected}, found {found}"))
-            }
-            Err(e) => mismatches.push(format!("own word {w}: read back failed: {e}")),
+            Ok(found) => verification
+                .push_mismatch(format!("own word {w}: expected {expected}, found {found}")),
+            Err(e) => verification.push_mismatch(format!("own word {w}: read back failed: {e}")),
         }
     }
-    let mut verification = Verification {
-        keys_checked: checked,
-        counters_checked,
-        ..Verification::default()
-    };
-    for line in mismatches {
-        verification.push_mismatch(line);
-    }
-    verification.passed = verification.mismatches.is_empty();
+    verification.passed = verification.is_clean();
     verification
 }
