@@ -10,6 +10,7 @@
 //!   with key and bounds checks.
 //! - `dedup` and `dedup_store`: the exactly-once window for retried
 //!   atomics, kept in a mapped file so it survives a restart.
+//! - [`missing`]: which absent regions may be created empty at start.
 //! - `conn` and [`server`]: connections, listeners and the daemon's life.
 //! - `metrics`: what `/metrics` exports.
 //! - `verbs` (feature `verbs`): regions registered with a NIC's RNIC and
@@ -28,6 +29,7 @@ pub mod devices;
 pub(crate) mod exec;
 pub(crate) mod gate;
 pub(crate) mod metrics;
+pub mod missing;
 pub(crate) mod numa;
 pub mod persist;
 pub mod region_file;

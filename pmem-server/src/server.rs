@@ -22,8 +22,9 @@ use crate::devices::{DeviceError, ServerDevices, SysRoots};
 use crate::exec::{Executor, ServedRegion};
 use crate::gate::Gatekeeper;
 use crate::metrics::ServerMetrics;
+use crate::missing::{self, MissingError};
 use crate::persist::{PersistMode, PersistPolicy};
-use crate::region_file::{RegionFile, RegionFileError};
+use crate::region_file::{OpenMode, RegionFile, RegionFileError};
 
 /// Everything a server needs to start.
 #[derive(Debug, Clone)]
@@ -40,6 +41,9 @@ pub struct ServerConfig {
     pub persistence: PersistPolicy,
     /// Recreate every region file, discarding its data.
     pub format: bool,
+    /// Regions to create empty when absent although the data directory
+    /// held them (`--create-missing`).
+    pub create_missing: Vec<String>,
     /// Start with an empty exactly-once window even if its file is damaged.
     pub reset_exactly_once: bool,
     /// Data connections served at once; more are closed on accept.
@@ -92,6 +96,9 @@ pub enum ServerError {
     /// A region file cannot be used.
     #[error(transparent)]
     Region(#[from] RegionFileError),
+    /// Regions the data directory held are missing.
+    #[error(transparent)]
+    Missing(#[from] MissingError),
     /// The exactly-once window file cannot be used.
     #[error(transparent)]
     Window(#[from] StoreError),
@@ -399,9 +406,23 @@ impl OpenedServer {
         for warning in devices.warnings() {
             warn!("{warning}");
         }
+        let entries: Vec<_> = layout
+            .entries()
+            .iter()
+            .filter(|e| e.server == server.id)
+            .collect();
+        let modes = missing::open_modes(
+            &server.id,
+            &devices,
+            &entries,
+            &config.persistence,
+            config.format,
+            &config.create_missing,
+        )?;
         let mut regions = Vec::new();
-        for entry in layout.entries().iter().filter(|e| e.server == server.id) {
-            let file = RegionFile::open_on(&devices, entry, &config.persistence, config.format)?;
+        for (entry, mode) in entries.into_iter().zip(modes) {
+            let file = RegionFile::open_with(&devices, entry, &config.persistence, mode)?;
+            log_opened(&file, mode);
             regions.push(ServedRegion::new(entry.clone(), file));
         }
         let mode = regions.first().map(|r| r.file.map.mode());
@@ -628,6 +649,24 @@ impl RunningServer {
         let persisted = self.exec.persist_all().map_err(ServerError::Persist);
         self.admin.shutdown();
         persisted
+    }
+}
+
+/// Says in the log what opening a region did when it did more than reopen it.
+fn log_opened(file: &RegionFile, mode: OpenMode) {
+    let region = &file.header.region_id;
+    let at = file.path.display();
+    match (file.created, mode) {
+        (true, OpenMode::Format) => info!("region {region}: formatted empty at {at}, new key"),
+        (true, OpenMode::CreateMissing) => {
+            warn!("region {region}: created empty at {at} (--create-missing), new key")
+        }
+        (true, OpenMode::Keep) => info!("region {region}: created empty at {at}, new key"),
+        (false, OpenMode::CreateMissing) => warn!(
+            "region {region}: --create-missing ignored, the region is present at {at} and \
+             keeps its data"
+        ),
+        (false, _) => {}
     }
 }
 
