@@ -10,6 +10,8 @@
 //!   with key and bounds checks.
 //! - `dedup` and `dedup_store`: the exactly-once window for retried
 //!   atomics, kept in a mapped file so it survives a restart.
+//! - [`block_sums`] and `scrub`: checksums of the regions' blocks, recorded
+//!   and verified when an operator asks (`pmemctl scrub --checksums`).
 //! - [`missing`]: which absent regions may be created empty at start.
 //! - `conn` and [`server`]: connections, listeners and the daemon's life.
 //! - `metrics`: what `/metrics` exports.
@@ -21,6 +23,7 @@
 //! [`RunningServer`] and [`OpenedServer`] with their [`ServerConfig`],
 //! [`persist`], [`region_file`] and [`devices`]; the rest is the crate's own.
 
+pub mod block_sums;
 pub mod cli;
 pub(crate) mod conn;
 pub(crate) mod dedup;
@@ -33,6 +36,7 @@ pub mod missing;
 pub(crate) mod numa;
 pub mod persist;
 pub mod region_file;
+pub(crate) mod scrub;
 pub mod server;
 pub(crate) mod stale_marks;
 #[cfg(feature = "verbs")]

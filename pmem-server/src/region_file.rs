@@ -51,6 +51,7 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest, Sha256};
 use topology::{AccessKey, LayoutEntry};
 
+use crate::block_sums::BlockSums;
 use crate::devices::{DevDax, Medium, ServerDevices};
 use crate::persist::{PersistError, PersistPolicy, PmemMap};
 
@@ -298,6 +299,8 @@ pub struct RegionFile {
     pub created: bool,
     /// The mapping of the whole file, header included.
     pub map: PmemMap,
+    /// Checksums of the data's blocks, recorded and verified by scrubs.
+    pub sums: BlockSums,
     /// Where the header is read and written.
     place: Place,
 }
@@ -484,6 +487,7 @@ impl RegionFile {
         })?;
         Ok(Self {
             path,
+            sums: BlockSums::new(header.size),
             header,
             created,
             map,
@@ -524,6 +528,7 @@ impl RegionFile {
         manifest.add(entry.region_id.as_str())?;
         Ok(Self {
             path: dax.path.clone(),
+            sums: BlockSums::new(header.size),
             header,
             created,
             map,

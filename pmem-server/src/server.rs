@@ -423,6 +423,14 @@ impl OpenedServer {
         for (entry, mode) in entries.into_iter().zip(modes) {
             let file = RegionFile::open_with(&devices, entry, &config.persistence, mode)?;
             log_opened(&file, mode);
+            // RDMA writes on a verbs NIC bypass the marks scrubs rely on.
+            let rdma = server.nics.iter().any(|n| {
+                n.socket == entry.socket
+                    && config.transport.unwrap_or(n.transport) == NicTransport::Verbs
+            });
+            if rdma {
+                file.sums.set_unwatched();
+            }
             regions.push(ServedRegion::new(entry.clone(), file));
         }
         let mode = regions.first().map(|r| r.file.map.mode());
