@@ -248,3 +248,123 @@ impl BlockSums {
         Ok(report)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::persist::PersistPolicy;
+
+    /// A mapped file with a header page and `data_len` bytes of data.
+    fn region(data_len: u64) -> (tempfile::TempDir, PmemMap, BlockSums) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.pmem");
+        let file = std::fs::File::create(&path).unwrap();
+        file.set_len(HEADER_LEN + data_len).unwrap();
+        let map = PmemMap::open(&path, &PersistPolicy::Msync).unwrap();
+        (dir, map, BlockSums::new(data_len))
+    }
+
+    /// Stores `bytes` at region offset `offset` as a write executed by the
+    /// server does: marked before and after.
+    fn write(map: &PmemMap, sums: &BlockSums, offset: u64, bytes: &[u8]) {
+        let _writing = sums.writing(offset, bytes.len() as u64);
+        poke(map, offset, bytes);
+    }
+
+    /// Stores `bytes` behind the server's back.
+    fn poke(map: &PmemMap, offset: u64, bytes: &[u8]) {
+        map.write(
+            (HEADER_LEN + offset) as usize,
+            bytes,
+            topology::CachePolicy::WriteBack,
+        )
+        .unwrap();
+    }
+
+    fn scrub_all(map: &PmemMap, sums: &BlockSums) -> Report {
+        let blocks = sums.blocks() as u32;
+        sums.scrub(map, 7, 0, blocks).unwrap()
+    }
+
+    #[test]
+    fn the_first_scrub_records_and_the_next_verifies() {
+        let (_dir, map, sums) = region(4 * BLOCK_LEN + 100);
+        assert_eq!(sums.blocks(), 5, "the short last block counts");
+        let first = scrub_all(&map, &sums);
+        assert_eq!((first.region, first.total), (7, 5));
+        assert_eq!((first.recorded, first.verified), (5, 0));
+        let second = scrub_all(&map, &sums);
+        assert_eq!((second.recorded, second.verified), (0, 5));
+        assert!(second.mismatches.is_empty());
+    }
+
+    #[test]
+    fn a_byte_changed_without_a_write_is_reported_until_a_write_replaces_it() {
+        let (_dir, map, sums) = region(4 * BLOCK_LEN + 100);
+        scrub_all(&map, &sums);
+        poke(&map, 2 * BLOCK_LEN + 9, &[0xFF]);
+        poke(&map, 4 * BLOCK_LEN + 99, &[0x01]);
+        assert_eq!(scrub_all(&map, &sums).mismatches, [2, 4]);
+        assert_eq!(scrub_all(&map, &sums).mismatches, [2, 4], "reported again");
+        write(&map, &sums, 2 * BLOCK_LEN, &[0u8; 16]);
+        let after = scrub_all(&map, &sums);
+        assert_eq!(after.mismatches, [4]);
+        assert_eq!(after.recorded, 1);
+    }
+
+    #[test]
+    fn written_blocks_are_recorded_not_reported() {
+        let (_dir, map, sums) = region(4 * BLOCK_LEN);
+        scrub_all(&map, &sums);
+        // A write across the boundary of blocks 0 and 1.
+        write(&map, &sums, BLOCK_LEN - 4, &[7u8; 8]);
+        let report = scrub_all(&map, &sums);
+        assert!(report.mismatches.is_empty());
+        assert_eq!((report.recorded, report.verified), (2, 2));
+    }
+
+    #[test]
+    fn a_write_that_straddles_a_recording_is_recorded_again() {
+        let (_dir, map, sums) = region(2 * BLOCK_LEN);
+        scrub_all(&map, &sums);
+        // The write is marked, the scrub records the old bytes, then the
+        // bytes change and the write ends.
+        let writing = sums.writing(10, 4);
+        assert_eq!(scrub_all(&map, &sums).recorded, 1);
+        poke(&map, 10, b"new!");
+        drop(writing);
+        let report = scrub_all(&map, &sums);
+        assert!(report.mismatches.is_empty(), "{report:?}");
+        assert_eq!(report.recorded, 1);
+        assert_eq!(scrub_all(&map, &sums).verified, 2);
+    }
+
+    #[test]
+    fn a_write_begun_before_the_first_scrub_is_seen_when_it_ends() {
+        let (_dir, map, sums) = region(BLOCK_LEN);
+        let writing = sums.writing(0, 8);
+        scrub_all(&map, &sums);
+        poke(&map, 0, b"late....");
+        drop(writing);
+        assert!(scrub_all(&map, &sums).mismatches.is_empty());
+    }
+
+    #[test]
+    fn unwatched_regions_and_blocks_outside_are_not_checked() {
+        let (_dir, map, sums) = region(2 * BLOCK_LEN);
+        assert!(matches!(
+            sums.scrub(&map, 0, 1, 2),
+            Err(ScrubFault::OutOfRange {
+                first: 1,
+                end: 3,
+                total: 2
+            })
+        ));
+        sums.set_unwatched();
+        let report = scrub_all(&map, &sums);
+        assert_eq!(
+            (report.unwatched, report.recorded, report.verified),
+            (2, 0, 0)
+        );
+    }
+}
