@@ -17,8 +17,10 @@
 //! the next scrub records the block again.
 //!
 //! The table lives in the server's memory and is made by the first scrub
-//! (8 bytes and 1 bit per block): a restart forgets it, and the first
-//! scrub after a start records every block again. Writes that do not go
+//! (8 bytes and 1 bit per block). A clean stop saves it and the next start
+//! loads it ([`crate::sums_file`]), so damage done while the server was
+//! down is noticed; after a crash the first scrub records every block
+//! again. Writes that do not go
 //! through this server's CPU (RDMA on a verbs NIC) cannot set the bits; a
 //! region reachable that way is [unwatched](BlockSums::set_unwatched) and
 //! its blocks are counted as such, never verified.
@@ -151,6 +153,44 @@ impl BlockSums {
             table: OnceLock::new(),
             unwatched: AtomicBool::new(false),
         }
+    }
+
+    /// The checksums `sums` (one per block, 0 for none) saved by an
+    /// earlier server for a region of `data_len` bytes; `None` when they do
+    /// not fit it.
+    pub fn with_sums(data_len: u64, sums: Vec<u64>) -> Option<Self> {
+        let loaded = Self::new(data_len);
+        if sums.len() as u64 != loaded.blocks() {
+            return None;
+        }
+        let table = Table {
+            written: (0..sums.len().div_ceil(64))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            sums: Mutex::new(sums.into_boxed_slice()),
+        };
+        let _ = loaded.table.set(table);
+        Some(loaded)
+    }
+
+    /// The recorded checksums, one per block, with 0 for blocks that have
+    /// none or were written since theirs was recorded; `None` before the
+    /// first scrub. For saving at a clean stop, when nothing writes.
+    pub fn saved_sums(&self) -> Option<Vec<u64>> {
+        let table = self.table.get()?;
+        let sums = table.sums.lock().unwrap_or_else(PoisonError::into_inner);
+        Some(
+            sums.iter()
+                .enumerate()
+                .map(|(block, &sum)| {
+                    if table.is_written(block as u64) {
+                        0
+                    } else {
+                        sum
+                    }
+                })
+                .collect(),
+        )
     }
 
     /// Blocks in the region (the last may be short).

@@ -11,7 +11,8 @@
 //! - `dedup` and `dedup_store`: the exactly-once window for retried
 //!   atomics, kept in a mapped file so it survives a restart.
 //! - [`block_sums`] and `scrub`: checksums of the regions' blocks, recorded
-//!   and verified when an operator asks (`pmemctl scrub --checksums`).
+//!   and verified when an operator asks (`pmemctl scrub --checksums`);
+//!   [`sums_file`] keeps them across a clean restart.
 //! - [`missing`]: which absent regions may be created empty at start.
 //! - `conn` and [`server`]: connections, listeners and the daemon's life.
 //! - `metrics`: what `/metrics` exports.
@@ -39,6 +40,7 @@ pub mod region_file;
 pub(crate) mod scrub;
 pub mod server;
 pub(crate) mod stale_marks;
+pub mod sums_file;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 

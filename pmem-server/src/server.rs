@@ -25,6 +25,7 @@ use crate::metrics::ServerMetrics;
 use crate::missing::{self, MissingError};
 use crate::persist::{PersistMode, PersistPolicy};
 use crate::region_file::{OpenMode, RegionFile, RegionFileError};
+use crate::sums_file;
 
 /// Everything a server needs to start.
 #[derive(Debug, Clone)]
@@ -227,6 +228,8 @@ pub struct RunningServer {
     admin: AdminServer,
     data_addrs: Vec<(NicId, SocketAddr)>,
     mode: Option<PersistMode>,
+    /// Where the block checksums are saved at a clean stop.
+    data_dir: PathBuf,
 }
 
 const LISTENER: mio::Token = mio::Token(0);
@@ -421,8 +424,21 @@ impl OpenedServer {
         )?;
         let mut regions = Vec::new();
         for (entry, mode) in entries.into_iter().zip(modes) {
-            let file = RegionFile::open_with(&devices, entry, &config.persistence, mode)?;
+            let mut file = RegionFile::open_with(&devices, entry, &config.persistence, mode)?;
             log_opened(&file, mode);
+            let sums_at = sums_file::sums_path(&config.data_dir, entry.region_id.as_str());
+            match sums_file::load(&sums_at, &file) {
+                Ok(Some(sums)) => {
+                    info!(
+                        "region {}: block checksums of the last clean stop loaded from {}",
+                        entry.region_id,
+                        sums_at.display()
+                    );
+                    file.sums = sums;
+                }
+                Ok(None) => {}
+                Err(e) => warn!("{}", telemetry::logging::error_chain(&e)),
+            }
             // RDMA writes on a verbs NIC bypass the marks scrubs rely on.
             let rdma = server.nics.iter().any(|n| {
                 n.socket == entry.socket
@@ -616,6 +632,7 @@ impl RunningServer {
             admin,
             data_addrs,
             mode,
+            data_dir: config.data_dir.clone(),
         })
     }
 
@@ -641,7 +658,8 @@ impl RunningServer {
     }
 
     /// Stops accepting, lets every connection finish the requests it has
-    /// received, makes every region durable and stops the admin endpoint.
+    /// received, makes every region durable, saves the block checksums
+    /// scrubs recorded, and stops the admin endpoint.
     pub fn stop(self) -> Result<(), ServerError> {
         self.shutdown.store(true, Ordering::SeqCst);
         for (handle, waker) in self.acceptors {
@@ -651,10 +669,22 @@ impl RunningServer {
             let _ = handle.join();
         }
         self.live.close_reads();
-        if !self.live.wait_idle(Duration::from_secs(10)) {
-            warn!("connections still open after 10 s; flushing anyway");
+        let idle = self.live.wait_idle(Duration::from_secs(10));
+        if !idle {
+            warn!(
+                "connections still open after 10 s; flushing anyway, block checksums not saved \
+                 (the next scrub records them again)"
+            );
         }
         let persisted = self.exec.persist_all().map_err(ServerError::Persist);
+        // Nothing writes any more: the checksums can be kept for the next
+        // start (a failure only costs re-recording them).
+        for region in self.exec.regions().filter(|_| idle) {
+            let at = sums_file::sums_path(&self.data_dir, region.entry.region_id.as_str());
+            if let Err(e) = sums_file::save(&at, &region.file) {
+                warn!("{}", telemetry::logging::error_chain(&e));
+            }
+        }
         self.admin.shutdown();
         persisted
     }
