@@ -84,3 +84,38 @@ fn a_clean_restart_keeps_the_checksums_and_a_crash_forgets_them() {
     assert!(fresh.mismatches.is_empty());
     server.terminate();
 }
+
+#[test]
+fn regions_written_over_rdma_are_unwatched() {
+    use pmem_server::persist::PersistPolicy;
+    use pmem_server::{OpenedServer, ServerConfig};
+    use topology::{NicTransport, ServerId, Topology};
+
+    let dir = tempfile::tempdir().unwrap();
+    let topology = Topology::load(&write_topology(dir.path(), &[("R1", "4MiB")])).unwrap();
+    let config = |transport| ServerConfig {
+        topology: topology.clone(),
+        server: ServerId::new("S"),
+        data_dir: dir.path().join("data"),
+        admin: "127.0.0.1:0".parse().unwrap(),
+        persistence: PersistPolicy::Msync,
+        format: false,
+        create_missing: Vec::new(),
+        reset_exactly_once: false,
+        max_connections: 1,
+        timeouts: Default::default(),
+        secrets: None,
+        transport,
+    };
+    let unwatched = |transport| {
+        let opened = OpenedServer::open(&config(transport)).unwrap();
+        let flags: Vec<bool> = opened
+            .exec
+            .regions()
+            .map(|r| r.file.sums.is_unwatched())
+            .collect();
+        flags
+    };
+    assert_eq!(unwatched(None), [false], "a TCP NIC: every write is seen");
+    assert_eq!(unwatched(Some(NicTransport::Verbs)), [true]);
+}
