@@ -4,13 +4,15 @@
 //! together. A region whose file (or device DAX header) is absent is
 //! created empty only when nothing says it held data:
 //!
-//! - none of the server's regions is present and the manifest lists none
-//!   of them: a brand-new data directory, every region is created;
+//! - none of the server's regions is present, the manifest lists none of
+//!   them and there is no exactly-once window file: a brand-new data
+//!   directory, every region is created;
 //! - the manifest exists and does not list it: a region new to this
 //!   server's topology.
 //!
 //! Otherwise the region is lost: the manifest lists it, or other regions
-//! of the server are present while the manifest is gone too. The server
+//! of the server (or its window file) are present while the manifest is
+//! gone too. The server
 //! then refuses to start and names every lost region, unless the operator
 //! names it with `--create-missing REGION` or starts over with `--format`.
 
@@ -40,7 +42,7 @@ pub enum MissingError {
     #[error(
         "{}; their data is gone unless restored. Restore them, start with {} to create just \
          those regions empty, or with --format to recreate every region empty",
-        describe_lost(.lost, .held, .manifest),
+        describe_lost(.lost, .held, .manifest, .window),
         create_flags(.lost)
     )]
     Lost {
@@ -50,6 +52,9 @@ pub enum MissingError {
         held: Vec<String>,
         /// The manifest, when it lists a lost region.
         manifest: Option<PathBuf>,
+        /// The exactly-once window file, when it shows the data directory
+        /// was in use.
+        window: Option<PathBuf>,
     },
     /// Looking for a region failed.
     #[error(transparent)]
@@ -60,6 +65,7 @@ fn describe_lost(
     lost: &[(String, PathBuf)],
     held: &[String],
     manifest: &Option<PathBuf>,
+    window: &Option<PathBuf>,
 ) -> String {
     let mut text = String::new();
     for (i, (id, at)) in lost.iter().enumerate() {
@@ -71,22 +77,29 @@ fn describe_lost(
     } else {
         " are missing"
     });
-    match (manifest, held.is_empty()) {
-        (Some(manifest), _) => {
+    match (manifest, held.is_empty(), window) {
+        (Some(manifest), _, _) => {
             let _ = write!(
                 text,
                 ", but {} says this server held it",
                 manifest.display()
             );
         }
-        (None, false) => {
+        (None, false, _) => {
             let _ = write!(
                 text,
                 " (and so is the manifest) while the server still holds {}",
                 held.join(", ")
             );
         }
-        (None, true) => {}
+        (None, true, Some(window)) => {
+            let _ = write!(
+                text,
+                " (and so is the manifest) while {} shows the data directory was in use",
+                window.display()
+            );
+        }
+        (None, true, None) => {}
     }
     text
 }
@@ -135,7 +148,17 @@ pub fn open_modes(
             None => held.push(id.to_owned()),
         }
     }
-    let new_directory = held.is_empty() && !absent.iter().any(|(id, _)| manifest.lists(id));
+    let window = plan.data_dir.join(crate::dedup_store::FILE_NAME);
+    let window = window
+        .try_exists()
+        .map_err(|source| RegionFileError::Io {
+            path: window.clone(),
+            op: "check for",
+            source,
+        })?
+        .then_some(window);
+    let new_directory =
+        held.is_empty() && window.is_none() && !absent.iter().any(|(id, _)| manifest.lists(id));
     let lost: Vec<(String, PathBuf)> = absent
         .into_iter()
         .filter(|(id, _)| {
@@ -149,6 +172,7 @@ pub fn open_modes(
             lost,
             held,
             manifest: listed.then(|| manifest.path.clone()),
+            window,
         });
     }
     Ok(entries

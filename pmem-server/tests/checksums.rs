@@ -92,7 +92,7 @@ fn regions_written_over_rdma_are_unwatched() {
     use topology::{NicTransport, ServerId, Topology};
 
     let dir = tempfile::tempdir().unwrap();
-    let topology = Topology::load(&write_topology(dir.path(), &[("R1", "4MiB")])).unwrap();
+    let topology = Topology::load(write_topology(dir.path(), &[("R1", "4MiB")])).unwrap();
     let config = |transport| ServerConfig {
         topology: topology.clone(),
         server: ServerId::new("S"),

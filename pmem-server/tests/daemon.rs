@@ -651,3 +651,30 @@ fn a_new_data_directory_and_a_new_region_are_created_without_flags() {
     assert!(stderr.contains("region R2: created empty"), "{stderr}");
     assert!(!stderr.contains("region R1: created"), "{stderr}");
 }
+
+#[test]
+fn every_region_and_the_manifest_gone_from_a_used_data_directory_stops_the_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let config = write_topology(dir.path(), &[("R1", "4MiB"), ("R2", "4MiB")]);
+    let server = pmem_server_with(PMEM_SERVER, &config, "S", &data, &[]).unwrap();
+    server.terminate();
+    for file in ["R1.pmem", "R2.pmem", "regions.manifest"] {
+        std::fs::remove_file(data.join(file)).unwrap();
+    }
+    // The exactly-once window is still there: the directory was in use.
+    let err = pmem_server_with(PMEM_SERVER, &config, "S", &data, &[]).unwrap_err();
+    assert!(
+        err.contains("region R1") && err.contains("region R2"),
+        "{err}"
+    );
+    assert!(err.contains("exactly-once.pmem"), "{err}");
+    assert!(
+        err.contains("--create-missing R1 --create-missing R2"),
+        "{err}"
+    );
+    assert!(!data.join("R1.pmem").exists(), "nothing was recreated");
+    let extra = ["--create-missing", "R1", "--create-missing", "R2"];
+    let server = pmem_server_with(PMEM_SERVER, &config, "S", &data, &extra).unwrap();
+    server.terminate();
+}
