@@ -189,13 +189,23 @@ pub fn scrub_checksums(
             })
             .collect::<Result<_, _>>()?
     };
-    entries
-        .into_iter()
-        .map(|entry| {
-            let mut session = OperatorSession::open(topology, entry, operator, secrets, timeout)?;
-            session.scrub_region(entry)
-        })
-        .collect()
+    // One connection per server, whichever of its regions it scrubs.
+    let mut sessions: Vec<OperatorSession> = Vec::new();
+    let mut found = Vec::with_capacity(entries.len());
+    for entry in entries {
+        let server = entry.server.as_str();
+        let at = match sessions.iter().position(|s| s.server == server) {
+            Some(at) => at,
+            None => {
+                sessions.push(OperatorSession::open(
+                    topology, entry, operator, secrets, timeout,
+                )?);
+                sessions.len() - 1
+            }
+        };
+        found.push(sessions[at].scrub_region(entry)?);
+    }
+    Ok(found)
 }
 
 /// A connection to a region's server, opened as an operator.
@@ -204,6 +214,8 @@ struct OperatorSession {
     server: String,
     /// The NIC address it was reached on.
     addr: String,
+    /// The tag of the last order sent.
+    tag: u64,
 }
 
 impl OperatorSession {
@@ -271,6 +283,7 @@ impl OperatorSession {
             admin,
             server,
             addr: nic.listen.clone(),
+            tag: OpeningTags::CLIENT.map,
         })
     }
 
@@ -312,9 +325,9 @@ impl OperatorSession {
         };
         // The first run is one block: its report gives the region's count.
         let (mut first, mut blocks) = (0u64, 1u32);
-        let mut tag = 10u64;
         loop {
-            tag += 1;
+            self.tag += 1;
+            let tag = self.tag;
             let ask = scrub::Repr {
                 region: entry.region.0,
                 first,

@@ -92,7 +92,7 @@ impl Drop for Writing<'_> {
         // The table may have been made while the write ran.
         if let Some(table) = self.table.or_else(|| self.sums.table.get()) {
             fence(Ordering::SeqCst);
-            table.mark(self.first, self.last, true);
+            table.mark(self.first, self.last);
         }
     }
 }
@@ -106,15 +106,17 @@ impl Table {
         }
     }
 
-    /// Marks blocks `first..=last` written; `always` sets the bits even if
-    /// they look set already.
-    fn mark(&self, first: u64, last: u64, always: bool) {
+    /// Marks blocks `first..=last` written. A bit already set is left
+    /// alone, so writes to marked blocks only read the shared word (loads
+    /// and clears are sequentially consistent: a bit seen set here was not
+    /// cleared before).
+    fn mark(&self, first: u64, last: u64) {
         for block in first..=last {
             let (word, bit) = bit_of(block);
             let Some(word) = self.written.get(word) else {
                 return;
             };
-            if always || word.load(Ordering::SeqCst) & bit == 0 {
+            if word.load(Ordering::SeqCst) & bit == 0 {
                 word.fetch_or(bit, Ordering::SeqCst);
             }
         }
@@ -217,7 +219,7 @@ impl BlockSums {
         let last = offset.saturating_add(len.max(1) - 1) / BLOCK_LEN;
         let table = self.table.get();
         if let Some(table) = table {
-            table.mark(first, last, false);
+            table.mark(first, last);
             fence(Ordering::SeqCst);
         }
         Writing {

@@ -595,8 +595,10 @@ impl Executor {
         region.span(offset, len)?;
         self.check_key(region, req.key, offset, len)?;
         // Scrubs record, not verify, the blocks this changes.
-        let _writing =
-            (req.operation.changes_memory()).then(|| region.file.sums.writing(offset, len));
+        let _writing = req
+            .operation
+            .changes_memory()
+            .then(|| region.file.sums.writing(offset, len));
         let map = &region.file.map;
         let cache = if req.non_temporal {
             CachePolicy::NonTemporal
