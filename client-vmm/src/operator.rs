@@ -1,4 +1,5 @@
-//! What an operator asks of the servers themselves: rotating a region's key.
+//! What an operator asks of the servers themselves: rotating a region's
+//! key, and scrubbing the regions' blocks against their checksums.
 //!
 //! A region key is made by the server that owns the region and handed out
 //! in its MAP only to those allowed to use the region. Rotating it draws a
@@ -6,6 +7,11 @@
 //! key opens nothing from then on. Fabric devices learn the new key the
 //! first time the server refuses the old one, and clients learn it from
 //! their device when their next request is refused.
+//!
+//! A checksum scrub asks each region's server to check every block of the
+//! region against the checksum it recorded for it (recording it the first
+//! time, or when the block was written since); a block that changed
+//! without a write is reported by index.
 //!
 //! The operator talks to the owning server directly, as `Role::Admin`
 //! under its name, proving `operator.<name>.key` when the server
@@ -19,13 +25,13 @@ use std::time::Duration;
 use proto::decoder::{ReadError, ReadOutcome};
 use proto::hello::{Capabilities, Role};
 use proto::opening::{Opening, OpeningError, OpeningTags, Progress};
-use proto::{FrameDecoder, Message, Status};
+use proto::{FrameDecoder, Message, Status, scrub};
 use topology::secrets::{Principal, SecretError, read_key};
-use topology::{Layout, LayoutError, RegionId, Topology};
+use topology::{Layout, LayoutEntry, LayoutError, RegionId, Topology};
 
-/// Why a key rotation did not happen.
+/// Why an operator's action on a server did not happen.
 #[derive(Debug, thiserror::Error)]
-pub enum RotateError {
+pub enum OperatorError {
     /// The topology's layout cannot be built.
     #[error("the topology's layout")]
     Layout(#[from] LayoutError),
@@ -60,11 +66,13 @@ pub enum RotateError {
         #[source]
         source: OpeningError,
     },
-    /// The server answered the rotation with an error.
-    #[error("server {server} refused to rotate the key of {region}: {status}{hint}")]
+    /// The server answered the order with an error.
+    #[error("server {server} refused to {action} {region}: {status}{hint}")]
     Refused {
         /// The server.
         server: String,
+        /// What was asked: "rotate the key of", "scrub".
+        action: &'static str,
         /// The region.
         region: String,
         /// Its answer.
@@ -72,14 +80,24 @@ pub enum RotateError {
         /// What to do about it, if anything helps.
         hint: &'static str,
     },
-    /// The server sent something that is not an answer to the rotation.
-    #[error("server {server} answered the rotation with {what}")]
+    /// The server sent something that is not an answer to the order.
+    #[error("server {server} answered the {action} order with {what}")]
     Protocol {
         /// The server.
         server: String,
+        /// What was asked: "rotation", "scrub".
+        action: &'static str,
         /// What came back.
         what: String,
     },
+}
+
+/// The hint for a refusal with `status`.
+fn refusal_hint(status: Status) -> &'static str {
+    match status {
+        Status::AccessDenied => " (only operators may: give --operator and --secrets)",
+        _ => "",
+    }
 }
 
 /// Asks the server owning `region` to replace its key with a fresh random
@@ -93,93 +111,269 @@ pub fn rotate_key(
     operator: &str,
     secrets: Option<&Path>,
     timeout: Duration,
-) -> Result<(), RotateError> {
+) -> Result<(), OperatorError> {
     let layout = Layout::new(topology)?;
     let entry = layout
         .entry_by_id(region)
-        .ok_or_else(|| RotateError::UnknownRegion(region.to_string()))?;
-    let server = entry.server.to_string();
-    let nics = topology
-        .servers
-        .iter()
-        .find(|s| s.id == entry.server)
-        .map(|s| s.nics.as_slice())
-        .unwrap_or_default();
-    // The NIC on the region's socket, else any.
-    let nic = nics
-        .iter()
-        .find(|n| n.socket == entry.socket)
-        .or_else(|| nics.first())
-        .ok_or_else(|| RotateError::NoNic(server.clone()))?;
-    let credentials = match secrets {
-        Some(dir) => Some(crate::conn::credentials(proto::auth::Key::new(read_key(
-            dir,
-            Principal::Operator(operator),
-        )?))),
-        None => None,
-    };
-    let io_error = |source| RotateError::Io {
-        server: server.clone(),
-        addr: nic.listen.clone(),
-        source,
-    };
-    let mut session = AdminSession::connect(&nic.listen, timeout).map_err(io_error)?;
-    let mut out = Vec::new();
-    let opening_error = |source| RotateError::Opening {
-        server: server.clone(),
-        operator: operator.to_owned(),
-        source,
-    };
-    let mut opening = Opening::start(
-        Role::Admin,
-        Capabilities::NONE,
-        operator,
-        false,
-        OpeningTags::CLIENT,
-        credentials,
-        &mut out,
-    )
-    .map_err(|e| opening_error(OpeningError::Malformed(e)))?;
-    loop {
-        session.stream.write_all(&out).map_err(io_error)?;
-        out.clear();
-        let frame = session.next_frame().map_err(io_error)?;
-        match opening.handle_frame(&frame, &mut out) {
-            Ok(Progress::Waiting) => {}
-            Ok(Progress::Opened(_)) => break,
-            Err(e) => return Err(opening_error(e)),
-        }
-    }
+        .ok_or_else(|| OperatorError::UnknownRegion(region.to_string()))?;
+    let mut session = OperatorSession::open(topology, entry, operator, secrets, timeout)?;
     const ROTATE_TAG: u64 = 3;
-    let request = Message::RotateKey(entry.region)
-        .encode_to_vec(ROTATE_TAG)
-        .map_err(|e| RotateError::Protocol {
-            server: server.clone(),
-            what: e.to_string(),
-        })?;
-    session.stream.write_all(&request).map_err(io_error)?;
-    let frame = session.next_frame().map_err(io_error)?;
+    let frame = session.ask(&Message::RotateKey(entry.region), ROTATE_TAG, "rotation")?;
+    let server = session.server;
     match proto::parse_frame(&frame) {
         Ok((Message::Response(r), ROTATE_TAG)) if r.status == Status::Ok => Ok(()),
-        Ok((Message::Response(r), ROTATE_TAG)) => Err(RotateError::Refused {
+        Ok((Message::Response(r), ROTATE_TAG)) => Err(OperatorError::Refused {
             server,
+            action: "rotate the key of",
             region: region.to_string(),
             status: r.status,
-            hint: match r.status {
-                Status::AccessDenied => {
-                    " (only operators rotate keys: give --operator and --secrets)"
-                }
-                _ => "",
-            },
+            hint: refusal_hint(r.status),
         }),
-        Ok((other, tag)) => Err(RotateError::Protocol {
+        Ok((other, tag)) => Err(OperatorError::Protocol {
             server,
+            action: "rotation",
             what: format!("{} with tag {tag}", other.opcode()),
         }),
-        Err(e) => Err(RotateError::Protocol {
+        Err(e) => Err(OperatorError::Protocol {
             server,
+            action: "rotation",
             what: format!("a frame that does not parse: {e}"),
         }),
+    }
+}
+
+/// What a checksum scrub found in one region.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegionScrub {
+    /// The region.
+    pub region: RegionId,
+    /// The server holding it.
+    pub server: String,
+    /// Bytes per block.
+    pub block_len: u64,
+    /// Blocks in the region.
+    pub blocks: u64,
+    /// Blocks that matched their checksum.
+    pub verified: u64,
+    /// Blocks whose checksum was recorded now (first scrub since the
+    /// server started, or written since the last scrub).
+    pub recorded: u64,
+    /// Blocks not checked: the region is written over RDMA, which the
+    /// server does not see.
+    pub unwatched: u64,
+    /// The blocks that no longer match their checksum, by index.
+    pub mismatches: Vec<u64>,
+}
+
+/// Asks the servers holding `regions` (every region of the topology when
+/// empty) to check each block against the checksum they recorded, as
+/// operator `operator` (see [`rotate_key`] for `secrets`). The first scrub
+/// after a server starts records the checksums; later ones verify them.
+pub fn scrub_checksums(
+    topology: &Topology,
+    regions: &[RegionId],
+    operator: &str,
+    secrets: Option<&Path>,
+    timeout: Duration,
+) -> Result<Vec<RegionScrub>, OperatorError> {
+    let layout = Layout::new(topology)?;
+    let entries: Vec<&LayoutEntry> = if regions.is_empty() {
+        layout.entries().iter().collect()
+    } else {
+        regions
+            .iter()
+            .map(|id| {
+                layout
+                    .entry_by_id(id)
+                    .ok_or_else(|| OperatorError::UnknownRegion(id.to_string()))
+            })
+            .collect::<Result<_, _>>()?
+    };
+    // One connection per server, whichever of its regions it scrubs.
+    let mut sessions: Vec<OperatorSession> = Vec::new();
+    let mut found = Vec::with_capacity(entries.len());
+    for entry in entries {
+        let server = entry.server.as_str();
+        let at = match sessions.iter().position(|s| s.server == server) {
+            Some(at) => at,
+            None => {
+                sessions.push(OperatorSession::open(
+                    topology, entry, operator, secrets, timeout,
+                )?);
+                sessions.len() - 1
+            }
+        };
+        found.push(sessions[at].scrub_region(entry)?);
+    }
+    Ok(found)
+}
+
+/// A connection to a region's server, opened as an operator.
+struct OperatorSession {
+    admin: AdminSession,
+    server: String,
+    /// The NIC address it was reached on.
+    addr: String,
+    /// The tag of the last order sent.
+    tag: u64,
+}
+
+impl OperatorSession {
+    /// Connects to the server owning `entry` (on the NIC of its socket,
+    /// else any) and opens the connection as operator `operator`.
+    fn open(
+        topology: &Topology,
+        entry: &LayoutEntry,
+        operator: &str,
+        secrets: Option<&Path>,
+        timeout: Duration,
+    ) -> Result<Self, OperatorError> {
+        let server = entry.server.to_string();
+        let nics = topology
+            .servers
+            .iter()
+            .find(|s| s.id == entry.server)
+            .map(|s| s.nics.as_slice())
+            .unwrap_or_default();
+        let nic = nics
+            .iter()
+            .find(|n| n.socket == entry.socket)
+            .or_else(|| nics.first())
+            .ok_or_else(|| OperatorError::NoNic(server.clone()))?;
+        let credentials = match secrets {
+            Some(dir) => Some(crate::conn::credentials(proto::auth::Key::new(read_key(
+                dir,
+                Principal::Operator(operator),
+            )?))),
+            None => None,
+        };
+        let io_error = |source| OperatorError::Io {
+            server: server.clone(),
+            addr: nic.listen.clone(),
+            source,
+        };
+        let mut admin = AdminSession::connect(&nic.listen, timeout).map_err(io_error)?;
+        let mut out = Vec::new();
+        let opening_error = |source| OperatorError::Opening {
+            server: server.clone(),
+            operator: operator.to_owned(),
+            source,
+        };
+        let mut opening = Opening::start(
+            Role::Admin,
+            Capabilities::NONE,
+            operator,
+            false,
+            OpeningTags::CLIENT,
+            credentials,
+            &mut out,
+        )
+        .map_err(|e| opening_error(OpeningError::Malformed(e)))?;
+        loop {
+            admin.stream.write_all(&out).map_err(io_error)?;
+            out.clear();
+            let frame = admin.next_frame().map_err(io_error)?;
+            match opening.handle_frame(&frame, &mut out) {
+                Ok(Progress::Waiting) => {}
+                Ok(Progress::Opened(_)) => break,
+                Err(e) => return Err(opening_error(e)),
+            }
+        }
+        Ok(Self {
+            admin,
+            server,
+            addr: nic.listen.clone(),
+            tag: OpeningTags::CLIENT.map,
+        })
+    }
+
+    /// Sends `message` with `tag` and returns the frame that answers it.
+    fn ask(
+        &mut self,
+        message: &Message<'_>,
+        tag: u64,
+        action: &'static str,
+    ) -> Result<Vec<u8>, OperatorError> {
+        let request = message
+            .encode_to_vec(tag)
+            .map_err(|e| OperatorError::Protocol {
+                server: self.server.clone(),
+                action,
+                what: e.to_string(),
+            })?;
+        let io_error = |source| OperatorError::Io {
+            server: self.server.clone(),
+            addr: self.addr.clone(),
+            source,
+        };
+        let admin = &mut self.admin;
+        admin.stream.write_all(&request).map_err(io_error)?;
+        admin.next_frame().map_err(io_error)
+    }
+
+    /// Scrubs every block of `entry`'s region, a run of blocks at a time.
+    fn scrub_region(&mut self, entry: &LayoutEntry) -> Result<RegionScrub, OperatorError> {
+        let mut found = RegionScrub {
+            region: entry.region_id.clone(),
+            server: self.server.clone(),
+            block_len: 0,
+            blocks: 0,
+            verified: 0,
+            recorded: 0,
+            unwatched: 0,
+            mismatches: Vec::new(),
+        };
+        // The first run is one block: its report gives the region's count.
+        let (mut first, mut blocks) = (0u64, 1u32);
+        loop {
+            self.tag += 1;
+            let tag = self.tag;
+            let ask = scrub::Repr {
+                region: entry.region.0,
+                first,
+                blocks,
+            };
+            let frame = self.ask(&Message::Scrub(ask), tag, "scrub")?;
+            let report = match proto::parse_frame(&frame) {
+                Ok((Message::ScrubReport(r), t)) if t == tag => r,
+                Ok((Message::Response(r), t)) if t == tag => {
+                    return Err(OperatorError::Refused {
+                        server: self.server.clone(),
+                        action: "scrub",
+                        region: entry.region_id.to_string(),
+                        status: r.status,
+                        hint: refusal_hint(r.status),
+                    });
+                }
+                Ok((other, t)) => {
+                    return Err(OperatorError::Protocol {
+                        server: self.server.clone(),
+                        action: "scrub",
+                        what: format!("{} with tag {t}", other.opcode()),
+                    });
+                }
+                Err(e) => {
+                    return Err(OperatorError::Protocol {
+                        server: self.server.clone(),
+                        action: "scrub",
+                        what: format!("a frame that does not parse: {e}"),
+                    });
+                }
+            };
+            found.block_len = report.block_len.into();
+            found.blocks = report.total;
+            found.verified += u64::from(report.verified);
+            found.recorded += u64::from(report.recorded);
+            found.unwatched += u64::from(report.unwatched);
+            found.mismatches.extend(report.mismatches);
+            first += u64::from(blocks);
+            if first >= report.total {
+                return Ok(found);
+            }
+            blocks = u32::try_from(report.total - first)
+                .unwrap_or(u32::MAX)
+                .min(scrub::MAX_BLOCKS);
+        }
     }
 }
 

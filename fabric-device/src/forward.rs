@@ -565,10 +565,15 @@ impl Forwarder {
             Message::RotateKey(_) => {
                 ClientAction::Reply(error_reply(Opcode::RotateKey, tag, Status::Unsupported))
             }
+            // Blocks are scrubbed on the server that holds them.
+            Message::Scrub(_) => {
+                ClientAction::Reply(error_reply(Opcode::Scrub, tag, Status::Unsupported))
+            }
             Message::Response(_)
             | Message::Map(_)
             | Message::Pong(_)
             | Message::QpAccept(_)
+            | Message::ScrubReport(_)
             | Message::AuthChallenge(_) => {
                 self.metrics.malformed_frames.inc();
                 ClientAction::Nothing

@@ -53,6 +53,11 @@ struct Args {
     /// Recreate every region file of this server, discarding its data.
     #[arg(long)]
     format: bool,
+    /// Create this region empty although the data directory held it and
+    /// its file (or device DAX header) is gone; the other regions keep
+    /// their data. Repeat for each region.
+    #[arg(long, value_name = "REGION")]
+    create_missing: Vec<String>,
     /// Start with an empty exactly-once window, also when its file is
     /// damaged (retried atomics from before may then apply twice).
     #[arg(long)]
@@ -186,6 +191,7 @@ fn config(args: Args) -> Result<ServerConfig, ExitCode> {
         admin,
         persistence: persistence.into(),
         format: args.format,
+        create_missing: args.create_missing,
         reset_exactly_once: args.reset_exactly_once,
         max_connections: args.max_connections,
         max_unproven: args.max_unproven,

@@ -471,6 +471,7 @@ impl Executor {
                 };
                 encode(&proto::error_response(Opcode::RotateKey, status), tag, out);
             }
+            Message::Scrub(scrub) => encode(&self.scrub(session, scrub), tag, out),
             Message::Ping(token) => encode(&Message::Pong(token), tag, out),
             // A server terminates no queue pairs on this transport.
             Message::QpConnect(_) => encode(
@@ -490,6 +491,7 @@ impl Executor {
             | Message::Map(_)
             | Message::Pong(_)
             | Message::QpAccept(_)
+            | Message::ScrubReport(_)
             | Message::AuthChallenge(_) => {
                 self.metrics.malformed_frames.inc();
             }
@@ -618,6 +620,11 @@ impl Executor {
         };
         region.span(offset, len)?;
         self.check_key(region, req.key, offset, len)?;
+        // Scrubs record, not verify, the blocks this changes.
+        let _writing = req
+            .operation
+            .changes_memory()
+            .then(|| region.file.sums.writing(offset, len));
         let map = &region.file.map;
         let cache = if req.non_temporal {
             CachePolicy::NonTemporal

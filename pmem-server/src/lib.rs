@@ -11,6 +11,10 @@
 //! - `dedup`: the exactly-once window for retried atomics, bound to the
 //!   request that recorded each result and kept in a self-checking mapped
 //!   file so it survives a restart.
+//! - [`block_sums`] and `scrub`: checksums of the regions' blocks, recorded
+//!   and verified when an operator asks (`pmemctl scrub --checksums`);
+//!   [`sums_file`] keeps them across a clean restart.
+//! - [`missing`]: which absent regions may be created empty at start.
 //! - `conn`, `live` and [`server`]: connections and their admission,
 //!   listeners and the daemon's life.
 //! - `metrics`: what `/metrics` exports.
@@ -22,6 +26,7 @@
 //! [`RunningServer`] and [`OpenedServer`] with their [`ServerConfig`],
 //! [`persist`], [`region_file`] and [`devices`]; the rest is the crate's own.
 
+pub mod block_sums;
 pub mod cli;
 pub(crate) mod conn;
 pub(crate) mod dedup;
@@ -30,10 +35,13 @@ pub(crate) mod exec;
 pub(crate) mod gate;
 pub(crate) mod live;
 pub(crate) mod metrics;
+pub mod missing;
 pub(crate) mod numa;
 pub mod persist;
 pub mod region_file;
+pub(crate) mod scrub;
 pub mod server;
+pub mod sums_file;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 

@@ -44,6 +44,9 @@ pub struct ServerMetrics {
     /// Requests of authenticated peers refused ACCESS_DENIED for their
     /// client's grants, by reason.
     pub denied: Arc<Family<Counter>>,
+    /// Blocks scrubbed, by region and result (`verified`, `recorded`,
+    /// `unwatched`, `mismatch`).
+    pub scrubbed_blocks: Arc<Family<Counter>>,
 }
 
 impl ServerMetrics {
@@ -126,6 +129,14 @@ impl ServerMetrics {
                  whom it forwards for), on_behalf_from_client, operator (operators rotate \
                  keys, they do not touch data).",
                 &["reason"],
+            )?,
+            scrubbed_blocks: r.counter_family(
+                "pmem_server_scrubbed_blocks_total",
+                "Region blocks checked by checksum scrubs (pmemctl scrub --checksums), by region \
+                 and result: verified (matched its checksum), recorded (checksum recorded: first \
+                 scrub since start, or written since), unwatched (written over RDMA, not \
+                 checked), mismatch (changed without a write the server saw).",
+                &["region", "result"],
             )?,
             latency,
             ops: CounterTable::new(ops),

@@ -32,7 +32,11 @@
 //! device holds a region (so an fsdax filesystem that is not mounted is
 //! noticed): on device DAX, which has no files, a listed region whose slot
 //! holds a blank (all-zero) header, as a recreated namespace does, stops the
-//! server the same way.
+//! server the same way. Before opening any region the server also compares
+//! its regions with each other ([`crate::missing`]): a region that is gone
+//! while others are present stops it even when the manifest is gone too,
+//! until the operator names the region with `--create-missing` (or starts
+//! over with `--format`).
 //!
 //! Device DAX has no read(2), write(2) or fallocate: the header is read and
 //! written through the region's mapping and made durable by cache-line
@@ -47,6 +51,7 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest, Sha256};
 use topology::{AccessKey, LayoutEntry};
 
+use crate::block_sums::BlockSums;
 use crate::devices::{DevDax, Medium, ServerDevices};
 use crate::persist::{PersistError, PersistPolicy, PmemMap};
 
@@ -160,8 +165,9 @@ pub enum RegionFileError {
     /// A region the data directory held has lost its file.
     #[error(
         "{path}: region file is missing, but {manifest} says this data directory held it; \
-         its data is gone unless the file is restored. Restore it, or start with --format \
-         to recreate the regions empty"
+         its data is gone unless the file is restored. Restore it, start with \
+         --create-missing REGION to create just this region empty, or with --format to \
+         recreate every region empty"
     )]
     Missing {
         /// The missing file.
@@ -173,8 +179,9 @@ pub enum RegionFileError {
     /// DAX device.
     #[error(
         "{path}: the region's header on the device is blank, but {manifest} says this server \
-         held the region; its data is gone (was the namespace recreated?). Restore it, or \
-         start with --format to recreate the regions empty"
+         held the region; its data is gone (was the namespace recreated?). Restore it, start \
+         with --create-missing REGION to create just this region empty, or with --format to \
+         recreate every region empty"
     )]
     Blank {
         /// The device and the region's offset in it.
@@ -292,6 +299,8 @@ pub struct RegionFile {
     pub created: bool,
     /// The mapping of the whole file, header included.
     pub map: PmemMap,
+    /// Checksums of the data's blocks, recorded and verified by scrubs.
+    pub sums: BlockSums,
     /// Where the header is read and written.
     place: Place,
 }
@@ -350,6 +359,32 @@ impl HeaderAt<'_> {
     }
 }
 
+/// What opening a region may do to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpenMode {
+    /// Keep an existing region's data; create a region only if it is absent
+    /// and the manifest does not list it (a region this data directory
+    /// never held).
+    Keep,
+    /// As [`OpenMode::Keep`], but an absent region is created empty even
+    /// when the manifest lists it (`--create-missing`).
+    CreateMissing,
+    /// Recreate the region empty, whatever it holds (`--format`).
+    Format,
+}
+
+impl OpenMode {
+    /// [`OpenMode::Format`] when `format` is set, [`OpenMode::Keep`] otherwise.
+    pub fn formatting(format: bool) -> Self {
+        if format { Self::Format } else { Self::Keep }
+    }
+
+    /// Whether an absent region the manifest lists may be created.
+    fn creates_listed(self) -> bool {
+        self != Self::Keep
+    }
+}
+
 impl RegionFile {
     /// Opens the region of `entry`, creating it on first start (or when
     /// `format` is set), checking its header against the topology otherwise,
@@ -371,12 +406,50 @@ impl RegionFile {
         policy: &PersistPolicy,
         format: bool,
     ) -> Result<Self, RegionFileError> {
+        Self::open_with(plan, entry, policy, OpenMode::formatting(format))
+    }
+
+    /// [`open_on`](Self::open_on) with what it may do to the region given
+    /// by `mode`.
+    pub fn open_with(
+        plan: &ServerDevices,
+        entry: &LayoutEntry,
+        policy: &PersistPolicy,
+        mode: OpenMode,
+    ) -> Result<Self, RegionFileError> {
         let manifest = Manifest::read(&plan.data_dir)?;
         match plan.medium(&entry.socket, &entry.device) {
             Medium::DataDir(dir) | Medium::Directory(dir) => {
-                Self::open_file(&dir, manifest, entry, policy, format)
+                Self::open_file(&dir, manifest, entry, policy, mode)
             }
-            Medium::DevDax(dax) => Self::open_devdax(&dax, manifest, entry, policy, format),
+            Medium::DevDax(dax) => Self::open_devdax(&dax, manifest, entry, policy, mode),
+        }
+    }
+
+    /// Where the region of `entry` would be, if it is absent: its file does
+    /// not exist, or its device DAX slot holds a blank header. `None` when
+    /// the region is there (whether or not its header is valid). Changes
+    /// nothing.
+    pub fn absent_at(
+        plan: &ServerDevices,
+        entry: &LayoutEntry,
+        policy: &PersistPolicy,
+    ) -> Result<Option<PathBuf>, RegionFileError> {
+        match plan.medium(&entry.socket, &entry.device) {
+            Medium::DataDir(dir) | Medium::Directory(dir) => {
+                let path = region_path(&dir, entry.region_id.as_str())?;
+                let exists = path.try_exists().map_err(|source| RegionFileError::Io {
+                    path: path.clone(),
+                    op: "check for",
+                    source,
+                })?;
+                Ok((!exists).then_some(path))
+            }
+            Medium::DevDax(dax) => {
+                let (map, label) = map_slot(&dax, entry, policy)?;
+                let raw = HeaderAt::Map(&map).read(&label)?;
+                Ok(raw.iter().all(|&b| b == 0).then_some(label))
+            }
         }
     }
 
@@ -386,8 +459,9 @@ impl RegionFile {
         manifest: Manifest,
         entry: &LayoutEntry,
         policy: &PersistPolicy,
-        format: bool,
+        mode: OpenMode,
     ) -> Result<Self, RegionFileError> {
+        let format = mode == OpenMode::Format;
         let path = region_path(dir, entry.region_id.as_str())?;
         let io_err = |op, source| RegionFileError::Io {
             path: path.clone(),
@@ -395,7 +469,7 @@ impl RegionFile {
             source,
         };
         let exists = path.try_exists().map_err(|e| io_err("check for", e))?;
-        if !exists && !format && manifest.lists(entry.region_id.as_str()) {
+        if !exists && !mode.creates_listed() && manifest.lists(entry.region_id.as_str()) {
             return Err(RegionFileError::Missing {
                 path,
                 manifest: manifest.path,
@@ -413,6 +487,7 @@ impl RegionFile {
         })?;
         Ok(Self {
             path,
+            sums: BlockSums::new(header.size),
             header,
             created,
             map,
@@ -427,42 +502,14 @@ impl RegionFile {
         manifest: Manifest,
         entry: &LayoutEntry,
         policy: &PersistPolicy,
-        format: bool,
+        mode: OpenMode,
     ) -> Result<Self, RegionFileError> {
-        let slot = dax
-            .slots
-            .iter()
-            .find(|s| s.region == entry.region_id)
-            .ok_or_else(|| RegionFileError::NoSlot {
-                path: dax.path.clone(),
-                region: entry.region_id.to_string(),
-            })?;
-        let label = PathBuf::from(format!("{}@{:#x}", dax.path.display(), slot.offset));
-        let too_large = || RegionFileError::Map {
-            path: label.clone(),
-            source: PersistError::Map {
-                path: dax.path.clone(),
-                source: io::Error::new(
-                    io::ErrorKind::FileTooLarge,
-                    "the region does not fit the address space",
-                ),
-            },
-        };
-        let len = HEADER_LEN
-            .checked_add(entry.len)
-            .and_then(|l| usize::try_from(l).ok())
-            .ok_or_else(too_large)?;
-        let map_len = usize::try_from(slot.map_len).map_err(|_| too_large())?;
-        let map = PmemMap::open_device_dax(&dax.path, slot.offset, map_len, len, policy).map_err(
-            |source| RegionFileError::Map {
-                path: label.clone(),
-                source,
-            },
-        )?;
+        let format = mode == OpenMode::Format;
+        let (map, label) = map_slot(dax, entry, policy)?;
         let at = HeaderAt::Map(&map);
         let raw = at.read(&label)?;
         let blank = raw.iter().all(|&b| b == 0);
-        if blank && !format && manifest.lists(entry.region_id.as_str()) {
+        if blank && !mode.creates_listed() && manifest.lists(entry.region_id.as_str()) {
             return Err(RegionFileError::Blank {
                 path: label,
                 manifest: manifest.path,
@@ -481,6 +528,7 @@ impl RegionFile {
         manifest.add(entry.region_id.as_str())?;
         Ok(Self {
             path: dax.path.clone(),
+            sums: BlockSums::new(header.size),
             header,
             created,
             map,
@@ -582,6 +630,46 @@ impl RegionFile {
         at.write(path, &header)?;
         Ok(header.key)
     }
+}
+
+/// Maps the slot of `entry` in device DAX device `dax`; returns the mapping
+/// and the label naming the device and the slot's offset in messages.
+fn map_slot(
+    dax: &DevDax,
+    entry: &LayoutEntry,
+    policy: &PersistPolicy,
+) -> Result<(PmemMap, PathBuf), RegionFileError> {
+    let slot = dax
+        .slots
+        .iter()
+        .find(|s| s.region == entry.region_id)
+        .ok_or_else(|| RegionFileError::NoSlot {
+            path: dax.path.clone(),
+            region: entry.region_id.to_string(),
+        })?;
+    let label = PathBuf::from(format!("{}@{:#x}", dax.path.display(), slot.offset));
+    let too_large = || RegionFileError::Map {
+        path: label.clone(),
+        source: PersistError::Map {
+            path: dax.path.clone(),
+            source: io::Error::new(
+                io::ErrorKind::FileTooLarge,
+                "the region does not fit the address space",
+            ),
+        },
+    };
+    let len = HEADER_LEN
+        .checked_add(entry.len)
+        .and_then(|l| usize::try_from(l).ok())
+        .ok_or_else(too_large)?;
+    let map_len = usize::try_from(slot.map_len).map_err(|_| too_large())?;
+    let map = PmemMap::open_device_dax(&dax.path, slot.offset, map_len, len, policy).map_err(
+        |source| RegionFileError::Map {
+            path: label.clone(),
+            source,
+        },
+    )?;
+    Ok((map, label))
 }
 
 /// The header of a region `entry` created now: generation 1, a fresh key.
@@ -719,8 +807,9 @@ fn no_space(path: &Path, file: &File, needed: u64) -> RegionFileError {
 
 /// The regions a data directory has held, one id per line.
 #[derive(Debug)]
-struct Manifest {
-    path: PathBuf,
+pub(crate) struct Manifest {
+    /// The manifest file.
+    pub(crate) path: PathBuf,
     ids: Vec<String>,
 }
 
@@ -728,7 +817,8 @@ struct Manifest {
 pub const MANIFEST: &str = "regions.manifest";
 
 impl Manifest {
-    fn read(data_dir: &Path) -> Result<Manifest, RegionFileError> {
+    /// The manifest of `data_dir`; empty when it has none.
+    pub(crate) fn read(data_dir: &Path) -> Result<Manifest, RegionFileError> {
         let path = data_dir.join(MANIFEST);
         let ids = match std::fs::read_to_string(&path) {
             Ok(text) => text.lines().map(str::to_owned).collect(),
@@ -744,7 +834,13 @@ impl Manifest {
         Ok(Manifest { path, ids })
     }
 
-    fn lists(&self, id: &str) -> bool {
+    /// Whether the manifest lists no region (or does not exist).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// Whether the data directory has held region `id`.
+    pub(crate) fn lists(&self, id: &str) -> bool {
         self.ids.iter().any(|i| i == id)
     }
 

@@ -22,8 +22,10 @@ use crate::exec::{Executor, ServedRegion};
 use crate::gate::Gatekeeper;
 use crate::live::{Limits, LiveConnections, Refusal};
 use crate::metrics::ServerMetrics;
+use crate::missing::{self, MissingError};
 use crate::persist::{PersistMode, PersistPolicy};
-use crate::region_file::{RegionFile, RegionFileError};
+use crate::region_file::{OpenMode, RegionFile, RegionFileError};
+use crate::sums_file;
 
 /// Everything a server needs to start.
 #[derive(Debug, Clone)]
@@ -40,6 +42,9 @@ pub struct ServerConfig {
     pub persistence: PersistPolicy,
     /// Recreate every region file, discarding its data.
     pub format: bool,
+    /// Regions to create empty when absent although the data directory
+    /// held them (`--create-missing`).
+    pub create_missing: Vec<String>,
     /// Start with an empty exactly-once window even if its file is damaged.
     pub reset_exactly_once: bool,
     /// Data connections served at once that proved their key (all of
@@ -96,6 +101,9 @@ pub enum ServerError {
     /// A region file cannot be used.
     #[error(transparent)]
     Region(#[from] RegionFileError),
+    /// Regions the data directory held are missing.
+    #[error(transparent)]
+    Missing(#[from] MissingError),
     /// The exactly-once window file cannot be used.
     #[error(transparent)]
     Window(#[from] StoreError),
@@ -151,6 +159,8 @@ pub struct RunningServer {
     admin: AdminServer,
     data_addrs: Vec<(NicId, SocketAddr)>,
     mode: Option<PersistMode>,
+    /// Where the block checksums are saved at a clean stop.
+    data_dir: PathBuf,
 }
 
 const LISTENER: mio::Token = mio::Token(0);
@@ -349,9 +359,44 @@ impl OpenedServer {
         for warning in devices.warnings() {
             warn!("{warning}");
         }
+        let entries: Vec<_> = layout
+            .entries()
+            .iter()
+            .filter(|e| e.server == server.id)
+            .collect();
+        let modes = missing::open_modes(
+            &server.id,
+            &devices,
+            &entries,
+            &config.persistence,
+            config.format,
+            &config.create_missing,
+        )?;
         let mut regions = Vec::new();
-        for entry in layout.entries().iter().filter(|e| e.server == server.id) {
-            let file = RegionFile::open_on(&devices, entry, &config.persistence, config.format)?;
+        for (entry, mode) in entries.into_iter().zip(modes) {
+            let mut file = RegionFile::open_with(&devices, entry, &config.persistence, mode)?;
+            log_opened(&file, mode);
+            let sums_at = sums_file::sums_path(&config.data_dir, entry.region_id.as_str());
+            match sums_file::load(&sums_at, &file) {
+                Ok(Some(sums)) => {
+                    info!(
+                        "region {}: block checksums of the last clean stop loaded from {}",
+                        entry.region_id,
+                        sums_at.display()
+                    );
+                    file.sums = sums;
+                }
+                Ok(None) => {}
+                Err(e) => warn!("{}", telemetry::logging::error_chain(&e)),
+            }
+            // RDMA writes on a verbs NIC bypass the marks scrubs rely on.
+            let rdma = server.nics.iter().any(|n| {
+                n.socket == entry.socket
+                    && config.transport.unwrap_or(n.transport) == NicTransport::Verbs
+            });
+            if rdma {
+                file.sums.set_unwatched();
+            }
             regions.push(ServedRegion::new(entry.clone(), file));
         }
         let mode = regions.first().map(|r| r.file.map.mode());
@@ -545,6 +590,7 @@ impl RunningServer {
             admin,
             data_addrs,
             mode,
+            data_dir: config.data_dir.clone(),
         })
     }
 
@@ -570,7 +616,8 @@ impl RunningServer {
     }
 
     /// Stops accepting, lets every connection finish the requests it has
-    /// received, makes every region durable and stops the admin endpoint.
+    /// received, makes every region durable, saves the block checksums
+    /// scrubs recorded, and stops the admin endpoint.
     pub fn stop(self) -> Result<(), ServerError> {
         self.shutdown.store(true, Ordering::SeqCst);
         for (handle, waker) in self.acceptors {
@@ -580,12 +627,42 @@ impl RunningServer {
             let _ = handle.join();
         }
         self.live.close_reads();
-        if !self.live.wait_idle(Duration::from_secs(10)) {
-            warn!("connections still open after 10 s; flushing anyway");
+        let idle = self.live.wait_idle(Duration::from_secs(10));
+        if !idle {
+            warn!(
+                "connections still open after 10 s; flushing anyway, block checksums not saved \
+                 (the next scrub records them again)"
+            );
         }
         let persisted = self.exec.persist_all().map_err(ServerError::Persist);
+        // Nothing writes any more: the checksums can be kept for the next
+        // start (a failure only costs re-recording them).
+        for region in self.exec.regions().filter(|_| idle) {
+            let at = sums_file::sums_path(&self.data_dir, region.entry.region_id.as_str());
+            if let Err(e) = sums_file::save(&at, &region.file) {
+                warn!("{}", telemetry::logging::error_chain(&e));
+            }
+        }
         self.admin.shutdown();
         persisted
+    }
+}
+
+/// Says in the log what opening a region did when it did more than reopen it.
+fn log_opened(file: &RegionFile, mode: OpenMode) {
+    let region = &file.header.region_id;
+    let at = file.path.display();
+    match (file.created, mode) {
+        (true, OpenMode::Format) => info!("region {region}: formatted empty at {at}, new key"),
+        (true, OpenMode::CreateMissing) => {
+            warn!("region {region}: created empty at {at} (--create-missing), new key")
+        }
+        (true, OpenMode::Keep) => info!("region {region}: created empty at {at}, new key"),
+        (false, OpenMode::CreateMissing) => warn!(
+            "region {region}: --create-missing ignored, the region is present at {at} and \
+             keeps its data"
+        ),
+        (false, _) => {}
     }
 }
 

@@ -573,3 +573,114 @@ fn a_verbs_nic_that_cannot_start_says_which_and_why() {
         "{err}"
     );
 }
+
+#[test]
+fn a_region_lost_with_its_manifest_stops_the_server_until_the_operator_names_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let config = write_topology(
+        dir.path(),
+        &[("R1", "4MiB"), ("R2", "4MiB"), ("R3", "4MiB")],
+    );
+    let server = pmem_server_with(PMEM_SERVER, &config, "S", &data, &[]).unwrap();
+    let nic = server.addr("nic.n0");
+    for index in 0..3 {
+        Conn::connect(nic)
+            .call(Repr::atomic_write(at(index, 64), key(nic, index), 42).with_persist());
+    }
+    server.terminate();
+    std::fs::remove_file(data.join("R2.pmem")).unwrap();
+    std::fs::remove_file(data.join("regions.manifest")).unwrap();
+
+    let err = pmem_server_with(PMEM_SERVER, &config, "S", &data, &[]).unwrap_err();
+    assert!(err.contains("region R2"), "{err}");
+    assert!(err.contains("R2.pmem"), "{err}");
+    assert!(
+        !err.contains("region R1 ("),
+        "only the lost region is named: {err}"
+    );
+    assert!(err.contains("--create-missing R2"), "{err}");
+    assert!(err.contains("--format"), "{err}");
+    assert!(!data.join("R2.pmem").exists(), "nothing was recreated");
+
+    let err = pmem_server_with(
+        PMEM_SERVER,
+        &config,
+        "S",
+        &data,
+        &["--create-missing", "R9"],
+    )
+    .unwrap_err();
+    assert!(err.contains("--create-missing R9"), "{err}");
+    assert!(err.contains("no region \"R9\""), "{err}");
+
+    // Naming the lost region creates it alone; the others keep their data.
+    let server = pmem_server_with(
+        PMEM_SERVER,
+        &config,
+        "S",
+        &data,
+        &["--create-missing", "R2"],
+    )
+    .unwrap();
+    let nic = server.addr("nic.n0");
+    let word = |index| {
+        Conn::connect(nic)
+            .call(Repr::read(at(index, 64), key(nic, index), 8))
+            .data
+    };
+    assert_eq!(word(0), 42u64.to_le_bytes());
+    assert_eq!(word(1), vec![0; 8], "R2 is created empty");
+    assert_eq!(word(2), 42u64.to_le_bytes());
+    let (_, stderr) = server.terminate();
+    assert!(stderr.contains("region R2: created empty"), "{stderr}");
+
+    // From now on the manifest lists R2 again: no flag needed.
+    let server = pmem_server_with(PMEM_SERVER, &config, "S", &data, &[]).unwrap();
+    server.terminate();
+}
+
+#[test]
+fn a_new_data_directory_and_a_new_region_are_created_without_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let config = write_topology(dir.path(), &[("R1", "4MiB")]);
+    let server = pmem_server_with(PMEM_SERVER, &config, "S", &data, &[]).unwrap();
+    let (_, stderr) = server.terminate();
+    assert!(stderr.contains("region R1: created empty"), "{stderr}");
+    assert!(data.join("R1.pmem").exists());
+
+    // The topology grows: the manifest does not list R2, so it is new.
+    let config = write_topology(dir.path(), &[("R1", "4MiB"), ("R2", "4MiB")]);
+    let server = pmem_server_with(PMEM_SERVER, &config, "S", &data, &[]).unwrap();
+    let (_, stderr) = server.terminate();
+    assert!(stderr.contains("region R2: created empty"), "{stderr}");
+    assert!(!stderr.contains("region R1: created"), "{stderr}");
+}
+
+#[test]
+fn every_region_and_the_manifest_gone_from_a_used_data_directory_stops_the_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let config = write_topology(dir.path(), &[("R1", "4MiB"), ("R2", "4MiB")]);
+    let server = pmem_server_with(PMEM_SERVER, &config, "S", &data, &[]).unwrap();
+    server.terminate();
+    for file in ["R1.pmem", "R2.pmem", "regions.manifest"] {
+        std::fs::remove_file(data.join(file)).unwrap();
+    }
+    // The exactly-once window is still there: the directory was in use.
+    let err = pmem_server_with(PMEM_SERVER, &config, "S", &data, &[]).unwrap_err();
+    assert!(
+        err.contains("region R1") && err.contains("region R2"),
+        "{err}"
+    );
+    assert!(err.contains("exactly-once.pmem"), "{err}");
+    assert!(
+        err.contains("--create-missing R1 --create-missing R2"),
+        "{err}"
+    );
+    assert!(!data.join("R1.pmem").exists(), "nothing was recreated");
+    let extra = ["--create-missing", "R1", "--create-missing", "R2"];
+    let server = pmem_server_with(PMEM_SERVER, &config, "S", &data, &extra).unwrap();
+    server.terminate();
+}

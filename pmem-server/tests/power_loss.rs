@@ -314,6 +314,7 @@ impl Bench {
             admin: "127.0.0.1:0".parse().expect("address"),
             persistence: PersistPolicy::Emulated(std::sync::Arc::clone(domain)),
             format: false,
+            create_missing: Vec::new(),
             reset_exactly_once: false,
             max_connections: 1,
             max_unproven: 1,

@@ -58,6 +58,8 @@
 //! | AUTH_CHALLENGE | 0xE7 | [`auth`] (the listener's nonce) |
 //! | AUTH_PROOF | 0xE8 | [`auth`] (an HMAC proof) |
 //! | ROTATE_KEY | 0xE9 | one u64: the region index (below 2³²) |
+//! | SCRUB | 0xEA | [`scrub`] (a run of a region's blocks) |
+//! | SCRUB_REPORT | 0xEB | [`scrub`] (what the scrub found) |
 //!
 //! Request body, 56 bytes then the payload ([`request`]):
 //!
@@ -124,6 +126,7 @@ pub mod qp;
 pub mod request;
 pub mod response;
 pub mod roce;
+pub mod scrub;
 pub mod status;
 
 pub use addr::{AccessKey, PmemAddr, RegionIndex, RegionOffset, VirtAddr};

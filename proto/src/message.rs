@@ -7,7 +7,7 @@ use crate::opcode::Opcode;
 use crate::request::{self, Operation};
 use crate::response::{self, ResponseKind};
 use crate::status::Status;
-use crate::{RegionIndex, auth, hello, map, ping, qp};
+use crate::{RegionIndex, auth, hello, map, ping, qp, scrub};
 
 /// Any message of the protocol: the body of one frame, typed by its opcode.
 ///
@@ -39,6 +39,12 @@ pub enum Message<'a> {
     /// Replace the key of the region with this index; answered with an
     /// ACKNOWLEDGE. Only an operator may ask.
     RotateKey(RegionIndex),
+    /// Check a run of a region's blocks against their recorded checksums;
+    /// answered with a SCRUB_REPORT (or an ACKNOWLEDGE with an error).
+    /// Only an operator may ask.
+    Scrub(scrub::Repr),
+    /// What a SCRUB found.
+    ScrubReport(scrub::Report),
 }
 
 impl<'a> Message<'a> {
@@ -57,6 +63,8 @@ impl<'a> Message<'a> {
             Message::AuthChallenge(_) => Opcode::AuthChallenge,
             Message::AuthProof(_) => Opcode::AuthProof,
             Message::RotateKey(_) => Opcode::RotateKey,
+            Message::Scrub(_) => Opcode::Scrub,
+            Message::ScrubReport(_) => Opcode::ScrubReport,
         }
     }
 
@@ -108,6 +116,11 @@ impl<'a> Message<'a> {
                         value: region >> 32,
                     })
             }
+            Opcode::Scrub => {
+                scrub::Repr::parse(&scrub::Packet::new_checked(body)?).map(Message::Scrub)
+            }
+            Opcode::ScrubReport => scrub::Report::parse(&scrub::ReportPacket::new_checked(body)?)
+                .map(Message::ScrubReport),
             other => Err(Error::UnknownOpcode {
                 opcode: other.into(),
                 tag: frame.tag(),
@@ -128,6 +141,8 @@ impl<'a> Message<'a> {
             Message::QpAccept(a) => a.buffer_len(),
             Message::AuthChallenge(_) => auth::NONCE_LEN,
             Message::AuthProof(_) => auth::PROOF_LEN,
+            Message::Scrub(s) => s.buffer_len(),
+            Message::ScrubReport(r) => r.buffer_len(),
         }
     }
 
@@ -143,6 +158,7 @@ impl<'a> Message<'a> {
             Message::Request(r) => r.check()?,
             Message::Response(r) => r.check()?,
             Message::Hello(h) => h.check()?,
+            Message::Scrub(s) => s.check()?,
             Message::MapRequest
             | Message::Map(_)
             | Message::Ping(_)
@@ -151,7 +167,8 @@ impl<'a> Message<'a> {
             | Message::QpAccept(_)
             | Message::AuthChallenge(_)
             | Message::AuthProof(_)
-            | Message::RotateKey(_) => {}
+            | Message::RotateKey(_)
+            | Message::ScrubReport(_) => {}
         }
         let body_len = self.body_len();
         if body_len > MAX_BODY_LEN as usize {
@@ -200,6 +217,8 @@ impl<'a> Message<'a> {
                 value: u64::from(region.0),
             }
             .emit(&mut ping::Packet::new_unchecked(body)),
+            Message::Scrub(s) => s.emit(&mut scrub::Packet::new_unchecked(body)),
+            Message::ScrubReport(r) => r.emit(&mut scrub::ReportPacket::new_unchecked(body)),
         }
         Ok(len)
     }
@@ -362,6 +381,38 @@ mod tests {
             parse_frame(&rotate),
             Err(Error::ReservedBits { value: 1, .. })
         ));
+    }
+
+    #[test]
+    fn scrub_and_report_frames_round_trip() {
+        let ask = Message::Scrub(scrub::Repr {
+            region: 4,
+            first: 1,
+            blocks: 1024,
+        });
+        let frame = ask.encode_to_vec(9).unwrap();
+        assert_eq!(&frame[..4], [0x50, 0x46, 0x01, 0xEA]);
+        assert_eq!(parse_frame(&frame), Ok((ask, 9)));
+        let report = Message::ScrubReport(scrub::Report {
+            region: 4,
+            block_len: 65536,
+            first: 1,
+            total: 2048,
+            verified: 1000,
+            recorded: 23,
+            unwatched: 0,
+            mismatches: vec![77],
+        });
+        let frame = report.encode_to_vec(9).unwrap();
+        assert_eq!(frame[3], 0xEB);
+        assert_eq!(parse_frame(&frame), Ok((report, 9)));
+        // A SCRUB asking for too many blocks is not emitted.
+        let too_many = Message::Scrub(scrub::Repr {
+            region: 4,
+            first: 0,
+            blocks: scrub::MAX_BLOCKS + 1,
+        });
+        assert!(too_many.encode_to_vec(1).is_err());
     }
 
     #[test]

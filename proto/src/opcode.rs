@@ -55,13 +55,18 @@ pub enum Opcode {
     AuthProof,
     /// An operator's order to replace a region's key (0xE9).
     RotateKey,
+    /// An operator's order to check a region's blocks against their
+    /// checksums (0xEA).
+    Scrub,
+    /// What a [`Opcode::Scrub`] found (0xEB).
+    ScrubReport,
     /// Any other value.
     Unknown(u8),
 }
 
 impl Opcode {
     /// Every named opcode, in numeric order.
-    pub const ALL: [Opcode; 20] = [
+    pub const ALL: [Opcode; 22] = [
         Opcode::Write,
         Opcode::Read,
         Opcode::ReadResponse,
@@ -82,6 +87,8 @@ impl Opcode {
         Opcode::AuthChallenge,
         Opcode::AuthProof,
         Opcode::RotateKey,
+        Opcode::Scrub,
+        Opcode::ScrubReport,
     ];
 
     /// Whether this is one of the seven one-sided request operations.
@@ -152,6 +159,8 @@ impl Opcode {
             Opcode::AuthChallenge => "AUTH_CHALLENGE",
             Opcode::AuthProof => "AUTH_PROOF",
             Opcode::RotateKey => "ROTATE_KEY",
+            Opcode::Scrub => "SCRUB",
+            Opcode::ScrubReport => "SCRUB_REPORT",
             Opcode::Unknown(_) => "UNKNOWN",
         }
     }
@@ -180,6 +189,8 @@ impl From<u8> for Opcode {
             0xE7 => Opcode::AuthChallenge,
             0xE8 => Opcode::AuthProof,
             0xE9 => Opcode::RotateKey,
+            0xEA => Opcode::Scrub,
+            0xEB => Opcode::ScrubReport,
             other => Opcode::Unknown(other),
         }
     }
@@ -208,6 +219,8 @@ impl From<Opcode> for u8 {
             Opcode::AuthChallenge => 0xE7,
             Opcode::AuthProof => 0xE8,
             Opcode::RotateKey => 0xE9,
+            Opcode::Scrub => 0xEA,
+            Opcode::ScrubReport => 0xEB,
             Opcode::Unknown(other) => other,
         }
     }

@@ -67,7 +67,9 @@ impl Reply {
             | Message::QpAccept(_)
             | Message::AuthChallenge(_)
             | Message::AuthProof(_)
-            | Message::RotateKey(_) => (Status::Ok, 0, body.to_vec()),
+            | Message::RotateKey(_)
+            | Message::Scrub(_)
+            | Message::ScrubReport(_) => (Status::Ok, 0, body.to_vec()),
         };
         Reply {
             opcode,

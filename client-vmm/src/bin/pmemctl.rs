@@ -18,6 +18,8 @@ use crate::ctl::{CliError, Ctl, Output, payload};
 mod allocator;
 #[path = "pmemctl/cluster.rs"]
 mod cluster;
+#[path = "pmemctl/checksums.rs"]
+mod checksums;
 #[path = "pmemctl/ctl.rs"]
 mod ctl;
 #[path = "pmemctl/num.rs"]
@@ -38,6 +40,10 @@ once, then allocate, name, free and inspect memory. A freed allocation's keys
 are rotated, so using its address afterwards fails with a use-after-free error;
 `scrub` reclaims what a crashed client left half-allocated.
 
+`scrub --checksums` is an operator's check of the PMEM itself: each server
+records a checksum per 64 KiB block on the first run and verifies it on the
+next, naming any block that changed without a write (exit status 1).
+
 Examples:
   pmemctl --config configs/default.toml --client c1 write 1TiB+64 hello --persist
   pmemctl --config configs/default.toml --client c1 read 1TiB 128
@@ -50,6 +56,7 @@ Examples:
   pmemctl --config configs/alloc.toml --client c1 df
   pmemctl --config configs/alloc.toml --client c1 rm orders
   pmemctl --config configs/alloc.toml --client c1 scrub
+  pmemctl --config configs/default.toml --secrets keys scrub --checksums --operator admin
   pmemctl --config configs/default.toml --secrets keys rotate-key PA.1 --operator admin";
 
 /// Reads, writes and runs atomics on a pmem-fabric pool as one client of it.
@@ -61,7 +68,7 @@ struct Cli {
     #[arg(long, value_name = "TOPOLOGY")]
     config: Option<PathBuf>,
     /// The client id to connect as (one of the topology's clients);
-    /// every command but `rotate-key` needs one.
+    /// every command but `rotate-key` and `scrub --checksums` needs one.
     #[arg(long, value_name = "ID")]
     client: Option<String>,
     /// How long one attempt on one path may take before it is re-sent on
@@ -75,7 +82,7 @@ struct Cli {
     #[arg(long, value_name = "MS")]
     connect_timeout_ms: Option<u64>,
     /// Folder of the principals' keys: prove this client's key
-    /// (`client.<ID>.key`) to the fabric devices, or for `rotate-key` the
+    /// (`client.<ID>.key`) to the fabric devices, or for `rotate-key` and `scrub --checksums` the
     /// operator's (`operator.<NAME>.key`) to the server. Default:
     /// `$PMEM_FABRIC_SECRETS`, if set.
     #[arg(long, value_name = "DIR")]
@@ -219,7 +226,28 @@ enum PoolCommand {
     Df,
     /// Reclaims what clients that crashed mid-allocation left behind, and
     /// says what it reclaimed. Run it when no client is allocating.
-    Scrub,
+    ///
+    /// With --checksums instead (an operator's action; no --client needed):
+    /// asks the servers to check every block of their regions against the
+    /// checksum they recorded for it, recording it on the first scrub after
+    /// a server starts and for blocks written since. Names the region and
+    /// block of every mismatch and exits non-zero if there is one.
+    Scrub {
+        /// Check the regions' blocks against their checksums.
+        #[arg(long)]
+        checksums: bool,
+        /// With --checksums: only this region (repeatable; default: all).
+        #[arg(long, value_name = "REGION", requires = "checksums")]
+        region: Vec<String>,
+        /// With --checksums: the operator to act as (see rotate-key).
+        #[arg(
+            long,
+            value_name = "NAME",
+            default_value = "admin",
+            requires = "checksums"
+        )]
+        operator: String,
+    },
 }
 
 fn main() -> ExitCode {
@@ -269,6 +297,34 @@ fn run(cli: Cli) -> Result<(), CliError> {
         }
         // Answered before the topology is read.
         Command::Cluster(_) => return Ok(()),
+        Command::Pool(PoolCommand::Scrub {
+            checksums: true,
+            region,
+            operator,
+        }) => {
+            let timeout = Duration::from_millis(cli.connect_timeout_ms.unwrap_or(5_000));
+            let regions: Vec<RegionId> = region.iter().map(|r| RegionId::new(r.as_str())).collect();
+            let found = operator::scrub_checksums(
+                &topology,
+                &regions,
+                &operator,
+                secrets.as_deref(),
+                timeout,
+            )?;
+            let mut stdout = io::stdout().lock();
+            stdout
+                .write_all(checksums::render(&found).as_bytes())
+                .and_then(|()| stdout.flush())
+                .map_err(CliError::Stdout)?;
+            let damaged: Vec<_> = found.iter().filter(|r| !r.mismatches.is_empty()).collect();
+            if !damaged.is_empty() {
+                return Err(CliError::Damaged {
+                    blocks: damaged.iter().map(|r| r.mismatches.len()).sum(),
+                    regions: damaged.len(),
+                });
+            }
+            return Ok(());
+        }
         Command::Pool(command) => {
             let client = cli.client.clone().ok_or(CliError::NoClient)?;
             let clients: Vec<String> = topology.clients.iter().map(|c| c.id.to_string()).collect();
@@ -335,7 +391,7 @@ fn on_pool(
         PoolCommand::Rm { name } => Output::Text(ctl.remove(&name)?),
         PoolCommand::Ls => Output::Text(ctl.list()?),
         PoolCommand::Df => Output::Text(ctl.df()?),
-        PoolCommand::Scrub => Output::Text(ctl.scrub()?),
+        PoolCommand::Scrub { .. } => Output::Text(ctl.scrub()?),
     })
 }
 

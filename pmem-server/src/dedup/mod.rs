@@ -32,7 +32,7 @@ mod record;
 mod store;
 
 pub use record::{Recorded, RequestDigest, WINDOW};
-pub use store::{Expect, Intent, StoreError, WindowStore};
+pub use store::{Expect, FILE_NAME, Intent, StoreError, WindowStore};
 
 use crate::persist::PersistError;
 use marks::{RaisedMark, StaleMarks};

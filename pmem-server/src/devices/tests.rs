@@ -447,3 +447,54 @@ fn device_dax_refuses_foreign_headers_blank_slots_and_msync() {
     let chain = format!("{:?}", err);
     assert!(chain.contains("DevDaxPolicy"), "{chain}");
 }
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn a_blank_device_dax_slot_without_the_manifest_is_lost_while_others_remain() {
+    use crate::missing::{MissingError, open_modes};
+    use crate::region_file::OpenMode;
+    let m = Machine::new(16 * MIB);
+    let data = m.data_dir();
+    let t = topology(Some(&m.dax()), None);
+    let plan = ServerDevices::resolve(&t.servers[0], &data, &m.roots).unwrap();
+    let layout = Layout::new(&t).unwrap();
+    let entries: Vec<_> = layout.entries().iter().collect();
+    let modes = |create: &[&str]| {
+        let create: Vec<String> = create.iter().map(|s| s.to_string()).collect();
+        open_modes(
+            &t.servers[0].id,
+            &plan,
+            &entries,
+            &PersistPolicy::Auto,
+            false,
+            &create,
+        )
+    };
+    // A blank device: every region is new.
+    assert!(modes(&[]).unwrap().iter().all(|m| *m == OpenMode::Keep));
+    drop(open_all(&t, &plan, false).unwrap());
+
+    // B's slot is blank and the manifest is gone too.
+    {
+        use std::os::unix::fs::FileExt;
+        let dev = fs::OpenOptions::new().write(true).open(m.dax()).unwrap();
+        dev.write_all_at(&[0u8; 4096], 6 * MIB).unwrap();
+    }
+    fs::remove_file(data.join(crate::region_file::MANIFEST)).unwrap();
+    let err = modes(&[]).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        matches!(&err, MissingError::Lost { lost, .. } if lost.len() == 1),
+        "{text}"
+    );
+    assert!(
+        text.contains("region B (") && text.contains("dax1.0@0x600000"),
+        "{text}"
+    );
+    assert!(text.contains("--create-missing B"), "{text}");
+    let modes = modes(&["B"]).unwrap();
+    assert_eq!(
+        modes,
+        [OpenMode::Keep, OpenMode::CreateMissing, OpenMode::Keep]
+    );
+}

@@ -48,7 +48,12 @@ pub enum CliError {
     #[error("cannot write to stdout")]
     Stdout(#[source] io::Error),
     #[error(transparent)]
-    Rotate(#[from] client_vmm::operator::RotateError),
+    Operator(#[from] client_vmm::operator::OperatorError),
+    #[error(
+        "{blocks} block(s) in {regions} region(s) no longer match their checksums: changed \
+         without a write the server executed"
+    )]
+    Damaged { blocks: usize, regions: usize },
     #[error("--client ID is needed for this command (one of the topology's clients)")]
     NoClient,
     #[error("--config TOPOLOGY is needed for this command (the file the daemons read)")]

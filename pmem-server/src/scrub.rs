@@ -1,0 +1,62 @@
+//! Answering an operator's SCRUB: check a run of a region's blocks against
+//! their checksums ([`crate::block_sums`]), count the results in the
+//! metrics and log every mismatch.
+
+use proto::{Message, Opcode, RegionIndex, Status, scrub};
+
+use crate::block_sums::ScrubFault;
+use crate::exec::Executor;
+use crate::gate::Session;
+
+impl Executor {
+    /// The answer to SCRUB `req` from `session`'s peer: a SCRUB_REPORT, or
+    /// an ACKNOWLEDGE with ACCESS_DENIED (not an operator), UNMAPPED (no
+    /// such region here), OUT_OF_BOUNDS or IO_ERROR.
+    pub(crate) fn scrub(&self, session: &Session, req: scrub::Repr) -> Message<'static> {
+        let refuse = |status| proto::error_response(Opcode::Scrub, status);
+        if !matches!(session, Session::Open | Session::ProvenOperator) {
+            self.metrics().denied.with(&["not_operator"]).inc();
+            return refuse(Status::AccessDenied);
+        }
+        let Some(region) = self.region(RegionIndex(req.region)) else {
+            return refuse(Status::Unmapped);
+        };
+        let id = region.entry.region_id.as_str();
+        let file = &region.file;
+        match file
+            .sums
+            .scrub(&file.map, req.region, req.first, req.blocks)
+        {
+            Ok(report) => {
+                let count = |result, n: u64| {
+                    if n > 0 {
+                        self.metrics().scrubbed_blocks.with(&[id, result]).add(n);
+                    }
+                };
+                count("verified", report.verified.into());
+                count("recorded", report.recorded.into());
+                count("unwatched", report.unwatched.into());
+                count("mismatch", report.mismatches.len() as u64);
+                for block in &report.mismatches {
+                    tracing::error!(
+                        region = id,
+                        "block {block} (region offset {:#x}, {} bytes) no longer matches its \
+                         checksum: changed without a write this server executed",
+                        block * u64::from(report.block_len),
+                        report.block_len
+                    );
+                }
+                Message::ScrubReport(report)
+            }
+            Err(ScrubFault::OutOfRange { .. }) => refuse(Status::OutOfBounds),
+            Err(e) => {
+                tracing::error!(
+                    region = id,
+                    "scrub failed: {}",
+                    telemetry::logging::error_chain(&e)
+                );
+                refuse(Status::IoError)
+            }
+        }
+    }
+}

@@ -1,0 +1,122 @@
+//! Block checksums across restarts: a clean stop keeps them, so a byte
+//! flipped while the server is down is reported by the first scrub after
+//! the restart; after a crash they are recorded again.
+
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use proto::request::Repr;
+use proto::scrub::{self, ReportPacket};
+use proto::{Message, Opcode};
+use testkit::{Conn, at, key, pmem_server_with, write_topology};
+
+/// This package's daemon, built with the features of the test run.
+const PMEM_SERVER: &str = env!("CARGO_BIN_EXE_pmem-server");
+
+const BLOCK: u64 = 64 << 10;
+
+/// Scrubs the 64 blocks of region 0 (4 MiB) over a raw connection.
+fn scrub(addr: std::net::SocketAddr) -> scrub::Report {
+    let mut conn = Conn::connect(addr);
+    conn.send(&Message::Scrub(scrub::Repr {
+        region: 0,
+        first: 0,
+        blocks: 64,
+    }));
+    let reply = conn.recv();
+    assert_eq!(reply.opcode, Opcode::ScrubReport, "{reply:?}");
+    scrub::Report::parse(&ReportPacket::new_checked(&reply.data[..]).expect("a report"))
+        .expect("a report")
+}
+
+/// Flips one byte of region file `file`'s data at `offset`.
+fn flip(file: &Path, offset: u64) {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(file)
+        .expect("region file");
+    let mut byte = [0u8; 1];
+    file.read_exact_at(&mut byte, 4096 + offset).expect("read");
+    file.write_all_at(&[!byte[0]], 4096 + offset).expect("flip");
+}
+
+#[test]
+fn a_clean_restart_keeps_the_checksums_and_a_crash_forgets_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let config = write_topology(dir.path(), &[("R1", "4MiB")]);
+    let msync = ["--persistence", "msync"];
+    let server = pmem_server_with(PMEM_SERVER, &config, "S", &data, &msync).unwrap();
+    let nic = server.addr("nic.n0");
+    let first = scrub(nic);
+    assert_eq!((first.recorded, first.verified, first.total), (64, 0, 64));
+    // Written after the recording: kept out of the saved checksums.
+    let reply = Conn::connect(nic).call(Repr::write_persist(
+        at(0, 2 * BLOCK + 5),
+        key(nic, 0),
+        b"legitimate",
+    ));
+    assert_eq!(reply.status, proto::Status::Ok);
+    let (status, _) = server.terminate();
+    assert!(status.success());
+    assert!(data.join("R1.sums").exists(), "saved at the clean stop");
+
+    // Damage while the server is down.
+    flip(&data.join("R1.pmem"), 7 * BLOCK + 3);
+    let server = pmem_server_with(PMEM_SERVER, &config, "S", &data, &msync).unwrap();
+    assert!(!data.join("R1.sums").exists(), "removed once loaded");
+    let nic = server.addr("nic.n0");
+    let after = scrub(nic);
+    assert_eq!(after.mismatches, [7], "{after:?}");
+    assert_eq!((after.recorded, after.verified), (1, 62), "{after:?}");
+    let stderr = server.stderr_so_far();
+    assert!(
+        stderr.contains("block checksums of the last clean stop loaded"),
+        "{stderr}"
+    );
+
+    // After a crash nothing is loaded: every block is recorded again.
+    server.kill9();
+    let server = pmem_server_with(PMEM_SERVER, &config, "S", &data, &msync).unwrap();
+    let fresh = scrub(server.addr("nic.n0"));
+    assert_eq!((fresh.recorded, fresh.verified), (64, 0), "{fresh:?}");
+    assert!(fresh.mismatches.is_empty());
+    server.terminate();
+}
+
+#[test]
+fn regions_written_over_rdma_are_unwatched() {
+    use pmem_server::persist::PersistPolicy;
+    use pmem_server::{OpenedServer, ServerConfig};
+    use topology::{NicTransport, ServerId, Topology};
+
+    let dir = tempfile::tempdir().unwrap();
+    let topology = Topology::load(write_topology(dir.path(), &[("R1", "4MiB")])).unwrap();
+    let config = |transport| ServerConfig {
+        topology: topology.clone(),
+        server: ServerId::new("S"),
+        data_dir: dir.path().join("data"),
+        admin: "127.0.0.1:0".parse().unwrap(),
+        persistence: PersistPolicy::Msync,
+        format: false,
+        create_missing: Vec::new(),
+        reset_exactly_once: false,
+        max_connections: 1,
+        max_unproven: 1,
+        timeouts: Default::default(),
+        secrets: None,
+        transport,
+    };
+    let unwatched = |transport| {
+        let opened = OpenedServer::open(&config(transport)).unwrap();
+        let flags: Vec<bool> = opened
+            .exec
+            .regions()
+            .map(|r| r.file.sums.is_unwatched())
+            .collect();
+        flags
+    };
+    assert_eq!(unwatched(None), [false], "a TCP NIC: every write is seen");
+    assert_eq!(unwatched(Some(NicTransport::Verbs)), [true]);
+}

@@ -1,0 +1,428 @@
+//! SCRUB and SCRUB_REPORT: an operator asks a server to check a run of a
+//! region's blocks against the checksums it recorded, and the server says
+//! what it found.
+//!
+//! SCRUB body:
+//!
+//! ```text
+//! 0..4   region  u32 region index
+//! 4..8   blocks  u32 how many blocks, 1..=MAX_BLOCKS
+//! 8..16  first   u64 index of the first block
+//! ```
+//!
+//! SCRUB_REPORT body:
+//!
+//! ```text
+//! 0..4   region     u32 region index
+//! 4..8   block_len  u32 bytes per block
+//! 8..16  first      u64 index of the first block scrubbed
+//! 16..24 total      u64 blocks in the region
+//! 24..28 verified   u32 blocks whose checksum matched
+//! 28..32 recorded   u32 blocks whose checksum was recorded (first scrub,
+//!                       or written since)
+//! 32..36 unwatched  u32 blocks not checked: written where the server
+//!                       does not see it (RDMA)
+//! 36..40 count      u32 mismatching blocks listed after this header
+//! 40..   block      u64 index of each mismatching block, count times
+//! ```
+//!
+//! A SCRUB the server refuses (not an operator, no such region, blocks
+//! outside it) is answered with an ACKNOWLEDGE carrying the status.
+
+use crate::error::{Error, Result};
+use crate::le;
+
+/// The most blocks one SCRUB may ask for.
+pub const MAX_BLOCKS: u32 = 1024;
+
+/// Byte ranges of a SCRUB body.
+pub mod field {
+    use crate::Field;
+
+    /// The region index.
+    pub const REGION: Field = 0..4;
+    /// How many blocks.
+    pub const BLOCKS: Field = 4..8;
+    /// The first block.
+    pub const FIRST: Field = 8..16;
+}
+
+/// Byte ranges of a SCRUB_REPORT body's fixed part.
+pub mod report_field {
+    use crate::Field;
+
+    /// The region index.
+    pub const REGION: Field = 0..4;
+    /// Bytes per block.
+    pub const BLOCK_LEN: Field = 4..8;
+    /// The first block scrubbed.
+    pub const FIRST: Field = 8..16;
+    /// Blocks in the region.
+    pub const TOTAL: Field = 16..24;
+    /// Blocks verified.
+    pub const VERIFIED: Field = 24..28;
+    /// Blocks recorded.
+    pub const RECORDED: Field = 28..32;
+    /// Blocks not checked.
+    pub const UNWATCHED: Field = 32..36;
+    /// Mismatching blocks listed.
+    pub const COUNT: Field = 36..40;
+}
+
+/// Length of a SCRUB body.
+pub const HEADER_LEN: usize = 16;
+/// Length of a SCRUB_REPORT body's fixed part.
+pub const REPORT_HEADER_LEN: usize = 40;
+
+/// A read/write view of a SCRUB body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Packet<T: AsRef<[u8]>> {
+    buffer: T,
+}
+
+impl<T: AsRef<[u8]>> Packet<T> {
+    /// Wraps a body without checks; accessors may panic if it is too short.
+    pub const fn new_unchecked(buffer: T) -> Self {
+        Packet { buffer }
+    }
+
+    /// Wraps a body after [`Packet::check_len`]; no accessor panics afterwards.
+    pub fn new_checked(buffer: T) -> Result<Self> {
+        let packet = Self::new_unchecked(buffer);
+        packet.check_len()?;
+        Ok(packet)
+    }
+
+    /// Checks that the body is exactly [`HEADER_LEN`] bytes.
+    pub fn check_len(&self) -> Result<()> {
+        exact_len(self.buffer.as_ref().len(), HEADER_LEN, "scrub body")
+    }
+
+    /// The region index.
+    pub fn region(&self) -> u32 {
+        le::u32_at(&self.buffer.as_ref()[field::REGION])
+    }
+
+    /// How many blocks.
+    pub fn blocks(&self) -> u32 {
+        le::u32_at(&self.buffer.as_ref()[field::BLOCKS])
+    }
+
+    /// The first block.
+    pub fn first(&self) -> u64 {
+        le::u64_at(&self.buffer.as_ref()[field::FIRST])
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
+    /// Sets the region index.
+    pub fn set_region(&mut self, value: u32) {
+        le::put_u32(&mut self.buffer.as_mut()[field::REGION], value);
+    }
+
+    /// Sets how many blocks.
+    pub fn set_blocks(&mut self, value: u32) {
+        le::put_u32(&mut self.buffer.as_mut()[field::BLOCKS], value);
+    }
+
+    /// Sets the first block.
+    pub fn set_first(&mut self, value: u64) {
+        le::put_u64(&mut self.buffer.as_mut()[field::FIRST], value);
+    }
+}
+
+fn exact_len(len: usize, expected: usize, what: &'static str) -> Result<()> {
+    if len < expected {
+        return Err(Error::Truncated {
+            needed: expected,
+            got: len,
+        });
+    }
+    if len > expected {
+        return Err(Error::LengthMismatch {
+            what,
+            expected,
+            got: len,
+        });
+    }
+    Ok(())
+}
+
+/// A parsed SCRUB body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Repr {
+    /// The region index.
+    pub region: u32,
+    /// The first block.
+    pub first: u64,
+    /// How many blocks, 1..=[`MAX_BLOCKS`].
+    pub blocks: u32,
+}
+
+impl Repr {
+    /// Parses a checked packet; a block count of 0 or above [`MAX_BLOCKS`]
+    /// is refused.
+    pub fn parse<T: AsRef<[u8]>>(packet: &Packet<T>) -> Result<Self> {
+        let repr = Self {
+            region: packet.region(),
+            first: packet.first(),
+            blocks: packet.blocks(),
+        };
+        repr.check()?;
+        Ok(repr)
+    }
+
+    /// Checks the block count.
+    pub fn check(&self) -> Result<()> {
+        if self.blocks == 0 || self.blocks > MAX_BLOCKS {
+            return Err(Error::LengthMismatch {
+                what: "scrub block count",
+                expected: MAX_BLOCKS as usize,
+                got: self.blocks as usize,
+            });
+        }
+        Ok(())
+    }
+
+    /// Length of the body.
+    pub const fn buffer_len(&self) -> usize {
+        HEADER_LEN
+    }
+
+    /// Writes the body into `packet`.
+    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>) {
+        packet.set_region(self.region);
+        packet.set_blocks(self.blocks);
+        packet.set_first(self.first);
+    }
+}
+
+/// A read/write view of a SCRUB_REPORT body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReportPacket<T: AsRef<[u8]>> {
+    buffer: T,
+}
+
+impl<T: AsRef<[u8]>> ReportPacket<T> {
+    /// Wraps a body without checks; accessors may panic if it is too short.
+    pub const fn new_unchecked(buffer: T) -> Self {
+        ReportPacket { buffer }
+    }
+
+    /// Wraps a body after [`ReportPacket::check_len`]; no accessor panics
+    /// afterwards.
+    pub fn new_checked(buffer: T) -> Result<Self> {
+        let packet = Self::new_unchecked(buffer);
+        packet.check_len()?;
+        Ok(packet)
+    }
+
+    /// Checks that the body holds the fixed part and exactly the blocks
+    /// its count announces.
+    pub fn check_len(&self) -> Result<()> {
+        let len = self.buffer.as_ref().len();
+        if len < REPORT_HEADER_LEN {
+            return Err(Error::Truncated {
+                needed: REPORT_HEADER_LEN,
+                got: len,
+            });
+        }
+        let expected = (self.count() as usize)
+            .saturating_mul(8)
+            .saturating_add(REPORT_HEADER_LEN);
+        exact_len(len, expected, "scrub report body")
+    }
+
+    fn u32_field(&self, field: crate::Field) -> u32 {
+        le::u32_at(&self.buffer.as_ref()[field])
+    }
+
+    fn u64_field(&self, field: crate::Field) -> u64 {
+        le::u64_at(&self.buffer.as_ref()[field])
+    }
+
+    /// The region index.
+    pub fn region(&self) -> u32 {
+        self.u32_field(report_field::REGION)
+    }
+
+    /// Bytes per block.
+    pub fn block_len(&self) -> u32 {
+        self.u32_field(report_field::BLOCK_LEN)
+    }
+
+    /// The first block scrubbed.
+    pub fn first(&self) -> u64 {
+        self.u64_field(report_field::FIRST)
+    }
+
+    /// Blocks in the region.
+    pub fn total(&self) -> u64 {
+        self.u64_field(report_field::TOTAL)
+    }
+
+    /// Blocks verified.
+    pub fn verified(&self) -> u32 {
+        self.u32_field(report_field::VERIFIED)
+    }
+
+    /// Blocks recorded.
+    pub fn recorded(&self) -> u32 {
+        self.u32_field(report_field::RECORDED)
+    }
+
+    /// Blocks not checked.
+    pub fn unwatched(&self) -> u32 {
+        self.u32_field(report_field::UNWATCHED)
+    }
+
+    /// Mismatching blocks listed.
+    pub fn count(&self) -> u32 {
+        self.u32_field(report_field::COUNT)
+    }
+
+    /// The index of the `i`th mismatching block (`i < count`).
+    pub fn mismatch(&self, i: usize) -> u64 {
+        let at = REPORT_HEADER_LEN + i * 8;
+        le::u64_at(&self.buffer.as_ref()[at..at + 8])
+    }
+}
+
+/// A parsed SCRUB_REPORT body.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Report {
+    /// The region index.
+    pub region: u32,
+    /// Bytes per block.
+    pub block_len: u32,
+    /// The first block scrubbed.
+    pub first: u64,
+    /// Blocks in the region.
+    pub total: u64,
+    /// Blocks whose checksum matched.
+    pub verified: u32,
+    /// Blocks whose checksum was recorded.
+    pub recorded: u32,
+    /// Blocks not checked: written where the server does not see it.
+    pub unwatched: u32,
+    /// The index of each block whose bytes no longer match its checksum.
+    pub mismatches: Vec<u64>,
+}
+
+impl Report {
+    /// Parses a checked packet.
+    pub fn parse<T: AsRef<[u8]>>(packet: &ReportPacket<T>) -> Result<Self> {
+        Ok(Self {
+            region: packet.region(),
+            block_len: packet.block_len(),
+            first: packet.first(),
+            total: packet.total(),
+            verified: packet.verified(),
+            recorded: packet.recorded(),
+            unwatched: packet.unwatched(),
+            mismatches: (0..packet.count() as usize)
+                .map(|i| packet.mismatch(i))
+                .collect(),
+        })
+    }
+
+    /// Length of the body.
+    pub fn buffer_len(&self) -> usize {
+        REPORT_HEADER_LEN + self.mismatches.len() * 8
+    }
+
+    /// Writes the body into `packet`, sized with [`Report::buffer_len`].
+    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut ReportPacket<T>) {
+        let buf = packet.buffer.as_mut();
+        le::put_u32(&mut buf[report_field::REGION], self.region);
+        le::put_u32(&mut buf[report_field::BLOCK_LEN], self.block_len);
+        le::put_u64(&mut buf[report_field::FIRST], self.first);
+        le::put_u64(&mut buf[report_field::TOTAL], self.total);
+        le::put_u32(&mut buf[report_field::VERIFIED], self.verified);
+        le::put_u32(&mut buf[report_field::RECORDED], self.recorded);
+        le::put_u32(&mut buf[report_field::UNWATCHED], self.unwatched);
+        let count = u32::try_from(self.mismatches.len()).unwrap_or(u32::MAX);
+        le::put_u32(&mut buf[report_field::COUNT], count);
+        for (i, block) in self.mismatches.iter().enumerate() {
+            let at = REPORT_HEADER_LEN + i * 8;
+            le::put_u64(&mut buf[at..at + 8], *block);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SCRUB: [u8; 16] = [
+        0x02, 0, 0, 0, // region 2
+        0x40, 0, 0, 0, // 64 blocks
+        0x80, 0, 0, 0, 0, 0, 0, 0, // from block 128
+    ];
+
+    #[test]
+    fn scrub_bytes() {
+        let repr = Repr::parse(&Packet::new_checked(&SCRUB[..]).unwrap()).unwrap();
+        assert_eq!(
+            repr,
+            Repr {
+                region: 2,
+                first: 128,
+                blocks: 64
+            }
+        );
+        let mut buf = [0u8; HEADER_LEN];
+        repr.emit(&mut Packet::new_unchecked(&mut buf[..]));
+        assert_eq!(buf, SCRUB);
+    }
+
+    #[test]
+    fn scrub_block_counts_are_bounded() {
+        let mut zero = SCRUB;
+        zero[4] = 0;
+        assert!(Repr::parse(&Packet::new_checked(&zero[..]).unwrap()).is_err());
+        let mut many = SCRUB;
+        many[4..8].copy_from_slice(&(MAX_BLOCKS + 1).to_le_bytes());
+        assert!(Repr::parse(&Packet::new_checked(&many[..]).unwrap()).is_err());
+        assert!(Packet::new_checked(&SCRUB[..15]).is_err());
+    }
+
+    #[test]
+    fn report_bytes() {
+        let bytes: [u8; 56] = [
+            0x01, 0, 0, 0, // region 1
+            0x00, 0, 0x01, 0, // 64 KiB blocks
+            0x00, 0, 0, 0, 0, 0, 0, 0, // from block 0
+            0x40, 0, 0, 0, 0, 0, 0, 0, // 64 blocks
+            0x3D, 0, 0, 0, // 61 verified
+            0x01, 0, 0, 0, // 1 recorded
+            0x00, 0, 0, 0, // 0 unwatched
+            0x02, 0, 0, 0, // 2 mismatches
+            0x05, 0, 0, 0, 0, 0, 0, 0, // block 5
+            0x3F, 0, 0, 0, 0, 0, 0, 0, // block 63
+        ];
+        let report = Report::parse(&ReportPacket::new_checked(&bytes[..]).unwrap()).unwrap();
+        assert_eq!(
+            report,
+            Report {
+                region: 1,
+                block_len: 65536,
+                first: 0,
+                total: 64,
+                verified: 61,
+                recorded: 1,
+                unwatched: 0,
+                mismatches: vec![5, 63],
+            }
+        );
+        assert_eq!(report.buffer_len(), bytes.len());
+        let mut buf = [0u8; 56];
+        report.emit(&mut ReportPacket::new_unchecked(&mut buf[..]));
+        assert_eq!(buf, bytes);
+        // A count the body does not hold.
+        assert!(ReportPacket::new_checked(&bytes[..48]).is_err());
+        let mut lying = bytes;
+        lying[36] = 0xFF;
+        assert!(ReportPacket::new_checked(&lying[..]).is_err());
+    }
+}
