@@ -30,9 +30,22 @@ const INSECURE_WARNING: &str = "--insecure: no authentication; anyone who reache
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Args {
-    /// The topology file.
-    #[arg(long)]
-    config: PathBuf,
+    /// The topology file (or --etcd).
+    #[arg(long, required_unless_present = "etcd", conflicts_with = "etcd")]
+    config: Option<PathBuf>,
+    /// Take the map from etcd instead of a file, and keep this server's
+    /// liveness record there: etcd's client URLs, comma-separated
+    /// (http://h1:2379,http://h2:2379).
+    #[arg(long, value_name = "URLS", env = "PMEM_FABRIC_ETCD")]
+    etcd: Option<control::Endpoints>,
+    /// The pool whose map to take from etcd (its `[pool] name`).
+    #[arg(
+        long,
+        value_name = "NAME",
+        requires = "etcd",
+        default_value = "default"
+    )]
+    pool: String,
     /// Which server of the topology this is.
     #[arg(long)]
     server: String,
@@ -128,7 +141,42 @@ fn report(err: &dyn std::error::Error) {
     error!("{}", error_chain(err));
 }
 
-fn config(args: Args) -> Result<ServerConfig, ExitCode> {
+/// Where the map came from when it came from etcd: what the liveness
+/// record needs.
+struct OnEtcd {
+    endpoints: control::Endpoints,
+    pool: String,
+    epoch: u64,
+}
+
+/// The topology from the file or etcd, and etcd's part if it came from there.
+fn load_topology(args: &Args) -> Result<(Topology, Option<OnEtcd>), ExitCode> {
+    let failed = |e: &dyn std::error::Error| {
+        report(e);
+        ExitCode::FAILURE
+    };
+    match (&args.etcd, &args.config) {
+        (Some(endpoints), _) => {
+            let (topology, epoch) =
+                control::load_map(endpoints, &args.pool).map_err(|e| failed(&e))?;
+            info!(
+                "map of pool {} at epoch {epoch} from etcd ({endpoints})",
+                args.pool
+            );
+            let on_etcd = OnEtcd {
+                endpoints: endpoints.clone(),
+                pool: args.pool.clone(),
+                epoch,
+            };
+            Ok((topology, Some(on_etcd)))
+        }
+        (None, Some(file)) => Ok((Topology::load(file).map_err(|e| failed(&e))?, None)),
+        // clap requires one of them.
+        (None, None) => Err(ExitCode::from(2)),
+    }
+}
+
+fn config(args: Args) -> Result<(ServerConfig, Option<OnEtcd>), ExitCode> {
     if args.secrets.is_none() && !args.insecure {
         error!("{}", NO_KEYS);
         return Err(ExitCode::from(2));
@@ -136,10 +184,7 @@ fn config(args: Args) -> Result<ServerConfig, ExitCode> {
     if args.insecure {
         warn!("{}", INSECURE_WARNING);
     }
-    let topology = Topology::load(&args.config).map_err(|e| {
-        report(&e);
-        ExitCode::FAILURE
-    })?;
+    let (topology, on_etcd) = load_topology(&args)?;
     for warning in topology.warnings() {
         warn!("{warning}");
     }
@@ -185,7 +230,7 @@ fn config(args: Args) -> Result<ServerConfig, ExitCode> {
         error!("--emulated-power-cut-after needs --persistence emulated");
         return Err(ExitCode::from(2));
     }
-    Ok(ServerConfig {
+    let config = ServerConfig {
         server: server.id.clone(),
         data_dir,
         admin,
@@ -202,7 +247,8 @@ fn config(args: Args) -> Result<ServerConfig, ExitCode> {
         secrets: args.secrets,
         transport: args.transport,
         topology,
-    })
+    };
+    Ok((config, on_etcd))
 }
 
 /// Runs the daemon with command-line arguments `args` (the first is the
@@ -220,7 +266,7 @@ where
         }
     };
     let _log = logging::init("pmem-server", &args.server, args.log_format);
-    let config = match config(args) {
+    let (config, on_etcd) = match config(args) {
         Ok(config) => config,
         Err(code) => return code,
     };
@@ -249,11 +295,35 @@ where
     for (nic, addr) in server.data_addrs() {
         ready.push_str(&format!(" nic.{nic}={addr}"));
     }
+    // On etcd, the server is a member once it serves, and stops being one
+    // before it drains.
+    let registration = match on_etcd {
+        Some(OnEtcd {
+            endpoints,
+            pool,
+            epoch,
+        }) => {
+            ready.push_str(&format!(" epoch={epoch}"));
+            let admin = server.admin_addr().to_string();
+            let member =
+                control::Member::this_process(control::Role::Server, id.as_str(), &admin, epoch);
+            match control::Registration::start(endpoints, pool, member) {
+                Ok(registration) => Some(registration),
+                Err(e) => {
+                    report(&e);
+                    let _ = server.stop();
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+        None => None,
+    };
     println!("{ready}");
 
     if let Some(signal) = signals.forever().next() {
         info!("signal {signal}, draining");
     }
+    drop(registration);
     match server.stop() {
         Ok(()) => {
             info!("stopped cleanly");

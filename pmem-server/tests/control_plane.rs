@@ -1,0 +1,92 @@
+//! A pmem-server on the control plane (`--etcd`): it takes the map from a
+//! real etcd, is a member (a lease-bound liveness record) while it runs and
+//! not after, and says which endpoints it tried when etcd is unreachable.
+
+use std::time::{Duration, Instant};
+
+use control::{ControlPlane, Endpoints, Member, Role};
+use testkit::{Conn, Daemon, DaemonSpec, Etcd, write_topology};
+
+const PMEM_SERVER: &str = env!("CARGO_BIN_EXE_pmem-server");
+
+/// Server `S` of the pool's map in etcd, with its data in `data`.
+fn server_on(etcd: &str, data: &std::path::Path) -> Result<Daemon, String> {
+    Daemon::spawn(
+        DaemonSpec::new(PMEM_SERVER)
+            .args(["--etcd", etcd, "--pool", "test", "--server", "S"])
+            .args(["--admin", "127.0.0.1:0", "--insecure", "--data-dir"])
+            .arg(data),
+    )
+}
+
+#[test]
+fn a_server_on_etcd_serves_its_map_and_is_a_member_only_while_it_runs() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let etcd = Etcd::start(dir.path()).unwrap_or_else(|e| panic!("etcd: {e}"));
+    let endpoints = Endpoints::parse(&etcd.endpoint()).expect("endpoint");
+    let topology =
+        std::fs::read_to_string(write_topology(dir.path(), &[("R1", "4MiB")])).expect("topology");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let members = || -> Vec<Member> {
+        runtime.block_on(async {
+            let mut plane = ControlPlane::connect(&endpoints, "test")
+                .await
+                .expect("etcd");
+            plane.members().await.expect("members")
+        })
+    };
+    runtime.block_on(async {
+        let mut plane = ControlPlane::connect(&endpoints, "test")
+            .await
+            .expect("etcd");
+        plane.init(&topology).await.expect("init");
+    });
+
+    let data = dir.path().join("data");
+    let server = server_on(&etcd.endpoint(), &data).expect("server");
+    assert_eq!(server.field("epoch"), "1");
+    let mut conn = Conn::connect(server.addr("nic.n0"));
+    assert_eq!(conn.hello("c").data, b"S", "serves the map's server S");
+    let live = members();
+    assert_eq!(live.len(), 1, "{live:?}");
+    assert_eq!(
+        (live[0].role, live[0].name.as_str(), live[0].epoch),
+        (Role::Server, "S", 1)
+    );
+    assert_eq!(live[0].address, server.addr("admin").to_string());
+    assert_eq!(live[0].pid, server.pid());
+    let first = live[0].incarnation;
+
+    // Killed: nobody keeps its lease alive, and its record expires.
+    server.kill9();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !members().is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(members().is_empty(), "the record outlived the process");
+
+    // Started again: a new incarnation under the same name; stopped
+    // cleanly: its record goes before it drains.
+    let server = server_on(&etcd.endpoint(), &data).expect("server again");
+    let again = members();
+    assert_eq!(again.len(), 1, "{again:?}");
+    assert_ne!(again[0].incarnation, first);
+    let (status, _) = server.terminate();
+    assert!(status.success());
+    assert!(members().is_empty());
+}
+
+#[test]
+fn a_server_that_cannot_reach_etcd_says_which_endpoints_it_tried() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let port = testkit::free_loopback_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let err = server_on(&url, &dir.path().join("data")).expect_err("no etcd there");
+    assert!(
+        err.contains(&format!("cannot reach etcd at {url}")),
+        "{err}"
+    );
+}
