@@ -10,6 +10,8 @@
 //!   with key and bounds checks.
 //! - `dedup` and `dedup_store`: the exactly-once window for retried
 //!   atomics, kept in a mapped file so it survives a restart.
+//! - `tenancy`: who may change the allocator's records (their owners), and
+//!   zeroing an extent as a key is installed on it.
 //! - `conn` and [`server`]: connections, listeners and the daemon's life.
 //! - `metrics`: what `/metrics` exports.
 //! - `verbs` (feature `verbs`): regions registered with a NIC's RNIC and
@@ -33,6 +35,7 @@ pub mod persist;
 pub mod region_file;
 pub mod server;
 pub(crate) mod stale_marks;
+pub(crate) mod tenancy;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 

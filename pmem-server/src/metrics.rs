@@ -44,6 +44,8 @@ pub struct ServerMetrics {
     /// Requests of authenticated peers refused ACCESS_DENIED for their
     /// client's grants, by reason.
     pub denied: Arc<Family<Counter>>,
+    /// Extents zeroed as a key was installed on them (allocations).
+    pub extents_zeroed: Arc<Counter>,
 }
 
 impl ServerMetrics {
@@ -119,8 +121,14 @@ impl ServerMetrics {
                  else), and with --secrets when the client they are for has no grant for the \
                  range: not_granted, unknown_client, no_client (a device that did not say \
                  whom it forwards for), on_behalf_from_client, operator (operators rotate \
-                 keys, they do not touch data).",
+                 keys, they do not touch data); and changes to the allocator's records: \
+                 not_owner (another client's record), extent_in_use (a bitmap bit of a \
+                 keyed or reserved extent), bad_record (a word that is no record).",
                 &["reason"],
+            )?,
+            extents_zeroed: r.counter(
+                "pmem_server_extents_zeroed_total",
+                "Extents zeroed as an allocation installed its key on them.",
             )?,
             latency,
             ops: CounterTable::new(ops),
