@@ -248,7 +248,7 @@ fn only_the_owner_frees_or_removes_even_through_raw_requests() {
     // Through pmemctl: refused, saying whose it is.
     let stderr = fabric.refused("c2", &["free", &format!("{plain:#x}")]);
     assert!(stderr.contains("belongs to client number 0"), "{stderr}");
-    assert!(stderr.contains("it belongs to c1"), "{stderr}");
+    assert!(stderr.contains("run it as c1 (`--client c1`)"), "{stderr}");
     let stderr = fabric.refused("c2", &["rm", "doc"]);
     assert!(
         stderr.contains("named object \"doc\" belongs to client number 0"),

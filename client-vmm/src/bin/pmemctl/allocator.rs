@@ -16,10 +16,10 @@ impl Ctl<'_> {
                 Some("add --force to format it anyway".to_owned())
             }
             AllocError::NameNotFound(_) => Some("`pmemctl ls` lists the named objects".to_owned()),
-            AllocError::NotOwner { owner, .. } => Some(format!(
-                "it belongs to {}; ask its owner (or run as it)",
-                self.client_name(*owner)
-            )),
+            AllocError::NotOwner { owner, .. } => {
+                let owner = self.client_name(*owner);
+                Some(format!("run it as {owner} (`--client {owner}`)"))
+            }
             AllocError::OutOfMemory { .. } | AllocError::PageTableFull { .. } => {
                 Some("`pmemctl df` shows what is free".to_owned())
             }
