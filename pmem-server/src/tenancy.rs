@@ -286,15 +286,19 @@ fn check(
         RecordWord::NameControl(_) => name_control(who, change.old, change.new).map(|()| false),
         RecordWord::EntryBody(entry) => {
             let control = words.at(meta.page_table_entry(entry).get() - region.start.get());
-            let free_or_own = Control::decode(control)
-                .is_none_or(|c| c.state == EntryState::Free || who.owns(c.owner));
-            free_or_own.then_some(false).ok_or(Refusal::NotOwner)
+            let holder = Control::decode(control).map(Holder::of_entry);
+            holder
+                .is_none_or(|h| h.admits(who))
+                .then_some(false)
+                .ok_or(Refusal::NotOwner)
         }
         RecordWord::NameBody(slot) => {
             let control = words.at(meta.name_entry(slot).get() - region.start.get());
-            let free_or_own = NameControl::decode(control)
-                .is_none_or(|c| c.state == NameState::Free || who.owns(c.owner));
-            free_or_own.then_some(false).ok_or(Refusal::NotOwner)
+            let holder = NameControl::decode(control).map(Holder::of_name);
+            holder
+                .is_none_or(|h| h.admits(who))
+                .then_some(false)
+                .ok_or(Refusal::NotOwner)
         }
         RecordWord::ExtentKey(extent) => {
             extent_key(who, extent < region.reserved, change.old, change.new)
@@ -311,23 +315,52 @@ fn check(
     }
 }
 
+/// A control word as the owner rule sees it: FREE (nobody's), or owned.
+#[derive(Debug, Clone, Copy)]
+struct Holder {
+    free: bool,
+    owner: u16,
+}
+
+impl Holder {
+    fn of_entry(c: Control) -> Self {
+        Self {
+            free: c.state == EntryState::Free,
+            owner: c.owner,
+        }
+    }
+
+    fn of_name(c: NameControl) -> Self {
+        Self {
+            free: c.state == NameState::Free,
+            owner: c.owner,
+        }
+    }
+
+    /// Whether `who` may have a record in this state, or change it.
+    fn admits(self, who: Asker) -> bool {
+        self.free || who.owns(self.owner)
+    }
+}
+
+/// A control word from `old` to `new` (`None`: not a record); an old word
+/// that is not a record (damage) may be repaired by anyone.
+fn control_change(who: Asker, old: Option<Holder>, new: Option<Holder>) -> Result<(), Refusal> {
+    let new = new.ok_or(Refusal::BadRecord)?;
+    let allowed = old.is_none_or(|h| h.admits(who)) && new.admits(who);
+    allowed.then_some(()).ok_or(Refusal::NotOwner)
+}
+
 /// A page-table control word from `old` to `new`.
 fn entry_control(who: Asker, old: u64, new: u64) -> Result<(), Refusal> {
-    let new = Control::decode(new).ok_or(Refusal::BadRecord)?;
-    // A word that is not a record (damage) may be repaired by anyone.
-    let old_ok =
-        Control::decode(old).is_none_or(|c| c.state == EntryState::Free || who.owns(c.owner));
-    let new_ok = new.state == EntryState::Free || who.owns(new.owner);
-    (old_ok && new_ok).then_some(()).ok_or(Refusal::NotOwner)
+    let holder = |word| Control::decode(word).map(Holder::of_entry);
+    control_change(who, holder(old), holder(new))
 }
 
 /// A name-directory control word from `old` to `new`.
 fn name_control(who: Asker, old: u64, new: u64) -> Result<(), Refusal> {
-    let new = NameControl::decode(new).ok_or(Refusal::BadRecord)?;
-    let old_ok =
-        NameControl::decode(old).is_none_or(|c| c.state == NameState::Free || who.owns(c.owner));
-    let new_ok = new.state == NameState::Free || who.owns(new.owner);
-    (old_ok && new_ok).then_some(()).ok_or(Refusal::NotOwner)
+    let holder = |word| NameControl::decode(word).map(Holder::of_name);
+    control_change(who, holder(old), holder(new))
 }
 
 /// An extent key word from `old` to `new`; `Ok(true)` when a key is
