@@ -18,6 +18,7 @@ use topology::secrets::{Principal, write_key};
 use topology::{Layout, MetaLayout, PmemAddr, VirtAddr};
 
 const SECRET: &str = "TOP-SECRET-PASSWORD";
+const C1_KEY: [u8; 32] = [0xC1; 32];
 const C2_KEY: [u8; 32] = [0xC2; 32];
 
 /// Servers A and B, device F, clients c1 and c2, 2 MiB extents and keys
@@ -47,7 +48,7 @@ impl Fabric {
         let config = spec.write(dir.path(), "topology.toml", &mut ports);
         let secrets = dir.path().join("secrets");
         write_key(&secrets, Principal::Device("F"), &[0x11; 32]).expect("key");
-        write_key(&secrets, Principal::Client("c1"), &[0xC1; 32]).expect("key");
+        write_key(&secrets, Principal::Client("c1"), &C1_KEY).expect("key");
         write_key(&secrets, Principal::Client("c2"), &C2_KEY).expect("key");
         let with_secrets = ["--secrets", secrets.to_str().expect("path")];
         let servers = ["A", "B"]
@@ -409,6 +410,50 @@ fn only_the_owner_frees_or_removes_even_through_raw_requests() {
         })
         .sum();
     assert!(not_owner >= 12.0, "refusals counted: {not_owner}");
+
+    // A reservation c1 left when it crashed: c2's scrub may not reclaim it
+    // and says so; c1's own scrub (c1 started again) does.
+    let crashed = (0..meta.page_table_entries())
+        .rev()
+        .find(|&i| {
+            let r = raw.call(Repr::read(
+                Target::Pmem(meta.page_table_entry(i)),
+                meta_key,
+                32,
+            ));
+            PtEntry::decode(&r.data).is_some_and(|e| e.control.state == records::EntryState::Free)
+        })
+        .expect("a free page-table entry");
+    let at = Target::Pmem(meta.page_table_entry(crashed));
+    let mut c1 = Conn::connect(fabric.ports.server_nic(&meta_server, "n0"));
+    c1.authenticate(Role::Client, "c1", C1_KEY)
+        .expect("c1 proves its key");
+    let r = c1.call(Repr::read(at, meta_key, 32));
+    let was = PtEntry::decode(&r.data).expect("entry").control;
+    let reserved = records::Control {
+        state: records::EntryState::Reserved,
+        owner: 0,
+        generation: was.generation + 1,
+        ..was
+    };
+    let claimed = c1.call(Repr::compare_swap(
+        at,
+        meta_key,
+        was.encode(),
+        reserved.encode(),
+    ));
+    assert_eq!((claimed.status, claimed.value), (Status::Ok, was.encode()));
+    let scrubbed = fabric.ok("c2", &["scrub"]);
+    assert!(
+        scrubbed.contains("records of other clients, left for their owners to scrub: 1"),
+        "{scrubbed}"
+    );
+    let scrubbed = fabric.ok("c1", &["scrub"]);
+    assert!(
+        scrubbed.contains("page-table entries of allocations cut short, freed: 1"),
+        "{scrubbed}"
+    );
+    assert_eq!(fabric.ok("c2", &["scrub"]), "pool is consistent\n");
 
     // The owner frees and removes.
     fabric.ok("c1", &["free", &format!("{plain:#x}")]);
