@@ -547,7 +547,15 @@ fn allocator_session_format_alloc_ls_df_free_scrub() {
     assert!(dump.contains("|orders across ex|\n"), "{dump}");
     assert!(dump.ends_with("|tents|\n"), "{dump}");
 
-    let removed = fabric.ok(&["rm", "orders"]);
+    // Only its creator removes it.
+    let run = fabric.run(&["rm", "orders"]);
+    let line = run.error_line(1);
+    assert!(
+        line.contains("named object \"orders\" belongs to client number 1"),
+        "{line}"
+    );
+    assert!(line.ends_with("run it as c2 (`--client c2`)"), "{line}");
+    let removed = fabric.ok_as("c2", &["rm", "orders"]);
     assert_eq!(removed, "removed \"orders\"\n");
     let run = fabric.run(&["read", &at, "8"]);
     let line = run.error_line(1);

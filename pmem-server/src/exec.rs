@@ -22,6 +22,7 @@ use crate::gate::{self, Gatekeeper, Session};
 use crate::metrics::ServerMetrics;
 use crate::persist::PersistError;
 use crate::region_file::{HEADER_LEN, RegionFile};
+use crate::tenancy::{Asker, Tenancy};
 
 /// The protocol version this server speaks.
 pub use proto::PROTOCOL_VERSION;
@@ -71,9 +72,10 @@ impl ServedRegion {
 
 /// Which key opens each extent of a region of a pool with an allocator: the
 /// region's extent key table, in the region's own mapping (see
-/// [`topology::meta`]). Reserved (metadata) extents and unallocated ones
-/// open with the region key; an allocated extent only with its own key, so
-/// rotating that key on free cuts off every stale translation at once.
+/// [`topology::meta`]). Reserved (metadata) extents open with the region
+/// key; an allocated extent only with its own key, so rotating that key on
+/// free cuts off every stale translation at once; an unallocated one with
+/// none (it is nobody's memory).
 #[derive(Debug, Clone, Copy)]
 struct ExtentKeys {
     extent: u64,
@@ -97,18 +99,16 @@ impl ExtentKeys {
         let first = offset / self.extent;
         let last = (offset + len.max(1) - 1) / self.extent;
         (first..=last).all(|extent| {
-            let installed = if extent < self.reserved {
-                0
-            } else {
+            if extent < self.reserved {
+                return key == region.key();
+            }
+            let installed = {
                 self.table_at
                     .checked_add(extent as usize * 8)
                     .and_then(|at| region.file.map.atomic_u64(at).ok())
                     .map_or(u64::MAX, |word| word.load(Ordering::Acquire))
             };
-            match installed {
-                0 => key == region.key(),
-                allocated => key == AccessKey(allocated),
-            }
+            installed != 0 && key == AccessKey(installed)
         })
     }
 }
@@ -155,6 +155,8 @@ pub struct Executor {
     metrics: Arc<ServerMetrics>,
     /// With `--secrets`: who may connect, and the proof they owe.
     gate: Option<Gatekeeper>,
+    /// Who may change the allocator's records, and zeroing of extents.
+    tenancy: Tenancy,
 }
 
 /// What the connection does after a frame.
@@ -236,6 +238,7 @@ impl Executor {
         let extent_keys = (0..layout.entries().len() as u32)
             .map(|i| ExtentKeys::of(&layout, RegionIndex(i)))
             .collect();
+        let tenancy = Tenancy::new(&layout, Arc::clone(&metrics));
         Self {
             server,
             layout,
@@ -245,6 +248,7 @@ impl Executor {
             rotation: Mutex::new(()),
             metrics,
             gate: None,
+            tenancy,
         }
     }
 
@@ -291,7 +295,7 @@ impl Executor {
                         .map(|reason| (&self.metrics.exactly_once_refused, reason)),
                 };
                 match refused {
-                    None => self.execute(&req, tag, out),
+                    None => self.execute(Asker::of(session, req.on_behalf), &req, tag, out),
                     Some((counter, reason)) => {
                         counter.with(&[reason]).inc();
                         self.metrics.record(
@@ -449,7 +453,9 @@ impl Executor {
 
     fn handle_message(&self, session: &Session, message: Message<'_>, tag: u64, out: &mut Vec<u8>) {
         match message {
-            Message::Request(req) => self.execute(&req, tag, out),
+            Message::Request(req) => {
+                self.execute(Asker::of(session, req.on_behalf), &req, tag, out)
+            }
             Message::Hello(peer) => {
                 let reply = if peer.version < PROTOCOL_VERSION {
                     proto::error_response(Opcode::Hello, Status::VersionMismatch)
@@ -565,7 +571,7 @@ impl Executor {
     }
 
     /// Executes a one-sided request and appends its response to `out`.
-    fn execute(&self, req: &request::Repr<'_>, tag: u64, out: &mut Vec<u8>) {
+    fn execute(&self, who: Asker, req: &request::Repr<'_>, tag: u64, out: &mut Vec<u8>) {
         let started = Instant::now();
         self.metrics.in_flight.inc();
         let op = req.operation;
@@ -573,7 +579,7 @@ impl Executor {
         let status = if op == Operation::Read {
             self.read(req, tag, out)
         } else {
-            let done = self.execute_in_place(req).unwrap_or_else(Done::from);
+            let done = self.execute_in_place(who, req).unwrap_or_else(Done::from);
             push_response(out, tag, kind, done.status, done.value, 0);
             done.status
         };
@@ -611,7 +617,7 @@ impl Executor {
     }
 
     /// Every operation but READ: no data comes back, only a status and value.
-    fn execute_in_place(&self, req: &request::Repr<'_>) -> Result<Done, Status> {
+    fn execute_in_place(&self, who: Asker, req: &request::Repr<'_>) -> Result<Done, Status> {
         let (region, offset) = self.resolve(req.target)?;
         let len = match req.operation {
             Operation::Write | Operation::WritePersist => req.payload.len() as u64,
@@ -620,6 +626,8 @@ impl Executor {
         };
         region.span(offset, len)?;
         self.check_key(region, req.key, offset, len)?;
+        // Allocator records: checked against their owner, held until applied.
+        let _records = self.tenancy.admit(who, region, offset, req)?;
         // Scrubs record, not verify, the blocks this changes.
         let _writing = req
             .operation

@@ -15,6 +15,8 @@
 //!   and verified when an operator asks (`pmemctl scrub --checksums`);
 //!   [`sums_file`] keeps them across a clean restart.
 //! - [`missing`]: which absent regions may be created empty at start.
+//! - `tenancy`: who may change the allocator's records (their owners), and
+//!   zeroing an extent as a key is installed on it.
 //! - `conn`, `live` and [`server`]: connections and their admission,
 //!   listeners and the daemon's life.
 //! - `metrics`: what `/metrics` exports.
@@ -42,6 +44,7 @@ pub mod region_file;
 pub(crate) mod scrub;
 pub mod server;
 pub mod sums_file;
+pub(crate) mod tenancy;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 

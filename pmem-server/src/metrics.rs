@@ -47,6 +47,8 @@ pub struct ServerMetrics {
     /// Blocks scrubbed, by region and result (`verified`, `recorded`,
     /// `unwatched`, `mismatch`).
     pub scrubbed_blocks: Arc<Family<Counter>>,
+    /// Extents zeroed as a key was installed on them (allocations).
+    pub extents_zeroed: Arc<Counter>,
 }
 
 impl ServerMetrics {
@@ -127,7 +129,9 @@ impl ServerMetrics {
                  else), and with --secrets when the client they are for has no grant for the \
                  range: not_granted, unknown_client, no_client (a device that did not say \
                  whom it forwards for), on_behalf_from_client, operator (operators rotate \
-                 keys, they do not touch data).",
+                 keys, they do not touch data); and changes to the allocator's records: \
+                 not_owner (another client's record), extent_in_use (a bitmap bit of a \
+                 keyed or reserved extent), bad_record (a word that is no record).",
                 &["reason"],
             )?,
             scrubbed_blocks: r.counter_family(
@@ -137,6 +141,10 @@ impl ServerMetrics {
                  scrub since start, or written since), unwatched (written over RDMA, not \
                  checked), mismatch (changed without a write the server saw).",
                 &["region", "result"],
+            )?,
+            extents_zeroed: r.counter(
+                "pmem_server_extents_zeroed_total",
+                "Extents zeroed as an allocation installed its key on them.",
             )?,
             latency,
             ops: CounterTable::new(ops),

@@ -7,7 +7,8 @@
 //! - [`validate`]: every problem of a topology, each naming the file and item.
 //! - [`layout`]: the flat PMEM address space, a pure function of the topology,
 //!   with O(log n) lookup and a digest daemons and clients compare.
-//! - [`meta`]: where the allocator's metadata lives in PMEM.
+//! - [`meta`]: where the allocator's metadata lives in PMEM; [`records`]: how
+//!   it is encoded.
 //! - [`routes`]: the ordered paths from a client to a region.
 //!
 //! Nothing here does I/O beyond reading the file.
@@ -23,6 +24,7 @@ pub mod layout;
 pub mod load;
 pub mod meta;
 pub mod model;
+pub mod records;
 pub mod routes;
 pub mod secrets;
 pub mod size;

@@ -64,6 +64,14 @@ pub enum AllocError {
         /// The address.
         vaddr: VirtAddr,
     },
+    /// `free` or `remove` of another client's allocation or named object.
+    #[error("{what} belongs to client number {owner}; only its owner may free or remove it")]
+    NotOwner {
+        /// The allocation or object.
+        what: String,
+        /// The owner's topology index.
+        owner: u16,
+    },
     /// A named object of this name exists (or is being created).
     #[error("a named object {0:?} already exists")]
     NameExists(String),

@@ -137,7 +137,7 @@ impl Allocator {
             self.pool
                 .invalidate_translation(records::vbase_of(&self.meta, head + j as u64));
             if let Some((region, extent)) = self.extent_of(e.pmem) {
-                self.release_extent(region, extent).await?;
+                self.release_extent(region, extent, e.key).await?;
             }
         }
         if n > 1 {
@@ -216,7 +216,7 @@ impl Allocator {
     /// FREE. Best effort: what fails here is left for scrub.
     async fn abandon(&self, head: u64, controls: &[Control], claimed: &[Claimed]) {
         for c in claimed {
-            let _ = self.release_extent(c.region, c.extent).await;
+            let _ = self.release_extent(c.region, c.extent, c.key).await;
         }
         let cleared: Vec<u8> = controls
             .iter()
@@ -248,7 +248,10 @@ impl Allocator {
         }
     }
 
-    /// Claims a free PMEM extent on round-robin turn `turn`.
+    /// Claims a free PMEM extent on round-robin turn `turn`. Its key goes
+    /// in with COMPARE_SWAP from 0: the server holding it zeroes the
+    /// extent's bytes as the key is installed (a previous owner's data never
+    /// reaches the new one).
     async fn claim_extent(
         &self,
         placement: &Placement,
@@ -258,8 +261,16 @@ impl Allocator {
             if let Some(extent) = self.claim_in(region).await? {
                 let key = self.fresh_key();
                 let meta = self.region(region)?;
-                self.store(meta.at(meta.key_offset(extent)), meta.key, key.get())
-                    .await?;
+                let at = meta.at(meta.key_offset(extent));
+                let old = self.cas(at, meta.key, 0, key.get()).await?;
+                if old != 0 && old != key.get() {
+                    return Err(AllocError::Corrupt {
+                        what: format!(
+                            "extent {extent} of region {}: key installed on a free extent (run `pmemctl scrub`)",
+                            region.0
+                        ),
+                    });
+                }
                 return Ok(Some(Claimed {
                     region,
                     extent,
@@ -361,16 +372,23 @@ impl Allocator {
             .collect())
     }
 
-    /// Returns extent `extent` of `region` to its bitmap: key to 0 first
-    /// (stale translations are refused from here on), then the bit cleared.
+    /// Returns extent `extent` of `region`, whose key was `key`, to its
+    /// bitmap: key to 0 first (stale translations are refused from here on),
+    /// then the bit cleared. An extent that already holds another key is
+    /// someone else's now and is left alone.
     pub(super) async fn release_extent(
         &self,
         region: RegionIndex,
         extent: u64,
+        key: AccessKey,
     ) -> Result<(), AllocError> {
         let meta = *self.region(region)?;
-        self.store(meta.at(meta.key_offset(extent)), meta.key, 0)
+        let old = self
+            .cas(meta.at(meta.key_offset(extent)), meta.key, key.get(), 0)
             .await?;
+        if old != key.get() && old != 0 {
+            return Ok(());
+        }
         let (w, bit) = (extent / 64, extent % 64);
         let at = meta.at(meta.bitmap_offset() + w * 8);
         // The cached word is a guess; the bit is expected set.

@@ -203,6 +203,9 @@ impl Allocator {
 
     /// Frees the allocation starting at `vaddr`. Its keys are rotated: any
     /// client still holding its translation gets a use-after-free error.
+    /// Only the client that allocated a large allocation may free it (the
+    /// servers check it too, with authentication); small objects share
+    /// their slab and are not checked.
     pub async fn free(&self, vaddr: VirtAddr) -> Result<(), AllocError> {
         let index = records::vextent_of(&self.meta, vaddr).ok_or(AllocError::InvalidFree {
             vaddr,
@@ -224,6 +227,12 @@ impl Allocator {
                 Err(AllocError::InvalidFree {
                     vaddr,
                     reason: "it is a named object; remove it by name",
+                })
+            }
+            (EntryState::Live, EntryKind::Head) if entry.control.owner != self.owner => {
+                Err(AllocError::NotOwner {
+                    what: format!("the allocation at {vaddr}"),
+                    owner: entry.control.owner,
                 })
             }
             (EntryState::Live, EntryKind::Head)
@@ -339,22 +348,23 @@ impl Allocator {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// A fresh non-zero key (splitmix64 over a seed from the OS).
+    /// A fresh extent key naming this client as its owner
+    /// ([`records::owned_key`]).
     fn fresh_key(&self) -> AccessKey {
+        records::owned_key(self.owner, self.random())
+    }
+
+    /// 64 random bits (splitmix64 over a seed from the OS).
+    fn random(&self) -> u64 {
         let mut state = self
             .rng
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        loop {
-            *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = *state;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^= z >> 31;
-            if z != 0 {
-                return AccessKey(z);
-            }
-        }
+        *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = *state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
     }
 
     // One-sided operations on metadata, counted.

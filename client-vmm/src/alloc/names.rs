@@ -7,7 +7,8 @@
 //! at a lower index (of two racing creators exactly one proceeds, and nobody
 //! waits), allocate with the page-table head naming the entry, write the
 //! entry, COMPARE_SWAP it CLAIMING → LIVE. Scrub reclaims entries and
-//! allocations of creators that died before that last step.
+//! allocations of creators that died before that last step. The control
+//! word names the creator: only it may remove or change the entry.
 
 use topology::{PmemAddr, VirtAddr};
 
@@ -57,6 +58,7 @@ impl Allocator {
         let mut mine = NameEntry {
             state: NameState::Claiming,
             generation: free.generation.wrapping_add(1),
+            owner: self.owner,
             hash,
             vaddr: 0,
             size,
@@ -169,13 +171,21 @@ impl Allocator {
         Ok(out)
     }
 
-    /// Removes the named object `name` and frees its memory.
+    /// Removes the named object `name` and frees its memory; only the
+    /// client that created it may (the servers check it too, with
+    /// authentication).
     pub async fn remove(&self, name: &str) -> Result<(), AllocError> {
         let dir = self.read_directory().await?;
         let (slot, e) =
             find(&dir, name).ok_or_else(|| AllocError::NameNotFound(name.to_owned()))?;
         if e.state != NameState::Live {
             return Err(AllocError::NameNotFound(name.to_owned()));
+        }
+        if e.owner != self.owner {
+            return Err(AllocError::NotOwner {
+                what: format!("named object {name:?}"),
+                owner: e.owner,
+            });
         }
         let at = self.meta.name_entry(slot as u64);
         let removing = NameEntry {

@@ -8,6 +8,12 @@
 //! FREE is an allocation cut short and is reclaimed. Run it when no client
 //! is in the middle of allocating (after a crash, like fsck): an allocation
 //! in progress looks exactly like one cut short.
+//!
+//! With authentication, the servers let a client change only its own
+//! records (see `docs/security.md`), so a client's scrub completes its own
+//! crashed work (a client restarted under the same identity) and what no
+//! client owns; records of other clients that it may not change are
+//! counted in [`ScrubReport::left_to_owners`] and left for their owners.
 
 use std::collections::{HashMap, HashSet};
 
@@ -86,6 +92,9 @@ pub struct ScrubReport {
     pub names_reclaimed: u64,
     /// Slab hints naming no live slab, cleared.
     pub hints_cleared: u64,
+    /// Records of other clients that needed repair but that the servers
+    /// let only their owners change: left for the owners' scrub.
+    pub left_to_owners: u64,
 }
 
 impl ScrubReport {
@@ -143,7 +152,8 @@ impl Allocator {
         let dir = self.read_directory().await?;
         // Slabs first: an empty or retiring one is freed like any allocation.
         for (index, entry) in self.live_slabs(&table) {
-            self.scrub_slab(index, &entry, &mut report).await?;
+            let scrubbed = self.scrub_slab(index, &entry, &mut report).await;
+            report.left_to_owners += refused(scrubbed)?;
         }
         let table = self.read_page_table().await?;
         let live = self.live_allocations(&table, &dir);
@@ -157,12 +167,11 @@ impl Allocator {
             }
             if entry.control.state != EntryState::Free {
                 let from = entry.control;
-                if self
-                    .set_control(i, from, free_entry(from).control)
-                    .await
-                    .is_ok()
-                {
-                    report.entries_reclaimed += 1;
+                match self.set_control(i, from, free_entry(from).control).await {
+                    Ok(()) => report.entries_reclaimed += 1,
+                    Err(e) if is_refusal(&e) => report.left_to_owners += 1,
+                    // Changed under this scrub: not cut short after all.
+                    Err(_) => {}
                 }
             }
         }
@@ -237,26 +246,31 @@ impl Allocator {
                     .is_some_and(|w| w & 1 << (e % 64) != 0);
                 let key = records::word_at(&keys, (e * 8) as usize).unwrap_or_default();
                 let key_at = region.at(region.key_offset(e));
-                match held.get(&pmem) {
-                    Some(&expected) => {
-                        if key != expected {
-                            self.store(key_at, region.key, expected).await?;
-                            report.repaired += 1;
+                let (want_key, want_bit) = match held.get(&pmem) {
+                    Some(&expected) => (expected, true),
+                    None => (0, false),
+                };
+                if key != want_key {
+                    let swapped = self.cas(key_at, region.key, key, want_key).await;
+                    match swapped {
+                        // Changed under this scrub: someone is at work there.
+                        Ok(old) if old != key => continue,
+                        Ok(_) if want_key == 0 => report.keys_cleared += 1,
+                        Ok(_) => report.repaired += 1,
+                        Err(crate::PoolError::AccessDenied { .. }) => {
+                            // Not this client's extent: its bit stays too.
+                            report.left_to_owners += 1;
+                            continue;
                         }
-                        if !bit {
-                            self.flip_bit(region, e, true).await?;
-                            report.repaired += 1;
-                        }
+                        Err(e) => return Err(e.into()),
                     }
-                    None => {
-                        if key != 0 {
-                            self.store(key_at, region.key, 0).await?;
-                            report.keys_cleared += 1;
-                        }
-                        if bit {
-                            self.flip_bit(region, e, false).await?;
-                            report.extents_reclaimed += 1;
-                        }
+                }
+                if bit != want_bit {
+                    let flipped = self.flip_bit(region, e, want_bit).await;
+                    match refused(flipped)? {
+                        1 => report.left_to_owners += 1,
+                        _ if want_bit => report.repaired += 1,
+                        _ => report.extents_reclaimed += 1,
                     }
                 }
             }
@@ -373,12 +387,14 @@ impl Allocator {
                     ..e.clone()
                 };
                 let at = self.meta.name_entry(slot as u64);
-                if self
+                match self
                     .cas(at, self.meta_key(), e.control(), free.control())
-                    .await?
-                    == e.control()
+                    .await
                 {
-                    report.names_reclaimed += 1;
+                    Ok(old) if old == e.control() => report.names_reclaimed += 1,
+                    Ok(_) => {}
+                    Err(crate::PoolError::AccessDenied { .. }) => report.left_to_owners += 1,
+                    Err(e) => return Err(e.into()),
                 }
             }
         }
@@ -445,5 +461,20 @@ impl Allocator {
             .read(PmemAddr(entry.pmem + offset), entry.key, 8)
             .await?;
         Ok(records::word_at(&bytes, 0).unwrap_or_default())
+    }
+}
+
+/// Whether `e` is a server's refusal to let this client change a record.
+fn is_refusal(e: &AllocError) -> bool {
+    matches!(e, AllocError::Pool(crate::PoolError::AccessDenied { .. }))
+}
+
+/// 1 for a refused repair (counted, scrub goes on), 0 for a done one; any
+/// other failure stops the scrub.
+fn refused(outcome: Result<(), AllocError>) -> Result<u64, AllocError> {
+    match outcome {
+        Ok(()) => Ok(0),
+        Err(e) if is_refusal(&e) => Ok(1),
+        Err(e) => Err(e),
     }
 }

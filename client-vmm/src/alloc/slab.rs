@@ -5,7 +5,8 @@
 //! 1. COMPARE_SWAP the slab header's `used` count up by one while the slab
 //!    is ACTIVE and not full: a seat is reserved, so a clear bit exists.
 //! 2. COMPARE_SWAP a clear bit of the claimed bitmap to one: the object is
-//!    this client's alone.
+//!    this client's alone. Its bytes are zeroed (one WRITE): a previous
+//!    object there may have left its data.
 //! 3. FETCH_ADD the same bit into the live bitmap (the bit is ours and
 //!    clear, so the add cannot carry): the commit point.
 //!
@@ -122,6 +123,9 @@ impl Allocator {
             guess = Some(old);
         }
         let slot = self.claim_slot(slab, entry, &shape).await?;
+        let object = PmemAddr(entry.pmem + shape.object_at(slot));
+        self.write(object, entry.key, &vec![0u8; shape.object as usize])
+            .await?;
         let (word, bit) = (slot / 64, slot % 64);
         let live = PmemAddr(entry.pmem + shape.live() + word * 8);
         self.fetch_add(live, entry.key, 1 << bit).await?;
@@ -138,7 +142,7 @@ impl Allocator {
         shape: &SlabShape,
     ) -> Result<u64, AllocError> {
         // A random word to start from, so claimers spread out.
-        let start = self.fresh_key().get() % shape.words;
+        let start = self.random() % shape.words;
         for step in 0..shape.words * 4 {
             let w = (start + step) % shape.words;
             let offset = SlabShape::CLAIMED + w * 8;

@@ -16,10 +16,10 @@ use crate::ctl::{CliError, Ctl, Output, payload};
 
 #[path = "pmemctl/allocator.rs"]
 mod allocator;
-#[path = "pmemctl/cluster.rs"]
-mod cluster;
 #[path = "pmemctl/checksums.rs"]
 mod checksums;
+#[path = "pmemctl/cluster.rs"]
+mod cluster;
 #[path = "pmemctl/ctl.rs"]
 mod ctl;
 #[path = "pmemctl/num.rs"]

@@ -16,6 +16,10 @@ impl Ctl<'_> {
                 Some("add --force to format it anyway".to_owned())
             }
             AllocError::NameNotFound(_) => Some("`pmemctl ls` lists the named objects".to_owned()),
+            AllocError::NotOwner { owner, .. } => {
+                let owner = self.client_name(*owner);
+                Some(format!("run it as {owner} (`--client {owner}`)"))
+            }
             AllocError::OutOfMemory { .. } | AllocError::PageTableFull { .. } => {
                 Some("`pmemctl df` shows what is free".to_owned())
             }
@@ -288,6 +292,10 @@ fn render_scrub(report: &ScrubReport) -> String {
         (
             report.hints_cleared,
             "slab hints naming no live slab, cleared",
+        ),
+        (
+            report.left_to_owners,
+            "records of other clients, left for their owners to scrub",
         ),
     ];
     let mut text = "scrub repaired the pool:\n".to_owned();
