@@ -39,4 +39,4 @@ pub use keys::Keys;
 pub use map::{ClusterMap, VersionedMap};
 pub use member::{Intent, Member, Role};
 pub use plane::{ControlPlane, Liveness};
-pub use registration::{Registration, load_map};
+pub use registration::{MapSource, MapSourceError, Registration, load_map};

@@ -149,3 +149,86 @@ fn keep_registered(
         }
     }
 }
+
+/// Where a daemon takes its map from: a topology file, or the pool's map
+/// in etcd (`--etcd`), in which case it is also a member while it runs.
+#[derive(Debug, Clone)]
+pub enum MapSource {
+    /// A topology file.
+    File(std::path::PathBuf),
+    /// The map of `pool` in etcd at `endpoints`.
+    Etcd {
+        /// etcd's client URLs.
+        endpoints: Endpoints,
+        /// The pool's name.
+        pool: String,
+    },
+}
+
+/// Why a daemon's map could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum MapSourceError {
+    /// The topology file.
+    #[error(transparent)]
+    File(#[from] topology::LoadError),
+    /// etcd.
+    #[error(transparent)]
+    Etcd(#[from] ControlError),
+}
+
+impl MapSource {
+    /// The source command-line flags name: etcd when `etcd` is given,
+    /// otherwise the file (the daemons' flags require one of them).
+    pub fn from_flags(
+        config: Option<std::path::PathBuf>,
+        etcd: Option<Endpoints>,
+        pool: &str,
+    ) -> Self {
+        match (etcd, config) {
+            (Some(endpoints), _) => MapSource::Etcd {
+                endpoints,
+                pool: pool.to_owned(),
+            },
+            (None, file) => MapSource::File(file.unwrap_or_default()),
+        }
+    }
+
+    /// The topology, and its epoch when it came from etcd; a map from etcd
+    /// is validated here, a file is validated by the caller as before.
+    pub fn load(&self) -> Result<(Topology, Option<u64>), MapSourceError> {
+        match self {
+            MapSource::File(path) => Ok((Topology::load(path)?, None)),
+            MapSource::Etcd { endpoints, pool } => {
+                let (topology, epoch) = load_map(endpoints, pool)?;
+                tracing::info!("map of pool {pool} at epoch {epoch} from etcd ({endpoints})");
+                Ok((topology, Some(epoch)))
+            }
+        }
+    }
+
+    /// On etcd, registers this process as `name` in `role`, reachable at
+    /// `address`, running `epoch`; `None` for a file.
+    pub fn register(
+        &self,
+        role: crate::member::Role,
+        name: &str,
+        address: &str,
+        epoch: u64,
+    ) -> Result<Option<Registration>, ControlError> {
+        match self {
+            MapSource::File(_) => Ok(None),
+            MapSource::Etcd { endpoints, pool } => {
+                let member = Member::this_process(role, name, address, epoch);
+                Registration::start(endpoints.clone(), pool.clone(), member).map(Some)
+            }
+        }
+    }
+
+    /// The topology file, when the map comes from one (what SIGHUP re-reads).
+    pub fn file(&self) -> Option<&std::path::Path> {
+        match self {
+            MapSource::File(path) => Some(path),
+            MapSource::Etcd { .. } => None,
+        }
+    }
+}

@@ -1,15 +1,15 @@
 //! The `fabric-device` command line: parse flags, load the topology, run the daemon.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use crate::driver::{Device, DeviceConfig, error_chain};
 use crate::forward::ForwarderConfig;
 use clap::Parser;
+use control::MapSource;
 use telemetry::logging::{self, LogFormat};
-use topology::Topology;
 use tracing::{error, info, warn};
 
 /// Why the daemon does not start without `--secrets` or `--insecure`.
@@ -28,9 +28,22 @@ const INSECURE_WARNING: &str = "--insecure: no authentication; anyone who reache
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Args {
-    /// The topology file (re-read on SIGHUP).
-    #[arg(long)]
-    config: PathBuf,
+    /// The topology file, re-read on SIGHUP (or --etcd).
+    #[arg(long, required_unless_present = "etcd", conflicts_with = "etcd")]
+    config: Option<PathBuf>,
+    /// Take the map from etcd instead of a file, and keep this device's
+    /// liveness record there: etcd's client URLs, comma-separated
+    /// (http://h1:2379,http://h2:2379). The map is read at start.
+    #[arg(long, value_name = "URLS", env = "PMEM_FABRIC_ETCD")]
+    etcd: Option<control::Endpoints>,
+    /// The pool whose map to take from etcd (its `[pool] name`).
+    #[arg(
+        long,
+        value_name = "NAME",
+        requires = "etcd",
+        default_value = "default"
+    )]
+    pool: String,
     /// Which fabric device of the topology this is.
     #[arg(long)]
     device: String,
@@ -127,8 +140,9 @@ where
     if args.insecure {
         warn!("{INSECURE_WARNING}");
     }
-    let topology = match Topology::load(&args.config) {
-        Ok(t) => t,
+    let source = MapSource::from_flags(args.config.clone(), args.etcd.clone(), &args.pool);
+    let (topology, epoch) = match source.load() {
+        Ok(loaded) => loaded,
         Err(e) => {
             error!("{}", error_chain(&e));
             return ExitCode::FAILURE;
@@ -151,7 +165,7 @@ where
     let config = DeviceConfig {
         device: spec.id.clone(),
         admin,
-        topology_path: Some(args.config.clone()),
+        topology_path: source.file().map(Path::to_path_buf),
         forwarder: ForwarderConfig {
             request_timeout: Duration::from_millis(args.request_timeout_ms),
             max_in_flight_per_client: args.max_in_flight,
@@ -187,8 +201,23 @@ where
     for (port, ip) in device.roce_ports() {
         ready.push_str(&format!(" roce.{port}={ip}"));
     }
+    if let Some(epoch) = epoch {
+        ready.push_str(&format!(" epoch={epoch}"));
+    }
+    // On etcd, the device is a member while it runs.
+    let admin = device.admin_addr().to_string();
+    let role = control::Role::Device;
+    let registration = match source.register(role, id.as_str(), &admin, epoch.unwrap_or(0)) {
+        Ok(registration) => registration,
+        Err(e) => {
+            error!("{}", error_chain(&e));
+            return ExitCode::FAILURE;
+        }
+    };
     println!("{ready}");
-    match device.run() {
+    let ran = device.run();
+    drop(registration);
+    match ran {
         Ok(()) => {
             info!("stopped cleanly");
             ExitCode::SUCCESS

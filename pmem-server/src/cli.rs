@@ -8,10 +8,11 @@ use std::time::Duration;
 use crate::persist::PowerDomain;
 use crate::{RunningServer, ServerConfig};
 use clap::Parser;
+use control::MapSource;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 use telemetry::logging::{self, LogFormat, error_chain};
-use topology::{Persistence, Topology};
+use topology::Persistence;
 use tracing::{error, info, warn};
 
 /// Why the daemon does not start without `--secrets` or `--insecure`.
@@ -141,42 +142,9 @@ fn report(err: &dyn std::error::Error) {
     error!("{}", error_chain(err));
 }
 
-/// Where the map came from when it came from etcd: what the liveness
-/// record needs.
-struct OnEtcd {
-    endpoints: control::Endpoints,
-    pool: String,
-    epoch: u64,
-}
-
-/// The topology from the file or etcd, and etcd's part if it came from there.
-fn load_topology(args: &Args) -> Result<(Topology, Option<OnEtcd>), ExitCode> {
-    let failed = |e: &dyn std::error::Error| {
-        report(e);
-        ExitCode::FAILURE
-    };
-    match (&args.etcd, &args.config) {
-        (Some(endpoints), _) => {
-            let (topology, epoch) =
-                control::load_map(endpoints, &args.pool).map_err(|e| failed(&e))?;
-            info!(
-                "map of pool {} at epoch {epoch} from etcd ({endpoints})",
-                args.pool
-            );
-            let on_etcd = OnEtcd {
-                endpoints: endpoints.clone(),
-                pool: args.pool.clone(),
-                epoch,
-            };
-            Ok((topology, Some(on_etcd)))
-        }
-        (None, Some(file)) => Ok((Topology::load(file).map_err(|e| failed(&e))?, None)),
-        // clap requires one of them.
-        (None, None) => Err(ExitCode::from(2)),
-    }
-}
-
-fn config(args: Args) -> Result<(ServerConfig, Option<OnEtcd>), ExitCode> {
+/// The server's configuration, where its map came from, and the map's
+/// epoch (0 for a file).
+fn config(args: Args) -> Result<(ServerConfig, MapSource, u64), ExitCode> {
     if args.secrets.is_none() && !args.insecure {
         error!("{}", NO_KEYS);
         return Err(ExitCode::from(2));
@@ -184,7 +152,11 @@ fn config(args: Args) -> Result<(ServerConfig, Option<OnEtcd>), ExitCode> {
     if args.insecure {
         warn!("{}", INSECURE_WARNING);
     }
-    let (topology, on_etcd) = load_topology(&args)?;
+    let source = MapSource::from_flags(args.config.clone(), args.etcd.clone(), &args.pool);
+    let (topology, epoch) = source.load().map_err(|e| {
+        report(&e);
+        ExitCode::FAILURE
+    })?;
     for warning in topology.warnings() {
         warn!("{warning}");
     }
@@ -248,7 +220,7 @@ fn config(args: Args) -> Result<(ServerConfig, Option<OnEtcd>), ExitCode> {
         transport: args.transport,
         topology,
     };
-    Ok((config, on_etcd))
+    Ok((config, source, epoch.unwrap_or(0)))
 }
 
 /// Runs the daemon with command-line arguments `args` (the first is the
@@ -266,7 +238,7 @@ where
         }
     };
     let _log = logging::init("pmem-server", &args.server, args.log_format);
-    let (config, on_etcd) = match config(args) {
+    let (config, source, epoch) = match config(args) {
         Ok(config) => config,
         Err(code) => return code,
     };
@@ -297,26 +269,17 @@ where
     }
     // On etcd, the server is a member once it serves, and stops being one
     // before it drains.
-    let registration = match on_etcd {
-        Some(OnEtcd {
-            endpoints,
-            pool,
-            epoch,
-        }) => {
-            ready.push_str(&format!(" epoch={epoch}"));
-            let admin = server.admin_addr().to_string();
-            let member =
-                control::Member::this_process(control::Role::Server, id.as_str(), &admin, epoch);
-            match control::Registration::start(endpoints, pool, member) {
-                Ok(registration) => Some(registration),
-                Err(e) => {
-                    report(&e);
-                    let _ = server.stop();
-                    return ExitCode::FAILURE;
-                }
-            }
+    if source.file().is_none() {
+        ready.push_str(&format!(" epoch={epoch}"));
+    }
+    let admin = server.admin_addr().to_string();
+    let registration = match source.register(control::Role::Server, id.as_str(), &admin, epoch) {
+        Ok(registration) => registration,
+        Err(e) => {
+            report(&e);
+            let _ = server.stop();
+            return ExitCode::FAILURE;
         }
-        None => None,
     };
     println!("{ready}");
 
