@@ -26,6 +26,7 @@ use pmem_fabric_fuzz::handshake::{self, Tamper, Who};
 use pmem_fabric_fuzz::scratch::{self, REGIONS, Scratch, Setup};
 use pmem_server::{Flow, Session};
 use proto::frame::Header;
+use proto::hello::{self, Capabilities};
 use proto::request::{self, Operation, Target};
 use proto::{AccessKey, Message, PmemAddr, RegionIndex, RegionOffset, ResponseKind, Status};
 
@@ -41,6 +42,12 @@ struct Input {
 #[derive(Debug, Arbitrary)]
 enum Step {
     Request(Spec),
+    /// A HELLO naming this principal (its role and name), as a connector
+    /// starts its opening: the gate's challenge follows.
+    Hello {
+        who: Who,
+        tag: u64,
+    },
     Piece(Piece),
 }
 
@@ -158,10 +165,10 @@ impl Spec {
     }
 }
 
-/// One frame to the executor, checked; returns the replies' bytes and
-/// whether the connection goes on.
-fn send(server: &Scratch, session: &mut Session, frame: &[u8]) -> (Vec<u8>, bool) {
-    let admitted = session.admits();
+/// One frame to the executor, checked; `admitted` says whether the peer
+/// may be answered (no authentication, or it proved its key). Returns the
+/// replies' bytes and whether the connection goes on.
+fn send(server: &Scratch, session: &mut Session, admitted: bool, frame: &[u8]) -> (Vec<u8>, bool) {
     let mut out = Vec::new();
     let flow = server.exec().handle_frame(session, frame, &mut out);
     let parsed = proto::parse_frame(frame);
@@ -217,6 +224,11 @@ fn answer(out: &[u8]) -> (Status, Vec<u8>) {
 
 fuzz_target!(|input: Input| {
     let server = scratch::scratch(input.setup);
+    // Only the opening proves a peer: the steps cannot forge a proof.
+    let admitted = match (input.setup, input.who) {
+        (Setup::Open | Setup::Allocator, _) => true,
+        (Setup::Gated, who) => who.is_some_and(Who::holds_a_known_key),
+    };
     let mut session = match (input.setup, input.who) {
         (Setup::Gated, Some(who)) => {
             let outcome = handshake::play(
@@ -229,6 +241,7 @@ fuzz_target!(|input: Input| {
             if outcome.closed {
                 return;
             }
+            assert_eq!(outcome.session.admits(), admitted, "{who:?}");
             outcome.session
         }
         _ => server.exec().new_session(),
@@ -242,10 +255,19 @@ fuzz_target!(|input: Input| {
                 };
                 (frame, Some((spec, req)))
             }
+            Step::Hello { who, tag } => {
+                let (role, name, _) = who.credentials();
+                let hello = Message::Hello(hello::Repr {
+                    version: proto::PROTOCOL_VERSION,
+                    role,
+                    capabilities: Capabilities::NONE,
+                    name,
+                });
+                (hello.encode_to_vec(*tag).expect("a HELLO encodes"), None)
+            }
             Step::Piece(piece) => (piece.to_bytes(), None),
         };
-        let admitted = session.admits();
-        let (out, goes_on) = send(server, &mut session, &frame);
+        let (out, goes_on) = send(server, &mut session, admitted, &frame);
         if !goes_on {
             return;
         }
@@ -256,7 +278,7 @@ fuzz_target!(|input: Input| {
         let once = req.exactly_once.is_some()
             && matches!(req.operation, Operation::CompareSwap | Operation::FetchAdd);
         if spec.twice && once {
-            let (again, _) = send(server, &mut session, &frame);
+            let (again, _) = send(server, &mut session, admitted, &frame);
             assert_eq!(
                 again, out,
                 "a retried exactly-once {req:?} got another answer"
@@ -270,7 +292,7 @@ fuzz_target!(|input: Input| {
             let frame = Message::Request(read)
                 .encode_to_vec(spec.tag)
                 .expect("a READ of what was written encodes");
-            let (out, _) = send(server, &mut session, &frame);
+            let (out, _) = send(server, &mut session, admitted, &frame);
             if let (Status::Ok, data) = answer(&out) {
                 assert_eq!(data, req.payload, "{req:?} does not read back");
             }
