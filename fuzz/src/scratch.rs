@@ -1,20 +1,23 @@
 //! A pmem-server executor over scratch region files, made once per fuzzing
 //! process: server `S` of a one-server topology (regions `R1`, 4 MiB, and
-//! `R2`, 2 MiB; fabric device `F`; client `c`), its files in a temporary
-//! folder on tmpfs (`/dev/shm` when there is one), made durable with msync.
+//! `R2`, 2 MiB; fabric device `F`; client `c`), its files in a folder on
+//! tmpfs (`/dev/shm` when there is one), made durable with msync.
 //!
 //! The executor lives as long as the process, so what one input writes (data,
 //! exactly-once windows, rotated keys) is there for the next, as on a
 //! server that has run for a while; inputs read the keys they need afresh.
+//! Its folder, `pmem-fabric-fuzz-PID-SETUP`, outlives the process (nothing
+//! runs at exit, and a crash aborts); the next fuzzing process removes the
+//! folders of processes that are gone.
 
-use std::path::Path;
+use std::fs;
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use arbitrary::Arbitrary;
 use pmem_server::persist::PersistPolicy;
 use pmem_server::{Executor, OpenedServer, ServerConfig};
 use proto::AccessKey;
-use tempfile::TempDir;
 use topology::secrets::{Principal, write_key};
 use topology::{RegionIndex, ServerId, Topology};
 
@@ -44,12 +47,11 @@ pub enum Setup {
     Gated,
 }
 
-/// A server opened in a temporary folder (removed at exit).
+/// A server opened in a scratch folder.
 #[derive(Debug)]
 pub struct Scratch {
     /// The opened server.
     pub opened: OpenedServer,
-    _dir: TempDir,
 }
 
 impl Scratch {
@@ -92,19 +94,49 @@ pub fn scratch(setup: Setup) -> &'static Scratch {
     cell.get_or_init(|| open(setup))
 }
 
-fn open(setup: Setup) -> Scratch {
-    let shm = Path::new("/dev/shm");
-    let dir = if shm.is_dir() {
-        tempfile::Builder::new()
-            .prefix("pmem-fabric-fuzz")
-            .tempdir_in(shm)
-    } else {
-        tempfile::Builder::new()
-            .prefix("pmem-fabric-fuzz")
-            .tempdir()
+/// Start of the scratch folders' names.
+const PREFIX: &str = "pmem-fabric-fuzz-";
+
+/// Removes the scratch folders in `parent` of fuzzing processes that are
+/// gone.
+fn remove_stale(parent: &Path) {
+    let Ok(entries) = fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let pid = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(PREFIX))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok());
+        if let Some(pid) = pid
+            && !Path::new("/proc").join(pid.to_string()).exists()
+        {
+            let _ = fs::remove_dir_all(entry.path());
+        }
     }
-    .expect("a temporary folder for the scratch server");
-    let path = testkit::write_topology(dir.path(), &[("R1", "4MiB"), ("R2", "2MiB")]);
+}
+
+/// This process's empty scratch folder for `setup`.
+fn folder(setup: Setup) -> PathBuf {
+    let shm = Path::new("/dev/shm");
+    let parent = if shm.is_dir() {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    };
+    remove_stale(&parent);
+    let dir = parent.join(format!("{PREFIX}{}-{setup:?}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir)
+        .unwrap_or_else(|e| panic!("cannot make the scratch folder {}: {e}", dir.display()));
+    dir
+}
+
+fn open(setup: Setup) -> Scratch {
+    let dir = folder(setup);
+    let path = testkit::write_topology(&dir, &[("R1", "4MiB"), ("R2", "2MiB")]);
     let mut text = std::fs::read_to_string(&path).expect("read the scratch topology");
     // Client `c` is the last table of the file.
     text.push_str(
@@ -117,7 +149,7 @@ fn open(setup: Setup) -> Scratch {
     std::fs::write(&path, text).expect("write the scratch topology");
     let topology = Topology::load(&path).expect("load the scratch topology");
     let secrets = (setup == Setup::Gated).then(|| {
-        let secrets = dir.path().join("secrets");
+        let secrets = dir.join("secrets");
         write_key(&secrets, Principal::Device("F"), &DEVICE_KEY).expect("device key");
         write_key(&secrets, Principal::Client("c"), &CLIENT_KEY).expect("client key");
         write_key(&secrets, Principal::Operator(OPERATOR), &OPERATOR_KEY).expect("operator key");
@@ -126,7 +158,7 @@ fn open(setup: Setup) -> Scratch {
     let config = ServerConfig {
         topology,
         server: ServerId::new("S"),
-        data_dir: dir.path().join("data"),
+        data_dir: dir.join("data"),
         admin: "127.0.0.1:0".parse().expect("an address"),
         persistence: PersistPolicy::Msync,
         format: true,
@@ -137,5 +169,5 @@ fn open(setup: Setup) -> Scratch {
         transport: None,
     };
     let opened = OpenedServer::open(&config).expect("open the scratch server");
-    Scratch { opened, _dir: dir }
+    Scratch { opened }
 }
