@@ -73,4 +73,6 @@ cargo test --locked -p client-vmm --features verbs --lib verbs
 echo "== the RDMA lab: a QEMU guest's kernel RDMA stack runs the workload through the devices"
 cargo build --locked -p client-vmm --features verbs --bins
 cargo test --locked -p testbed --features verbs --test lab
+echo "== fuzz every parser of untrusted bytes, 20 s per target (installs cargo-fuzz)"
+scripts/fuzz.sh 20
 echo "== all tests passed"
