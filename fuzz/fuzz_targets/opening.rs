@@ -283,7 +283,7 @@ fn both_sides(who: Who, with_map: bool, nonce: [u8; NONCE_LEN], wire: &[Tamper])
         assert!(who.holds_a_known_key(), "{who:?} proven");
         let as_whom = matches!(
             (who, &outcome.session),
-            (Who::Device, Session::ProvenDevice)
+            (Who::Device, Session::ProvenDevice { .. })
                 | (Who::Client, Session::ProvenClient { number: 0 })
                 | (Who::Operator, Session::ProvenOperator)
         );
