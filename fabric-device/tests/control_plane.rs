@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use control::{ControlPlane, Endpoints, Member, Role};
+use control::{ClusterMap, Keys, Member, Role};
 use proto::Status;
 use proto::request::Repr;
 use testkit::{Conn, Daemon, DaemonSpec, Etcd, FabricSpec, Ports, pmem_server_with};
@@ -14,31 +14,24 @@ const FABRIC_DEVICE: &str = env!("CARGO_BIN_EXE_fabric-device");
 fn a_device_on_etcd_forwards_by_the_map_and_is_a_member_while_it_runs() {
     let dir = tempfile::tempdir().expect("temp dir");
     let etcd = Etcd::start(dir.path()).unwrap_or_else(|e| panic!("etcd: {e}"));
-    let endpoints = Endpoints::parse(&etcd.endpoint()).expect("endpoint");
     let config = FabricSpec::new()
         .server("S", &[("R1", "4MiB")])
         .device("F")
         .client("c")
         .write(dir.path(), "topology.toml", &mut Ports::new());
     let topology = std::fs::read_to_string(&config).expect("topology");
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let map = ClusterMap { epoch: 1, topology };
+    etcd.put(&Keys::of("test").map(), &map.to_json())
+        .expect("etcdctl put");
     let members = || -> Vec<Member> {
-        runtime.block_on(async {
-            let mut plane = ControlPlane::connect(&endpoints, "test")
-                .await
-                .expect("etcd");
-            plane.members().await.expect("members")
-        })
+        let records = etcd
+            .get_prefix(&Keys::of("test").members())
+            .expect("etcdctl get");
+        records
+            .iter()
+            .map(|(key, v)| serde_json::from_str(v).unwrap_or_else(|e| panic!("{key}: {e}")))
+            .collect()
     };
-    runtime.block_on(async {
-        let mut plane = ControlPlane::connect(&endpoints, "test")
-            .await
-            .expect("etcd");
-        plane.init(&topology).await.expect("init");
-    });
 
     // The server reads the same map from its file; the device from etcd.
     let server = pmem_server_with(

@@ -4,10 +4,28 @@
 
 use std::time::{Duration, Instant};
 
-use control::{ControlPlane, Endpoints, Member, Role};
+use control::{ClusterMap, Keys, Member, Role};
 use testkit::{Conn, Daemon, DaemonSpec, Etcd, write_topology};
 
 const PMEM_SERVER: &str = env!("CARGO_BIN_EXE_pmem-server");
+
+/// The live members of pool `test`, read with etcdctl.
+fn members(etcd: &Etcd) -> Vec<Member> {
+    let records = etcd
+        .get_prefix(&Keys::of("test").members())
+        .expect("etcdctl get");
+    records
+        .iter()
+        .map(|(key, value)| serde_json::from_str(value).unwrap_or_else(|e| panic!("{key}: {e}")))
+        .collect()
+}
+
+/// Loads `topology` into etcd as pool `test`'s map at epoch 1.
+fn load_map(etcd: &Etcd, topology: String) {
+    let map = ClusterMap { epoch: 1, topology };
+    etcd.put(&Keys::of("test").map(), &map.to_json())
+        .expect("etcdctl put");
+}
 
 /// Server `S` of the pool's map in etcd, with its data in `data`.
 fn server_on(etcd: &str, data: &std::path::Path) -> Result<Daemon, String> {
@@ -23,27 +41,10 @@ fn server_on(etcd: &str, data: &std::path::Path) -> Result<Daemon, String> {
 fn a_server_on_etcd_serves_its_map_and_is_a_member_only_while_it_runs() {
     let dir = tempfile::tempdir().expect("temp dir");
     let etcd = Etcd::start(dir.path()).unwrap_or_else(|e| panic!("etcd: {e}"));
-    let endpoints = Endpoints::parse(&etcd.endpoint()).expect("endpoint");
     let topology =
         std::fs::read_to_string(write_topology(dir.path(), &[("R1", "4MiB")])).expect("topology");
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let members = || -> Vec<Member> {
-        runtime.block_on(async {
-            let mut plane = ControlPlane::connect(&endpoints, "test")
-                .await
-                .expect("etcd");
-            plane.members().await.expect("members")
-        })
-    };
-    runtime.block_on(async {
-        let mut plane = ControlPlane::connect(&endpoints, "test")
-            .await
-            .expect("etcd");
-        plane.init(&topology).await.expect("init");
-    });
+    load_map(&etcd, topology);
+    let members = || members(&etcd);
 
     let data = dir.path().join("data");
     let server = server_on(&etcd.endpoint(), &data).expect("server");

@@ -98,6 +98,25 @@ impl Etcd {
         }
     }
 
+    /// Puts `value` at `key` (as an operator would by hand).
+    pub fn put(&self, key: &str, value: &str) -> Result<(), String> {
+        self.ctl(&["put", key, value]).map(drop)
+    }
+
+    /// Every key under `prefix` with its value, in key order (values are
+    /// taken to be one line each, as the control plane's JSON records are).
+    pub fn get_prefix(&self, prefix: &str) -> Result<Vec<(String, String)>, String> {
+        let text = self.ctl(&["get", prefix, "--prefix"])?;
+        let lines: Vec<&str> = text.lines().collect();
+        Ok(lines
+            .chunks(2)
+            .filter_map(|pair| match pair {
+                [key, value] => Some(((*key).to_owned(), (*value).to_owned())),
+                _ => None,
+            })
+            .collect())
+    }
+
     /// Kills the member (SIGKILL) and waits for it.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {

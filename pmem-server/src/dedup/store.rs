@@ -31,7 +31,9 @@
 //!
 //! Everything the file claims carries a check, and [`WindowStore::open`]
 //! verifies every slot in use before the server answers anything: a head,
-//! result or mark that fails its check, an in-use word that is neither 0
+//! result or mark that fails its check (a result a power cut kept from the
+//! media is blank or still the one it replaced, and is taken as lost, as a
+//! non-persistent atomic's result may be), an in-use word that is neither 0
 //! nor 1, an identity in two slots, or a file that is missing or empty
 //! although the data
 //! directory held this server's regions before, is
@@ -475,9 +477,23 @@ impl WindowStore {
             let entry: &[u8; ENTRY_BYTES] = bytes[at..at + ENTRY_BYTES]
                 .try_into()
                 .map_err(|_| bad("short entry".to_owned()))?;
-            let result = decode_entry(client, index, entry)
-                .ok_or_else(|| bad(format!("result {index} fails its check")))?;
-            results.push(result);
+            if let Some(result) = decode_entry(client, index, entry) {
+                results.push(result);
+                continue;
+            }
+            // The result of an atomic that was not persistent may not have
+            // reached the media before a power cut while the head did (a
+            // later persistent result, or the cache, wrote it back): then
+            // the entry is still blank, or still the one it replaced. That
+            // result is lost, as a non-persistent atomic may be. Anything
+            // else is damage.
+            let blank = entry.iter().all(|&b| b == 0);
+            let replaced = index
+                .checked_sub(RING as u64)
+                .is_some_and(|older| decode_entry(client, older, entry).is_some());
+            if !(blank || replaced) {
+                return Err(bad(format!("result {index} fails its check")));
+            }
         }
         let mut words = Vec::with_capacity(MARKS);
         for index in 0..MARKS {
@@ -917,6 +933,52 @@ mod tests {
         let err = reopen(dir.path(), Expect::Existing).unwrap_err();
         assert!(
             err.to_string().contains("result 0 fails its check"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_result_that_never_reached_the_media_is_lost_not_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = written(dir.path());
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        // Identity 1's result 3 is blank, as if its page never reached the
+        // disk while the head did.
+        let entry3 = (SLOTS_AT + SLOT_HEAD + 3 * ENTRY_BYTES) as u64;
+        file.write_all_at(&[0; ENTRY_BYTES], entry3).unwrap();
+        let loaded = reopen(dir.path(), Expect::Existing).unwrap();
+        let seqs: Vec<u64> = loaded.windows[&1].results.iter().map(|r| r.0).collect();
+        assert_eq!(seqs, [10, 11, 12, 14], "result 3 (seq 13) lost");
+        // Still the result it replaced, one ring earlier: identity 7 (slot
+        // 2) fills its ring, then its next result is lost in the same way.
+        let (store, _) = open(dir.path(), false, 4);
+        for i in 0..RING as u64 {
+            store.record(7, i, (100 + i, r(i)), None, false).unwrap();
+        }
+        drop(store);
+        let first = (SLOTS_AT + 2 * SLOT_BYTES + SLOT_HEAD) as u64;
+        let mut replaced = [0u8; ENTRY_BYTES];
+        file.read_exact_at(&mut replaced, first).unwrap();
+        let (store, _) = open(dir.path(), false, 4);
+        store
+            .record(7, RING as u64, (9999, r(1)), None, false)
+            .unwrap();
+        drop(store);
+        file.write_all_at(&replaced, first).unwrap();
+        let loaded = reopen(dir.path(), Expect::Existing).unwrap();
+        let seven = &loaded.windows[&7];
+        assert_eq!(seven.head, RING as u64 + 1);
+        assert_eq!(seven.results.len(), RING - 1, "result {RING} lost");
+        assert!(!seven.results.iter().any(|r| r.0 == 9999));
+        // Bytes that are no entry of any generation are still damage.
+        file.write_all_at(&[7; ENTRY_BYTES], entry3).unwrap();
+        let err = reopen(dir.path(), Expect::Existing).unwrap_err();
+        assert!(
+            err.to_string().contains("result 3 fails its check"),
             "{err}"
         );
     }
