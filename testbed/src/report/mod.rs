@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 pub use histogram::LatencyHistogram;
 pub use markdown::{markdown, summary_table};
 pub use svg::{latency_cdf_svg, throughput_svg, xy_chart};
-pub use time::make_run_id;
+pub use time::{format_utc_time_ms, make_run_id};
 
 /// Operation names in the order the tables and plots list them; any other
 /// name follows, alphabetically.
