@@ -49,6 +49,17 @@ pub fn start_failure(err: &LaunchError, starter: Starter, data_dir: &Path) -> Op
     })
 }
 
+/// `err` as the error of bringing the fabric up, followed by
+/// [`start_failure`]'s advice on a line of its own when there is some.
+pub fn start_error(err: LaunchError, starter: Starter, data_dir: &Path) -> anyhow::Error {
+    let advice = start_failure(&err, starter, data_dir);
+    let err = anyhow::Error::new(err).context("bring the fabric up");
+    match advice {
+        Some(advice) => anyhow::anyhow!("{err:#}\n  what to do: {advice}"),
+        None => err,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -409,14 +409,7 @@ fn up(args: UpArgs) -> anyhow::Result<()> {
     let run_dir = options.run_dir.clone();
     let fabric = match Fabric::start(&topology, options) {
         Ok(fabric) => fabric,
-        Err(err) => {
-            let advice = testbed::advice::start_failure(&err, Starter::Up, &data_dir);
-            let err = anyhow::Error::new(err).context("bring the fabric up");
-            return Err(match advice {
-                Some(advice) => err.context(advice),
-                None => err,
-            });
-        }
+        Err(err) => return Err(testbed::advice::start_error(err, Starter::Up, &data_dir)),
     };
     let endpoints = fabric.endpoints();
     println!("{}", summary::endpoints_table(&endpoints));

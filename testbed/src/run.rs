@@ -385,6 +385,7 @@ pub fn execute(
     topology_name: &str,
     options: &RunOptions,
 ) -> anyhow::Result<RunOutcome> {
+    check_clients(topology, topology_name, options.clients)?;
     let run_id = run_id(&options.command);
     // Absolute: a lab guest sees this folder at the same path.
     let run_dir =
@@ -412,6 +413,28 @@ pub fn execute(
     })
 }
 
+/// Refuses a `--clients` the topology cannot give: none, or more than it
+/// has.
+fn check_clients(
+    topology: &Topology,
+    topology_name: &str,
+    wanted: Option<usize>,
+) -> anyhow::Result<()> {
+    let have = topology.clients.len();
+    match wanted {
+        Some(0) => bail!("--clients 0: a run needs at least one client"),
+        Some(n) if n > have => {
+            let ids: Vec<String> = topology.clients.iter().map(|c| c.id.to_string()).collect();
+            bail!(
+                "--clients {n}: {topology_name} has {have} client(s) ({}); ask for at most \
+                 {have}, or add [[clients]] to the topology",
+                ids.join(", ")
+            )
+        }
+        _ => Ok(()),
+    }
+}
+
 /// [`execute`] with the run's id and folders made.
 fn execute_in(
     topology: &Topology,
@@ -424,8 +447,18 @@ fn execute_in(
     let mut launch = LaunchOptions::new(data_dir.to_path_buf(), run_dir.to_path_buf())?;
     // Fresh keys in the report's folder: every connection proves its key.
     launch.net = options.net;
-    let mut fabric = Fabric::start(topology, launch).context("bring the fabric up")?;
+    let mut fabric = match Fabric::start(topology, launch) {
+        Ok(fabric) => fabric,
+        Err(err) => {
+            return Err(crate::advice::start_error(
+                err,
+                crate::advice::Starter::Run,
+                data_dir,
+            ));
+        }
+    };
     let endpoints = fabric.endpoints();
+    println!("{}", crate::summary::live_metrics(&endpoints));
     let clients: Vec<String> = topology
         .clients
         .iter()

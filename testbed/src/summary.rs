@@ -112,6 +112,22 @@ pub fn endpoints_table(endpoints: &[Endpoint]) -> String {
     out
 }
 
+/// The daemons' `/metrics` addresses, printed when a run's fabric is up:
+/// they answer only while the run lasts.
+pub fn live_metrics(endpoints: &[Endpoint]) -> String {
+    let mut out = String::from("metrics, live while the run lasts (the daemons stop with it):");
+    for e in endpoints {
+        let _ = write!(
+            out,
+            "\n  {} {}: http://{}/metrics",
+            e.kind.program(),
+            e.id,
+            e.admin
+        );
+    }
+    out
+}
+
 /// What `run`, `demo` and `chaos` print at the end.
 pub fn run_summary(outcome: &RunOutcome) -> String {
     let report = &outcome.report;
@@ -196,15 +212,8 @@ pub fn run_summary(outcome: &RunOutcome) -> String {
             "removed (the run passed)".to_owned()
         }
     );
-    let admins: Vec<String> = outcome
-        .endpoints
-        .iter()
-        .map(|e| format!("{} {}: http://{}/metrics", e.kind.program(), e.id, e.admin))
-        .collect();
-    let _ = writeln!(out, "  metrics (while it ran):");
-    for line in admins {
-        let _ = writeln!(out, "    {line}");
-    }
+    // The daemons have stopped: their /metrics addresses were printed
+    // while they were live, at the start.
     for line in &outcome.unclean_exits {
         let _ = writeln!(out, "  did not stop cleanly: {line}");
     }
