@@ -530,7 +530,6 @@ fn execute_in(
     verification.passed = verification.is_clean();
     report.verification = verification;
     note_fault_effects(&mut report, duration_s);
-    report.fill_recovery();
     if fabric.is_lab() {
         let roce = lab_counters(&fabric, &clients);
         report.notes.extend(lab_notes(&roce));
@@ -618,6 +617,7 @@ fn drive(
                 target: fault.target.clone(),
                 restored_at_s: None,
                 recovery_ms: None,
+                stall_ms: None,
                 errors_seen: 0,
             });
         }
@@ -697,8 +697,8 @@ fn collect(
 }
 
 /// For each fault: the errors the application saw from its injection to a
-/// second after its undoing, and how long until the next request
-/// completed.
+/// second after its undoing, its recovery and longest stall, and a note
+/// saying so in the report's words.
 fn note_fault_effects(report: &mut RunReport, duration_s: f64) {
     for fault in &mut report.faults {
         let from = fault.at_s;
@@ -706,16 +706,8 @@ fn note_fault_effects(report: &mut RunReport, duration_s: f64) {
         let first = (from * 1000.0 / BUCKET_MS as f64) as usize;
         let last = (to * 1000.0 / BUCKET_MS as f64) as usize;
         fault.errors_seen = (first..last).map(|i| report.timeline.errors_at(i)).sum();
-        if let Some(next) = report.timeline.first_completion_after(fault.at_s) {
-            report.notes.push(format!(
-                "{} {} at {:.3}s: first completed request {:.1} ms later",
-                fault.kind,
-                fault.target,
-                fault.at_s,
-                (next - fault.at_s) * 1000.0
-            ));
-        }
     }
+    report.note_faults();
 }
 
 /// The RoCE counters of a lab run: each device's, scraped now, and each

@@ -152,22 +152,7 @@ pub fn run_summary(outcome: &RunOutcome) -> String {
         report.errors_total()
     );
     for fault in &report.faults {
-        let first = report
-            .timeline
-            .first_completion_after(fault.at_s)
-            .map_or_else(
-                || "none".to_owned(),
-                |t| format!("{:.1} ms", (t - fault.at_s) * 1000.0),
-            );
-        let recovery = fault
-            .recovery_ms
-            .map_or_else(|| "n/a".to_owned(), |ms| format!("{ms:.0} ms"));
-        let _ = writeln!(
-            out,
-            "  fault           {} {} at {:.2} s: next request completed after {first}, \
-             throughput back after {recovery}, {} errors",
-            fault.kind, fault.target, fault.at_s, fault.errors_seen
-        );
+        let _ = writeln!(out, "  fault           {}", fault.describe());
     }
     let v = &report.verification;
     let _ = writeln!(
@@ -197,8 +182,9 @@ pub fn run_summary(outcome: &RunOutcome) -> String {
     );
     let _ = writeln!(
         out,
-        "  plots           {}, {}",
+        "  plots           {}, {}, {}",
         outcome.files.latency_cdf.display(),
+        outcome.files.latency_tail.display(),
         outcome.files.throughput.display()
     );
     let _ = writeln!(out, "  raw figures     {}", outcome.files.json.display());
