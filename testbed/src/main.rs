@@ -9,8 +9,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 use testbed::advice::Starter;
 use testbed::launch::{DaemonKind, Fabric, LaunchOptions, NetMode};
 use testbed::prometheus::{PrometheusServer, ScrapeTarget};
-use testbed::supervise::{Supervisor, control};
 use testbed::run::{FaultKind, PlannedFault, RunOptions, Scenario};
+use testbed::supervise::{Supervisor, control};
 use testbed::workload::{Progress, WorkerConfig, Workload};
 use testbed::{load_topology, load_topology_on, summary};
 use topology::Layout;
@@ -66,7 +66,9 @@ enum Command {
         /// The topology file; the embedded default topology when absent.
         file: Option<PathBuf>,
     },
-    /// Start every daemon of a topology and keep them up until Ctrl-C.
+    /// Start every daemon of a topology and keep them up until Ctrl-C:
+    /// report each exit as it happens, and restart daemons on command
+    /// (`help` on its console lists the commands).
     Up {
         /// The topology file; the embedded default topology when absent.
         file: Option<PathBuf>,
@@ -650,9 +652,10 @@ fn main() -> ExitCode {
             })
             .map(|()| true),
         ),
-        Command::Restart { target, control } => {
-            outcome(self::control(&format!("restart {}", target.join(" ")), control))
-        }
+        Command::Restart { target, control } => outcome(self::control(
+            &format!("restart {}", target.join(" ")),
+            control,
+        )),
         Command::Status { control } => outcome(self::control("status", control)),
         Command::Keygen { file, secrets } => outcome(keygen(file.as_deref(), &secrets)),
         Command::Down { prefix } => down(prefix.as_deref()),

@@ -79,7 +79,10 @@ impl Up {
                         return line;
                     }
                 }
-                Err(_) => panic!("no {what} on the console; it printed:\n{}", self.seen.join("\n")),
+                Err(_) => panic!(
+                    "no {what} on the console; it printed:\n{}",
+                    self.seen.join("\n")
+                ),
             }
         }
     }
@@ -191,15 +194,13 @@ fn a_killed_server_is_reported_reaped_and_restarted_from_another_shell() {
     assert!(status.status.success(), "{}", text(&status));
     let pid = pid_of(&text(&status), "pmem-server", "B");
     // SAFETY: kill(2) with SIGKILL on the pid testbed reported for server B.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0, "kill -9 {pid}");
+    let killed = unsafe { libc::kill(pid, libc::SIGKILL) };
+    assert_eq!(killed, 0, "kill -9 {pid}");
 
     let report = up.wait_for("a report of server B's exit", |l| {
         l.contains(&format!("pmem-server B (pid {pid})"))
     });
-    assert!(
-        report.contains("killed by signal 9 (SIGKILL)"),
-        "{report}"
-    );
+    assert!(report.contains("killed by signal 9 (SIGKILL)"), "{report}");
     assert!(report.contains(" UTC"), "the report says when: {report}");
     assert!(
         !is_defunct_child_of(pid, up.child.id()),
@@ -211,11 +212,18 @@ fn a_killed_server_is_reported_reaped_and_restarted_from_another_shell() {
     let line = up.wait_for("server B in the console's status", |l| {
         l.contains("pmem-server") && l.contains(&format!("pid {pid} "))
     });
-    assert!(line.contains("exited at") && line.contains("SIGKILL"), "{line}");
+    assert!(
+        line.contains("exited at") && line.contains("SIGKILL"),
+        "{line}"
+    );
 
     let unknown = up.testbed(&["restart", "Z"]);
     assert!(!unknown.status.success(), "{}", text(&unknown));
-    assert!(text(&unknown).contains("no daemon \"Z\""), "{}", text(&unknown));
+    assert!(
+        text(&unknown).contains("no daemon \"Z\""),
+        "{}",
+        text(&unknown)
+    );
 
     let restart = up.testbed(&["restart", "B"]);
     assert!(restart.status.success(), "{}", text(&restart));

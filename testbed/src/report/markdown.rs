@@ -235,10 +235,7 @@ pub fn markdown(report: &RunReport) -> String {
         "- [Latency CDF per operation]({LATENCY_CDF_FILE})\n- [Latency tail per operation (complementary CDF, log axes)]({LATENCY_TAIL_FILE})\n- [Throughput over time]({THROUGHPUT_FILE})\n"
     );
     let _ = writeln!(out, "![Latency CDF per operation]({LATENCY_CDF_FILE})\n");
-    let _ = writeln!(
-        out,
-        "![Latency tail per operation]({LATENCY_TAIL_FILE})\n"
-    );
+    let _ = writeln!(out, "![Latency tail per operation]({LATENCY_TAIL_FILE})\n");
     let _ = writeln!(out, "![Throughput over time]({THROUGHPUT_FILE})");
     out
 }

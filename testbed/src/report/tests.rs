@@ -830,8 +830,14 @@ fn notes_table_and_plot_give_the_same_recovery() {
     let cells: Vec<&str> = row.split('|').map(str::trim).collect();
     assert_eq!(cells[6], "1100", "recovery column: {row}");
     assert_eq!(cells[7], "1000", "stall column: {row}");
-    assert!(md.contains("Slowest recovery after a fault: 1100 ms."), "{md}");
-    assert!(md.contains(note.as_str()), "the note is in the report: {md}");
+    assert!(
+        md.contains("Slowest recovery after a fault: 1100 ms."),
+        "{md}"
+    );
+    assert!(
+        md.contains(note.as_str()),
+        "the note is in the report: {md}"
+    );
 
     let plot = throughput_svg(&report);
     assert!(plot.contains("kill-server B (recovery 1100 ms)"), "{plot}");
@@ -845,7 +851,10 @@ fn stall_is_measured_up_to_recovery_or_the_end() {
     // Never recovered: to the end.
     assert_eq!(t.stall_after(0.2, None), Some(300.0));
     // Requests never stopped completing.
-    assert_eq!(timeline(100, &[10, 10, 10]).stall_after(0.1, Some(0.0)), Some(0.0));
+    assert_eq!(
+        timeline(100, &[10, 10, 10]).stall_after(0.1, Some(0.0)),
+        Some(0.0)
+    );
     assert_eq!(t.stall_after(f64::NAN, None), None);
     assert_eq!(t.stall_after(0.8, None), None, "past the end of the data");
     let fault = FaultRecord {
@@ -856,7 +865,10 @@ fn stall_is_measured_up_to_recovery_or_the_end() {
         ..FaultRecord::default()
     };
     let line = fault.describe();
-    assert!(line.starts_with("restart-all at 0.200 s: no recovery measured"), "{line}");
+    assert!(
+        line.starts_with("restart-all at 0.200 s: no recovery measured"),
+        "{line}"
+    );
     assert!(line.contains("requests never stopped completing"), "{line}");
 }
 
@@ -869,11 +881,19 @@ fn the_tail_plot_shows_one_slow_operation_in_a_thousand() {
     let points = svg::tail_points(h);
     assert_eq!(points.first(), Some(&(100.0, 1.0)));
     let &(x, y) = points.last().expect("points");
-    assert!((y - 0.001).abs() < 1e-12, "the slowest one in a thousand: {points:?}");
-    assert!(x >= 999_000.0, "at about a second: {points:?}");
-    assert!(points.iter().all(|p| p.1 > 0.0), "fits a log axis: {points:?}");
     assert!(
-        points.windows(2).all(|w| w[0].0 <= w[1].0 && w[0].1 >= w[1].1),
+        (y - 0.001).abs() < 1e-12,
+        "the slowest one in a thousand: {points:?}"
+    );
+    assert!(x >= 999_000.0, "at about a second: {points:?}");
+    assert!(
+        points.iter().all(|p| p.1 > 0.0),
+        "fits a log axis: {points:?}"
+    );
+    assert!(
+        points
+            .windows(2)
+            .all(|w| w[0].0 <= w[1].0 && w[0].1 >= w[1].1),
         "a descending staircase: {points:?}"
     );
 
@@ -886,7 +906,10 @@ fn the_tail_plot_shows_one_slow_operation_in_a_thousand() {
     check_svg(&tail);
     assert_eq!(count(&tail, CURVE), 1, "{tail}");
     assert!(tail.contains("max 1 s"), "the legend gives the max: {tail}");
-    assert!(tail.contains("1e-3"), "the y axis reaches one in a thousand: {tail}");
+    assert!(
+        tail.contains("1e-3"),
+        "the y axis reaches one in a thousand: {tail}"
+    );
     let empty = latency_tail_svg(&RunReport::default());
     check_svg(&empty);
     assert!(empty.contains("no data"));

@@ -81,7 +81,10 @@ mod tests {
         // Leap day and a year end.
         assert_eq!(make_run_id(951_782_400_000, "x"), "20000229-000000-x");
         assert_eq!(format_utc(951_782_400_000), "2000-02-29 00:00:00 UTC");
-        assert_eq!(format_utc_time_ms(951_782_400_000 + 45_296_789), "12:34:56.789 UTC");
+        assert_eq!(
+            format_utc_time_ms(951_782_400_000 + 45_296_789),
+            "12:34:56.789 UTC"
+        );
         assert_eq!(
             make_run_id(1_704_067_199_999, "chaos kill/fabric"),
             "20231231-235959-chaos-kill-fabric"

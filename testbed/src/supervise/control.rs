@@ -154,9 +154,7 @@ impl Drop for ControlSocket {
 /// Reads one request line; a client that sends nothing within a few
 /// seconds, or no text, is dropped.
 fn read_request(stream: UnixStream) -> Option<Incoming> {
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     let mut line = String::new();
     BufReader::new(&stream).read_line(&mut line).ok()?;
     stream.set_read_timeout(None).ok()?;

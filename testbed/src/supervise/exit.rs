@@ -65,8 +65,14 @@ mod tests {
             describe(ExitStatus::from_raw(11 | 0x80)),
             "killed by signal 11 (SIGSEGV), core dumped"
         );
-        assert_eq!(describe(ExitStatus::from_raw(1 << 8)), "exited with status 1");
-        assert_eq!(describe(ExitStatus::from_raw(0)), "exited normally (status 0)");
+        assert_eq!(
+            describe(ExitStatus::from_raw(1 << 8)),
+            "exited with status 1"
+        );
+        assert_eq!(
+            describe(ExitStatus::from_raw(0)),
+            "exited normally (status 0)"
+        );
         assert_eq!(describe(ExitStatus::from_raw(60)), "killed by signal 60");
     }
 }

@@ -105,7 +105,10 @@ impl Supervisor {
             }
         };
         let console = spawn_console_thread(tx);
-        print!("{}", supervisor.introduction(run_dir, socket.as_ref(), console));
+        print!(
+            "{}",
+            supervisor.introduction(run_dir, socket.as_ref(), console)
+        );
         supervisor.report_exits();
         loop {
             match rx.recv_timeout(POLL) {
@@ -173,17 +176,30 @@ impl Supervisor {
     fn all_daemons(fabric: &Fabric) -> Vec<(DaemonKind, String)> {
         [DaemonKind::PmemServer, DaemonKind::FabricDevice]
             .into_iter()
-            .flat_map(|kind| fabric.daemon_ids(kind).into_iter().map(move |id| (kind, id)))
+            .flat_map(|kind| {
+                fabric
+                    .daemon_ids(kind)
+                    .into_iter()
+                    .map(move |id| (kind, id))
+            })
             .collect()
     }
 
     /// The lines printed once the loop runs: how to reach it.
-    fn introduction(&self, run_dir: &Path, socket: Option<&ControlSocket>, console: bool) -> String {
+    fn introduction(
+        &self,
+        run_dir: &Path,
+        socket: Option<&ControlSocket>,
+        console: bool,
+    ) -> String {
         let mut out = String::new();
         let example = Self::all_daemons(&self.fabric)
             .into_iter()
             .find(|(kind, _)| *kind == DaemonKind::PmemServer)
-            .map_or_else(|| "ID".to_owned(), |(kind, id)| self.restart_words(kind, &id));
+            .map_or_else(
+                || "ID".to_owned(),
+                |(kind, id)| self.restart_words(kind, &id),
+            );
         if console {
             let _ = writeln!(
                 out,
@@ -240,7 +256,7 @@ impl Supervisor {
 
     fn exit_paragraph(&self, exited: &Exited, unix_ms: u64, description: &str) -> String {
         let mut out = format!(
-            "{} (+{:.1} s): {} {} (pid {}) {description}",
+            "{} (+{:.1} s since up): {} {} (pid {}) {description}",
             format_utc_time_ms(unix_ms),
             self.started.elapsed().as_secs_f64(),
             exited.kind.program(),
@@ -252,7 +268,11 @@ impl Supervisor {
             if exited.status.code().is_some() {
                 let tail = log_tail(&log, 3);
                 if !tail.is_empty() {
-                    let _ = write!(out, "\n  last log lines:\n    {}", tail.replace('\n', "\n    "));
+                    let _ = write!(
+                        out,
+                        "\n  last log lines:\n    {}",
+                        tail.replace('\n', "\n    ")
+                    );
                 }
             }
             let _ = write!(out, "\n  log: {}", log.display());

@@ -110,7 +110,10 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("--secrets"), "{text}");
-        assert!(!text.contains("write 1TiB"), "allocator metadata lives there: {text}");
+        assert!(
+            !text.contains("write 1TiB"),
+            "allocator metadata lives there: {text}"
+        );
     }
 
     #[test]

@@ -178,7 +178,10 @@ mod tests {
             parse("restart A B"),
             Err(RequestError::Extra { .. })
         ));
-        assert!(matches!(parse("status now"), Err(RequestError::Extra { .. })));
+        assert!(matches!(
+            parse("status now"),
+            Err(RequestError::Extra { .. })
+        ));
     }
 
     #[test]
@@ -206,7 +209,10 @@ mod tests {
             kind: None,
             id: "B".to_owned(),
         };
-        assert_eq!(b.resolve(&known), Ok((DaemonKind::PmemServer, "B".to_owned())));
+        assert_eq!(
+            b.resolve(&known),
+            Ok((DaemonKind::PmemServer, "B".to_owned()))
+        );
         let none = Target {
             kind: None,
             id: "Z".to_owned(),
