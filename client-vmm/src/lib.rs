@@ -43,7 +43,7 @@ pub mod translate;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 
-pub use alloc::{AllocError, Allocator, Placement};
+pub use alloc::{AllocError, Allocator, BlockingAllocator, Placement};
 pub use error::{Address, OpenError, PoolError};
 pub use pool::{AsyncPool, Batch, BatchOp, Completion, Pool, PoolBuilder, PoolOptions};
 pub use translate::{StaticTranslator, Translator, VIRT_BASE};

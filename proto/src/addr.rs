@@ -7,7 +7,7 @@
 //! [`AccessKey`] is what opens a range to a request.
 
 use std::fmt;
-use std::ops::{Add, AddAssign, Sub};
+use std::ops::{Add, AddAssign, Sub, SubAssign};
 
 /// An address in the shared virtual address space that applications use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -82,6 +82,14 @@ macro_rules! addr_ops {
                 }
             }
 
+            /// This address moved back by `bytes`, or `None` below 0.
+            pub const fn checked_sub(self, bytes: u64) -> Option<Self> {
+                match self.0.checked_sub(bytes) {
+                    Some(v) => Some(Self(v)),
+                    None => None,
+                }
+            }
+
             /// Bytes from `base` up to this address, or `None` when `base` is above it.
             pub const fn checked_offset_from(self, base: Self) -> Option<u64> {
                 self.0.checked_sub(base.0)
@@ -112,6 +120,26 @@ macro_rules! addr_ops {
         impl AddAssign<u64> for $name {
             fn add_assign(&mut self, bytes: u64) {
                 *self = *self + bytes;
+            }
+        }
+
+        /// The address `bytes` before. Panics below 0; `checked_sub` says
+        /// `None` instead.
+        impl Sub<u64> for $name {
+            type Output = Self;
+
+            fn sub(self, bytes: u64) -> Self {
+                match self.checked_sub(bytes) {
+                    Some(before) => before,
+                    None => panic!("{} - {bytes:#x} goes below address 0", self),
+                }
+            }
+        }
+
+        /// Moves the address `bytes` back; panics as `-` does.
+        impl SubAssign<u64> for $name {
+            fn sub_assign(&mut self, bytes: u64) {
+                *self = *self - bytes;
             }
         }
 
@@ -175,6 +203,11 @@ mod tests {
         assert_eq!(at - base, 0x10);
         assert_eq!(base - base, 0);
         assert_eq!(PmemAddr(7) + 1 - PmemAddr(7), 1);
+        assert_eq!(base + 0x40 - 0x10, VirtAddr(0x1030));
+        at -= 0x10;
+        assert_eq!(at, base);
+        assert_eq!(base.checked_sub(0x1000), Some(VirtAddr(0)));
+        assert_eq!(base.checked_sub(0x1001), None);
         assert_eq!(
             VirtAddr(u64::MAX - 1).checked_add(1),
             Some(VirtAddr(u64::MAX))
@@ -186,6 +219,12 @@ mod tests {
     #[should_panic(expected = "passes the end of the address space")]
     fn adding_past_the_end_panics() {
         let _ = VirtAddr(u64::MAX) + 1;
+    }
+
+    #[test]
+    #[should_panic(expected = "goes below address 0")]
+    fn subtracting_below_zero_panics() {
+        let _ = VirtAddr(0x10) - 0x11;
     }
 
     #[test]

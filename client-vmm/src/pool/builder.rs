@@ -111,6 +111,9 @@ impl PoolBuilder {
             .build()
             .map_err(OpenError::Runtime)?;
         let pool = runtime.block_on(AsyncPool::open(self))?;
-        Ok(Pool { runtime, pool })
+        Ok(Pool {
+            runtime: Arc::new(runtime),
+            pool,
+        })
     }
 }
