@@ -66,11 +66,17 @@ impl Fabric {
     }
 
     fn pool(&self, client: &str) -> Pool {
+        self.pool_with(client, false)
+    }
+
+    /// A pool whose atomics persist their word when `persistent_atomics`.
+    fn pool_with(&self, client: &str, persistent_atomics: bool) -> Pool {
         let topology = Topology::load_with(&self.config, &EnvOverrides::None).expect("topology");
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             match Pool::builder(topology.clone(), client)
                 .op_timeout(Duration::from_secs(20))
+                .persistent_atomics(persistent_atomics)
                 .connect()
             {
                 Ok(pool) => return pool,
@@ -268,9 +274,9 @@ fn batch_helpers_run_compare_and_swap_atomic_write_and_flush() {
 #[test]
 fn only_what_was_persisted_or_flushed_survives_a_power_cut() {
     let mut fabric = Fabric::start(&["--persistence", "emulated"]);
-    let (written, persisted, flushed, atomic, atomic_flushed, batched) = {
+    let (written, persisted, flushed, atomic, atomic_flushed, batched, durable_atomics) = {
         let pool = fabric.pool("c0");
-        let (_alloc, w) = words(&pool, 6);
+        let (_alloc, w) = words(&pool, 8);
         pool.write_u64(w[0], 0xaa).expect("write");
         pool.write_persist(w[1], &0xbbu64.to_le_bytes())
             .expect("write_persist");
@@ -282,13 +288,20 @@ fn only_what_was_persisted_or_flushed_survives_a_power_cut() {
         let mut batch = Batch::new();
         batch.write_persist(w[5], 0xffu64.to_le_bytes());
         assert!(pool.submit(batch).into_iter().all(|r| r.is_ok()));
+        // A pool with persistent atomics: durable without a FLUSH.
+        let persistent = fabric.pool_with("c1", true);
+        assert_eq!(
+            persistent.compare_and_swap(w[6], 0, 0x11).expect("cas"),
+            Ok(0)
+        );
+        persistent.atomic_write(w[7], 0x22).expect("atomic_write");
         // Everything is visible before the cut.
         let seen: Vec<u64> = w
             .iter()
             .map(|&at| pool.read_u64(at).expect("read"))
             .collect();
-        assert_eq!(seen, [0xaa, 0xbb, 0xcc, 0xdd, 0xee, 0xff]);
-        (w[0], w[1], w[2], w[3], w[4], w[5])
+        assert_eq!(seen, [0xaa, 0xbb, 0xcc, 0xdd, 0xee, 0xff, 0x11, 0x22]);
+        (w[0], w[1], w[2], w[3], w[4], w[5], [w[6], w[7]])
     };
     fabric.kill();
     fabric.boot(&["--persistence", "emulated"]);
@@ -305,4 +318,9 @@ fn only_what_was_persisted_or_flushed_survives_a_power_cut() {
         "an atomic then FLUSH is durable"
     );
     assert_eq!(read(batched), 0xff, "a batch's write_persist is durable");
+    assert_eq!(
+        durable_atomics.map(read),
+        [0x11, 0x22],
+        "with persistent_atomics, atomics are durable without a FLUSH"
+    );
 }

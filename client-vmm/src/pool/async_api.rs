@@ -255,7 +255,10 @@ impl AsyncPool {
     /// found when it did not and was left alone. Exactly once, even across
     /// failover. Atomic against the other atomics on the word; visible to
     /// every later read, but **not durable** until a
-    /// [`flush`](Self::flush) of the word sent after this returned.
+    /// [`flush`](Self::flush) of the word sent after this returned, unless
+    /// the pool was built with
+    /// [`persistent_atomics`](super::PoolBuilder::persistent_atomics)
+    /// (then durable when it returns, as every atomic).
     pub async fn compare_and_swap(
         &self,
         vaddr: VirtAddr,
@@ -271,7 +274,7 @@ impl AsyncPool {
     /// Adds `delta` (wrapping) to the 8-byte word at `vaddr` (8-byte
     /// aligned); returns the old value. Exactly once, even across failover.
     /// **Not durable** until a [`flush`](Self::flush) of the word sent after
-    /// this returned.
+    /// this returned (unless `persistent_atomics`).
     pub async fn fetch_add(&self, vaddr: VirtAddr, delta: u64) -> Result<u64, PoolError> {
         self.atomic(vaddr, Operation::FetchAdd, delta, 0, true)
             .await
@@ -281,7 +284,7 @@ impl AsyncPool {
     /// atomically: a concurrent atomic or read of the word sees the old or
     /// the new value, never a mix. Not exactly-once (storing twice is
     /// harmless). **Not durable** until a [`flush`](Self::flush) of the word
-    /// sent after this returned.
+    /// sent after this returned (unless `persistent_atomics`).
     pub async fn atomic_write(&self, vaddr: VirtAddr, value: u64) -> Result<(), PoolError> {
         self.atomic(vaddr, Operation::AtomicWrite, value, 0, false)
             .await
@@ -308,6 +311,7 @@ impl AsyncPool {
             operand,
             compare,
             exactly_once,
+            persist: self.inner.options.persistent_atomics,
             ..Spec::plain(operation, 8)
         };
         self.inner.send_piece(piece, spec).await.map(|r| r.value)

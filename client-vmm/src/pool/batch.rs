@@ -42,7 +42,8 @@ pub enum BatchOp {
         len: u64,
     },
     /// Compare-and-swap an 8-byte word, exactly once
-    /// ([`Completion::CompareAndSwap`]); not durable without a later FLUSH.
+    /// ([`Completion::CompareAndSwap`]); not durable without a later FLUSH
+    /// (unless the pool has `persistent_atomics`).
     CompareAndSwap {
         /// Where (8-byte aligned).
         vaddr: VirtAddr,
@@ -52,7 +53,8 @@ pub enum BatchOp {
         new: u64,
     },
     /// Fetch-and-add on an 8-byte word, exactly once ([`Completion::Old`]);
-    /// not durable without a later FLUSH.
+    /// not durable without a later FLUSH
+    /// (unless the pool has `persistent_atomics`).
     FetchAdd {
         /// Where (8-byte aligned).
         vaddr: VirtAddr,
@@ -60,7 +62,7 @@ pub enum BatchOp {
         delta: u64,
     },
     /// Store an 8-byte word atomically ([`Completion::Done`]); not durable
-    /// without a later FLUSH.
+    /// without a later FLUSH (unless the pool has `persistent_atomics`).
     AtomicWrite {
         /// Where (8-byte aligned).
         vaddr: VirtAddr,

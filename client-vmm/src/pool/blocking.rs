@@ -89,7 +89,8 @@ impl Pool {
     /// Compare-and-swap of the aligned word at `vaddr`, as std's
     /// `compare_exchange`: `Ok(previous)` when it swapped, `Err(actual)`
     /// when the word did not hold `current`. Exactly once; **not durable**
-    /// until a [`flush`](Self::flush) of the word.
+    /// until a [`flush`](Self::flush) of the word, unless the pool was built
+    /// with [`persistent_atomics`](PoolBuilder::persistent_atomics).
     pub fn compare_and_swap(
         &self,
         vaddr: VirtAddr,
@@ -102,13 +103,13 @@ impl Pool {
 
     /// Fetch-and-add on the aligned word at `vaddr`; returns the old value.
     /// Exactly once; **not durable** until a [`flush`](Self::flush) of the
-    /// word.
+    /// word (unless `persistent_atomics`).
     pub fn fetch_add(&self, vaddr: VirtAddr, delta: u64) -> Result<u64, PoolError> {
         self.runtime.block_on(self.pool.fetch_add(vaddr, delta))
     }
 
     /// Atomic store into the aligned word at `vaddr`; **not durable** until
-    /// a [`flush`](Self::flush) of the word.
+    /// a [`flush`](Self::flush) of the word (unless `persistent_atomics`).
     pub fn atomic_write(&self, vaddr: VirtAddr, value: u64) -> Result<(), PoolError> {
         self.runtime.block_on(self.pool.atomic_write(vaddr, value))
     }
