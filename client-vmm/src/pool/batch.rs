@@ -155,3 +155,54 @@ impl Batch {
         self.ops.is_empty()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn helpers_add_the_operations_they_name_in_order() {
+        let at = VirtAddr(0x1_0000_0000);
+        let mut batch = Batch::new();
+        batch
+            .read(at, 16)
+            .write(at, b"ab".to_vec())
+            .write_persist(at + 8, *b"cd")
+            .flush(at, 64)
+            .compare_and_swap(at + 16, 1, 2)
+            .fetch_add(at + 24, 3)
+            .atomic_write(at + 32, 4);
+        assert_eq!(
+            batch.ops,
+            [
+                BatchOp::Read { vaddr: at, len: 16 },
+                BatchOp::Write {
+                    vaddr: at,
+                    data: b"ab".to_vec(),
+                    persist: false
+                },
+                BatchOp::Write {
+                    vaddr: at + 8,
+                    data: b"cd".to_vec(),
+                    persist: true
+                },
+                BatchOp::Flush { vaddr: at, len: 64 },
+                BatchOp::CompareAndSwap {
+                    vaddr: at + 16,
+                    current: 1,
+                    new: 2
+                },
+                BatchOp::FetchAdd {
+                    vaddr: at + 24,
+                    delta: 3
+                },
+                BatchOp::AtomicWrite {
+                    vaddr: at + 32,
+                    value: 4
+                },
+            ]
+        );
+        assert_eq!(batch.len(), 7);
+        assert!(Batch::new().is_empty());
+    }
+}
