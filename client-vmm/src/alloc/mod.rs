@@ -35,6 +35,7 @@
 //! Small allocations follow the same claim-then-commit rule inside a slab
 //! (see the `slab` module); named objects inside the name directory (see `names`).
 
+mod blocking;
 mod error;
 mod extents;
 mod names;
@@ -51,6 +52,7 @@ use topology::{
     AccessKey, MetaLayout, PmemAddr, RegionIndex, RegionMeta, ServerId, SocketId, VirtAddr,
 };
 
+pub use blocking::BlockingAllocator;
 pub use error::AllocError;
 pub use names::NamedObject;
 pub use scrub::{RegionUsage, ScrubReport, Usage};
@@ -165,7 +167,10 @@ impl Allocator {
         self.ops.load(Ordering::Relaxed)
     }
 
-    /// Allocates `size` bytes anywhere (round-robin across servers).
+    /// Allocates `size` bytes anywhere (round-robin across servers). The
+    /// allocation is durable when this returns (a crash after it keeps it;
+    /// one before it leaves at most what `scrub` reclaims) and its memory
+    /// reads as zeroes.
     pub async fn alloc(&self, size: u64) -> Result<VirtAddr, AllocError> {
         self.alloc_with(size, &Placement::RoundRobin).await
     }
@@ -201,7 +206,8 @@ impl Allocator {
         }
     }
 
-    /// Frees the allocation starting at `vaddr`. Its keys are rotated: any
+    /// Frees the allocation starting at `vaddr`, durably once it returns.
+    /// Its keys are rotated: any
     /// client still holding its translation gets a use-after-free error.
     /// Only the client that allocated it may free it (the servers check it
     /// too, with authentication): a small object lives in a slab of the
