@@ -4,6 +4,8 @@
 //!   devices with ports and links, clients with RNICs.
 //! - [`load`]: reading the file through the `config` crate with `PMEMFABRIC_*`
 //!   environment overrides.
+//! - [`schema`]: the file's shape (keys, types, choices, sizes), every
+//!   problem with its line and column or the variable that caused it.
 //! - [`validate`]: every problem of a topology, each naming the file and item.
 //! - [`layout`]: the flat PMEM address space, a pure function of the topology,
 //!   with O(log n) lookup and a digest daemons and clients compare.
@@ -26,8 +28,10 @@ pub mod meta;
 pub mod model;
 pub mod records;
 pub mod routes;
+pub mod schema;
 pub mod secrets;
 pub mod size;
+mod tree;
 pub mod validate;
 
 pub use addr::{AccessKey, PmemAddr, RegionIndex, RegionOffset, VirtAddr};
@@ -39,8 +43,8 @@ pub use load::{EnvOverrides, LoadError};
 pub use meta::{MetaError, MetaLayout, RegionMeta};
 pub use model::{
     Access, AllocatorConfig, AllowRange, CachePolicy, Client, FabricDevice, FabricLink, FabricPort,
-    NicTransport, Persistence, PmemDevice, Pool, Region, Rnic, RnicTransport, RocePort, Server,
-    ServerNic, Socket, Topology,
+    NicTransport, Override, Persistence, PmemDevice, Pool, Region, Rnic, RnicTransport, RocePort,
+    Server, ServerNic, Socket, Topology,
 };
 pub use routes::Path;
 pub use size::ByteSize;
