@@ -13,7 +13,10 @@
 //!   it is encoded.
 //! - [`routes`]: the ordered paths from a client to a region.
 //!
-//! Nothing here does I/O beyond reading the file.
+//! - [`host`]: the checks only a server's host can make (its PMEM device
+//!   paths exist and are directories or device DAX character devices).
+//!
+//! Nothing here does I/O beyond reading the file, except [`host`].
 
 /// The address newtypes, from the wire format (`proto::addr`).
 pub mod addr {
@@ -21,6 +24,7 @@ pub mod addr {
 }
 mod extent_table;
 pub mod grants;
+pub mod host;
 pub mod ids;
 pub mod layout;
 pub mod load;

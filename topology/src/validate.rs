@@ -117,6 +117,21 @@ pub enum ProblemKind {
         /// The regions whose size it does not divide, with their sizes.
         regions: Vec<(RegionId, u64)>,
     },
+    /// On the server's host: a PMEM device path that cannot be looked at.
+    DevicePathMissing {
+        /// The path.
+        path: String,
+        /// Why (the system's words).
+        error: String,
+    },
+    /// On the server's host: a PMEM device path that is neither a
+    /// directory nor a character device.
+    DevicePathWrongKind {
+        /// The path.
+        path: String,
+        /// What it is instead.
+        found: &'static str,
+    },
     /// An allow-list range that leaves its region.
     AllowOutOfRange {
         /// The region named by the range.
@@ -229,6 +244,17 @@ impl fmt::Display for ProblemKind {
             Self::DuplicateDevicePath { path, other } => {
                 write!(f, "path {path:?} is already used by {other}")
             }
+            Self::DevicePathMissing { path, error } => write!(
+                f,
+                "path {path:?} cannot be used on this host ({error}): mount the fsdax \
+                 filesystem there or create the device DAX namespace (ndctl create-namespace \
+                 -m devdax), or drop path to keep the regions in the server's data directory"
+            ),
+            Self::DevicePathWrongKind { path, found } => write!(
+                f,
+                "path {path:?} is {found}; pmem-server takes a directory (an fsdax mount such \
+                 as /mnt/pmem0) or a device DAX character device (such as /dev/dax0.0)"
+            ),
             Self::AllowOutOfRange {
                 region,
                 region_size,

@@ -37,6 +37,26 @@ fn every_shipped_config_has_the_right_shape() {
 }
 
 #[test]
+fn a_written_topology_reads_back_through_the_shape_check() {
+    for name in ["default.toml", "fig4a.toml", "alloc.toml", "lab.toml"] {
+        let mut topology = load(name);
+        for client in &mut topology.clients {
+            client.allow.push(topology::AllowRange {
+                region: "PA.1".into(),
+                offset: topology::ByteSize(0),
+                size: None,
+                access: topology::Access::Read,
+            });
+        }
+        let text = toml::to_string(&topology).expect("serializes");
+        let back = Topology::from_toml_str(name, &text, &EnvOverrides::None)
+            .unwrap_or_else(|e| panic!("{name}: {e}\n{text}"));
+        assert_eq!(back.servers, topology.servers, "{name}");
+        assert_eq!(back.clients, topology.clients, "{name}");
+    }
+}
+
+#[test]
 fn fig4a_has_the_seed_counts() {
     let t = load("fig4a.toml");
     assert_eq!(t.clients.len(), 9);
