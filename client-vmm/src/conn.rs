@@ -194,10 +194,7 @@ pub(crate) fn opening_error_with(
 ) -> ConnectError {
     let device = || peer.unwrap_or(addr).to_owned();
     match e {
-        OpeningError::Unexpected {
-            opcode: proto::Opcode::AuthChallenge,
-            ..
-        } if !has_key => ConnectError::AuthRequired {
+        OpeningError::ChallengeWithoutKey if !has_key => ConnectError::AuthRequired {
             addr: addr.to_owned(),
             device: device(),
             client: client.to_owned(),

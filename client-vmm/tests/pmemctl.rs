@@ -678,7 +678,7 @@ fn an_allocation_without_room_says_how_much_there_is() {
     let line = run.error_line(1);
     assert!(
         line.contains(&format!(
-            "cannot allocate 1GiB: 1GiB requested, {free} free in the pool"
+            "cannot allocate 1GiB: out of memory, 1GiB requested, {free} free in the pool"
         )),
         "{line}"
     );

@@ -177,7 +177,7 @@ impl Ctl<'_> {
 }
 
 /// An allocation that found no room, told in the units it was asked in:
-/// `1GiB requested, 242MiB free`.
+/// `out of memory, 1GiB requested, 242MiB free in the pool`.
 fn no_room(size: u64, placement: &Placement, source: AllocError, usage: Option<Usage>) -> CliError {
     if usage.is_none() {
         return CliError::Alloc {
@@ -213,8 +213,8 @@ fn no_room(size: u64, placement: &Placement, source: AllocError, usage: Option<U
                 )
             } else {
                 format!(
-                    "cannot allocate {requested}: {requested} requested, {} free {where_} \
-                     ({free} extents of {})",
+                    "cannot allocate {requested}: out of memory, {requested} requested, {} \
+                     free {where_} ({free} extents of {})",
                     ByteSize(free_bytes),
                     ByteSize(extent)
                 )
