@@ -110,9 +110,7 @@ pub enum OpeningError {
     NoChallenge,
     /// The peer asks for a proof but this side has no key: the peer
     /// authenticates and this side was started without its key.
-    #[error(
-        "the peer requires authentication (it sent AUTH_CHALLENGE) and this side has no key"
-    )]
+    #[error("the peer requires authentication (it sent AUTH_CHALLENGE) and this side has no key")]
     ChallengeWithoutKey,
     /// The peer's proof is wrong: it does not hold the principal's key.
     #[error("the peer could not prove it holds this principal's key")]
