@@ -170,40 +170,38 @@ fn protocol_error(addr: &str, what: String) -> ConnectError {
 }
 
 /// The [`ConnectError`] for a failed opening with the device at `addr`.
+#[cfg(feature = "verbs")]
 pub(crate) fn opening_error(addr: &str, client: &str, e: OpeningError) -> ConnectError {
+    opening_error_with(addr, client, None, e)
+}
+
+/// The [`ConnectError`] for a failed opening with the device `peer` at
+/// `addr` (its name, once its HELLO arrived), telling an authentication
+/// mismatch from other failures: a challenge to a client without a key, or
+/// a device that does not challenge one with a key.
+pub(crate) fn opening_error_with(
+    addr: &str,
+    client: &str,
+    peer: Option<&str>,
+    e: OpeningError,
+) -> ConnectError {
+    let device = || peer.unwrap_or(addr).to_owned();
     match e {
         OpeningError::Refused(status) => ConnectError::Refused {
             addr: addr.to_owned(),
             client: client.to_owned(),
             status,
         },
-        other => protocol_error(addr, other.to_string()),
-    }
-}
-
-/// The [`ConnectError`] for a failed opening with the device `peer` at
-/// `addr` (its name, once its HELLO arrived), telling an authentication
-/// mismatch from other failures: a challenge to a client without a key, or
-/// a device that never challenges one with a key.
-pub(crate) fn opening_error_with(
-    addr: &str,
-    client: &str,
-    peer: Option<&str>,
-    has_key: bool,
-    e: OpeningError,
-) -> ConnectError {
-    let device = || peer.unwrap_or(addr).to_owned();
-    match e {
-        OpeningError::ChallengeWithoutKey if !has_key => ConnectError::AuthRequired {
+        OpeningError::ChallengeWithoutKey => ConnectError::AuthRequired {
             addr: addr.to_owned(),
             device: device(),
             client: client.to_owned(),
         },
-        OpeningError::NoChallenge if has_key => ConnectError::NoAuth {
+        OpeningError::NoChallenge => ConnectError::NoAuth {
             addr: addr.to_owned(),
             device: device(),
         },
-        other => opening_error(addr, client, other),
+        other => protocol_error(addr, other.to_string()),
     }
 }
 
@@ -350,13 +348,7 @@ pub async fn connect(
                     return Ok((stream, decoder, device, opened.map.unwrap_or_default()));
                 }
                 Err(e) => {
-                    return Err(opening_error_with(
-                        device_addr,
-                        client,
-                        peer.as_deref(),
-                        has_key,
-                        e,
-                    ));
+                    return Err(opening_error_with(device_addr, client, peer.as_deref(), e));
                 }
             }
         }
