@@ -208,3 +208,24 @@ fn schema_problems_are_printed_once_each_with_line_and_column() {
     );
     assert_eq!(stderr.matches("extent_sise").count(), 1, "{stderr}");
 }
+
+#[test]
+fn an_override_is_blamed_on_its_variable_once() {
+    let path = configs().join("default.toml");
+    let out = Command::new(env!("CARGO_BIN_EXE_testbed"))
+        .args(["validate", path.to_str().unwrap()])
+        .env("PMEMFABRIC_POOL__EXTENT_SIZE", "3MiB")
+        .output()
+        .expect("run testbed");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let problems: Vec<&str> = stderr.lines().filter(|l| l.starts_with("  ")).collect();
+    assert_eq!(problems.len(), 1, "once, not once per region: {stderr}");
+    assert!(
+        problems[0].contains(
+            "environment variable PMEMFABRIC_POOL__EXTENT_SIZE=3MiB: pool: extent size 3MiB"
+        ),
+        "{stderr}"
+    );
+    assert!(!problems[0].contains("default.toml"), "{stderr}");
+}

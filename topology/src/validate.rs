@@ -147,9 +147,12 @@ impl fmt::Display for ProblemKind {
             Self::DuplicateId => write!(f, "duplicate id"),
             Self::AllocatorMetadata(e) => write!(f, "{e}"),
             Self::UnknownReference { kind, id } => write!(f, "refers to unknown {kind} {id:?}"),
-            Self::BadExtentSize { size } => {
-                write!(f, "extent size {size} is not a non-zero power of two")
-            }
+            Self::BadExtentSize { size } => write!(
+                f,
+                "extent size {} ({size} bytes) is not a non-zero power of two (such as 2MiB \
+                 or 4MiB)",
+                crate::ByteSize(*size)
+            ),
             Self::ZeroSize => write!(f, "size is zero"),
             Self::SizeNotExtentMultiple { size, extent } => {
                 write!(

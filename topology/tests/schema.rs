@@ -215,8 +215,8 @@ fn an_override_the_regions_do_not_fit_is_reported_once_on_its_variable() {
     assert_eq!(errors.problems.len(), 1, "{errors}");
     assert_eq!(
         errors.problems[0].to_string(),
-        "environment variable PMEMFABRIC_POOL__EXTENT_SIZE=3MiB: pool: extent size 3145728 is \
-         not a non-zero power of two"
+        "environment variable PMEMFABRIC_POOL__EXTENT_SIZE=3MiB: pool: extent size 3MiB \
+         (3145728 bytes) is not a non-zero power of two (such as 2MiB or 4MiB)"
     );
 }
 
