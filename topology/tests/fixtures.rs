@@ -48,10 +48,51 @@ fn a_written_topology_reads_back_through_the_shape_check() {
                 access: topology::Access::Read,
             });
         }
+        // Every optional key set, so that each is written and read back.
+        topology.pool.region_alignment = Some(topology::ByteSize(4 << 20));
+        topology.pool.allocator = Some(topology::AllocatorConfig {
+            metadata_region: Some("PA.1".into()),
+            page_table_entries: Some(64),
+            names: Some(16),
+        });
+        for server in &mut topology.servers {
+            server.data_dir = Some("/var/lib/pmem".into());
+            server.persistence = topology::Persistence::Msync;
+            for socket in &mut server.sockets {
+                for device in &mut socket.devices {
+                    device.path = Some(format!("/mnt/{}", device.id));
+                    for region in &mut device.regions {
+                        region.cache = topology::CachePolicy::NonTemporal;
+                    }
+                }
+            }
+            for nic in &mut server.nics {
+                nic.transport = topology::NicTransport::Verbs;
+                nic.rdma_device = Some("rxe0".into());
+            }
+        }
+        for device in &mut topology.fabric_devices {
+            for port in &mut device.ports {
+                port.roce = Some(topology::RocePort {
+                    interface: "veth0".into(),
+                    ip: "10.0.0.1".into(),
+                    mtu: 1024,
+                });
+            }
+        }
+        for client in &mut topology.clients {
+            for rnic in &mut client.rnics {
+                rnic.port = Some("p0".into());
+                rnic.transport = topology::RnicTransport::Roce;
+                rnic.rdma_device = Some("rxe0".into());
+            }
+        }
         let text = toml::to_string(&topology).expect("serializes");
         let back = Topology::from_toml_str(name, &text, &EnvOverrides::None)
             .unwrap_or_else(|e| panic!("{name}: {e}\n{text}"));
+        assert_eq!(back.pool, topology.pool, "{name}");
         assert_eq!(back.servers, topology.servers, "{name}");
+        assert_eq!(back.fabric_devices, topology.fabric_devices, "{name}");
         assert_eq!(back.clients, topology.clients, "{name}");
     }
 }
