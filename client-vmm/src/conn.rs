@@ -112,6 +112,33 @@ pub enum ConnectError {
         /// What the topology gives.
         local: Option<String>,
     },
+    /// The device authenticates its clients and this one has no key.
+    #[error(
+        "{addr}: fabric device {device:?} requires authentication: pass --secrets DIR (or set \
+         PMEM_FABRIC_SECRETS) holding client {client}'s key (`testbed keygen TOPOLOGY --secrets \
+         DIR` makes keys; `testbed up` prints where its keys are)"
+    )]
+    AuthRequired {
+        /// Where.
+        addr: String,
+        /// The device's name from its HELLO.
+        device: String,
+        /// Who we said we were.
+        client: String,
+    },
+    /// This client has a key but the device does not authenticate (it runs
+    /// `--insecure`), so it cannot prove itself and is not trusted.
+    #[error(
+        "{addr}: fabric device {device:?} does not use authentication (it runs --insecure): \
+         drop --secrets (and PMEM_FABRIC_SECRETS), or start the fabric with keys; a client \
+         with a key does not use a device that cannot prove it holds one"
+    )]
+    NoAuth {
+        /// Where.
+        addr: String,
+        /// The device's name from its HELLO.
+        device: String,
+    },
     /// The device broke the protocol during the handshake.
     #[error("{addr}: unexpected handshake answer: {what}")]
     Protocol {
@@ -143,12 +170,36 @@ fn protocol_error(addr: &str, what: String) -> ConnectError {
 }
 
 /// The [`ConnectError`] for a failed opening with the device at `addr`.
+#[cfg(feature = "verbs")]
 pub(crate) fn opening_error(addr: &str, client: &str, e: OpeningError) -> ConnectError {
+    opening_error_with(addr, client, None, e)
+}
+
+/// The [`ConnectError`] for a failed opening with the device `peer` at
+/// `addr` (its name, once its HELLO arrived), telling an authentication
+/// mismatch from other failures: a challenge to a client without a key, or
+/// a device that does not challenge one with a key.
+pub(crate) fn opening_error_with(
+    addr: &str,
+    client: &str,
+    peer: Option<&str>,
+    e: OpeningError,
+) -> ConnectError {
+    let device = || peer.unwrap_or(addr).to_owned();
     match e {
         OpeningError::Refused(status) => ConnectError::Refused {
             addr: addr.to_owned(),
             client: client.to_owned(),
             status,
+        },
+        OpeningError::ChallengeWithoutKey => ConnectError::AuthRequired {
+            addr: addr.to_owned(),
+            device: device(),
+            client: client.to_owned(),
+        },
+        OpeningError::NoChallenge => ConnectError::NoAuth {
+            addr: addr.to_owned(),
+            device: device(),
         },
         other => protocol_error(addr, other.to_string()),
     }
@@ -254,6 +305,11 @@ pub async fn connect(
             .map_err(|_| ConnectError::BadAddress(local.to_owned()))?;
         socket.bind(local).map_err(io_err)?;
     }
+    // The device's name once its HELLO arrived while this client, having a
+    // key, waits for its challenge: a device that never sends one does not
+    // authenticate.
+    let mut awaiting_challenge: Option<String> = None;
+    let has_key = key.is_some();
     let handshake = async {
         let mut stream = socket.connect(addr).await.map_err(io_err)?;
         stream.set_nodelay(true).map_err(io_err)?;
@@ -275,8 +331,15 @@ pub async fn connect(
                 .await
                 .map_err(io_err)?;
             out.clear();
+            let peer = opening.peer().map(|(name, _)| name.to_owned());
             let progress = opening.handle_frame(&frame, &mut out);
             stream.write_all(&out).await.map_err(io_err)?;
+            awaiting_challenge = match (&progress, proto::parse_frame(&frame)) {
+                (Ok(Progress::Waiting), Ok((Message::Hello(_), _))) if has_key => {
+                    opening.peer().map(|(name, _)| name.to_owned())
+                }
+                _ => None,
+            };
             match progress {
                 Ok(Progress::Waiting) => {}
                 Ok(Progress::Opened(opened)) => {
@@ -284,17 +347,28 @@ pub async fn connect(
                     check_digest(device_addr, &device, opened.map.as_ref(), digest)?;
                     return Ok((stream, decoder, device, opened.map.unwrap_or_default()));
                 }
-                Err(e) => return Err(opening_error(device_addr, client, e)),
+                Err(e) => {
+                    return Err(opening_error_with(device_addr, client, peer.as_deref(), e));
+                }
             }
         }
     };
-    let (stream, decoder, device, map) =
-        tokio::time::timeout(timeout, handshake)
-            .await
-            .map_err(|_| ConnectError::HandshakeTimeout {
-                addr: device_addr.to_owned(),
-                timeout,
-            })??;
+    let outcome = tokio::time::timeout(timeout, handshake).await;
+    let (stream, decoder, device, map) = match outcome {
+        Ok(result) => result?,
+        Err(_) => {
+            return Err(match awaiting_challenge {
+                Some(device) => ConnectError::NoAuth {
+                    addr: device_addr.to_owned(),
+                    device,
+                },
+                None => ConnectError::HandshakeTimeout {
+                    addr: device_addr.to_owned(),
+                    timeout,
+                },
+            });
+        }
+    };
 
     let (reader, writer) = stream.into_split();
     let (frames, queue) = mpsc::unbounded_channel();

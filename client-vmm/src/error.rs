@@ -165,8 +165,8 @@ impl fmt::Display for Reason {
 /// A pool that could not be opened.
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
-    /// The topology has problems.
-    #[error("{0}")]
+    /// The topology has problems (listed once: the list is the message).
+    #[error(transparent)]
     Topology(#[from] topology::ValidationErrors),
     /// The layout cannot be built.
     #[error("invalid layout")]

@@ -55,6 +55,39 @@ pub enum OperatorError {
         #[source]
         source: std::io::Error,
     },
+    /// The server authenticates its peers and no operator key was given.
+    #[error(
+        "server {server} requires authentication: pass --secrets DIR (or set \
+         PMEM_FABRIC_SECRETS) holding operator.{operator}.key (`testbed keygen TOPOLOGY \
+         --secrets DIR` makes keys; `testbed up` prints where its keys are)"
+    )]
+    AuthRequired {
+        /// The server.
+        server: String,
+        /// The operator's name.
+        operator: String,
+    },
+    /// An operator key was given but the server does not authenticate
+    /// (it runs `--insecure`), so it cannot prove itself.
+    #[error(
+        "server {server} does not use authentication (it runs --insecure): drop --secrets \
+         (and PMEM_FABRIC_SECRETS) to act on it; with a key, pmemctl does not trust a server \
+         that cannot prove it holds one"
+    )]
+    NoAuth {
+        /// The server.
+        server: String,
+    },
+    /// The server did not answer in time.
+    #[error("server {server} at {addr} did not answer within {timeout:?}")]
+    NoAnswer {
+        /// The server.
+        server: String,
+        /// Its NIC's address.
+        addr: String,
+        /// How long was waited.
+        timeout: Duration,
+    },
     /// The server did not let the operator in.
     #[error("server {server} refused the operator {operator:?}")]
     Opening {
@@ -212,6 +245,10 @@ pub fn scrub_checksums(
 struct OperatorSession {
     admin: AdminSession,
     server: String,
+    /// The operator's name.
+    operator: String,
+    /// How long an answer may take.
+    timeout: Duration,
     /// The NIC address it was reached on.
     addr: String,
     /// The tag of the last order sent.
@@ -269,21 +306,41 @@ impl OperatorSession {
             &mut out,
         )
         .map_err(|e| opening_error(OpeningError::Malformed(e)))?;
+        let has_key = secrets.is_some();
         loop {
             admin.stream.write_all(&out).map_err(io_error)?;
             out.clear();
-            let frame = admin.next_frame().map_err(io_error)?;
+            let frame = match admin.next_frame() {
+                Ok(frame) => frame,
+                // HELLO came but no challenge: the server does not authenticate.
+                Err(e) if timed_out(&e) && has_key && opening.peer().is_some() => {
+                    return Err(OperatorError::NoAuth { server });
+                }
+                Err(e) if timed_out(&e) => {
+                    return Err(OperatorError::NoAnswer {
+                        server,
+                        addr: nic.listen.clone(),
+                        timeout,
+                    });
+                }
+                Err(e) => return Err(io_error(e)),
+            };
             match opening.handle_frame(&frame, &mut out) {
                 Ok(Progress::Waiting) => {}
                 Ok(Progress::Opened(_)) => break,
+                Err(OpeningError::NoChallenge) if has_key => {
+                    return Err(OperatorError::NoAuth { server });
+                }
                 Err(e) => return Err(opening_error(e)),
             }
         }
         Ok(Self {
             admin,
             server,
+            operator: operator.to_owned(),
             addr: nic.listen.clone(),
             tag: OpeningTags::CLIENT.map,
+            timeout,
         })
     }
 
@@ -308,7 +365,26 @@ impl OperatorSession {
         };
         let admin = &mut self.admin;
         admin.stream.write_all(&request).map_err(io_error)?;
-        admin.next_frame().map_err(io_error)
+        let frame = match admin.next_frame() {
+            Ok(frame) => frame,
+            Err(e) if timed_out(&e) => {
+                return Err(OperatorError::NoAnswer {
+                    server: self.server.clone(),
+                    addr: self.addr.clone(),
+                    timeout: self.timeout,
+                });
+            }
+            Err(e) => return Err(io_error(e)),
+        };
+        // A server that authenticates challenges right after its HELLO; an
+        // operator without a key took that HELLO for the whole opening.
+        if let Ok((Message::AuthChallenge(_), _)) = proto::parse_frame(&frame) {
+            return Err(OperatorError::AuthRequired {
+                server: self.server.clone(),
+                operator: self.operator.clone(),
+            });
+        }
+        Ok(frame)
     }
 
     /// Scrubs every block of `entry`'s region, a run of blocks at a time.
@@ -375,6 +451,14 @@ impl OperatorSession {
                 .min(scrub::MAX_BLOCKS);
         }
     }
+}
+
+/// Whether a read failed because its timeout passed.
+fn timed_out(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+    )
 }
 
 /// A blocking connection to a server, read frame by frame.

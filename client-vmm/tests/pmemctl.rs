@@ -259,10 +259,17 @@ fn atomics_map_and_stat() {
         fabric.ok(&["cas", &word, "21", "100"]),
         "swapped: old value 21 (0x15), now 100 (0x64)\n"
     );
+    // A compare-and-swap that did not swap is no success: status 3, and
+    // the word keeps its value.
+    let run = fabric.run(&["cas", &word, "21", "7"]);
     assert_eq!(
-        fabric.ok(&["cas", &word, "21", "7"]),
-        "not swapped: old value 100 (0x64), expected 21 (0x15)\n"
+        run.error_line(3),
+        format!(
+            "pmemctl: error: compare-and-swap at {word} did not swap: the word holds 100 \
+             (0x64), not the expected 21 (0x15)"
+        )
     );
+    assert!(run.stdout.is_empty(), "{run:?}");
     assert_eq!(
         fabric.ok(&["faa", &word, "-1"]),
         "old value 100 (0x64), new value 99 (0x63)\n"
@@ -345,6 +352,11 @@ fn errors_are_one_line_and_never_panics() {
     let line = run.error_line(1);
     assert!(line.contains("no fabric device could be reached"), "{line}");
     assert!(line.contains("c1"), "{line}");
+
+    // A word where a number goes is "not a number".
+    let run = pmemctl(&config, "c1", &["faa", "1TiB", "abc"]);
+    assert_eq!(run.code, Some(2), "{run:?}");
+    assert!(run.stderr.contains("\"abc\" is not a number"), "{run:?}");
 
     // Garbage addresses and numbers are usage errors.
     for args in [
@@ -626,4 +638,55 @@ fn allocator_session_format_alloc_ls_df_free_scrub() {
     fabric.ok(&["format", "--force"]);
     assert_eq!(fabric.ok(&["ls"]), "no named objects\n");
     assert_eq!(df_total(&fabric.ok(&["df"])), (0, capacity));
+}
+
+#[test]
+fn an_invalid_topology_is_listed_once() {
+    let setup = Setup::new();
+    let text = std::fs::read_to_string(&setup.config).expect("the topology");
+    let broken = setup.dir.path().join("broken.toml");
+    std::fs::write(&broken, text.replacen("\"4MiB\"", "\"4MB\"", 1)).expect("write");
+    let run = pmemctl(&broken, "c1", &["map"]);
+    assert_eq!(run.code, Some(1), "{run:?}");
+    assert_eq!(
+        run.stderr
+            .matches("is not a multiple of the extent size")
+            .count(),
+        1,
+        "{run:?}"
+    );
+    assert_eq!(
+        run.stderr.matches("did you mean 4MiB?").count(),
+        1,
+        "{run:?}"
+    );
+    assert!(run.stderr.starts_with("pmemctl: error: "), "{run:?}");
+}
+
+#[test]
+fn an_allocation_without_room_says_how_much_there_is() {
+    let fabric = Setup::with(&alloc_spec()).start();
+    fabric.ok(&["format"]);
+    let df = fabric.ok(&["df"]);
+    // `pool "test": N of M extents free (FREE of TOTAL), …`
+    let free = df
+        .split_once(" free (")
+        .and_then(|(_, rest)| rest.split_once(" of "))
+        .map(|(free, _)| free.to_owned())
+        .unwrap_or_else(|| panic!("no free bytes in\n{df}"));
+    let run = fabric.run(&["alloc", "1GiB"]);
+    let line = run.error_line(1);
+    assert!(
+        line.contains(&format!(
+            "cannot allocate 1GiB: out of memory, 1GiB requested, {free} free in the pool"
+        )),
+        "{line}"
+    );
+    assert!(
+        line.contains("`pmemctl df` shows what is free where"),
+        "{line}"
+    );
+    assert!(!line.contains("page table"), "{line}");
+    // Nothing was taken.
+    assert_eq!(fabric.ok(&["df"]), df);
 }

@@ -108,6 +108,10 @@ pub enum OpeningError {
     /// credentials: it does not authenticate, so it is not trusted.
     #[error("the peer did not ask for authentication; refusing an unauthenticated peer")]
     NoChallenge,
+    /// The peer asks for a proof but this side has no key: the peer
+    /// authenticates and this side was started without its key.
+    #[error("the peer requires authentication (it sent AUTH_CHALLENGE) and this side has no key")]
+    ChallengeWithoutKey,
     /// The peer's proof is wrong: it does not hold the principal's key.
     #[error("the peer could not prove it holds this principal's key")]
     BadPeerProof,
@@ -258,6 +262,9 @@ impl Opening {
                 State::Hello | State::Challenge { .. } | State::PeerProof { .. },
             ) if tag == self.tags.hello => Err(OpeningError::Refused(r.status)),
             (Message::Map(_), State::Challenge { .. }) => Err(OpeningError::NoChallenge),
+            (Message::AuthChallenge(_), _) if self.credentials.is_none() => {
+                Err(OpeningError::ChallengeWithoutKey)
+            }
             (Message::Map(map), State::Map { peer, role }) if tag == self.tags.map => {
                 let authenticated = self.credentials.is_some();
                 Ok(Progress::Opened(Opened {
@@ -299,6 +306,32 @@ mod tests {
         })
         .encode_to_vec(tag)
         .expect("map")
+    }
+
+    #[test]
+    fn a_challenge_without_a_key_is_named() {
+        let mut out = Vec::new();
+        let mut opening = Opening::start(
+            Role::Client,
+            Capabilities::NONE,
+            "c1",
+            true,
+            OpeningTags::CLIENT,
+            None,
+            &mut out,
+        )
+        .expect("start");
+        assert_eq!(
+            opening.handle_frame(&hello_from("F", 1), &mut Vec::new()),
+            Ok(Progress::Waiting)
+        );
+        let challenge = Message::AuthChallenge([5; NONCE_LEN])
+            .encode_to_vec(1)
+            .expect("challenge");
+        assert_eq!(
+            opening.handle_frame(&challenge, &mut Vec::new()),
+            Err(OpeningError::ChallengeWithoutKey)
+        );
     }
 
     #[test]

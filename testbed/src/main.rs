@@ -65,6 +65,11 @@ enum Command {
     Validate {
         /// The topology file; the embedded default topology when absent.
         file: Option<PathBuf>,
+        /// On server SERVER's own machine, also check what only it can:
+        /// each PMEM device path exists and is a directory or a device DAX
+        /// character device (repeatable).
+        #[arg(long, value_name = "SERVER")]
+        host: Vec<String>,
     },
     /// Start every daemon of a topology and keep them up until Ctrl-C:
     /// report each exit as it happens, and restart daemons on command
@@ -350,7 +355,7 @@ fn print_chain(err: &dyn std::error::Error) {
     eprintln!();
 }
 
-fn validate(file: Option<&PathBuf>) -> ExitCode {
+fn validate(file: Option<&PathBuf>, hosts: &[String]) -> ExitCode {
     let topology = match load_topology(file.map(PathBuf::as_path)) {
         Ok(t) => t,
         Err(err) => {
@@ -368,6 +373,21 @@ fn validate(file: Option<&PathBuf>) -> ExitCode {
             errors.problems.len()
         );
         for problem in &errors.problems {
+            eprintln!("  {problem}");
+        }
+        return ExitCode::FAILURE;
+    }
+    let on_host: Vec<_> = hosts
+        .iter()
+        .flat_map(|server| topology.check_host(&topology::ServerId::new(server.as_str())))
+        .collect();
+    if !on_host.is_empty() {
+        eprintln!(
+            "{}: not usable on this host, {} problem(s):",
+            topology.source,
+            on_host.len()
+        );
+        for problem in &on_host {
             eprintln!("  {problem}");
         }
         return ExitCode::FAILURE;
@@ -635,7 +655,7 @@ fn main() -> ExitCode {
     let _log = log_id(&cli.command)
         .map(|id| telemetry::logging::init("testbed", &id, telemetry::logging::LogFormat::Text));
     match cli.command {
-        Command::Validate { file } => validate(file.as_ref()),
+        Command::Validate { file, host } => validate(file.as_ref(), &host),
         Command::Up {
             file,
             net,

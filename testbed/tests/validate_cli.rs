@@ -162,3 +162,70 @@ fn an_admin_endpoint_on_every_interface_is_valid_but_warned_about() {
     let out = testbed(&["validate", configs().join("single.toml").to_str().unwrap()]);
     assert!(!String::from_utf8_lossy(&out.stderr).contains("warning"));
 }
+
+#[test]
+fn host_checks_run_only_on_the_servers_host() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../topology/tests/fixtures/host/path-regular-file.toml");
+    let path = path.to_str().unwrap();
+    // Anywhere else the file is valid: the path is the server's business.
+    let out = testbed(&["validate", path]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // On server A's host, /proc/version is no PMEM device.
+    let out = testbed(&["validate", path, "--host", "A"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("not usable on this host, 1 problem(s):"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(
+            "server \"A\" socket \"0\" PMEM device \"pmem0\": path \"/proc/version\" is a regular file"
+        ),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn schema_problems_are_printed_once_each_with_line_and_column() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../topology/tests/fixtures/schema/many-problems.toml");
+    let out = testbed(&["validate", path.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("invalid topology, 4 problem(s):"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("many-problems.toml:20:15: server \"A\" NIC \"n0\": transport \"udp\""),
+        "{stderr}"
+    );
+    assert_eq!(stderr.matches("extent_sise").count(), 1, "{stderr}");
+}
+
+#[test]
+fn an_override_is_blamed_on_its_variable_once() {
+    let path = configs().join("default.toml");
+    let out = Command::new(env!("CARGO_BIN_EXE_testbed"))
+        .args(["validate", path.to_str().unwrap()])
+        .env("PMEMFABRIC_POOL__EXTENT_SIZE", "3MiB")
+        .output()
+        .expect("run testbed");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let problems: Vec<&str> = stderr.lines().filter(|l| l.starts_with("  ")).collect();
+    assert_eq!(problems.len(), 1, "once, not once per region: {stderr}");
+    assert!(
+        problems[0].contains(
+            "environment variable PMEMFABRIC_POOL__EXTENT_SIZE=3MiB: pool: extent size 3MiB"
+        ),
+        "{stderr}"
+    );
+    assert!(!problems[0].contains("default.toml"), "{stderr}");
+}

@@ -4,6 +4,8 @@
 //!   devices with ports and links, clients with RNICs.
 //! - [`load`]: reading the file through the `config` crate with `PMEMFABRIC_*`
 //!   environment overrides.
+//! - [`schema`]: the file's shape (keys, types, choices, sizes), every
+//!   problem with its line and column or the variable that caused it.
 //! - [`validate`]: every problem of a topology, each naming the file and item.
 //! - [`layout`]: the flat PMEM address space, a pure function of the topology,
 //!   with O(log n) lookup and a digest daemons and clients compare.
@@ -11,7 +13,10 @@
 //!   it is encoded.
 //! - [`routes`]: the ordered paths from a client to a region.
 //!
-//! Nothing here does I/O beyond reading the file.
+//! - [`host`]: the checks only a server's host can make (its PMEM device
+//!   paths exist and are directories or device DAX character devices).
+//!
+//! Nothing here does I/O beyond reading the file, except [`host`].
 
 /// The address newtypes, from the wire format (`proto::addr`).
 pub mod addr {
@@ -19,6 +24,7 @@ pub mod addr {
 }
 mod extent_table;
 pub mod grants;
+pub mod host;
 pub mod ids;
 pub mod layout;
 pub mod load;
@@ -26,8 +32,10 @@ pub mod meta;
 pub mod model;
 pub mod records;
 pub mod routes;
+pub mod schema;
 pub mod secrets;
 pub mod size;
+mod tree;
 pub mod validate;
 
 pub use addr::{AccessKey, PmemAddr, RegionIndex, RegionOffset, VirtAddr};
@@ -39,8 +47,8 @@ pub use load::{EnvOverrides, LoadError};
 pub use meta::{MetaError, MetaLayout, RegionMeta};
 pub use model::{
     Access, AllocatorConfig, AllowRange, CachePolicy, Client, FabricDevice, FabricLink, FabricPort,
-    NicTransport, Persistence, PmemDevice, Pool, Region, Rnic, RnicTransport, RocePort, Server,
-    ServerNic, Socket, Topology,
+    NicTransport, Override, Persistence, PmemDevice, Pool, Region, Rnic, RnicTransport, RocePort,
+    Server, ServerNic, Socket, Topology,
 };
 pub use routes::Path;
 pub use size::ByteSize;

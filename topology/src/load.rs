@@ -3,13 +3,18 @@
 //! Values come from the file first, then from environment variables named
 //! `PMEMFABRIC_<KEY>` with `__` between nesting levels, e.g.
 //! `PMEMFABRIC_POOL__EXTENT_SIZE=4MiB` overrides `[pool] extent_size`.
+//! The file and its overrides are checked against the model's shape first
+//! ([`crate::schema`]), so that every problem is reported at once with its
+//! line and column, or the variable that caused it.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use config::{Config, Environment, File, FileFormat};
 
-use crate::model::Topology;
+use crate::model::{Override, Topology};
+use crate::schema::{Checker, SchemaProblem};
+use crate::tree;
 
 /// The prefix of environment variables that override topology values.
 pub const ENV_PREFIX: &str = "PMEMFABRIC";
@@ -28,7 +33,16 @@ pub enum LoadError {
         #[source]
         source: std::io::Error,
     },
-    /// The text is not TOML, or its values do not fit the model.
+    /// The text is not TOML, or its keys and values do not have the
+    /// model's shape: every problem found.
+    #[error("{file}: invalid topology, {} problem(s):{}", problems.len(), list(problems))]
+    Schema {
+        /// The file (or embedded source name).
+        file: String,
+        /// Each problem, with where it was written.
+        problems: Vec<SchemaProblem>,
+    },
+    /// The values do not fit the model in a way the shape check missed.
     #[error("{file}: invalid topology")]
     Parse {
         /// The file (or embedded source name).
@@ -37,6 +51,10 @@ pub enum LoadError {
         #[source]
         source: Box<config::ConfigError>,
     },
+}
+
+fn list(problems: &[SchemaProblem]) -> String {
+    problems.iter().map(|p| format!("\n  {p}")).collect()
 }
 
 /// Where environment overrides come from.
@@ -49,6 +67,83 @@ pub enum EnvOverrides {
     Vars(HashMap<String, String>),
     /// No overrides at all.
     None,
+}
+
+impl EnvOverrides {
+    /// The variables that override topology keys (`PMEMFABRIC_…`), sorted
+    /// by name.
+    fn variables(&self) -> Vec<(String, String)> {
+        let mut vars: Vec<(String, String)> = match self {
+            Self::Process => std::env::vars_os()
+                .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+                .collect(),
+            Self::Vars(vars) => vars.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            Self::None => Vec::new(),
+        };
+        let prefix = format!("{ENV_PREFIX}_").to_lowercase();
+        vars.retain(|(k, _)| k.to_lowercase().starts_with(&prefix));
+        vars.sort();
+        vars
+    }
+}
+
+/// The dotted key an override variable names (`pool.extent_size`).
+fn override_key(var: &str) -> Vec<String> {
+    let lower = var.to_lowercase();
+    let key = &lower[ENV_PREFIX.len() + 1..];
+    key.split(ENV_SEPARATOR).map(str::to_owned).collect()
+}
+
+/// Checks `text` and the overrides `vars` against the model's shape;
+/// returns the overrides that apply.
+fn check_shape(
+    name: &str,
+    text: &str,
+    vars: &[(String, String)],
+) -> Result<Vec<Override>, LoadError> {
+    let mut checker = Checker::new(name, text, vars);
+    let mut root = match tree::parse(text) {
+        Ok(root) => root,
+        Err((span, message)) => {
+            let at = tree::At::Span(span);
+            checker.report(
+                &at,
+                "topology",
+                format!("not valid TOML: {}", message.trim().replace('\n', "; ")),
+            );
+            return Err(LoadError::Schema {
+                file: name.to_owned(),
+                problems: checker.check(&tree::Node {
+                    value: tree::Value::Table(tree::Table::default()),
+                    at,
+                }),
+            });
+        }
+    };
+    let mut overrides = Vec::new();
+    for (index, (var, value)) in vars.iter().enumerate() {
+        let path = override_key(var);
+        match tree::apply_override(&mut root, &path, value, index) {
+            Ok(()) => overrides.push(Override {
+                var: var.clone(),
+                value: value.clone(),
+                key: path.join("."),
+            }),
+            Err(e) => {
+                let at = tree::At::Env(index);
+                checker.report(&at, &e.key, e.message);
+            }
+        }
+    }
+    let problems = checker.check(&root);
+    if problems.is_empty() {
+        Ok(overrides)
+    } else {
+        Err(LoadError::Schema {
+            file: name.to_owned(),
+            problems,
+        })
+    }
 }
 
 impl Topology {
@@ -69,6 +164,8 @@ impl Topology {
 
     /// Parses topology TOML held in memory; `name` is used in error messages.
     pub fn from_toml_str(name: &str, text: &str, env: &EnvOverrides) -> Result<Self, LoadError> {
+        let vars = env.variables();
+        let overrides = check_shape(name, text, &vars)?;
         let parse_err = |source| LoadError::Parse {
             file: name.to_owned(),
             source: Box::new(source),
@@ -78,18 +175,13 @@ impl Topology {
             .prefix_separator("_")
             .separator(ENV_SEPARATOR)
             .try_parsing(true);
-        builder = match env {
-            EnvOverrides::Process => builder.add_source(environment),
-            EnvOverrides::Vars(vars) => {
-                builder.add_source(environment.source(Some(vars.clone().into_iter().collect())))
-            }
-            EnvOverrides::None => builder,
-        };
+        builder = builder.add_source(environment.source(Some(vars.into_iter().collect())));
         let mut topology: Topology = builder
             .build()
             .and_then(Config::try_deserialize)
             .map_err(parse_err)?;
         topology.source = name.to_owned();
+        topology.overrides = overrides;
         Ok(topology)
     }
 }

@@ -31,6 +31,28 @@ pub struct Topology {
     /// Where the topology was read from, for error messages.
     #[serde(skip)]
     pub source: String,
+    /// The environment variables that overrode values of the file, so that
+    /// problems with those values are blamed on them.
+    #[serde(skip)]
+    pub overrides: Vec<Override>,
+}
+
+/// A value of the topology set by an environment variable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Override {
+    /// The variable (`PMEMFABRIC_POOL__EXTENT_SIZE`).
+    pub var: String,
+    /// Its value.
+    pub value: String,
+    /// The dotted key it sets (`pool.extent_size`).
+    pub key: String,
+}
+
+impl Override {
+    /// `PMEMFABRIC_POOL__EXTENT_SIZE=4MiB`, for messages.
+    pub fn assignment(&self) -> String {
+        format!("{}={}", self.var, self.value)
+    }
 }
 
 /// Pool-wide settings that shape the address layout.
@@ -488,6 +510,11 @@ impl Topology {
     /// The client with this id.
     pub fn client(&self, id: &ClientId) -> Option<&Client> {
         self.clients.iter().find(|c| &c.id == id)
+    }
+
+    /// The override that set the value at dotted `key`, if one did.
+    pub fn override_of(&self, key: &str) -> Option<&Override> {
+        self.overrides.iter().find(|o| o.key == key)
     }
 
     /// Total bytes of PMEM over all regions.

@@ -33,8 +33,19 @@ pub enum ParseSizeError {
     #[error("{0:?} does not fit in 64 bits")]
     Overflow(String),
     /// A negative value where only non-negative ones make sense.
-    #[error("negative value {0}")]
+    #[error("negative value {0}: a size or number counts up from 0")]
     Negative(i64),
+    /// A size written with a minus sign.
+    #[error("{0:?} is negative: a size counts bytes up from 0")]
+    NegativeText(String),
+    /// A size with a fractional part (`1.5GiB`).
+    #[error("{text:?} is not a whole number of its unit; {advice}")]
+    Fraction {
+        /// What was written.
+        text: String,
+        /// The same size in a smaller unit, or what to do instead.
+        advice: String,
+    },
 }
 
 /// Parses an unsigned integer written in decimal, or in hex with a `0x` prefix;
@@ -68,28 +79,111 @@ impl std::str::FromStr for ByteSize {
         if text.starts_with("0x") || text.starts_with("0X") {
             return parse_u64(text).map(ByteSize);
         }
+        if text.starts_with('-') {
+            return Err(ParseSizeError::NegativeText(text.to_owned()));
+        }
         let split = text
             .find(|c: char| !(c.is_ascii_digit() || c == '_'))
             .unwrap_or(text.len());
         let (number, unit) = text.split_at(split);
+        if number.is_empty() {
+            return Err(ParseSizeError::NotANumber(text.to_owned()));
+        }
+        if let Some(fraction) = unit.strip_prefix('.') {
+            return Err(fractional(text, number, fraction));
+        }
         let number = parse_u64(number)?;
-        let multiplier: u64 = match unit.trim() {
-            "" | "B" => 1,
-            "KiB" => 1 << 10,
-            "MiB" => 1 << 20,
-            "GiB" => 1 << 30,
-            "TiB" => 1 << 40,
-            "KB" | "kB" => 1_000,
-            "MB" => 1_000_000,
-            "GB" => 1_000_000_000,
-            "TB" => 1_000_000_000_000,
-            other => return Err(ParseSizeError::UnknownUnit(other.to_owned())),
-        };
+        let multiplier = unit_multiplier(unit.trim())
+            .ok_or_else(|| ParseSizeError::UnknownUnit(unit.trim().to_owned()))?;
         number
             .checked_mul(multiplier)
             .map(ByteSize)
             .ok_or_else(|| ParseSizeError::Overflow(text.to_owned()))
     }
+}
+
+/// Bytes per `unit`, for the units a size may be written in.
+fn unit_multiplier(unit: &str) -> Option<u64> {
+    Some(match unit {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "TiB" => 1 << 40,
+        "KB" | "kB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        "TB" => 1_000_000_000_000,
+        _ => return None,
+    })
+}
+
+/// The error for `whole.fraction unit` (`1.5GiB`): the exact size in a
+/// smaller unit when there is one.
+fn fractional(text: &str, whole: &str, rest: &str) -> ParseSizeError {
+    let digits_end = rest
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(rest.len());
+    let (digits, unit) = rest.split_at(digits_end);
+    let exact = (|| {
+        let multiplier = unit_multiplier(unit.trim())?;
+        let scale = 10u128.checked_pow(u32::try_from(digits.len()).ok()?)?;
+        let whole: u128 = parse_u64(whole).ok()?.into();
+        let fraction: u128 = if digits.is_empty() {
+            0
+        } else {
+            digits.parse().ok()?
+        };
+        let scaled = whole.checked_mul(scale)?.checked_add(fraction)?;
+        let bytes = scaled.checked_mul(multiplier.into())?;
+        if bytes % scale != 0 {
+            return None;
+        }
+        u64::try_from(bytes / scale).ok()
+    })();
+    let advice = match exact {
+        Some(bytes) => format!("write {}", ByteSize(bytes)),
+        None => "write it in a smaller unit (1536MiB for 1.5GiB) or in bytes".to_owned(),
+    };
+    ParseSizeError::Fraction {
+        text: text.to_owned(),
+        advice,
+    }
+}
+
+/// For a size that is a whole number of a decimal unit (`64MB`), the hint
+/// that the unit is decimal and the binary one is probably meant:
+/// `64MB is 64,000,000 bytes; did you mean 64MiB?`.
+pub fn decimal_unit_hint(bytes: u64) -> Option<String> {
+    const UNITS: [(&str, u64, &str); 4] = [
+        ("TB", 1_000_000_000_000, "TiB"),
+        ("GB", 1_000_000_000, "GiB"),
+        ("MB", 1_000_000, "MiB"),
+        ("KB", 1_000, "KiB"),
+    ];
+    UNITS
+        .into_iter()
+        .find(|(_, unit, _)| bytes >= *unit && bytes.is_multiple_of(*unit))
+        .map(|(name, unit, binary)| {
+            let n = bytes / unit;
+            format!(
+                "{n}{name} is {} bytes; did you mean {n}{binary}?",
+                thousands(bytes)
+            )
+        })
+}
+
+/// `64000000` as `64,000,000`.
+pub fn thousands(value: u64) -> String {
+    let digits = value.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
 }
 
 impl fmt::Display for ByteSize {
@@ -216,7 +310,7 @@ mod tests {
         ));
         assert!(matches!(
             "MiB".parse::<ByteSize>(),
-            Err(ParseSizeError::Empty)
+            Err(ParseSizeError::NotANumber(_))
         ));
         assert!(matches!(
             "99999999TiB".parse::<ByteSize>(),
@@ -226,6 +320,35 @@ mod tests {
             "0xZZ".parse::<ByteSize>(),
             Err(ParseSizeError::NotANumber(_))
         ));
+    }
+
+    #[test]
+    fn says_why_a_size_is_not_one() {
+        assert_eq!(
+            "abc".parse::<ByteSize>().unwrap_err().to_string(),
+            "\"abc\" is not a number"
+        );
+        assert_eq!(
+            "-64MiB".parse::<ByteSize>().unwrap_err().to_string(),
+            "\"-64MiB\" is negative: a size counts bytes up from 0"
+        );
+        assert_eq!(
+            "1.5GiB".parse::<ByteSize>().unwrap_err().to_string(),
+            "\"1.5GiB\" is not a whole number of its unit; write 1536MiB"
+        );
+        let odd = "1.3B".parse::<ByteSize>().unwrap_err().to_string();
+        assert!(odd.contains("smaller unit"), "{odd}");
+    }
+
+    #[test]
+    fn decimal_units_get_a_hint() {
+        assert_eq!(
+            decimal_unit_hint(64_000_000).as_deref(),
+            Some("64MB is 64,000,000 bytes; did you mean 64MiB?")
+        );
+        assert_eq!(decimal_unit_hint(64 << 20), None);
+        assert_eq!(thousands(1_234), "1,234");
+        assert_eq!(thousands(999), "999");
     }
 
     #[test]

@@ -109,6 +109,29 @@ pub enum ProblemKind {
         /// The device that names it first.
         other: String,
     },
+    /// An extent size set by an environment override divides the size of
+    /// none, or not all, of the file's regions.
+    ExtentSizeMismatch {
+        /// The extent size.
+        extent: u64,
+        /// The regions whose size it does not divide, with their sizes.
+        regions: Vec<(RegionId, u64)>,
+    },
+    /// On the server's host: a PMEM device path that cannot be looked at.
+    DevicePathMissing {
+        /// The path.
+        path: String,
+        /// Why (the system's words).
+        error: String,
+    },
+    /// On the server's host: a PMEM device path that is neither a
+    /// directory nor a character device.
+    DevicePathWrongKind {
+        /// The path.
+        path: String,
+        /// What it is instead.
+        found: &'static str,
+    },
     /// An allow-list range that leaves its region.
     AllowOutOfRange {
         /// The region named by the range.
@@ -124,14 +147,37 @@ impl fmt::Display for ProblemKind {
             Self::DuplicateId => write!(f, "duplicate id"),
             Self::AllocatorMetadata(e) => write!(f, "{e}"),
             Self::UnknownReference { kind, id } => write!(f, "refers to unknown {kind} {id:?}"),
-            Self::BadExtentSize { size } => {
-                write!(f, "extent size {size} is not a non-zero power of two")
-            }
-            Self::ZeroSize => write!(f, "size is zero"),
-            Self::SizeNotExtentMultiple { size, extent } => write!(
+            Self::BadExtentSize { size } => write!(
                 f,
-                "size {size} is not a multiple of the extent size {extent}"
+                "extent size {} ({size} bytes) is not a non-zero power of two (such as 2MiB \
+                 or 4MiB)",
+                crate::ByteSize(*size)
             ),
+            Self::ZeroSize => write!(f, "size is zero"),
+            Self::SizeNotExtentMultiple { size, extent } => {
+                write!(
+                    f,
+                    "size {size} is not a multiple of the extent size {}",
+                    crate::ByteSize(*extent)
+                )?;
+                if let Some(hint) = crate::size::decimal_unit_hint(*size) {
+                    write!(f, "; {hint}")?;
+                }
+                Ok(())
+            }
+            Self::ExtentSizeMismatch { extent, regions } => {
+                let listed: Vec<String> = regions
+                    .iter()
+                    .map(|(id, size)| format!("{:?} ({})", id.as_str(), crate::ByteSize(*size)))
+                    .collect();
+                write!(
+                    f,
+                    "extent size {} does not divide the size of region(s) {}; every region's \
+                     size must be a multiple of the extent size",
+                    crate::ByteSize(*extent),
+                    listed.join(", ")
+                )
+            }
             Self::AddressMisaligned { address, extent } => write!(
                 f,
                 "address {address:#x} is not aligned to the extent size {extent}"
@@ -201,6 +247,17 @@ impl fmt::Display for ProblemKind {
             Self::DuplicateDevicePath { path, other } => {
                 write!(f, "path {path:?} is already used by {other}")
             }
+            Self::DevicePathMissing { path, error } => write!(
+                f,
+                "path {path:?} cannot be used on this host ({error}): mount the fsdax \
+                 filesystem there or create the device DAX namespace (ndctl create-namespace \
+                 -m devdax), or drop path to keep the regions in the server's data directory"
+            ),
+            Self::DevicePathWrongKind { path, found } => write!(
+                f,
+                "path {path:?} is {found}; pmem-server takes a directory (an fsdax mount such \
+                 as /mnt/pmem0) or a device DAX character device (such as /dev/dax0.0)"
+            ),
             Self::AllowOutOfRange {
                 region,
                 region_size,
@@ -258,6 +315,20 @@ impl Checker<'_> {
     fn report(&mut self, item: impl Into<String>, kind: ProblemKind) {
         self.problems.push(Problem {
             file: self.topology.source.clone(),
+            item: item.into(),
+            kind,
+        });
+    }
+
+    /// Reports a problem with the value at dotted `key`, blamed on the
+    /// environment variable that set it, or on the file.
+    fn report_key(&mut self, key: &str, item: impl Into<String>, kind: ProblemKind) {
+        let file = match self.topology.override_of(key) {
+            Some(o) => format!("environment variable {}", o.assignment()),
+            None => self.topology.source.clone(),
+        };
+        self.problems.push(Problem {
+            file,
             item: item.into(),
             kind,
         });
@@ -330,7 +401,11 @@ impl Checker<'_> {
         let pool = &self.topology.pool;
         let extent = pool.extent_size.bytes();
         if extent == 0 || !extent.is_power_of_two() {
-            self.report("pool", ProblemKind::BadExtentSize { size: extent });
+            self.report_key(
+                "pool.extent_size",
+                "pool",
+                ProblemKind::BadExtentSize { size: extent },
+            );
         }
         for (what, empty) in [
             ("servers", self.topology.servers.is_empty()),
@@ -441,6 +516,11 @@ impl Checker<'_> {
             t.regions()
                 .map(|p| (p.region.id.as_str(), region_item(&p.region.id))),
         );
+        // A bad extent size is reported once, on the pool; the regions'
+        // sizes and addresses are measured against a good one only.
+        let extent = if extent.is_power_of_two() { extent } else { 0 };
+        let overridden = t.override_of("pool.extent_size").is_some();
+        let mut undivided = Vec::new();
         for place in t.regions() {
             let region = place.region;
             let item = region_item(&region.id);
@@ -457,10 +537,14 @@ impl Checker<'_> {
             if size == 0 {
                 self.report(item.clone(), ProblemKind::ZeroSize);
             } else if extent != 0 && size % extent != 0 {
-                self.report(
-                    item.clone(),
-                    ProblemKind::SizeNotExtentMultiple { size, extent },
-                );
+                if overridden {
+                    undivided.push((region.id.clone(), size));
+                } else {
+                    self.report(
+                        item.clone(),
+                        ProblemKind::SizeNotExtentMultiple { size, extent },
+                    );
+                }
             }
             if let Some(address) = region.address
                 && extent != 0
@@ -468,6 +552,13 @@ impl Checker<'_> {
             {
                 self.report(item, ProblemKind::AddressMisaligned { address, extent });
             }
+        }
+        if !undivided.is_empty() {
+            let kind = ProblemKind::ExtentSizeMismatch {
+                extent,
+                regions: undivided,
+            };
+            self.report_key("pool.extent_size", "pool extent_size", kind);
         }
         self.region_overlaps();
     }

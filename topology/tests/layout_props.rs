@@ -94,6 +94,7 @@ fn build(spec: &[Vec<Vec<Vec<RegionSpec>>>]) -> Topology {
             allow: vec![],
         }],
         source: "generated".into(),
+        overrides: Vec::new(),
     }
 }
 

@@ -34,6 +34,10 @@ pool's virtual space starts at 1TiB (0x10000000000), so `pmemctl read 1TiB 16`
 reads the first 16 bytes of the pool; `pmemctl map` shows where every region
 lies.
 
+Exit status: 0 when the command did what was asked; 1 when it failed; 2 for
+a command line that does not parse; 3 when a compare-and-swap did not swap
+(the word did not hold OLD; it says what it held).
+
 With an allocator (a topology with [pool.allocator], such as
 configs/alloc.toml), addresses come from `alloc` instead: format the pool
 once, then allocate, name, free and inspect memory. A freed allocation's keys
@@ -65,11 +69,11 @@ Examples:
 struct Cli {
     /// The topology file (the same one the daemons read); every command
     /// but `cluster` needs one.
-    #[arg(long, value_name = "TOPOLOGY")]
+    #[arg(long, value_name = "TOPOLOGY", global = true)]
     config: Option<PathBuf>,
     /// The client id to connect as (one of the topology's clients);
     /// every command but `rotate-key` and `scrub --checksums` needs one.
-    #[arg(long, value_name = "ID")]
+    #[arg(long, value_name = "ID", global = true)]
     client: Option<String>,
     /// How long one attempt on one path may take before it is re-sent on
     /// another path.
@@ -85,7 +89,7 @@ struct Cli {
     /// (`client.<ID>.key`) to the fabric devices, or for `rotate-key` and `scrub --checksums` the
     /// operator's (`operator.<NAME>.key`) to the server. Default:
     /// `$PMEM_FABRIC_SECRETS`, if set.
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", global = true)]
     secrets: Option<std::path::PathBuf>,
     #[command(subcommand)]
     command: Command,
@@ -99,6 +103,9 @@ enum Command {
     /// Replaces REGION's key with a fresh random one on the server that
     /// owns it (an operator's action; no --client needed). The old key
     /// opens nothing afterwards; clients pick up the new one by themselves.
+    #[command(
+        override_usage = "pmemctl --config TOPOLOGY [--secrets DIR] rotate-key REGION [--operator NAME]"
+    )]
     RotateKey {
         /// The region's id in the topology.
         region: String,
@@ -118,6 +125,9 @@ enum Command {
 enum PoolCommand {
     /// Reads LEN bytes at ADDR: a hex dump on stdout (the offset column is
     /// the virtual address), or the raw bytes into a file.
+    #[command(
+        override_usage = "pmemctl --config TOPOLOGY --client ID [--secrets DIR] read ADDR LEN [--out FILE]"
+    )]
     Read {
         /// Virtual address (1TiB is the first byte of the pool).
         #[arg(value_parser = num::parse_number)]
@@ -130,6 +140,9 @@ enum PoolCommand {
         out: Option<PathBuf>,
     },
     /// Writes DATA (a UTF-8 string) or the bytes of FILE (`@FILE`) at ADDR.
+    #[command(
+        override_usage = "pmemctl --config TOPOLOGY --client ID [--secrets DIR] write ADDR DATA|@FILE [--persist]"
+    )]
     Write {
         /// Virtual address (1TiB is the first byte of the pool).
         #[arg(value_parser = num::parse_number)]
@@ -143,7 +156,11 @@ enum PoolCommand {
         persist: bool,
     },
     /// Compare-and-swap of the 8-byte word at ADDR: sets it to NEW if it
-    /// holds OLD; prints the old value and whether it swapped.
+    /// holds OLD. Prints the old value when it swapped; when the word held
+    /// something else, says what and exits with status 3.
+    #[command(
+        override_usage = "pmemctl --config TOPOLOGY --client ID [--secrets DIR] cas ADDR OLD NEW"
+    )]
     Cas {
         /// Virtual address, 8-byte aligned.
         #[arg(value_parser = num::parse_number)]
@@ -157,6 +174,9 @@ enum PoolCommand {
     },
     /// Fetch-and-add on the 8-byte word at ADDR (wrapping; a negative DELTA
     /// subtracts); prints the old value.
+    #[command(
+        override_usage = "pmemctl --config TOPOLOGY --client ID [--secrets DIR] faa ADDR DELTA"
+    )]
     Faa {
         /// Virtual address, 8-byte aligned.
         #[arg(value_parser = num::parse_number)]
@@ -166,6 +186,9 @@ enum PoolCommand {
         delta: u64,
     },
     /// Makes LEN bytes at ADDR durable.
+    #[command(
+        override_usage = "pmemctl --config TOPOLOGY --client ID [--secrets DIR] flush ADDR LEN"
+    )]
     Flush {
         /// Virtual address.
         #[arg(value_parser = num::parse_number)]
@@ -176,18 +199,26 @@ enum PoolCommand {
     },
     /// Shows the address map (every region's virtual and PMEM range) and
     /// each path's health.
+    #[command(override_usage = "pmemctl --config TOPOLOGY --client ID [--secrets DIR] map")]
     Map,
     /// Shows this client's counters (for this pmemctl's own connection) and
     /// a summary of its paths.
+    #[command(override_usage = "pmemctl --config TOPOLOGY --client ID [--secrets DIR] stat")]
     Stat,
     /// Writes the allocator's empty metadata: every extent free, no named
     /// objects. Refuses a formatted pool unless --force.
+    #[command(
+        override_usage = "pmemctl --config TOPOLOGY --client ID [--secrets DIR] format [--force]"
+    )]
     Format {
         /// Format even a formatted pool, freeing everything in it.
         #[arg(long)]
         force: bool,
     },
     /// Allocates SIZE bytes; prints the size and the virtual address.
+    #[command(
+        override_usage = "pmemctl --config TOPOLOGY --client ID [--secrets DIR] alloc SIZE [--name NAME] [--server SERVER [--socket SOCKET]]"
+    )]
     Alloc {
         /// Bytes to allocate (64, 0x1000, 4KiB, 3MiB).
         #[arg(value_parser = num::parse_number)]
@@ -204,25 +235,30 @@ enum PoolCommand {
         socket: Option<String>,
     },
     /// Frees the allocation starting at ADDR (its keys are rotated).
+    #[command(override_usage = "pmemctl --config TOPOLOGY --client ID [--secrets DIR] free ADDR")]
     Free {
         /// The virtual address `alloc` printed.
         #[arg(value_parser = num::parse_number)]
         addr: u64,
     },
     /// Prints the size and virtual address of the named object NAME.
+    #[command(override_usage = "pmemctl --config TOPOLOGY --client ID [--secrets DIR] open NAME")]
     Open {
         /// The object's name.
         name: String,
     },
     /// Removes the named object NAME and frees its memory.
+    #[command(override_usage = "pmemctl --config TOPOLOGY --client ID [--secrets DIR] rm NAME")]
     Rm {
         /// The object's name.
         name: String,
     },
     /// Lists the named objects: address, size, owner and extents (as
     /// SERVER/REGION, `*N` for N of them in a row in one region).
+    #[command(override_usage = "pmemctl --config TOPOLOGY --client ID [--secrets DIR] ls")]
     Ls,
     /// Shows capacity used and free per server and region, and slab usage.
+    #[command(override_usage = "pmemctl --config TOPOLOGY --client ID [--secrets DIR] df")]
     Df,
     /// Reclaims what clients that crashed mid-allocation left behind, and
     /// says what it reclaimed. Run it when no client is allocating.
@@ -232,6 +268,9 @@ enum PoolCommand {
     /// checksum they recorded for it, recording it on the first scrub after
     /// a server starts and for blocks written since. Names the region and
     /// block of every mismatch and exits non-zero if there is one.
+    #[command(
+        override_usage = "pmemctl --config TOPOLOGY --client ID [--secrets DIR] scrub\n       pmemctl --config TOPOLOGY [--secrets DIR] scrub --checksums [--region REGION]... [--operator NAME]"
+    )]
     Scrub {
         /// Check the regions' blocks against their checksums.
         #[arg(long)]
@@ -258,7 +297,7 @@ fn main() -> ExitCode {
         Err(CliError::Stdout(e)) if e.kind() == io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("pmemctl: error: {}", e.message());
-            ExitCode::FAILURE
+            ExitCode::from(e.exit_code())
         }
     }
 }
@@ -443,6 +482,18 @@ mod tests {
             ),
             "{cli:?}"
         );
+    }
+
+    #[test]
+    fn usage_lines_name_the_client() {
+        use clap::CommandFactory;
+        let mut cli = Cli::command();
+        for name in ["read", "write", "cas", "faa", "alloc", "df"] {
+            let sub = cli.find_subcommand_mut(name).expect("a subcommand");
+            let usage = sub.render_usage().to_string();
+            assert!(usage.contains("--client ID"), "{name}: {usage}");
+            assert!(usage.contains("--config TOPOLOGY"), "{name}: {usage}");
+        }
     }
 
     #[test]

@@ -103,7 +103,9 @@ impl AsyncPool {
                 Ok(()) => {}
                 Err(
                     e @ (conn::ConnectError::Refused { .. }
-                    | conn::ConnectError::DigestMismatch { .. }),
+                    | conn::ConnectError::DigestMismatch { .. }
+                    | conn::ConnectError::AuthRequired { .. }
+                    | conn::ConnectError::NoAuth { .. }),
                 ) => {
                     return Err(OpenError::Refused {
                         client: inner.client.to_string(),

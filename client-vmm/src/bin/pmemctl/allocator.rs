@@ -77,10 +77,20 @@ impl Ctl<'_> {
             Some(name) => format!("allocate {size} bytes as {name:?}"),
             None => format!("allocate {size} bytes"),
         };
-        let vaddr = self.with_allocator(what, async |a| match name {
-            Some(name) => a.alloc_named_with(name, size, placement).await,
-            None => a.alloc_with(size, placement).await,
+        let attempt = self.with_allocator(what, async |a| {
+            let result = match name {
+                Some(name) => a.alloc_named_with(name, size, placement).await,
+                None => a.alloc_with(size, placement).await,
+            };
+            match result {
+                Ok(vaddr) => Ok(Ok(vaddr)),
+                Err(e @ (AllocError::OutOfMemory { .. } | AllocError::PageTableFull { .. })) => {
+                    Ok(Err((e, a.usage().await.ok())))
+                }
+                Err(e) => Err(e),
+            }
         })?;
+        let vaddr = attempt.map_err(|(source, usage)| no_room(size, placement, source, usage))?;
         let named = name.map(|n| format!(" as {n:?}")).unwrap_or_default();
         Ok(format!(
             "allocated {}{named} at {:#x}\n",
@@ -164,6 +174,55 @@ impl Ctl<'_> {
         let report = self.with_allocator(|| "scrub".to_owned(), async |a| a.scrub().await)?;
         Ok(render_scrub(&report))
     }
+}
+
+/// An allocation that found no room, told in the units it was asked in:
+/// `out of memory, 1GiB requested, 242MiB free in the pool`.
+fn no_room(size: u64, placement: &Placement, source: AllocError, usage: Option<Usage>) -> CliError {
+    if usage.is_none() {
+        return CliError::Alloc {
+            what: format!("allocate {}", ByteSize(size)),
+            source,
+            hint: Some("`pmemctl df` shows what is free".to_owned()),
+        };
+    }
+    let requested = ByteSize(size);
+    let where_ = match placement {
+        Placement::RoundRobin => "in the pool".to_owned(),
+        Placement::Server(server) => format!("on server {server}"),
+        Placement::Socket(server, _) => format!("on server {server}"),
+    };
+    let what = match &usage {
+        Some(usage) => {
+            let extent = usage.extent_size;
+            let free = match placement {
+                Placement::RoundRobin => usage.free_extents(),
+                Placement::Server(server) | Placement::Socket(server, _) => usage
+                    .regions
+                    .iter()
+                    .filter(|r| r.server == server.as_str())
+                    .map(|r| r.free())
+                    .sum(),
+            };
+            let free_bytes = free.saturating_mul(extent);
+            if free_bytes >= size {
+                format!(
+                    "cannot allocate {requested}: {requested} requested and {} free {where_}, \
+                     but not where one allocation can take it",
+                    ByteSize(free_bytes)
+                )
+            } else {
+                format!(
+                    "cannot allocate {requested}: out of memory, {requested} requested, {} \
+                     free {where_} ({free} extents of {})",
+                    ByteSize(free_bytes),
+                    ByteSize(extent)
+                )
+            }
+        }
+        None => String::new(),
+    };
+    CliError::NoRoom(what)
 }
 
 /// A named object's extents as `SERVER/REGION`, in order, with `*N` when

@@ -45,6 +45,20 @@ pub enum CliError {
         #[source]
         source: io::Error,
     },
+    /// An allocation that found no room, in the units it was asked in.
+    #[error("{0}; `pmemctl df` shows what is free where")]
+    NoRoom(String),
+    /// A compare-and-swap whose word did not hold the expected value.
+    #[error(
+        "compare-and-swap at {addr:#x} did not swap: the word holds {}, not the expected {}",
+        show::value(*found),
+        show::value(*expected)
+    )]
+    NotSwapped {
+        addr: u64,
+        found: u64,
+        expected: u64,
+    },
     #[error("cannot write to stdout")]
     Stdout(#[source] io::Error),
     #[error(transparent)]
@@ -63,6 +77,15 @@ pub enum CliError {
 }
 
 impl CliError {
+    /// The exit status: 3 for a compare-and-swap that did not swap (the
+    /// operation ran; its condition failed), 1 for every other failure.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::NotSwapped { .. } => 3,
+            _ => 1,
+        }
+    }
+
     /// The whole message: causes, then any hint.
     pub fn message(&self) -> String {
         let mut text = error_chain(self);
@@ -209,19 +232,19 @@ impl Ctl<'_> {
             .compare_and_swap(VirtAddr(addr), old, new)
             .map(|swap| swap.unwrap_or_else(|actual| actual))
             .map_err(|e| self.failed(format!("compare-and-swap at {addr:#x}"), e))?;
-        Ok(if was == old {
-            format!(
-                "swapped: old value {}, now {}\n",
-                show::value(was),
-                show::value(new)
-            )
-        } else {
-            format!(
-                "not swapped: old value {}, expected {}\n",
-                show::value(was),
-                show::value(old)
-            )
-        })
+        // It swapped exactly when the word held the expected value.
+        if was != old {
+            return Err(CliError::NotSwapped {
+                addr,
+                found: was,
+                expected: old,
+            });
+        }
+        Ok(format!(
+            "swapped: old value {}, now {}\n",
+            show::value(was),
+            show::value(new)
+        ))
     }
 
     /// `faa ADDR DELTA`.

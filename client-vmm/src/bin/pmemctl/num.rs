@@ -21,7 +21,13 @@ pub fn parse_number(text: &str) -> Result<u64, String> {
         }
         let value = term
             .parse::<ByteSize>()
-            .map_err(|e| format!("{text:?}: {e}"))?
+            .map_err(|e| {
+                if term.trim() == trimmed {
+                    e.to_string()
+                } else {
+                    format!("{text:?}: {e}")
+                }
+            })?
             .bytes();
         total = match sign {
             Sign::Plus => total
@@ -128,6 +134,18 @@ mod tests {
             parse_number("0xffffffffffffffff+1")
                 .expect_err("overflow")
                 .contains("64 bits")
+        );
+    }
+
+    #[test]
+    fn a_word_is_not_a_number() {
+        assert_eq!(
+            parse_operand("abc"),
+            Err("\"abc\" is not a number".to_owned())
+        );
+        assert_eq!(
+            parse_number("1TiB+abc"),
+            Err("\"1TiB+abc\": \"abc\" is not a number".to_owned())
         );
     }
 
