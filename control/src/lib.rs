@@ -23,20 +23,25 @@
 //! intent records), [`plane`] (the etcd client: reading and changing the
 //! map, registering liveness), [`registration`] (the same for daemons
 //! without async code: the map at start, liveness from a thread),
-//! [`error`].
+//! [`watch`] (following the map while a daemon runs), [`follow_metrics`]
+//! (what a daemon following the map exports), [`error`].
 
 pub mod endpoints;
 pub mod error;
+pub mod follow_metrics;
 pub mod keys;
 pub mod map;
 pub mod member;
 pub mod plane;
 pub mod registration;
+pub mod watch;
 
 pub use endpoints::Endpoints;
 pub use error::ControlError;
+pub use follow_metrics::MapMetrics;
 pub use keys::Keys;
 pub use map::{ClusterMap, VersionedMap};
 pub use member::{Intent, Member, Role};
 pub use plane::{ControlPlane, Liveness};
 pub use registration::{MapSource, MapSourceError, Registration, load_map};
+pub use watch::{MapUpdate, MapVersion, MapWatch, Quiet, REREAD_PERIOD, WatchObserver};
