@@ -279,3 +279,19 @@ fn a_device_keeps_its_map_through_bad_maps_an_etcd_outage_and_a_compaction() {
     wait_for_log(&device, "map epoch=5 applied");
     served(&mut conn, b"epoch 5");
 }
+
+#[test]
+fn a_device_that_cannot_reach_etcd_says_which_endpoints_it_tried() {
+    let port = testkit::free_loopback_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let err = Daemon::spawn(
+        DaemonSpec::new(FABRIC_DEVICE)
+            .args(["--etcd", &url, "--pool", "test", "--device", "F"])
+            .args(["--admin", "127.0.0.1:0", "--insecure"]),
+    )
+    .expect_err("no etcd there");
+    assert!(
+        err.contains(&format!("cannot reach etcd at {url}")),
+        "{err}"
+    );
+}
