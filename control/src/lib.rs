@@ -18,7 +18,8 @@
 //!
 //! Secrets (principals' keys, region keys) never go into etcd.
 //!
-//! Modules: [`endpoints`] (the `--etcd` list), [`keys`] (the key layout),
+//! Modules: [`endpoints`] (the `--etcd` list), [`edit`] (the operator's
+//! changes as edits of the map's topology), [`keys`] (the key layout),
 //! [`map`] (the map document and its validation), [`member`] (liveness and
 //! intent records), [`plane`] (the etcd client: reading and changing the
 //! map, registering liveness), [`registration`] (the same for daemons
@@ -26,6 +27,7 @@
 //! [`watch`] (following the map while a daemon runs), [`follow_metrics`]
 //! (what a daemon following the map exports), [`error`].
 
+pub mod edit;
 pub mod endpoints;
 pub mod error;
 pub mod follow_metrics;
