@@ -83,6 +83,8 @@ pub enum EditError {
 /// A new topology and what the change does besides the obvious.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Edited {
+    /// The id of the server or device added or removed.
+    pub subject: String,
     /// The whole new topology (TOML).
     pub topology: String,
     /// One line per consequence worth telling the operator.
@@ -94,8 +96,9 @@ fn parse(what: &'static str, text: &str) -> Result<Table, EditError> {
         .map_err(|source| EditError::Toml { what, source })
 }
 
-fn write(table: &Table, notes: Vec<String>) -> Result<Edited, EditError> {
+fn write(subject: &str, table: &Table, notes: Vec<String>) -> Result<Edited, EditError> {
     Ok(Edited {
+        subject: subject.to_owned(),
         topology: toml::to_string(table).map_err(EditError::Write)?,
         notes,
     })
@@ -220,7 +223,7 @@ pub fn add_server(map: &str, snippet: &str) -> Result<Edited, EditError> {
             array(spec, "links").push(Value::Table(link));
         }
     }
-    write(&topology, notes)
+    write(&id, &topology, notes)
 }
 
 /// Adds the fabric device of `snippet` (one `[[fabric_devices]]` table,
@@ -239,6 +242,7 @@ pub fn add_device(map: &str, snippet: &str) -> Result<Edited, EditError> {
     }
     devices.push(Value::Table(device));
     write(
+        &id,
         &topology,
         vec![format!(
             "no client is wired to {id} yet: give clients an RNIC with fabric_device = \"{id}\" \
@@ -318,7 +322,7 @@ pub fn remove_server(map: &str, name: &str, force: bool) -> Result<Edited, EditE
             }
         }
     }
-    write(&topology, notes)
+    write(name, &topology, notes)
 }
 
 /// Removes fabric device `name` from `map`, with the clients' RNICs wired
@@ -358,7 +362,7 @@ pub fn remove_device(map: &str, name: &str) -> Result<Edited, EditError> {
             clients: stranded,
         });
     }
-    write(&topology, notes)
+    write(name, &topology, notes)
 }
 
 #[cfg(test)]
