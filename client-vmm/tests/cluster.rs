@@ -142,12 +142,21 @@ fn an_operator_adds_and_removes_servers_and_devices_one_epoch_each() {
     let c = snippet("c.toml", SERVER_C);
     let (code, out, err) = run(&["add-server", "--from", &c]);
     assert_eq!(code, 0, "{err}");
-    assert!(out.starts_with("pool default: server C added at epoch 2\n"), "{out}");
-    assert!(out.contains("every fabric device (A, B) is linked"), "{out}");
+    assert!(
+        out.starts_with("pool default: server C added at epoch 2\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains("every fabric device (A, B) is linked"),
+        "{out}"
+    );
     let (_, out, _) = run(&["show"]);
     assert!(out.contains("map epoch 2"), "{out}");
     assert!(out.contains("  C            active    not live"), "{out}");
-    assert!(out.contains("region PC.1") && out.contains("of C: unreachable"), "{out}");
+    assert!(
+        out.contains("region PC.1") && out.contains("of C: unreachable"),
+        "{out}"
+    );
     let (code, _, err) = run(&["add-server", "--from", &c]);
     assert_ne!(code, 0);
     assert!(err.contains("already has a server C"), "{err}");
@@ -155,13 +164,19 @@ fn an_operator_adds_and_removes_servers_and_devices_one_epoch_each() {
     // A server holding regions goes only by force, which names them.
     let (code, _, err) = run(&["remove-server", "C"]);
     assert_ne!(code, 0);
-    assert!(err.contains("holds regions PC.1") && err.contains("--force"), "{err}");
+    assert!(
+        err.contains("holds regions PC.1") && err.contains("--force"),
+        "{err}"
+    );
     let (code, out, err) = run(&["remove-server", "C", "--force"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("removed at epoch 3"), "{out}");
     assert!(out.contains("regions PC.1 become unreachable"), "{out}");
     let (_, out, _) = run(&["show"]);
-    assert!(out.contains("not in the map: server C (removed, not live)"), "{out}");
+    assert!(
+        out.contains("not in the map: server C (removed, not live)"),
+        "{out}"
+    );
     assert!(!out.contains("region PC.1"), "{out}");
 
     // Devices: B goes (each client keeps its RNIC on A), A cannot go.
@@ -220,7 +235,9 @@ fn two_operators_adding_servers_at_once_never_half_apply() {
                 s.spawn(move || cluster(e, &["--pool", "default", "add-server", "--from", p]))
             })
             .collect();
-        runs.into_iter().map(|r| r.join().expect("pmemctl")).collect()
+        runs.into_iter()
+            .map(|r| r.join().expect("pmemctl"))
+            .collect()
     });
     let won: Vec<&str> = ["D", "E"]
         .into_iter()
@@ -238,7 +255,10 @@ fn two_operators_adding_servers_at_once_never_half_apply() {
     }
     assert!(!won.is_empty(), "{outcomes:?}");
     let (_, out, _) = cluster(&e, &["--pool", "default", "show"]);
-    assert!(out.contains(&format!("map epoch {}", 1 + won.len())), "{out}");
+    assert!(
+        out.contains(&format!("map epoch {}", 1 + won.len())),
+        "{out}"
+    );
     for id in ["D", "E"] {
         assert_eq!(
             out.contains(&format!("region P{id}.1")),

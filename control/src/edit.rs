@@ -411,7 +411,10 @@ id = "C"
         let old = topology::Layout::new(&before).unwrap();
         let new = topology::Layout::new(&after).unwrap();
         for (a, b) in old.entries().iter().zip(new.entries()) {
-            assert_eq!((a.region_id.as_str(), a.start), (b.region_id.as_str(), b.start));
+            assert_eq!(
+                (a.region_id.as_str(), a.start),
+                (b.region_id.as_str(), b.start)
+            );
         }
         for device in &after.fabric_devices {
             assert!(device.links.iter().any(|l| l.server.as_str() == "C"));
@@ -423,25 +426,48 @@ id = "C"
         let only_a = format!("{SERVER_C}\n[[links]]\ndevice = \"A\"\nnic = \"n0\"\n");
         let text = add_server(&default_text(), &only_a).unwrap().topology;
         let after = Topology::from_toml_str("edited", &text, &EnvOverrides::None).unwrap();
-        let reach = |d: usize| after.fabric_devices[d].links.iter().any(|l| l.server.as_str() == "C");
+        let reach = |d: usize| {
+            after.fabric_devices[d]
+                .links
+                .iter()
+                .any(|l| l.server.as_str() == "C")
+        };
         assert!(reach(0) && !reach(1));
         assert!(after.validate().is_err());
 
-        let again = add_server(&add_server(&default_text(), SERVER_C).unwrap().topology, SERVER_C);
+        let again = add_server(
+            &add_server(&default_text(), SERVER_C).unwrap().topology,
+            SERVER_C,
+        );
         assert!(matches!(again, Err(EditError::Exists { .. })));
         let two = format!("{SERVER_C}{}", SERVER_C.replace("\"C\"", "\"D\""));
-        assert!(matches!(add_server(&default_text(), &two), Err(EditError::Snippet { .. })));
+        assert!(matches!(
+            add_server(&default_text(), &two),
+            Err(EditError::Snippet { .. })
+        ));
     }
 
     #[test]
     fn a_server_holding_regions_is_removed_only_by_force() {
         let err = remove_server(&default_text(), "B", false).unwrap_err();
-        assert!(err.to_string().contains("holds regions PB.1, PB.2"), "{err}");
+        assert!(
+            err.to_string().contains("holds regions PB.1, PB.2"),
+            "{err}"
+        );
         let edited = remove_server(&default_text(), "B", true).unwrap();
         let after = load(&edited.topology);
         assert_eq!(after.servers.len(), 1);
-        assert!(after.fabric_devices.iter().all(|d| d.links.iter().all(|l| l.server.as_str() == "A")));
-        assert!(edited.notes[0].contains("PB.1, PB.2 become unreachable"), "{:?}", edited.notes);
+        assert!(
+            after
+                .fabric_devices
+                .iter()
+                .all(|d| d.links.iter().all(|l| l.server.as_str() == "A"))
+        );
+        assert!(
+            edited.notes[0].contains("PB.1, PB.2 become unreachable"),
+            "{:?}",
+            edited.notes
+        );
         assert!(matches!(
             remove_server(&default_text(), "Z", true),
             Err(EditError::Unknown { .. })

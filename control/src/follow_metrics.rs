@@ -1,7 +1,8 @@
 //! What a daemon that follows the map exports on `/metrics`: the epoch it
 //! runs, how long applying a change took, watch restarts and etcd errors.
-//! Both daemons register the same four, named after the daemon
-//! (`fabric_device_map_epoch`, `pmem_server_map_epoch`, …).
+//! Both daemons register the same four under names of their own
+//! (`fabric_device_map_epoch`, `pmem_server_map_epoch`, …), given whole
+//! so that each daemon's metrics module names every metric it exports.
 
 use std::sync::Arc;
 
@@ -22,27 +23,39 @@ pub struct MapMetrics {
     pub etcd_errors: Arc<Counter>,
 }
 
+/// The names a daemon gives the four metrics.
+#[derive(Debug, Clone, Copy)]
+pub struct MapMetricNames {
+    /// The epoch gauge (`…_map_epoch`).
+    pub epoch: &'static str,
+    /// The apply-time histogram (`…_map_apply_seconds`).
+    pub apply_seconds: &'static str,
+    /// The watch restarts counter (`…_map_watch_restarts_total`).
+    pub watch_restarts: &'static str,
+    /// The etcd errors counter (`…_etcd_errors_total`).
+    pub etcd_errors: &'static str,
+}
+
 impl MapMetrics {
-    /// Registers the metrics of daemon `daemon` (the metric prefix, e.g.
-    /// `fabric_device`) in `registry`.
-    pub fn register(registry: &Registry, daemon: &str) -> Result<Self, RegistryError> {
+    /// Registers the metrics under `names` in `registry`.
+    pub fn register(registry: &Registry, names: MapMetricNames) -> Result<Self, RegistryError> {
         Ok(Self {
             epoch: registry.gauge(
-                &format!("{daemon}_map_epoch"),
+                names.epoch,
                 "Epoch of the cluster map this daemon runs (0: a topology file, no epoch).",
             )?,
             apply_seconds: registry.histogram(
-                &format!("{daemon}_map_apply_seconds"),
+                names.apply_seconds,
                 "Time from the watcher learning of a new map in etcd to the daemon running it.",
                 Histogram::latency_buckets(),
             )?,
             watch_restarts: registry.counter(
-                &format!("{daemon}_map_watch_restarts_total"),
+                names.watch_restarts,
                 "Watches of the map set up again, after etcd was lost or the watch fell behind \
                  a compaction.",
             )?,
             etcd_errors: registry.counter(
-                &format!("{daemon}_etcd_errors_total"),
+                names.etcd_errors,
                 "Requests to etcd by the map watcher that failed (etcd unreachable, a watch \
                  broken).",
             )?,
@@ -58,10 +71,7 @@ impl MapMetrics {
 
     /// An observer for [`crate::MapWatch`] that counts restarts and errors
     /// here and calls `wake` when a new map waits.
-    pub fn observer(
-        self: &Arc<Self>,
-        wake: Box<dyn Fn() + Send + Sync>,
-    ) -> Arc<dyn WatchObserver> {
+    pub fn observer(self: &Arc<Self>, wake: Box<dyn Fn() + Send + Sync>) -> Arc<dyn WatchObserver> {
         Arc::new(Observer {
             metrics: Arc::clone(self),
             wake,

@@ -40,7 +40,7 @@ pub mod watch;
 
 pub use endpoints::Endpoints;
 pub use error::ControlError;
-pub use follow_metrics::MapMetrics;
+pub use follow_metrics::{MapMetricNames, MapMetrics};
 pub use keys::Keys;
 pub use map::{ClusterMap, VersionedMap};
 pub use member::{Intent, Member, Role};

@@ -223,7 +223,11 @@ impl ControlPlane {
         let value = serde_json::to_string(member).unwrap_or_default();
         let key = self.keys.member(member.role, &member.name);
         self.client
-            .put(key.clone(), value, Some(PutOptions::new().with_lease(lease)))
+            .put(
+                key.clone(),
+                value,
+                Some(PutOptions::new().with_lease(lease)),
+            )
             .await
             .map_err(etcd("registration"))?;
         let (mut keeper, mut stream) = self

@@ -90,12 +90,13 @@ impl Fixture {
 
     /// One operator change to `text`; the new epoch.
     fn change(&self, text: &str) -> u64 {
-        self.runtime.block_on(async {
-            let mut plane = ControlPlane::connect(&self.endpoints, "test").await?;
-            let current = plane.read_map().await?;
-            plane.change_map(&current, text).await.map(|m| m.map.epoch)
-        })
-        .expect("change")
+        self.runtime
+            .block_on(async {
+                let mut plane = ControlPlane::connect(&self.endpoints, "test").await?;
+                let current = plane.read_map().await?;
+                plane.change_map(&current, text).await.map(|m| m.map.epoch)
+            })
+            .expect("change")
     }
 
     fn watch(&self, from: MapVersion, observer: Arc<Counting>) -> MapWatch {

@@ -151,7 +151,15 @@ impl DeviceMetrics {
                 "Topology reloads (SIGHUP, or a new map epoch from etcd), by result.",
                 &["result"],
             )?,
-            map: Arc::new(control::MapMetrics::register(r, "fabric_device")?),
+            map: Arc::new(control::MapMetrics::register(
+                r,
+                control::MapMetricNames {
+                    epoch: "fabric_device_map_epoch",
+                    apply_seconds: "fabric_device_map_apply_seconds",
+                    watch_restarts: "fabric_device_map_watch_restarts_total",
+                    etcd_errors: "fabric_device_etcd_errors_total",
+                },
+            )?),
             connections_closed: r.counter_family(
                 "fabric_device_connections_closed_total",
                 "Client connections the device closed or refused, by reason: hello_timeout (no \

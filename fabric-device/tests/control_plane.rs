@@ -181,12 +181,20 @@ fn a_device_follows_a_new_epoch_that_adds_a_server_while_it_serves() {
     let mut tags = Vec::new();
     for i in 0..200u64 {
         let data = i.to_le_bytes();
-        tags.push(conn.send(&proto::Message::Request(write_at(proto::PmemAddr(r1.start.0 + i * 8), k1, &data))));
+        tags.push(conn.send(&proto::Message::Request(write_at(
+            proto::PmemAddr(r1.start.0 + i * 8),
+            k1,
+            &data,
+        ))));
     }
     put_map(&etcd, 2, &text(&config_two));
     for i in 200..400u64 {
         let data = i.to_le_bytes();
-        tags.push(conn.send(&proto::Message::Request(write_at(proto::PmemAddr(r1.start.0 + i * 8), k1, &data))));
+        tags.push(conn.send(&proto::Message::Request(write_at(
+            proto::PmemAddr(r1.start.0 + i * 8),
+            k1,
+            &data,
+        ))));
     }
     for tag in tags {
         let reply = conn.recv();
@@ -205,7 +213,10 @@ fn a_device_follows_a_new_epoch_that_adds_a_server_while_it_serves() {
     );
     let read = Repr::read(proto::request::Target::Pmem(r2.start), k2, 5);
     let reply = conn.call(read);
-    assert_eq!((reply.status, reply.data.as_slice()), (Status::Ok, &b"on S2"[..]));
+    assert_eq!(
+        (reply.status, reply.data.as_slice()),
+        (Status::Ok, &b"on S2"[..])
+    );
 }
 
 #[test]
@@ -244,7 +255,10 @@ fn a_device_keeps_its_map_through_bad_maps_an_etcd_outage_and_a_compaction() {
     put_map(&etcd, 2, &topology.replace("extent_size", "extent_sizes"));
     wait_for_log(&device, "refusing the map at etcd /pmem-fabric/test/map");
     let log = device.stderr_so_far();
-    assert!(log.contains("(epoch 2)") && log.contains("keeping epoch 1"), "{log}");
+    assert!(
+        log.contains("(epoch 2)") && log.contains("keeping epoch 1"),
+        "{log}"
+    );
     assert_eq!(log.matches("refusing the map").count(), 1, "{log}");
     assert_eq!(metric(&device, "fabric_device_map_epoch"), 1.0);
     served(&mut conn, b"bad map");
@@ -260,7 +274,11 @@ fn a_device_keeps_its_map_through_bad_maps_an_etcd_outage_and_a_compaction() {
     assert!(metric(&device, "fabric_device_etcd_errors_total") >= 1.0);
     // It comes back: a change made afterwards reaches the device.
     etcd.restart().unwrap_or_else(|e| panic!("etcd again: {e}"));
-    put_map(&etcd, 3, &topology.replace("[pool]\n", "[pool]\n# epoch 3\n"));
+    put_map(
+        &etcd,
+        3,
+        &topology.replace("[pool]\n", "[pool]\n# epoch 3\n"),
+    );
     wait_for_log(&device, "map epoch=3 applied");
     wait_for_log(&device, "following the map on etcd again");
     served(&mut conn, b"epoch 3");
@@ -269,11 +287,24 @@ fn a_device_keeps_its_map_through_bad_maps_an_etcd_outage_and_a_compaction() {
     // Stopped while the map changes twice and etcd compacts its history:
     // once resumed, the device reaches the newest epoch.
     device.signal(libc::SIGSTOP);
-    put_map(&etcd, 4, &topology.replace("[pool]\n", "[pool]\n# epoch 4\n"));
-    put_map(&etcd, 5, &topology.replace("[pool]\n", "[pool]\n# epoch 5\n"));
-    let status = etcd.ctl(&["endpoint", "status", "-w", "json"]).expect("status");
+    put_map(
+        &etcd,
+        4,
+        &topology.replace("[pool]\n", "[pool]\n# epoch 4\n"),
+    );
+    put_map(
+        &etcd,
+        5,
+        &topology.replace("[pool]\n", "[pool]\n# epoch 5\n"),
+    );
+    let status = etcd
+        .ctl(&["endpoint", "status", "-w", "json"])
+        .expect("status");
     let at = status.find("\"revision\":").expect("revision") + "\"revision\":".len();
-    let revision: String = status[at..].chars().take_while(char::is_ascii_digit).collect();
+    let revision: String = status[at..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
     etcd.ctl(&["compact", &revision]).expect("compact");
     device.signal(libc::SIGCONT);
     wait_for_log(&device, "map epoch=5 applied");

@@ -152,7 +152,15 @@ impl ServerMetrics {
                 "pmem_server_extents_zeroed_total",
                 "Extents zeroed as an allocation installed its key on them.",
             )?,
-            map: Arc::new(control::MapMetrics::register(r, "pmem_server")?),
+            map: Arc::new(control::MapMetrics::register(
+                r,
+                control::MapMetricNames {
+                    epoch: "pmem_server_map_epoch",
+                    apply_seconds: "pmem_server_map_apply_seconds",
+                    watch_restarts: "pmem_server_map_watch_restarts_total",
+                    etcd_errors: "pmem_server_etcd_errors_total",
+                },
+            )?),
             withdrawn_refused: r.counter(
                 "pmem_server_withdrawn_region_requests_total",
                 "Requests refused UNMAPPED because the cluster map no longer places their \

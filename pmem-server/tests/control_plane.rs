@@ -127,8 +127,8 @@ fn a_server_refuses_a_region_the_map_takes_away_and_keeps_its_file() {
     let both = write_topology(dir.path(), &[("R1", "4MiB"), ("R2", "4MiB")]);
     let layout = testkit::layout(&both);
     let both = std::fs::read_to_string(both).expect("topology");
-    let only_r1 = std::fs::read_to_string(write_topology(dir.path(), &[("R1", "4MiB")]))
-        .expect("topology");
+    let only_r1 =
+        std::fs::read_to_string(write_topology(dir.path(), &[("R1", "4MiB")])).expect("topology");
     load_map(&etcd, both.clone());
     let data = dir.path().join("data");
     let server = server_on(&etcd.endpoint(), &data).expect("server");
@@ -169,7 +169,10 @@ fn a_server_refuses_a_region_the_map_takes_away_and_keeps_its_file() {
     put_map(&etcd, 3, both);
     wait_for_log(&server, "map epoch=3 applied");
     let read = conn.call(Repr::read(Target::Pmem(r2.start), k2, 4));
-    assert_eq!((read.status, read.data.as_slice()), (Status::Ok, &b"kept"[..]));
+    assert_eq!(
+        (read.status, read.data.as_slice()),
+        (Status::Ok, &b"kept"[..])
+    );
     let (_, metrics) =
         telemetry::http_get(server.addr("admin"), "/metrics", Duration::from_secs(5))
             .expect("metrics");

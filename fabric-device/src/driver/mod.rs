@@ -246,7 +246,8 @@ impl Device {
         telemetry::register_process_metrics(&registry)?;
         let metrics = Arc::new(DeviceMetrics::new(Arc::clone(&registry))?);
         let poll = Poll::new().map_err(DeviceError::Poll)?;
-        let waker = Arc::new(mio::Waker::new(poll.registry(), MAP_WAKE).map_err(DeviceError::Poll)?);
+        let waker =
+            Arc::new(mio::Waker::new(poll.registry(), MAP_WAKE).map_err(DeviceError::Poll)?);
         let spec = config
             .topology
             .fabric_device(&config.device)

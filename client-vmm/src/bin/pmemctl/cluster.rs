@@ -208,27 +208,43 @@ async fn run_async(args: ClusterArgs) -> Result<String, ClusterError> {
             let snippet = read_text(&from)?;
             let change = |map: &str| control::edit::add_server(map, &snippet);
             let (epoch, added, notes) = edit_map(&mut plane, change).await?;
-            plane.set_intent(Role::Server, &added, Intent::Active).await?;
-            Ok(format!("pool {pool}: server {added} added at epoch {epoch}\n{notes}"))
+            plane
+                .set_intent(Role::Server, &added, Intent::Active)
+                .await?;
+            Ok(format!(
+                "pool {pool}: server {added} added at epoch {epoch}\n{notes}"
+            ))
         }
         ClusterAction::AddDevice { from } => {
             let snippet = read_text(&from)?;
             let change = |map: &str| control::edit::add_device(map, &snippet);
             let (epoch, added, notes) = edit_map(&mut plane, change).await?;
-            plane.set_intent(Role::Device, &added, Intent::Active).await?;
-            Ok(format!("pool {pool}: device {added} added at epoch {epoch}\n{notes}"))
+            plane
+                .set_intent(Role::Device, &added, Intent::Active)
+                .await?;
+            Ok(format!(
+                "pool {pool}: device {added} added at epoch {epoch}\n{notes}"
+            ))
         }
         ClusterAction::RemoveServer { server, force } => {
             let change = |map: &str| control::edit::remove_server(map, &server, force);
             let (epoch, _, notes) = edit_map(&mut plane, change).await?;
-            plane.set_intent(Role::Server, &server, Intent::Removed).await?;
-            Ok(format!("pool {pool}: server {server} removed at epoch {epoch}\n{notes}"))
+            plane
+                .set_intent(Role::Server, &server, Intent::Removed)
+                .await?;
+            Ok(format!(
+                "pool {pool}: server {server} removed at epoch {epoch}\n{notes}"
+            ))
         }
         ClusterAction::RemoveDevice { device } => {
             let change = |map: &str| control::edit::remove_device(map, &device);
             let (epoch, _, notes) = edit_map(&mut plane, change).await?;
-            plane.set_intent(Role::Device, &device, Intent::Removed).await?;
-            Ok(format!("pool {pool}: device {device} removed at epoch {epoch}\n{notes}"))
+            plane
+                .set_intent(Role::Device, &device, Intent::Removed)
+                .await?;
+            Ok(format!(
+                "pool {pool}: device {device} removed at epoch {epoch}\n{notes}"
+            ))
         }
         ClusterAction::DrainServer { server } => {
             let current = plane.read_map().await?;
@@ -356,7 +372,10 @@ async fn show(plane: &mut ControlPlane, pool: &str) -> Result<String, ClusterErr
     for (role, name, intent) in &intents {
         let named = match role {
             Role::Server => topology.servers.iter().any(|s| s.id.as_str() == name),
-            Role::Device => topology.fabric_devices.iter().any(|d| d.id.as_str() == name),
+            Role::Device => topology
+                .fabric_devices
+                .iter()
+                .any(|d| d.id.as_str() == name),
         };
         if !named {
             let _ = writeln!(
