@@ -64,9 +64,13 @@ impl Registration {
     pub fn start(endpoints: Endpoints, pool: String, member: Member) -> Result<Self, ControlError> {
         let (epochs, stopped) = mpsc::channel::<u64>();
         let (first, first_done) = mpsc::channel::<Result<(), ControlError>>();
+        // The thread logs under the daemon's span (its name and id).
+        let span = tracing::Span::current();
         let thread = std::thread::Builder::new()
             .name("etcd-liveness".to_owned())
-            .spawn(move || keep_registered(&endpoints, &pool, member, &stopped, first))
+            .spawn(move || {
+                span.in_scope(|| keep_registered(&endpoints, &pool, member, &stopped, first));
+            })
             .map_err(|source| ControlError::Runtime { source })?;
         match first_done.recv() {
             Ok(Ok(())) => Ok(Self {

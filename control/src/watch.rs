@@ -112,9 +112,11 @@ impl MapWatch {
             observer,
             stop: Arc::clone(&stop),
         };
+        // The watcher logs under the daemon's span (its name and id).
+        let span = tracing::Span::current();
         let thread = std::thread::Builder::new()
             .name("etcd-map-watch".to_owned())
-            .spawn(move || follower.run())
+            .spawn(move || span.in_scope(|| follower.run()))
             .map_err(|source| ControlError::Runtime { source })?;
         Ok(Self {
             updates,

@@ -43,9 +43,11 @@ impl MapFollower {
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = Arc::clone(&stop);
         executor.metrics().map.epoch.set(epoch as i64);
+        let span = tracing::Span::current();
         let thread = std::thread::Builder::new()
             .name("map-follow".to_owned())
             .spawn(move || {
+                let _logs_as_the_daemon = span.entered();
                 let mut running = epoch;
                 while !stopping.load(Ordering::Relaxed) {
                     if let Some(update) = watch.wait(STOP_CHECK) {
