@@ -147,6 +147,13 @@ impl Drop for MapWatch {
     }
 }
 
+/// Returns once `stop` is set.
+async fn until_stopped(stop: &AtomicBool) {
+    while !stop.load(Ordering::Relaxed) {
+        tokio::time::sleep(STOP_CHECK).await;
+    }
+}
+
 /// Why a watch session ended.
 enum Ended {
     /// Told to stop, or nobody listens any more.
@@ -209,7 +216,14 @@ impl Follower {
                 self.observer.watch_restarted();
             }
             first = false;
-            match self.session(reread_now).await {
+            // Stop at once, even in the middle of reaching an etcd that
+            // does not answer.
+            let stop = Arc::clone(&self.stop);
+            let outcome = tokio::select! {
+                outcome = self.session(reread_now) => outcome,
+                () = until_stopped(&stop) => return,
+            };
+            match outcome {
                 Ok(Ended::Stopped) => return,
                 Ok(Ended::Compacted(compacted)) => {
                     tracing::warn!(
