@@ -133,7 +133,7 @@ fn write_at(addr: proto::PmemAddr, key: proto::AccessKey, data: &[u8]) -> Repr<'
 }
 
 #[test]
-fn a_device_follows_a_new_epoch_that_adds_a_server_while_it_serves() {
+fn a_device_follows_epochs_that_add_and_remove_a_server_while_it_serves() {
     let dir = tempfile::tempdir().expect("temp dir");
     let etcd = Etcd::start(dir.path()).unwrap_or_else(|e| panic!("etcd: {e}"));
     let mut ports = Ports::new();
@@ -216,6 +216,19 @@ fn a_device_follows_a_new_epoch_that_adds_a_server_while_it_serves() {
     assert_eq!(
         (reply.status, reply.data.as_slice()),
         (Status::Ok, &b"on S2"[..])
+    );
+
+    // Epoch 3 takes the server away again: its region is refused by the
+    // device, the other one is still served on the same connection.
+    put_map(&etcd, 3, &text(&config_one));
+    wait_for_log(&device, "map epoch=3 applied");
+    assert_eq!(
+        conn.call(write_at(r2.start, k2, b"gone")).status,
+        Status::Unmapped
+    );
+    assert_eq!(
+        conn.call(write_at(r1.start, k1, b"kept")).status,
+        Status::Ok
     );
 }
 
