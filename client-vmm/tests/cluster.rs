@@ -107,3 +107,163 @@ fn bad_endpoints_and_an_unreachable_etcd_are_named() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--config TOPOLOGY is needed"));
 }
+
+/// Server C's snippet for `add-server`: one region, one NIC.
+const SERVER_C: &str = r#"
+[[servers]]
+id = "C"
+  [[servers.sockets]]
+  id = "0"
+    [[servers.sockets.devices]]
+    id = "pmem0"
+      [[servers.sockets.devices.regions]]
+      id = "PC.1"
+      size = "64MiB"
+  [[servers.nics]]
+  id = "n0"
+  socket = "0"
+  listen = "127.0.1.5:7000"
+"#;
+
+#[test]
+fn an_operator_adds_and_removes_servers_and_devices_one_epoch_each() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let etcd = Etcd::start(dir.path()).unwrap_or_else(|e| panic!("etcd: {e}"));
+    let e = etcd.endpoint();
+    let snippet = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).expect("write snippet");
+        path.to_str().expect("path").to_owned()
+    };
+    let run = |args: &[&str]| cluster(&e, &[&["--pool", "default"], args].concat());
+    let (code, _, err) = cluster(&e, &["init", "--from", DEFAULT]);
+    assert_eq!(code, 0, "{err}");
+
+    let c = snippet("c.toml", SERVER_C);
+    let (code, out, err) = run(&["add-server", "--from", &c]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.starts_with("pool default: server C added at epoch 2\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains("every fabric device (A, B) is linked"),
+        "{out}"
+    );
+    let (_, out, _) = run(&["show"]);
+    assert!(out.contains("map epoch 2"), "{out}");
+    assert!(out.contains("  C            active    not live"), "{out}");
+    assert!(
+        out.contains("region PC.1") && out.contains("of C: unreachable"),
+        "{out}"
+    );
+    let (code, _, err) = run(&["add-server", "--from", &c]);
+    assert_ne!(code, 0);
+    assert!(err.contains("already has a server C"), "{err}");
+
+    // A server holding regions goes only by force, which names them.
+    let (code, _, err) = run(&["remove-server", "C"]);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("holds regions PC.1") && err.contains("--force"),
+        "{err}"
+    );
+    let (code, out, err) = run(&["remove-server", "C", "--force"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("removed at epoch 3"), "{out}");
+    assert!(out.contains("regions PC.1 become unreachable"), "{out}");
+    let (_, out, _) = run(&["show"]);
+    assert!(
+        out.contains("not in the map: server C (removed, not live)"),
+        "{out}"
+    );
+    assert!(!out.contains("region PC.1"), "{out}");
+
+    // Devices: B goes (each client keeps its RNIC on A), A cannot go.
+    let (code, out, err) = run(&["remove-device", "B"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("device B removed at epoch 4"), "{out}");
+    assert!(out.contains("client c1 loses its RNIC(s) on B"), "{out}");
+    let (code, _, err) = run(&["remove-device", "A"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("without any RNIC"), "{err}");
+    let b = snippet(
+        "b.toml",
+        "[[fabric_devices]]\nid = \"B\"\nports = [{ id = \"p0\", listen = \"127.0.2.2:7100\" }]\n\
+         links = [{ server = \"A\", nic = \"n0\" }, { server = \"B\", nic = \"n0\" }]\n",
+    );
+    let (code, out, err) = run(&["add-device", "--from", &b]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("device B added at epoch 5"), "{out}");
+    // An invalid result is refused whole: a device that misses a server.
+    let bad = snippet(
+        "bad.toml",
+        "[[fabric_devices]]\nid = \"X\"\nports = [{ id = \"p0\", listen = \"127.0.2.9:7100\" }]\n\
+         links = [{ server = \"A\", nic = \"n0\" }]\n",
+    );
+    let (code, _, err) = run(&["add-device", "--from", &bad]);
+    assert_ne!(code, 0);
+    assert!(err.contains("invalid cluster map"), "{err}");
+    let (_, out, _) = run(&["show"]);
+    assert!(out.contains("map epoch 5"), "{out}");
+}
+
+#[test]
+fn two_operators_adding_servers_at_once_never_half_apply() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let etcd = Etcd::start(dir.path()).unwrap_or_else(|e| panic!("etcd: {e}"));
+    let e = etcd.endpoint();
+    let (code, _, err) = cluster(&e, &["init", "--from", DEFAULT]);
+    assert_eq!(code, 0, "{err}");
+    let mut paths = Vec::new();
+    for (id, ip) in [("D", "127.0.1.6"), ("E", "127.0.1.7")] {
+        let text = SERVER_C
+            .replace("\"C\"", &format!("\"{id}\""))
+            .replace("PC.1", &format!("P{id}.1"))
+            .replace("127.0.1.5", ip);
+        let path = dir.path().join(format!("{id}.toml"));
+        std::fs::write(&path, text).expect("write");
+        paths.push(path.to_str().expect("path").to_owned());
+    }
+    // Both at once: each either lands as its own epoch or loses with a
+    // conflict that names the epochs; nothing else.
+    let outcomes: Vec<(i32, String, String)> = std::thread::scope(|s| {
+        let runs: Vec<_> = paths
+            .iter()
+            .map(|p| {
+                let e = &e;
+                s.spawn(move || cluster(e, &["--pool", "default", "add-server", "--from", p]))
+            })
+            .collect();
+        runs.into_iter()
+            .map(|r| r.join().expect("pmemctl"))
+            .collect()
+    });
+    let won: Vec<&str> = ["D", "E"]
+        .into_iter()
+        .zip(&outcomes)
+        .filter(|(_, (code, _, _))| *code == 0)
+        .map(|(id, _)| id)
+        .collect();
+    for (code, _, err) in &outcomes {
+        if *code != 0 {
+            assert!(
+                err.contains("the map changed meanwhile") && err.contains("against epoch 1"),
+                "{err}"
+            );
+        }
+    }
+    assert!(!won.is_empty(), "{outcomes:?}");
+    let (_, out, _) = cluster(&e, &["--pool", "default", "show"]);
+    assert!(
+        out.contains(&format!("map epoch {}", 1 + won.len())),
+        "{out}"
+    );
+    for id in ["D", "E"] {
+        assert_eq!(
+            out.contains(&format!("region P{id}.1")),
+            won.contains(&id),
+            "{out}"
+        );
+    }
+}

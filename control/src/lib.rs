@@ -18,25 +18,32 @@
 //!
 //! Secrets (principals' keys, region keys) never go into etcd.
 //!
-//! Modules: [`endpoints`] (the `--etcd` list), [`keys`] (the key layout),
+//! Modules: [`endpoints`] (the `--etcd` list), [`edit`] (the operator's
+//! changes as edits of the map's topology), [`keys`] (the key layout),
 //! [`map`] (the map document and its validation), [`member`] (liveness and
 //! intent records), [`plane`] (the etcd client: reading and changing the
 //! map, registering liveness), [`registration`] (the same for daemons
 //! without async code: the map at start, liveness from a thread),
-//! [`error`].
+//! [`watch`] (following the map while a daemon runs), [`follow_metrics`]
+//! (what a daemon following the map exports), [`error`].
 
+pub mod edit;
 pub mod endpoints;
 pub mod error;
+pub mod follow_metrics;
 pub mod keys;
 pub mod map;
 pub mod member;
 pub mod plane;
 pub mod registration;
+pub mod watch;
 
 pub use endpoints::Endpoints;
 pub use error::ControlError;
+pub use follow_metrics::{MapMetricNames, MapMetrics};
 pub use keys::Keys;
 pub use map::{ClusterMap, VersionedMap};
 pub use member::{Intent, Member, Role};
 pub use plane::{ControlPlane, Liveness};
 pub use registration::{MapSource, MapSourceError, Registration, load_map};
+pub use watch::{MapUpdate, MapVersion, MapWatch, Quiet, REREAD_PERIOD, WatchObserver};

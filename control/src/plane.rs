@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
+    WatchOptions, WatchStream,
 };
 use tokio::task::JoinHandle;
 
@@ -122,6 +123,36 @@ impl ControlPlane {
         })
     }
 
+    /// The map's key as etcd holds it now, unvalidated: its value and
+    /// `mod_revision` (`None` when there is no map), and the store's
+    /// revision at the read (what a watch continues from).
+    pub async fn fetch_map(&mut self) -> Result<(Option<(Vec<u8>, i64)>, i64), ControlError> {
+        let response = self
+            .client
+            .get(self.keys.map(), None)
+            .await
+            .map_err(etcd("read of the map"))?;
+        let revision = response.header().map_or(0, |h| h.revision());
+        let kv = response
+            .kvs()
+            .first()
+            .map(|kv| (kv.value().to_vec(), kv.mod_revision()));
+        Ok((kv, revision))
+    }
+
+    /// Watches the map's key from revision `from` (inclusive), with
+    /// progress notifications so a quiet watch still learns the store's
+    /// revision.
+    pub async fn watch_map(&mut self, from: i64) -> Result<WatchStream, ControlError> {
+        let options = WatchOptions::new()
+            .with_start_revision(from)
+            .with_progress_notify();
+        self.client
+            .watch(self.keys.map(), Some(options))
+            .await
+            .map_err(etcd("watch of the map"))
+    }
+
     /// Replaces the map read as `based_on` by `topology` (TOML, which must
     /// be valid) at the next epoch, in one transaction that fails with
     /// [`ControlError::Conflict`] if anyone changed the map since.
@@ -192,7 +223,11 @@ impl ControlPlane {
         let value = serde_json::to_string(member).unwrap_or_default();
         let key = self.keys.member(member.role, &member.name);
         self.client
-            .put(key, value, Some(PutOptions::new().with_lease(lease)))
+            .put(
+                key.clone(),
+                value,
+                Some(PutOptions::new().with_lease(lease)),
+            )
             .await
             .map_err(etcd("registration"))?;
         let (mut keeper, mut stream) = self
@@ -216,6 +251,7 @@ impl ControlPlane {
         });
         Ok(Liveness {
             client: self.client.clone(),
+            key,
             lease,
             task,
         })
@@ -290,6 +326,7 @@ impl ControlPlane {
 /// then expires with the lease) or [`Liveness::revoke`]d (it goes at once).
 pub struct Liveness {
     client: Client,
+    key: String,
     lease: i64,
     task: JoinHandle<()>,
 }
@@ -311,6 +348,21 @@ impl Liveness {
     /// Whether the lease is still being kept alive.
     pub fn is_alive(&self) -> bool {
         !self.task.is_finished()
+    }
+
+    /// Writes `member` (the same daemon, with news such as the epoch it
+    /// runs) over its record, under the same lease.
+    pub async fn rewrite(&mut self, member: &Member) -> Result<(), ControlError> {
+        let value = serde_json::to_string(member).unwrap_or_default();
+        self.client
+            .put(
+                self.key.clone(),
+                value,
+                Some(PutOptions::new().with_lease(self.lease)),
+            )
+            .await
+            .map_err(etcd("update of the liveness record"))?;
+        Ok(())
     }
 
     /// Ends the lease now: the member's key goes with it.

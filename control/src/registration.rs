@@ -2,6 +2,7 @@
 //! read the map at start, and keep the daemon's liveness record in etcd
 //! from a thread of its own.
 
+use std::sync::Arc;
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -12,6 +13,7 @@ use crate::endpoints::Endpoints;
 use crate::error::ControlError;
 use crate::member::Member;
 use crate::plane::ControlPlane;
+use crate::watch::{MapVersion, MapWatch, WatchObserver};
 
 /// The lease's time to live: how long a dead daemon's record outlives it.
 pub const LEASE_TTL_SECS: i64 = 5;
@@ -30,13 +32,17 @@ fn runtime() -> Result<tokio::runtime::Runtime, ControlError> {
 }
 
 /// The pool's map as etcd holds it now, loaded and validated, with its
-/// epoch; for a daemon starting on the control plane.
-pub fn load_map(endpoints: &Endpoints, pool: &str) -> Result<(Topology, u64), ControlError> {
+/// epoch and revision; for a daemon starting on the control plane.
+pub fn load_map(endpoints: &Endpoints, pool: &str) -> Result<(Topology, MapVersion), ControlError> {
     runtime()?.block_on(async {
         let mut plane = ControlPlane::connect(endpoints, pool).await?;
         let map = plane.read_map().await?;
         let topology = map.map.topology_at(&plane.keys().map())?;
-        Ok((topology, map.map.epoch))
+        let version = MapVersion {
+            epoch: map.map.epoch,
+            revision: map.revision,
+        };
+        Ok((topology, version))
     })
 }
 
@@ -48,22 +54,27 @@ pub fn load_map(endpoints: &Endpoints, pool: &str) -> Result<(Topology, u64), Co
 /// Dropping it revokes the lease, so the record goes at once.
 #[derive(Debug)]
 pub struct Registration {
-    stop: Option<mpsc::Sender<()>>,
+    /// New epochs for the record; dropping it stops the thread.
+    epochs: Option<mpsc::Sender<u64>>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Registration {
     /// Registers `member` in pool `pool` and starts keeping it alive.
     pub fn start(endpoints: Endpoints, pool: String, member: Member) -> Result<Self, ControlError> {
-        let (stop, stopped) = mpsc::channel::<()>();
+        let (epochs, stopped) = mpsc::channel::<u64>();
         let (first, first_done) = mpsc::channel::<Result<(), ControlError>>();
+        // The thread logs under the daemon's span (its name and id).
+        let span = tracing::Span::current();
         let thread = std::thread::Builder::new()
             .name("etcd-liveness".to_owned())
-            .spawn(move || keep_registered(&endpoints, &pool, &member, &stopped, first))
+            .spawn(move || {
+                span.in_scope(|| keep_registered(&endpoints, &pool, member, &stopped, first));
+            })
             .map_err(|source| ControlError::Runtime { source })?;
         match first_done.recv() {
             Ok(Ok(())) => Ok(Self {
-                stop: Some(stop),
+                epochs: Some(epochs),
                 thread: Some(thread),
             }),
             Ok(Err(e)) => {
@@ -77,9 +88,19 @@ impl Registration {
     }
 }
 
+impl Registration {
+    /// Records that the daemon now runs map epoch `epoch` (written to its
+    /// record by the liveness thread, and again after any re-registration).
+    pub fn set_epoch(&self, epoch: u64) {
+        if let Some(epochs) = &self.epochs {
+            let _ = epochs.send(epoch);
+        }
+    }
+}
+
 impl Drop for Registration {
     fn drop(&mut self) {
-        drop(self.stop.take());
+        drop(self.epochs.take());
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
@@ -87,12 +108,13 @@ impl Drop for Registration {
 }
 
 /// The liveness thread: register, watch the lease, re-register with
-/// backoff after a loss, revoke when told to stop.
+/// backoff after a loss, rewrite the record when the epoch changes, revoke
+/// when told to stop (the sender dropped).
 fn keep_registered(
     endpoints: &Endpoints,
     pool: &str,
-    member: &Member,
-    stopped: &mpsc::Receiver<()>,
+    mut member: Member,
+    stopped: &mpsc::Receiver<u64>,
     first: mpsc::Sender<Result<(), ControlError>>,
 ) {
     let runtime = match runtime() {
@@ -102,11 +124,11 @@ fn keep_registered(
             return;
         }
     };
-    let register = || async {
+    let register = |member: Member| async move {
         let mut plane = ControlPlane::connect(endpoints, pool).await?;
-        plane.register(member, LEASE_TTL_SECS).await
+        plane.register(&member, LEASE_TTL_SECS).await
     };
-    let mut liveness = match runtime.block_on(register()) {
+    let mut liveness = match runtime.block_on(register(member.clone())) {
         Ok(liveness) => {
             let _ = first.send(Ok(()));
             liveness
@@ -118,11 +140,17 @@ fn keep_registered(
     };
     let mut backoff = Duration::from_millis(250);
     loop {
-        // Look at the lease four times a TTL; any message, or the sender
-        // gone, means stop.
+        // Look at the lease four times a TTL; a new epoch is written at
+        // once, the sender gone means stop.
         match stopped.recv_timeout(Duration::from_millis(250)) {
             Err(RecvTimeoutError::Timeout) => {}
-            Ok(()) | Err(RecvTimeoutError::Disconnected) => {
+            Ok(epoch) => {
+                member.epoch = epoch;
+                // Not written now (etcd away): the re-registration below
+                // writes the new epoch.
+                let _ = runtime.block_on(liveness.rewrite(&member));
+            }
+            Err(RecvTimeoutError::Disconnected) => {
                 let _ = runtime.block_on(liveness.revoke());
                 return;
             }
@@ -137,9 +165,13 @@ fn keep_registered(
         loop {
             match stopped.recv_timeout(backoff) {
                 Err(RecvTimeoutError::Timeout) => {}
-                Ok(()) | Err(RecvTimeoutError::Disconnected) => return,
+                Ok(epoch) => {
+                    member.epoch = epoch;
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => return,
             }
-            if let Ok(again) = runtime.block_on(register()) {
+            if let Ok(again) = runtime.block_on(register(member.clone())) {
                 liveness = again;
                 backoff = Duration::from_millis(250);
                 tracing::info!("registered in etcd again ({endpoints})");
@@ -193,16 +225,35 @@ impl MapSource {
         }
     }
 
-    /// The topology, and its epoch when it came from etcd; a map from etcd
-    /// is validated here, a file is validated by the caller as before.
-    pub fn load(&self) -> Result<(Topology, Option<u64>), MapSourceError> {
+    /// The topology, and its version when it came from etcd; a map from
+    /// etcd is validated here, a file is validated by the caller as before.
+    pub fn load(&self) -> Result<(Topology, Option<MapVersion>), MapSourceError> {
         match self {
             MapSource::File(path) => Ok((Topology::load(path)?, None)),
             MapSource::Etcd { endpoints, pool } => {
-                let (topology, epoch) = load_map(endpoints, pool)?;
-                tracing::info!("map of pool {pool} at epoch {epoch} from etcd ({endpoints})");
-                Ok((topology, Some(epoch)))
+                let (topology, version) = load_map(endpoints, pool)?;
+                tracing::info!(
+                    "map of pool {pool} at epoch {} from etcd ({endpoints})",
+                    version.epoch
+                );
+                Ok((topology, Some(version)))
             }
+        }
+    }
+
+    /// On etcd, follows the map from after `from` (what [`MapSource::load`]
+    /// gave), re-reading it every `reread`; `None` for a file.
+    pub fn watch(
+        &self,
+        from: Option<MapVersion>,
+        reread: Duration,
+        observer: Arc<dyn WatchObserver>,
+    ) -> Result<Option<MapWatch>, ControlError> {
+        match (self, from) {
+            (MapSource::Etcd { endpoints, pool }, Some(from)) => {
+                MapWatch::start(endpoints.clone(), pool, from, reread, observer).map(Some)
+            }
+            _ => Ok(None),
         }
     }
 

@@ -33,7 +33,8 @@ struct Args {
     config: Option<PathBuf>,
     /// Take the map from etcd instead of a file, and keep this device's
     /// liveness record there: etcd's client URLs, comma-separated
-    /// (http://h1:2379,http://h2:2379). The map is read at start.
+    /// (http://h1:2379,http://h2:2379). The map is read at start and
+    /// followed while the device runs.
     #[arg(long, value_name = "URLS", env = "PMEM_FABRIC_ETCD")]
     etcd: Option<control::Endpoints>,
     /// The pool whose map to take from etcd (its `[pool] name`).
@@ -141,7 +142,7 @@ where
         warn!("{INSECURE_WARNING}");
     }
     let source = MapSource::from_flags(args.config.clone(), args.etcd.clone(), &args.pool);
-    let (topology, epoch) = match source.load() {
+    let (topology, version) = match source.load() {
         Ok(loaded) => loaded,
         Err(e) => {
             error!("{}", error_chain(&e));
@@ -187,7 +188,8 @@ where
         topology,
     };
     let id = config.device.clone();
-    let device = match Device::bind(config) {
+    let epoch = version.map(|v| v.epoch);
+    let mut device = match Device::bind(config) {
         Ok(device) => device,
         Err(e) => {
             error!("{}", error_chain(&e));
@@ -214,9 +216,21 @@ where
             return ExitCode::FAILURE;
         }
     };
+    // On etcd, the device follows the map while it runs.
+    let waker = device.waker();
+    let observer = device.map_metrics().observer(Box::new(move || {
+        let _ = waker.wake();
+    }));
+    match source.watch(version, control::REREAD_PERIOD, observer) {
+        Ok(Some(watch)) => device.follow(watch, registration, epoch.unwrap_or(0)),
+        Ok(None) => {}
+        Err(e) => {
+            error!("{}", error_chain(&e));
+            return ExitCode::FAILURE;
+        }
+    }
     println!("{ready}");
     let ran = device.run();
-    drop(registration);
     match ran {
         Ok(()) => {
             info!("stopped cleanly");

@@ -51,6 +51,9 @@ pub struct DeviceMetrics {
     pub map_regions: Arc<Gauge>,
     /// Successful and refused reloads.
     pub reloads: Arc<Family<Counter>>,
+    /// Following the map in etcd: epoch, time to apply, watch restarts,
+    /// etcd errors.
+    pub map: Arc<control::MapMetrics>,
     /// Client connections the device closed or refused, by reason.
     pub connections_closed: Arc<Family<Counter>>,
     /// HELLOs refused, by reason.
@@ -145,9 +148,18 @@ impl DeviceMetrics {
             )?,
             reloads: r.counter_family(
                 "fabric_device_reloads_total",
-                "Topology reloads, by result.",
+                "Topology reloads (SIGHUP, or a new map epoch from etcd), by result.",
                 &["result"],
             )?,
+            map: Arc::new(control::MapMetrics::register(
+                r,
+                control::MapMetricNames {
+                    epoch: "fabric_device_map_epoch",
+                    apply_seconds: "fabric_device_map_apply_seconds",
+                    watch_restarts: "fabric_device_map_watch_restarts_total",
+                    etcd_errors: "fabric_device_etcd_errors_total",
+                },
+            )?),
             connections_closed: r.counter_family(
                 "fabric_device_connections_closed_total",
                 "Client connections the device closed or refused, by reason: hello_timeout (no \

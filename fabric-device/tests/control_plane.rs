@@ -77,3 +77,265 @@ fn a_device_on_etcd_forwards_by_the_map_and_is_a_member_while_it_runs() {
     assert!(members().is_empty(), "the record outlived the process");
     drop(server);
 }
+
+/// How long a test waits for a daemon to do what it should do soon (a
+/// bound on a wait, not a measurement).
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// Waits until the daemon's log holds `needle`.
+fn wait_for_log(daemon: &Daemon, needle: &str) {
+    let deadline = Instant::now() + PATIENCE;
+    while !daemon.stderr_so_far().contains(needle) {
+        assert!(
+            Instant::now() < deadline,
+            "no {needle:?} in the log:\n{}",
+            daemon.stderr_so_far()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A metric of the daemon's `/metrics`.
+fn metric(daemon: &Daemon, name: &str) -> f64 {
+    let (_, text) = telemetry::http_get(daemon.addr("admin"), "/metrics", Duration::from_secs(5))
+        .expect("metrics");
+    telemetry::metric_sum(&text, name, "").unwrap_or_else(|| panic!("no {name}:\n{text}"))
+}
+
+/// Puts `topology` as the map at `epoch`, as an operator's change would.
+fn put_map(etcd: &Etcd, epoch: u64, topology: &str) {
+    let map = ClusterMap {
+        epoch,
+        topology: topology.to_owned(),
+    };
+    etcd.put(&Keys::of("test").map(), &map.to_json())
+        .expect("etcdctl put");
+}
+
+fn device_on_etcd(etcd: &Etcd) -> Daemon {
+    Daemon::spawn(
+        DaemonSpec::new(FABRIC_DEVICE)
+            .args([
+                "--etcd",
+                &etcd.endpoint(),
+                "--pool",
+                "test",
+                "--device",
+                "F",
+            ])
+            .args(["--admin", "127.0.0.1:0", "--insecure"]),
+    )
+    .expect("device")
+}
+
+fn write_at(addr: proto::PmemAddr, key: proto::AccessKey, data: &[u8]) -> Repr<'_> {
+    Repr::write(proto::request::Target::Pmem(addr), key, data)
+}
+
+#[test]
+fn a_device_follows_epochs_that_add_and_remove_a_server_while_it_serves() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let etcd = Etcd::start(dir.path()).unwrap_or_else(|e| panic!("etcd: {e}"));
+    let mut ports = Ports::new();
+    let one = FabricSpec::new()
+        .server("S1", &[("R1", "4MiB")])
+        .device("F")
+        .client("c");
+    let two = one.clone().server("S2", &[("R2", "4MiB")]);
+    let config_one = one.write(dir.path(), "one.toml", &mut ports);
+    let config_two = two.write(dir.path(), "two.toml", &mut ports);
+    let text = |path: &std::path::Path| std::fs::read_to_string(path).expect("topology");
+    put_map(&etcd, 1, &text(&config_one));
+
+    let server = |config: &std::path::Path, id: &str| {
+        pmem_server_with(
+            testkit::binary("pmem-server"),
+            config,
+            id,
+            &dir.path().join(format!("data-{id}")),
+            &[],
+        )
+        .expect("server")
+    };
+    let _s1 = server(&config_one, "S1");
+    // The new server runs before the map names it, as an operator would
+    // start it before adding it.
+    let _s2 = server(&config_two, "S2");
+    let device = device_on_etcd(&etcd);
+    assert_eq!(device.field("epoch"), "1");
+    device.wait_links_up(1);
+    assert_eq!(metric(&device, "fabric_device_map_epoch"), 1.0);
+
+    let layout = testkit::layout(&config_two);
+    let (r1, r2) = (&layout.entries()[0], &layout.entries()[1]);
+    let mut conn = Conn::connect(device.addr("port.p0"));
+    conn.hello("c");
+    let k1 = conn.region_key(r1.region.0);
+    assert_eq!(
+        conn.call(write_at(r2.start, k1, b"too early")).status,
+        Status::Unmapped,
+        "epoch 1 does not place R2"
+    );
+
+    // Requests in flight while the map changes all complete.
+    let mut tags = Vec::new();
+    for i in 0..200u64 {
+        let data = i.to_le_bytes();
+        tags.push(conn.send(&proto::Message::Request(write_at(
+            proto::PmemAddr(r1.start.0 + i * 8),
+            k1,
+            &data,
+        ))));
+    }
+    put_map(&etcd, 2, &text(&config_two));
+    for i in 200..400u64 {
+        let data = i.to_le_bytes();
+        tags.push(conn.send(&proto::Message::Request(write_at(
+            proto::PmemAddr(r1.start.0 + i * 8),
+            k1,
+            &data,
+        ))));
+    }
+    for tag in tags {
+        let reply = conn.recv();
+        assert_eq!(reply.tag, tag);
+        assert_eq!(reply.status, Status::Ok, "{reply:?}");
+    }
+    wait_for_log(&device, "map epoch=2 applied");
+    assert_eq!(metric(&device, "fabric_device_map_epoch"), 2.0);
+    device.wait_links_up(2);
+
+    // The same connection now reaches the new server's region.
+    let k2 = conn.region_key(r2.region.0);
+    assert_eq!(
+        conn.call(write_at(r2.start, k2, b"on S2")).status,
+        Status::Ok
+    );
+    let read = Repr::read(proto::request::Target::Pmem(r2.start), k2, 5);
+    let reply = conn.call(read);
+    assert_eq!(
+        (reply.status, reply.data.as_slice()),
+        (Status::Ok, &b"on S2"[..])
+    );
+
+    // Epoch 3 takes the server away again: its region is refused by the
+    // device, the other one is still served on the same connection.
+    put_map(&etcd, 3, &text(&config_one));
+    wait_for_log(&device, "map epoch=3 applied");
+    assert_eq!(
+        conn.call(write_at(r2.start, k2, b"gone")).status,
+        Status::Unmapped
+    );
+    assert_eq!(
+        conn.call(write_at(r1.start, k1, b"kept")).status,
+        Status::Ok
+    );
+}
+
+#[test]
+fn a_device_keeps_its_map_through_bad_maps_an_etcd_outage_and_a_compaction() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut etcd = Etcd::start(dir.path()).unwrap_or_else(|e| panic!("etcd: {e}"));
+    let mut ports = Ports::new();
+    let spec = FabricSpec::new()
+        .server("S", &[("R1", "4MiB")])
+        .device("F")
+        .client("c");
+    let config = spec.write(dir.path(), "topology.toml", &mut ports);
+    let topology = std::fs::read_to_string(&config).expect("topology");
+    put_map(&etcd, 1, &topology);
+    let _server = pmem_server_with(
+        testkit::binary("pmem-server"),
+        &config,
+        "S",
+        &dir.path().join("data"),
+        &[],
+    )
+    .expect("server");
+    let device = device_on_etcd(&etcd);
+    device.wait_links_up(1);
+    let layout = testkit::layout(&config);
+    let r1 = &layout.entries()[0];
+    let mut conn = Conn::connect(device.addr("port.p0"));
+    conn.hello("c");
+    let key = conn.region_key(r1.region.0);
+    let served = |conn: &mut Conn, what: &[u8]| {
+        assert_eq!(conn.call(write_at(r1.start, key, what)).status, Status::Ok);
+    };
+
+    // An invalid map put by hand is refused, once, naming why; the device
+    // keeps epoch 1 and serves.
+    put_map(&etcd, 2, &topology.replace("extent_size", "extent_sizes"));
+    wait_for_log(&device, "refusing the map at etcd /pmem-fabric/test/map");
+    let log = device.stderr_so_far();
+    assert!(
+        log.contains("(epoch 2)") && log.contains("keeping epoch 1"),
+        "{log}"
+    );
+    assert_eq!(log.matches("refusing the map").count(), 1, "{log}");
+    assert_eq!(metric(&device, "fabric_device_map_epoch"), 1.0);
+    served(&mut conn, b"bad map");
+
+    // etcd goes away: the device says so once and keeps forwarding.
+    etcd.kill();
+    wait_for_log(&device, "lost the map watch on etcd");
+    served(&mut conn, b"no etcd");
+    std::thread::sleep(Duration::from_secs(2));
+    served(&mut conn, b"still no etcd");
+    let log = device.stderr_so_far();
+    assert_eq!(log.matches("lost the map watch").count(), 1, "{log}");
+    assert!(metric(&device, "fabric_device_etcd_errors_total") >= 1.0);
+    // It comes back: a change made afterwards reaches the device.
+    etcd.restart().unwrap_or_else(|e| panic!("etcd again: {e}"));
+    put_map(
+        &etcd,
+        3,
+        &topology.replace("[pool]\n", "[pool]\n# epoch 3\n"),
+    );
+    wait_for_log(&device, "map epoch=3 applied");
+    wait_for_log(&device, "following the map on etcd again");
+    served(&mut conn, b"epoch 3");
+    assert!(metric(&device, "fabric_device_map_watch_restarts_total") >= 1.0);
+
+    // Stopped while the map changes twice and etcd compacts its history:
+    // once resumed, the device reaches the newest epoch.
+    device.signal(libc::SIGSTOP);
+    put_map(
+        &etcd,
+        4,
+        &topology.replace("[pool]\n", "[pool]\n# epoch 4\n"),
+    );
+    put_map(
+        &etcd,
+        5,
+        &topology.replace("[pool]\n", "[pool]\n# epoch 5\n"),
+    );
+    let status = etcd
+        .ctl(&["endpoint", "status", "-w", "json"])
+        .expect("status");
+    let at = status.find("\"revision\":").expect("revision") + "\"revision\":".len();
+    let revision: String = status[at..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    etcd.ctl(&["compact", &revision]).expect("compact");
+    device.signal(libc::SIGCONT);
+    wait_for_log(&device, "map epoch=5 applied");
+    served(&mut conn, b"epoch 5");
+}
+
+#[test]
+fn a_device_that_cannot_reach_etcd_says_which_endpoints_it_tried() {
+    let port = testkit::free_loopback_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let err = Daemon::spawn(
+        DaemonSpec::new(FABRIC_DEVICE)
+            .args(["--etcd", &url, "--pool", "test", "--device", "F"])
+            .args(["--admin", "127.0.0.1:0", "--insecure"]),
+    )
+    .expect_err("no etcd there");
+    assert!(
+        err.contains(&format!("cannot reach etcd at {url}")),
+        "{err}"
+    );
+}

@@ -36,7 +36,9 @@ struct Args {
     config: Option<PathBuf>,
     /// Take the map from etcd instead of a file, and keep this server's
     /// liveness record there: etcd's client URLs, comma-separated
-    /// (http://h1:2379,http://h2:2379).
+    /// (http://h1:2379,http://h2:2379). The map is followed while the
+    /// server runs: regions it no longer places here are refused (their
+    /// files stay).
     #[arg(long, value_name = "URLS", env = "PMEM_FABRIC_ETCD")]
     etcd: Option<control::Endpoints>,
     /// The pool whose map to take from etcd (its `[pool] name`).
@@ -143,8 +145,8 @@ fn report(err: &dyn std::error::Error) {
 }
 
 /// The server's configuration, where its map came from, and the map's
-/// epoch (0 for a file).
-fn config(args: Args) -> Result<(ServerConfig, MapSource, u64), ExitCode> {
+/// version (`None` for a file).
+fn config(args: Args) -> Result<(ServerConfig, MapSource, Option<control::MapVersion>), ExitCode> {
     if args.secrets.is_none() && !args.insecure {
         error!("{}", NO_KEYS);
         return Err(ExitCode::from(2));
@@ -220,7 +222,7 @@ fn config(args: Args) -> Result<(ServerConfig, MapSource, u64), ExitCode> {
         transport: args.transport,
         topology,
     };
-    Ok((config, source, epoch.unwrap_or(0)))
+    Ok((config, source, epoch))
 }
 
 /// Runs the daemon with command-line arguments `args` (the first is the
@@ -238,7 +240,7 @@ where
         }
     };
     let _log = logging::init("pmem-server", &args.server, args.log_format);
-    let (config, source, epoch) = match config(args) {
+    let (config, source, version) = match config(args) {
         Ok(config) => config,
         Err(code) => return code,
     };
@@ -269,6 +271,7 @@ where
     }
     // On etcd, the server is a member once it serves, and stops being one
     // before it drains.
+    let epoch = version.map_or(0, |v| v.epoch);
     if source.file().is_none() {
         ready.push_str(&format!(" epoch={epoch}"));
     }
@@ -281,12 +284,37 @@ where
             return ExitCode::FAILURE;
         }
     };
+    // On etcd, the server follows the map while it runs; the follower owns
+    // the registration from then on.
+    let metrics = std::sync::Arc::clone(&server.executor().metrics().map);
+    let observer = metrics.observer(Box::new(|| {}));
+    let follower = match source.watch(version, control::REREAD_PERIOD, observer) {
+        Ok(Some(watch)) => crate::follow::MapFollower::start(
+            id.clone(),
+            std::sync::Arc::clone(server.executor()),
+            watch,
+            registration,
+            epoch,
+        )
+        .map(Some)
+        .map_err(|source| control::ControlError::Runtime { source }),
+        Ok(None) => Ok(None),
+        Err(e) => Err(e),
+    };
+    let follower = match follower {
+        Ok(follower) => follower,
+        Err(e) => {
+            report(&e);
+            let _ = server.stop();
+            return ExitCode::FAILURE;
+        }
+    };
     println!("{ready}");
 
     if let Some(signal) = signals.forever().next() {
         info!("signal {signal}, draining");
     }
-    drop(registration);
+    drop(follower);
     match server.stop() {
         Ok(()) => {
             info!("stopped cleanly");

@@ -5,7 +5,7 @@
 //! data path is the exactly-once table's per-shard lock, taken for
 //! COMPARE_SWAP / FETCH_ADD that ask for exactly-once execution.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -147,6 +147,9 @@ pub struct Executor {
     layout: Layout,
     /// Served regions by region index; `None` for other servers' regions.
     regions: Vec<Option<ServedRegion>>,
+    /// By region index: the cluster map no longer places it here, so its
+    /// requests are refused (its file stays).
+    withdrawn: Vec<AtomicBool>,
     /// Per-extent keys by region index, for pools with an allocator.
     extent_keys: Vec<Option<ExtentKeys>>,
     dedup: DedupTable,
@@ -239,10 +242,12 @@ impl Executor {
             .map(|i| ExtentKeys::of(&layout, RegionIndex(i)))
             .collect();
         let tenancy = Tenancy::new(&layout, Arc::clone(&metrics));
+        let withdrawn = by_index.iter().map(|_| AtomicBool::new(false)).collect();
         Self {
             server,
             layout,
             regions: by_index,
+            withdrawn,
             extent_keys,
             dedup,
             rotation: Mutex::new(()),
@@ -270,6 +275,15 @@ impl Executor {
     /// The regions this server serves.
     pub fn regions(&self) -> impl Iterator<Item = &ServedRegion> {
         self.regions.iter().flatten()
+    }
+
+    /// Marks the region at `index` as withdrawn by the cluster map (its
+    /// requests are refused UNMAPPED, its file is kept) or placed here
+    /// again; whether that changed anything.
+    pub fn set_withdrawn(&self, index: RegionIndex, withdrawn: bool) -> bool {
+        self.withdrawn
+            .get(index.0 as usize)
+            .is_some_and(|flag| flag.swap(withdrawn, Ordering::AcqRel) != withdrawn)
     }
 
     /// The metrics this executor records into.
@@ -567,6 +581,14 @@ impl Executor {
             .get(index.0 as usize)
             .and_then(Option::as_ref)
             .ok_or(Status::Unmapped)?;
+        if self
+            .withdrawn
+            .get(index.0 as usize)
+            .is_some_and(|flag| flag.load(Ordering::Acquire))
+        {
+            self.metrics.withdrawn_refused.inc();
+            return Err(Status::Unmapped);
+        }
         Ok((region, offset))
     }
 

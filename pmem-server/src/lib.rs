@@ -19,6 +19,7 @@
 //!   zeroing an extent as a key is installed on it.
 //! - `conn`, `live` and [`server`]: connections and their admission,
 //!   listeners and the daemon's life.
+//! - `follow`: on etcd, following the cluster map while the server runs.
 //! - `metrics`: what `/metrics` exports.
 //! - `verbs` (feature `verbs`): regions registered with a NIC's RNIC and
 //!   queue pairs for fabric devices, so they reach memory without this
@@ -34,6 +35,7 @@ pub(crate) mod conn;
 pub(crate) mod dedup;
 pub mod devices;
 pub(crate) mod exec;
+pub(crate) mod follow;
 pub(crate) mod gate;
 pub(crate) mod live;
 pub(crate) mod metrics;

@@ -49,6 +49,12 @@ pub struct ServerMetrics {
     pub scrubbed_blocks: Arc<Family<Counter>>,
     /// Extents zeroed as a key was installed on them (allocations).
     pub extents_zeroed: Arc<Counter>,
+    /// Following the map in etcd: epoch, time to apply, watch restarts,
+    /// etcd errors.
+    pub map: Arc<control::MapMetrics>,
+    /// Requests refused UNMAPPED because the map no longer places their
+    /// region on this server.
+    pub withdrawn_refused: Arc<Counter>,
 }
 
 impl ServerMetrics {
@@ -145,6 +151,20 @@ impl ServerMetrics {
             extents_zeroed: r.counter(
                 "pmem_server_extents_zeroed_total",
                 "Extents zeroed as an allocation installed its key on them.",
+            )?,
+            map: Arc::new(control::MapMetrics::register(
+                r,
+                control::MapMetricNames {
+                    epoch: "pmem_server_map_epoch",
+                    apply_seconds: "pmem_server_map_apply_seconds",
+                    watch_restarts: "pmem_server_map_watch_restarts_total",
+                    etcd_errors: "pmem_server_etcd_errors_total",
+                },
+            )?),
+            withdrawn_refused: r.counter(
+                "pmem_server_withdrawn_region_requests_total",
+                "Requests refused UNMAPPED because the cluster map no longer places their \
+                 region on this server (its file is kept).",
             )?,
             latency,
             ops: CounterTable::new(ops),

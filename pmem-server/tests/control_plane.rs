@@ -91,3 +91,97 @@ fn a_server_that_cannot_reach_etcd_says_which_endpoints_it_tried() {
         "{err}"
     );
 }
+
+/// How long a test waits for the server to do what it should do soon (a
+/// bound on a wait, not a measurement).
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// Puts `topology` as pool `test`'s map at `epoch`, as an operator's
+/// change would.
+fn put_map(etcd: &Etcd, epoch: u64, topology: String) {
+    let map = ClusterMap { epoch, topology };
+    etcd.put(&Keys::of("test").map(), &map.to_json())
+        .expect("etcdctl put");
+}
+
+/// Waits until the server's log holds `needle`.
+fn wait_for_log(daemon: &Daemon, needle: &str) {
+    let deadline = Instant::now() + PATIENCE;
+    while !daemon.stderr_so_far().contains(needle) {
+        assert!(
+            Instant::now() < deadline,
+            "no {needle:?} in the log:\n{}",
+            daemon.stderr_so_far()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_server_refuses_a_region_the_map_takes_away_and_keeps_its_file() {
+    use proto::Status;
+    use proto::request::{Repr, Target};
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let etcd = Etcd::start(dir.path()).unwrap_or_else(|e| panic!("etcd: {e}"));
+    let both = write_topology(dir.path(), &[("R1", "4MiB"), ("R2", "4MiB")]);
+    let layout = testkit::layout(&both);
+    let both = std::fs::read_to_string(both).expect("topology");
+    let only_r1 =
+        std::fs::read_to_string(write_topology(dir.path(), &[("R1", "4MiB")])).expect("topology");
+    load_map(&etcd, both.clone());
+    let data = dir.path().join("data");
+    let server = server_on(&etcd.endpoint(), &data).expect("server");
+    let mut conn = Conn::connect(server.addr("nic.n0"));
+    conn.hello("c");
+    let (r1, r2) = (&layout.entries()[0], &layout.entries()[1]);
+    let (k1, k2) = (conn.region_key(r1.region.0), conn.region_key(r2.region.0));
+    let write = |conn: &mut Conn, at: &topology::LayoutEntry, key, what: &[u8]| {
+        conn.call(Repr::write(Target::Pmem(at.start), key, what))
+            .status
+    };
+    assert_eq!(write(&mut conn, r2, k2, b"kept"), Status::Ok);
+
+    // Epoch 2 no longer places R2 here: its requests are refused, R1's are
+    // served, and R2's file keeps its bytes.
+    put_map(&etcd, 2, only_r1);
+    wait_for_log(&server, "map epoch=2 applied");
+    assert!(
+        server
+            .stderr_so_far()
+            .contains("no longer places region R2 on this server"),
+        "{}",
+        server.stderr_so_far()
+    );
+    assert_eq!(write(&mut conn, r2, k2, b"lost"), Status::Unmapped);
+    let read = conn.call(Repr::read(Target::Pmem(r2.start), k2, 4));
+    assert_eq!(read.status, Status::Unmapped);
+    assert_eq!(write(&mut conn, r1, k1, b"served"), Status::Ok);
+    assert_eq!(testkit::file_bytes(&data, "R2", 0, 4), b"kept");
+    // Its liveness record says the epoch it runs.
+    let deadline = Instant::now() + PATIENCE;
+    while members(&etcd).first().map(|m| m.epoch) != Some(2) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(members(&etcd)[0].epoch, 2);
+
+    // Epoch 3 places it here again: served, with its data.
+    put_map(&etcd, 3, both);
+    wait_for_log(&server, "map epoch=3 applied");
+    let read = conn.call(Repr::read(Target::Pmem(r2.start), k2, 4));
+    assert_eq!(
+        (read.status, read.data.as_slice()),
+        (Status::Ok, &b"kept"[..])
+    );
+    let (_, metrics) =
+        telemetry::http_get(server.addr("admin"), "/metrics", Duration::from_secs(5))
+            .expect("metrics");
+    assert_eq!(
+        telemetry::metric_sum(&metrics, "pmem_server_map_epoch", ""),
+        Some(3.0)
+    );
+    assert_eq!(
+        telemetry::metric_sum(&metrics, "pmem_server_withdrawn_region_requests_total", ""),
+        Some(2.0)
+    );
+}

@@ -40,6 +40,8 @@ use roce_port::RoceEndpoint;
 pub use roce_port::RocePortError;
 
 const SIGNALS: Token = Token(usize::MAX - 1);
+/// The map watcher has a new map waiting.
+const MAP_WAKE: Token = Token(usize::MAX - 2);
 /// Port `i`'s RoCEv2 packet socket is `Token(ROCE_BASE + i)`.
 const ROCE_BASE: usize = 1 << 19;
 /// How often RoCE counters are published for `/metrics`.
@@ -217,6 +219,19 @@ pub struct Device {
     hello_checked: Instant,
     /// When the keys of links to servers on verbs were last asked for.
     verbs_keys_polled: Instant,
+    /// Wakes the loop when the map watcher has a new map.
+    waker: Arc<mio::Waker>,
+    /// On etcd: the map being followed, and this device's liveness record.
+    follow: Option<Following>,
+}
+
+/// Following the map in etcd.
+#[derive(Debug)]
+struct Following {
+    watch: control::MapWatch,
+    registration: Option<control::Registration>,
+    /// The epoch the device runs.
+    epoch: u64,
 }
 
 fn link_token(link: LinkId) -> Token {
@@ -231,6 +246,8 @@ impl Device {
         telemetry::register_process_metrics(&registry)?;
         let metrics = Arc::new(DeviceMetrics::new(Arc::clone(&registry))?);
         let poll = Poll::new().map_err(DeviceError::Poll)?;
+        let waker =
+            Arc::new(mio::Waker::new(poll.registry(), MAP_WAKE).map_err(DeviceError::Poll)?);
         let spec = config
             .topology
             .fabric_device(&config.device)
@@ -347,7 +364,36 @@ impl Device {
             draining: None,
             hello_checked: now,
             verbs_keys_polled: now,
+            waker,
+            follow: None,
         })
+    }
+
+    /// Wakes the event loop from another thread (the map watcher's).
+    pub fn waker(&self) -> Arc<mio::Waker> {
+        Arc::clone(&self.waker)
+    }
+
+    /// The map-following metrics, for the watcher's observer.
+    pub fn map_metrics(&self) -> Arc<control::MapMetrics> {
+        Arc::clone(&self.metrics.map)
+    }
+
+    /// Follows the map in etcd from `epoch`: every new map `watch` hands
+    /// over is applied like a reload, and `registration` (the liveness
+    /// record, kept while the device runs) records the epoch.
+    pub fn follow(
+        &mut self,
+        watch: control::MapWatch,
+        registration: Option<control::Registration>,
+        epoch: u64,
+    ) {
+        self.metrics.map.epoch.set(epoch as i64);
+        self.follow = Some(Following {
+            watch,
+            registration,
+            epoch,
+        });
     }
 
     /// The bound address of every client-facing port.
@@ -447,6 +493,7 @@ impl Device {
                         self.on_signal(signal);
                     }
                 }
+                MAP_WAKE => self.apply_watched_map(),
                 Token(i) if i < self.listeners.len() => self.accept(i),
                 Token(t) if (ROCE_BASE..ROCE_BASE + self.roce.len()).contains(&t) => {
                     self.roce_receive(t - ROCE_BASE, now);
@@ -503,7 +550,7 @@ impl Device {
     fn reload(&mut self) {
         let device = self.config.device.clone();
         let Some(path) = self.config.topology_path.clone() else {
-            warn!("SIGHUP: no topology file to reload");
+            warn!("SIGHUP: no topology file to reload (the map follows etcd, if on it)");
             return;
         };
         let loaded = Topology::load(&path)
@@ -517,6 +564,45 @@ impl Device {
                 return;
             }
         };
+        let regions = self.replace_map(map);
+        info!("reloaded {}: {regions} regions", path.display());
+    }
+
+    /// Applies the newest map the watcher handed over, as a reload does:
+    /// client connections and requests in flight stay; one this device
+    /// cannot run on (it is not in it, say) is refused and the old one kept.
+    fn apply_watched_map(&mut self) {
+        let Some(update) = self.follow.as_ref().and_then(|f| f.watch.latest()) else {
+            return;
+        };
+        let running = self.follow.as_ref().map_or(0, |f| f.epoch);
+        let epoch = update.version.epoch;
+        let map = match DeviceMap::new(&update.topology, &self.config.device) {
+            Ok(map) => map,
+            Err(e) => {
+                warn!(
+                    "map epoch={epoch} refused, keeping epoch={running}: {}",
+                    error_chain(&e)
+                );
+                self.metrics.reloads.with(&["refused"]).inc();
+                return;
+            }
+        };
+        let regions = self.replace_map(map);
+        self.config.topology = update.topology.clone();
+        self.metrics.map.applied(&update);
+        if let Some(follow) = &mut self.follow {
+            follow.epoch = epoch;
+            if let Some(registration) = &follow.registration {
+                registration.set_epoch(epoch);
+            }
+        }
+        info!("map epoch={epoch} applied (was epoch={running}): {regions} regions");
+    }
+
+    /// Replaces the core's map by `map`, keeping client connections and
+    /// the links it still has; the number of regions it maps.
+    fn replace_map(&mut self, map: DeviceMap) -> usize {
         let regions = map.layout.entries().len();
         let outcome = self.core.reload(map);
         self.deliver_all(outcome.failed);
@@ -538,7 +624,7 @@ impl Device {
             self.reconnects.add(link, now);
         }
         self.metrics.reloads.with(&["applied"]).inc();
-        info!("reloaded {}: {regions} regions", path.display());
+        regions
     }
 
     /// Closes connections that have not said HELLO (and with

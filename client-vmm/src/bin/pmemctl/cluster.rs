@@ -1,6 +1,7 @@
 //! `pmemctl cluster …`: the cluster map and membership in etcd (the
 //! control plane): load the first map, show it with who is alive, replace
-//! it at a known epoch, and record the operator's intent.
+//! it at a known epoch, add and remove servers and devices (each one epoch
+//! change against the map's revision), and record the operator's intent.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -52,6 +53,36 @@ enum ClusterAction {
         /// The server's id.
         server: String,
     },
+    /// Adds the server of a TOML snippet (one `[[servers]]` table, and
+    /// optionally `[[links]]` with `device` and `nic`; without links every
+    /// device reaches every NIC of it) as the next epoch.
+    AddServer {
+        /// The snippet.
+        #[arg(long, value_name = "FILE")]
+        from: PathBuf,
+    },
+    /// Adds the fabric device of a TOML snippet (one `[[fabric_devices]]`
+    /// table) as the next epoch.
+    AddDevice {
+        /// The snippet.
+        #[arg(long, value_name = "FILE")]
+        from: PathBuf,
+    },
+    /// Removes SERVER from the map as the next epoch; refused while it
+    /// holds regions unless --force. Its data stays on its PMEM.
+    RemoveServer {
+        /// The server's id.
+        server: String,
+        /// Remove it although its regions become unreachable (they are named).
+        #[arg(long)]
+        force: bool,
+    },
+    /// Removes fabric device DEVICE from the map as the next epoch, with
+    /// the clients' RNICs wired to it; refused if a client has no other.
+    RemoveDevice {
+        /// The device's id.
+        device: String,
+    },
 }
 
 /// Why a cluster command failed.
@@ -89,6 +120,9 @@ pub enum ClusterError {
         /// The map's.
         current: u64,
     },
+    /// The edit cannot be made.
+    #[error(transparent)]
+    Edit(#[from] control::edit::EditError),
     /// A server the map does not have.
     #[error("the map (epoch {epoch}) has no server {server}")]
     UnknownServer {
@@ -170,6 +204,48 @@ async fn run_async(args: ClusterArgs) -> Result<String, ClusterError> {
                 changed.map.epoch
             ))
         }
+        ClusterAction::AddServer { from } => {
+            let snippet = read_text(&from)?;
+            let change = |map: &str| control::edit::add_server(map, &snippet);
+            let (epoch, added, notes) = edit_map(&mut plane, change).await?;
+            plane
+                .set_intent(Role::Server, &added, Intent::Active)
+                .await?;
+            Ok(format!(
+                "pool {pool}: server {added} added at epoch {epoch}\n{notes}"
+            ))
+        }
+        ClusterAction::AddDevice { from } => {
+            let snippet = read_text(&from)?;
+            let change = |map: &str| control::edit::add_device(map, &snippet);
+            let (epoch, added, notes) = edit_map(&mut plane, change).await?;
+            plane
+                .set_intent(Role::Device, &added, Intent::Active)
+                .await?;
+            Ok(format!(
+                "pool {pool}: device {added} added at epoch {epoch}\n{notes}"
+            ))
+        }
+        ClusterAction::RemoveServer { server, force } => {
+            let change = |map: &str| control::edit::remove_server(map, &server, force);
+            let (epoch, _, notes) = edit_map(&mut plane, change).await?;
+            plane
+                .set_intent(Role::Server, &server, Intent::Removed)
+                .await?;
+            Ok(format!(
+                "pool {pool}: server {server} removed at epoch {epoch}\n{notes}"
+            ))
+        }
+        ClusterAction::RemoveDevice { device } => {
+            let change = |map: &str| control::edit::remove_device(map, &device);
+            let (epoch, _, notes) = edit_map(&mut plane, change).await?;
+            plane
+                .set_intent(Role::Device, &device, Intent::Removed)
+                .await?;
+            Ok(format!(
+                "pool {pool}: device {device} removed at epoch {epoch}\n{notes}"
+            ))
+        }
         ClusterAction::DrainServer { server } => {
             let current = plane.read_map().await?;
             let topology = current.map.topology_at(&plane.keys().map())?;
@@ -188,6 +264,34 @@ async fn run_async(args: ClusterArgs) -> Result<String, ClusterError> {
             ))
         }
     }
+}
+
+/// A file's text.
+fn read_text(path: &PathBuf) -> Result<String, ClusterError> {
+    std::fs::read_to_string(path).map_err(|source| ClusterError::Read {
+        path: path.clone(),
+        source,
+    })
+}
+
+/// Reads the map, edits its topology with `change` and writes it as the
+/// next epoch in one transaction against the revision read (a change
+/// meanwhile is a conflict, nothing written); the new epoch, the id of
+/// what was added or removed, and the edit's notes, one indented line
+/// each.
+async fn edit_map(
+    plane: &mut ControlPlane,
+    change: impl FnOnce(&str) -> Result<control::edit::Edited, control::edit::EditError>,
+) -> Result<(u64, String, String), ClusterError> {
+    let current = plane.read_map().await?;
+    let edited = change(&current.map.topology)?;
+    let written = plane.change_map(&current, &edited.topology).await?;
+    let notes = edited
+        .notes
+        .iter()
+        .map(|n| format!("  {n}\n"))
+        .collect::<String>();
+    Ok((written.map.epoch, edited.subject, notes))
 }
 
 /// The map, members and intents as text.
@@ -222,18 +326,29 @@ async fn show(plane: &mut ControlPlane, pool: &str) -> Result<String, ClusterErr
     let _ = writeln!(out, "servers:");
     for server in &topology.servers {
         let name = server.id.as_str();
+        let intent = intent_of(Role::Server, name);
+        let live = members
+            .iter()
+            .any(|m| m.role == Role::Server && m.name == name);
         let _ = writeln!(
             out,
             "  {name:<12} {:<9} {}",
-            intent_of(Role::Server, name).as_str(),
+            intent.as_str(),
             liveness(Role::Server, name)
         );
+        // A region is served while its server is live; draining says no
+        // new allocation lands there.
+        let state = match (live, intent) {
+            (false, _) => "unreachable",
+            (true, Intent::Draining) => "draining",
+            (true, _) => "served",
+        };
         for socket in &server.sockets {
             for device in &socket.devices {
                 for region in &device.regions {
                     let _ = writeln!(
                         out,
-                        "    region {:<10} {:>10} on socket {}",
+                        "    region {:<10} {:>10} on socket {} of {name}: {state}",
                         region.id.as_str(),
                         region.size.to_string(),
                         socket.id.as_str()
@@ -253,5 +368,22 @@ async fn show(plane: &mut ControlPlane, pool: &str) -> Result<String, ClusterErr
         );
     }
     let _ = writeln!(out, "clients: {}", topology.clients.len());
+    // Intents of daemons the map no longer names (removed ones).
+    for (role, name, intent) in &intents {
+        let named = match role {
+            Role::Server => topology.servers.iter().any(|s| s.id.as_str() == name),
+            Role::Device => topology
+                .fabric_devices
+                .iter()
+                .any(|d| d.id.as_str() == name),
+        };
+        if !named {
+            let _ = writeln!(
+                out,
+                "not in the map: {role} {name} ({intent}, {})",
+                liveness(*role, name)
+            );
+        }
+    }
     Ok(out)
 }

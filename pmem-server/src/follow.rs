@@ -1,0 +1,114 @@
+//! A server on etcd follows the cluster map while it runs: a thread takes
+//! each new map from the watcher, refuses requests for the regions the map
+//! no longer places on this server (UNMAPPED; their files stay on disk: a
+//! map change never deletes data), serves them again when a later map puts
+//! them back, and records the epoch in its liveness record and metrics.
+//!
+//! Regions a new map adds to this server are not served until it restarts
+//! (their files are created at start).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use control::{MapUpdate, MapWatch, Registration};
+use topology::{RegionId, ServerId, Topology};
+use tracing::{info, warn};
+
+use crate::exec::Executor;
+
+/// How often the thread looks whether it was told to stop.
+const STOP_CHECK: Duration = Duration::from_millis(250);
+
+/// The thread that applies new maps; stopped when dropped.
+#[derive(Debug)]
+pub struct MapFollower {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl MapFollower {
+    /// Applies every map `watch` hands over to `executor`, the regions of
+    /// server `server`, starting from `epoch`; `registration` records the
+    /// epoch.
+    pub fn start(
+        server: ServerId,
+        executor: Arc<Executor>,
+        watch: MapWatch,
+        registration: Option<Registration>,
+        epoch: u64,
+    ) -> std::io::Result<Self> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = Arc::clone(&stop);
+        executor.metrics().map.epoch.set(epoch as i64);
+        let span = tracing::Span::current();
+        let thread = std::thread::Builder::new()
+            .name("map-follow".to_owned())
+            .spawn(move || {
+                let _logs_as_the_daemon = span.entered();
+                let mut running = epoch;
+                while !stopping.load(Ordering::Relaxed) {
+                    if let Some(update) = watch.wait(STOP_CHECK) {
+                        apply(&server, &executor, &update, running);
+                        running = update.version.epoch;
+                        if let Some(registration) = &registration {
+                            registration.set_epoch(running);
+                        }
+                    }
+                }
+                // The liveness record goes with the registration, here.
+                drop(registration);
+            })?;
+        Ok(Self {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for MapFollower {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The regions `topology` places on `server`.
+fn placed_on(topology: &Topology, server: &ServerId) -> BTreeSet<RegionId> {
+    topology
+        .regions()
+        .filter(|place| &place.server.id == server)
+        .map(|place| place.region.id.clone())
+        .collect()
+}
+
+/// Withdraws the served regions `update` no longer places here and serves
+/// again those it places here again, logging each change.
+fn apply(server: &ServerId, executor: &Executor, update: &MapUpdate, running: u64) {
+    let epoch = update.version.epoch;
+    let placed = placed_on(&update.topology, server);
+    if update.topology.server(server).is_none() {
+        warn!("map epoch={epoch} no longer names server {server}: every region is refused");
+    }
+    for region in executor.regions() {
+        let id = &region.entry.region_id;
+        let withdrawn = !placed.contains(id);
+        if !executor.set_withdrawn(region.entry.region, withdrawn) {
+            continue;
+        }
+        if withdrawn {
+            warn!(
+                "map epoch={epoch} no longer places region {id} on this server: its requests \
+                 are refused UNMAPPED; its file is kept"
+            );
+        } else {
+            info!("map epoch={epoch} places region {id} on this server again: serving it");
+        }
+    }
+    executor.metrics().map.applied(update);
+    info!("map epoch={epoch} applied (was epoch={running})");
+}
