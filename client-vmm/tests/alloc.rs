@@ -209,6 +209,8 @@ fn worker() {
             println!("free {}", vaddr.get());
         }
     }
+    pool.block_on(alloc.trim())
+        .unwrap_or_else(|e| panic!("trim: {}", client_vmm::error_chain(&e)));
     println!("done {}", alloc.ops_issued());
 }
 

@@ -160,12 +160,18 @@ fn the_blocking_allocator_allocates_shares_and_frees() {
     a0.free(small).expect("free the small object");
     let usage = a0.usage().expect("usage");
     assert_eq!(
+        usage.slabs, 1,
+        "the client keeps its emptied slab for the next small object: {usage:?}"
+    );
+    a0.trim().expect("trim");
+    let usage = a0.usage().expect("usage");
+    assert_eq!(
         (
             usage.regions.iter().map(|r| r.used).sum::<u64>(),
             usage.slabs
         ),
         (0, 0),
-        "every extent is free again (the emptied slab retired): {usage:?}"
+        "every extent is free again (trim retired the emptied slab): {usage:?}"
     );
     assert!(a0.scrub().expect("scrub").is_clean());
 }

@@ -104,4 +104,10 @@ impl BlockingAllocator {
     pub fn scrub(&self) -> Result<ScrubReport, AllocError> {
         self.runtime.block_on(self.allocator.scrub())
     }
+
+    /// Returns this client's empty slabs to the pool (see
+    /// [`Allocator::trim`]).
+    pub fn trim(&self) -> Result<(), AllocError> {
+        self.runtime.block_on(self.allocator.trim())
+    }
 }

@@ -303,11 +303,47 @@ impl Allocator {
             .await?;
         let after = before.wrapping_sub(1 << 32);
         self.lock_guesses().headers.insert(slab, after);
+        // The slab this client takes objects of its class from stays even
+        // when empty, so taking and freeing one object does not create and
+        // retire a slab (and zero its extent) each time; see `trim`.
+        let current = self.lock_guesses().current.get(&class) == Some(&slab);
         if let Some(header) = SlabHeader::decode(after)
             && header.used == 0
             && !header.retiring
+            && !current
         {
             self.retire(slab, entry, after).await?;
+        }
+        Ok(())
+    }
+
+    /// Returns this client's empty slabs to the pool: the one per size
+    /// class it keeps even when empty. For a client about to end; the same
+    /// client's scrub retires them too.
+    pub async fn trim(&self) -> Result<(), AllocError> {
+        let current: Vec<(u32, u64)> = self.lock_guesses().current.drain().collect();
+        for (_, slab) in current {
+            let Some(entry) = self.cached_slab(slab) else {
+                continue;
+            };
+            let word = match self
+                .read_slab_word(PmemAddr(entry.pmem), entry.key, 0)
+                .await
+            {
+                Ok(word) => word,
+                // Freed meanwhile (its key rotated): nothing to return.
+                Err(AllocError::Pool(PoolError::AccessDenied { .. })) => {
+                    self.forget_slab(slab);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            if let Some(header) = SlabHeader::decode(word)
+                && header.used == 0
+                && !header.retiring
+            {
+                self.retire(slab, &entry, word).await?;
+            }
         }
         Ok(())
     }
