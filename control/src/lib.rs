@@ -18,13 +18,21 @@
 //!
 //! Secrets (principals' keys, region keys) never go into etcd.
 //!
-//! Modules: [`endpoints`] (the `--etcd` list), [`keys`] (the key layout),
+//! Who may write what is etcd's own business: with authentication on,
+//! only the pool's operator may change the map and the intents, and each
+//! daemon may write its own liveness key only ([`access`]); everyone
+//! connects with [`Credentials`] read from an owner-only file.
+//!
+//! Modules: [`endpoints`] (the `--etcd` list), [`credentials`] (an etcd
+//! user's credentials file), [`access`] (the pool's etcd users and roles), [`keys`] (the key layout),
 //! [`map`] (the map document and its validation), [`member`] (liveness and
 //! intent records), [`plane`] (the etcd client: reading and changing the
 //! map, registering liveness), [`registration`] (the same for daemons
 //! without async code: the map at start, liveness from a thread),
 //! [`error`].
 
+pub mod access;
+pub mod credentials;
 pub mod endpoints;
 pub mod error;
 pub mod keys;
@@ -33,6 +41,7 @@ pub mod member;
 pub mod plane;
 pub mod registration;
 
+pub use credentials::{CREDENTIALS_ENV, Credentials, CredentialsError};
 pub use endpoints::Endpoints;
 pub use error::ControlError;
 pub use keys::Keys;

@@ -8,6 +8,7 @@ use etcd_client::{
 };
 use tokio::task::JoinHandle;
 
+use crate::credentials::Credentials;
 use crate::endpoints::Endpoints;
 use crate::error::ControlError;
 use crate::keys::Keys;
@@ -25,6 +26,8 @@ pub struct ControlPlane {
     client: Client,
     keys: Keys,
     endpoints: Endpoints,
+    /// The etcd user this connection authenticated as, if any.
+    user: Option<String>,
 }
 
 impl std::fmt::Debug for ControlPlane {
@@ -32,41 +35,121 @@ impl std::fmt::Debug for ControlPlane {
         f.debug_struct("ControlPlane")
             .field("endpoints", &self.endpoints.to_string())
             .field("prefix", &self.keys.prefix())
+            .field("user", &self.user)
             .finish()
     }
 }
 
-fn etcd(what: &'static str) -> impl FnOnce(etcd_client::Error) -> ControlError {
-    move |source| ControlError::Etcd { what, source }
+/// What etcd's answer `source` to a `what` of `key` by `user` means: no
+/// credentials where etcd wants them, a wrong password, a permission etcd
+/// refused, an unreachable etcd, or another failure.
+fn classify(
+    endpoints: &Endpoints,
+    user: Option<&str>,
+    what: &'static str,
+    key: String,
+    source: etcd_client::Error,
+) -> ControlError {
+    let message = match &source {
+        etcd_client::Error::GRpcStatus(status) => status.message().to_owned(),
+        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => {
+            return ControlError::Unreachable {
+                endpoints: endpoints.clone(),
+                source,
+            };
+        }
+        other => other.to_string(),
+    };
+    let user_name = || user.unwrap_or("(none)").to_owned();
+    if message.contains("user name is empty") || message.contains("user name not found") {
+        ControlError::NeedsCredentials {
+            endpoints: endpoints.clone(),
+        }
+    } else if message.contains("authentication failed") {
+        ControlError::AuthFailed {
+            endpoints: endpoints.clone(),
+            user: user_name(),
+            source,
+        }
+    } else if message.contains("authentication is not enabled") {
+        ControlError::AuthNotEnabled {
+            endpoints: endpoints.clone(),
+            user: user_name(),
+        }
+    } else if message.contains("permission denied") {
+        ControlError::PermissionDenied {
+            user: user_name(),
+            what,
+            key,
+        }
+    } else {
+        ControlError::Etcd { what, source }
+    }
 }
 
 impl ControlPlane {
-    /// Connects to `endpoints` for pool `pool`, and checks that one of
-    /// them answers (a read of the map's key), so an unreachable etcd is
-    /// said here, naming the endpoints tried.
-    pub async fn connect(endpoints: &Endpoints, pool: &str) -> Result<Self, ControlError> {
+    /// Connects to `endpoints` for pool `pool`, as the etcd user of
+    /// `credentials` when given (required once etcd has authentication
+    /// on), and checks that one of them answers (a read of the map's key),
+    /// so an unreachable etcd is said here, naming the endpoints tried,
+    /// and so are missing or wrong credentials.
+    pub async fn connect(
+        endpoints: &Endpoints,
+        pool: &str,
+        credentials: Option<&Credentials>,
+    ) -> Result<Self, ControlError> {
         if pool.is_empty() || pool.contains('/') {
             return Err(ControlError::BadPoolName {
                 name: pool.to_owned(),
             });
         }
-        let options = ConnectOptions::new()
+        let mut options = ConnectOptions::new()
             .with_connect_timeout(CONNECT_TIMEOUT)
             .with_timeout(REQUEST_TIMEOUT);
-        let unreachable = |source| ControlError::Unreachable {
-            endpoints: endpoints.clone(),
-            source,
+        if let Some(creds) = credentials {
+            // A token lost with an etcd restart is fetched again.
+            options = options
+                .with_user(creds.user(), creds.password())
+                .with_auto_token_refresh(true);
+        }
+        let user = credentials.map(|c| c.user().to_owned());
+        let keys = Keys::of(pool);
+        // At connect, any other failure means no etcd answered.
+        let refused = |source| match classify(endpoints, user.as_deref(), "read", keys.map(), source)
+        {
+            ControlError::Etcd { source, .. } => ControlError::Unreachable {
+                endpoints: endpoints.clone(),
+                source,
+            },
+            other => other,
         };
         let mut client = Client::connect(endpoints.urls(), Some(options))
             .await
-            .map_err(unreachable)?;
-        let keys = Keys::of(pool);
-        client.get(keys.map(), None).await.map_err(unreachable)?;
+            .map_err(refused)?;
+        client.get(keys.map(), None).await.map_err(refused)?;
         Ok(Self {
             client,
             keys,
             endpoints: endpoints.clone(),
+            user,
         })
+    }
+
+    /// The etcd user this connection authenticated as, if any.
+    pub fn user(&self) -> Option<&str> {
+        self.user.as_deref()
+    }
+
+    /// Turns an etcd failure of `what` on `key` into the error to report:
+    /// missing credentials and refused permissions are said as such.
+    fn failed(
+        &self,
+        what: &'static str,
+        key: String,
+    ) -> impl FnOnce(etcd_client::Error) -> ControlError + 'static {
+        let endpoints = self.endpoints.clone();
+        let user = self.user.clone();
+        move |source| classify(&endpoints, user.as_deref(), what, key, source)
     }
 
     /// The pool's key layout.
@@ -92,7 +175,7 @@ impl ControlPlane {
             .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
             .and_then([TxnOp::put(key.clone(), map.to_json(), None)])
             .or_else([TxnOp::get(key.clone(), None)]);
-        let response = self.client.txn(txn).await.map_err(etcd("init"))?;
+        let response = self.client.txn(txn).await.map_err(self.failed("init of the map", key.clone()))?;
         if !response.succeeded() {
             let current = self.current_in(&response)?;
             return Err(ControlError::AlreadyInitialized {
@@ -111,7 +194,7 @@ impl ControlPlane {
             .client
             .get(key.clone(), None)
             .await
-            .map_err(etcd("read of the map"))?;
+            .map_err(self.failed("read of the map", key.clone()))?;
         let kv = response
             .kvs()
             .first()
@@ -148,7 +231,7 @@ impl ControlPlane {
             .client
             .txn(txn)
             .await
-            .map_err(etcd("change of the map"))?;
+            .map_err(self.failed("change of the map", key.clone()))?;
         if !response.succeeded() {
             let current = self.current_in(&response)?;
             return Err(ControlError::Conflict {
@@ -183,23 +266,23 @@ impl ControlPlane {
     /// lease alive from a task on the current tokio runtime until the
     /// returned [`Liveness`] is dropped or revoked.
     pub async fn register(&mut self, member: &Member, ttl: i64) -> Result<Liveness, ControlError> {
+        let key = self.keys.member(member.role, &member.name);
         let lease = self
             .client
             .lease_grant(ttl, None)
             .await
-            .map_err(etcd("lease grant"))?
+            .map_err(self.failed("lease grant", key.clone()))?
             .id();
         let value = serde_json::to_string(member).unwrap_or_default();
-        let key = self.keys.member(member.role, &member.name);
         self.client
-            .put(key, value, Some(PutOptions::new().with_lease(lease)))
+            .put(key.clone(), value, Some(PutOptions::new().with_lease(lease)))
             .await
-            .map_err(etcd("registration"))?;
+            .map_err(self.failed("registration", key.clone()))?;
         let (mut keeper, mut stream) = self
             .client
             .lease_keep_alive(lease)
             .await
-            .map_err(etcd("lease keep-alive"))?;
+            .map_err(self.failed("lease keep-alive", key))?;
         let period = Duration::from_secs((ttl as u64 / 3).max(1));
         let task = tokio::spawn(async move {
             loop {
@@ -229,7 +312,7 @@ impl ControlPlane {
             .client
             .get(under.clone(), Some(GetOptions::new().with_prefix()))
             .await
-            .map_err(etcd("read of the members"))?;
+            .map_err(self.failed("read of the members", under.clone()))?;
         let mut members = Vec::new();
         for kv in response.kvs() {
             let key = String::from_utf8_lossy(kv.key());
@@ -251,10 +334,11 @@ impl ControlPlane {
         name: &str,
         intent: Intent,
     ) -> Result<(), ControlError> {
+        let key = self.keys.intent(role, name);
         self.client
-            .put(self.keys.intent(role, name), intent.as_str(), None)
+            .put(key.clone(), intent.as_str(), None)
             .await
-            .map_err(etcd("write of an intent"))?;
+            .map_err(self.failed("write of an intent", key))?;
         Ok(())
     }
 
@@ -265,7 +349,7 @@ impl ControlPlane {
             .client
             .get(under.clone(), Some(GetOptions::new().with_prefix()))
             .await
-            .map_err(etcd("read of the intents"))?;
+            .map_err(self.failed("read of the intents", under.clone()))?;
         let mut intents = Vec::new();
         for kv in response.kvs() {
             let key = String::from_utf8_lossy(kv.key());
@@ -319,7 +403,10 @@ impl Liveness {
         self.client
             .lease_revoke(self.lease)
             .await
-            .map_err(etcd("lease revoke"))?;
+            .map_err(|source| ControlError::Etcd {
+                what: "lease revoke",
+                source,
+            })?;
         Ok(())
     }
 }

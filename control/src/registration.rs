@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use topology::Topology;
 
+use crate::credentials::Credentials;
 use crate::endpoints::Endpoints;
 use crate::error::ControlError;
 use crate::member::Member;
@@ -30,10 +31,15 @@ fn runtime() -> Result<tokio::runtime::Runtime, ControlError> {
 }
 
 /// The pool's map as etcd holds it now, loaded and validated, with its
-/// epoch; for a daemon starting on the control plane.
-pub fn load_map(endpoints: &Endpoints, pool: &str) -> Result<(Topology, u64), ControlError> {
+/// epoch; for a daemon starting on the control plane (as the etcd user of
+/// `credentials` when given).
+pub fn load_map(
+    endpoints: &Endpoints,
+    pool: &str,
+    credentials: Option<&Credentials>,
+) -> Result<(Topology, u64), ControlError> {
     runtime()?.block_on(async {
-        let mut plane = ControlPlane::connect(endpoints, pool).await?;
+        let mut plane = ControlPlane::connect(endpoints, pool, credentials).await?;
         let map = plane.read_map().await?;
         let topology = map.map.topology_at(&plane.keys().map())?;
         Ok((topology, map.map.epoch))
@@ -53,13 +59,22 @@ pub struct Registration {
 }
 
 impl Registration {
-    /// Registers `member` in pool `pool` and starts keeping it alive.
-    pub fn start(endpoints: Endpoints, pool: String, member: Member) -> Result<Self, ControlError> {
+    /// Registers `member` in pool `pool` (as the etcd user of
+    /// `credentials` when given) and starts keeping it alive.
+    pub fn start(
+        endpoints: Endpoints,
+        pool: String,
+        credentials: Option<Credentials>,
+        member: Member,
+    ) -> Result<Self, ControlError> {
         let (stop, stopped) = mpsc::channel::<()>();
         let (first, first_done) = mpsc::channel::<Result<(), ControlError>>();
         let thread = std::thread::Builder::new()
             .name("etcd-liveness".to_owned())
-            .spawn(move || keep_registered(&endpoints, &pool, &member, &stopped, first))
+            .spawn(move || {
+                let access = (&endpoints, pool.as_str(), credentials.as_ref());
+                keep_registered(access, &member, &stopped, first);
+            })
             .map_err(|source| ControlError::Runtime { source })?;
         match first_done.recv() {
             Ok(Ok(())) => Ok(Self {
@@ -89,8 +104,7 @@ impl Drop for Registration {
 /// The liveness thread: register, watch the lease, re-register with
 /// backoff after a loss, revoke when told to stop.
 fn keep_registered(
-    endpoints: &Endpoints,
-    pool: &str,
+    (endpoints, pool, credentials): (&Endpoints, &str, Option<&Credentials>),
     member: &Member,
     stopped: &mpsc::Receiver<()>,
     first: mpsc::Sender<Result<(), ControlError>>,
@@ -103,7 +117,7 @@ fn keep_registered(
         }
     };
     let register = || async {
-        let mut plane = ControlPlane::connect(endpoints, pool).await?;
+        let mut plane = ControlPlane::connect(endpoints, pool, credentials).await?;
         plane.register(member, LEASE_TTL_SECS).await
     };
     let mut liveness = match runtime.block_on(register()) {
@@ -162,6 +176,8 @@ pub enum MapSource {
         endpoints: Endpoints,
         /// The pool's name.
         pool: String,
+        /// The daemon's etcd user, when etcd has authentication on.
+        credentials: Option<Credentials>,
     },
 }
 
@@ -177,20 +193,26 @@ pub enum MapSourceError {
 }
 
 impl MapSource {
-    /// The source command-line flags name: etcd when `etcd` is given,
-    /// otherwise the file (the daemons' flags require one of them).
+    /// The source command-line flags name: etcd when `etcd` is given
+    /// (as the user of the `credentials` file when given, which is read
+    /// here), otherwise the file (the daemons' flags require one of them).
     pub fn from_flags(
         config: Option<std::path::PathBuf>,
         etcd: Option<Endpoints>,
         pool: &str,
-    ) -> Self {
-        match (etcd, config) {
+        credentials: Option<&std::path::Path>,
+    ) -> Result<Self, MapSourceError> {
+        Ok(match (etcd, config) {
             (Some(endpoints), _) => MapSource::Etcd {
                 endpoints,
                 pool: pool.to_owned(),
+                credentials: credentials
+                    .map(Credentials::read)
+                    .transpose()
+                    .map_err(ControlError::from)?,
             },
             (None, file) => MapSource::File(file.unwrap_or_default()),
-        }
+        })
     }
 
     /// The topology, and its epoch when it came from etcd; a map from etcd
@@ -198,8 +220,12 @@ impl MapSource {
     pub fn load(&self) -> Result<(Topology, Option<u64>), MapSourceError> {
         match self {
             MapSource::File(path) => Ok((Topology::load(path)?, None)),
-            MapSource::Etcd { endpoints, pool } => {
-                let (topology, epoch) = load_map(endpoints, pool)?;
+            MapSource::Etcd {
+                endpoints,
+                pool,
+                credentials,
+            } => {
+                let (topology, epoch) = load_map(endpoints, pool, credentials.as_ref())?;
                 tracing::info!("map of pool {pool} at epoch {epoch} from etcd ({endpoints})");
                 Ok((topology, Some(epoch)))
             }
@@ -217,9 +243,14 @@ impl MapSource {
     ) -> Result<Option<Registration>, ControlError> {
         match self {
             MapSource::File(_) => Ok(None),
-            MapSource::Etcd { endpoints, pool } => {
+            MapSource::Etcd {
+                endpoints,
+                pool,
+                credentials,
+            } => {
                 let member = Member::this_process(role, name, address, epoch);
-                Registration::start(endpoints.clone(), pool.clone(), member).map(Some)
+                Registration::start(endpoints.clone(), pool.clone(), credentials.clone(), member)
+                    .map(Some)
             }
         }
     }

@@ -36,6 +36,16 @@ struct Args {
     /// (http://h1:2379,http://h2:2379). The map is read at start.
     #[arg(long, value_name = "URLS", env = "PMEM_FABRIC_ETCD")]
     etcd: Option<control::Endpoints>,
+    /// The file of this device's etcd user, one line `user:password`, mode
+    /// 600 (when etcd has authentication on; never the password itself on
+    /// the command line).
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "PMEM_FABRIC_ETCD_CREDENTIALS",
+        requires = "etcd"
+    )]
+    etcd_credentials: Option<PathBuf>,
     /// The pool whose map to take from etcd (its `[pool] name`).
     #[arg(
         long,
@@ -140,8 +150,14 @@ where
     if args.insecure {
         warn!("{INSECURE_WARNING}");
     }
-    let source = MapSource::from_flags(args.config.clone(), args.etcd.clone(), &args.pool);
-    let (topology, epoch) = match source.load() {
+    let source = MapSource::from_flags(
+        args.config.clone(),
+        args.etcd.clone(),
+        &args.pool,
+        args.etcd_credentials.as_deref(),
+    );
+    let loaded = source.and_then(|source| source.load().map(|loaded| (source, loaded)));
+    let (source, (topology, epoch)) = match loaded {
         Ok(loaded) => loaded,
         Err(e) => {
             error!("{}", error_chain(&e));

@@ -39,6 +39,16 @@ struct Args {
     /// (http://h1:2379,http://h2:2379).
     #[arg(long, value_name = "URLS", env = "PMEM_FABRIC_ETCD")]
     etcd: Option<control::Endpoints>,
+    /// The file of this server's etcd user, one line `user:password`, mode
+    /// 600 (when etcd has authentication on; never the password itself on
+    /// the command line).
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "PMEM_FABRIC_ETCD_CREDENTIALS",
+        requires = "etcd"
+    )]
+    etcd_credentials: Option<PathBuf>,
     /// The pool whose map to take from etcd (its `[pool] name`).
     #[arg(
         long,
@@ -152,7 +162,16 @@ fn config(args: Args) -> Result<(ServerConfig, MapSource, u64), ExitCode> {
     if args.insecure {
         warn!("{}", INSECURE_WARNING);
     }
-    let source = MapSource::from_flags(args.config.clone(), args.etcd.clone(), &args.pool);
+    let source = MapSource::from_flags(
+        args.config.clone(),
+        args.etcd.clone(),
+        &args.pool,
+        args.etcd_credentials.as_deref(),
+    )
+    .map_err(|e| {
+        report(&e);
+        ExitCode::FAILURE
+    })?;
     let (topology, epoch) = source.load().map_err(|e| {
         report(&e);
         ExitCode::FAILURE
