@@ -77,6 +77,8 @@ enum Command {
         /// Also start a Prometheus server scraping every daemon.
         #[arg(long)]
         prometheus: bool,
+        #[command(flatten)]
+        control: testbed::etcd::ControlArgs,
     },
     /// Write a fresh key for every client and fabric device of a topology
     /// and for the operator `admin` (`client.<id>.key`, `device.<id>.key`,
@@ -242,6 +244,8 @@ struct RunArgs {
     /// Reports go to DIR/<run-id>/.
     #[arg(long, default_value = "reports")]
     reports: PathBuf,
+    #[command(flatten)]
+    control: testbed::etcd::ControlArgs,
 }
 
 /// The options of `testbed chaos`.
@@ -249,7 +253,9 @@ struct RunArgs {
 struct ChaosArgs {
     /// The topology file; the embedded default topology when absent.
     file: Option<PathBuf>,
-    /// kill-fabric, kill-server, cut-link (needs --net netns or lab) or restart-all.
+    /// kill-fabric, kill-server, cut-link (needs --net netns or lab),
+    /// restart-all, kill-etcd (needs --control etcd) or kill-etcd-leader
+    /// (needs --control etcd --etcd-members 3).
     #[arg(long)]
     scenario: Scenario,
     /// How many faults.
@@ -267,6 +273,8 @@ struct ChaosArgs {
     /// Reports go to DIR/<run-id>/.
     #[arg(long, default_value = "reports")]
     reports: PathBuf,
+    #[command(flatten)]
+    control: testbed::etcd::ControlArgs,
 }
 
 /// The options of `testbed worker`.
@@ -350,11 +358,18 @@ fn validate(file: Option<&PathBuf>) -> ExitCode {
     }
 }
 
-fn up(file: Option<&PathBuf>, net: Net, data_dir: PathBuf, prometheus: bool) -> anyhow::Result<()> {
+fn up(
+    file: Option<&PathBuf>,
+    net: Net,
+    data_dir: PathBuf,
+    prometheus: bool,
+    control: &testbed::etcd::ControlArgs,
+) -> anyhow::Result<()> {
     let topology = load_topology_on(file.map(PathBuf::as_path), net.into())?;
     let run_dir = PathBuf::from("reports").join(testbed::run::run_id("up"));
     let mut options = LaunchOptions::new(data_dir, run_dir)?;
     options.net = net.into();
+    options.control = control.control().map_err(anyhow::Error::msg)?;
     let signals = signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM]);
     let mut signals = signals.context("install signal handlers")?;
     let run_dir = options.run_dir.clone();
@@ -362,6 +377,16 @@ fn up(file: Option<&PathBuf>, net: Net, data_dir: PathBuf, prometheus: bool) -> 
     let endpoints = fabric.endpoints();
     println!("{}", summary::endpoints_table(&endpoints));
     println!("topology in use: {}", fabric.topology_path.display());
+    if let Some(etcd) = fabric.etcd() {
+        println!(
+            "etcd: {} (members {}; pool {}; authentication on, credentials in {})",
+            etcd.endpoints(),
+            etcd.member_names().join(", "),
+            etcd.pool(),
+            etcd.credentials_dir().display()
+        );
+        println!("cluster: {}", etcd.pmemctl_line());
+    }
     if let Some(dir) = fabric.secrets() {
         println!(
             "keys: {} (clients: PMEM_FABRIC_SECRETS={0} or pmemctl --secrets {0}; \
@@ -541,7 +566,8 @@ fn main() -> ExitCode {
             net,
             data_dir,
             prometheus,
-        } => outcome(up(file.as_ref(), net, data_dir, prometheus).map(|()| true)),
+            control,
+        } => outcome(up(file.as_ref(), net, data_dir, prometheus, &control).map(|()| true)),
         Command::Keygen { file, secrets } => outcome(keygen(file.as_deref(), &secrets)),
         Command::Down { prefix } => down(prefix.as_deref()),
         Command::Run(args) => outcome(run_command(args)),
@@ -618,9 +644,11 @@ fn run_command(args: RunArgs) -> anyhow::Result<bool> {
         net,
         data_dir,
         reports,
+        control,
     } = args;
     let mut options = workload.options("run", seed);
     options.net = net.into();
+    options.control = control.control().map_err(anyhow::Error::msg)?;
     options.topology_file = file.clone();
     options.data_dir = data_dir;
     options.reports = reports;
@@ -637,10 +665,15 @@ fn chaos(args: ChaosArgs) -> anyhow::Result<bool> {
         seed,
         net,
         reports,
+        control,
     } = args;
     let topology = load_topology_on(file.as_deref(), net.into())?;
     let mut options = workload.options("chaos", seed);
     options.net = net.into();
+    options.control = control.control().map_err(anyhow::Error::msg)?;
+    scenario
+        .check_control(options.control)
+        .map_err(anyhow::Error::msg)?;
     options.topology_file = file;
     options.scenario = Some(scenario);
     options.reports = reports;

@@ -61,6 +61,7 @@ impl Etcd {
     /// loopback ports of its own with its data (`<name>-data`) and log
     /// (`<name>.log`) under `dir`, and waits until every one answers.
     pub fn start_cluster(dir: &Path, members: usize) -> Result<Vec<Etcd>, String> {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let ports: Vec<(u16, u16)> = (0..members.max(1))
             .map(|_| (free_loopback_port(), free_loopback_port()))
             .collect();
