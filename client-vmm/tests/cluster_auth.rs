@@ -44,7 +44,12 @@ fn after_secure_only_the_operators_credentials_change_the_map() {
     );
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("etcd authentication on"), "{out}");
-    for file in ["root.etcd", "operator.etcd", "server.A.etcd", "device.B.etcd"] {
+    for file in [
+        "root.etcd",
+        "operator.etcd",
+        "server.A.etcd",
+        "device.B.etcd",
+    ] {
         assert!(out.contains(file), "{file} in {out}");
         assert!(creds.join(file).is_file(), "{file}");
     }

@@ -160,8 +160,12 @@ pub async fn secure(
         }
     };
     let operator = Credentials::new(operator_user(pool), fresh_password()?);
-    add_user(&mut client, &operator, &[Permission::read_write(keys.prefix()).with_prefix()])
-        .await?;
+    add_user(
+        &mut client,
+        &operator,
+        &[Permission::read_write(keys.prefix()).with_prefix()],
+    )
+    .await?;
     let mut users = Vec::new();
     for (role, name) in daemons {
         let creds = Credentials::new(daemon_user(pool, *role, name), fresh_password()?);

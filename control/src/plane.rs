@@ -115,14 +115,14 @@ impl ControlPlane {
         let user = credentials.map(|c| c.user().to_owned());
         let keys = Keys::of(pool);
         // At connect, any other failure means no etcd answered.
-        let refused = |source| match classify(endpoints, user.as_deref(), "read", keys.map(), source)
-        {
-            ControlError::Etcd { source, .. } => ControlError::Unreachable {
-                endpoints: endpoints.clone(),
-                source,
-            },
-            other => other,
-        };
+        let refused =
+            |source| match classify(endpoints, user.as_deref(), "read", keys.map(), source) {
+                ControlError::Etcd { source, .. } => ControlError::Unreachable {
+                    endpoints: endpoints.clone(),
+                    source,
+                },
+                other => other,
+            };
         let mut client = Client::connect(endpoints.urls(), Some(options))
             .await
             .map_err(refused)?;
@@ -175,7 +175,11 @@ impl ControlPlane {
             .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
             .and_then([TxnOp::put(key.clone(), map.to_json(), None)])
             .or_else([TxnOp::get(key.clone(), None)]);
-        let response = self.client.txn(txn).await.map_err(self.failed("init of the map", key.clone()))?;
+        let response = self
+            .client
+            .txn(txn)
+            .await
+            .map_err(self.failed("init of the map", key.clone()))?;
         if !response.succeeded() {
             let current = self.current_in(&response)?;
             return Err(ControlError::AlreadyInitialized {
@@ -275,7 +279,11 @@ impl ControlPlane {
             .id();
         let value = serde_json::to_string(member).unwrap_or_default();
         self.client
-            .put(key.clone(), value, Some(PutOptions::new().with_lease(lease)))
+            .put(
+                key.clone(),
+                value,
+                Some(PutOptions::new().with_lease(lease)),
+            )
             .await
             .map_err(self.failed("registration", key.clone()))?;
         let (mut keeper, mut stream) = self

@@ -105,10 +105,7 @@ async fn only_the_operator_changes_the_map_and_a_daemon_writes_only_its_own_live
             matches!(err, ControlError::PermissionDenied { .. }),
             "{text}"
         );
-        assert!(
-            text.contains(&format!("/members/{role}/{name}")),
-            "{text}"
-        );
+        assert!(text.contains(&format!("/members/{role}/{name}")), "{text}");
     }
     // Nothing of those landed: the map is at epoch 1, one member, A.
     assert_eq!(operator.read_map().await.expect("read").map.epoch, 1);
@@ -199,8 +196,7 @@ fn a_daemons_registration_with_credentials_outlives_an_etcd_restart() {
     .expect("register");
     let members = || {
         runtime.block_on(async {
-            let mut plane =
-                ControlPlane::connect(&endpoints, "test", Some(&made.operator)).await?;
+            let mut plane = ControlPlane::connect(&endpoints, "test", Some(&made.operator)).await?;
             plane.members().await
         })
     };

@@ -180,12 +180,7 @@ fn a_daemons_registration_outlives_an_etcd_restart_and_goes_with_the_daemon() {
     };
     let member = Member::this_process(Role::Device, "F1", "127.0.0.1:9300", 4);
     let registration =
-        control::Registration::start(
-            endpoints.clone(),
-            "test".to_owned(),
-            None,
-            member.clone(),
-        )
+        control::Registration::start(endpoints.clone(), "test".to_owned(), None, member.clone())
             .expect("register");
     assert_eq!(members().expect("members"), std::slice::from_ref(&member));
 

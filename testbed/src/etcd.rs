@@ -140,7 +140,8 @@ impl EtcdControl {
             .map_err(EtcdControlError::Runtime)?;
         let made: PoolCredentials = runtime()?.block_on(async {
             let made = access::secure(&endpoints, &pool, &daemons(topology), None).await?;
-            let mut operator = ControlPlane::connect(&endpoints, &pool, Some(&made.operator)).await?;
+            let mut operator =
+                ControlPlane::connect(&endpoints, &pool, Some(&made.operator)).await?;
             operator.init(topology_text).await?;
             Ok::<_, ControlError>(made)
         })?;

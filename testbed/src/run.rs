@@ -266,10 +266,9 @@ impl Scenario {
     /// otherwise.
     pub fn check_control(self, control: Control) -> Result<(), String> {
         match (self, control) {
-            (Scenario::KillEtcd | Scenario::KillEtcdLeader, Control::File) => Err(format!(
-                "--scenario {} needs --control etcd",
-                self.name()
-            )),
+            (Scenario::KillEtcd | Scenario::KillEtcdLeader, Control::File) => {
+                Err(format!("--scenario {} needs --control etcd", self.name()))
+            }
             (Scenario::KillEtcdLeader, Control::Etcd { members }) if members < 3 => Err(format!(
                 "--scenario kill-etcd-leader needs --etcd-members 3 or more (with {members}, \
                  killing the leader takes etcd down: that is kill-etcd)"
@@ -299,7 +298,8 @@ impl std::str::FromStr for Scenario {
 }
 
 /// `count` faults of `scenario` at seeded random times in the middle of a
-/// run of `duration`, each target restarted after a tenth of the run.
+/// run of `duration`, each target restarted after a tenth of the run (etcd
+/// after three tenths).
 pub fn plan_faults(
     topology: &Topology,
     net: NetMode,
@@ -344,7 +344,12 @@ pub fn plan_faults(
         Scenario::KillEtcd => (FaultKind::KillEtcd, vec!["etcd".to_owned()]),
         Scenario::KillEtcdLeader => (FaultKind::KillEtcdLeader, vec!["leader".to_owned()]),
     };
-    let restore_after = duration.mul_f64(0.1).max(Duration::from_millis(500));
+    // etcd stays down longer: the workload must run on through the outage.
+    let share = match kind {
+        FaultKind::KillEtcd | FaultKind::KillEtcdLeader => 0.3,
+        _ => 0.1,
+    };
+    let restore_after = duration.mul_f64(share).max(Duration::from_millis(500));
     let window = duration.mul_f64(0.6);
     (0..count)
         .map(|i| {

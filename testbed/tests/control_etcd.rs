@@ -92,12 +92,22 @@ fn assert_served_through(scenario: &str, out: &str, report: &serde_json::Value, 
     assert!(out.contains("verification    PASSED"), "{out}");
     let replay = report["replay"].as_str().expect("replay");
     assert!(replay.contains("--control etcd"), "{replay}");
-    for log in ["pmem-server-A", "pmem-server-B", "fabric-device-F1", "fabric-device-F2"] {
+    for log in [
+        "pmem-server-A",
+        "pmem-server-B",
+        "fabric-device-F1",
+        "fabric-device-F2",
+    ] {
         let text = std::fs::read_to_string(run.join("logs").join(format!("{log}.log")))
             .unwrap_or_else(|e| panic!("{log}: {e}"));
         assert!(text.contains("at epoch 1 from etcd"), "{log}:\n{text}");
     }
-    for file in ["root.etcd", "operator.etcd", "server.A.etcd", "device.F2.etcd"] {
+    for file in [
+        "root.etcd",
+        "operator.etcd",
+        "server.A.etcd",
+        "device.F2.etcd",
+    ] {
         let path = run.join("etcd-credentials").join(file);
         let mode = std::os::unix::fs::PermissionsExt::mode(
             &std::fs::metadata(&path)
@@ -194,7 +204,10 @@ fn up_on_etcd_prints_its_endpoint_and_the_operators_cluster_line() {
         .iter()
         .find(|l| l.starts_with("etcd: http://127.0.0.1:"))
         .unwrap_or_else(|| panic!("no etcd line: {printed:#?}"));
-    assert!(!etcd_line.contains(":2379 "), "never the system etcd: {etcd_line}");
+    assert!(
+        !etcd_line.contains(":2379 "),
+        "never the system etcd: {etcd_line}"
+    );
     let cluster_line = printed
         .iter()
         .find_map(|l| l.strip_prefix("cluster: "))
@@ -219,10 +232,15 @@ fn up_on_etcd_prints_its_endpoint_and_the_operators_cluster_line() {
     let refused = pmemctl(&bare);
     let out = text(&refused);
     assert!(!refused.status.success(), "{out}");
-    assert!(out.contains("--etcd-credentials") && out.contains("operator.etcd"), "{out}");
+    assert!(
+        out.contains("--etcd-credentials") && out.contains("operator.etcd"),
+        "{out}"
+    );
 
     // A daemon's own credentials read the map but cannot change it.
-    let creds_dir = Path::new(words[at + 1]).parent().expect("credentials folder");
+    let creds_dir = Path::new(words[at + 1])
+        .parent()
+        .expect("credentials folder");
     let server_a = creds_dir.join("server.A.etcd");
     let mut as_server: Vec<&str> = words[1..].to_vec();
     as_server[at] = server_a.to_str().expect("path");

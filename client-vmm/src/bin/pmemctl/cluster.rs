@@ -18,11 +18,7 @@ pub struct ClusterArgs {
     /// The file of the etcd user to act as (one line `user:password`, mode
     /// 600): the pool's operator's to change the map, when etcd has
     /// authentication on; for `secure`, root's, once another pool set it up.
-    #[arg(
-        long,
-        value_name = "FILE",
-        env = "PMEM_FABRIC_ETCD_CREDENTIALS"
-    )]
+    #[arg(long, value_name = "FILE", env = "PMEM_FABRIC_ETCD_CREDENTIALS")]
     etcd_credentials: Option<PathBuf>,
     /// The pool (its `[pool] name`); `init` takes it from the file.
     #[arg(long, value_name = "NAME")]
