@@ -183,6 +183,20 @@ pub async fn secure(
     })
 }
 
+/// [`secure`], for callers without async code of their own.
+pub fn secure_blocking(
+    endpoints: &Endpoints,
+    pool: &str,
+    daemons: &[(Role, String)],
+    root: Option<&Credentials>,
+) -> Result<PoolCredentials, ControlError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|source| ControlError::Runtime { source })?
+        .block_on(secure(endpoints, pool, daemons, root))
+}
+
 /// Makes `creds`'s user with a role of the same name holding `grants`;
 /// a user or role that exists already keeps its name and gets the new
 /// password and grants.
