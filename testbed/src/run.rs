@@ -1043,6 +1043,51 @@ mod tests {
     }
 
     #[test]
+    fn an_etcd_fault_the_application_saw_breaks_the_contract_a_server_fault_does_not() {
+        let fault = |kind: &str, errors_seen| FaultRecord {
+            at_s: 1.0,
+            kind: kind.to_owned(),
+            target: "etcd".to_owned(),
+            restored_at_s: Some(2.0),
+            recovery_ms: None,
+            errors_seen,
+        };
+        let report = RunReport {
+            faults: vec![
+                fault("kill-etcd", 3),
+                fault("kill-etcd-leader", 0),
+                fault("kill-server", 5),
+            ],
+            verification: Verification {
+                passed: true,
+                ..Verification::default()
+            },
+            ..RunReport::default()
+        };
+        assert_eq!(
+            contract_violations(&report),
+            [
+                "kill-etcd etcd at 1.00 s: the application saw 3 errors although only the control \
+              plane was down"
+            ]
+        );
+    }
+
+    #[test]
+    fn etcd_scenarios_need_etcd_and_the_leader_one_three_members() {
+        let etcd = |members| Control::Etcd { members };
+        assert!(Scenario::KillEtcd.check_control(Control::File).is_err());
+        assert!(Scenario::KillEtcd.check_control(etcd(1)).is_ok());
+        let err = Scenario::KillEtcdLeader
+            .check_control(etcd(1))
+            .expect_err("one member");
+        assert!(err.contains("--etcd-members 3"), "{err}");
+        assert!(Scenario::KillEtcdLeader.check_control(etcd(3)).is_ok());
+        assert!(Scenario::KillServer.check_control(Control::File).is_ok());
+        assert_eq!("kill-etcd-leader".parse(), Ok(Scenario::KillEtcdLeader));
+    }
+
+    #[test]
     fn a_mismatch_at_the_end_is_reported_as_acknowledged_data() {
         let mut v = Verification::default();
         v.push_mismatch("c1: key 3: acknowledged version 2 but found Version(1)");
