@@ -111,6 +111,16 @@ pub enum PoolError {
         /// The address.
         at: Address,
     },
+    /// A READ was answered with another number of bytes than it asked for.
+    #[error("{at}: a read of {asked} bytes was answered with {got} bytes")]
+    WrongLength {
+        /// Where the piece read starts.
+        at: Address,
+        /// Bytes asked for.
+        asked: u64,
+        /// Bytes the answer carried.
+        got: usize,
+    },
     /// The server answered with an error status.
     #[error("{at}: server {server} answered {status}")]
     Rejected {

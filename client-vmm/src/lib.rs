@@ -8,7 +8,8 @@
 //! - [`conn`]: one path's TCP connection to its fabric device (`link`
 //!   puts it and the verbs transport behind one face).
 //! - [`pool`]: the application API: [`AsyncPool`], [`Pool`] and [`Batch`].
-//! - [`alloc`]: the lock-free allocator and named objects, all in PMEM.
+//! - [`alloc`]: the lock-free allocator and named objects, all in PMEM
+//!   ([`Allocator`], and [`BlockingAllocator`] for blocking code).
 //! - [`records`]: how the allocator's metadata is encoded in PMEM (the
 //!   pool reads its page-table entries too, so neither depends on the
 //!   other for it).
@@ -16,6 +17,9 @@
 //! - [`operator`]: what operators ask of the servers (rotating region keys).
 //! - `verbs` (feature `verbs`): RDMA through a real RNIC (or rxe) to a
 //!   fabric device's RoCEv2 port.
+//!
+//! `docs/client-library.md` says what each operation makes durable and
+//! why the API looks as it does; its example is compiled as a doctest.
 //!
 //! ```no_run
 //! use client_vmm::{Pool, VIRT_BASE};
@@ -43,10 +47,16 @@ pub mod translate;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 
-pub use alloc::{AllocError, Allocator, Placement};
+pub use alloc::{AllocError, Allocator, BlockingAllocator, Placement};
 pub use error::{Address, OpenError, PoolError};
 pub use pool::{AsyncPool, Batch, BatchOp, Completion, Pool, PoolBuilder, PoolOptions};
 pub use translate::{StaticTranslator, Translator, VIRT_BASE};
+
+/// The guide `docs/client-library.md`, here so that its example is
+/// compiled as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/client-library.md")]
+pub struct ClientLibraryGuide;
 
 /// An error and its causes on one line.
 pub fn error_chain(err: &dyn std::error::Error) -> String {

@@ -329,7 +329,7 @@ fn a_named_object_is_shared_between_clients() {
     let p1 = fabric.pool("c1");
     let a1 = attach(&p1);
     let at = p1
-        .block_on(a1.alloc_named("orders", 3 << 20, &Placement::RoundRobin))
+        .block_on(a1.alloc_named("orders", 3 << 20))
         .expect("alloc_named");
     let tail = VirtAddr(at.get() + (3 << 20) - 5);
     p1.write_persist(tail, b"hello").expect("write");
@@ -354,7 +354,7 @@ fn a_named_object_is_shared_between_clients() {
         "round-robin over both servers: {listed:?}"
     );
     assert!(matches!(
-        p2.block_on(a2.alloc_named("orders", 64, &Placement::RoundRobin)),
+        p2.block_on(a2.alloc_named("orders", 64)),
         Err(AllocError::NameExists(_))
     ));
     // Shared, but only its creator removes it.

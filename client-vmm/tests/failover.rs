@@ -175,8 +175,13 @@ fn step(pool: &Pool, model: &mut [u8], rng: &mut Rng) {
                 current ^ 1
             };
             let new = rng.next();
-            let old = pool.compare_and_swap(v(word), guess, new).expect("cas");
-            assert_eq!(old, current, "compare_and_swap old value");
+            let swap = pool.compare_and_swap(v(word), guess, new).expect("cas");
+            let expected = if guess == current {
+                Ok(current)
+            } else {
+                Err(current)
+            };
+            assert_eq!(swap, expected, "compare_and_swap outcome");
             if guess == current {
                 slot.copy_from_slice(&new.to_le_bytes());
             }

@@ -460,3 +460,94 @@ fn only_the_owner_frees_or_removes_even_through_raw_requests() {
     fabric.ok("c1", &["rm", "doc"]);
     assert_eq!(fabric.ok("c2", &["ls"]), "no named objects\n");
 }
+
+/// Small objects come from slabs of the client that takes them: another
+/// client can neither free one through `pmemctl` nor change the slab's
+/// header or bitmaps by speaking the protocol with the slab's key (read
+/// from the page table), while the owner frees it.
+#[test]
+fn only_the_owner_frees_a_small_object_even_through_raw_requests() {
+    let fabric = Fabric::start();
+    let mine = fabric.alloc("c1", "100", None);
+    let theirs = fabric.alloc("c2", "100", None);
+    let layout = fabric.layout();
+    let meta = meta(&layout);
+    let slab_of = |vaddr: u64| records::vextent_of(meta, VirtAddr(vaddr)).expect("mapped");
+    assert_ne!(
+        slab_of(mine),
+        slab_of(theirs),
+        "each client has slabs of its own"
+    );
+
+    let stderr = fabric.refused("c2", &["free", &format!("{mine:#x}")]);
+    assert!(stderr.contains("belongs to client number 0"), "{stderr}");
+
+    // c2 reads the slab's page-table entry (and so its key) and speaks to
+    // the slab's server directly.
+    let meta_server = layout
+        .entry(meta.meta_region().region)
+        .expect("metadata region")
+        .server
+        .to_string();
+    let mut raw = fabric.c2_at_server(&meta_server);
+    let meta_key = raw.region_key(meta.meta_region().region.0);
+    let read = raw.call(Repr::read(
+        Target::Pmem(meta.page_table_entry(slab_of(mine))),
+        meta_key,
+        32,
+    ));
+    let slab = PtEntry::decode(&read.data).expect("a page-table entry");
+    assert_eq!(slab.control.kind, records::EntryKind::Slab);
+    assert!(records::key_is_slab(slab.key.get()), "its key marks a slab");
+    let located = layout.lookup(PmemAddr(slab.pmem)).expect("slab extent");
+    let mut at_slab = fabric.c2_at_server(&located.entry.server.to_string());
+    let word = |conn: &mut Conn, offset: u64| {
+        let r = conn.call(Repr::read(
+            Target::Pmem(PmemAddr(slab.pmem + offset)),
+            slab.key,
+            8,
+        ));
+        assert_eq!(r.status, Status::Ok, "c2 may read with the slab's key");
+        records::word_at(&r.data, 0).expect("a word")
+    };
+    let classes = records::Classes::new(meta.extent_size());
+    let class = classes.class_of(100).expect("a small class");
+    let shape = classes.slab(class);
+    let slot = shape
+        .slot_at(mine - records::vbase_of(meta, slab_of(mine)).get())
+        .expect("an object's start");
+    let live_at = shape.live() + slot / 64 * 8;
+    let live = word(&mut at_slab, live_at);
+    assert_ne!(live & 1 << (slot % 64), 0, "c1's object is live");
+    let header = word(&mut at_slab, 0);
+    let denied = |conn: &mut Conn, req: Repr<'_>, what: &str| {
+        assert_eq!(conn.call(req).status, Status::AccessDenied, "{what}");
+    };
+    let at = |offset: u64| Target::Pmem(PmemAddr(slab.pmem + offset));
+    denied(
+        &mut at_slab,
+        Repr::compare_swap(at(live_at), slab.key, live, live & !(1 << (slot % 64))),
+        "CAS clearing c1's live bit",
+    );
+    denied(
+        &mut at_slab,
+        Repr::fetch_add(at(0), slab.key, (1u64 << 32).wrapping_neg()),
+        "FETCH_ADD taking a seat back from c1's slab header",
+    );
+    denied(
+        &mut at_slab,
+        Repr::write(at(0), slab.key, &[0u8; 64]),
+        "WRITE over c1's slab header",
+    );
+    denied(
+        &mut at_slab,
+        Repr::atomic_write(at(records::SlabShape::CLAIMED), slab.key, 0),
+        "ATOMIC_WRITE over c1's claimed bitmap",
+    );
+    assert_eq!(word(&mut at_slab, live_at), live, "the live bit stays");
+    assert_eq!(word(&mut at_slab, 0), header, "the header stays");
+
+    // Each owner frees its own.
+    fabric.ok("c1", &["free", &format!("{mine:#x}")]);
+    fabric.ok("c2", &["free", &format!("{theirs:#x}")]);
+}

@@ -111,6 +111,16 @@ struct Uplink {
     state: State,
 }
 
+/// Whether requests of a pool laid out as `layout` may go to verbs servers
+/// as one-sided RDMA. Not in a pool with an allocator: there an extent
+/// opens only with its own key and the allocator's records change only by
+/// their owners, and both are checked by the server's CPU, while its RNIC
+/// knows one key per region. Such a pool's requests go over the link's
+/// control connection, where the server checks them as on TCP.
+pub fn one_sided(layout: &topology::Layout) -> bool {
+    layout.meta().is_none()
+}
+
 /// The requester queue pairs of every verbs link of the device.
 #[derive(Debug, Default)]
 pub struct Uplinks {

@@ -18,6 +18,11 @@
 //! - **free-extent bitmaps**: anyone may set a bit (claim an extent); a bit
 //!   is cleared only once its extent's key is 0 (released), never for the
 //!   reserved extents and the padding past the last extent.
+//! - **slab headers**: in an extent whose key marks a slab
+//!   ([`topology::records::slab_key`]), the header word and both bitmaps
+//!   change only by the key's owner, so only the owner takes or frees the
+//!   slab's small objects (each client keeps slabs of its own). The objects
+//!   themselves are data, written by whoever holds the key.
 //!
 //! Without authentication the server does not know who asks: every change
 //! is let through (extents are still zeroed). Operators never reach this
@@ -29,7 +34,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use proto::request::{self, Operation};
-use topology::records::{self, Control, EntryState, NameControl, NameState, RecordWord};
+use topology::records::{self, Classes, Control, EntryState, NameControl, NameState, RecordWord};
 use topology::{Layout, MetaLayout, RegionMeta};
 
 use crate::exec::ServedRegion;
@@ -94,6 +99,7 @@ impl Refusal {
 pub struct Tenancy {
     meta: Option<MetaLayout>,
     extent: u64,
+    classes: Classes,
     /// Held while a change that touches a record is checked and applied.
     serial: Mutex<()>,
     metrics: Arc<ServerMetrics>,
@@ -115,6 +121,7 @@ impl Tenancy {
         Self {
             meta: layout.meta().cloned(),
             extent: layout.extent_size().max(1),
+            classes: Classes::new(layout.extent_size().max(1)),
             serial: Mutex::new(()),
             metrics,
         }
@@ -140,14 +147,27 @@ impl Tenancy {
             Operation::CompareSwap | Operation::FetchAdd | Operation::AtomicWrite => 8,
         };
         let index = region.entry.region;
-        if !records::touches_records(meta, index, offset, len) {
-            return Ok(None);
-        }
         let Some(region_meta) = meta.region(index) else {
             return Ok(None);
         };
-        let held = self.serial.lock().unwrap_or_else(PoisonError::into_inner);
         let words = Words { region };
+        let slabs = self.slab_extents(region_meta, &words, offset, len);
+        if slabs.is_empty() && !records::touches_records(meta, index, offset, len) {
+            return Ok(None);
+        }
+        let held = self.serial.lock().unwrap_or_else(PoisonError::into_inner);
+        // Under the lock: the keys read before it may have changed.
+        for extent in self.slab_extents(region_meta, &words, offset, len) {
+            let slab = Slab {
+                start: extent * self.extent,
+                key: words.at(region_meta.key_offset(extent)),
+                header: words.at(extent * self.extent),
+            };
+            if let Err(refusal) = slab_header(who, &self.classes, &slab, offset, len) {
+                self.metrics.denied.with(&[refusal.reason()]).inc();
+                return Err(proto::Status::AccessDenied);
+            }
+        }
         let changes = changes(meta, &words, req, offset);
         let mut zero = Vec::new();
         for change in &changes {
@@ -166,6 +186,22 @@ impl Tenancy {
             }
         }
         Ok(Some(held))
+    }
+
+    /// The slab extents (by their keys now) among the non-reserved extents
+    /// `[offset, offset + len)` touches.
+    fn slab_extents(
+        &self,
+        region: &RegionMeta,
+        words: &Words<'_>,
+        offset: u64,
+        len: u64,
+    ) -> Vec<u64> {
+        let first = (offset / self.extent).max(region.reserved);
+        let last = ((offset + len.max(1) - 1) / self.extent).min(region.extents.saturating_sub(1));
+        (first..=last)
+            .filter(|&extent| records::key_is_slab(words.at(region.key_offset(extent))))
+            .collect()
     }
 
     /// Writes zeros over extent `extent` of `region`, durably.
@@ -312,6 +348,34 @@ fn check(
             };
             bitmap(region, word, change.old, change.new, key_after).map(|()| false)
         }
+    }
+}
+
+/// A slab extent as its server holds it.
+#[derive(Debug, Clone, Copy)]
+struct Slab {
+    /// Region offset of the extent.
+    start: u64,
+    /// Its key word (marked a slab).
+    key: u64,
+    /// Its header word.
+    header: u64,
+}
+
+/// Whether `who` may change `[offset, offset + len)` where it overlaps the
+/// header and bitmaps of `slab`: only the slab's owner may.
+fn slab_header(
+    who: Asker,
+    classes: &Classes,
+    slab: &Slab,
+    offset: u64,
+    len: u64,
+) -> Result<(), Refusal> {
+    let header = records::slab_header_len(classes, slab.header);
+    let overlaps = offset < slab.start + header && offset + len > slab.start;
+    match records::key_owner(slab.key) {
+        Some(owner) if overlaps && !who.owns(owner) => Err(Refusal::NotOwner),
+        _ => Ok(()),
     }
 }
 

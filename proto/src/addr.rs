@@ -7,6 +7,7 @@
 //! [`AccessKey`] is what opens a range to a request.
 
 use std::fmt;
+use std::ops::{Add, AddAssign, Sub, SubAssign};
 
 /// An address in the shared virtual address space that applications use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -81,6 +82,14 @@ macro_rules! addr_ops {
                 }
             }
 
+            /// This address moved back by `bytes`, or `None` below 0.
+            pub const fn checked_sub(self, bytes: u64) -> Option<Self> {
+                match self.0.checked_sub(bytes) {
+                    Some(v) => Some(Self(v)),
+                    None => None,
+                }
+            }
+
             /// Bytes from `base` up to this address, or `None` when `base` is above it.
             pub const fn checked_offset_from(self, base: Self) -> Option<u64> {
                 self.0.checked_sub(base.0)
@@ -90,6 +99,60 @@ macro_rules! addr_ops {
         impl fmt::Display for $name {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 write!(f, "{:#x}", self.0)
+            }
+        }
+
+        /// The address `bytes` further on. Panics when it would pass the end of
+        /// the 64-bit space, as `Instant + Duration` does; `checked_add` says
+        /// `None` instead.
+        impl Add<u64> for $name {
+            type Output = Self;
+
+            fn add(self, bytes: u64) -> Self {
+                match self.checked_add(bytes) {
+                    Some(next) => next,
+                    None => panic!("{} + {bytes:#x} passes the end of the address space", self),
+                }
+            }
+        }
+
+        /// Moves the address `bytes` further on; panics as `+` does.
+        impl AddAssign<u64> for $name {
+            fn add_assign(&mut self, bytes: u64) {
+                *self = *self + bytes;
+            }
+        }
+
+        /// The address `bytes` before. Panics below 0; `checked_sub` says
+        /// `None` instead.
+        impl Sub<u64> for $name {
+            type Output = Self;
+
+            fn sub(self, bytes: u64) -> Self {
+                match self.checked_sub(bytes) {
+                    Some(before) => before,
+                    None => panic!("{} - {bytes:#x} goes below address 0", self),
+                }
+            }
+        }
+
+        /// Moves the address `bytes` back; panics as `-` does.
+        impl SubAssign<u64> for $name {
+            fn sub_assign(&mut self, bytes: u64) {
+                *self = *self - bytes;
+            }
+        }
+
+        /// Bytes from `base` up to this address. Panics when `base` is above
+        /// it; `checked_offset_from` says `None` instead.
+        impl Sub for $name {
+            type Output = u64;
+
+            fn sub(self, base: Self) -> u64 {
+                match self.checked_offset_from(base) {
+                    Some(bytes) => bytes,
+                    None => panic!("{} - {}: the base is above the address", self, base),
+                }
             }
         }
     };
@@ -127,6 +190,47 @@ mod tests {
         assert_eq!(PmemAddr(u64::MAX).checked_add(1), None);
         assert_eq!(PmemAddr(15).checked_offset_from(PmemAddr(10)), Some(5));
         assert_eq!(PmemAddr(5).checked_offset_from(PmemAddr(10)), None);
+    }
+
+    #[test]
+    fn operators_move_addresses_and_measure_between_them() {
+        let base = VirtAddr(0x1000);
+        assert_eq!(base + 0x40, VirtAddr(0x1040));
+        let mut at = base;
+        at += 8;
+        at += 8;
+        assert_eq!(at, VirtAddr(0x1010));
+        assert_eq!(at - base, 0x10);
+        assert_eq!(base - base, 0);
+        assert_eq!(PmemAddr(7) + 1 - PmemAddr(7), 1);
+        assert_eq!(base + 0x40 - 0x10, VirtAddr(0x1030));
+        at -= 0x10;
+        assert_eq!(at, base);
+        assert_eq!(base.checked_sub(0x1000), Some(VirtAddr(0)));
+        assert_eq!(base.checked_sub(0x1001), None);
+        assert_eq!(
+            VirtAddr(u64::MAX - 1).checked_add(1),
+            Some(VirtAddr(u64::MAX))
+        );
+        assert_eq!(VirtAddr(u64::MAX).checked_add(1), None);
+    }
+
+    #[test]
+    #[should_panic(expected = "passes the end of the address space")]
+    fn adding_past_the_end_panics() {
+        let _ = VirtAddr(u64::MAX) + 1;
+    }
+
+    #[test]
+    #[should_panic(expected = "goes below address 0")]
+    fn subtracting_below_zero_panics() {
+        let _ = VirtAddr(0x10) - 0x11;
+    }
+
+    #[test]
+    #[should_panic(expected = "the base is above the address")]
+    fn a_difference_below_zero_panics() {
+        let _ = VirtAddr(0x10) - VirtAddr(0x20);
     }
 
     #[test]

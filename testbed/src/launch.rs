@@ -27,6 +27,9 @@ use crate::guest_server::{GuestPaths, GuestServer, GuestServerError, guest_addre
 use crate::lab::{LabError, LabNet};
 use crate::netns::{self, NetPlan, NetnsGuard};
 
+mod supervision;
+pub use supervision::Exited;
+
 /// How hosts are networked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum NetMode {
@@ -77,6 +80,9 @@ pub struct LaunchOptions {
     pub ready_timeout: Duration,
     /// Where the principals' keys come from (fresh ones by default).
     pub keys: Keys,
+    /// Start every pmem-server with `--format` the first time (its regions
+    /// recreated empty, their data lost); a restart never formats.
+    pub format: bool,
     /// Where the daemons take their map from (the topology file by
     /// default; a real etcd started with the fabric otherwise).
     pub control: Control,
@@ -115,6 +121,7 @@ impl LaunchOptions {
             ],
             ready_timeout: Duration::from_secs(30),
             keys: Keys::Fresh,
+            format: false,
             control: Control::File,
         })
     }
@@ -605,6 +612,15 @@ impl Fabric {
             Some(dir) => args.extend(["--secrets".into(), dir.clone().into_os_string()]),
             None => args.push("--insecure".into()),
         }
+        if kind == DaemonKind::PmemServer && self.options.format {
+            // Formatting is for the first start only: a restart keeps the
+            // data, so the arguments kept for it go without the flag.
+            let mut first = args.clone();
+            first.push("--format".into());
+            self.launch(kind, id, first)?;
+            self.daemon_mut(kind, id)?.args = args;
+            return Ok(());
+        }
         self.launch(kind, id, args)
     }
 
@@ -980,7 +996,12 @@ impl Fabric {
                 .map(|(_, id)| id.clone())
                 .collect();
             for id in &ids {
-                if let Some(d) = self.daemons.get(&(kind, id.clone())) {
+                if let Some(d) = self.daemons.get_mut(&(kind, id.clone())) {
+                    if !matches!(d.child.try_wait(), Ok(None)) {
+                        // Exited and reaped already: its pid may be another
+                        // process's by now.
+                        continue;
+                    }
                     match &d.guest {
                         Some(guest) => {
                             if let Err(e) = guest.ask_to_stop() {

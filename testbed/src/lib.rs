@@ -9,7 +9,12 @@
 //! - [`report`]: `report.json`, `report.md` and the plots.
 //! - [`prometheus`]: a real Prometheus scraping every daemon.
 //! - [`summary`]: `testbed validate`'s summary.
+//! - [`supervise`]: `testbed up` watching, reporting and restarting its
+//!   daemons, and its control socket.
+//! - [`advice`]: what to do after a failed start, in the words of the
+//!   command that failed.
 
+pub mod advice;
 pub mod bench;
 pub mod etcd;
 pub mod guest_server;
@@ -24,6 +29,7 @@ pub mod report;
 pub mod roce_bench;
 pub mod run;
 pub mod summary;
+pub mod supervise;
 pub mod verbs_bench;
 pub mod workload;
 

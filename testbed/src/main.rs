@@ -6,9 +6,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
+use testbed::advice::Starter;
 use testbed::launch::{DaemonKind, Fabric, LaunchOptions, NetMode};
 use testbed::prometheus::{PrometheusServer, ScrapeTarget};
 use testbed::run::{FaultKind, PlannedFault, RunOptions, Scenario};
+use testbed::supervise::{Supervisor, control};
 use testbed::workload::{Progress, WorkerConfig, Workload};
 use testbed::{load_topology, load_topology_on, summary};
 use topology::Layout;
@@ -64,7 +66,9 @@ enum Command {
         /// The topology file; the embedded default topology when absent.
         file: Option<PathBuf>,
     },
-    /// Start every daemon of a topology and keep them up until Ctrl-C.
+    /// Start every daemon of a topology and keep them up until Ctrl-C:
+    /// report each exit as it happens, and restart daemons on command
+    /// (`help` on its console lists the commands).
     Up {
         /// The topology file; the embedded default topology when absent.
         file: Option<PathBuf>,
@@ -77,8 +81,29 @@ enum Command {
         /// Also start a Prometheus server scraping every daemon.
         #[arg(long)]
         prometheus: bool,
+        /// Start every pmem-server with its regions recreated empty (their
+        /// data lost): for a data directory whose files do not fit the
+        /// topology. A daemon restarted later keeps its data.
+        #[arg(long)]
+        format: bool,
         #[command(flatten)]
-        control: testbed::etcd::ControlArgs,
+        map_from: testbed::etcd::ControlArgs,
+    },
+    /// Start a daemon of a running `testbed up` again (killed first if it
+    /// runs) and wait until it is ready; exit status 1 if it is not.
+    Restart {
+        /// The daemon's id, or `server ID` / `device ID` when a pmem-server
+        /// and a fabric device share the id.
+        #[arg(num_args = 1..=2, required = true, value_name = "ID")]
+        target: Vec<String>,
+        #[command(flatten)]
+        control: ControlArgs,
+    },
+    /// Every daemon of a running `testbed up`: pid, running since, or when
+    /// and how it exited.
+    Status {
+        #[command(flatten)]
+        control: ControlArgs,
     },
     /// Write a fresh key for every client and fabric device of a topology
     /// and for the operator `admin` (`client.<id>.key`, `device.<id>.key`,
@@ -181,6 +206,15 @@ enum Command {
     /// Runs one client's workload (used by `run`, `demo` and `chaos`).
     #[command(hide = true)]
     Worker(WorkerArgs),
+}
+
+/// Which running `testbed up` a command talks to.
+#[derive(Debug, clap::Args)]
+struct ControlArgs {
+    /// The run folder `testbed up` printed (`reports/<run-id>`); by default
+    /// the one `testbed up` running under `reports/`.
+    #[arg(long, value_name = "DIR")]
+    run: Option<PathBuf>,
 }
 
 /// What `run` and `chaos` run on each client, and for how long.
@@ -358,22 +392,38 @@ fn validate(file: Option<&PathBuf>) -> ExitCode {
     }
 }
 
-fn up(
-    file: Option<&PathBuf>,
+/// What `testbed up` was asked for.
+struct UpArgs {
+    file: Option<PathBuf>,
     net: Net,
     data_dir: PathBuf,
     prometheus: bool,
-    control: &testbed::etcd::ControlArgs,
-) -> anyhow::Result<()> {
-    let topology = load_topology_on(file.map(PathBuf::as_path), net.into())?;
+    format: bool,
+    map_from: testbed::etcd::ControlArgs,
+}
+
+fn up(args: UpArgs) -> anyhow::Result<()> {
+    let UpArgs {
+        file,
+        net,
+        data_dir,
+        prometheus,
+        format,
+        map_from,
+    } = args;
+    let topology = load_topology_on(file.as_deref(), net.into())?;
     let run_dir = PathBuf::from("reports").join(testbed::run::run_id("up"));
-    let mut options = LaunchOptions::new(data_dir, run_dir)?;
+    let mut options = LaunchOptions::new(data_dir.clone(), run_dir)?;
     options.net = net.into();
-    options.control = control.control().map_err(anyhow::Error::msg)?;
+    options.format = format;
+    options.control = map_from.control().map_err(anyhow::Error::msg)?;
     let signals = signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM]);
-    let mut signals = signals.context("install signal handlers")?;
+    let signals = signals.context("install signal handlers")?;
     let run_dir = options.run_dir.clone();
-    let fabric = Fabric::start(&topology, options).context("bring the fabric up")?;
+    let fabric = match Fabric::start(&topology, options) {
+        Ok(fabric) => fabric,
+        Err(err) => return Err(testbed::advice::start_error(err, Starter::Up, &data_dir)),
+    };
     let endpoints = fabric.endpoints();
     println!("{}", summary::endpoints_table(&endpoints));
     println!("topology in use: {}", fabric.topology_path.display());
@@ -394,6 +444,7 @@ fn up(
             dir.display()
         );
     }
+    print!("{}", pmemctl_lines(&fabric)?);
     let _prometheus = if prometheus {
         let targets: Vec<ScrapeTarget> = endpoints
             .iter()
@@ -415,25 +466,68 @@ fn up(
     } else {
         None
     };
+    println!("run folder: {}", run_dir.display());
     println!("fabric is up; Ctrl-C or SIGTERM stops it");
-    let _ = signals.forever().next();
+    let ended = Supervisor::run(fabric, &run_dir, signals);
     println!("stopping");
     let mut clean = true;
-    for (kind, id, status) in fabric.stop() {
-        let ok = status.is_some_and(|s| s.success());
-        clean &= ok;
-        println!(
-            "  {} {id}: {}",
-            kind.program(),
-            if ok {
-                "stopped"
-            } else {
-                "did not stop cleanly"
-            }
-        );
+    for (kind, id, status) in ended.fabric.stop() {
+        let line = match ended.dead.get(&(kind, id.clone())) {
+            Some(dead) => dead.clone(),
+            None if status.is_some_and(|s| s.success()) => "stopped".to_owned(),
+            None => match status {
+                Some(status) => format!(
+                    "did not stop cleanly ({})",
+                    testbed::supervise::exit::describe(status)
+                ),
+                None => "did not stop within its time and was killed".to_owned(),
+            },
+        };
+        clean &= line == "stopped";
+        println!("  {} {id}: {line}", kind.program());
     }
     anyhow::ensure!(clean, "some daemons did not stop cleanly");
     Ok(())
+}
+
+/// Ready-to-paste `pmemctl` lines for the first client of `fabric` (none
+/// in lab mode, whose clients are guests).
+fn pmemctl_lines(fabric: &Fabric) -> anyhow::Result<String> {
+    if fabric.is_lab() {
+        return Ok(String::new());
+    }
+    let Some((first, others)) = fabric.topology.clients.split_first() else {
+        return Ok(String::new());
+    };
+    let config = std::path::absolute(&fabric.topology_path).context("the topology's path")?;
+    let client = first.id.to_string();
+    let others: Vec<String> = others.iter().map(|c| c.id.to_string()).collect();
+    let namespace = fabric.client_namespace(&client);
+    Ok(testbed::supervise::pmemctl::lines(
+        &testbed::supervise::pmemctl::PmemctlTarget {
+            config: &config,
+            client: &client,
+            other_clients: &others,
+            secrets: fabric.secrets(),
+            namespace: namespace.as_deref(),
+            allocator: fabric.topology.pool.allocator.is_some(),
+        },
+    ))
+}
+
+/// `testbed restart` and `testbed status`: one request to a running `up`.
+fn control(request: &str, args: ControlArgs) -> anyhow::Result<bool> {
+    let run = match args.run {
+        Some(run) => run,
+        None => control::find_running(std::path::Path::new("reports"))?,
+    };
+    let (text, ok) = control::send(&run, request)?;
+    if ok {
+        println!("{text}");
+    } else {
+        eprintln!("testbed: {text}");
+    }
+    Ok(ok)
 }
 
 fn run(options: &RunOptions, file: Option<&PathBuf>) -> anyhow::Result<bool> {
@@ -538,6 +632,8 @@ fn log_id(command: &Command) -> Option<String> {
     let name = match command {
         Command::Validate { .. } => "validate",
         Command::Up { .. } => "up",
+        Command::Restart { .. } => "restart",
+        Command::Status { .. } => "status",
         Command::Down { .. } => "down",
         Command::Keygen { .. } => "keygen",
         Command::Run(_) => "run",
@@ -566,8 +662,24 @@ fn main() -> ExitCode {
             net,
             data_dir,
             prometheus,
+            format,
+            map_from,
+        } => outcome(
+            up(UpArgs {
+                file,
+                net,
+                data_dir,
+                prometheus,
+                format,
+                map_from,
+            })
+            .map(|()| true),
+        ),
+        Command::Restart { target, control } => outcome(self::control(
+            &format!("restart {}", target.join(" ")),
             control,
-        } => outcome(up(file.as_ref(), net, data_dir, prometheus, &control).map(|()| true)),
+        )),
+        Command::Status { control } => outcome(self::control("status", control)),
         Command::Keygen { file, secrets } => outcome(keygen(file.as_deref(), &secrets)),
         Command::Down { prefix } => down(prefix.as_deref()),
         Command::Run(args) => outcome(run_command(args)),

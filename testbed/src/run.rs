@@ -472,6 +472,7 @@ pub fn execute(
     topology_name: &str,
     options: &RunOptions,
 ) -> anyhow::Result<RunOutcome> {
+    check_clients(topology, topology_name, options.clients)?;
     let run_id = run_id(&options.command);
     // Absolute: a lab guest sees this folder at the same path.
     let run_dir =
@@ -499,6 +500,28 @@ pub fn execute(
     })
 }
 
+/// Refuses a `--clients` the topology cannot give: none, or more than it
+/// has.
+fn check_clients(
+    topology: &Topology,
+    topology_name: &str,
+    wanted: Option<usize>,
+) -> anyhow::Result<()> {
+    let have = topology.clients.len();
+    match wanted {
+        Some(0) => bail!("--clients 0: a run needs at least one client"),
+        Some(n) if n > have => {
+            let ids: Vec<String> = topology.clients.iter().map(|c| c.id.to_string()).collect();
+            bail!(
+                "--clients {n}: {topology_name} has {have} client(s) ({}); ask for at most \
+                 {have}, or add [[clients]] to the topology",
+                ids.join(", ")
+            )
+        }
+        _ => Ok(()),
+    }
+}
+
 /// [`execute`] with the run's id and folders made.
 fn execute_in(
     topology: &Topology,
@@ -512,8 +535,18 @@ fn execute_in(
     // Fresh keys in the report's folder: every connection proves its key.
     launch.net = options.net;
     launch.control = options.control;
-    let mut fabric = Fabric::start(topology, launch).context("bring the fabric up")?;
+    let mut fabric = match Fabric::start(topology, launch) {
+        Ok(fabric) => fabric,
+        Err(err) => {
+            return Err(crate::advice::start_error(
+                err,
+                crate::advice::Starter::Run,
+                data_dir,
+            ));
+        }
+    };
     let endpoints = fabric.endpoints();
+    println!("{}", crate::summary::live_metrics(&endpoints));
     let clients: Vec<String> = topology
         .clients
         .iter()
@@ -585,7 +618,6 @@ fn execute_in(
     verification.passed = verification.is_clean();
     report.verification = verification;
     note_fault_effects(&mut report, duration_s);
-    report.fill_recovery();
     if fabric.is_lab() {
         let roce = lab_counters(&fabric, &clients);
         report.notes.extend(lab_notes(&roce));
@@ -672,6 +704,7 @@ fn drive(
                 target,
                 restored_at_s: None,
                 recovery_ms: None,
+                stall_ms: None,
                 errors_seen: 0,
             });
         }
@@ -751,8 +784,8 @@ fn collect(
 }
 
 /// For each fault: the errors the application saw from its injection to a
-/// second after its undoing, and how long until the next request
-/// completed.
+/// second after its undoing, its recovery and longest stall, and a note
+/// saying so in the report's words.
 fn note_fault_effects(report: &mut RunReport, duration_s: f64) {
     for fault in &mut report.faults {
         let from = fault.at_s;
@@ -760,16 +793,8 @@ fn note_fault_effects(report: &mut RunReport, duration_s: f64) {
         let first = (from * 1000.0 / BUCKET_MS as f64) as usize;
         let last = (to * 1000.0 / BUCKET_MS as f64) as usize;
         fault.errors_seen = (first..last).map(|i| report.timeline.errors_at(i)).sum();
-        if let Some(next) = report.timeline.first_completion_after(fault.at_s) {
-            report.notes.push(format!(
-                "{} {} at {:.3}s: first completed request {:.1} ms later",
-                fault.kind,
-                fault.target,
-                fault.at_s,
-                (next - fault.at_s) * 1000.0
-            ));
-        }
     }
+    report.note_faults();
 }
 
 /// The RoCE counters of a lab run: each device's, scraped now, and each
@@ -1050,6 +1075,7 @@ mod tests {
             target: "etcd".to_owned(),
             restored_at_s: Some(2.0),
             recovery_ms: None,
+            stall_ms: None,
             errors_seen,
         };
         let report = RunReport {

@@ -112,6 +112,22 @@ pub fn endpoints_table(endpoints: &[Endpoint]) -> String {
     out
 }
 
+/// The daemons' `/metrics` addresses, printed when a run's fabric is up:
+/// they answer only while the run lasts.
+pub fn live_metrics(endpoints: &[Endpoint]) -> String {
+    let mut out = String::from("metrics, live while the run lasts (the daemons stop with it):");
+    for e in endpoints {
+        let _ = write!(
+            out,
+            "\n  {} {}: http://{}/metrics",
+            e.kind.program(),
+            e.id,
+            e.admin
+        );
+    }
+    out
+}
+
 /// What `run`, `demo` and `chaos` print at the end.
 pub fn run_summary(outcome: &RunOutcome) -> String {
     let report = &outcome.report;
@@ -136,22 +152,7 @@ pub fn run_summary(outcome: &RunOutcome) -> String {
         report.errors_total()
     );
     for fault in &report.faults {
-        let first = report
-            .timeline
-            .first_completion_after(fault.at_s)
-            .map_or_else(
-                || "none".to_owned(),
-                |t| format!("{:.1} ms", (t - fault.at_s) * 1000.0),
-            );
-        let recovery = fault
-            .recovery_ms
-            .map_or_else(|| "n/a".to_owned(), |ms| format!("{ms:.0} ms"));
-        let _ = writeln!(
-            out,
-            "  fault           {} {} at {:.2} s: next request completed after {first}, \
-             throughput back after {recovery}, {} errors",
-            fault.kind, fault.target, fault.at_s, fault.errors_seen
-        );
+        let _ = writeln!(out, "  fault           {}", fault.describe());
     }
     let v = &report.verification;
     let _ = writeln!(
@@ -181,8 +182,9 @@ pub fn run_summary(outcome: &RunOutcome) -> String {
     );
     let _ = writeln!(
         out,
-        "  plots           {}, {}",
+        "  plots           {}, {}, {}",
         outcome.files.latency_cdf.display(),
+        outcome.files.latency_tail.display(),
         outcome.files.throughput.display()
     );
     let _ = writeln!(out, "  raw figures     {}", outcome.files.json.display());
@@ -196,15 +198,8 @@ pub fn run_summary(outcome: &RunOutcome) -> String {
             "removed (the run passed)".to_owned()
         }
     );
-    let admins: Vec<String> = outcome
-        .endpoints
-        .iter()
-        .map(|e| format!("{} {}: http://{}/metrics", e.kind.program(), e.id, e.admin))
-        .collect();
-    let _ = writeln!(out, "  metrics (while it ran):");
-    for line in admins {
-        let _ = writeln!(out, "    {line}");
-    }
+    // The daemons have stopped: their /metrics addresses were printed
+    // while they were live, at the start.
     for line in &outcome.unclean_exits {
         let _ = writeln!(out, "  did not stop cleanly: {line}");
     }

@@ -462,7 +462,7 @@ fn up_formats_a_pool_with_an_allocator_once() {
     );
     let (pool, allocator) = attach(&up, &config, "c1");
     let at = pool
-        .block_on(allocator.alloc_named("kept", 4096, &client_vmm::Placement::RoundRobin))
+        .block_on(allocator.alloc_named("kept", 4096))
         .expect("alloc_named");
     pool.write_persist(at, b"still here").expect("write");
     drop((allocator, pool));

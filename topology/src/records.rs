@@ -17,8 +17,9 @@ pub const POOL_MAGIC: u64 = u64::from_le_bytes(*b"PFPOOL01");
 /// "PFREGN01": a formatted region header.
 pub const REGION_MAGIC: u64 = u64::from_le_bytes(*b"PFREGN01");
 /// The metadata format this code reads and writes (2: owners in extent keys
-/// and name entries).
-pub const FORMAT_VERSION: u64 = 2;
+/// and name entries; 3: slab extents marked in their keys, slabs kept per
+/// client).
+pub const FORMAT_VERSION: u64 = 3;
 
 /// Superblock byte offsets.
 pub mod sb {
@@ -452,15 +453,44 @@ impl NameEntry {
     }
 }
 
-/// An extent key as the allocator installs it: the owner's topology index
-/// plus one in the top 16 bits and 48 random bits, so the server holding the
-/// key table knows whose extent it is.
+/// An extent key as the allocator installs it on a whole-extent
+/// allocation: the owner's topology index plus one in the top 16 bits, bit
+/// 47 clear and 47 random bits, so the server holding the key table knows
+/// whose extent it is.
 pub fn owned_key(owner: u16, random: u64) -> AccessKey {
     AccessKey((u64::from(owner) + 1) << 48 | (random & KEY_RANDOM_MASK))
 }
 
+/// The key of a slab extent: an [`owned_key`] with [`KEY_SLAB`] set, so
+/// the server holding it lets only the owner change the slab's header and
+/// bitmaps ([`slab_header_len`]).
+pub fn slab_key(owner: u16, random: u64) -> AccessKey {
+    AccessKey(owned_key(owner, random).get() | KEY_SLAB)
+}
+
+/// The bit of an extent key that marks a slab extent.
+pub const KEY_SLAB: u64 = 1 << 47;
+
 /// The random bits of an extent key.
-pub const KEY_RANDOM_MASK: u64 = (1 << 48) - 1;
+pub const KEY_RANDOM_MASK: u64 = KEY_SLAB - 1;
+
+/// Whether the extent whose key word is `word` is a slab.
+pub fn key_is_slab(word: u64) -> bool {
+    key_owner(word).is_some() && word & KEY_SLAB != 0
+}
+
+/// How many bytes at the start of a slab extent are its header and
+/// bitmaps, given the slab's header word `header`: those of its class, or
+/// when the word names no class, those of the smallest class (the most any
+/// slab has).
+pub fn slab_header_len(classes: &Classes, header: u64) -> u64 {
+    let class = SlabHeader::decode(header)
+        .map(|h| h.class)
+        .filter(|&c| c < classes.count())
+        .unwrap_or(0);
+    let shape = classes.slab(class);
+    shape.live() + shape.words * 8
+}
 
 /// The owner of the extent whose key word is `word`: `None` for 0 (not
 /// allocated) and for a word that names no owner.
@@ -637,6 +667,31 @@ mod tests {
         assert_ne!(owned_key(0, 0).get(), 0);
         assert_eq!(key_owner(0), None);
         assert_eq!(key_owner(42), None);
+        assert!(!key_is_slab(owned_key(7, u64::MAX).get()));
+        let slab = slab_key(7, u64::MAX);
+        assert!(key_is_slab(slab.get()));
+        assert_eq!(key_owner(slab.get()), Some(7));
+        assert!(!key_is_slab(KEY_SLAB), "a key naming no owner is no slab");
+    }
+
+    #[test]
+    fn a_slab_header_spans_its_class_bitmaps_or_the_largest_when_unknown() {
+        let classes = Classes::new(2 << 20);
+        let word = |class| {
+            SlabHeader {
+                retiring: false,
+                class,
+                used: 3,
+            }
+            .encode()
+        };
+        // 64-byte objects: 32,639 slots after the header, two bitmaps of
+        // 510 words each.
+        assert_eq!(slab_header_len(&classes, word(0)), 64 + 2 * 510 * 8);
+        // 512 KiB objects: 4 slots, two one-word bitmaps.
+        assert_eq!(slab_header_len(&classes, word(13)), 64 + 2 * 8);
+        assert_eq!(slab_header_len(&classes, 0), 64 + 2 * 510 * 8);
+        assert_eq!(slab_header_len(&classes, word(200)), 64 + 2 * 510 * 8);
     }
 
     #[test]

@@ -60,7 +60,7 @@ impl Allocator {
             .round_robin
             .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
         for j in 0..n {
-            match self.claim_extent(placement, turn + j).await {
+            match self.claim_extent(placement, turn + j, kind).await {
                 Ok(Some(c)) => claimed.push(c),
                 outcome => {
                     self.abandon(head, &controls, &claimed).await;
@@ -248,18 +248,20 @@ impl Allocator {
         }
     }
 
-    /// Claims a free PMEM extent on round-robin turn `turn`. Its key goes
-    /// in with COMPARE_SWAP from 0: the server holding it zeroes the
-    /// extent's bytes as the key is installed (a previous owner's data never
-    /// reaches the new one).
+    /// Claims a free PMEM extent on round-robin turn `turn` for an entry of
+    /// `kind`. Its key goes in with COMPARE_SWAP from 0: the server holding
+    /// it zeroes the extent's bytes as the key is installed (a previous
+    /// owner's data never reaches the new one). A slab's key says so, and
+    /// the server then lets only this client change the slab's header.
     async fn claim_extent(
         &self,
         placement: &Placement,
         turn: u64,
+        kind: EntryKind,
     ) -> Result<Option<Claimed>, AllocError> {
         for region in self.candidates(placement, turn)? {
             if let Some(extent) = self.claim_in(region).await? {
-                let key = self.fresh_key();
+                let key = self.fresh_key(kind == EntryKind::Slab);
                 let meta = self.region(region)?;
                 let at = meta.at(meta.key_offset(extent));
                 let old = self.cas(at, meta.key, 0, key.get()).await?;

@@ -35,6 +35,7 @@
 //! Small allocations follow the same claim-then-commit rule inside a slab
 //! (see the `slab` module); named objects inside the name directory (see `names`).
 
+mod blocking;
 mod error;
 mod extents;
 mod names;
@@ -51,6 +52,7 @@ use topology::{
     AccessKey, MetaLayout, PmemAddr, RegionIndex, RegionMeta, ServerId, SocketId, VirtAddr,
 };
 
+pub use blocking::BlockingAllocator;
 pub use error::AllocError;
 pub use names::NamedObject;
 pub use scrub::{RegionUsage, ScrubReport, Usage};
@@ -165,7 +167,10 @@ impl Allocator {
         self.ops.load(Ordering::Relaxed)
     }
 
-    /// Allocates `size` bytes anywhere (round-robin across servers).
+    /// Allocates `size` bytes anywhere (round-robin across servers). The
+    /// allocation is durable when this returns (a crash after it keeps it;
+    /// one before it leaves at most what `scrub` reclaims) and its memory
+    /// reads as zeroes.
     pub async fn alloc(&self, size: u64) -> Result<VirtAddr, AllocError> {
         self.alloc_with(size, &Placement::RoundRobin).await
     }
@@ -201,11 +206,12 @@ impl Allocator {
         }
     }
 
-    /// Frees the allocation starting at `vaddr`. Its keys are rotated: any
+    /// Frees the allocation starting at `vaddr`, durably once it returns.
+    /// Its keys are rotated: any
     /// client still holding its translation gets a use-after-free error.
-    /// Only the client that allocated a large allocation may free it (the
-    /// servers check it too, with authentication); small objects share
-    /// their slab and are not checked.
+    /// Only the client that allocated it may free it (the servers check it
+    /// too, with authentication): a small object lives in a slab of the
+    /// client that took it.
     pub async fn free(&self, vaddr: VirtAddr) -> Result<(), AllocError> {
         let index = records::vextent_of(&self.meta, vaddr).ok_or(AllocError::InvalidFree {
             vaddr,
@@ -219,6 +225,12 @@ impl Allocator {
         }
         let entry = self.read_entry(index).await?;
         match (entry.control.state, entry.control.kind) {
+            (EntryState::Live, EntryKind::Slab) if entry.control.owner != self.owner => {
+                Err(AllocError::NotOwner {
+                    what: format!("the small object at {vaddr}"),
+                    owner: entry.control.owner,
+                })
+            }
             (EntryState::Live, EntryKind::Slab) => {
                 self.remember_slab(index, entry);
                 self.free_small(vaddr, index, &entry).await
@@ -349,9 +361,13 @@ impl Allocator {
     }
 
     /// A fresh extent key naming this client as its owner
-    /// ([`records::owned_key`]).
-    fn fresh_key(&self) -> AccessKey {
-        records::owned_key(self.owner, self.random())
+    /// ([`records::owned_key`], or [`records::slab_key`] for a slab).
+    fn fresh_key(&self, slab: bool) -> AccessKey {
+        if slab {
+            records::slab_key(self.owner, self.random())
+        } else {
+            records::owned_key(self.owner, self.random())
+        }
     }
 
     /// 64 random bits (splitmix64 over a seed from the OS).

@@ -31,8 +31,16 @@ pub struct NamedObject {
 }
 
 impl Allocator {
-    /// Allocates `size` bytes under `name`, visible to every client.
-    pub async fn alloc_named(
+    /// Allocates `size` bytes under `name`, visible to every client, anywhere
+    /// (round-robin across servers, as [`alloc`](Self::alloc)). Durable when
+    /// it returns; the memory reads as zeroes.
+    pub async fn alloc_named(&self, name: &str, size: u64) -> Result<VirtAddr, AllocError> {
+        self.alloc_named_with(name, size, &Placement::RoundRobin)
+            .await
+    }
+
+    /// Allocates `size` bytes under `name`, placed as `placement` asks.
+    pub async fn alloc_named_with(
         &self,
         name: &str,
         size: u64,
@@ -113,7 +121,8 @@ impl Allocator {
         Ok(vaddr)
     }
 
-    /// The named object `name`: where it starts and its size.
+    /// The named object `name`: where it starts and its size (any client's,
+    /// as `pmemobj_root` finds a pool's entry point).
     pub async fn open(&self, name: &str) -> Result<(VirtAddr, u64), AllocError> {
         let dir = self.read_directory().await?;
         let (_, e) = find(&dir, name).ok_or_else(|| AllocError::NameNotFound(name.to_owned()))?;

@@ -1,5 +1,8 @@
 //! Small allocations: objects of one power-of-two class cut from a slab
-//! extent, claimed with COMPARE_SWAP.
+//! extent, claimed with COMPARE_SWAP. Each client takes objects only from
+//! slabs of its own (the slab's key marks it a slab and names its owner,
+//! and the server lets only the owner change its header and bitmaps), so
+//! only the client that took an object frees it.
 //!
 //! Taking an object:
 //! 1. COMPARE_SWAP the slab header's `used` count up by one while the slab
@@ -49,6 +52,12 @@ impl Allocator {
                     {
                         self.drop_hint(class, slab).await?;
                         continue;
+                    }
+                    if entry.control.owner != self.owner {
+                        // Another client's slab (a hint way shared with
+                        // it): only its owner takes objects there.
+                        self.lock_guesses().current.remove(&class);
+                        return self.new_slab(class, placement).await;
                     }
                     self.remember_slab(slab, entry);
                     entry

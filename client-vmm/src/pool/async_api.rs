@@ -130,29 +130,80 @@ impl AsyncPool {
         Ok(Self { inner })
     }
 
-    /// Reads `len` bytes at `vaddr`.
+    /// Reads `len` bytes at `vaddr`: what every write and atomic
+    /// acknowledged before the read was sent left there, durable or not. A
+    /// read that overlaps a write in flight may see a mix of old and new
+    /// bytes, as with one-sided RDMA.
     pub async fn read(&self, vaddr: VirtAddr, len: u64) -> Result<Vec<u8>, PoolError> {
+        let too_long = || PoolError::OutOfBounds {
+            at: vaddr.into(),
+            len,
+        };
+        let mut out = Vec::new();
+        let bytes = usize::try_from(len).map_err(|_| too_long())?;
+        out.try_reserve_exact(bytes).map_err(|_| too_long())?;
+        out.resize(bytes, 0);
+        self.read_into(vaddr, &mut out).await?;
+        Ok(out)
+    }
+
+    /// Reads `buf.len()` bytes at `vaddr` into `buf` (no allocation); the
+    /// same view of memory as [`read`](Self::read). On an error `buf` may
+    /// hold part of the range.
+    pub async fn read_into(&self, vaddr: VirtAddr, buf: &mut [u8]) -> Result<(), PoolError> {
         let _op = self.inner.in_flight.begin();
-        let pieces = self.inner.plan(vaddr, len).await?;
+        let pieces = self.inner.plan(vaddr, buf.len() as u64).await?;
         let results = join_all(pieces.iter().map(|piece| {
             let length = piece.len as u32;
             self.inner
                 .send_piece(*piece, Spec::plain(Operation::Read, length))
         }))
         .await;
-        let mut out = Vec::with_capacity(len as usize);
-        for result in results {
-            out.extend_from_slice(&result?.data);
+        let mut rest = &mut buf[..];
+        for (piece, result) in pieces.iter().zip(results) {
+            let data = result?.data;
+            let (here, after) = std::mem::take(&mut rest).split_at_mut(piece.len as usize);
+            if data.len() != here.len() {
+                return Err(PoolError::WrongLength {
+                    at: piece.at,
+                    asked: piece.len,
+                    got: data.len(),
+                });
+            }
+            here.copy_from_slice(&data);
+            rest = after;
         }
-        Ok(out)
+        Ok(())
     }
 
-    /// Writes `data` at `vaddr`.
+    /// Reads the 8-byte little-endian word at `vaddr` with a plain READ (no
+    /// alignment needed). Against atomics on the same word it is not an
+    /// atomic load: use [`fetch_add`](Self::fetch_add) with 0 for that.
+    pub async fn read_u64(&self, vaddr: VirtAddr) -> Result<u64, PoolError> {
+        let mut word = [0u8; 8];
+        self.read_into(vaddr, &mut word).await?;
+        Ok(u64::from_le_bytes(word))
+    }
+
+    /// Writes `data` at `vaddr`. Acknowledged once the server has stored it:
+    /// every later read sees it, but it is **not durable** (a power cut or a
+    /// server crash may lose it) until a [`flush`](Self::flush) of the range
+    /// sent after this returned. [`write_persist`](Self::write_persist) does
+    /// both in one request.
     pub async fn write(&self, vaddr: VirtAddr, data: &[u8]) -> Result<(), PoolError> {
         self.write_op(vaddr, data, Operation::Write).await
     }
 
-    /// Writes `data` at `vaddr` and returns once it is durable.
+    /// Writes `value` as 8 little-endian bytes at `vaddr` with a plain WRITE
+    /// (no alignment needed), durable only after a FLUSH as
+    /// [`write`](Self::write). Not atomic against atomics on the same word:
+    /// use [`atomic_write`](Self::atomic_write) for that.
+    pub async fn write_u64(&self, vaddr: VirtAddr, value: u64) -> Result<(), PoolError> {
+        self.write(vaddr, &value.to_le_bytes()).await
+    }
+
+    /// Writes `data` at `vaddr` and returns once it is durable (WRITE_PERSIST:
+    /// the server stores and persists the range before it answers).
     pub async fn write_persist(&self, vaddr: VirtAddr, data: &[u8]) -> Result<(), PoolError> {
         self.write_op(vaddr, data, Operation::WritePersist).await
     }
@@ -182,7 +233,11 @@ impl AsyncPool {
         Ok(())
     }
 
-    /// Makes `len` bytes at `vaddr` durable.
+    /// Makes `len` bytes at `vaddr` durable: whatever the range holds when
+    /// the server runs the FLUSH (writes and atomics acknowledged before it
+    /// was sent, and anyone else's that happen to be there) is persistent
+    /// once this returns. A write still in flight when the FLUSH is sent
+    /// (one in the same [`Batch`]) may or may not be covered.
     pub async fn flush(&self, vaddr: VirtAddr, len: u64) -> Result<(), PoolError> {
         let _op = self.inner.in_flight.begin();
         let pieces = self.inner.plan(vaddr, len).await?;
@@ -194,27 +249,42 @@ impl AsyncPool {
         results.into_iter().try_for_each(|r| r.map(drop))
     }
 
-    /// Compare-and-swap of the 8-byte word at `vaddr`; returns the old value
-    /// (the swap happened when it equals `old`). Exactly once, even across
-    /// failover.
+    /// Compare-and-swap of the 8-byte word at `vaddr` (8-byte aligned), as
+    /// std's `AtomicU64::compare_exchange`: `Ok(previous)` when the word
+    /// held `current` and now holds `new`, `Err(actual)` with the value
+    /// found when it did not and was left alone. Exactly once, even across
+    /// failover. Atomic against the other atomics on the word; visible to
+    /// every later read, but **not durable** until a
+    /// [`flush`](Self::flush) of the word sent after this returned, unless
+    /// the pool was built with
+    /// [`persistent_atomics`](super::PoolBuilder::persistent_atomics)
+    /// (then durable when it returns, as every atomic).
     pub async fn compare_and_swap(
         &self,
         vaddr: VirtAddr,
-        old: u64,
+        current: u64,
         new: u64,
-    ) -> Result<u64, PoolError> {
-        self.atomic(vaddr, Operation::CompareSwap, new, old, true)
-            .await
+    ) -> Result<Result<u64, u64>, PoolError> {
+        let old = self
+            .atomic(vaddr, Operation::CompareSwap, new, current, true)
+            .await?;
+        Ok(if old == current { Ok(old) } else { Err(old) })
     }
 
-    /// Adds `delta` to the 8-byte word at `vaddr`; returns the old value.
-    /// Exactly once, even across failover.
+    /// Adds `delta` (wrapping) to the 8-byte word at `vaddr` (8-byte
+    /// aligned); returns the old value. Exactly once, even across failover.
+    /// **Not durable** until a [`flush`](Self::flush) of the word sent after
+    /// this returned (unless `persistent_atomics`).
     pub async fn fetch_add(&self, vaddr: VirtAddr, delta: u64) -> Result<u64, PoolError> {
         self.atomic(vaddr, Operation::FetchAdd, delta, 0, true)
             .await
     }
 
-    /// Stores `value` into the 8-byte word at `vaddr` atomically.
+    /// Stores `value` into the 8-byte word at `vaddr` (8-byte aligned)
+    /// atomically: a concurrent atomic or read of the word sees the old or
+    /// the new value, never a mix. Not exactly-once (storing twice is
+    /// harmless). **Not durable** until a [`flush`](Self::flush) of the word
+    /// sent after this returned (unless `persistent_atomics`).
     pub async fn atomic_write(&self, vaddr: VirtAddr, value: u64) -> Result<(), PoolError> {
         self.atomic(vaddr, Operation::AtomicWrite, value, 0, false)
             .await
@@ -241,6 +311,7 @@ impl AsyncPool {
             operand,
             compare,
             exactly_once,
+            persist: self.inner.options.persistent_atomics,
             ..Spec::plain(operation, 8)
         };
         self.inner.send_piece(piece, spec).await.map(|r| r.value)
@@ -252,7 +323,8 @@ impl AsyncPool {
     }
 
     /// Runs every operation of `batch` concurrently and waits once; results
-    /// come back in the batch's order.
+    /// come back in the batch's order. The operations are not ordered among
+    /// themselves: a FLUSH does not wait for a WRITE of the same batch.
     pub async fn submit(&self, batch: Batch) -> Vec<Result<Completion, PoolError>> {
         join_all(batch.ops.into_iter().map(|op| self.run_batch_op(op))).await
     }
@@ -273,10 +345,14 @@ impl AsyncPool {
             BatchOp::Flush { vaddr, len } => {
                 self.flush(vaddr, len).await.map(|()| Completion::Done)
             }
-            BatchOp::CompareAndSwap { vaddr, old, new } => self
-                .compare_and_swap(vaddr, old, new)
+            BatchOp::CompareAndSwap {
+                vaddr,
+                current,
+                new,
+            } => self
+                .compare_and_swap(vaddr, current, new)
                 .await
-                .map(Completion::Old),
+                .map(Completion::CompareAndSwap),
             BatchOp::FetchAdd { vaddr, delta } => {
                 self.fetch_add(vaddr, delta).await.map(Completion::Old)
             }

@@ -1,7 +1,10 @@
 //! The blocking facade: each call runs on the pool's runtime and waits.
 
+use std::sync::Arc;
+
 use topology::{ClientId, Layout, Topology, VirtAddr};
 
+use crate::alloc::{AllocError, BlockingAllocator};
 use crate::error::{OpenError, PoolError};
 
 use super::{AsyncPool, Batch, Completion, PathStatus, Pool, PoolBuilder, StatsSnapshot};
@@ -17,8 +20,8 @@ impl Pool {
         AsyncPool::builder(topology, client)
     }
 
-    /// Runs `future` (for example an [`Allocator`](crate::Allocator) call)
-    /// on the pool's runtime and waits for it.
+    /// Runs `future` (any call of the async API) on the pool's runtime and
+    /// waits for it.
     pub fn block_on<F: std::future::Future>(&self, future: F) -> F::Output {
         self.runtime.block_on(future)
     }
@@ -28,38 +31,85 @@ impl Pool {
         &self.pool
     }
 
-    /// Reads `len` bytes at `vaddr`.
+    /// The runtime the blocking calls run on, shared with a
+    /// [`BlockingAllocator`].
+    pub(crate) fn runtime(&self) -> &Arc<tokio::runtime::Runtime> {
+        &self.runtime
+    }
+
+    /// The allocator of this pool, for blocking code; the pool must be
+    /// formatted (see [`BlockingAllocator::format`]).
+    pub fn allocator(&self) -> Result<BlockingAllocator, AllocError> {
+        BlockingAllocator::attach(self)
+    }
+
+    /// Reads `len` bytes at `vaddr`: what every write and atomic
+    /// acknowledged before it left there, durable or not
+    /// ([`AsyncPool::read`]).
     pub fn read(&self, vaddr: VirtAddr, len: u64) -> Result<Vec<u8>, PoolError> {
         self.runtime.block_on(self.pool.read(vaddr, len))
     }
 
-    /// Writes `data` at `vaddr`.
+    /// Reads `buf.len()` bytes at `vaddr` into `buf`, as [`read`](Self::read).
+    pub fn read_into(&self, vaddr: VirtAddr, buf: &mut [u8]) -> Result<(), PoolError> {
+        self.runtime.block_on(self.pool.read_into(vaddr, buf))
+    }
+
+    /// Reads the 8-byte little-endian word at `vaddr` (a plain READ, not an
+    /// atomic load).
+    pub fn read_u64(&self, vaddr: VirtAddr) -> Result<u64, PoolError> {
+        self.runtime.block_on(self.pool.read_u64(vaddr))
+    }
+
+    /// Writes `data` at `vaddr`. Visible to every later read once this
+    /// returns, but **not durable** until a [`flush`](Self::flush) of the
+    /// range; [`write_persist`](Self::write_persist) does both.
     pub fn write(&self, vaddr: VirtAddr, data: &[u8]) -> Result<(), PoolError> {
         self.runtime.block_on(self.pool.write(vaddr, data))
     }
 
-    /// Writes `data` at `vaddr`, returning once durable.
+    /// Writes `value` as 8 little-endian bytes at `vaddr` (a plain WRITE:
+    /// not atomic, **not durable** until a [`flush`](Self::flush)).
+    pub fn write_u64(&self, vaddr: VirtAddr, value: u64) -> Result<(), PoolError> {
+        self.runtime.block_on(self.pool.write_u64(vaddr, value))
+    }
+
+    /// Writes `data` at `vaddr`, returning once it is durable (WRITE_PERSIST).
     pub fn write_persist(&self, vaddr: VirtAddr, data: &[u8]) -> Result<(), PoolError> {
         self.runtime.block_on(self.pool.write_persist(vaddr, data))
     }
 
-    /// Makes `len` bytes at `vaddr` durable.
+    /// Makes `len` bytes at `vaddr` durable: whatever they hold when the
+    /// server runs the FLUSH, so every write and atomic that returned
+    /// before this call.
     pub fn flush(&self, vaddr: VirtAddr, len: u64) -> Result<(), PoolError> {
         self.runtime.block_on(self.pool.flush(vaddr, len))
     }
 
-    /// Compare-and-swap; returns the old value.
-    pub fn compare_and_swap(&self, vaddr: VirtAddr, old: u64, new: u64) -> Result<u64, PoolError> {
+    /// Compare-and-swap of the aligned word at `vaddr`, as std's
+    /// `compare_exchange`: `Ok(previous)` when it swapped, `Err(actual)`
+    /// when the word did not hold `current`. Exactly once; **not durable**
+    /// until a [`flush`](Self::flush) of the word, unless the pool was built
+    /// with [`persistent_atomics`](PoolBuilder::persistent_atomics).
+    pub fn compare_and_swap(
+        &self,
+        vaddr: VirtAddr,
+        current: u64,
+        new: u64,
+    ) -> Result<Result<u64, u64>, PoolError> {
         self.runtime
-            .block_on(self.pool.compare_and_swap(vaddr, old, new))
+            .block_on(self.pool.compare_and_swap(vaddr, current, new))
     }
 
-    /// Fetch-and-add; returns the old value.
+    /// Fetch-and-add on the aligned word at `vaddr`; returns the old value.
+    /// Exactly once; **not durable** until a [`flush`](Self::flush) of the
+    /// word (unless `persistent_atomics`).
     pub fn fetch_add(&self, vaddr: VirtAddr, delta: u64) -> Result<u64, PoolError> {
         self.runtime.block_on(self.pool.fetch_add(vaddr, delta))
     }
 
-    /// Atomic 8-byte store.
+    /// Atomic store into the aligned word at `vaddr`; **not durable** until
+    /// a [`flush`](Self::flush) of the word (unless `persistent_atomics`).
     pub fn atomic_write(&self, vaddr: VirtAddr, value: u64) -> Result<(), PoolError> {
         self.runtime.block_on(self.pool.atomic_write(vaddr, value))
     }
@@ -69,7 +119,8 @@ impl Pool {
         self.runtime.block_on(self.pool.fence());
     }
 
-    /// Runs a batch and waits once.
+    /// Runs a batch and waits once; its operations run concurrently, in no
+    /// order ([`Batch`]).
     pub fn submit(&self, batch: Batch) -> Vec<Result<Completion, PoolError>> {
         self.runtime.block_on(self.pool.submit(batch))
     }

@@ -23,6 +23,12 @@ pub struct PoolOptions {
     pub queue_depth: usize,
     /// Extents the translation cache holds.
     pub tlb_capacity: usize,
+    /// Whether COMPARE_SWAP, FETCH_ADD and ATOMIC_WRITE persist their word
+    /// (and the exactly-once record) before they answer: durable when they
+    /// return, and exactly once across a server's power cut too, for a
+    /// persist on every atomic. Off by default: an atomic is durable only
+    /// after a FLUSH of its word.
+    pub persistent_atomics: bool,
 }
 
 impl Default for PoolOptions {
@@ -32,6 +38,7 @@ impl Default for PoolOptions {
             connect_timeout: Duration::from_secs(2),
             queue_depth: 256,
             tlb_capacity: 65536,
+            persistent_atomics: false,
         }
     }
 }
@@ -78,6 +85,13 @@ impl PoolBuilder {
         self
     }
 
+    /// Makes every atomic durable before it answers (see
+    /// [`PoolOptions::persistent_atomics`]).
+    pub fn persistent_atomics(mut self, persistent: bool) -> Self {
+        self.options.persistent_atomics = persistent;
+        self
+    }
+
     /// How long connecting one path may take.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.options.connect_timeout = timeout;
@@ -111,6 +125,9 @@ impl PoolBuilder {
             .build()
             .map_err(OpenError::Runtime)?;
         let pool = runtime.block_on(AsyncPool::open(self))?;
-        Ok(Pool { runtime, pool })
+        Ok(Pool {
+            runtime: Arc::new(runtime),
+            pool,
+        })
     }
 }

@@ -105,7 +105,7 @@ pub struct AsyncPool {
 /// The pool, for blocking code: each call waits for its result.
 #[derive(Debug)]
 pub struct Pool {
-    runtime: tokio::runtime::Runtime,
+    runtime: Arc<tokio::runtime::Runtime>,
     pool: AsyncPool,
 }
 

@@ -1230,7 +1230,11 @@ impl Device {
             return Ok(());
         }
         let server = key.server.clone();
-        for entry in self.core.map().layout.entries() {
+        let layout = &self.core.map().layout;
+        if !crate::uplink::one_sided(layout) {
+            return Ok(());
+        }
+        for entry in layout.entries() {
             if entry.server == server {
                 self.uplinks.set_region(entry.region, entry.key, entry.len);
             }

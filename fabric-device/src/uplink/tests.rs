@@ -254,3 +254,18 @@ fn a_request_the_transport_lost_is_left_to_the_core_and_the_link_reconnects() {
     }
     panic!("the queue pair never gave up");
 }
+
+/// A pool with an allocator keeps every request on the servers' CPUs,
+/// where per-extent keys and record owners are checked; a pool without
+/// one goes one-sided.
+#[test]
+fn only_a_pool_without_an_allocator_goes_one_sided() {
+    let load = |name: &str| {
+        let path = format!("{}/../configs/{name}", env!("CARGO_MANIFEST_DIR"));
+        topology::Topology::load_with(&path, &topology::EnvOverrides::None).expect("topology")
+    };
+    let plain = topology::Layout::new(&load("default.toml")).expect("layout");
+    assert!(super::one_sided(&plain));
+    let with_allocator = topology::Layout::new(&load("alloc.toml")).expect("layout");
+    assert!(!super::one_sided(&with_allocator));
+}

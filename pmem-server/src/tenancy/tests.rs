@@ -116,3 +116,52 @@ fn bitmap_bits_clear_only_for_released_extents() {
         Err(Refusal::ExtentInUse)
     );
 }
+
+#[test]
+fn a_slab_header_and_bitmaps_change_only_by_the_slab_owner() {
+    let extent = 2u64 << 20;
+    let classes = Classes::new(extent);
+    // A slab of 512 KiB objects (class 13) owned by client 1, in the
+    // region's third extent: its header and bitmaps are the first 80 bytes.
+    let start = 2 * extent;
+    let slab = Slab {
+        start,
+        key: records::slab_key(1, 0x1234).get(),
+        header: records::SlabHeader {
+            retiring: false,
+            class: 13,
+            used: 1,
+        }
+        .encode(),
+    };
+    // Its owner takes and frees objects: header, claimed and live words.
+    for at in [0, 64, 72] {
+        assert_eq!(slab_header(C1, &classes, &slab, start + at, 8), Ok(()));
+    }
+    // Another client may neither, nor write over them.
+    for at in [0, 64, 72] {
+        assert_eq!(
+            slab_header(C2, &classes, &slab, start + at, 8),
+            Err(Refusal::NotOwner)
+        );
+    }
+    assert_eq!(
+        slab_header(C2, &classes, &slab, start - 8, 16),
+        Err(Refusal::NotOwner)
+    );
+    // The objects are data: whoever holds the key writes them.
+    let object = start + (512 << 10);
+    assert_eq!(slab_header(C2, &classes, &slab, object, 4096), Ok(()));
+    assert_eq!(slab_header(C2, &classes, &slab, start + 80, 8), Ok(()));
+    // A header word that names no class guards the largest header.
+    let unset = Slab { header: 0, ..slab };
+    assert_eq!(
+        slab_header(C2, &classes, &unset, start + 4096, 8),
+        Err(Refusal::NotOwner)
+    );
+    // Without authentication nobody is known.
+    assert_eq!(
+        slab_header(Asker::Unknown, &classes, &slab, start, 8),
+        Ok(())
+    );
+}

@@ -3,7 +3,10 @@
 use std::fmt::Write as _;
 
 use super::time::format_utc;
-use super::{LATENCY_CDF_FILE, OpStats, RunReport, THROUGHPUT_FILE, Verification};
+use super::{
+    LATENCY_CDF_FILE, LATENCY_TAIL_FILE, OpStats, RECOVERY_DEFINITION, RunReport, THROUGHPUT_FILE,
+    Verification,
+};
 
 /// Column headers of the per-operation table.
 const OP_COLUMNS: [&str; 8] = [
@@ -179,6 +182,7 @@ pub fn markdown(report: &RunReport) -> String {
                     code(&cell(&f.target)),
                     opt(f.restored_at_s, 2),
                     opt(f.recovery_ms, 0),
+                    opt(f.stall_ms, 0),
                     f.errors_seen.to_string(),
                 ]
             })
@@ -192,6 +196,7 @@ pub fn markdown(report: &RunReport) -> String {
                 "target",
                 "restored at (s)",
                 "recovery (ms)",
+                "longest stall (ms)",
                 "errors seen",
             ],
             &["kind", "target"],
@@ -199,7 +204,7 @@ pub fn markdown(report: &RunReport) -> String {
         );
         let _ = writeln!(
             out,
-            "\nRecovery: time from the fault until a timeline bucket ({} ms) had at least half the pre-fault average completions.",
+            "\nRecovery: time from the fault until a timeline bucket ({} ms) first had at least half the pre-fault average completions ({RECOVERY_DEFINITION}); the notes, the summary and the throughput plot give the same figure. Longest stall: the longest stretch without any completion between the fault and its recovery (to the end of the run when it did not recover).",
             report.timeline.bucket_ms
         );
     }
@@ -227,9 +232,10 @@ pub fn markdown(report: &RunReport) -> String {
     let _ = writeln!(out, "\n## Plots\n");
     let _ = writeln!(
         out,
-        "- [Latency CDF per operation]({LATENCY_CDF_FILE})\n- [Throughput over time]({THROUGHPUT_FILE})\n"
+        "- [Latency CDF per operation]({LATENCY_CDF_FILE})\n- [Latency tail per operation (complementary CDF, log axes)]({LATENCY_TAIL_FILE})\n- [Throughput over time]({THROUGHPUT_FILE})\n"
     );
     let _ = writeln!(out, "![Latency CDF per operation]({LATENCY_CDF_FILE})\n");
+    let _ = writeln!(out, "![Latency tail per operation]({LATENCY_TAIL_FILE})\n");
     let _ = writeln!(out, "![Throughput over time]({THROUGHPUT_FILE})");
     out
 }

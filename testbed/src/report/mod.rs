@@ -8,6 +8,7 @@
 //! - `report.json` — every raw figure ([`read_report`] reads it back),
 //! - `report.md` — a readable summary with tables (see [`markdown`]),
 //! - `latency_cdf.svg` — latency CDF per operation,
+//! - `latency_tail.svg` — the tail: complementary CDF on log axes,
 //! - `throughput.svg` — ops/s over time with the injected faults marked.
 //!
 //! [`summary_table`] gives the per-operation table as aligned plain text for a
@@ -28,8 +29,8 @@ use serde::{Deserialize, Serialize};
 
 pub use histogram::LatencyHistogram;
 pub use markdown::{markdown, summary_table};
-pub use svg::{latency_cdf_svg, throughput_svg, xy_chart};
-pub use time::make_run_id;
+pub use svg::{latency_cdf_svg, latency_tail_svg, throughput_svg, xy_chart};
+pub use time::{format_utc_time_ms, make_run_id};
 
 /// Operation names in the order the tables and plots list them; any other
 /// name follows, alphabetically.
@@ -206,13 +207,26 @@ impl RunReport {
     }
 
     /// Sets every fault's `recovery_ms` that is still `None` from the
-    /// timeline, by [`Timeline::recovery_after`].
+    /// timeline, by [`Timeline::recovery_after`], and its `stall_ms` that
+    /// is still `None`, by [`Timeline::stall_after`].
     pub fn fill_recovery(&mut self) {
         for fault in &mut self.faults {
             if fault.recovery_ms.is_none() {
                 fault.recovery_ms = self.timeline.recovery_after(fault.at_s);
             }
+            if fault.stall_ms.is_none() {
+                fault.stall_ms = self.timeline.stall_after(fault.at_s, fault.recovery_ms);
+            }
         }
+    }
+
+    /// Fills recovery and stall (see [`RunReport::fill_recovery`]) and adds
+    /// one note per fault with [`FaultRecord::describe`], so that notes,
+    /// the fault table, the summary and the plot give the same figures.
+    pub fn note_faults(&mut self) {
+        self.fill_recovery();
+        let notes: Vec<String> = self.faults.iter().map(FaultRecord::describe).collect();
+        self.notes.extend(notes);
     }
 }
 
@@ -402,14 +416,42 @@ impl Timeline {
     /// The longest run of buckets without a completion, from the bucket that
     /// contains `at_s` to the end (`None` when every bucket has completions).
     pub fn longest_gap_after(&self, at_s: f64) -> Option<Gap> {
+        self.longest_gap_between(at_s, self.len())
+    }
+
+    /// The stall after a fault at `at_s` that recovered after
+    /// `recovery_ms` ([`Timeline::recovery_after`]; `None`: it did not):
+    /// the longest run of buckets without a completion from the bucket
+    /// that contains the fault to the recovery (to the end when it did
+    /// not recover), in milliseconds; 0 when requests never stopped
+    /// completing; `None` for a fault at no valid time or past the end of
+    /// the data. Resolution: one bucket.
+    pub fn stall_after(&self, at_s: f64, recovery_ms: Option<f64>) -> Option<f64> {
+        if !at_s.is_finite() || at_s < 0.0 || self.bucket_containing(at_s) >= self.len() {
+            return None;
+        }
+        let end = match recovery_ms {
+            Some(ms) => self.bucket_containing(at_s + ms / 1000.0).min(self.len()),
+            None => self.len(),
+        };
+        Some(
+            self.longest_gap_between(at_s, end)
+                .map_or(0.0, |gap| gap.duration_ms),
+        )
+    }
+
+    /// The longest run of buckets without a completion among the buckets
+    /// from the one that contains `at_s` up to bucket `end` (excluded).
+    fn longest_gap_between(&self, at_s: f64, end: usize) -> Option<Gap> {
         if at_s.is_nan() {
             return None;
         }
+        let end = end.min(self.len());
         let from = self.bucket_containing(at_s);
         let mut best: Option<(usize, usize)> = None;
         let mut run_start: Option<usize> = None;
-        for i in from..=self.len() {
-            let empty = i < self.len() && self.completions_at(i) == 0;
+        for i in from..=end {
+            let empty = i < end && self.completions_at(i) == 0;
             match (empty, run_start) {
                 (true, None) => run_start = Some(i),
                 (false, Some(start)) => {
@@ -513,8 +555,42 @@ pub struct FaultRecord {
     /// Time until requests flowed again, in milliseconds (see
     /// [`Timeline::recovery_after`]).
     pub recovery_ms: Option<f64>,
+    /// The longest stretch without any completion between the fault and
+    /// its recovery, in milliseconds (see [`Timeline::stall_after`]).
+    #[serde(default)]
+    pub stall_ms: Option<f64>,
     /// Errors the application saw because of this fault.
     pub errors_seen: u64,
+}
+
+/// What "recovery" means everywhere a report gives it.
+pub const RECOVERY_DEFINITION: &str = "throughput back to at least half its pre-fault average";
+
+impl FaultRecord {
+    /// One line about this fault in the words the report uses everywhere:
+    /// `kill-server B at 5.000 s: recovery 1057 ms (throughput back to …),
+    /// longest stall without any completion 1000 ms, 12 errors seen`.
+    pub fn describe(&self) -> String {
+        let recovery = match self.recovery_ms.filter(|ms| ms.is_finite()) {
+            Some(ms) => format!("recovery {ms:.0} ms ({RECOVERY_DEFINITION})"),
+            None => format!(
+                "no recovery measured (no {RECOVERY_DEFINITION} before the run ended, or no \
+                 throughput before the fault)"
+            ),
+        };
+        let stall = match self.stall_ms.filter(|ms| ms.is_finite()) {
+            Some(ms) if ms > 0.0 => format!(", longest stall without any completion {ms:.0} ms"),
+            Some(_) => ", requests never stopped completing".to_owned(),
+            None => String::new(),
+        };
+        let name = format!("{} {}", self.kind, self.target);
+        format!(
+            "{} at {:.3} s: {recovery}{stall}, {} errors seen",
+            name.trim(),
+            self.at_s,
+            self.errors_seen
+        )
+    }
 }
 
 /// The checks of a run: the values read during it, and the final read-back
@@ -640,6 +716,8 @@ pub struct ReportFiles {
     pub markdown: PathBuf,
     /// `latency_cdf.svg`.
     pub latency_cdf: PathBuf,
+    /// `latency_tail.svg`.
+    pub latency_tail: PathBuf,
     /// `throughput.svg`.
     pub throughput: PathBuf,
 }
@@ -691,11 +769,13 @@ pub const JSON_FILE: &str = "report.json";
 pub const MARKDOWN_FILE: &str = "report.md";
 /// The latency CDF plot's name inside a report folder.
 pub const LATENCY_CDF_FILE: &str = "latency_cdf.svg";
+/// The latency tail plot's name inside a report folder.
+pub const LATENCY_TAIL_FILE: &str = "latency_tail.svg";
 /// The throughput plot's name inside a report folder.
 pub const THROUGHPUT_FILE: &str = "throughput.svg";
 
 /// Creates `dir` (and its parents) and writes `report.json`, `report.md`,
-/// `latency_cdf.svg` and `throughput.svg` into it.
+/// `latency_cdf.svg`, `latency_tail.svg` and `throughput.svg` into it.
 pub fn write_report(dir: &Path, report: &RunReport) -> Result<ReportFiles, ReportError> {
     fs::create_dir_all(dir).map_err(|source| ReportError::CreateDir {
         path: dir.to_path_buf(),
@@ -706,6 +786,7 @@ pub fn write_report(dir: &Path, report: &RunReport) -> Result<ReportFiles, Repor
         json: dir.join(JSON_FILE),
         markdown: dir.join(MARKDOWN_FILE),
         latency_cdf: dir.join(LATENCY_CDF_FILE),
+        latency_tail: dir.join(LATENCY_TAIL_FILE),
         throughput: dir.join(THROUGHPUT_FILE),
     };
     let mut json = serde_json::to_string_pretty(report).map_err(|source| ReportError::Json {
@@ -716,6 +797,7 @@ pub fn write_report(dir: &Path, report: &RunReport) -> Result<ReportFiles, Repor
     write_file(&files.json, &json)?;
     write_file(&files.markdown, &markdown(report))?;
     write_file(&files.latency_cdf, &latency_cdf_svg(report))?;
+    write_file(&files.latency_tail, &latency_tail_svg(report))?;
     write_file(&files.throughput, &throughput_svg(report))?;
     Ok(files)
 }

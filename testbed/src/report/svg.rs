@@ -1,6 +1,7 @@
 //! The report's plots, drawn with plotters as 800 × 400 SVG: a latency CDF
-//! per operation, throughput over time with the faults marked, and a line
-//! chart of named series (e.g. throughput against clients).
+//! per operation, its tail (the complementary CDF on log axes), throughput
+//! over time with the faults marked, and a line chart of named series (e.g.
+//! throughput against clients).
 
 use plotters::coord::Shift;
 use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
@@ -59,8 +60,24 @@ fn font(size: u32) -> TextStyle<'static> {
 fn chart<'a, X, Y>(
     root: &Area<'a>,
     caption: &str,
-    (x, x_desc, x_label): (X, &str, fn(f64) -> String),
+    x: (X, &str, fn(f64) -> String),
     (y, y_desc): (Y, &str),
+) -> Result<Chart<'a, X::CoordDescType, Y::CoordDescType>, DrawingAreaErrorKind<std::io::Error>>
+where
+    X: AsRangedCoord<Value = f64>,
+    Y: AsRangedCoord<Value = f64>,
+    X::CoordDescType: ValueFormatter<f64>,
+    Y::CoordDescType: ValueFormatter<f64>,
+{
+    chart_labelled(root, caption, x, (y, y_desc, count_label))
+}
+
+/// [`chart`] with the y ticks labelled by `y_label`.
+fn chart_labelled<'a, X, Y>(
+    root: &Area<'a>,
+    caption: &str,
+    (x, x_desc, x_label): (X, &str, fn(f64) -> String),
+    (y, y_desc, y_label): (Y, &str, fn(f64) -> String),
 ) -> Result<Chart<'a, X::CoordDescType, Y::CoordDescType>, DrawingAreaErrorKind<std::io::Error>>
 where
     X: AsRangedCoord<Value = f64>,
@@ -80,7 +97,7 @@ where
         .x_desc(x_desc)
         .y_desc(y_desc)
         .x_label_formatter(&|v| x_label(*v))
-        .y_label_formatter(&|v| count_label(*v))
+        .y_label_formatter(&|v| y_label(*v))
         .axis_desc_style(font(15))
         .label_style(font(14))
         .draw()?;
@@ -234,6 +251,114 @@ pub fn latency_cdf_svg(report: &RunReport) -> String {
     })
 }
 
+/// A fraction on a log axis: `1`, `0.1`, `0.01`, `1e-3`, `1e-4`, …
+fn fraction_label(v: f64) -> String {
+    if v >= 0.01 {
+        format!("{}", (v * 1e4).round() / 1e4)
+    } else {
+        let exponent = v.log10().round();
+        let mantissa = (v / 10f64.powf(exponent) * 10.0).round() / 10.0;
+        format!("{mantissa}e{exponent}")
+    }
+}
+
+/// The tail of `h` as a staircase of (µs, fraction of operations at or
+/// above that latency), from (min, 1) down to (max, 1/n): every point is
+/// above zero, so it fits log axes, and the slowest operation is the last
+/// step.
+pub(super) fn tail_points(h: &LatencyHistogram) -> Vec<(f64, f64)> {
+    let total = h.hdr().len();
+    if total == 0 {
+        return Vec::new();
+    }
+    let n = total as f64;
+    let (min, max) = (h.min().max(1) as f64, h.max().max(1) as f64);
+    let mut points = vec![(min, 1.0)];
+    let mut below = 0u64;
+    for step in h.hdr().iter_log(1, CDF_STEP) {
+        let count = step.count_since_last_iteration();
+        if count == 0 {
+            continue;
+        }
+        let x = (step.value_iterated_to() as f64).clamp(min, max);
+        let at_or_above = (total - below) as f64 / n;
+        let last = points.last().map_or(1.0, |p| p.1);
+        if at_or_above < last {
+            points.extend([(x, last), (x, at_or_above)]);
+        }
+        below += count;
+    }
+    if let Some(&(x, y)) = points.last()
+        && x < max
+    {
+        points.push((max, y));
+    }
+    points
+}
+
+/// The latency tail plot: per operation with samples, the fraction of
+/// operations at or above each latency (the complementary CDF), both axes
+/// on a log scale, so that a rare slow second shows as a step at the right
+/// instead of vanishing at the top of the CDF; the legend gives each
+/// operation's p99.9 and max.
+pub fn latency_tail_svg(report: &RunReport) -> String {
+    let ops = report.ops_in_order();
+    let sampled = || {
+        ops.iter()
+            .map(|(_, s)| &s.latency)
+            .filter(|h| !h.is_empty())
+    };
+    let decade = |v: f64, round: fn(f64) -> f64| 10f64.powf(round(v.max(1.0).log10()));
+    let (lo, hi) = match (
+        sampled().map(|h| h.min()).min(),
+        sampled().map(|h| h.max()).max(),
+    ) {
+        (Some(lo), Some(hi)) => (decade(lo as f64, f64::floor), decade(hi as f64, f64::ceil)),
+        _ => (1.0, 1e6),
+    };
+    let hi = hi.max(lo * 100.0);
+    let most = sampled().map(|h| h.hdr().len()).max().unwrap_or(1).max(1);
+    // A decade below one operation in the largest sample, so that its
+    // step is above the axis.
+    let floor = 10f64.powf(-((most as f64).log10().floor() + 1.0)).min(0.1);
+    render(|root| {
+        let mut chart = chart_labelled(
+            root,
+            &format!("Latency tail — {}", report.run_id),
+            ((lo..hi).log_scale(), "latency (log scale)", latency_label),
+            (
+                (floor..1.0).log_scale(),
+                "fraction of operations ≥ latency (log)",
+                fraction_label,
+            ),
+        )?;
+        let detailed = ops.len() <= 8;
+        let mut entries = Vec::new();
+        for (i, (name, stats)) in ops.iter().enumerate() {
+            let (colour, h) = (PALETTE[i % PALETTE.len()], &stats.latency);
+            if h.is_empty() {
+                entries.push((format!("{name}\nno samples"), Swatch::None));
+                continue;
+            }
+            chart.draw_series(LineSeries::new(tail_points(h), colour.stroke_width(2)))?;
+            let mut label = name.to_string();
+            if detailed {
+                label += &format!(
+                    "\np99.9 {} · max {}",
+                    latency_label(h.quantile(0.999) as f64),
+                    latency_label(h.max() as f64)
+                );
+            }
+            entries.push((label, Swatch::Line(colour)));
+        }
+        legend(root, &chart, &entries)?;
+        if sampled().next().is_none() {
+            no_data(&chart)?;
+        }
+        Ok(())
+    })
+}
+
 /// The throughput plot: completions per second over time from the timeline
 /// (at most 600 points, summing buckets), errors per second when there were
 /// any, and each fault as a dashed vertical line with a label and a shaded
@@ -302,7 +427,7 @@ pub fn throughput_svg(report: &RunReport) -> String {
             chart.draw_series(marker)?;
             let mut label = format!("{} {}", f.kind, f.target).trim().to_owned();
             if let Some(r) = f.recovery_ms.filter(|r| r.is_finite()) {
-                label.push_str(&format!(" ({r:.0} ms)"));
+                label.push_str(&format!(" (recovery {r:.0} ms)"));
             }
             // Labels staggered over three rows, left of markers near the end.
             let (x, top) = chart.backend_coord(&(at, y_max));

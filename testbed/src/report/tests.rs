@@ -79,6 +79,7 @@ fn sample_report() -> RunReport {
                 target: "fabric A".to_owned(),
                 restored_at_s: Some(2.4),
                 recovery_ms: None,
+                stall_ms: None,
                 errors_seen: 9,
             },
             FaultRecord {
@@ -87,6 +88,7 @@ fn sample_report() -> RunReport {
                 target: "c1/rnic0 <-> A | s0".to_owned(),
                 restored_at_s: Some(11.0),
                 recovery_ms: None,
+                stall_ms: None,
                 errors_seen: 0,
             },
         ],
@@ -633,7 +635,7 @@ fn write_report_writes_all_files() {
         2,
         "one span per restored fault"
     );
-    assert!(tp.contains("kill-fabric fabric A (500 ms)"));
+    assert!(tp.contains("kill-fabric fabric A (recovery 500 ms)"));
     assert!(tp.contains("c1/rnic0 &lt;-&gt; A | s0"));
 
     // Markdown: summary, table rows, faults, verification, notes, plots.
@@ -654,11 +656,11 @@ fn write_report_writes_all_files() {
     assert!(md.contains("| `FETCH_ADD` | 4 | 0 | "));
     assert!(md.contains("| `all` | 3005 | 9 | "));
     assert!(
-        md.contains("| 1 | 2.00 | `kill-fabric` | `fabric A` | 2.40 | 500 | 9 |"),
+        md.contains("| 1 | 2.00 | `kill-fabric` | `fabric A` | 2.40 | 500 | 400 | 9 |"),
         "{md}"
     );
     assert!(
-        md.contains(r"| 2 | 9.50 | `cut-link` | `c1/rnic0 <-> A \| s0` | 11.00 | — | 0 |"),
+        md.contains(r"| 2 | 9.50 | `cut-link` | `c1/rnic0 <-> A \| s0` | 11.00 | — | — | 0 |"),
         "{md}"
     );
     assert!(md.contains("3005 operations (601 ops/s"), "{md}");
@@ -669,6 +671,8 @@ fn write_report_writes_all_files() {
     assert!(md.contains("`<embedded configs/default.toml>`"));
     assert!(md.contains("- topology &lt;embedded&gt; &amp; friends"));
     assert!(md.contains("(latency_cdf.svg)") && md.contains("(throughput.svg)"));
+    assert!(md.contains("(latency_tail.svg)"));
+    check_svg(&fs::read_to_string(&files.latency_tail).unwrap());
     assert!(md.contains("2026-11-22 02:15:00 UTC"));
 
     // Writing again over the same folder works.
@@ -769,4 +773,144 @@ fn errors_name_the_file_and_chain_the_cause() {
     assert!(err.to_string().contains("missing.json"), "{err}");
     let err = read_report(&blocker).unwrap_err();
     assert!(matches!(err, ReportError::Json { .. }), "{err}");
+}
+
+// ---------------------------------------------------------------------------
+// One definition of recovery; the tail plot
+
+/// 100 ms buckets: ten of 10 completions, a fault at 1.0 s, 3 requests in
+/// flight completing in the fault's bucket, a second without any, then
+/// back to 10 a bucket.
+fn stalled_report() -> RunReport {
+    let mut completions = vec![10u64; 10];
+    completions.push(3);
+    completions.extend([0; 10]);
+    completions.extend([10; 9]);
+    RunReport {
+        run_id: "stall".to_owned(),
+        duration_s: 3.0,
+        timeline: timeline(100, &completions),
+        faults: vec![FaultRecord {
+            at_s: 1.0,
+            kind: "kill-server".to_owned(),
+            target: "B".to_owned(),
+            restored_at_s: Some(1.5),
+            errors_seen: 4,
+            ..FaultRecord::default()
+        }],
+        ..RunReport::default()
+    }
+}
+
+#[test]
+fn notes_table_and_plot_give_the_same_recovery() {
+    let mut report = stalled_report();
+    // Requests did complete right after the fault, which is not recovery.
+    assert_eq!(report.timeline.first_completion_after(1.0), Some(1.0));
+    report.note_faults();
+    let fault = &report.faults[0];
+    assert_eq!(fault.recovery_ms, Some(1100.0));
+    assert_eq!(fault.stall_ms, Some(1000.0));
+
+    assert_eq!(report.notes.len(), 1, "{:?}", report.notes);
+    let note = &report.notes[0];
+    assert!(note.contains("recovery 1100 ms"), "{note}");
+    assert!(
+        note.contains("longest stall without any completion 1000 ms"),
+        "{note}"
+    );
+    assert!(note.contains(RECOVERY_DEFINITION), "{note}");
+    assert!(!note.contains("first completed"), "{note}");
+
+    let md = markdown(&report);
+    let row = md
+        .lines()
+        .find(|l| l.starts_with("| 1 ") && l.contains("kill-server"))
+        .unwrap_or_else(|| panic!("no fault row in\n{md}"));
+    let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+    assert_eq!(cells[6], "1100", "recovery column: {row}");
+    assert_eq!(cells[7], "1000", "stall column: {row}");
+    assert!(
+        md.contains("Slowest recovery after a fault: 1100 ms."),
+        "{md}"
+    );
+    assert!(
+        md.contains(note.as_str()),
+        "the note is in the report: {md}"
+    );
+
+    let plot = throughput_svg(&report);
+    assert!(plot.contains("kill-server B (recovery 1100 ms)"), "{plot}");
+}
+
+#[test]
+fn stall_is_measured_up_to_recovery_or_the_end() {
+    let t = timeline(100, &[10, 10, 0, 0, 10, 0, 0, 0]);
+    // Recovered at 0.4 s: only the gap before it counts.
+    assert_eq!(t.stall_after(0.2, Some(200.0)), Some(200.0));
+    // Never recovered: to the end.
+    assert_eq!(t.stall_after(0.2, None), Some(300.0));
+    // Requests never stopped completing.
+    assert_eq!(
+        timeline(100, &[10, 10, 10]).stall_after(0.1, Some(0.0)),
+        Some(0.0)
+    );
+    assert_eq!(t.stall_after(f64::NAN, None), None);
+    assert_eq!(t.stall_after(0.8, None), None, "past the end of the data");
+    let fault = FaultRecord {
+        at_s: 0.2,
+        kind: "restart-all".to_owned(),
+        recovery_ms: None,
+        stall_ms: Some(0.0),
+        ..FaultRecord::default()
+    };
+    let line = fault.describe();
+    assert!(
+        line.starts_with("restart-all at 0.200 s: no recovery measured"),
+        "{line}"
+    );
+    assert!(line.contains("requests never stopped completing"), "{line}");
+}
+
+#[test]
+fn the_tail_plot_shows_one_slow_operation_in_a_thousand() {
+    let mut ops = BTreeMap::new();
+    let latencies = std::iter::repeat_n(100, 999).chain([1_000_000]);
+    ops.insert("READ".to_owned(), stats(latencies, 0, 64));
+    let h = &ops["READ"].latency;
+    let points = svg::tail_points(h);
+    assert_eq!(points.first(), Some(&(100.0, 1.0)));
+    let &(x, y) = points.last().expect("points");
+    assert!(
+        (y - 0.001).abs() < 1e-12,
+        "the slowest one in a thousand: {points:?}"
+    );
+    assert!(x >= 999_000.0, "at about a second: {points:?}");
+    assert!(
+        points.iter().all(|p| p.1 > 0.0),
+        "fits a log axis: {points:?}"
+    );
+    assert!(
+        points
+            .windows(2)
+            .all(|w| w[0].0 <= w[1].0 && w[0].1 >= w[1].1),
+        "a descending staircase: {points:?}"
+    );
+
+    let report = RunReport {
+        run_id: "tail".to_owned(),
+        ops,
+        ..RunReport::default()
+    };
+    let tail = latency_tail_svg(&report);
+    check_svg(&tail);
+    assert_eq!(count(&tail, CURVE), 1, "{tail}");
+    assert!(tail.contains("max 1 s"), "the legend gives the max: {tail}");
+    assert!(
+        tail.contains("1e-3"),
+        "the y axis reaches one in a thousand: {tail}"
+    );
+    let empty = latency_tail_svg(&RunReport::default());
+    check_svg(&empty);
+    assert!(empty.contains("no data"));
 }

@@ -39,6 +39,18 @@ pub(crate) fn format_utc(unix_ms: u64) -> String {
     )
 }
 
+/// The time of day of `unix_ms` to the millisecond, `HH:MM:SS.mmm UTC`.
+pub fn format_utc_time_ms(unix_ms: u64) -> String {
+    let rem = unix_ms % 86_400_000;
+    format!(
+        "{:02}:{:02}:{:02}.{:03} UTC",
+        rem / 3_600_000,
+        rem / 60_000 % 60,
+        rem / 1000 % 60,
+        rem % 1000
+    )
+}
+
 /// The proleptic Gregorian date of a day count since 1970-01-01 (Howard
 /// Hinnant's `civil_from_days`).
 fn civil_from_days(days: i64) -> (i64, u32, u32) {
@@ -69,6 +81,10 @@ mod tests {
         // Leap day and a year end.
         assert_eq!(make_run_id(951_782_400_000, "x"), "20000229-000000-x");
         assert_eq!(format_utc(951_782_400_000), "2000-02-29 00:00:00 UTC");
+        assert_eq!(
+            format_utc_time_ms(951_782_400_000 + 45_296_789),
+            "12:34:56.789 UTC"
+        );
         assert_eq!(
             make_run_id(1_704_067_199_999, "chaos kill/fabric"),
             "20231231-235959-chaos-kill-fabric"

@@ -435,7 +435,10 @@ async fn step(
             let addr = keys.own_word(w);
             let (result, new) = if op == Op::CompareSwap {
                 let new = expected.wrapping_add(1);
-                let result = pool.compare_and_swap(addr, expected, new).await;
+                let result = pool
+                    .compare_and_swap(addr, expected, new)
+                    .await
+                    .map(|swap| swap.unwrap_or_else(|actual| actual));
                 if let Ok(old) = result
                     && certain
                     && old != expected

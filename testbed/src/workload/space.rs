@@ -6,7 +6,7 @@
 //! [`NAMED_OBJECT`], big enough for every client's keys, and the workers and
 //! the final counter check open it by name.
 
-use client_vmm::{AllocError, Allocator, AsyncPool, Placement, VIRT_BASE, error_chain};
+use client_vmm::{AllocError, Allocator, AsyncPool, VIRT_BASE, error_chain};
 use topology::Layout;
 
 /// The named object holding a run's keys on an allocator pool.
@@ -35,7 +35,7 @@ pub async fn prepare(pool: &AsyncPool, need: u64) -> Result<Space, String> {
         },
         Err(AllocError::NameNotFound(_)) => {
             let base = allocator
-                .alloc_named(NAMED_OBJECT, need, &Placement::RoundRobin)
+                .alloc_named(NAMED_OBJECT, need)
                 .await
                 .map_err(|e| format!("allocate {NAMED_OBJECT:?}: {}", error_chain(&e)))?;
             Space {

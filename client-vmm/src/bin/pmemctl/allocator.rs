@@ -78,7 +78,7 @@ impl Ctl<'_> {
             None => format!("allocate {size} bytes"),
         };
         let vaddr = self.with_allocator(what, async |a| match name {
-            Some(name) => a.alloc_named(name, size, placement).await,
+            Some(name) => a.alloc_named_with(name, size, placement).await,
             None => a.alloc_with(size, placement).await,
         })?;
         let named = name.map(|n| format!(" as {n:?}")).unwrap_or_default();

@@ -207,6 +207,7 @@ impl Ctl<'_> {
         let was = self
             .pool
             .compare_and_swap(VirtAddr(addr), old, new)
+            .map(|swap| swap.unwrap_or_else(|actual| actual))
             .map_err(|e| self.failed(format!("compare-and-swap at {addr:#x}"), e))?;
         Ok(if was == old {
             format!(
