@@ -1,5 +1,6 @@
 //! What can go wrong talking to the control plane.
 
+use crate::credentials::{CREDENTIALS_ENV, CredentialsError};
 use crate::endpoints::Endpoints;
 
 /// A control-plane failure.
@@ -14,6 +15,80 @@ pub enum ControlError {
         #[source]
         source: etcd_client::Error,
     },
+    /// etcd has authentication on and no credentials were given.
+    #[error(
+        "etcd at {endpoints} has authentication on and this connection gave no credentials: pass \
+         --etcd-credentials FILE (or set ${CREDENTIALS_ENV}), a file holding one line \
+         `user:password`, mode 600: the pool's operator's (operator.etcd) to change the map or \
+         intents, a daemon's own (<role>.<name>.etcd) to run it"
+    )]
+    NeedsCredentials {
+        /// The endpoints asked.
+        endpoints: Endpoints,
+    },
+    /// etcd refused the user and password given.
+    #[error(
+        "etcd at {endpoints} refused user {user}: wrong user name or password (check the \
+         credentials file given with --etcd-credentials or ${CREDENTIALS_ENV})"
+    )]
+    AuthFailed {
+        /// The endpoints asked.
+        endpoints: Endpoints,
+        /// The user given.
+        user: String,
+        /// etcd's answer.
+        #[source]
+        source: etcd_client::Error,
+    },
+    /// Credentials were given to an etcd without authentication.
+    #[error(
+        "etcd at {endpoints} does not have authentication on, but credentials (user {user}) \
+         were given: set it up (`testbed up --control etcd` does, or see docs/control-plane.md) \
+         or connect without --etcd-credentials"
+    )]
+    AuthNotEnabled {
+        /// The endpoints asked.
+        endpoints: Endpoints,
+        /// The user given.
+        user: String,
+    },
+    /// The user may not do what was asked.
+    #[error(
+        "etcd user {user} may not make this {what} (key {key}): only the pool's operator may \
+         change the map and the intents, and a daemon may write its own liveness key only \
+         (etcd: permission denied)"
+    )]
+    PermissionDenied {
+        /// The user (`(none)` without credentials).
+        user: String,
+        /// What was asked.
+        what: &'static str,
+        /// The key it touched.
+        key: String,
+    },
+    /// Setting up a pool's users found a root user already there.
+    #[error(
+        "etcd at {endpoints} has a root user already (its authentication was set up before): \
+         give root's credentials to add this pool's users"
+    )]
+    AlreadySecured {
+        /// The endpoints asked.
+        endpoints: Endpoints,
+    },
+    /// Setting up one user or its role failed.
+    #[error("etcd {what} of user {user} failed")]
+    UserSetup {
+        /// The user.
+        user: String,
+        /// The step.
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: etcd_client::Error,
+    },
+    /// A credentials file cannot be used.
+    #[error(transparent)]
+    Credentials(#[from] CredentialsError),
     /// A request to etcd failed.
     #[error("etcd {what} failed")]
     Etcd {

@@ -18,8 +18,15 @@
 //!
 //! Secrets (principals' keys, region keys) never go into etcd.
 //!
-//! Modules: [`endpoints`] (the `--etcd` list), [`edit`] (the operator's
-//! changes as edits of the map's topology), [`keys`] (the key layout),
+//! Who may write what is etcd's own business: with authentication on,
+//! only the pool's operator may change the map and the intents, and each
+//! daemon may write its own liveness key only ([`access`]); everyone
+//! connects with [`Credentials`] read from an owner-only file.
+//!
+//! Modules: [`endpoints`] (the `--etcd` list), [`credentials`] (an etcd
+//! user's credentials file), [`access`] (the pool's etcd users and roles),
+//! [`edit`] (the operator's changes as edits of the map's topology),
+//! [`keys`] (the key layout),
 //! [`map`] (the map document and its validation), [`member`] (liveness and
 //! intent records), [`plane`] (the etcd client: reading and changing the
 //! map, registering liveness), [`registration`] (the same for daemons
@@ -27,6 +34,8 @@
 //! [`watch`] (following the map while a daemon runs), [`follow_metrics`]
 //! (what a daemon following the map exports), [`error`].
 
+pub mod access;
+pub mod credentials;
 pub mod edit;
 pub mod endpoints;
 pub mod error;
@@ -38,6 +47,7 @@ pub mod plane;
 pub mod registration;
 pub mod watch;
 
+pub use credentials::{CREDENTIALS_ENV, Credentials, CredentialsError};
 pub use endpoints::Endpoints;
 pub use error::ControlError;
 pub use follow_metrics::{MapMetricNames, MapMetrics};

@@ -9,6 +9,7 @@ use etcd_client::{
 };
 use tokio::task::JoinHandle;
 
+use crate::credentials::Credentials;
 use crate::endpoints::Endpoints;
 use crate::error::ControlError;
 use crate::keys::Keys;
@@ -26,6 +27,8 @@ pub struct ControlPlane {
     client: Client,
     keys: Keys,
     endpoints: Endpoints,
+    /// The etcd user this connection authenticated as, if any.
+    user: Option<String>,
 }
 
 impl std::fmt::Debug for ControlPlane {
@@ -33,41 +36,121 @@ impl std::fmt::Debug for ControlPlane {
         f.debug_struct("ControlPlane")
             .field("endpoints", &self.endpoints.to_string())
             .field("prefix", &self.keys.prefix())
+            .field("user", &self.user)
             .finish()
     }
 }
 
-fn etcd(what: &'static str) -> impl FnOnce(etcd_client::Error) -> ControlError {
-    move |source| ControlError::Etcd { what, source }
+/// What etcd's answer `source` to a `what` of `key` by `user` means: no
+/// credentials where etcd wants them, a wrong password, a permission etcd
+/// refused, an unreachable etcd, or another failure.
+fn classify(
+    endpoints: &Endpoints,
+    user: Option<&str>,
+    what: &'static str,
+    key: String,
+    source: etcd_client::Error,
+) -> ControlError {
+    let message = match &source {
+        etcd_client::Error::GRpcStatus(status) => status.message().to_owned(),
+        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => {
+            return ControlError::Unreachable {
+                endpoints: endpoints.clone(),
+                source,
+            };
+        }
+        other => other.to_string(),
+    };
+    let user_name = || user.unwrap_or("(none)").to_owned();
+    if message.contains("user name is empty") || message.contains("user name not found") {
+        ControlError::NeedsCredentials {
+            endpoints: endpoints.clone(),
+        }
+    } else if message.contains("authentication failed") {
+        ControlError::AuthFailed {
+            endpoints: endpoints.clone(),
+            user: user_name(),
+            source,
+        }
+    } else if message.contains("authentication is not enabled") {
+        ControlError::AuthNotEnabled {
+            endpoints: endpoints.clone(),
+            user: user_name(),
+        }
+    } else if message.contains("permission denied") {
+        ControlError::PermissionDenied {
+            user: user_name(),
+            what,
+            key,
+        }
+    } else {
+        ControlError::Etcd { what, source }
+    }
 }
 
 impl ControlPlane {
-    /// Connects to `endpoints` for pool `pool`, and checks that one of
-    /// them answers (a read of the map's key), so an unreachable etcd is
-    /// said here, naming the endpoints tried.
-    pub async fn connect(endpoints: &Endpoints, pool: &str) -> Result<Self, ControlError> {
+    /// Connects to `endpoints` for pool `pool`, as the etcd user of
+    /// `credentials` when given (required once etcd has authentication
+    /// on), and checks that one of them answers (a read of the map's key),
+    /// so an unreachable etcd is said here, naming the endpoints tried,
+    /// and so are missing or wrong credentials.
+    pub async fn connect(
+        endpoints: &Endpoints,
+        pool: &str,
+        credentials: Option<&Credentials>,
+    ) -> Result<Self, ControlError> {
         if pool.is_empty() || pool.contains('/') {
             return Err(ControlError::BadPoolName {
                 name: pool.to_owned(),
             });
         }
-        let options = ConnectOptions::new()
+        let mut options = ConnectOptions::new()
             .with_connect_timeout(CONNECT_TIMEOUT)
             .with_timeout(REQUEST_TIMEOUT);
-        let unreachable = |source| ControlError::Unreachable {
-            endpoints: endpoints.clone(),
-            source,
-        };
+        if let Some(creds) = credentials {
+            // A token lost with an etcd restart is fetched again.
+            options = options
+                .with_user(creds.user(), creds.password())
+                .with_auto_token_refresh(true);
+        }
+        let user = credentials.map(|c| c.user().to_owned());
+        let keys = Keys::of(pool);
+        // At connect, any other failure means no etcd answered.
+        let refused =
+            |source| match classify(endpoints, user.as_deref(), "read", keys.map(), source) {
+                ControlError::Etcd { source, .. } => ControlError::Unreachable {
+                    endpoints: endpoints.clone(),
+                    source,
+                },
+                other => other,
+            };
         let mut client = Client::connect(endpoints.urls(), Some(options))
             .await
-            .map_err(unreachable)?;
-        let keys = Keys::of(pool);
-        client.get(keys.map(), None).await.map_err(unreachable)?;
+            .map_err(refused)?;
+        client.get(keys.map(), None).await.map_err(refused)?;
         Ok(Self {
             client,
             keys,
             endpoints: endpoints.clone(),
+            user,
         })
+    }
+
+    /// The etcd user this connection authenticated as, if any.
+    pub fn user(&self) -> Option<&str> {
+        self.user.as_deref()
+    }
+
+    /// Turns an etcd failure of `what` on `key` into the error to report:
+    /// missing credentials and refused permissions are said as such.
+    fn failed(
+        &self,
+        what: &'static str,
+        key: String,
+    ) -> impl FnOnce(etcd_client::Error) -> ControlError + 'static {
+        let endpoints = self.endpoints.clone();
+        let user = self.user.clone();
+        move |source| classify(&endpoints, user.as_deref(), what, key, source)
     }
 
     /// The pool's key layout.
@@ -93,7 +176,11 @@ impl ControlPlane {
             .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
             .and_then([TxnOp::put(key.clone(), map.to_json(), None)])
             .or_else([TxnOp::get(key.clone(), None)]);
-        let response = self.client.txn(txn).await.map_err(etcd("init"))?;
+        let response = self
+            .client
+            .txn(txn)
+            .await
+            .map_err(self.failed("init of the map", key.clone()))?;
         if !response.succeeded() {
             let current = self.current_in(&response)?;
             return Err(ControlError::AlreadyInitialized {
@@ -112,7 +199,7 @@ impl ControlPlane {
             .client
             .get(key.clone(), None)
             .await
-            .map_err(etcd("read of the map"))?;
+            .map_err(self.failed("read of the map", key.clone()))?;
         let kv = response
             .kvs()
             .first()
@@ -127,11 +214,12 @@ impl ControlPlane {
     /// `mod_revision` (`None` when there is no map), and the store's
     /// revision at the read (what a watch continues from).
     pub async fn fetch_map(&mut self) -> Result<(Option<(Vec<u8>, i64)>, i64), ControlError> {
+        let key = self.keys.map();
         let response = self
             .client
-            .get(self.keys.map(), None)
+            .get(key.clone(), None)
             .await
-            .map_err(etcd("read of the map"))?;
+            .map_err(self.failed("read of the map", key))?;
         let revision = response.header().map_or(0, |h| h.revision());
         let kv = response
             .kvs()
@@ -147,10 +235,11 @@ impl ControlPlane {
         let options = WatchOptions::new()
             .with_start_revision(from)
             .with_progress_notify();
+        let key = self.keys.map();
         self.client
-            .watch(self.keys.map(), Some(options))
+            .watch(key.clone(), Some(options))
             .await
-            .map_err(etcd("watch of the map"))
+            .map_err(self.failed("watch of the map", key))
     }
 
     /// Replaces the map read as `based_on` by `topology` (TOML, which must
@@ -179,7 +268,7 @@ impl ControlPlane {
             .client
             .txn(txn)
             .await
-            .map_err(etcd("change of the map"))?;
+            .map_err(self.failed("change of the map", key.clone()))?;
         if !response.succeeded() {
             let current = self.current_in(&response)?;
             return Err(ControlError::Conflict {
@@ -214,14 +303,14 @@ impl ControlPlane {
     /// lease alive from a task on the current tokio runtime until the
     /// returned [`Liveness`] is dropped or revoked.
     pub async fn register(&mut self, member: &Member, ttl: i64) -> Result<Liveness, ControlError> {
+        let key = self.keys.member(member.role, &member.name);
         let lease = self
             .client
             .lease_grant(ttl, None)
             .await
-            .map_err(etcd("lease grant"))?
+            .map_err(self.failed("lease grant", key.clone()))?
             .id();
         let value = serde_json::to_string(member).unwrap_or_default();
-        let key = self.keys.member(member.role, &member.name);
         self.client
             .put(
                 key.clone(),
@@ -229,12 +318,12 @@ impl ControlPlane {
                 Some(PutOptions::new().with_lease(lease)),
             )
             .await
-            .map_err(etcd("registration"))?;
+            .map_err(self.failed("registration", key.clone()))?;
         let (mut keeper, mut stream) = self
             .client
             .lease_keep_alive(lease)
             .await
-            .map_err(etcd("lease keep-alive"))?;
+            .map_err(self.failed("lease keep-alive", key.clone()))?;
         let period = Duration::from_secs((ttl as u64 / 3).max(1));
         let task = tokio::spawn(async move {
             loop {
@@ -265,7 +354,7 @@ impl ControlPlane {
             .client
             .get(under.clone(), Some(GetOptions::new().with_prefix()))
             .await
-            .map_err(etcd("read of the members"))?;
+            .map_err(self.failed("read of the members", under.clone()))?;
         let mut members = Vec::new();
         for kv in response.kvs() {
             let key = String::from_utf8_lossy(kv.key());
@@ -287,10 +376,11 @@ impl ControlPlane {
         name: &str,
         intent: Intent,
     ) -> Result<(), ControlError> {
+        let key = self.keys.intent(role, name);
         self.client
-            .put(self.keys.intent(role, name), intent.as_str(), None)
+            .put(key.clone(), intent.as_str(), None)
             .await
-            .map_err(etcd("write of an intent"))?;
+            .map_err(self.failed("write of an intent", key))?;
         Ok(())
     }
 
@@ -301,7 +391,7 @@ impl ControlPlane {
             .client
             .get(under.clone(), Some(GetOptions::new().with_prefix()))
             .await
-            .map_err(etcd("read of the intents"))?;
+            .map_err(self.failed("read of the intents", under.clone()))?;
         let mut intents = Vec::new();
         for kv in response.kvs() {
             let key = String::from_utf8_lossy(kv.key());
@@ -361,7 +451,10 @@ impl Liveness {
                 Some(PutOptions::new().with_lease(self.lease)),
             )
             .await
-            .map_err(etcd("update of the liveness record"))?;
+            .map_err(|source| ControlError::Etcd {
+                what: "update of the liveness record",
+                source,
+            })?;
         Ok(())
     }
 
@@ -371,7 +464,10 @@ impl Liveness {
         self.client
             .lease_revoke(self.lease)
             .await
-            .map_err(etcd("lease revoke"))?;
+            .map_err(|source| ControlError::Etcd {
+                what: "lease revoke",
+                source,
+            })?;
         Ok(())
     }
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use topology::Topology;
 
+use crate::credentials::Credentials;
 use crate::endpoints::Endpoints;
 use crate::error::ControlError;
 use crate::member::Member;
@@ -32,10 +33,15 @@ fn runtime() -> Result<tokio::runtime::Runtime, ControlError> {
 }
 
 /// The pool's map as etcd holds it now, loaded and validated, with its
-/// epoch and revision; for a daemon starting on the control plane.
-pub fn load_map(endpoints: &Endpoints, pool: &str) -> Result<(Topology, MapVersion), ControlError> {
+/// epoch and revision; for a daemon starting on the control plane (as the
+/// etcd user of `credentials` when given).
+pub fn load_map(
+    endpoints: &Endpoints,
+    pool: &str,
+    credentials: Option<&Credentials>,
+) -> Result<(Topology, MapVersion), ControlError> {
     runtime()?.block_on(async {
-        let mut plane = ControlPlane::connect(endpoints, pool).await?;
+        let mut plane = ControlPlane::connect(endpoints, pool, credentials).await?;
         let map = plane.read_map().await?;
         let topology = map.map.topology_at(&plane.keys().map())?;
         let version = MapVersion {
@@ -60,8 +66,14 @@ pub struct Registration {
 }
 
 impl Registration {
-    /// Registers `member` in pool `pool` and starts keeping it alive.
-    pub fn start(endpoints: Endpoints, pool: String, member: Member) -> Result<Self, ControlError> {
+    /// Registers `member` in pool `pool` (as the etcd user of
+    /// `credentials` when given) and starts keeping it alive.
+    pub fn start(
+        endpoints: Endpoints,
+        pool: String,
+        credentials: Option<Credentials>,
+        member: Member,
+    ) -> Result<Self, ControlError> {
         let (epochs, stopped) = mpsc::channel::<u64>();
         let (first, first_done) = mpsc::channel::<Result<(), ControlError>>();
         // The thread logs under the daemon's span (its name and id).
@@ -69,7 +81,8 @@ impl Registration {
         let thread = std::thread::Builder::new()
             .name("etcd-liveness".to_owned())
             .spawn(move || {
-                span.in_scope(|| keep_registered(&endpoints, &pool, member, &stopped, first));
+                let access = (&endpoints, pool.as_str(), credentials.as_ref());
+                span.in_scope(|| keep_registered(access, member, &stopped, first));
             })
             .map_err(|source| ControlError::Runtime { source })?;
         match first_done.recv() {
@@ -111,8 +124,7 @@ impl Drop for Registration {
 /// backoff after a loss, rewrite the record when the epoch changes, revoke
 /// when told to stop (the sender dropped).
 fn keep_registered(
-    endpoints: &Endpoints,
-    pool: &str,
+    (endpoints, pool, credentials): (&Endpoints, &str, Option<&Credentials>),
     mut member: Member,
     stopped: &mpsc::Receiver<u64>,
     first: mpsc::Sender<Result<(), ControlError>>,
@@ -125,7 +137,7 @@ fn keep_registered(
         }
     };
     let register = |member: Member| async move {
-        let mut plane = ControlPlane::connect(endpoints, pool).await?;
+        let mut plane = ControlPlane::connect(endpoints, pool, credentials).await?;
         plane.register(&member, LEASE_TTL_SECS).await
     };
     let mut liveness = match runtime.block_on(register(member.clone())) {
@@ -194,6 +206,8 @@ pub enum MapSource {
         endpoints: Endpoints,
         /// The pool's name.
         pool: String,
+        /// The daemon's etcd user, when etcd has authentication on.
+        credentials: Option<Credentials>,
     },
 }
 
@@ -209,20 +223,26 @@ pub enum MapSourceError {
 }
 
 impl MapSource {
-    /// The source command-line flags name: etcd when `etcd` is given,
-    /// otherwise the file (the daemons' flags require one of them).
+    /// The source command-line flags name: etcd when `etcd` is given
+    /// (as the user of the `credentials` file when given, which is read
+    /// here), otherwise the file (the daemons' flags require one of them).
     pub fn from_flags(
         config: Option<std::path::PathBuf>,
         etcd: Option<Endpoints>,
         pool: &str,
-    ) -> Self {
-        match (etcd, config) {
+        credentials: Option<&std::path::Path>,
+    ) -> Result<Self, MapSourceError> {
+        Ok(match (etcd, config) {
             (Some(endpoints), _) => MapSource::Etcd {
                 endpoints,
                 pool: pool.to_owned(),
+                credentials: credentials
+                    .map(Credentials::read)
+                    .transpose()
+                    .map_err(ControlError::from)?,
             },
             (None, file) => MapSource::File(file.unwrap_or_default()),
-        }
+        })
     }
 
     /// The topology, and its version when it came from etcd; a map from
@@ -230,8 +250,12 @@ impl MapSource {
     pub fn load(&self) -> Result<(Topology, Option<MapVersion>), MapSourceError> {
         match self {
             MapSource::File(path) => Ok((Topology::load(path)?, None)),
-            MapSource::Etcd { endpoints, pool } => {
-                let (topology, version) = load_map(endpoints, pool)?;
+            MapSource::Etcd {
+                endpoints,
+                pool,
+                credentials,
+            } => {
+                let (topology, version) = load_map(endpoints, pool, credentials.as_ref())?;
                 tracing::info!(
                     "map of pool {pool} at epoch {} from etcd ({endpoints})",
                     version.epoch
@@ -250,9 +274,22 @@ impl MapSource {
         observer: Arc<dyn WatchObserver>,
     ) -> Result<Option<MapWatch>, ControlError> {
         match (self, from) {
-            (MapSource::Etcd { endpoints, pool }, Some(from)) => {
-                MapWatch::start(endpoints.clone(), pool, from, reread, observer).map(Some)
-            }
+            (
+                MapSource::Etcd {
+                    endpoints,
+                    pool,
+                    credentials,
+                },
+                Some(from),
+            ) => MapWatch::start(
+                endpoints.clone(),
+                pool,
+                credentials.clone(),
+                from,
+                reread,
+                observer,
+            )
+            .map(Some),
             _ => Ok(None),
         }
     }
@@ -268,9 +305,14 @@ impl MapSource {
     ) -> Result<Option<Registration>, ControlError> {
         match self {
             MapSource::File(_) => Ok(None),
-            MapSource::Etcd { endpoints, pool } => {
+            MapSource::Etcd {
+                endpoints,
+                pool,
+                credentials,
+            } => {
                 let member = Member::this_process(role, name, address, epoch);
-                Registration::start(endpoints.clone(), pool.clone(), member).map(Some)
+                Registration::start(endpoints.clone(), pool.clone(), credentials.clone(), member)
+                    .map(Some)
             }
         }
     }

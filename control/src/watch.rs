@@ -25,6 +25,7 @@ use etcd_client::EventType;
 use telemetry::logging::error_chain;
 use topology::Topology;
 
+use crate::credentials::Credentials;
 use crate::endpoints::Endpoints;
 use crate::error::ControlError;
 use crate::keys::Keys;
@@ -88,11 +89,13 @@ pub struct MapWatch {
 }
 
 impl MapWatch {
-    /// Follows the map of pool `pool` at `endpoints` from after `from`
-    /// (what the daemon runs), re-reading it every `reread`.
+    /// Follows the map of pool `pool` at `endpoints` (as the etcd user of
+    /// `credentials` when given) from after `from` (what the daemon runs),
+    /// re-reading it every `reread`.
     pub fn start(
         endpoints: Endpoints,
         pool: &str,
+        credentials: Option<Credentials>,
         from: MapVersion,
         reread: Duration,
         observer: Arc<dyn WatchObserver>,
@@ -103,6 +106,7 @@ impl MapWatch {
             keys: Keys::of(pool),
             pool: pool.to_owned(),
             endpoints,
+            credentials,
             applied: from,
             seen_revision: from.revision,
             refused_revision: 0,
@@ -167,6 +171,7 @@ struct Follower {
     keys: Keys,
     pool: String,
     endpoints: Endpoints,
+    credentials: Option<Credentials>,
     /// The map the daemon runs (or was handed last).
     applied: MapVersion,
     /// The newest store revision the watch has seen: the next watch starts
@@ -267,7 +272,8 @@ impl Follower {
     /// One connection: read the map first when asked to, then watch from
     /// the last revision seen until the watch ends.
     async fn session(&mut self, reread_now: bool) -> Result<Ended, ControlError> {
-        let mut plane = ControlPlane::connect(&self.endpoints, &self.pool).await?;
+        let mut plane =
+            ControlPlane::connect(&self.endpoints, &self.pool, self.credentials.as_ref()).await?;
         if reread_now && self.reread_map(&mut plane).await? {
             return Ok(Ended::Stopped);
         }

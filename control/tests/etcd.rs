@@ -16,7 +16,7 @@ fn default_topology() -> String {
 
 async fn plane(etcd: &Etcd) -> ControlPlane {
     let endpoints = Endpoints::parse(&etcd.endpoint()).expect("endpoint");
-    ControlPlane::connect(&endpoints, "test")
+    ControlPlane::connect(&endpoints, "test", None)
         .await
         .expect("connect")
 }
@@ -156,7 +156,7 @@ async fn a_members_key_lives_as_long_as_its_lease() {
 async fn an_unreachable_etcd_is_named() {
     let port = testkit::free_loopback_port();
     let endpoints = Endpoints::parse(&format!("http://127.0.0.1:{port}")).expect("endpoint");
-    let err = ControlPlane::connect(&endpoints, "test")
+    let err = ControlPlane::connect(&endpoints, "test", None)
         .await
         .expect_err("nothing listens there");
     assert!(matches!(err, ControlError::Unreachable { .. }), "{err}");
@@ -174,13 +174,13 @@ fn a_daemons_registration_outlives_an_etcd_restart_and_goes_with_the_daemon() {
         .expect("runtime");
     let members = || {
         runtime.block_on(async {
-            let mut plane = ControlPlane::connect(&endpoints, "test").await?;
+            let mut plane = ControlPlane::connect(&endpoints, "test", None).await?;
             plane.members().await
         })
     };
     let member = Member::this_process(Role::Device, "F1", "127.0.0.1:9300", 4);
     let registration =
-        control::Registration::start(endpoints.clone(), "test".to_owned(), member.clone())
+        control::Registration::start(endpoints.clone(), "test".to_owned(), None, member.clone())
             .expect("register");
     assert_eq!(members().expect("members"), std::slice::from_ref(&member));
 
@@ -203,9 +203,9 @@ fn a_daemon_that_cannot_reach_etcd_fails_at_start_naming_it() {
     let port = testkit::free_loopback_port();
     let endpoints = Endpoints::parse(&format!("http://127.0.0.1:{port}")).expect("endpoint");
     let member = Member::this_process(Role::Server, "A", "127.0.0.1:1", 0);
-    let err = control::Registration::start(endpoints.clone(), "test".to_owned(), member)
+    let err = control::Registration::start(endpoints.clone(), "test".to_owned(), None, member)
         .expect_err("nothing listens");
     assert!(err.to_string().contains(&endpoints.to_string()), "{err}");
-    let err = control::load_map(&endpoints, "test").expect_err("nothing listens");
+    let err = control::load_map(&endpoints, "test", None).expect_err("nothing listens");
     assert!(matches!(err, ControlError::Unreachable { .. }), "{err}");
 }

@@ -72,7 +72,7 @@ impl Fixture {
 
     fn plane(&self) -> ControlPlane {
         self.runtime
-            .block_on(ControlPlane::connect(&self.endpoints, "test"))
+            .block_on(ControlPlane::connect(&self.endpoints, "test", None))
             .expect("connect")
     }
 
@@ -92,7 +92,7 @@ impl Fixture {
     fn change(&self, text: &str) -> u64 {
         self.runtime
             .block_on(async {
-                let mut plane = ControlPlane::connect(&self.endpoints, "test").await?;
+                let mut plane = ControlPlane::connect(&self.endpoints, "test", None).await?;
                 let current = plane.read_map().await?;
                 plane.change_map(&current, text).await.map(|m| m.map.epoch)
             })
@@ -103,6 +103,7 @@ impl Fixture {
         MapWatch::start(
             self.endpoints.clone(),
             "test",
+            None,
             from,
             control::REREAD_PERIOD,
             observer,

@@ -37,6 +37,16 @@ struct Args {
     /// followed while the device runs.
     #[arg(long, value_name = "URLS", env = "PMEM_FABRIC_ETCD")]
     etcd: Option<control::Endpoints>,
+    /// The file of this device's etcd user, one line `user:password`, mode
+    /// 600 (when etcd has authentication on; never the password itself on
+    /// the command line).
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "PMEM_FABRIC_ETCD_CREDENTIALS",
+        requires = "etcd"
+    )]
+    etcd_credentials: Option<PathBuf>,
     /// The pool whose map to take from etcd (its `[pool] name`).
     #[arg(
         long,
@@ -141,8 +151,14 @@ where
     if args.insecure {
         warn!("{INSECURE_WARNING}");
     }
-    let source = MapSource::from_flags(args.config.clone(), args.etcd.clone(), &args.pool);
-    let (topology, version) = match source.load() {
+    let source = MapSource::from_flags(
+        args.config.clone(),
+        args.etcd.clone(),
+        &args.pool,
+        args.etcd_credentials.as_deref(),
+    );
+    let loaded = source.and_then(|source| source.load().map(|loaded| (source, loaded)));
+    let (source, (topology, version)) = match loaded {
         Ok(loaded) => loaded,
         Err(e) => {
             error!("{}", error_chain(&e));

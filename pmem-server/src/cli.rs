@@ -41,6 +41,16 @@ struct Args {
     /// files stay).
     #[arg(long, value_name = "URLS", env = "PMEM_FABRIC_ETCD")]
     etcd: Option<control::Endpoints>,
+    /// The file of this server's etcd user, one line `user:password`, mode
+    /// 600 (when etcd has authentication on; never the password itself on
+    /// the command line).
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "PMEM_FABRIC_ETCD_CREDENTIALS",
+        requires = "etcd"
+    )]
+    etcd_credentials: Option<PathBuf>,
     /// The pool whose map to take from etcd (its `[pool] name`).
     #[arg(
         long,
@@ -154,8 +164,17 @@ fn config(args: Args) -> Result<(ServerConfig, MapSource, Option<control::MapVer
     if args.insecure {
         warn!("{}", INSECURE_WARNING);
     }
-    let source = MapSource::from_flags(args.config.clone(), args.etcd.clone(), &args.pool);
-    let (topology, epoch) = source.load().map_err(|e| {
+    let source = MapSource::from_flags(
+        args.config.clone(),
+        args.etcd.clone(),
+        &args.pool,
+        args.etcd_credentials.as_deref(),
+    )
+    .map_err(|e| {
+        report(&e);
+        ExitCode::FAILURE
+    })?;
+    let (topology, version) = source.load().map_err(|e| {
         report(&e);
         ExitCode::FAILURE
     })?;
@@ -222,7 +241,7 @@ fn config(args: Args) -> Result<(ServerConfig, MapSource, Option<control::MapVer
         transport: args.transport,
         topology,
     };
-    Ok((config, source, epoch))
+    Ok((config, source, version))
 }
 
 /// Runs the daemon with command-line arguments `args` (the first is the

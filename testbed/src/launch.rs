@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use client_vmm::{AllocError, Allocator, AsyncPool, error_chain};
 use topology::Topology;
 
+use crate::etcd::{Control, EtcdControl, EtcdControlError};
 use crate::guest_server::{GuestPaths, GuestServer, GuestServerError, guest_address};
 use crate::lab::{LabError, LabNet};
 use crate::netns::{self, NetPlan, NetnsGuard};
@@ -82,6 +83,9 @@ pub struct LaunchOptions {
     /// Start every pmem-server with `--format` the first time (its regions
     /// recreated empty, their data lost); a restart never formats.
     pub format: bool,
+    /// Where the daemons take their map from (the topology file by
+    /// default; a real etcd started with the fabric otherwise).
+    pub control: Control,
 }
 
 /// Where a fabric's keys come from. With keys every daemon gets
@@ -118,6 +122,7 @@ impl LaunchOptions {
             ready_timeout: Duration::from_secs(30),
             keys: Keys::Fresh,
             format: false,
+            control: Control::File,
         })
     }
 }
@@ -143,6 +148,15 @@ pub enum LaunchError {
     /// The effective topology could not be written.
     #[error("cannot write the effective topology")]
     Serialize(#[from] toml::ser::Error),
+    /// The control plane (etcd) could not be brought up.
+    #[error("cannot bring the control plane up")]
+    Etcd(#[from] EtcdControlError),
+    /// etcd runs on loopback only.
+    #[error(
+        "--control etcd runs with --net loopback only for now (etcd listens on 127.0.0.1, which \
+         daemons in namespaces or lab guests do not reach)"
+    )]
+    EtcdNeedsLoopback,
     /// The principals' keys could not be made.
     #[error("cannot make the principals' keys")]
     Keys(#[from] topology::secrets::SecretError),
@@ -235,6 +249,8 @@ pub struct Fabric {
     pub allocator: Option<AllocatorState>,
     /// The folder of the principals' keys (absolute); `None`: insecure.
     secrets: Option<PathBuf>,
+    /// The control plane, with `--control etcd`.
+    etcd: Option<EtcdControl>,
 }
 
 /// How long a server in a lab guest may take to boot and report ready
@@ -308,7 +324,19 @@ impl Fabric {
             0,
             "# The topology as this run's daemons use it (written by testbed).\n",
         );
-        std::fs::write(&topology_path, text).map_err(LaunchError::Io)?;
+        std::fs::write(&topology_path, &text).map_err(LaunchError::Io)?;
+        let etcd = match options.control {
+            Control::File => None,
+            Control::Etcd { .. } if options.net != NetMode::Loopback => {
+                return Err(LaunchError::EtcdNeedsLoopback);
+            }
+            Control::Etcd { members } => Some(EtcdControl::start(
+                &topology,
+                &text,
+                members,
+                &options.run_dir,
+            )?),
+        };
         let secrets = match &options.keys {
             Keys::Fresh => {
                 let dir = std::path::absolute(options.run_dir.join("secrets"))
@@ -328,6 +356,7 @@ impl Fabric {
             lab,
             allocator: None,
             secrets,
+            etcd,
         };
         let servers: Vec<String> = topology.servers.iter().map(|s| s.id.to_string()).collect();
         let devices: Vec<String> = topology
@@ -514,6 +543,16 @@ impl Fabric {
         self.secrets.as_deref()
     }
 
+    /// The control plane, with `--control etcd`.
+    pub fn etcd(&self) -> Option<&EtcdControl> {
+        self.etcd.as_ref()
+    }
+
+    /// The control plane, to break and restore it.
+    pub fn etcd_mut(&mut self) -> Option<&mut EtcdControl> {
+        self.etcd.as_mut()
+    }
+
     /// Whether the clients run in lab guests.
     pub fn is_lab(&self) -> bool {
         self.lab.is_some()
@@ -553,9 +592,11 @@ impl Fabric {
         {
             return self.launch_guest(id, guest);
         }
-        let mut args: Vec<OsString> =
-            vec!["daemon".into(), kind.program().into(), "--config".into()];
-        args.push(self.topology_path.clone().into());
+        let mut args: Vec<OsString> = vec!["daemon".into(), kind.program().into()];
+        match &self.etcd {
+            Some(etcd) => args.extend(etcd.daemon_args(kind, id)),
+            None => args.extend(["--config".into(), self.topology_path.clone().into()]),
+        }
         match kind {
             DaemonKind::PmemServer => {
                 args.extend(["--server".into(), id.into(), "--data-dir".into()]);

@@ -2,7 +2,8 @@
 //! and breaks them, and checks topology files.
 //!
 //! - [`launch`]: every daemon of a topology as a real process (loopback or
-//!   one network namespace per host, [`netns`]).
+//!   one network namespace per host, [`netns`]), its map from the topology
+//!   file or from a real etcd ([`etcd`]).
 //! - [`workload`]: what a client worker does and how it verifies.
 //! - [`run`]: `run`, `demo` and `chaos`: fabric, workers, faults, report.
 //! - [`report`]: `report.json`, `report.md` and the plots.
@@ -15,6 +16,7 @@
 
 pub mod advice;
 pub mod bench;
+pub mod etcd;
 pub mod guest_server;
 pub mod keys;
 pub mod lab;

@@ -91,6 +91,8 @@ enum Command {
         /// topology. A daemon restarted later keeps its data.
         #[arg(long)]
         format: bool,
+        #[command(flatten)]
+        map_from: testbed::etcd::ControlArgs,
     },
     /// Start a daemon of a running `testbed up` again (killed first if it
     /// runs) and wait until it is ready; exit status 1 if it is not.
@@ -281,6 +283,8 @@ struct RunArgs {
     /// Reports go to DIR/<run-id>/.
     #[arg(long, default_value = "reports")]
     reports: PathBuf,
+    #[command(flatten)]
+    control: testbed::etcd::ControlArgs,
 }
 
 /// The options of `testbed chaos`.
@@ -288,7 +292,9 @@ struct RunArgs {
 struct ChaosArgs {
     /// The topology file; the embedded default topology when absent.
     file: Option<PathBuf>,
-    /// kill-fabric, kill-server, cut-link (needs --net netns or lab) or restart-all.
+    /// kill-fabric, kill-server, cut-link (needs --net netns or lab),
+    /// restart-all, kill-etcd (needs --control etcd) or kill-etcd-leader
+    /// (needs --control etcd --etcd-members 3).
     #[arg(long)]
     scenario: Scenario,
     /// How many faults.
@@ -306,6 +312,8 @@ struct ChaosArgs {
     /// Reports go to DIR/<run-id>/.
     #[arg(long, default_value = "reports")]
     reports: PathBuf,
+    #[command(flatten)]
+    control: testbed::etcd::ControlArgs,
 }
 
 /// The options of `testbed worker`.
@@ -411,6 +419,7 @@ struct UpArgs {
     data_dir: PathBuf,
     prometheus: bool,
     format: bool,
+    map_from: testbed::etcd::ControlArgs,
 }
 
 fn up(args: UpArgs) -> anyhow::Result<()> {
@@ -420,12 +429,14 @@ fn up(args: UpArgs) -> anyhow::Result<()> {
         data_dir,
         prometheus,
         format,
+        map_from,
     } = args;
     let topology = load_topology_on(file.as_deref(), net.into())?;
     let run_dir = PathBuf::from("reports").join(testbed::run::run_id("up"));
     let mut options = LaunchOptions::new(data_dir.clone(), run_dir)?;
     options.net = net.into();
     options.format = format;
+    options.control = map_from.control().map_err(anyhow::Error::msg)?;
     let signals = signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM]);
     let signals = signals.context("install signal handlers")?;
     let run_dir = options.run_dir.clone();
@@ -436,6 +447,16 @@ fn up(args: UpArgs) -> anyhow::Result<()> {
     let endpoints = fabric.endpoints();
     println!("{}", summary::endpoints_table(&endpoints));
     println!("topology in use: {}", fabric.topology_path.display());
+    if let Some(etcd) = fabric.etcd() {
+        println!(
+            "etcd: {} (members {}; pool {}; authentication on, credentials in {})",
+            etcd.endpoints(),
+            etcd.member_names().join(", "),
+            etcd.pool(),
+            etcd.credentials_dir().display()
+        );
+        println!("cluster: {}", etcd.pmemctl_line());
+    }
     if let Some(dir) = fabric.secrets() {
         println!(
             "keys: {} (clients: PMEM_FABRIC_SECRETS={0} or pmemctl --secrets {0}; \
@@ -662,6 +683,7 @@ fn main() -> ExitCode {
             data_dir,
             prometheus,
             format,
+            map_from,
         } => outcome(
             up(UpArgs {
                 file,
@@ -669,6 +691,7 @@ fn main() -> ExitCode {
                 data_dir,
                 prometheus,
                 format,
+                map_from,
             })
             .map(|()| true),
         ),
@@ -753,9 +776,11 @@ fn run_command(args: RunArgs) -> anyhow::Result<bool> {
         net,
         data_dir,
         reports,
+        control,
     } = args;
     let mut options = workload.options("run", seed);
     options.net = net.into();
+    options.control = control.control().map_err(anyhow::Error::msg)?;
     options.topology_file = file.clone();
     options.data_dir = data_dir;
     options.reports = reports;
@@ -772,10 +797,15 @@ fn chaos(args: ChaosArgs) -> anyhow::Result<bool> {
         seed,
         net,
         reports,
+        control,
     } = args;
     let topology = load_topology_on(file.as_deref(), net.into())?;
     let mut options = workload.options("chaos", seed);
     options.net = net.into();
+    options.control = control.control().map_err(anyhow::Error::msg)?;
+    scenario
+        .check_control(options.control)
+        .map_err(anyhow::Error::msg)?;
     options.topology_file = file;
     options.scenario = Some(scenario);
     options.reports = reports;

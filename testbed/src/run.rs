@@ -16,6 +16,7 @@ use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use topology::{Topology, VirtAddr};
 
+use crate::etcd::{Control, EtcdControl};
 use crate::lab;
 use crate::launch::{DaemonKind, Endpoint, Fabric, LaunchOptions, NetMode};
 use crate::report::{
@@ -49,6 +50,10 @@ pub enum FaultKind {
     CutLink,
     /// SIGKILL every daemon, restart them all later.
     RestartAll,
+    /// SIGKILL every etcd member (`--control etcd`), restart them later.
+    KillEtcd,
+    /// SIGKILL the etcd member that leads, restart it later.
+    KillEtcdLeader,
 }
 
 /// Every daemon kind, devices first: the order faults kill them in.
@@ -62,7 +67,21 @@ impl FaultKind {
             FaultKind::KillServer => "kill-server",
             FaultKind::CutLink => "cut-link",
             FaultKind::RestartAll => "restart-all",
+            FaultKind::KillEtcd => "kill-etcd",
+            FaultKind::KillEtcdLeader => "kill-etcd-leader",
         }
+    }
+
+    /// Whether the application must not see it: another path exists, or
+    /// only the control plane is hit and the data path serves on.
+    fn invisible(self) -> bool {
+        matches!(
+            self,
+            FaultKind::KillFabric
+                | FaultKind::CutLink
+                | FaultKind::KillEtcd
+                | FaultKind::KillEtcdLeader
+        )
     }
 
     fn from_name(name: &str) -> Option<Self> {
@@ -71,13 +90,33 @@ impl FaultKind {
             FaultKind::KillServer,
             FaultKind::CutLink,
             FaultKind::RestartAll,
+            FaultKind::KillEtcd,
+            FaultKind::KillEtcdLeader,
         ]
         .into_iter()
         .find(|k| k.name() == name)
     }
 
-    /// Injects the fault; returns when it took effect.
-    fn inject(self, fabric: &mut Fabric, target: &str) -> anyhow::Result<Instant> {
+    /// Injects the fault; returns when it took effect, and what it hit
+    /// when the plan named it only by its role (the etcd leader).
+    fn inject(self, fabric: &mut Fabric, target: &str) -> anyhow::Result<(Instant, String)> {
+        fn etcd(fabric: &mut Fabric, kind: FaultKind) -> anyhow::Result<&mut EtcdControl> {
+            fabric
+                .etcd_mut()
+                .ok_or_else(|| anyhow::anyhow!("{} needs --control etcd", kind.name()))
+        }
+        Ok(match self {
+            FaultKind::KillEtcd => (etcd(fabric, self)?.kill_all(), target.to_owned()),
+            FaultKind::KillEtcdLeader => {
+                let (at, leader) = etcd(fabric, self)?.kill_leader()?;
+                (at, format!("{target} {leader}"))
+            }
+            other => (other.inject_daemon(fabric, target)?, target.to_owned()),
+        })
+    }
+
+    /// Injects a fault on the daemons or links.
+    fn inject_daemon(self, fabric: &mut Fabric, target: &str) -> anyhow::Result<Instant> {
         Ok(match self {
             FaultKind::KillFabric => fabric.kill(DaemonKind::FabricDevice, target)?,
             FaultKind::KillServer => fabric.kill(DaemonKind::PmemServer, target)?,
@@ -95,6 +134,7 @@ impl FaultKind {
                 }
                 at
             }
+            FaultKind::KillEtcd | FaultKind::KillEtcdLeader => Instant::now(),
         })
     }
 
@@ -110,6 +150,11 @@ impl FaultKind {
                     for id in fabric.daemon_ids(kind) {
                         fabric.restart(kind, &id)?;
                     }
+                }
+            }
+            FaultKind::KillEtcd | FaultKind::KillEtcdLeader => {
+                if let Some(etcd) = fabric.etcd_mut() {
+                    etcd.restart_killed()?;
                 }
             }
         }
@@ -152,6 +197,8 @@ pub struct RunOptions {
     pub reports: PathBuf,
     /// Faults to inject.
     pub faults: Vec<PlannedFault>,
+    /// Where the daemons take their map from (file, or a real etcd).
+    pub control: Control,
     /// Show a progress bar.
     pub progress: bool,
 }
@@ -175,6 +222,7 @@ impl RunOptions {
             data_dir: None,
             reports: PathBuf::from("reports"),
             faults: Vec::new(),
+            control: Control::File,
             progress: true,
         }
     }
@@ -205,6 +253,29 @@ pub enum Scenario {
     CutLink,
     /// Kill every daemon and restart them all.
     RestartAll,
+    /// Kill every etcd member under the workload and restart them
+    /// (`--control etcd`).
+    KillEtcd,
+    /// Kill the etcd member that leads and restart it (`--control etcd
+    /// --etcd-members 3`).
+    KillEtcdLeader,
+}
+
+impl Scenario {
+    /// Whether the scenario can run on a fabric with `control`; why not
+    /// otherwise.
+    pub fn check_control(self, control: Control) -> Result<(), String> {
+        match (self, control) {
+            (Scenario::KillEtcd | Scenario::KillEtcdLeader, Control::File) => {
+                Err(format!("--scenario {} needs --control etcd", self.name()))
+            }
+            (Scenario::KillEtcdLeader, Control::Etcd { members }) if members < 3 => Err(format!(
+                "--scenario kill-etcd-leader needs --etcd-members 3 or more (with {members}, \
+                 killing the leader takes etcd down: that is kill-etcd)"
+            )),
+            _ => Ok(()),
+        }
+    }
 }
 
 impl std::str::FromStr for Scenario {
@@ -216,15 +287,19 @@ impl std::str::FromStr for Scenario {
             "kill-server" => Ok(Scenario::KillServer),
             "cut-link" => Ok(Scenario::CutLink),
             "restart-all" => Ok(Scenario::RestartAll),
+            "kill-etcd" => Ok(Scenario::KillEtcd),
+            "kill-etcd-leader" => Ok(Scenario::KillEtcdLeader),
             other => Err(format!(
-                "unknown scenario {other:?} (kill-fabric, kill-server, cut-link, restart-all)"
+                "unknown scenario {other:?} (kill-fabric, kill-server, cut-link, restart-all, \
+                 kill-etcd, kill-etcd-leader)"
             )),
         }
     }
 }
 
 /// `count` faults of `scenario` at seeded random times in the middle of a
-/// run of `duration`, each target restarted after a tenth of the run.
+/// run of `duration`, each target restarted after a tenth of the run (etcd
+/// after three tenths).
 pub fn plan_faults(
     topology: &Topology,
     net: NetMode,
@@ -266,8 +341,15 @@ pub fn plan_faults(
             (FaultKind::CutLink, targets)
         }
         Scenario::RestartAll => (FaultKind::RestartAll, vec!["all".to_owned()]),
+        Scenario::KillEtcd => (FaultKind::KillEtcd, vec!["etcd".to_owned()]),
+        Scenario::KillEtcdLeader => (FaultKind::KillEtcdLeader, vec!["leader".to_owned()]),
     };
-    let restore_after = duration.mul_f64(0.1).max(Duration::from_millis(500));
+    // etcd stays down longer: the workload must run on through the outage.
+    let share = match kind {
+        FaultKind::KillEtcd | FaultKind::KillEtcdLeader => 0.3,
+        _ => 0.1,
+    };
+    let restore_after = duration.mul_f64(share).max(Duration::from_millis(500));
     let window = duration.mul_f64(0.6);
     (0..count)
         .map(|i| {
@@ -292,11 +374,16 @@ pub fn plan_faults(
 pub fn contract_violations(report: &RunReport) -> Vec<String> {
     let mut violations = Vec::new();
     for fault in &report.faults {
-        let path_fault =
-            fault.kind == FaultKind::KillFabric.name() || fault.kind == FaultKind::CutLink.name();
-        if path_fault && fault.errors_seen > 0 {
+        let kind = FaultKind::from_name(&fault.kind);
+        if kind.is_some_and(FaultKind::invisible) && fault.errors_seen > 0 {
+            let why = match kind {
+                Some(FaultKind::KillEtcd | FaultKind::KillEtcdLeader) => {
+                    "although only the control plane was down"
+                }
+                _ => "although another path existed",
+            };
             violations.push(format!(
-                "{} {} at {:.2} s: the application saw {} errors although another path existed",
+                "{} {} at {:.2} s: the application saw {} errors {why}",
                 fault.kind, fault.target, fault.at_s, fault.errors_seen
             ));
         }
@@ -447,6 +534,7 @@ fn execute_in(
     let mut launch = LaunchOptions::new(data_dir.to_path_buf(), run_dir.to_path_buf())?;
     // Fresh keys in the report's folder: every connection proves its key.
     launch.net = options.net;
+    launch.control = options.control;
     let mut fabric = match Fabric::start(topology, launch) {
         Ok(fabric) => fabric,
         Err(err) => {
@@ -600,21 +688,20 @@ fn drive(
             .position(|f| began.is_some_and(|began| began + f.at <= elapsed))
         {
             let fault = pending.remove(i);
-            let at = fault
+            let (at, target) = fault
                 .kind
                 .inject(fabric, &fault.target)
                 .with_context(|| format!("{} {}", fault.kind.name(), fault.target))?;
             bar.println(format!(
-                "  {:>6.2}s  {} {}",
+                "  {:>6.2}s  {} {target}",
                 at.duration_since(start).as_secs_f64(),
                 fault.kind.name(),
-                fault.target
             ));
             restores.push((at + fault.restore_after, faults.len()));
             faults.push(FaultRecord {
                 at_s: at.duration_since(start).as_secs_f64(),
                 kind: fault.kind.name().to_owned(),
-                target: fault.target.clone(),
+                target,
                 restored_at_s: None,
                 recovery_ms: None,
                 stall_ms: None,
@@ -978,6 +1065,52 @@ mod tests {
             "{violations:?}"
         );
         assert!(!violations[0].contains("acknowledged"), "{violations:?}");
+    }
+
+    #[test]
+    fn an_etcd_fault_the_application_saw_breaks_the_contract_a_server_fault_does_not() {
+        let fault = |kind: &str, errors_seen| FaultRecord {
+            at_s: 1.0,
+            kind: kind.to_owned(),
+            target: "etcd".to_owned(),
+            restored_at_s: Some(2.0),
+            recovery_ms: None,
+            stall_ms: None,
+            errors_seen,
+        };
+        let report = RunReport {
+            faults: vec![
+                fault("kill-etcd", 3),
+                fault("kill-etcd-leader", 0),
+                fault("kill-server", 5),
+            ],
+            verification: Verification {
+                passed: true,
+                ..Verification::default()
+            },
+            ..RunReport::default()
+        };
+        assert_eq!(
+            contract_violations(&report),
+            [
+                "kill-etcd etcd at 1.00 s: the application saw 3 errors although only the control \
+              plane was down"
+            ]
+        );
+    }
+
+    #[test]
+    fn etcd_scenarios_need_etcd_and_the_leader_one_three_members() {
+        let etcd = |members| Control::Etcd { members };
+        assert!(Scenario::KillEtcd.check_control(Control::File).is_err());
+        assert!(Scenario::KillEtcd.check_control(etcd(1)).is_ok());
+        let err = Scenario::KillEtcdLeader
+            .check_control(etcd(1))
+            .expect_err("one member");
+        assert!(err.contains("--etcd-members 3"), "{err}");
+        assert!(Scenario::KillEtcdLeader.check_control(etcd(3)).is_ok());
+        assert!(Scenario::KillServer.check_control(Control::File).is_ok());
+        assert_eq!("kill-etcd-leader".parse(), Ok(Scenario::KillEtcdLeader));
     }
 
     #[test]

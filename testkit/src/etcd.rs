@@ -1,6 +1,9 @@
 //! A real etcd server for tests and the testbed: Debian's `etcd-server`,
-//! one member on loopback ports of its own with a data directory of its
-//! own, never the host's system etcd (which its package may start on 2379).
+//! one member (or a cluster of several, [`Etcd::start_cluster`]) on
+//! loopback ports of its own with a data directory of its own, never the
+//! host's system etcd (which its package may start on 2379). Once its
+//! authentication is on, [`Etcd::set_root`] gives `etcdctl` root's
+//! credentials.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -12,31 +15,114 @@ use crate::fabric::free_loopback_port;
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A running etcd member; killed when dropped.
-#[derive(Debug)]
 pub struct Etcd {
     child: Option<Child>,
+    name: String,
     client_port: u16,
     peer_port: u16,
+    /// Every member's `name=peer URL`, as etcd's `--initial-cluster`.
+    initial_cluster: String,
     data_dir: PathBuf,
     log: PathBuf,
+    /// Root's user and password for `etcdctl`, once authentication is on.
+    root: Option<(String, String)>,
+}
+
+impl std::fmt::Debug for Etcd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Etcd")
+            .field("name", &self.name)
+            .field("endpoint", &self.endpoint())
+            .field("running", &self.child.is_some())
+            .finish()
+    }
 }
 
 impl Etcd {
     /// Starts etcd with its data and log under `dir` (`--unsafe-no-fsync`:
     /// tests do not need its own durability) and waits until it answers.
     pub fn start(dir: &Path) -> Result<Etcd, String> {
+        let (client_port, peer_port) = (free_loopback_port(), free_loopback_port());
         let mut etcd = Etcd {
             child: None,
-            client_port: free_loopback_port(),
-            peer_port: free_loopback_port(),
+            name: "test".to_owned(),
+            client_port,
+            peer_port,
+            initial_cluster: format!("test=http://127.0.0.1:{peer_port}"),
             data_dir: dir.join("etcd-data"),
             log: dir.join("etcd.log"),
+            root: None,
         };
         etcd.spawn()?;
         Ok(etcd)
     }
 
+    /// Starts a cluster of `members` members (`etcd0`, `etcd1`, …), each on
+    /// loopback ports of its own with its data (`<name>-data`) and log
+    /// (`<name>.log`) under `dir`, and waits until every one answers.
+    pub fn start_cluster(dir: &Path, members: usize) -> Result<Vec<Etcd>, String> {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let ports: Vec<(u16, u16)> = (0..members.max(1))
+            .map(|_| (free_loopback_port(), free_loopback_port()))
+            .collect();
+        let initial_cluster = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (_, peer))| format!("etcd{i}=http://127.0.0.1:{peer}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut cluster: Vec<Etcd> = ports
+            .into_iter()
+            .enumerate()
+            .map(|(i, (client_port, peer_port))| Etcd {
+                child: None,
+                name: format!("etcd{i}"),
+                client_port,
+                peer_port,
+                initial_cluster: initial_cluster.clone(),
+                data_dir: dir.join(format!("etcd{i}-data")),
+                log: dir.join(format!("etcd{i}.log")),
+                root: None,
+            })
+            .collect();
+        Self::start_all(&mut cluster)?;
+        Ok(cluster)
+    }
+
+    /// Starts every member of `cluster` that is not running (a member
+    /// alone does not answer until a quorum runs), then waits until each
+    /// answers.
+    pub fn start_all(cluster: &mut [Etcd]) -> Result<(), String> {
+        for member in cluster.iter_mut().filter(|m| m.child.is_none()) {
+            member.launch()?;
+        }
+        for member in cluster.iter_mut() {
+            member.await_healthy()?;
+        }
+        Ok(())
+    }
+
+    /// The member's name (`--name`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Whether its process runs (it was not killed).
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// Root's credentials for `etcdctl`, once authentication is on.
+    pub fn set_root(&mut self, user: &str, password: &str) {
+        self.root = Some((user.to_owned(), password.to_owned()));
+    }
+
     fn spawn(&mut self) -> Result<(), String> {
+        self.launch()?;
+        self.await_healthy()
+    }
+
+    fn launch(&mut self) -> Result<(), String> {
         let client = format!("http://127.0.0.1:{}", self.client_port);
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
         let log = std::fs::OpenOptions::new()
@@ -45,14 +131,14 @@ impl Etcd {
             .open(&self.log)
             .map_err(|e| format!("{}: {e}", self.log.display()))?;
         let child = Command::new("etcd")
-            .args(["--name", "test"])
+            .args(["--name", &self.name])
             .arg("--data-dir")
             .arg(&self.data_dir)
             .args(["--listen-client-urls", &client])
             .args(["--advertise-client-urls", &client])
             .args(["--listen-peer-urls", &peer])
             .args(["--initial-advertise-peer-urls", &peer])
-            .args(["--initial-cluster", &format!("test={peer}")])
+            .args(["--initial-cluster", &self.initial_cluster])
             .arg("--unsafe-no-fsync")
             .stdin(Stdio::null())
             .stdout(log.try_clone().map_err(|e| e.to_string())?)
@@ -60,6 +146,10 @@ impl Etcd {
             .spawn()
             .map_err(|e| format!("cannot start etcd ({e}); it is Debian's etcd-server package"))?;
         self.child = Some(child);
+        Ok(())
+    }
+
+    fn await_healthy(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + START_TIMEOUT;
         while Instant::now() < deadline {
             if self.ctl(&["endpoint", "health"]).is_ok() {
@@ -85,9 +175,16 @@ impl Etcd {
 
     /// Runs `etcdctl` against this member; its stdout, or why it failed.
     pub fn ctl(&self, args: &[&str]) -> Result<String, String> {
-        let out = Command::new("etcdctl")
+        let mut command = Command::new("etcdctl");
+        command
             .env("ETCDCTL_API", "3")
-            .arg(format!("--endpoints={}", self.endpoint()))
+            .arg(format!("--endpoints={}", self.endpoint()));
+        // In its environment, not on its command line, where other users
+        // of the host could read it.
+        if let Some((user, password)) = &self.root {
+            command.env("ETCDCTL_USER", format!("{user}:{password}"));
+        }
+        let out = command
             .args(args)
             .output()
             .map_err(|e| format!("cannot run etcdctl: {e}"))?;
@@ -115,6 +212,26 @@ impl Etcd {
                 _ => None,
             })
             .collect())
+    }
+
+    /// Whether this member is its cluster's raft leader now (from
+    /// `etcdctl endpoint status`).
+    pub fn is_leader(&self) -> Result<bool, String> {
+        let status = self.ctl(&["endpoint", "status", "--write-out=json"])?;
+        let number_after = |field: &str| -> Result<u64, String> {
+            let at = status
+                .find(field)
+                .ok_or_else(|| format!("no {field} in etcdctl's status: {status}"))?;
+            let digits: String = status[at + field.len()..]
+                .chars()
+                .skip_while(|c| !c.is_ascii_digit())
+                .take_while(char::is_ascii_digit)
+                .collect();
+            digits
+                .parse()
+                .map_err(|_| format!("{field} is not a number in etcdctl's status: {status}"))
+        };
+        Ok(number_after("\"member_id\"")? == number_after("\"leader\"")?)
     }
 
     /// Kills the member (SIGKILL) and waits for it.

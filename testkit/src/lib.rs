@@ -12,8 +12,9 @@
 //!   [`file_bytes`] to address regions and check their files.
 //! - [`write_topology`] (one server on ephemeral ports) and [`FabricSpec`]
 //!   (several servers, devices and clients on fixed [`Ports`]).
-//! - [`Etcd`]: a real etcd member on ports and a data directory of its own,
-//!   for the control plane.
+//! - [`Etcd`]: a real etcd member (or a cluster of several) on ports and a
+//!   data directory of its own, for the control plane; `etcdctl` as root
+//!   once its authentication is on.
 //!
 //! ```no_run
 //! use proto::Status;

@@ -359,6 +359,9 @@ fn replay_section(out: &mut String, report: &RunReport) {
             .as_deref()
             .map_or_else(String::new, |s| format!(" (scenario {})", code(s))),
     );
+    if let Some(control) = &p.control {
+        let _ = writeln!(out, "- map from: {control}");
+    }
     if !report.replay.is_empty() {
         let fence = "`".repeat(
             report

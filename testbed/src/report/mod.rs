@@ -125,6 +125,10 @@ pub struct RunParameters {
     pub scenario: Option<String>,
     /// How many faults were planned.
     pub faults_planned: usize,
+    /// Where the daemons took their map from, when not the topology file
+    /// (`etcd, N member(s)`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control: Option<String>,
 }
 
 /// RoCEv2 counters of a lab run: each fabric device's RoCE ports (summed
@@ -540,7 +544,8 @@ fn ms_of(at_s: f64) -> f64 {
 pub struct FaultRecord {
     /// When the fault was injected, in seconds from the run's start.
     pub at_s: f64,
-    /// What was done: `kill-fabric`, `kill-server`, `cut-link`, `restart-all`.
+    /// What was done: `kill-fabric`, `kill-server`, `cut-link`, `restart-all`,
+    /// `kill-etcd`, `kill-etcd-leader`.
     pub kind: String,
     /// What it was done to (a fabric device, server or link name).
     pub target: String,

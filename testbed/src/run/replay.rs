@@ -37,6 +37,10 @@ pub fn parameters(options: &RunOptions) -> RunParameters {
         authenticate: true,
         scenario: options.scenario.map(|s| s.name().to_owned()),
         faults_planned: options.faults.len(),
+        control: match options.control {
+            crate::etcd::Control::File => None,
+            crate::etcd::Control::Etcd { members } => Some(format!("etcd, {members} member(s)")),
+        },
     }
 }
 
@@ -71,6 +75,10 @@ pub fn command_line(program: &str, options: &RunOptions) -> String {
     flag("keys", options.keys.to_string());
     flag("seed", options.seed.to_string());
     flag("net", net_name(options.net).to_owned());
+    if let crate::etcd::Control::Etcd { members } = options.control {
+        flag("control", "etcd".to_owned());
+        flag("etcd-members", members.to_string());
+    }
     if let Some(dir) = &options.data_dir {
         flag("data-dir", path(dir));
     }
@@ -126,6 +134,8 @@ impl Scenario {
             Scenario::KillServer => "kill-server",
             Scenario::CutLink => "cut-link",
             Scenario::RestartAll => "restart-all",
+            Scenario::KillEtcd => "kill-etcd",
+            Scenario::KillEtcdLeader => "kill-etcd-leader",
         }
     }
 }

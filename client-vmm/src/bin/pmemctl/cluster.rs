@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
-use control::{ControlError, ControlPlane, Endpoints, Intent, Role};
+use control::{ControlError, ControlPlane, Credentials, Endpoints, Intent, Role};
 use topology::{EnvOverrides, Topology};
 
 /// The control plane's commands and where etcd is.
@@ -16,6 +16,11 @@ pub struct ClusterArgs {
     /// etcd's client URLs, comma-separated (http://h1:2379,http://h2:2379).
     #[arg(long, value_name = "URLS", env = "PMEM_FABRIC_ETCD")]
     etcd: Endpoints,
+    /// The file of the etcd user to act as (one line `user:password`, mode
+    /// 600): the pool's operator's to change the map, when etcd has
+    /// authentication on; for `secure`, root's, once another pool set it up.
+    #[arg(long, value_name = "FILE", env = "PMEM_FABRIC_ETCD_CREDENTIALS")]
+    etcd_credentials: Option<PathBuf>,
     /// The pool (its `[pool] name`); `init` takes it from the file.
     #[arg(long, value_name = "NAME")]
     pool: Option<String>,
@@ -46,6 +51,19 @@ enum ClusterAction {
         /// The epoch the change is based on.
         #[arg(long)]
         epoch: u64,
+    },
+    /// Turns etcd's authentication on for the topology's pool: a root user
+    /// (unless --etcd-credentials names root's file), the pool's operator,
+    /// and a user per server and device of the topology that may read the
+    /// map and intents and write its own liveness key only, each with a
+    /// fresh password written to DIR (owner-only files).
+    Secure {
+        /// The topology file (its pool, servers and devices).
+        #[arg(long, value_name = "TOPOLOGY")]
+        from: PathBuf,
+        /// Where the credentials files go.
+        #[arg(long, value_name = "DIR")]
+        credentials_out: PathBuf,
     },
     /// Records the operator's intent that SERVER drain (shown by `show`;
     /// allocators and replication act on it once they follow the map).
@@ -155,7 +173,12 @@ fn read_topology(path: &PathBuf) -> Result<(String, Topology), ClusterError> {
 
 async fn run_async(args: ClusterArgs) -> Result<String, ClusterError> {
     let pool = match (&args.action, &args.pool) {
-        (ClusterAction::Init { from } | ClusterAction::Apply { from, .. }, given) => {
+        (
+            ClusterAction::Init { from }
+            | ClusterAction::Apply { from, .. }
+            | ClusterAction::Secure { from, .. },
+            given,
+        ) => {
             let (_, topology) = read_topology(from)?;
             let named = topology.pool.name.clone();
             if let Some(given) = given
@@ -175,8 +198,18 @@ async fn run_async(args: ClusterArgs) -> Result<String, ClusterError> {
             ));
         }
     };
-    let mut plane = ControlPlane::connect(&args.etcd, &pool).await?;
+    let credentials = args
+        .etcd_credentials
+        .as_deref()
+        .map(Credentials::read)
+        .transpose()
+        .map_err(ControlError::from)?;
+    let mut plane = ControlPlane::connect(&args.etcd, &pool, credentials.as_ref()).await?;
     match args.action {
+        ClusterAction::Secure {
+            from,
+            credentials_out,
+        } => secure(&args.etcd, &from, &credentials_out, credentials.as_ref()).await,
         ClusterAction::Init { from } => {
             let (text, _) = read_topology(&from)?;
             let map = plane.init(&text).await?;
@@ -292,6 +325,45 @@ async fn edit_map(
         .map(|n| format!("  {n}\n"))
         .collect::<String>();
     Ok((written.map.epoch, edited.subject, notes))
+}
+
+/// `secure`: the pool's etcd users and roles, authentication on, and the
+/// credentials files.
+async fn secure(
+    etcd: &Endpoints,
+    from: &PathBuf,
+    out: &std::path::Path,
+    root: Option<&Credentials>,
+) -> Result<String, ClusterError> {
+    let (_, topology) = read_topology(from)?;
+    let mut daemons: Vec<(Role, String)> = topology
+        .servers
+        .iter()
+        .map(|s| (Role::Server, s.id.to_string()))
+        .collect();
+    daemons.extend(
+        topology
+            .fabric_devices
+            .iter()
+            .map(|d| (Role::Device, d.id.to_string())),
+    );
+    let pool = &topology.pool.name;
+    let made = control::access::secure(etcd, pool, &daemons, root).await?;
+    let files = made.write_to(out)?;
+    let mut text = format!(
+        "pool {pool}: etcd authentication on at {etcd}; {} credentials files in {}:\n",
+        files.len(),
+        out.display()
+    );
+    for file in files {
+        let _ = writeln!(text, "  {}", file.display());
+    }
+    let _ = writeln!(
+        text,
+        "operator: pmemctl cluster --etcd {etcd} --pool {pool} --etcd-credentials {} show",
+        control::access::operator_file(out).display()
+    );
+    Ok(text)
 }
 
 /// The map, members and intents as text.

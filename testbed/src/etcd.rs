@@ -1,0 +1,288 @@
+//! A testbed fabric on the control plane (`--control etcd`): a real etcd
+//! (one member, or several with `--etcd-members`, each on loopback ports
+//! of its own with its data in the run's folder; never a system etcd on
+//! 2379), its authentication set up for the topology's pool, the topology
+//! loaded as the pool's map, and every daemon started with `--etcd` and
+//! its own etcd user's credentials file.
+//!
+//! Members of a cluster run on one host with distinct loopback ports, not
+//! in network namespaces of their own: killing a member (or the leader)
+//! is what the chaos scenarios need, and a partition between members is
+//! not one of them.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use control::access::{self, PoolCredentials};
+use control::{ControlError, ControlPlane, Endpoints, Role};
+use testkit::Etcd;
+use topology::Topology;
+
+use crate::launch::DaemonKind;
+
+/// Where a fabric's daemons take their map from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Control {
+    /// The topology file the testbed writes (no etcd).
+    #[default]
+    File,
+    /// A real etcd of `members` members, with authentication on.
+    Etcd {
+        /// How many members.
+        members: usize,
+    },
+}
+
+impl Control {
+    /// How the report and the replay line name it: `file`, `etcd`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Control::File => "file",
+            Control::Etcd { .. } => "etcd",
+        }
+    }
+}
+
+/// The command-line words of [`Control`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ControlKind {
+    /// The topology file the testbed writes.
+    File,
+    /// A real etcd, with authentication on.
+    Etcd,
+}
+
+/// `--control` and `--etcd-members`, shared by `up`, `run` and `chaos`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ControlArgs {
+    /// Where the daemons take their map from: `file` (the topology file)
+    /// or `etcd` (a real etcd started for the run, its authentication on,
+    /// the topology loaded into it).
+    #[arg(long, value_enum, default_value = "file")]
+    pub control: ControlKind,
+    /// With --control etcd: how many etcd members (on loopback, distinct
+    /// ports).
+    #[arg(long, default_value_t = 1)]
+    pub etcd_members: usize,
+}
+
+impl ControlArgs {
+    /// The control these flags ask for; `--etcd-members` other than 1
+    /// without `--control etcd`, or 0, is refused.
+    pub fn control(&self) -> Result<Control, String> {
+        match (self.control, self.etcd_members) {
+            (_, 0) => Err("--etcd-members must be at least 1".to_owned()),
+            (ControlKind::File, 1) => Ok(Control::File),
+            (ControlKind::File, n) => Err(format!(
+                "--etcd-members {n} needs --control etcd (the daemons take the map from a file \
+                 otherwise)"
+            )),
+            (ControlKind::Etcd, members) => Ok(Control::Etcd { members }),
+        }
+    }
+}
+
+/// Why the control plane could not be brought up or driven.
+#[derive(Debug, thiserror::Error)]
+pub enum EtcdControlError {
+    /// etcd did not start, or a member did not come back.
+    #[error("etcd: {0}")]
+    Etcd(String),
+    /// Setting up the users or loading the map failed.
+    #[error(transparent)]
+    Control(#[from] ControlError),
+    /// The client's runtime could not start.
+    #[error("cannot start a runtime for the etcd client")]
+    Runtime(#[source] std::io::Error),
+    /// No member says it leads.
+    #[error("no etcd member is the leader now ({0})")]
+    NoLeader(String),
+}
+
+/// A running etcd holding a fabric's map, with its users' credentials.
+#[derive(Debug)]
+pub struct EtcdControl {
+    members: Vec<Etcd>,
+    endpoints: Endpoints,
+    pool: String,
+    credentials: PathBuf,
+    /// The members a fault killed, to restart.
+    killed: Vec<usize>,
+}
+
+/// A runtime for one etcd client call from synchronous code.
+fn runtime() -> Result<tokio::runtime::Runtime, EtcdControlError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(EtcdControlError::Runtime)
+}
+
+impl EtcdControl {
+    /// Starts `members` etcd members under `run_dir/etcd`, sets up the
+    /// pool's users (credentials files in `run_dir/etcd-credentials`),
+    /// turns authentication on and loads `topology_text` (the TOML of
+    /// `topology`) as the pool's map, at epoch 1, as its operator.
+    pub fn start(
+        topology: &Topology,
+        topology_text: &str,
+        members: usize,
+        run_dir: &Path,
+    ) -> Result<Self, EtcdControlError> {
+        let dir = run_dir.join("etcd");
+        let mut cluster = Etcd::start_cluster(&dir, members).map_err(EtcdControlError::Etcd)?;
+        let urls: Vec<String> = cluster.iter().map(Etcd::endpoint).collect();
+        let endpoints = Endpoints::parse(&urls.join(","))
+            .map_err(|e| EtcdControlError::Etcd(format!("its endpoints: {e}")))?;
+        let pool = topology.pool.name.clone();
+        let credentials = std::path::absolute(run_dir.join("etcd-credentials"))
+            .map_err(EtcdControlError::Runtime)?;
+        let made: PoolCredentials = runtime()?.block_on(async {
+            let made = access::secure(&endpoints, &pool, &daemons(topology), None).await?;
+            let mut operator =
+                ControlPlane::connect(&endpoints, &pool, Some(&made.operator)).await?;
+            operator.init(topology_text).await?;
+            Ok::<_, ControlError>(made)
+        })?;
+        made.write_to(&credentials)?;
+        if let Some(root) = &made.root {
+            for member in &mut cluster {
+                member.set_root(root.user(), root.password());
+            }
+        }
+        Ok(Self {
+            members: cluster,
+            endpoints,
+            pool,
+            credentials,
+            killed: Vec::new(),
+        })
+    }
+
+    /// etcd's client URLs.
+    pub fn endpoints(&self) -> &Endpoints {
+        &self.endpoints
+    }
+
+    /// The pool whose map etcd holds.
+    pub fn pool(&self) -> &str {
+        &self.pool
+    }
+
+    /// The folder of the users' credentials files.
+    pub fn credentials_dir(&self) -> &Path {
+        &self.credentials
+    }
+
+    /// The operator's credentials file.
+    pub fn operator_credentials(&self) -> PathBuf {
+        access::operator_file(&self.credentials)
+    }
+
+    /// The flags that put daemon `kind` `id` on this etcd, as its own user.
+    pub fn daemon_args(&self, kind: DaemonKind, id: &str) -> Vec<OsString> {
+        let role = match kind {
+            DaemonKind::PmemServer => Role::Server,
+            DaemonKind::FabricDevice => Role::Device,
+        };
+        vec![
+            "--etcd".into(),
+            self.endpoints.to_string().into(),
+            "--pool".into(),
+            self.pool.clone().into(),
+            "--etcd-credentials".into(),
+            access::daemon_file(&self.credentials, role, id).into(),
+        ]
+    }
+
+    /// The `pmemctl cluster` line an operator runs against this etcd.
+    pub fn pmemctl_line(&self) -> String {
+        format!(
+            "pmemctl cluster --etcd {} --pool {} --etcd-credentials {} show",
+            self.endpoints,
+            self.pool,
+            self.operator_credentials().display()
+        )
+    }
+
+    /// The members' names, in order.
+    pub fn member_names(&self) -> Vec<String> {
+        self.members.iter().map(|m| m.name().to_owned()).collect()
+    }
+
+    /// Kills every member (SIGKILL): etcd is down.
+    pub fn kill_all(&mut self) -> Instant {
+        let at = Instant::now();
+        for (i, member) in self.members.iter_mut().enumerate() {
+            if member.is_running() {
+                member.kill();
+                self.killed.push(i);
+            }
+        }
+        at
+    }
+
+    /// Kills the member that leads now (found with `etcdctl endpoint
+    /// status`); returns when, and its name.
+    pub fn kill_leader(&mut self) -> Result<(Instant, String), EtcdControlError> {
+        let mut asked = Vec::new();
+        let leader = self.members.iter().position(|m| {
+            let answer = m.is_running().then(|| m.is_leader());
+            match answer {
+                Some(Ok(leads)) => leads,
+                Some(Err(why)) => {
+                    asked.push(format!("{}: {why}", m.name()));
+                    false
+                }
+                None => false,
+            }
+        });
+        let i = leader.ok_or_else(|| EtcdControlError::NoLeader(asked.join("; ")))?;
+        let at = Instant::now();
+        self.members[i].kill();
+        self.killed.push(i);
+        Ok((at, self.members[i].name().to_owned()))
+    }
+
+    /// Starts the killed members again (same ports and data) and waits
+    /// until every member answers.
+    pub fn restart_killed(&mut self) -> Result<(), EtcdControlError> {
+        self.killed.clear();
+        Etcd::start_all(&mut self.members).map_err(EtcdControlError::Etcd)
+    }
+}
+
+/// Every server and device of `topology`, as the control plane names them.
+fn daemons(topology: &Topology) -> Vec<(Role, String)> {
+    let servers = topology
+        .servers
+        .iter()
+        .map(|s| (Role::Server, s.id.to_string()));
+    let devices = topology
+        .fabric_devices
+        .iter()
+        .map(|d| (Role::Device, d.id.to_string()));
+    servers.chain(devices).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_flags_parse_and_refuse_members_without_etcd() {
+        let args = |control, etcd_members| ControlArgs {
+            control,
+            etcd_members,
+        };
+        assert_eq!(args(ControlKind::File, 1).control(), Ok(Control::File));
+        assert_eq!(
+            args(ControlKind::Etcd, 3).control(),
+            Ok(Control::Etcd { members: 3 })
+        );
+        let err = args(ControlKind::File, 3).control().expect_err("refused");
+        assert!(err.contains("--control etcd"), "{err}");
+        assert!(args(ControlKind::Etcd, 0).control().is_err());
+    }
+}

@@ -1,0 +1,270 @@
+//! Fabrics on the control plane (`--control etcd`) as users run them: the
+//! real testbed binary starts a real etcd with its authentication on,
+//! loads the topology, runs every daemon on it; chaos kills etcd (or its
+//! leader) under the workload and the data path keeps serving.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use testkit::{FabricSpec, Ports};
+
+/// Two servers, two fabric devices, two clients with one RNIC per device,
+/// on free loopback ports.
+fn topology(dir: &Path) -> PathBuf {
+    FabricSpec::new()
+        .server("A", &[("A1", "16MiB"), ("A2", "16MiB")])
+        .server("B", &[("B1", "16MiB"), ("B2", "16MiB")])
+        .device("F1")
+        .device("F2")
+        .client("c1")
+        .client("c2")
+        .write(dir, "topology.toml", &mut Ports::new())
+}
+
+fn text(output: &Output) -> String {
+    format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+/// The single run folder under `dir/reports`.
+fn run_dir(dir: &Path) -> PathBuf {
+    let mut runs: Vec<PathBuf> = std::fs::read_dir(dir.join("reports"))
+        .expect("reports folder")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    runs.remove(0)
+}
+
+/// A chaos run of `scenario` with one fault on a fresh fabric on etcd;
+/// returns its output, report, run folder and the folder holding it all.
+fn chaos_on_etcd(
+    scenario: &str,
+    extra: &[&str],
+) -> (String, serde_json::Value, PathBuf, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = topology(dir.path());
+    let reports = dir.path().join("reports");
+    let output = Command::new(env!("CARGO_BIN_EXE_testbed"))
+        .args(["chaos", config.to_str().expect("utf-8 path")])
+        .args(["--scenario", scenario, "--faults", "1", "--duration", "4"])
+        .args(["--control", "etcd"])
+        .args(extra)
+        .arg("--reports")
+        .arg(&reports)
+        .output()
+        .expect("run testbed");
+    let out = text(&output);
+    assert!(output.status.success(), "{out}");
+    let run = run_dir(dir.path());
+    let json = std::fs::read_to_string(run.join("report.json")).expect("report.json");
+    let report: serde_json::Value = serde_json::from_str(&json).expect("report.json parses");
+    (out, report, run, dir)
+}
+
+/// The sum of `field` (`count`, `errors`) over every operation kind in
+/// `report`.
+fn total(report: &serde_json::Value, field: &str) -> u64 {
+    report["ops"]
+        .as_object()
+        .expect("ops")
+        .values()
+        .map(|op| op[field].as_u64().expect("a number"))
+        .sum()
+}
+
+/// The common checks of an etcd chaos run: one fault of `scenario`,
+/// restored; no application error; verification passed; every daemon took
+/// its map from etcd as its own user.
+fn assert_served_through(scenario: &str, out: &str, report: &serde_json::Value, run: &Path) {
+    let faults = report["faults"].as_array().expect("faults");
+    assert_eq!(faults.len(), 1, "{out}");
+    assert_eq!(faults[0]["kind"], scenario, "{out}");
+    assert!(faults[0]["restored_at_s"].is_number(), "etcd came back");
+    assert_eq!(faults[0]["errors_seen"], 0, "{out}");
+    assert_eq!(total(report, "errors"), 0, "{out}");
+    assert!(total(report, "count") > 0, "{out}");
+    assert_eq!(report["verification"]["passed"], true, "{out}");
+    assert!(out.contains("verification    PASSED"), "{out}");
+    let replay = report["replay"].as_str().expect("replay");
+    assert!(replay.contains("--control etcd"), "{replay}");
+    for log in [
+        "pmem-server-A",
+        "pmem-server-B",
+        "fabric-device-F1",
+        "fabric-device-F2",
+    ] {
+        let text = std::fs::read_to_string(run.join("logs").join(format!("{log}.log")))
+            .unwrap_or_else(|e| panic!("{log}: {e}"));
+        assert!(text.contains("at epoch 1 from etcd"), "{log}:\n{text}");
+    }
+    for file in [
+        "root.etcd",
+        "operator.etcd",
+        "server.A.etcd",
+        "device.F2.etcd",
+    ] {
+        let path = run.join("etcd-credentials").join(file);
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(&path)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+                .permissions(),
+        );
+        assert_eq!(mode & 0o077, 0, "{} is owner-only", path.display());
+    }
+}
+
+#[test]
+fn chaos_kill_etcd_under_the_workload_is_invisible_to_the_application() {
+    let (out, report, run, _dir) = chaos_on_etcd("kill-etcd", &[]);
+    assert_served_through("kill-etcd", &out, &report, &run);
+    assert_eq!(report["faults"][0]["target"], "etcd");
+    assert_eq!(report["parameters"]["control"], "etcd, 1 member(s)");
+}
+
+#[test]
+fn chaos_kill_etcd_leader_of_three_members_is_invisible_to_the_application() {
+    let (out, report, run, _dir) = chaos_on_etcd("kill-etcd-leader", &["--etcd-members", "3"]);
+    assert_served_through("kill-etcd-leader", &out, &report, &run);
+    // The report names the member that led.
+    let target = report["faults"][0]["target"].as_str().expect("target");
+    assert!(
+        ["leader etcd0", "leader etcd1", "leader etcd2"].contains(&target),
+        "{target}"
+    );
+    assert_eq!(report["parameters"]["control"], "etcd, 3 member(s)");
+}
+
+#[test]
+fn etcd_scenarios_without_etcd_are_refused_with_the_flags_to_give() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = topology(dir.path());
+    for (args, needle) in [
+        (vec!["--scenario", "kill-etcd"], "needs --control etcd"),
+        (
+            vec!["--scenario", "kill-etcd-leader", "--control", "etcd"],
+            "--etcd-members 3",
+        ),
+        (
+            vec!["--scenario", "kill-fabric", "--etcd-members", "3"],
+            "needs --control etcd",
+        ),
+    ] {
+        let output = Command::new(env!("CARGO_BIN_EXE_testbed"))
+            .args(["chaos", config.to_str().expect("utf-8 path")])
+            .args(&args)
+            .arg("--reports")
+            .arg(dir.path().join("reports"))
+            .output()
+            .expect("run testbed");
+        let out = text(&output);
+        assert!(!output.status.success(), "{args:?}: {out}");
+        assert!(out.contains(needle), "{args:?}: {out}");
+    }
+    assert!(!dir.path().join("reports").exists(), "nothing was started");
+}
+
+/// Runs `pmemctl ARGS…` with no etcd variables from the environment.
+fn pmemctl(args: &[&str]) -> Output {
+    Command::new(testkit::binary_in("client-vmm", "pmemctl"))
+        .args(args)
+        .env_remove("PMEM_FABRIC_ETCD")
+        .env_remove("PMEM_FABRIC_ETCD_CREDENTIALS")
+        .output()
+        .expect("run pmemctl")
+}
+
+#[test]
+fn up_on_etcd_prints_its_endpoint_and_the_operators_cluster_line() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = topology(dir.path());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_testbed"))
+        .args(["up", config.to_str().expect("path"), "--control", "etcd"])
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .current_dir(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start testbed up");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut printed = Vec::new();
+    for line in lines.by_ref() {
+        let line = line.expect("line");
+        if line.contains("fabric is up") {
+            break;
+        }
+        printed.push(line);
+    }
+    let etcd_line = printed
+        .iter()
+        .find(|l| l.starts_with("etcd: http://127.0.0.1:"))
+        .unwrap_or_else(|| panic!("no etcd line: {printed:#?}"));
+    assert!(
+        !etcd_line.contains(":2379 "),
+        "never the system etcd: {etcd_line}"
+    );
+    let cluster_line = printed
+        .iter()
+        .find_map(|l| l.strip_prefix("cluster: "))
+        .unwrap_or_else(|| panic!("no cluster line: {printed:#?}"));
+    let words: Vec<&str> = cluster_line.split_whitespace().collect();
+    assert_eq!(words[..2], ["pmemctl", "cluster"], "{cluster_line}");
+
+    // The operator's line works as printed: every daemon is live.
+    let shown = pmemctl(&words[1..]);
+    let out = text(&shown);
+    assert!(shown.status.success(), "{out}");
+    assert!(out.contains("map epoch 1"), "{out}");
+    assert_eq!(out.matches("live at").count(), 4, "{out}");
+
+    // Without credentials pmemctl is refused and told what to pass.
+    let at = words
+        .iter()
+        .position(|w| *w == "--etcd-credentials")
+        .expect("credentials flag");
+    let mut bare: Vec<&str> = words[1..].to_vec();
+    bare.drain(at - 1..at + 1);
+    let refused = pmemctl(&bare);
+    let out = text(&refused);
+    assert!(!refused.status.success(), "{out}");
+    assert!(
+        out.contains("--etcd-credentials") && out.contains("operator.etcd"),
+        "{out}"
+    );
+
+    // A daemon's own credentials read the map but cannot change it.
+    let creds_dir = Path::new(words[at + 1])
+        .parent()
+        .expect("credentials folder");
+    let server_a = creds_dir.join("server.A.etcd");
+    let mut as_server: Vec<&str> = words[1..].to_vec();
+    as_server[at] = server_a.to_str().expect("path");
+    let last = as_server.len() - 1;
+    as_server[last] = "drain-server";
+    as_server.push("B");
+    let refused = pmemctl(&as_server);
+    let out = text(&refused);
+    assert!(!refused.status.success(), "{out}");
+    assert!(
+        out.contains("pmem-fabric.") && out.contains("may not") && out.contains("intent"),
+        "{out}"
+    );
+
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe {
+        libc::kill(i32::try_from(child.id()).expect("pid"), libc::SIGTERM);
+    }
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    let status = child.wait().expect("wait");
+    assert!(status.success(), "{rest:#?}");
+    assert_eq!(
+        rest.iter().filter(|l| l.ends_with(": stopped")).count(),
+        4,
+        "{rest:#?}"
+    );
+}
