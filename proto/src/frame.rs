@@ -34,12 +34,7 @@ pub mod field {
 pub const HEADER_LEN: usize = 16;
 /// The two bytes every frame starts with.
 pub const MAGIC: [u8; 2] = *b"PF";
-/// The protocol version this crate speaks.
-pub const VERSION: u8 = 1;
-/// Largest data transfer in one frame: WRITE payload, READ length, READ response data.
-pub const MAX_DATA_LEN: u32 = 16 << 20;
-/// Largest body a frame may claim; room for [`MAX_DATA_LEN`] plus a fixed body part.
-pub const MAX_BODY_LEN: u32 = MAX_DATA_LEN + 64;
+pub use crate::limits::{FRAME_VERSION as VERSION, MAX_BODY_LEN, MAX_DATA_LEN};
 /// Largest frame, header included.
 pub const MAX_FRAME_LEN: usize = HEADER_LEN + MAX_BODY_LEN as usize;
 
@@ -367,11 +362,5 @@ mod tests {
         bytes[3] = 0x99;
         let packet = Packet::new_checked(&bytes[..]).unwrap();
         assert_eq!(packet.opcode(), Opcode::Unknown(0x99));
-    }
-
-    #[test]
-    fn max_body_fits_max_data() {
-        assert_eq!(MAX_DATA_LEN, 16 * 1024 * 1024);
-        assert_eq!(MAX_BODY_LEN, 16 * 1024 * 1024 + 64);
     }
 }

@@ -17,9 +17,7 @@ use core::fmt;
 use crate::error::{Error, Result};
 use crate::le;
 
-/// The protocol version every daemon and client of this build speaks; a
-/// peer announcing a lower one is refused with `VERSION_MISMATCH`.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub use crate::limits::{MAX_NAME_LEN, PROTOCOL_VERSION};
 
 /// Byte ranges of a HELLO body.
 pub mod field {
@@ -41,8 +39,6 @@ pub mod field {
 
 /// Length of the fixed part of a HELLO body.
 pub const HEADER_LEN: usize = 14;
-/// Longest name, in bytes.
-pub const MAX_NAME_LEN: usize = 255;
 
 /// A read/write view of a HELLO body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

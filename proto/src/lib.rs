@@ -117,6 +117,7 @@ pub mod error;
 pub mod frame;
 pub mod hello;
 mod le;
+pub mod limits;
 pub mod map;
 pub mod message;
 pub mod opcode;
@@ -132,7 +133,7 @@ pub mod status;
 pub use addr::{AccessKey, PmemAddr, RegionIndex, RegionOffset, VirtAddr};
 pub use decoder::{FrameDecoder, ReadError, ReadOutcome};
 pub use error::{Error, Result};
-pub use hello::PROTOCOL_VERSION;
+pub use limits::PROTOCOL_VERSION;
 pub use message::{
     ERROR_REPLY_LEN, Message, error_reply, error_response, parse_frame, reply_to_malformed,
     unsupported_reply,

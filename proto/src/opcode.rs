@@ -121,6 +121,28 @@ impl Opcode {
         )
     }
 
+    /// Whether a listener (a fabric device or a server) receives this from
+    /// the peer that connected to it: the requests, HELLO, MAP_REQUEST,
+    /// PING, QP_CONNECT, AUTH_PROOF, ROTATE_KEY and SCRUB.
+    ///
+    /// The rest only a listener sends, as answers (responses, MAP, PONG,
+    /// QP_ACCEPT, AUTH_CHALLENGE, SCRUB_REPORT); a listener that receives one
+    /// has no one to answer and drops it. HELLO and AUTH_PROOF go both ways.
+    /// An unknown opcode is not one a listener receives.
+    pub fn listener_receives(self) -> bool {
+        self.is_request()
+            || matches!(
+                self,
+                Opcode::Hello
+                    | Opcode::MapRequest
+                    | Opcode::Ping
+                    | Opcode::QpConnect
+                    | Opcode::AuthProof
+                    | Opcode::RotateKey
+                    | Opcode::Scrub
+            )
+    }
+
     /// The opcode of the response to a frame with this opcode.
     ///
     /// READ is answered by READ_RESPONSE, COMPARE_SWAP and FETCH_ADD by
@@ -291,6 +313,35 @@ mod tests {
         assert!(Opcode::AtomicWrite.is_atomic());
         assert!(!Opcode::Write.is_atomic());
         assert!(!Opcode::Unknown(0x99).is_request());
+    }
+
+    #[test]
+    fn what_a_listener_receives() {
+        let received: Vec<_> = Opcode::ALL
+            .into_iter()
+            .filter(|o| o.listener_receives())
+            .map(Opcode::name)
+            .collect();
+        assert_eq!(
+            received,
+            [
+                "WRITE",
+                "READ",
+                "COMPARE_SWAP",
+                "FETCH_ADD",
+                "FLUSH",
+                "ATOMIC_WRITE",
+                "WRITE_PERSIST",
+                "HELLO",
+                "MAP_REQUEST",
+                "PING",
+                "QP_CONNECT",
+                "AUTH_PROOF",
+                "ROTATE_KEY",
+                "SCRUB"
+            ]
+        );
+        assert!(!Opcode::Unknown(0x77).listener_receives());
     }
 
     #[test]

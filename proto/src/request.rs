@@ -21,7 +21,7 @@
 use core::fmt;
 
 use crate::error::{Error, Result};
-use crate::frame::MAX_DATA_LEN;
+use crate::limits::MAX_DATA_LEN;
 use crate::le;
 use crate::opcode::Opcode;
 use crate::{AccessKey, PmemAddr, RegionIndex, RegionOffset};
@@ -73,8 +73,7 @@ pub mod flags {
 
 /// Length of the fixed part of a request body.
 pub const HEADER_LEN: usize = 56;
-/// Operand width of the atomics, and their `length`.
-pub const ATOMIC_LEN: u32 = 8;
+pub use crate::limits::ATOMIC_LEN;
 
 /// A read/write view of a request body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -307,6 +306,14 @@ impl Operation {
     /// Whether this is an 8-byte atomic.
     pub fn is_atomic(self) -> bool {
         self.opcode().is_atomic()
+    }
+
+    /// How many bytes of memory a request of this operation touches, given
+    /// its `length` field: [`ATOMIC_LEN`] for the atomics, `length` for the
+    /// others (for writes that is the payload's length, see [`Repr::check`]).
+    /// Keys, bounds and grants are checked over this span.
+    pub fn span_len(self, length: u32) -> u32 {
+        if self.is_atomic() { ATOMIC_LEN } else { length }
     }
 }
 
@@ -624,6 +631,12 @@ impl<'a> Repr<'a> {
         }
     }
 
+    /// How many bytes of memory this request touches, starting at its
+    /// target ([`Operation::span_len`]).
+    pub fn span_len(&self) -> u32 {
+        self.operation.span_len(self.length)
+    }
+
     /// Whether the effect must be durable before the acknowledgement: the
     /// PERSIST flag, or an operation that implies it.
     pub fn must_persist(&self) -> bool {
@@ -689,6 +702,30 @@ impl<'a> Repr<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn span_is_the_length_or_the_atomic_width() {
+        let at = Target::Pmem(PmemAddr(0));
+        let key = AccessKey::NONE;
+        assert_eq!(Repr::read(at, key, 4096).span_len(), 4096);
+        assert_eq!(Repr::flush(at, key, 64).span_len(), 64);
+        assert_eq!(Repr::write(at, key, b"hello").span_len(), 5);
+        assert_eq!(Repr::write_persist(at, key, b"hi").span_len(), 2);
+        assert_eq!(Repr::fetch_add(at, key, 1).span_len(), 8);
+        assert_eq!(Repr::compare_swap(at, key, 1, 2).span_len(), 8);
+        assert_eq!(Repr::atomic_write(at, key, 3).span_len(), 8);
+        // An atomic spans its width whatever an unchecked length says.
+        assert_eq!(Operation::FetchAdd.span_len(0), 8);
+        assert_eq!(Operation::Read.span_len(0), 0);
+    }
+
+    #[test]
+    fn a_largest_data_transfer_fits_a_frame_body() {
+        assert!(
+            crate::limits::MAX_BODY_LEN as usize >= HEADER_LEN + MAX_DATA_LEN as usize,
+            "a request of MAX_DATA_LEN must fit a frame"
+        );
+    }
 
     #[test]
     fn operation_index_is_its_place_in_all() {

@@ -10,7 +10,7 @@
 use core::fmt;
 
 use crate::error::{Error, Result};
-use crate::frame::MAX_DATA_LEN;
+use crate::limits::MAX_DATA_LEN;
 use crate::le;
 use crate::opcode::Opcode;
 use crate::status::Status;

@@ -32,8 +32,7 @@
 use crate::error::{Error, Result};
 use crate::le;
 
-/// The most blocks one SCRUB may ask for.
-pub const MAX_BLOCKS: u32 = 1024;
+pub use crate::limits::MAX_SCRUB_BLOCKS as MAX_BLOCKS;
 
 /// Byte ranges of a SCRUB body.
 pub mod field {
