@@ -11,6 +11,7 @@
 use crate::error::{Error, Result};
 use crate::le;
 use crate::opcode::Opcode;
+use crate::view::wire_view;
 
 /// Byte ranges of the frame header.
 pub mod field {
@@ -38,27 +39,15 @@ pub use crate::limits::{FRAME_VERSION as VERSION, MAX_BODY_LEN, MAX_DATA_LEN};
 /// Largest frame, header included.
 pub const MAX_FRAME_LEN: usize = HEADER_LEN + MAX_BODY_LEN as usize;
 
-/// A read/write view of one frame (header and body) in a byte buffer.
-///
-/// The buffer may extend past the frame; [`Packet::frame_len`] says where it ends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Packet<T: AsRef<[u8]>> {
-    buffer: T,
+wire_view! {
+    /// A read/write view of one frame (header and body) in a byte buffer.
+    ///
+    /// The buffer may extend past the frame; [`Packet::frame_len`] says where it ends.
+    pub struct Packet;
+    error: Error;
 }
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    /// Wraps a buffer without checks; accessors may panic if it is malformed.
-    pub const fn new_unchecked(buffer: T) -> Self {
-        Packet { buffer }
-    }
-
-    /// Wraps a buffer after [`Packet::check_len`]; no accessor panics afterwards.
-    pub fn new_checked(buffer: T) -> Result<Self> {
-        let packet = Self::new_unchecked(buffer);
-        packet.check_len()?;
-        Ok(packet)
-    }
-
     /// Checks the header (see [`Header::parse`]) and that the buffer holds
     /// the whole body it announces.
     pub fn check_len(&self) -> Result<()> {
@@ -71,11 +60,6 @@ impl<T: AsRef<[u8]>> Packet<T> {
             });
         }
         Ok(())
-    }
-
-    /// Returns the underlying buffer.
-    pub fn into_inner(self) -> T {
-        self.buffer
     }
 
     /// The magic bytes.

@@ -129,6 +129,7 @@ pub mod response;
 pub mod roce;
 pub mod scrub;
 pub mod status;
+mod view;
 
 pub use addr::{AccessKey, PmemAddr, RegionIndex, RegionOffset, VirtAddr};
 pub use decoder::{FrameDecoder, ReadError, ReadOutcome};

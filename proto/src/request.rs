@@ -21,9 +21,10 @@
 use core::fmt;
 
 use crate::error::{Error, Result};
-use crate::limits::MAX_DATA_LEN;
 use crate::le;
+use crate::limits::MAX_DATA_LEN;
 use crate::opcode::Opcode;
+use crate::view::{len_at_least, wire_view};
 use crate::{AccessKey, PmemAddr, RegionIndex, RegionOffset};
 
 /// Byte ranges of a request body.
@@ -75,41 +76,17 @@ pub mod flags {
 pub const HEADER_LEN: usize = 56;
 pub use crate::limits::ATOMIC_LEN;
 
-/// A read/write view of a request body.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Packet<T: AsRef<[u8]>> {
-    buffer: T,
+wire_view! {
+    /// A read/write view of a request body.
+    pub struct Packet;
+    error: Error;
 }
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    /// Wraps a body without checks; accessors may panic if it is too short.
-    pub const fn new_unchecked(buffer: T) -> Self {
-        Packet { buffer }
-    }
-
-    /// Wraps a body after [`Packet::check_len`]; no accessor panics afterwards.
-    pub fn new_checked(buffer: T) -> Result<Self> {
-        let packet = Self::new_unchecked(buffer);
-        packet.check_len()?;
-        Ok(packet)
-    }
-
     /// Checks that the fixed part is there. Whether the payload fits the
     /// opcode and `length` is checked by [`Repr::parse`].
     pub fn check_len(&self) -> Result<()> {
-        let len = self.buffer.as_ref().len();
-        if len < HEADER_LEN {
-            return Err(Error::Truncated {
-                needed: HEADER_LEN,
-                got: len,
-            });
-        }
-        Ok(())
-    }
-
-    /// Returns the underlying buffer.
-    pub fn into_inner(self) -> T {
-        self.buffer
+        len_at_least(self.buffer.as_ref().len(), HEADER_LEN)
     }
 
     /// The raw flags byte.
