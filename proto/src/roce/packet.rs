@@ -5,7 +5,7 @@
 //! ```
 //!
 //! The ICRC covers the IP and UDP headers too, so it is computed and checked
-//! by [`super::datagram`]; this layer only places it.
+//! by the datagram layer; this layer only places it.
 
 use core::fmt;
 
