@@ -108,6 +108,7 @@
 //! |---|---|
 //! | [`addr`] | the address newtypes: virtual, PMEM, region offset, access key |
 //! | [`auth`] | the challenge–response that proves who is at the other end |
+//! | `code` | what the one-byte opcodes share: conversions and `Display` (private) |
 //! | [`decoder`] | the sans-IO frame decoder that splits a byte stream into frames |
 //! | [`error`] | why bytes are not a frame this crate accepts |
 //! | [`frame`] | the 16-byte frame header |
@@ -137,6 +138,7 @@
 
 pub mod addr;
 pub mod auth;
+mod code;
 pub mod decoder;
 pub mod error;
 pub mod frame;

@@ -6,7 +6,7 @@
 //! messages without an IBTA number use the manufacturer-specific range
 //! (0xC0..=0xFF).
 
-use core::fmt;
+use crate::code::byte_code;
 
 /// What an opcode is: the columns of the table below.
 #[derive(Debug, Clone, Copy, Default)]
@@ -29,8 +29,9 @@ const NO_CLASS: Class = Class {
 };
 
 /// Defines [`Opcode`] from one line per operation: its variant, wire value,
-/// name and class; the conversions, [`Opcode::ALL`], [`Opcode::name`] and
-/// the class tests all follow from that line.
+/// name and class; the conversions and `Display` (`byte_code!`),
+/// [`Opcode::ALL`], [`Opcode::name`] and the class tests all follow from
+/// that line.
 macro_rules! opcodes {
     ($( $(#[$doc:meta])* $name:ident = $value:literal, $text:literal, [$($class:ident),*]; )*) => {
         /// The operation or message kind of a frame (header byte 3).
@@ -70,23 +71,7 @@ macro_rules! opcodes {
             }
         }
 
-        impl From<u8> for Opcode {
-            fn from(value: u8) -> Self {
-                match value {
-                    $( $value => Opcode::$name, )*
-                    other => Opcode::Unknown(other),
-                }
-            }
-        }
-
-        impl From<Opcode> for u8 {
-            fn from(value: Opcode) -> Self {
-                match value {
-                    $( Opcode::$name => $value, )*
-                    Opcode::Unknown(other) => other,
-                }
-            }
-        }
+        byte_code!(Opcode { $($name = $value),* });
     };
 }
 
@@ -179,15 +164,6 @@ impl Opcode {
             Opcode::Read => Opcode::ReadResponse,
             Opcode::CompareSwap | Opcode::FetchAdd => Opcode::AtomicAcknowledge,
             _ => Opcode::Acknowledge,
-        }
-    }
-}
-
-impl fmt::Display for Opcode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Opcode::Unknown(v) => write!(f, "UNKNOWN({v:#04x})"),
-            known => f.write_str(known.name()),
         }
     }
 }

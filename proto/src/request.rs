@@ -80,6 +80,7 @@ wire_view! {
     /// A read/write view of a request body.
     pub struct Packet;
     error: Error;
+    payload: field::PAYLOAD;
 }
 
 impl<T: AsRef<[u8]>> Packet<T> {
@@ -141,13 +142,6 @@ impl<T: AsRef<[u8]>> Packet<T> {
     }
 }
 
-impl<'a, T: AsRef<[u8]> + ?Sized> Packet<&'a T> {
-    /// The bytes after the fixed part.
-    pub fn payload(&self) -> &'a [u8] {
-        &self.buffer.as_ref()[field::PAYLOAD]
-    }
-}
-
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     /// Sets the raw flags byte.
     pub fn set_flags(&mut self, value: u8) {
@@ -197,11 +191,6 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     /// Sets the compare value.
     pub fn set_compare(&mut self, value: u64) {
         le::put_u64(&mut self.buffer.as_mut()[field::COMPARE], value);
-    }
-
-    /// The bytes after the fixed part, mutably.
-    pub fn payload_mut(&mut self) -> &mut [u8] {
-        &mut self.buffer.as_mut()[field::PAYLOAD]
     }
 }
 

@@ -37,6 +37,7 @@ wire_view! {
     /// A read/write view of a response body.
     pub struct Packet;
     error: Error;
+    payload: field::PAYLOAD;
 }
 
 impl<T: AsRef<[u8]>> Packet<T> {
@@ -63,13 +64,6 @@ impl<T: AsRef<[u8]>> Packet<T> {
     }
 }
 
-impl<'a, T: AsRef<[u8]> + ?Sized> Packet<&'a T> {
-    /// The bytes after the fixed part.
-    pub fn payload(&self) -> &'a [u8] {
-        &self.buffer.as_ref()[field::PAYLOAD]
-    }
-}
-
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     /// Sets the status.
     pub fn set_status(&mut self, value: Status) {
@@ -84,11 +78,6 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     /// Sets the value.
     pub fn set_value(&mut self, value: u64) {
         le::put_u64(&mut self.buffer.as_mut()[field::VALUE], value);
-    }
-
-    /// The bytes after the fixed part, mutably.
-    pub fn payload_mut(&mut self) -> &mut [u8] {
-        &mut self.buffer.as_mut()[field::PAYLOAD]
     }
 }
 

@@ -10,7 +10,9 @@ use crate::error::{Error, Result};
 
 /// Defines a read/write view `$name<T: AsRef<[u8]>>` over a buffer, with
 /// `new_unchecked`, `new_checked` (which runs the view's own
-/// `check_len(&self) -> Result<(), $error>`) and `into_inner`.
+/// `check_len(&self) -> Result<(), $error>`) and `into_inner`; given a
+/// `payload` range (the bytes after a fixed part), `payload` and
+/// `payload_mut` too.
 macro_rules! wire_view {
     ($(#[$attr:meta])* pub struct $name:ident; error: $error:ty;) => {
         $(#[$attr])*
@@ -39,6 +41,25 @@ macro_rules! wire_view {
             /// Returns the underlying buffer.
             pub fn into_inner(self) -> T {
                 self.buffer
+            }
+        }
+    };
+    (
+        $(#[$attr:meta])* pub struct $name:ident; error: $error:ty; payload: $payload:expr;
+    ) => {
+        wire_view! { $(#[$attr])* pub struct $name; error: $error; }
+
+        impl<'a, T: AsRef<[u8]> + ?Sized> $name<&'a T> {
+            /// The bytes after the fixed part.
+            pub fn payload(&self) -> &'a [u8] {
+                &self.buffer.as_ref()[$payload]
+            }
+        }
+
+        impl<T: AsRef<[u8]> + AsMut<[u8]>> $name<T> {
+            /// The bytes after the fixed part, mutably.
+            pub fn payload_mut(&mut self) -> &mut [u8] {
+                &mut self.buffer.as_mut()[$payload]
             }
         }
     };
