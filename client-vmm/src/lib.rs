@@ -58,14 +58,4 @@ pub use translate::{StaticTranslator, Translator, VIRT_BASE};
 #[doc = include_str!("../../docs/client-library.md")]
 pub struct ClientLibraryGuide;
 
-/// An error and its causes on one line.
-pub fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
+pub use telemetry::logging::error_chain;

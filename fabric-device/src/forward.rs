@@ -569,15 +569,13 @@ impl Forwarder {
             Message::Scrub(_) => {
                 ClientAction::Reply(error_reply(Opcode::Scrub, tag, Status::Unsupported))
             }
-            Message::Response(_)
-            | Message::Map(_)
-            | Message::Pong(_)
-            | Message::QpAccept(_)
-            | Message::ScrubReport(_)
-            | Message::AuthChallenge(_) => {
+            // Answers only a listener sends: no one to answer.
+            answer if !answer.listener_receives() => {
                 self.metrics.malformed_frames.inc();
                 ClientAction::Nothing
             }
+            // A kind a listener receives that this device does not serve.
+            other => ClientAction::Reply(error_reply(other.opcode(), tag, Status::Unsupported)),
         }
     }
 
@@ -761,11 +759,7 @@ impl Forwarder {
                 (entry.region, at.offset, addr)
             }
         };
-        let len = match req.operation {
-            Operation::Write | Operation::WritePersist => req.payload.len() as u64,
-            op if op.is_atomic() => 8,
-            _ => u64::from(req.length),
-        };
+        let len = u64::from(req.span_len());
         if !policy.allows(addr, len, req.operation.changes_memory()) {
             return Err(Status::AccessDenied);
         }

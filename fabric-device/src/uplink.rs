@@ -295,11 +295,7 @@ impl Uplinks {
         let Some(&(key, region_len)) = self.regions.get(&req.region) else {
             return false;
         };
-        let len = if req.operation.is_atomic() {
-            8
-        } else {
-            u64::from(req.length)
-        };
+        let len = u64::from(req.operation.span_len(req.length));
         let fits = req
             .offset
             .checked_add(len)

@@ -366,11 +366,7 @@ impl Executor {
                 entry.start.checked_add(at.offset)?
             }
         };
-        let len = if req.operation.is_atomic() {
-            8
-        } else {
-            u64::from(req.length)
-        };
+        let len = u64::from(req.span_len());
         gate.denies(number, addr, len, req.operation.changes_memory())
     }
 
@@ -499,22 +495,22 @@ impl Executor {
                 tag,
                 out,
             ),
-            // Responses, MAPs and PONGs are never sent to a server; there is
-            // nobody to answer them for.
             // Authentication is not asked for on this server.
             Message::AuthProof(_) => encode(
                 &proto::error_response(Opcode::AuthProof, Status::Unsupported),
                 tag,
                 out,
             ),
-            Message::Response(_)
-            | Message::Map(_)
-            | Message::Pong(_)
-            | Message::QpAccept(_)
-            | Message::ScrubReport(_)
-            | Message::AuthChallenge(_) => {
+            // Answers only a listener sends: no one to answer.
+            answer if !answer.listener_receives() => {
                 self.metrics.malformed_frames.inc();
             }
+            // A kind a listener receives that this server does not serve.
+            other => encode(
+                &proto::error_response(other.opcode(), Status::Unsupported),
+                tag,
+                out,
+            ),
         }
     }
 
@@ -641,11 +637,7 @@ impl Executor {
     /// Every operation but READ: no data comes back, only a status and value.
     fn execute_in_place(&self, who: Asker, req: &request::Repr<'_>) -> Result<Done, Status> {
         let (region, offset) = self.resolve(req.target)?;
-        let len = match req.operation {
-            Operation::Write | Operation::WritePersist => req.payload.len() as u64,
-            Operation::CompareSwap | Operation::FetchAdd | Operation::AtomicWrite => 8,
-            Operation::Read | Operation::Flush => u64::from(req.length),
-        };
+        let len = u64::from(req.span_len());
         region.span(offset, len)?;
         self.check_key(region, req.key, offset, len)?;
         // Allocator records: checked against their owner, held until applied.

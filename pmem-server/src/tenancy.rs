@@ -141,11 +141,10 @@ impl Tenancy {
         let Some(meta) = &self.meta else {
             return Ok(None);
         };
-        let len = match req.operation {
-            Operation::Read | Operation::Flush => return Ok(None),
-            Operation::Write | Operation::WritePersist => req.payload.len() as u64,
-            Operation::CompareSwap | Operation::FetchAdd | Operation::AtomicWrite => 8,
-        };
+        if !req.operation.changes_memory() {
+            return Ok(None);
+        }
+        let len = u64::from(req.span_len());
         let index = region.entry.region;
         let Some(region_meta) = meta.region(index) else {
             return Ok(None);

@@ -1,6 +1,6 @@
 //! The error type shared by every message family.
 
-use crate::frame::MAX_DATA_LEN;
+use crate::limits::{FRAME_VERSION, MAX_DATA_LEN, MAX_NAME_LEN};
 use crate::status::Status;
 
 /// Why bytes could not be parsed as (or a value could not be emitted as) a frame.
@@ -21,7 +21,7 @@ pub enum Error {
         got: [u8; 2],
     },
     /// The frame header carries a protocol version this crate does not speak.
-    #[error("unsupported frame version {got}, expected {expected}", expected = crate::frame::VERSION)]
+    #[error("unsupported frame version {got}, expected {expected}", expected = FRAME_VERSION)]
     BadVersion {
         /// The version byte found.
         got: u8,
@@ -31,7 +31,7 @@ pub enum Error {
     Oversize {
         /// The claimed (or, when emitting, the actual) body length.
         claimed: u64,
-        /// The limit in force: [`crate::frame::MAX_BODY_LEN`] or a decoder's lower one.
+        /// The limit in force: [`crate::limits::MAX_BODY_LEN`] or a decoder's lower one.
         limit: u64,
     },
     /// A length field disagrees with the bytes actually present.
@@ -54,7 +54,7 @@ pub enum Error {
     },
     /// A well-formed frame carries an opcode this crate does not know.
     ///
-    /// Answer it with [`crate::message::unsupported_reply`].
+    /// Answer it with [`crate::unsupported_reply`].
     #[error("unknown opcode {opcode:#04x} in frame with tag {tag}")]
     UnknownOpcode {
         /// The opcode byte.
@@ -68,8 +68,8 @@ pub enum Error {
         /// The length asked for.
         len: u64,
     },
-    /// A HELLO name longer than [`crate::hello::MAX_NAME_LEN`] bytes.
-    #[error("peer name is {len} bytes, the limit is {limit}", limit = crate::hello::MAX_NAME_LEN)]
+    /// A HELLO name longer than [`MAX_NAME_LEN`] bytes.
+    #[error("peer name is {len} bytes, the limit is {limit}", limit = MAX_NAME_LEN)]
     NameTooLong {
         /// The name's length in bytes.
         len: usize,
@@ -111,7 +111,7 @@ impl Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::frame::MAX_BODY_LEN;
+    use crate::limits::MAX_BODY_LEN;
 
     #[test]
     fn messages_name_the_problem() {

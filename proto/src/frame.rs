@@ -11,6 +11,7 @@
 use crate::error::{Error, Result};
 use crate::le;
 use crate::opcode::Opcode;
+use crate::view::wire_view;
 
 /// Byte ranges of the frame header.
 pub mod field {
@@ -34,36 +35,19 @@ pub mod field {
 pub const HEADER_LEN: usize = 16;
 /// The two bytes every frame starts with.
 pub const MAGIC: [u8; 2] = *b"PF";
-/// The protocol version this crate speaks.
-pub const VERSION: u8 = 1;
-/// Largest data transfer in one frame: WRITE payload, READ length, READ response data.
-pub const MAX_DATA_LEN: u32 = 16 << 20;
-/// Largest body a frame may claim; room for [`MAX_DATA_LEN`] plus a fixed body part.
-pub const MAX_BODY_LEN: u32 = MAX_DATA_LEN + 64;
+pub use crate::limits::{FRAME_VERSION as VERSION, MAX_BODY_LEN, MAX_DATA_LEN};
 /// Largest frame, header included.
 pub const MAX_FRAME_LEN: usize = HEADER_LEN + MAX_BODY_LEN as usize;
 
-/// A read/write view of one frame (header and body) in a byte buffer.
-///
-/// The buffer may extend past the frame; [`Packet::frame_len`] says where it ends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Packet<T: AsRef<[u8]>> {
-    buffer: T,
+wire_view! {
+    /// A read/write view of one frame (header and body) in a byte buffer.
+    ///
+    /// The buffer may extend past the frame; [`Packet::frame_len`] says where it ends.
+    pub struct Packet;
+    error: Error;
 }
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    /// Wraps a buffer without checks; accessors may panic if it is malformed.
-    pub const fn new_unchecked(buffer: T) -> Self {
-        Packet { buffer }
-    }
-
-    /// Wraps a buffer after [`Packet::check_len`]; no accessor panics afterwards.
-    pub fn new_checked(buffer: T) -> Result<Self> {
-        let packet = Self::new_unchecked(buffer);
-        packet.check_len()?;
-        Ok(packet)
-    }
-
     /// Checks the header (see [`Header::parse`]) and that the buffer holds
     /// the whole body it announces.
     pub fn check_len(&self) -> Result<()> {
@@ -76,11 +60,6 @@ impl<T: AsRef<[u8]>> Packet<T> {
             });
         }
         Ok(())
-    }
-
-    /// Returns the underlying buffer.
-    pub fn into_inner(self) -> T {
-        self.buffer
     }
 
     /// The magic bytes.
@@ -367,11 +346,5 @@ mod tests {
         bytes[3] = 0x99;
         let packet = Packet::new_checked(&bytes[..]).unwrap();
         assert_eq!(packet.opcode(), Opcode::Unknown(0x99));
-    }
-
-    #[test]
-    fn max_body_fits_max_data() {
-        assert_eq!(MAX_DATA_LEN, 16 * 1024 * 1024);
-        assert_eq!(MAX_BODY_LEN, 16 * 1024 * 1024 + 64);
     }
 }

@@ -16,10 +16,9 @@ use core::fmt;
 
 use crate::error::{Error, Result};
 use crate::le;
+use crate::view::{len_as_announced, len_at_least, wire_view};
 
-/// The protocol version every daemon and client of this build speaks; a
-/// peer announcing a lower one is refused with `VERSION_MISMATCH`.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub use crate::limits::{MAX_NAME_LEN, PROTOCOL_VERSION};
 
 /// Byte ranges of a HELLO body.
 pub mod field {
@@ -41,51 +40,19 @@ pub mod field {
 
 /// Length of the fixed part of a HELLO body.
 pub const HEADER_LEN: usize = 14;
-/// Longest name, in bytes.
-pub const MAX_NAME_LEN: usize = 255;
 
-/// A read/write view of a HELLO body.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Packet<T: AsRef<[u8]>> {
-    buffer: T,
+wire_view! {
+    /// A read/write view of a HELLO body.
+    pub struct Packet;
+    error: Error;
 }
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    /// Wraps a body without checks; accessors may panic if it is malformed.
-    pub const fn new_unchecked(buffer: T) -> Self {
-        Packet { buffer }
-    }
-
-    /// Wraps a body after [`Packet::check_len`]; no accessor panics afterwards.
-    pub fn new_checked(buffer: T) -> Result<Self> {
-        let packet = Self::new_unchecked(buffer);
-        packet.check_len()?;
-        Ok(packet)
-    }
-
     /// Checks that the fixed part is there and the name fills the rest exactly.
     pub fn check_len(&self) -> Result<()> {
         let len = self.buffer.as_ref().len();
-        if len < HEADER_LEN {
-            return Err(Error::Truncated {
-                needed: HEADER_LEN,
-                got: len,
-            });
-        }
-        let expected = HEADER_LEN + usize::from(self.name_len());
-        if len != expected {
-            return Err(Error::LengthMismatch {
-                what: "hello body",
-                expected,
-                got: len,
-            });
-        }
-        Ok(())
-    }
-
-    /// Returns the underlying buffer.
-    pub fn into_inner(self) -> T {
-        self.buffer
+        len_at_least(len, HEADER_LEN)?;
+        len_as_announced(len, HEADER_LEN + usize::from(self.name_len()), "hello body")
     }
 
     /// Highest protocol version the sender speaks.

@@ -102,6 +102,32 @@
 //! Reserved bytes, undefined flag bits and fields a clear flag disables must
 //! be zero; so every frame this crate accepts re-encodes to the same bytes.
 //!
+//! # Map of the crate
+//!
+//! | module | what it holds |
+//! |---|---|
+//! | [`addr`] | the address newtypes: virtual, PMEM, region offset, access key |
+//! | [`auth`] | the challenge–response that proves who is at the other end |
+//! | `code` | what the one-byte opcodes share: conversions and `Display` (private) |
+//! | [`decoder`] | the sans-IO frame decoder that splits a byte stream into frames |
+//! | [`error`] | why bytes are not a frame this crate accepts |
+//! | [`frame`] | the 16-byte frame header |
+//! | [`hello`] | HELLO: version, role, capabilities, name |
+//! | `le` | little-endian field access (private) |
+//! | [`limits`] | the protocol's versions and size limits, each stated once |
+//! | [`map`] | MAP: the PMEM address map |
+//! | [`message`] | every message kind in one enum; parsing, emitting, error replies |
+//! | [`opcode`] | the frame opcodes, one line per operation |
+//! | [`opening`] | the sans-IO opening of a connection from the connecting side |
+//! | [`ping`] | PING and PONG |
+//! | [`qp`] | QP_CONNECT and QP_ACCEPT: setting up a RoCEv2 queue pair |
+//! | [`request`] | the bodies of the seven one-sided requests |
+//! | [`response`] | the bodies of the three responses |
+//! | [`roce`] | RoCEv2 headers, datagrams, ICRC and the RC queue pair |
+//! | [`scrub`] | SCRUB and SCRUB_REPORT |
+//! | [`status`] | the status every response carries |
+//! | `view` | what every wire view shares: `wire_view!` and the size checks (private) |
+//!
 //! # Errors on a connection
 //!
 //! A frame whose header is bad ([`Error::breaks_framing`]) ends the
@@ -112,11 +138,13 @@
 
 pub mod addr;
 pub mod auth;
+mod code;
 pub mod decoder;
 pub mod error;
 pub mod frame;
 pub mod hello;
 mod le;
+pub mod limits;
 pub mod map;
 pub mod message;
 pub mod opcode;
@@ -128,11 +156,12 @@ pub mod response;
 pub mod roce;
 pub mod scrub;
 pub mod status;
+mod view;
 
 pub use addr::{AccessKey, PmemAddr, RegionIndex, RegionOffset, VirtAddr};
 pub use decoder::{FrameDecoder, ReadError, ReadOutcome};
 pub use error::{Error, Result};
-pub use hello::PROTOCOL_VERSION;
+pub use limits::PROTOCOL_VERSION;
 pub use message::{
     ERROR_REPLY_LEN, Message, error_reply, error_response, parse_frame, reply_to_malformed,
     unsupported_reply,

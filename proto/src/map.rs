@@ -24,6 +24,7 @@
 
 use crate::error::{Error, Result};
 use crate::le;
+use crate::view::{len_as_announced, len_at_least, wire_view};
 use crate::{AccessKey, PmemAddr, RegionIndex};
 
 /// Byte ranges of a MAP body.
@@ -65,48 +66,20 @@ pub const HEADER_LEN: usize = 48;
 /// Length of one entry.
 pub const ENTRY_LEN: usize = 32;
 
-/// A read/write view of a MAP body.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Packet<T: AsRef<[u8]>> {
-    buffer: T,
+wire_view! {
+    /// A read/write view of a MAP body.
+    pub struct Packet;
+    error: Error;
 }
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    /// Wraps a body without checks; accessors may panic if it is malformed.
-    pub const fn new_unchecked(buffer: T) -> Self {
-        Packet { buffer }
-    }
-
-    /// Wraps a body after [`Packet::check_len`]; no accessor panics afterwards.
-    pub fn new_checked(buffer: T) -> Result<Self> {
-        let packet = Self::new_unchecked(buffer);
-        packet.check_len()?;
-        Ok(packet)
-    }
-
     /// Checks that the fixed part is there and `count` entries fill the rest exactly.
     pub fn check_len(&self) -> Result<()> {
         let len = self.buffer.as_ref().len();
-        if len < HEADER_LEN {
-            return Err(Error::Truncated {
-                needed: HEADER_LEN,
-                got: len,
-            });
-        }
+        len_at_least(len, HEADER_LEN)?;
         let expected = HEADER_LEN as u64 + u64::from(self.entry_count()) * ENTRY_LEN as u64;
-        if len as u64 != expected {
-            return Err(Error::LengthMismatch {
-                what: "map body",
-                expected: usize::try_from(expected).unwrap_or(usize::MAX),
-                got: len,
-            });
-        }
-        Ok(())
-    }
-
-    /// Returns the underlying buffer.
-    pub fn into_inner(self) -> T {
-        self.buffer
+        let expected = usize::try_from(expected).unwrap_or(usize::MAX);
+        len_as_announced(len, expected, "map body")
     }
 
     /// The layout digest.

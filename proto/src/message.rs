@@ -68,6 +68,13 @@ impl<'a> Message<'a> {
         }
     }
 
+    /// Whether a listener receives this message from the peer that
+    /// connected to it ([`Opcode::listener_receives`]); a listener drops
+    /// the others (answers only a listener sends) unanswered.
+    pub fn listener_receives(&self) -> bool {
+        self.opcode().listener_receives()
+    }
+
     /// Parses a frame's body according to its opcode (checking the frame
     /// first, so an unchecked packet is fine too).
     ///

@@ -6,119 +6,151 @@
 //! messages without an IBTA number use the manufacturer-specific range
 //! (0xC0..=0xFF).
 
-use core::fmt;
+use crate::code::byte_code;
 
-/// The operation or message kind of a frame (header byte 3).
-///
-/// Unknown values are kept in [`Opcode::Unknown`] so they round-trip and can be
-/// answered with `UNSUPPORTED`. `Opcode::from(u8)` never yields `Unknown` for a
-/// value that has a named variant.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Opcode {
-    /// One-sided write (IBTA RDMA_WRITE_ONLY, 0x0A).
-    Write,
-    /// One-sided read request (IBTA RDMA_READ_REQUEST, 0x0C).
-    Read,
-    /// Data answering a [`Opcode::Read`] (IBTA RDMA_READ_RESPONSE_ONLY, 0x10).
-    ReadResponse,
-    /// Status-only answer (IBTA ACKNOWLEDGE, 0x11).
-    Acknowledge,
-    /// Answer to an atomic carrying the old value (IBTA ATOMIC_ACKNOWLEDGE, 0x12).
-    AtomicAcknowledge,
-    /// 8-byte compare-and-swap (IBTA COMPARE_SWAP, 0x13).
-    CompareSwap,
-    /// 8-byte fetch-and-add (IBTA FETCH_ADD, 0x14).
-    FetchAdd,
-    /// Make a range durable (IBTA FLUSH, 0x1C).
-    Flush,
-    /// 8-byte atomic store (IBTA ATOMIC_WRITE, 0x1D).
-    AtomicWrite,
-    /// Write acknowledged only once durable (0xC0, no IBTA number).
-    WritePersist,
-    /// Connection handshake: version, role, capabilities, name (0xE0).
-    Hello,
-    /// Ask for the address map (0xE1).
-    MapRequest,
-    /// The address map (0xE2).
-    Map,
-    /// Liveness probe (0xE3).
-    Ping,
-    /// Answer to [`Opcode::Ping`] (0xE4).
-    Pong,
-    /// Set up a RoCEv2 queue pair: the client's end (0xE5).
-    QpConnect,
-    /// The device's end of a new queue pair and its R_Keys (0xE6).
-    QpAccept,
-    /// The listener's challenge to prove the connecting principal (0xE7).
-    AuthChallenge,
-    /// A proof of knowing the principal's key (0xE8).
-    AuthProof,
-    /// An operator's order to replace a region's key (0xE9).
-    RotateKey,
+/// What an opcode is: the columns of the table below.
+#[derive(Debug, Clone, Copy, Default)]
+struct Class {
+    /// One of the seven one-sided request operations.
+    request: bool,
+    /// An answer to a request.
+    response: bool,
+    /// An 8-byte atomic.
+    atomic: bool,
+    /// A listener receives it from the peer that connected to it.
+    to_listener: bool,
+}
+
+const NO_CLASS: Class = Class {
+    request: false,
+    response: false,
+    atomic: false,
+    to_listener: false,
+};
+
+/// Defines [`Opcode`] from one line per operation: its variant, wire value,
+/// name and class; the conversions and `Display` (`byte_code!`),
+/// [`Opcode::ALL`], [`Opcode::name`] and the class tests all follow from
+/// that line.
+macro_rules! opcodes {
+    ($( $(#[$doc:meta])* $name:ident = $value:literal, $text:literal, [$($class:ident),*]; )*) => {
+        /// The operation or message kind of a frame (header byte 3).
+        ///
+        /// Unknown values are kept in [`Opcode::Unknown`] so they round-trip and can be
+        /// answered with `UNSUPPORTED`. `Opcode::from(u8)` never yields `Unknown` for a
+        /// value that has a named variant.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum Opcode {
+            $(
+                $(#[$doc])*
+                #[doc = concat!("\n\n`", $text, "` = ", stringify!($value), ".")]
+                $name,
+            )*
+            /// Any other value.
+            Unknown(u8),
+        }
+
+        impl Opcode {
+            /// Every named opcode, in numeric order.
+            pub const ALL: [Opcode; [$($text),*].len()] = [$(Opcode::$name),*];
+
+            /// The name used in logs and metrics, e.g. `"WRITE_PERSIST"`; `"UNKNOWN"`
+            /// for unknown values (whose `Display` adds the number: `UNKNOWN(0x42)`).
+            pub fn name(self) -> &'static str {
+                match self {
+                    $( Opcode::$name => $text, )*
+                    Opcode::Unknown(_) => "UNKNOWN",
+                }
+            }
+
+            const fn class(self) -> Class {
+                match self {
+                    $( Opcode::$name => Class { $($class: true,)* ..NO_CLASS }, )*
+                    Opcode::Unknown(_) => NO_CLASS,
+                }
+            }
+        }
+
+        byte_code!(Opcode { $($name = $value),* });
+    };
+}
+
+opcodes! {
+    /// One-sided write (IBTA RDMA_WRITE_ONLY).
+    Write = 0x0A, "WRITE", [request, to_listener];
+    /// One-sided read request (IBTA RDMA_READ_REQUEST).
+    Read = 0x0C, "READ", [request, to_listener];
+    /// Data answering a [`Opcode::Read`] (IBTA RDMA_READ_RESPONSE_ONLY).
+    ReadResponse = 0x10, "READ_RESPONSE", [response];
+    /// Status-only answer (IBTA ACKNOWLEDGE).
+    Acknowledge = 0x11, "ACKNOWLEDGE", [response];
+    /// Answer to an atomic carrying the old value (IBTA ATOMIC_ACKNOWLEDGE).
+    AtomicAcknowledge = 0x12, "ATOMIC_ACKNOWLEDGE", [response];
+    /// 8-byte compare-and-swap (IBTA COMPARE_SWAP).
+    CompareSwap = 0x13, "COMPARE_SWAP", [request, atomic, to_listener];
+    /// 8-byte fetch-and-add (IBTA FETCH_ADD).
+    FetchAdd = 0x14, "FETCH_ADD", [request, atomic, to_listener];
+    /// Make a range durable (IBTA FLUSH).
+    Flush = 0x1C, "FLUSH", [request, to_listener];
+    /// 8-byte atomic store (IBTA ATOMIC_WRITE).
+    AtomicWrite = 0x1D, "ATOMIC_WRITE", [request, atomic, to_listener];
+    /// Write acknowledged only once durable (no IBTA number).
+    WritePersist = 0xC0, "WRITE_PERSIST", [request, to_listener];
+    /// Connection handshake: version, role, capabilities, name; the
+    /// listener answers with its own.
+    Hello = 0xE0, "HELLO", [to_listener];
+    /// Ask for the address map.
+    MapRequest = 0xE1, "MAP_REQUEST", [to_listener];
+    /// The address map.
+    Map = 0xE2, "MAP", [];
+    /// Liveness probe.
+    Ping = 0xE3, "PING", [to_listener];
+    /// Answer to [`Opcode::Ping`].
+    Pong = 0xE4, "PONG", [];
+    /// Set up a RoCEv2 queue pair: the client's end.
+    QpConnect = 0xE5, "QP_CONNECT", [to_listener];
+    /// The device's end of a new queue pair and its R_Keys.
+    QpAccept = 0xE6, "QP_ACCEPT", [];
+    /// The listener's challenge to prove the connecting principal.
+    AuthChallenge = 0xE7, "AUTH_CHALLENGE", [];
+    /// A proof of knowing the principal's key (the listener answers with
+    /// its own).
+    AuthProof = 0xE8, "AUTH_PROOF", [to_listener];
+    /// An operator's order to replace a region's key.
+    RotateKey = 0xE9, "ROTATE_KEY", [to_listener];
     /// An operator's order to check a region's blocks against their
-    /// checksums (0xEA).
-    Scrub,
-    /// What a [`Opcode::Scrub`] found (0xEB).
-    ScrubReport,
-    /// Any other value.
-    Unknown(u8),
+    /// checksums.
+    Scrub = 0xEA, "SCRUB", [to_listener];
+    /// What a [`Opcode::Scrub`] found.
+    ScrubReport = 0xEB, "SCRUB_REPORT", [];
 }
 
 impl Opcode {
-    /// Every named opcode, in numeric order.
-    pub const ALL: [Opcode; 22] = [
-        Opcode::Write,
-        Opcode::Read,
-        Opcode::ReadResponse,
-        Opcode::Acknowledge,
-        Opcode::AtomicAcknowledge,
-        Opcode::CompareSwap,
-        Opcode::FetchAdd,
-        Opcode::Flush,
-        Opcode::AtomicWrite,
-        Opcode::WritePersist,
-        Opcode::Hello,
-        Opcode::MapRequest,
-        Opcode::Map,
-        Opcode::Ping,
-        Opcode::Pong,
-        Opcode::QpConnect,
-        Opcode::QpAccept,
-        Opcode::AuthChallenge,
-        Opcode::AuthProof,
-        Opcode::RotateKey,
-        Opcode::Scrub,
-        Opcode::ScrubReport,
-    ];
-
     /// Whether this is one of the seven one-sided request operations.
     pub fn is_request(self) -> bool {
-        matches!(
-            self,
-            Opcode::Write
-                | Opcode::Read
-                | Opcode::CompareSwap
-                | Opcode::FetchAdd
-                | Opcode::Flush
-                | Opcode::AtomicWrite
-                | Opcode::WritePersist
-        )
+        self.class().request
     }
 
     /// Whether this answers a request (READ response, ACK, atomic ACK).
     pub fn is_response(self) -> bool {
-        matches!(
-            self,
-            Opcode::ReadResponse | Opcode::Acknowledge | Opcode::AtomicAcknowledge
-        )
+        self.class().response
     }
 
     /// Whether this is an 8-byte atomic operation.
     pub fn is_atomic(self) -> bool {
-        matches!(
-            self,
-            Opcode::CompareSwap | Opcode::FetchAdd | Opcode::AtomicWrite
-        )
+        self.class().atomic
+    }
+
+    /// Whether a listener (a fabric device or a server) receives this from
+    /// the peer that connected to it: the requests, HELLO, MAP_REQUEST,
+    /// PING, QP_CONNECT, AUTH_PROOF, ROTATE_KEY and SCRUB.
+    ///
+    /// The rest only a listener sends, as answers (responses, MAP, PONG,
+    /// QP_ACCEPT, AUTH_CHALLENGE, SCRUB_REPORT); a listener that receives one
+    /// has no one to answer and drops it. HELLO and AUTH_PROOF go both ways.
+    /// An unknown opcode is not one a listener receives.
+    pub fn listener_receives(self) -> bool {
+        self.class().to_listener
     }
 
     /// The opcode of the response to a frame with this opcode.
@@ -132,105 +164,6 @@ impl Opcode {
             Opcode::Read => Opcode::ReadResponse,
             Opcode::CompareSwap | Opcode::FetchAdd => Opcode::AtomicAcknowledge,
             _ => Opcode::Acknowledge,
-        }
-    }
-
-    /// The name used in logs and metrics, e.g. `"WRITE_PERSIST"`; `"UNKNOWN"`
-    /// for unknown values (whose `Display` adds the number: `UNKNOWN(0x42)`).
-    pub fn name(self) -> &'static str {
-        match self {
-            Opcode::Write => "WRITE",
-            Opcode::Read => "READ",
-            Opcode::ReadResponse => "READ_RESPONSE",
-            Opcode::Acknowledge => "ACKNOWLEDGE",
-            Opcode::AtomicAcknowledge => "ATOMIC_ACKNOWLEDGE",
-            Opcode::CompareSwap => "COMPARE_SWAP",
-            Opcode::FetchAdd => "FETCH_ADD",
-            Opcode::Flush => "FLUSH",
-            Opcode::AtomicWrite => "ATOMIC_WRITE",
-            Opcode::WritePersist => "WRITE_PERSIST",
-            Opcode::Hello => "HELLO",
-            Opcode::MapRequest => "MAP_REQUEST",
-            Opcode::Map => "MAP",
-            Opcode::Ping => "PING",
-            Opcode::Pong => "PONG",
-            Opcode::QpConnect => "QP_CONNECT",
-            Opcode::QpAccept => "QP_ACCEPT",
-            Opcode::AuthChallenge => "AUTH_CHALLENGE",
-            Opcode::AuthProof => "AUTH_PROOF",
-            Opcode::RotateKey => "ROTATE_KEY",
-            Opcode::Scrub => "SCRUB",
-            Opcode::ScrubReport => "SCRUB_REPORT",
-            Opcode::Unknown(_) => "UNKNOWN",
-        }
-    }
-}
-
-impl From<u8> for Opcode {
-    fn from(value: u8) -> Self {
-        match value {
-            0x0A => Opcode::Write,
-            0x0C => Opcode::Read,
-            0x10 => Opcode::ReadResponse,
-            0x11 => Opcode::Acknowledge,
-            0x12 => Opcode::AtomicAcknowledge,
-            0x13 => Opcode::CompareSwap,
-            0x14 => Opcode::FetchAdd,
-            0x1C => Opcode::Flush,
-            0x1D => Opcode::AtomicWrite,
-            0xC0 => Opcode::WritePersist,
-            0xE0 => Opcode::Hello,
-            0xE1 => Opcode::MapRequest,
-            0xE2 => Opcode::Map,
-            0xE3 => Opcode::Ping,
-            0xE4 => Opcode::Pong,
-            0xE5 => Opcode::QpConnect,
-            0xE6 => Opcode::QpAccept,
-            0xE7 => Opcode::AuthChallenge,
-            0xE8 => Opcode::AuthProof,
-            0xE9 => Opcode::RotateKey,
-            0xEA => Opcode::Scrub,
-            0xEB => Opcode::ScrubReport,
-            other => Opcode::Unknown(other),
-        }
-    }
-}
-
-impl From<Opcode> for u8 {
-    fn from(value: Opcode) -> Self {
-        match value {
-            Opcode::Write => 0x0A,
-            Opcode::Read => 0x0C,
-            Opcode::ReadResponse => 0x10,
-            Opcode::Acknowledge => 0x11,
-            Opcode::AtomicAcknowledge => 0x12,
-            Opcode::CompareSwap => 0x13,
-            Opcode::FetchAdd => 0x14,
-            Opcode::Flush => 0x1C,
-            Opcode::AtomicWrite => 0x1D,
-            Opcode::WritePersist => 0xC0,
-            Opcode::Hello => 0xE0,
-            Opcode::MapRequest => 0xE1,
-            Opcode::Map => 0xE2,
-            Opcode::Ping => 0xE3,
-            Opcode::Pong => 0xE4,
-            Opcode::QpConnect => 0xE5,
-            Opcode::QpAccept => 0xE6,
-            Opcode::AuthChallenge => 0xE7,
-            Opcode::AuthProof => 0xE8,
-            Opcode::RotateKey => 0xE9,
-            Opcode::Scrub => 0xEA,
-            Opcode::ScrubReport => 0xEB,
-            Opcode::Unknown(other) => other,
-        }
-    }
-}
-
-impl fmt::Display for Opcode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Opcode::Unknown(v) => write!(f, "UNKNOWN({v:#04x})"),
-            known => f.write_str(known.name()),
         }
     }
 }
@@ -291,6 +224,35 @@ mod tests {
         assert!(Opcode::AtomicWrite.is_atomic());
         assert!(!Opcode::Write.is_atomic());
         assert!(!Opcode::Unknown(0x99).is_request());
+    }
+
+    #[test]
+    fn what_a_listener_receives() {
+        let received: Vec<_> = Opcode::ALL
+            .into_iter()
+            .filter(|o| o.listener_receives())
+            .map(Opcode::name)
+            .collect();
+        assert_eq!(
+            received,
+            [
+                "WRITE",
+                "READ",
+                "COMPARE_SWAP",
+                "FETCH_ADD",
+                "FLUSH",
+                "ATOMIC_WRITE",
+                "WRITE_PERSIST",
+                "HELLO",
+                "MAP_REQUEST",
+                "PING",
+                "QP_CONNECT",
+                "AUTH_PROOF",
+                "ROTATE_KEY",
+                "SCRUB"
+            ]
+        );
+        assert!(!Opcode::Unknown(0x77).listener_receives());
     }
 
     #[test]

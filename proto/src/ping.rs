@@ -6,6 +6,7 @@
 
 use crate::error::{Error, Result};
 use crate::le;
+use crate::view::{len_exactly, wire_view};
 
 /// Byte ranges of a PING / PONG body.
 pub mod field {
@@ -18,47 +19,16 @@ pub mod field {
 /// Length of a PING / PONG body.
 pub const HEADER_LEN: usize = 8;
 
-/// A read/write view of a PING / PONG body.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Packet<T: AsRef<[u8]>> {
-    buffer: T,
+wire_view! {
+    /// A read/write view of a PING / PONG body.
+    pub struct Packet;
+    error: Error;
 }
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    /// Wraps a body without checks; accessors may panic if it is too short.
-    pub const fn new_unchecked(buffer: T) -> Self {
-        Packet { buffer }
-    }
-
-    /// Wraps a body after [`Packet::check_len`]; no accessor panics afterwards.
-    pub fn new_checked(buffer: T) -> Result<Self> {
-        let packet = Self::new_unchecked(buffer);
-        packet.check_len()?;
-        Ok(packet)
-    }
-
     /// Checks that the body is exactly [`HEADER_LEN`] bytes.
     pub fn check_len(&self) -> Result<()> {
-        let len = self.buffer.as_ref().len();
-        if len < HEADER_LEN {
-            return Err(Error::Truncated {
-                needed: HEADER_LEN,
-                got: len,
-            });
-        }
-        if len > HEADER_LEN {
-            return Err(Error::LengthMismatch {
-                what: "ping body",
-                expected: HEADER_LEN,
-                got: len,
-            });
-        }
-        Ok(())
-    }
-
-    /// Returns the underlying buffer.
-    pub fn into_inner(self) -> T {
-        self.buffer
+        len_exactly(self.buffer.as_ref().len(), HEADER_LEN, "ping body")
     }
 
     /// The opaque value.

@@ -93,8 +93,7 @@ pub mod caps {
     /// Every bit this version knows.
     pub const KNOWN: u64 = FLUSH_PERSISTENT | ATOMIC_WRITE | RXE_FLUSH_ICRC;
 }
-/// Most R_Key entries a QP_ACCEPT may carry.
-pub const MAX_RKEYS: usize = 1 << 16;
+pub use crate::limits::MAX_RKEYS;
 
 /// One end of a queue pair.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -21,9 +21,10 @@
 use core::fmt;
 
 use crate::error::{Error, Result};
-use crate::frame::MAX_DATA_LEN;
 use crate::le;
+use crate::limits::MAX_DATA_LEN;
 use crate::opcode::Opcode;
+use crate::view::{len_at_least, wire_view};
 use crate::{AccessKey, PmemAddr, RegionIndex, RegionOffset};
 
 /// Byte ranges of a request body.
@@ -73,44 +74,20 @@ pub mod flags {
 
 /// Length of the fixed part of a request body.
 pub const HEADER_LEN: usize = 56;
-/// Operand width of the atomics, and their `length`.
-pub const ATOMIC_LEN: u32 = 8;
+pub use crate::limits::ATOMIC_LEN;
 
-/// A read/write view of a request body.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Packet<T: AsRef<[u8]>> {
-    buffer: T,
+wire_view! {
+    /// A read/write view of a request body.
+    pub struct Packet;
+    error: Error;
+    payload: field::PAYLOAD;
 }
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    /// Wraps a body without checks; accessors may panic if it is too short.
-    pub const fn new_unchecked(buffer: T) -> Self {
-        Packet { buffer }
-    }
-
-    /// Wraps a body after [`Packet::check_len`]; no accessor panics afterwards.
-    pub fn new_checked(buffer: T) -> Result<Self> {
-        let packet = Self::new_unchecked(buffer);
-        packet.check_len()?;
-        Ok(packet)
-    }
-
     /// Checks that the fixed part is there. Whether the payload fits the
     /// opcode and `length` is checked by [`Repr::parse`].
     pub fn check_len(&self) -> Result<()> {
-        let len = self.buffer.as_ref().len();
-        if len < HEADER_LEN {
-            return Err(Error::Truncated {
-                needed: HEADER_LEN,
-                got: len,
-            });
-        }
-        Ok(())
-    }
-
-    /// Returns the underlying buffer.
-    pub fn into_inner(self) -> T {
-        self.buffer
+        len_at_least(self.buffer.as_ref().len(), HEADER_LEN)
     }
 
     /// The raw flags byte.
@@ -165,13 +142,6 @@ impl<T: AsRef<[u8]>> Packet<T> {
     }
 }
 
-impl<'a, T: AsRef<[u8]> + ?Sized> Packet<&'a T> {
-    /// The bytes after the fixed part.
-    pub fn payload(&self) -> &'a [u8] {
-        &self.buffer.as_ref()[field::PAYLOAD]
-    }
-}
-
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     /// Sets the raw flags byte.
     pub fn set_flags(&mut self, value: u8) {
@@ -221,11 +191,6 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     /// Sets the compare value.
     pub fn set_compare(&mut self, value: u64) {
         le::put_u64(&mut self.buffer.as_mut()[field::COMPARE], value);
-    }
-
-    /// The bytes after the fixed part, mutably.
-    pub fn payload_mut(&mut self) -> &mut [u8] {
-        &mut self.buffer.as_mut()[field::PAYLOAD]
     }
 }
 
@@ -307,6 +272,14 @@ impl Operation {
     /// Whether this is an 8-byte atomic.
     pub fn is_atomic(self) -> bool {
         self.opcode().is_atomic()
+    }
+
+    /// How many bytes of memory a request of this operation touches, given
+    /// its `length` field: [`ATOMIC_LEN`] for the atomics, `length` for the
+    /// others (for writes that is the payload's length, see [`Repr::check`]).
+    /// Keys, bounds and grants are checked over this span.
+    pub fn span_len(self, length: u32) -> u32 {
+        if self.is_atomic() { ATOMIC_LEN } else { length }
     }
 }
 
@@ -624,6 +597,12 @@ impl<'a> Repr<'a> {
         }
     }
 
+    /// How many bytes of memory this request touches, starting at its
+    /// target ([`Operation::span_len`]).
+    pub fn span_len(&self) -> u32 {
+        self.operation.span_len(self.length)
+    }
+
     /// Whether the effect must be durable before the acknowledgement: the
     /// PERSIST flag, or an operation that implies it.
     pub fn must_persist(&self) -> bool {
@@ -689,6 +668,30 @@ impl<'a> Repr<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn span_is_the_length_or_the_atomic_width() {
+        let at = Target::Pmem(PmemAddr(0));
+        let key = AccessKey::NONE;
+        assert_eq!(Repr::read(at, key, 4096).span_len(), 4096);
+        assert_eq!(Repr::flush(at, key, 64).span_len(), 64);
+        assert_eq!(Repr::write(at, key, b"hello").span_len(), 5);
+        assert_eq!(Repr::write_persist(at, key, b"hi").span_len(), 2);
+        assert_eq!(Repr::fetch_add(at, key, 1).span_len(), 8);
+        assert_eq!(Repr::compare_swap(at, key, 1, 2).span_len(), 8);
+        assert_eq!(Repr::atomic_write(at, key, 3).span_len(), 8);
+        // An atomic spans its width whatever an unchecked length says.
+        assert_eq!(Operation::FetchAdd.span_len(0), 8);
+        assert_eq!(Operation::Read.span_len(0), 0);
+    }
+
+    #[test]
+    fn a_largest_data_transfer_fits_a_frame_body() {
+        assert!(
+            crate::limits::MAX_BODY_LEN as usize >= HEADER_LEN + MAX_DATA_LEN as usize,
+            "a request of MAX_DATA_LEN must fit a frame"
+        );
+    }
 
     #[test]
     fn operation_index_is_its_place_in_all() {

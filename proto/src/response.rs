@@ -10,10 +10,11 @@
 use core::fmt;
 
 use crate::error::{Error, Result};
-use crate::frame::MAX_DATA_LEN;
 use crate::le;
+use crate::limits::MAX_DATA_LEN;
 use crate::opcode::Opcode;
 use crate::status::Status;
+use crate::view::{len_at_least, wire_view};
 
 /// Byte ranges of a response body.
 pub mod field {
@@ -32,40 +33,17 @@ pub mod field {
 /// Length of the fixed part of a response body.
 pub const HEADER_LEN: usize = 16;
 
-/// A read/write view of a response body.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Packet<T: AsRef<[u8]>> {
-    buffer: T,
+wire_view! {
+    /// A read/write view of a response body.
+    pub struct Packet;
+    error: Error;
+    payload: field::PAYLOAD;
 }
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    /// Wraps a body without checks; accessors may panic if it is too short.
-    pub const fn new_unchecked(buffer: T) -> Self {
-        Packet { buffer }
-    }
-
-    /// Wraps a body after [`Packet::check_len`]; no accessor panics afterwards.
-    pub fn new_checked(buffer: T) -> Result<Self> {
-        let packet = Self::new_unchecked(buffer);
-        packet.check_len()?;
-        Ok(packet)
-    }
-
     /// Checks that the fixed part is there.
     pub fn check_len(&self) -> Result<()> {
-        let len = self.buffer.as_ref().len();
-        if len < HEADER_LEN {
-            return Err(Error::Truncated {
-                needed: HEADER_LEN,
-                got: len,
-            });
-        }
-        Ok(())
-    }
-
-    /// Returns the underlying buffer.
-    pub fn into_inner(self) -> T {
-        self.buffer
+        len_at_least(self.buffer.as_ref().len(), HEADER_LEN)
     }
 
     /// The status.
@@ -86,13 +64,6 @@ impl<T: AsRef<[u8]>> Packet<T> {
     }
 }
 
-impl<'a, T: AsRef<[u8]> + ?Sized> Packet<&'a T> {
-    /// The bytes after the fixed part.
-    pub fn payload(&self) -> &'a [u8] {
-        &self.buffer.as_ref()[field::PAYLOAD]
-    }
-}
-
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     /// Sets the status.
     pub fn set_status(&mut self, value: Status) {
@@ -107,11 +78,6 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     /// Sets the value.
     pub fn set_value(&mut self, value: u64) {
         le::put_u64(&mut self.buffer.as_mut()[field::VALUE], value);
-    }
-
-    /// The bytes after the fixed part, mutably.
-    pub fn payload_mut(&mut self) -> &mut [u8] {
-        &mut self.buffer.as_mut()[field::PAYLOAD]
     }
 }
 

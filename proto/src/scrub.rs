@@ -31,9 +31,9 @@
 
 use crate::error::{Error, Result};
 use crate::le;
+use crate::view::{len_at_least, len_exactly, wire_view};
 
-/// The most blocks one SCRUB may ask for.
-pub const MAX_BLOCKS: u32 = 1024;
+pub use crate::limits::MAX_SCRUB_BLOCKS as MAX_BLOCKS;
 
 /// Byte ranges of a SCRUB body.
 pub mod field {
@@ -74,28 +74,16 @@ pub const HEADER_LEN: usize = 16;
 /// Length of a SCRUB_REPORT body's fixed part.
 pub const REPORT_HEADER_LEN: usize = 40;
 
-/// A read/write view of a SCRUB body.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Packet<T: AsRef<[u8]>> {
-    buffer: T,
+wire_view! {
+    /// A read/write view of a SCRUB body.
+    pub struct Packet;
+    error: Error;
 }
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    /// Wraps a body without checks; accessors may panic if it is too short.
-    pub const fn new_unchecked(buffer: T) -> Self {
-        Packet { buffer }
-    }
-
-    /// Wraps a body after [`Packet::check_len`]; no accessor panics afterwards.
-    pub fn new_checked(buffer: T) -> Result<Self> {
-        let packet = Self::new_unchecked(buffer);
-        packet.check_len()?;
-        Ok(packet)
-    }
-
     /// Checks that the body is exactly [`HEADER_LEN`] bytes.
     pub fn check_len(&self) -> Result<()> {
-        exact_len(self.buffer.as_ref().len(), HEADER_LEN, "scrub body")
+        len_exactly(self.buffer.as_ref().len(), HEADER_LEN, "scrub body")
     }
 
     /// The region index.
@@ -129,23 +117,6 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     pub fn set_first(&mut self, value: u64) {
         le::put_u64(&mut self.buffer.as_mut()[field::FIRST], value);
     }
-}
-
-fn exact_len(len: usize, expected: usize, what: &'static str) -> Result<()> {
-    if len < expected {
-        return Err(Error::Truncated {
-            needed: expected,
-            got: len,
-        });
-    }
-    if len > expected {
-        return Err(Error::LengthMismatch {
-            what,
-            expected,
-            got: len,
-        });
-    }
-    Ok(())
 }
 
 /// A parsed SCRUB body.
@@ -197,40 +168,22 @@ impl Repr {
     }
 }
 
-/// A read/write view of a SCRUB_REPORT body.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ReportPacket<T: AsRef<[u8]>> {
-    buffer: T,
+wire_view! {
+    /// A read/write view of a SCRUB_REPORT body.
+    pub struct ReportPacket;
+    error: Error;
 }
 
 impl<T: AsRef<[u8]>> ReportPacket<T> {
-    /// Wraps a body without checks; accessors may panic if it is too short.
-    pub const fn new_unchecked(buffer: T) -> Self {
-        ReportPacket { buffer }
-    }
-
-    /// Wraps a body after [`ReportPacket::check_len`]; no accessor panics
-    /// afterwards.
-    pub fn new_checked(buffer: T) -> Result<Self> {
-        let packet = Self::new_unchecked(buffer);
-        packet.check_len()?;
-        Ok(packet)
-    }
-
     /// Checks that the body holds the fixed part and exactly the blocks
     /// its count announces.
     pub fn check_len(&self) -> Result<()> {
         let len = self.buffer.as_ref().len();
-        if len < REPORT_HEADER_LEN {
-            return Err(Error::Truncated {
-                needed: REPORT_HEADER_LEN,
-                got: len,
-            });
-        }
+        len_at_least(len, REPORT_HEADER_LEN)?;
         let expected = (self.count() as usize)
             .saturating_mul(8)
             .saturating_add(REPORT_HEADER_LEN);
-        exact_len(len, expected, "scrub report body")
+        len_exactly(len, expected, "scrub report body")
     }
 
     fn u32_field(&self, field: crate::Field) -> u32 {

@@ -7,8 +7,8 @@ use prometheus_client::encoding::{EncodeMetric, MetricEncoder};
 use prometheus_client::metrics::family;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 
+use crate::error::RegistryError;
 use crate::metric::{Counter, Metric};
-use crate::registry::RegistryError;
 
 /// Label (name, value) pairs, in the order of the family's label names.
 type LabelSet = Vec<(String, String)>;

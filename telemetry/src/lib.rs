@@ -14,6 +14,22 @@
 //! - [`logging::init`] sends the daemons' `tracing` events to stderr, as text
 //!   or JSON, inside a root span naming the daemon and its id.
 //!
+//! # Map of the crate
+//!
+//! | module | what it holds |
+//! |---|---|
+//! | `admin` | the admin HTTP endpoint: `/metrics` and `/healthz` |
+//! | `client` | the blocking HTTP GET client and a metric sum over scraped text |
+//! | `error` | [`RegistryError`]: why a metric was refused |
+//! | `family` | labelled families of metrics ([`Family`], [`CounterTable`]) |
+//! | [`logging`] | `tracing` to stderr as text or JSON; [`error_chain`] |
+//! | `metric` | the metric values: counters, gauges, histograms |
+//! | `process` | the process's own CPU and memory metrics |
+//! | `promtool` | `promtool check metrics` over rendered text |
+//! | `registry` | the registry that names, validates and renders the metrics |
+//!
+//! # Example
+//!
 //! ```
 //! use telemetry::{Histogram, Registry};
 //!
@@ -36,6 +52,7 @@
 
 mod admin;
 mod client;
+mod error;
 mod family;
 pub mod logging;
 mod metric;
@@ -45,11 +62,13 @@ mod registry;
 
 pub use admin::{AdminError, AdminServer, Health, HealthCheck, METRICS_CONTENT_TYPE};
 pub use client::{http_get, metric_sum};
+pub use error::RegistryError;
 pub use family::{CounterTable, Family};
+pub use logging::error_chain;
 pub use metric::{Counter, Gauge, GaugeF64, Histogram, Metric};
 pub use process::{cpu_seconds, register_process_metrics, thread_cpu_time};
 pub use promtool::promtool_check;
-pub use registry::{Registry, RegistryError, SampleFn};
+pub use registry::{Registry, SampleFn};
 
 use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 

@@ -13,7 +13,7 @@ use std::time::Duration;
 use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::{MetricType, TypedMetric, counter, gauge};
 
-use crate::registry::RegistryError;
+use crate::error::RegistryError;
 
 pub(crate) mod sealed {
     /// Keeps [`Metric`](super::Metric) implemented by this crate's types only.

@@ -354,13 +354,7 @@ struct WorkerArgs {
 
 /// Prints an error with its whole cause chain.
 fn print_chain(err: &dyn std::error::Error) {
-    eprint!("error: {err}");
-    let mut source = err.source();
-    while let Some(cause) = source {
-        eprint!(": {cause}");
-        source = cause.source();
-    }
-    eprintln!();
+    eprintln!("error: {}", telemetry::logging::error_chain(err));
 }
 
 fn validate(file: Option<&PathBuf>, hosts: &[String]) -> ExitCode {

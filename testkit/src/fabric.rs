@@ -361,12 +361,7 @@ impl FabricSpec {
 fn write_checked(path: &Path, text: &str) -> PathBuf {
     std::fs::write(path, text).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
     let topology = Topology::load_with(path, &EnvOverrides::None).unwrap_or_else(|e| {
-        let mut why = e.to_string();
-        let mut source = std::error::Error::source(&e);
-        while let Some(cause) = source {
-            let _ = write!(why, ": {cause}");
-            source = cause.source();
-        }
+        let why = telemetry::logging::error_chain(&e);
         panic!("testkit wrote a topology that does not load: {why}\n{text}")
     });
     if let Err(errors) = topology.validate() {

@@ -179,10 +179,7 @@ impl Owned {
 
     /// The FLUSH that makes this request's bytes durable.
     fn flush(&self) -> request::Repr<'static> {
-        let len = match self.operation {
-            Operation::Write | Operation::WritePersist => self.length,
-            _ => 8,
-        };
+        let len = self.operation.span_len(self.length);
         request::Repr::flush(Target::Pmem(self.pmem), self.key, len)
     }
 }

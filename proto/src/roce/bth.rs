@@ -141,7 +141,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
 }
 
 /// A parsed BTH. The pad count is not kept: it follows from the payload
-/// length, and [`super::packet::Repr::emit`] writes it.
+/// length, and the transport packet's `Repr::emit` writes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Repr {
     /// The opcode.

@@ -1,29 +1,17 @@
 //! The parts every fixed-size RoCE header view shares.
 
-/// Defines `Packet<T>` for a fixed-size header: `new_unchecked`, `new_checked`
-/// (at least `HEADER_LEN` bytes; extra bytes belong to what follows),
-/// `check_len` and `into_inner`.
+/// Defines `Packet<T>` for a fixed-size header (a `wire_view`) and its
+/// `check_len`: at least `HEADER_LEN` bytes; extra bytes belong to what
+/// follows.
 macro_rules! fixed_header {
     ($what:literal) => {
-        /// A read/write view of the header at the start of a buffer.
-        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-        pub struct Packet<T: AsRef<[u8]>> {
-            buffer: T,
+        $crate::view::wire_view! {
+            /// A read/write view of the header at the start of a buffer.
+            pub struct Packet;
+            error: $crate::roce::Error;
         }
 
         impl<T: AsRef<[u8]>> Packet<T> {
-            /// Wraps a buffer without checks; accessors panic if it is short.
-            pub const fn new_unchecked(buffer: T) -> Self {
-                Packet { buffer }
-            }
-
-            /// Wraps a buffer after [`Packet::check_len`]; no accessor panics afterwards.
-            pub fn new_checked(buffer: T) -> $crate::roce::Result<Self> {
-                let packet = Self::new_unchecked(buffer);
-                packet.check_len()?;
-                Ok(packet)
-            }
-
             /// Checks that the buffer holds at least [`HEADER_LEN`] bytes.
             pub fn check_len(&self) -> $crate::roce::Result<()> {
                 let got = self.buffer.as_ref().len();
@@ -31,11 +19,6 @@ macro_rules! fixed_header {
                     return Err($crate::roce::error::truncated($what, HEADER_LEN, got));
                 }
                 Ok(())
-            }
-
-            /// Returns the underlying buffer.
-            pub fn into_inner(self) -> T {
-                self.buffer
             }
         }
     };

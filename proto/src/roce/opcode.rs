@@ -4,7 +4,7 @@
 //! five the operation. Values are IBTA's; FLUSH and ATOMIC_WRITE come from the
 //! 1.5 memory placement extensions.
 
-use core::fmt;
+use crate::code::byte_code;
 
 /// The headers that follow the BTH for one opcode, in wire order:
 /// FETH, RETH, AtomicETH, AETH, AtomicAckETH, ImmDt, IETH, then the payload.
@@ -69,23 +69,7 @@ macro_rules! opcodes {
             Unknown(u8),
         }
 
-        impl From<u8> for Opcode {
-            fn from(value: u8) -> Self {
-                match value {
-                    $( $value => Opcode::$name, )*
-                    other => Opcode::Unknown(other),
-                }
-            }
-        }
-
-        impl From<Opcode> for u8 {
-            fn from(opcode: Opcode) -> u8 {
-                match opcode {
-                    $( Opcode::$name => $value, )*
-                    Opcode::Unknown(other) => other,
-                }
-            }
-        }
+        byte_code!(Opcode { $($name = $value),* });
 
         impl Opcode {
             /// The headers after the BTH; `None` for an unknown opcode.
@@ -215,15 +199,6 @@ impl Opcode {
                 | Opcode::ReadResponseMiddle
                 | Opcode::Unknown(_)
         )
-    }
-}
-
-impl fmt::Display for Opcode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Opcode::Unknown(v) => write!(f, "UNKNOWN({v:#04x})"),
-            known => f.write_str(known.name()),
-        }
     }
 }
 

@@ -5,13 +5,14 @@
 //! ```
 //!
 //! The ICRC covers the IP and UDP headers too, so it is computed and checked
-//! by [`super::datagram`]; this layer only places it.
+//! by the datagram layer; this layer only places it.
 
 use core::fmt;
 
 use super::error::{Error, Result, truncated};
 use super::opcode::Layout;
 use super::{Opcode, aeth, atomic_ack_eth, atomic_eth, bth, feth, immdt, reth};
+use crate::view::wire_view;
 
 /// Length of the ICRC trailer.
 pub const ICRC_LEN: usize = 4;
@@ -22,25 +23,13 @@ pub const fn overhead(layout: &Layout) -> usize {
     bth::HEADER_LEN + layout.headers_len() + ICRC_LEN
 }
 
-/// A read/write view of a transport packet.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Packet<T: AsRef<[u8]>> {
-    buffer: T,
+wire_view! {
+    /// A read/write view of a transport packet.
+    pub struct Packet;
+    error: Error;
 }
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    /// Wraps a buffer without checks; accessors may panic.
-    pub const fn new_unchecked(buffer: T) -> Self {
-        Packet { buffer }
-    }
-
-    /// Wraps a buffer after [`Packet::check_len`]; no accessor panics afterwards.
-    pub fn new_checked(buffer: T) -> Result<Self> {
-        let packet = Self::new_unchecked(buffer);
-        packet.check_len()?;
-        Ok(packet)
-    }
-
     /// Checks that the opcode is known, that its headers and the ICRC fit,
     /// and that the pad count fits the payload.
     pub fn check_len(&self) -> Result<()> {
@@ -66,11 +55,6 @@ impl<T: AsRef<[u8]>> Packet<T> {
             return Err(Error::BadPadding { pad, payload_len });
         }
         Ok(())
-    }
-
-    /// Returns the underlying buffer.
-    pub fn into_inner(self) -> T {
-        self.buffer
     }
 
     /// The BTH.
