@@ -60,6 +60,7 @@
 //! | ROTATE_KEY | 0xE9 | one u64: the region index (below 2³²) |
 //! | SCRUB | 0xEA | [`scrub`] (a run of a region's blocks) |
 //! | SCRUB_REPORT | 0xEB | [`scrub`] (what the scrub found) |
+//! | MAP_EPOCH | 0xEC | one u64: the cluster map's epoch the sender runs |
 //!
 //! Request body, 56 bytes then the payload ([`request`]):
 //!

@@ -45,6 +45,11 @@ pub enum Message<'a> {
     Scrub(scrub::Repr),
     /// What a SCRUB found.
     ScrubReport(scrub::Report),
+    /// The epoch of the cluster map the connecting peer runs from now on
+    /// (0: it follows no map). Answered with an ACKNOWLEDGE whose value is
+    /// the listener's epoch: `OK` when the listener's is not newer,
+    /// `STALE_MAP` when it is.
+    MapEpoch(u64),
 }
 
 impl<'a> Message<'a> {
@@ -65,6 +70,7 @@ impl<'a> Message<'a> {
             Message::RotateKey(_) => Opcode::RotateKey,
             Message::Scrub(_) => Opcode::Scrub,
             Message::ScrubReport(_) => Opcode::ScrubReport,
+            Message::MapEpoch(_) => Opcode::MapEpoch,
         }
     }
 
@@ -128,6 +134,9 @@ impl<'a> Message<'a> {
             }
             Opcode::ScrubReport => scrub::Report::parse(&scrub::ReportPacket::new_checked(body)?)
                 .map(Message::ScrubReport),
+            Opcode::MapEpoch => Ok(Message::MapEpoch(
+                ping::Repr::parse(&ping::Packet::new_checked(body)?)?.value,
+            )),
             other => Err(Error::UnknownOpcode {
                 opcode: other.into(),
                 tag: frame.tag(),
@@ -143,7 +152,9 @@ impl<'a> Message<'a> {
             Message::Hello(h) => h.buffer_len(),
             Message::MapRequest => 0,
             Message::Map(m) => m.buffer_len(),
-            Message::Ping(_) | Message::Pong(_) | Message::RotateKey(_) => ping::HEADER_LEN,
+            Message::Ping(_) | Message::Pong(_) | Message::RotateKey(_) | Message::MapEpoch(_) => {
+                ping::HEADER_LEN
+            }
             Message::QpConnect(c) => c.buffer_len(),
             Message::QpAccept(a) => a.buffer_len(),
             Message::AuthChallenge(_) => auth::NONCE_LEN,
@@ -175,6 +186,7 @@ impl<'a> Message<'a> {
             | Message::AuthChallenge(_)
             | Message::AuthProof(_)
             | Message::RotateKey(_)
+            | Message::MapEpoch(_)
             | Message::ScrubReport(_) => {}
         }
         let body_len = self.body_len();
@@ -213,7 +225,7 @@ impl<'a> Message<'a> {
             Message::Hello(h) => h.emit(&mut hello::Packet::new_unchecked(body)),
             Message::MapRequest => {}
             Message::Map(m) => m.emit(&mut map::Packet::new_unchecked(body)),
-            Message::Ping(value) | Message::Pong(value) => {
+            Message::Ping(value) | Message::Pong(value) | Message::MapEpoch(value) => {
                 ping::Repr { value: *value }.emit(&mut ping::Packet::new_unchecked(body))
             }
             Message::QpConnect(c) => c.emit(body),

@@ -123,6 +123,9 @@ opcodes! {
     Scrub = 0xEA, "SCRUB", [to_listener];
     /// What a [`Opcode::Scrub`] found.
     ScrubReport = 0xEB, "SCRUB_REPORT", [];
+    /// The epoch of the cluster map the sender runs from now on on this
+    /// connection; answered with an ACKNOWLEDGE carrying the listener's.
+    MapEpoch = 0xEC, "MAP_EPOCH", [to_listener];
 }
 
 impl Opcode {
@@ -143,7 +146,7 @@ impl Opcode {
 
     /// Whether a listener (a fabric device or a server) receives this from
     /// the peer that connected to it: the requests, HELLO, MAP_REQUEST,
-    /// PING, QP_CONNECT, AUTH_PROOF, ROTATE_KEY and SCRUB.
+    /// PING, QP_CONNECT, AUTH_PROOF, ROTATE_KEY, SCRUB and MAP_EPOCH.
     ///
     /// The rest only a listener sends, as answers (responses, MAP, PONG,
     /// QP_ACCEPT, AUTH_CHALLENGE, SCRUB_REPORT); a listener that receives one
@@ -249,7 +252,8 @@ mod tests {
                 "QP_CONNECT",
                 "AUTH_PROOF",
                 "ROTATE_KEY",
-                "SCRUB"
+                "SCRUB",
+                "MAP_EPOCH"
             ]
         );
         assert!(!Opcode::Unknown(0x77).listener_receives());

@@ -1,4 +1,5 @@
-//! PING and PONG: an opaque 8-byte value (e.g. the send time) that PONG echoes.
+//! PING and PONG: an opaque 8-byte value (e.g. the send time) that PONG
+//! echoes. ROTATE_KEY and MAP_EPOCH carry one 8-byte word in the same shape.
 //!
 //! ```text
 //! 0..8  value  u64

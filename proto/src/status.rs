@@ -36,13 +36,20 @@ pub enum Status {
     /// names a different request: another operation, target or operand
     /// (12). Nothing ran; the recorded result is not given out.
     ExactlyOnceConflict,
+    /// The sender and the receiver run different epochs of the cluster map
+    /// (13): the connection said an older epoch than the receiver's, or a
+    /// newer one and the request needs a part of the map the receiver does
+    /// not have yet. The response's value carries the receiver's epoch.
+    /// Nothing ran; the sender brings its map up to date (or waits for the
+    /// receiver to) and sends the request again.
+    StaleMap,
     /// Any other value.
     Unknown(u16),
 }
 
 impl Status {
     /// Every named status, in numeric order.
-    pub const ALL: [Status; 13] = [
+    pub const ALL: [Status; 14] = [
         Status::Ok,
         Status::AccessDenied,
         Status::OutOfBounds,
@@ -56,6 +63,7 @@ impl Status {
         Status::VersionMismatch,
         Status::IoError,
         Status::ExactlyOnceConflict,
+        Status::StaleMap,
     ];
 
     /// Whether this is [`Status::Ok`].
@@ -80,6 +88,7 @@ impl Status {
             Status::VersionMismatch => "VERSION_MISMATCH",
             Status::IoError => "IO_ERROR",
             Status::ExactlyOnceConflict => "EXACTLY_ONCE_CONFLICT",
+            Status::StaleMap => "STALE_MAP",
             Status::Unknown(_) => "UNKNOWN",
         }
     }
@@ -101,6 +110,7 @@ impl From<u16> for Status {
             10 => Status::VersionMismatch,
             11 => Status::IoError,
             12 => Status::ExactlyOnceConflict,
+            13 => Status::StaleMap,
             other => Status::Unknown(other),
         }
     }
@@ -122,6 +132,7 @@ impl From<Status> for u16 {
             Status::VersionMismatch => 10,
             Status::IoError => 11,
             Status::ExactlyOnceConflict => 12,
+            Status::StaleMap => 13,
             Status::Unknown(other) => other,
         }
     }
@@ -152,7 +163,7 @@ mod tests {
         for value in 0..=u16::MAX {
             let status = Status::from(value);
             assert_eq!(u16::from(status), value);
-            assert_eq!(matches!(status, Status::Unknown(_)), value > 12);
+            assert_eq!(matches!(status, Status::Unknown(_)), value > 13);
         }
     }
 

@@ -59,7 +59,9 @@ impl Reply {
                 h.capabilities.bits(),
                 h.name.as_bytes().to_vec(),
             ),
-            Message::Ping(v) | Message::Pong(v) => (Status::Ok, v, body.to_vec()),
+            Message::Ping(v) | Message::Pong(v) | Message::MapEpoch(v) => {
+                (Status::Ok, v, body.to_vec())
+            }
             Message::Map(m) => (Status::Ok, m.entries.len() as u64, body.to_vec()),
             Message::Request(_)
             | Message::MapRequest

@@ -427,7 +427,8 @@ impl Allocator {
 
     /// The (region, extent) of a PMEM extent address.
     pub(super) fn extent_of(&self, pmem: u64) -> Option<(RegionIndex, u64)> {
-        let at = self.pool.layout().lookup(PmemAddr(pmem))?;
+        let layout = self.pool.layout();
+        let at = layout.lookup(PmemAddr(pmem))?;
         Some((at.offset.region, at.offset.offset / self.meta.extent_size()))
     }
 

@@ -83,7 +83,7 @@ impl AsyncPool {
             key,
             client,
             region_keys: RegionKeys::new(layout.entries().len()),
-            layout,
+            layout: Arc::new(layout),
             table: Mutex::new(table),
             slots,
             seq: AtomicU64::new(start_seq),
@@ -444,9 +444,11 @@ impl AsyncPool {
             .collect()
     }
 
-    /// The layout the pool uses.
-    pub fn layout(&self) -> &Layout {
-        &self.inner.layout
+    /// The layout the pool uses now. A pool that follows the cluster map
+    /// may move to a newer layout later: hold the returned one for a
+    /// consistent view, ask again for the current one.
+    pub fn layout(&self) -> Arc<Layout> {
+        Arc::clone(&self.inner.layout)
     }
 
     /// The pool's name.

@@ -140,8 +140,8 @@ impl Pool {
         self.pool.regions()
     }
 
-    /// The layout in use.
-    pub fn layout(&self) -> &Layout {
+    /// The layout in use now (see [`AsyncPool::layout`]).
+    pub fn layout(&self) -> Arc<Layout> {
         self.pool.layout()
     }
 }

@@ -68,7 +68,7 @@ struct Inner {
     /// The client's position in the topology.
     client_index: u16,
     pool_name: String,
-    layout: Layout,
+    layout: Arc<Layout>,
     /// The region keys the devices gave.
     region_keys: RegionKeys,
     translator: Backing,

@@ -26,7 +26,7 @@ pub struct Space {
 /// the coordinator, before any worker starts.
 pub async fn prepare(pool: &AsyncPool, need: u64) -> Result<Space, String> {
     let Some(allocator) = allocator(pool).await? else {
-        return Ok(static_space(pool.layout()));
+        return Ok(static_space(&pool.layout()));
     };
     let space = match allocator.open(NAMED_OBJECT).await {
         Ok((base, len)) => Space {
@@ -58,7 +58,7 @@ pub async fn prepare(pool: &AsyncPool, need: u64) -> Result<Space, String> {
 /// The space [`prepare`] made ready, for a worker or the counter check.
 pub async fn open(pool: &AsyncPool) -> Result<Space, String> {
     let Some(allocator) = allocator(pool).await? else {
-        return Ok(static_space(pool.layout()));
+        return Ok(static_space(&pool.layout()));
     };
     let (base, len) = allocator
         .open(NAMED_OBJECT)
