@@ -115,7 +115,7 @@ impl Inner {
             addr,
             client: self.client.to_string(),
             digest: self.layout.digest(),
-            layout: Layout::clone(&self.layout),
+            layout: topology::Layout::clone(&self.layout),
             timeout: self.options.connect_timeout,
             rdma_device: info.rdma_device.clone(),
             key: self.key.clone(),
