@@ -85,6 +85,8 @@ impl WatchObserver for Quiet {}
 pub struct MapWatch {
     updates: mpsc::Receiver<MapUpdate>,
     stop: Arc<AtomicBool>,
+    /// Set by [`MapWatch::reread_now`], taken by the watcher.
+    reread: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -102,6 +104,7 @@ impl MapWatch {
     ) -> Result<Self, ControlError> {
         let (sender, updates) = mpsc::channel();
         let stop = Arc::new(AtomicBool::new(false));
+        let reread_asked = Arc::new(AtomicBool::new(false));
         let mut follower = Follower {
             keys: Keys::of(pool),
             pool: pool.to_owned(),
@@ -115,6 +118,7 @@ impl MapWatch {
             sender,
             observer,
             stop: Arc::clone(&stop),
+            reread_asked: Arc::clone(&reread_asked),
         };
         // The watcher logs under the daemon's span (its name and id).
         let span = tracing::Span::current();
@@ -125,8 +129,18 @@ impl MapWatch {
         Ok(Self {
             updates,
             stop,
+            reread: reread_asked,
             thread: Some(thread),
         })
+    }
+
+    /// Asks the watcher to read the map now rather than wait for the next
+    /// watch event or periodic re-read: the daemon learnt from a peer that
+    /// a newer epoch exists. A newer valid map then comes through
+    /// [`MapWatch::latest`] as any other; asking again before the read is
+    /// done asks once.
+    pub fn reread_now(&self) {
+        self.reread.store(true, Ordering::Relaxed);
     }
 
     /// The newest map waiting, if any (older ones waiting are skipped: a
@@ -185,6 +199,8 @@ struct Follower {
     sender: mpsc::Sender<MapUpdate>,
     observer: Arc<dyn WatchObserver>,
     stop: Arc<AtomicBool>,
+    /// The daemon asked for a read of the map now.
+    reread_asked: Arc<AtomicBool>,
 }
 
 impl Follower {
@@ -291,7 +307,8 @@ impl Follower {
             if self.stopping() {
                 return Ok(Ended::Stopped);
             }
-            if Instant::now() >= next_reread {
+            let asked = self.reread_asked.swap(false, Ordering::Relaxed);
+            if asked || Instant::now() >= next_reread {
                 next_reread = Instant::now() + self.reread;
                 if self.reread_map(&mut plane).await? {
                     return Ok(Ended::Stopped);

@@ -14,7 +14,8 @@
 //! sends on a link (HELLO, MAP_REQUEST) carry tags with the top bit set.
 //!
 //! Region keys (learnt from the servers, passed on in clients' MAPs) are
-//! the submodule `keys`.
+//! the submodule `keys`; the map epoch (fencing client connections, saying
+//! the device's epoch to servers) the submodule `epoch`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -47,8 +48,10 @@ const LINK_OPENING: OpeningTags = OpeningTags {
     map: CONTROL_TAG | 2,
 };
 
+mod epoch;
 mod keys;
 
+use epoch::{DeviceEpoch, MAP_EPOCH_TAG};
 use keys::{KEY_REFRESH_TAG, KeyRefresh};
 
 /// A client connection, as the driver numbers them.
@@ -286,6 +289,8 @@ struct Session {
     in_flight: usize,
     /// Bytes of the answers its requests in flight will bring.
     reply_bytes: u64,
+    /// The map epoch the connection said it runs, if it said one.
+    epoch: proto::fence::ConnEpoch,
 }
 
 /// What a reload changed.
@@ -323,6 +328,8 @@ pub struct Forwarder {
     reply_bytes: u64,
     /// Bytes of requests held while they arrive.
     request_budget: RequestBudget,
+    /// The epoch the device runs, and what its servers said of theirs.
+    epoch: DeviceEpoch,
     metrics: Arc<DeviceMetrics>,
 }
 
@@ -364,6 +371,7 @@ impl Forwarder {
                 config.max_request_bytes_per_client,
                 config.max_request_bytes_total,
             ),
+            epoch: DeviceEpoch::default(),
             metrics,
         };
         core.link_ids = (0..core.map.links.len())
@@ -548,6 +556,7 @@ impl Forwarder {
             Message::Request(req) => self.forward(conn, frame, &req, tag, now),
             Message::Hello(hello) => self.hello(conn, &hello, tag),
             Message::MapRequest => self.map_reply(conn, frame, tag, now),
+            Message::MapEpoch(epoch) => self.map_epoch(conn, epoch, tag),
             Message::Ping(token) => ClientAction::Reply(frame_reply(&Message::Pong(token), tag)),
             Message::QpConnect(connect) if self.session_client(conn).is_some() => {
                 ClientAction::ConnectQp { connect, tag }
@@ -800,6 +809,10 @@ impl Forwarder {
         now: Instant,
     ) -> ClientAction<'a> {
         let opcode = req.operation.opcode();
+        let verdict = match self.fence(conn, opcode, tag) {
+            Ok(verdict) => verdict,
+            Err(stale) => return ClientAction::Reply(stale),
+        };
         let route = match self.route(conn, req) {
             Ok(route) => route,
             Err(Status::ServerUnavailable)
@@ -809,10 +822,7 @@ impl Forwarder {
             {
                 return ClientAction::Nothing;
             }
-            Err(status) => {
-                self.metrics.record(opcode, status);
-                return ClientAction::Reply(error_reply(opcode, tag, status));
-            }
+            Err(status) => return ClientAction::Reply(self.refuse(verdict, opcode, tag, status)),
         };
         let Some(link) = self.links.get_mut(&route.link) else {
             return ClientAction::Reply(error_reply(opcode, tag, Status::ServerUnavailable));
@@ -1003,6 +1013,10 @@ impl Forwarder {
         if header.tag == KEY_REFRESH_TAG {
             return self.keys_refreshed(link_id, frame);
         }
+        if header.tag == MAP_EPOCH_TAG {
+            self.server_response(frame);
+            return LinkAction::Nothing;
+        }
         if header.tag & CONTROL_TAG != 0 {
             return self.link_control(link_id, frame);
         }
@@ -1042,6 +1056,11 @@ impl Forwarder {
             {
                 link.key_refresh = KeyRefresh::Due;
             }
+        }
+        if status == Status::StaleMap {
+            // Relayed as it is (its value is the server's epoch); a newer
+            // one than the device's calls for the map now.
+            self.server_response(frame);
         }
         self.metrics.record(pending.opcode, status);
         self.metrics.bytes_to_clients.add(frame.len() as u64);
@@ -1104,7 +1123,9 @@ impl Forwarder {
         link.starting = false;
         link.key_refresh = KeyRefresh::Current;
         link.server_map = Some(theirs);
-        LinkAction::Nothing
+        // Ordered before any request the link will carry.
+        self.link_opened_epoch()
+            .map_or(LinkAction::Nothing, LinkAction::Send)
     }
 
     /// A link broke or was closed: every request in flight on it is answered
@@ -1280,27 +1301,27 @@ mod tests {
     use proto::response;
     use topology::{AccessKey, EnvOverrides, PmemAddr, RegionIndex, RegionOffset, Topology};
 
-    fn topology() -> Topology {
+    pub(super) fn topology() -> Topology {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/default.toml");
         Topology::load_with(path, &EnvOverrides::None).unwrap()
     }
 
-    fn core_with(topology: &Topology, config: ForwarderConfig) -> Forwarder {
+    pub(super) fn core_with(topology: &Topology, config: ForwarderConfig) -> Forwarder {
         let map = DeviceMap::new(topology, &"A".into()).unwrap();
         let metrics = Arc::new(DeviceMetrics::new(Arc::new(telemetry::Registry::new())).unwrap());
         Forwarder::new(map, config, metrics)
     }
 
-    fn core() -> Forwarder {
+    pub(super) fn core() -> Forwarder {
         core_with(&topology(), ForwarderConfig::default())
     }
 
     /// The main lane to `server`'s `nic`.
-    fn link(core: &Forwarder, server: &str, nic: &str) -> LinkId {
+    pub(super) fn link(core: &Forwarder, server: &str, nic: &str) -> LinkId {
         lane(core, server, nic, Lane::Main)
     }
 
-    fn lane(core: &Forwarder, server: &str, nic: &str, lane: Lane) -> LinkId {
+    pub(super) fn lane(core: &Forwarder, server: &str, nic: &str, lane: Lane) -> LinkId {
         core.links()
             .find(|&(id, k)| {
                 k.server.as_str() == server
@@ -1312,7 +1333,7 @@ mod tests {
     }
 
     /// Completes a link's handshake as its server would.
-    fn bring_up(core: &mut Forwarder, link: LinkId) {
+    pub(super) fn bring_up(core: &mut Forwarder, link: LinkId) {
         let server = core.link_key(link).unwrap().server.to_string();
         let sent = core.link_connected(link);
         assert!(!sent.is_empty());
@@ -1340,13 +1361,13 @@ mod tests {
 
     /// The key the simulated servers give region `region` (after
     /// `rotations` rotations).
-    fn server_key(region: RegionIndex, rotations: u64) -> AccessKey {
+    pub(super) fn server_key(region: RegionIndex, rotations: u64) -> AccessKey {
         AccessKey(0x5EC0_0000 + (rotations << 16) + u64::from(region.0))
     }
 
     /// A server's MAP, with a key for every region (a real server gives
     /// only its own; the device must take only those).
-    fn server_map(core: &Forwarder, rotations: u64) -> map::Repr {
+    pub(super) fn server_map(core: &Forwarder, rotations: u64) -> map::Repr {
         let mut map = core.map().layout.to_map();
         for entry in &mut map.entries {
             entry.key = server_key(entry.region, rotations);
@@ -1354,14 +1375,14 @@ mod tests {
         map
     }
 
-    fn all_up(core: &mut Forwarder) {
+    pub(super) fn all_up(core: &mut Forwarder) {
         let ids: Vec<LinkId> = core.links().map(|(id, _)| id).collect();
         for id in ids {
             bring_up(core, id);
         }
     }
 
-    fn hello(core: &mut Forwarder, conn: ConnId, name: &str) -> ClientAction<'static> {
+    pub(super) fn hello(core: &mut Forwarder, conn: ConnId, name: &str) -> ClientAction<'static> {
         core.client_opened(conn);
         let frame = Message::Hello(hello::Repr {
             version: PROTOCOL_VERSION,
@@ -1378,17 +1399,17 @@ mod tests {
         }
     }
 
-    fn pmem(core: &Forwarder, region: &str, offset: u64) -> Target {
+    pub(super) fn pmem(core: &Forwarder, region: &str, offset: u64) -> Target {
         let start = core.map().layout.entry_by_id(&region.into()).unwrap().start;
         Target::Pmem(PmemAddr(start.get() + offset))
     }
 
-    fn key(core: &Forwarder, region: &str) -> AccessKey {
+    pub(super) fn key(core: &Forwarder, region: &str) -> AccessKey {
         core.map().layout.entry_by_id(&region.into()).unwrap().key
     }
 
     /// Status and tag of an error reply.
-    fn status_of(reply: &Reply) -> (Status, u64) {
+    pub(super) fn status_of(reply: &Reply) -> (Status, u64) {
         let (message, tag) = proto::parse_frame(reply.as_bytes()).unwrap();
         match message {
             Message::Response(r) => (r.status, tag),
@@ -1396,7 +1417,7 @@ mod tests {
         }
     }
 
-    fn refused(action: ClientAction<'_>) -> Status {
+    pub(super) fn refused(action: ClientAction<'_>) -> Status {
         match action {
             ClientAction::Reply(reply) => status_of(&reply).0,
             other => panic!("expected a refusal, got {other:?}"),
@@ -1404,7 +1425,7 @@ mod tests {
     }
 
     /// A response from a server to link tag `tag`.
-    fn server_response(tag: u64, status: Status, data: &[u8]) -> Vec<u8> {
+    pub(super) fn server_response(tag: u64, status: Status, data: &[u8]) -> Vec<u8> {
         let repr = if data.is_empty() {
             response::Repr::ack(status)
         } else {

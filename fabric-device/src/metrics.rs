@@ -38,6 +38,8 @@ pub struct DeviceMetrics {
     pub malformed_frames: Arc<Counter>,
     /// Region keys asked again of a server after it refused a request.
     pub key_refreshes: Arc<Counter>,
+    /// Client requests the device refused STALE_MAP itself.
+    pub stale_map: Arc<Counter>,
     /// Region keys asked of a server on verbs on schedule.
     pub key_polls: Arc<Counter>,
     /// Bytes of requests held while they arrive, over all connections.
@@ -130,6 +132,13 @@ impl DeviceMetrics {
             key_refreshes: r.counter(
                 "fabric_device_key_refreshes_total",
                 "Times the device asked a server for its region keys again after the server refused a request (a key may have been rotated).",
+            )?,
+            stale_map: r.counter(
+                "fabric_device_stale_map_total",
+                "Client requests the device refused STALE_MAP itself (nothing forwarded): the \
+                 connection said an older map epoch than the device's, or a newer one and the \
+                 device's map lacks the address. STALE_MAP answers relayed from servers are \
+                 in fabric_device_requests_total.",
             )?,
             links_up: r.gauge_family(
                 "fabric_device_link_up",

@@ -339,3 +339,82 @@ fn a_device_that_cannot_reach_etcd_says_which_endpoints_it_tried() {
         "{err}"
     );
 }
+
+/// Says MAP_EPOCH `epoch` on `conn`; the answer's status and value (the
+/// listener's epoch).
+fn say_epoch(conn: &mut Conn, epoch: u64) -> (Status, u64) {
+    let tag = conn.send(&proto::Message::MapEpoch(epoch));
+    let reply = conn.recv();
+    assert_eq!(reply.tag, tag);
+    (reply.status, reply.value)
+}
+
+#[test]
+fn a_client_on_an_older_epoch_is_refused_stale_map_until_it_says_the_new_one() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let etcd = Etcd::start(dir.path()).unwrap_or_else(|e| panic!("etcd: {e}"));
+    let config = FabricSpec::new()
+        .server("S", &[("R1", "4MiB")])
+        .device("F")
+        .client("c")
+        .write(dir.path(), "topology.toml", &mut Ports::new());
+    let topology = std::fs::read_to_string(&config).expect("topology");
+    put_map(&etcd, 1, &topology);
+    // Both follow the map: the device says its epoch on its link.
+    let _server = Daemon::spawn(
+        DaemonSpec::new(testkit::binary("pmem-server"))
+            .args([
+                "--etcd",
+                &etcd.endpoint(),
+                "--pool",
+                "test",
+                "--server",
+                "S",
+            ])
+            .args(["--admin", "127.0.0.1:0", "--insecure", "--data-dir"])
+            .arg(dir.path().join("data")),
+    )
+    .expect("server");
+    let device = device_on_etcd(&etcd);
+    device.wait_links_up(1);
+    let layout = testkit::layout(&config);
+    let r1 = &layout.entries()[0];
+    let mut conn = Conn::connect(device.addr("port.p0"));
+    conn.hello("c");
+    let key = conn.region_key(r1.region.0);
+    assert_eq!(say_epoch(&mut conn, 1), (Status::Ok, 1));
+    assert_eq!(
+        conn.call(write_at(r1.start, key, b"epoch 1")).status,
+        Status::Ok
+    );
+
+    // The map moves on to epoch 2; the device applies it.
+    put_map(
+        &etcd,
+        2,
+        &topology.replace("[pool]\n", "[pool]\n# epoch 2\n"),
+    );
+    wait_for_log(&device, "map epoch=2 applied");
+    let stale = conn.call(write_at(r1.start, key, b"epoch 1 again"));
+    assert_eq!(
+        (stale.status, stale.value),
+        (Status::StaleMap, 2),
+        "refused with the device's epoch"
+    );
+    assert_eq!(metric(&device, "fabric_device_stale_map_total"), 1.0);
+    let read = Repr::read(proto::request::Target::Pmem(r1.start), key, 7);
+    let reply = conn.call(read);
+    assert_eq!(reply.status, Status::StaleMap);
+
+    // Caught up: served again, and the refused write never ran.
+    assert_eq!(say_epoch(&mut conn, 2), (Status::Ok, 2));
+    let reply = conn.call(read);
+    assert_eq!(
+        (reply.status, reply.data.as_slice()),
+        (Status::Ok, &b"epoch 1"[..])
+    );
+    // A connection that says no epoch is served as before.
+    let mut unfenced = Conn::connect(device.addr("port.p0"));
+    unfenced.hello("c");
+    assert_eq!(unfenced.call(read).status, Status::Ok);
+}

@@ -279,6 +279,8 @@ where
             return ExitCode::FAILURE;
         }
     };
+    // Fenced connections are judged against the epoch from the start.
+    server.executor().set_epoch(version.map_or(0, |v| v.epoch));
     let mode = server.mode().map_or("none", |m| m.as_str());
     info!("persistence mode {mode}, data in {}", data_dir.display());
     let mut ready = format!(

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use proto::FrameDecoder;
 use proto::decoder::{ReadError, ReadOutcome};
+use proto::fence::ConnEpoch;
 
 use crate::exec::{Executor, Flow};
 use crate::gate::Session;
@@ -100,6 +101,8 @@ pub fn serve(
     }
     let settle_by = Instant::now() + timeouts.hello;
     let mut session = exec.new_session();
+    // The map epoch the peer said it runs (fencing), until it says another.
+    let mut said = ConnEpoch::default();
     // Without authentication nothing is to be proven.
     let mut proven = session.admits();
     let mut decoder = match session.admits() {
@@ -156,6 +159,7 @@ pub fn serve(
             &mut decoder,
             exec,
             &mut session,
+            &mut said,
             &mut link,
             &mut stream,
             &mut out,
@@ -206,6 +210,7 @@ fn drain(
     decoder: &mut FrameDecoder,
     exec: &Executor,
     session: &mut Session,
+    said: &mut ConnEpoch,
     link: &mut QpLink<'_>,
     stream: &mut TcpStream,
     out: &mut Vec<u8>,
@@ -218,7 +223,7 @@ fn drain(
                     executed += 1;
                     continue;
                 }
-                match exec.handle_frame(session, frame, out) {
+                match exec.handle_frame_at(session, said, frame, out) {
                     Ok(Flow::Continue) => executed += 1,
                     Ok(Flow::Close) => return Ok((executed, Some(Stop::Refused))),
                     Err(e) => return Ok((executed, Some(Stop::Malformed(e)))),

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use proto::auth::NONCE_LEN;
+use proto::fence::ConnEpoch;
 use proto::frame::{self, Header};
 use proto::hello::{self, Capabilities, Role};
 use proto::request::{self, Operation, Target};
@@ -23,6 +24,8 @@ use crate::metrics::ServerMetrics;
 use crate::persist::PersistError;
 use crate::region_file::{HEADER_LEN, RegionFile};
 use crate::tenancy::{Asker, Tenancy};
+
+mod fencing;
 
 /// The protocol version this server speaks.
 pub use proto::PROTOCOL_VERSION;
@@ -160,6 +163,8 @@ pub struct Executor {
     gate: Option<Gatekeeper>,
     /// Who may change the allocator's records, and zeroing of extents.
     tenancy: Tenancy,
+    /// The epoch of the cluster map the server runs; 0 on a topology file.
+    epoch: AtomicU64,
 }
 
 /// What the connection does after a frame.
@@ -254,6 +259,7 @@ impl Executor {
             metrics,
             gate: None,
             tenancy,
+            epoch: AtomicU64::new(0),
         }
     }
 
@@ -292,16 +298,38 @@ impl Executor {
     }
 
     /// Handles one complete frame from a peer of `session` and appends the
-    /// reply to `out`. An error means the stream cannot be framed any more:
-    /// close it.
+    /// reply to `out`, for a peer whose map epoch is not kept: it is
+    /// unfenced, and a MAP_EPOCH is answered but forgotten (a connection
+    /// keeps it with [`Executor::handle_frame_at`]). An error means the
+    /// stream cannot be framed any more: close it.
     pub fn handle_frame(
         &self,
         session: &mut Session,
         frame: &[u8],
         out: &mut Vec<u8>,
     ) -> Result<Flow, proto::Error> {
+        self.handle_frame_at(session, &mut ConnEpoch::default(), frame, out)
+    }
+
+    /// [`Executor::handle_frame`] for a connection that said (or will say)
+    /// the map epoch it runs, kept in `said`: its requests are fenced by
+    /// that epoch (see `proto::fence`).
+    pub fn handle_frame_at(
+        &self,
+        session: &mut Session,
+        said: &mut ConnEpoch,
+        frame: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<Flow, proto::Error> {
         match proto::parse_frame(frame) {
+            Ok((Message::MapEpoch(epoch), tag)) if session.admits() => {
+                self.map_epoch(said, epoch, tag, out);
+                Ok(Flow::Continue)
+            }
             Ok((Message::Request(req), tag)) if session.admits() => {
+                let Some(verdict) = self.fence(*said, &req, tag, out) else {
+                    return Ok(Flow::Continue);
+                };
                 let refused = match self.authorize(session, &req) {
                     Some(reason) => Some((&self.metrics.denied, reason)),
                     None => self
@@ -309,6 +337,7 @@ impl Executor {
                         .map(|reason| (&self.metrics.exactly_once_refused, reason)),
                 };
                 match refused {
+                    None if self.lacks_ahead(verdict, &req) => self.stale_map(&req, tag, out),
                     None => self.execute(Asker::of(session, req.on_behalf), &req, tag, out),
                     Some((counter, reason)) => {
                         counter.with(&[reason]).inc();
@@ -565,27 +594,30 @@ impl Executor {
 
     /// The served region and offset a request addresses, or UNMAPPED.
     fn resolve(&self, target: Target) -> Result<(&ServedRegion, u64), Status> {
-        let (index, offset) = match target {
-            Target::Region(at) => (at.region, at.offset),
-            Target::Pmem(addr) => {
-                let at = self.layout.lookup(addr).ok_or(Status::Unmapped)?;
-                (at.offset.region, at.offset.offset)
-            }
-        };
-        let region = self
-            .regions
-            .get(index.0 as usize)
-            .and_then(Option::as_ref)
-            .ok_or(Status::Unmapped)?;
-        if self
-            .withdrawn
-            .get(index.0 as usize)
-            .is_some_and(|flag| flag.load(Ordering::Acquire))
-        {
+        let (region, offset, withdrawn) = self.locate(target).ok_or(Status::Unmapped)?;
+        if withdrawn {
             self.metrics.withdrawn_refused.inc();
             return Err(Status::Unmapped);
         }
         Ok((region, offset))
+    }
+
+    /// The served region a request addresses, the offset in it and whether
+    /// the map withdrew it; `None` when this server does not hold it.
+    fn locate(&self, target: Target) -> Option<(&ServedRegion, u64, bool)> {
+        let (index, offset) = match target {
+            Target::Region(at) => (at.region, at.offset),
+            Target::Pmem(addr) => {
+                let at = self.layout.lookup(addr)?;
+                (at.offset.region, at.offset.offset)
+            }
+        };
+        let region = self.regions.get(index.0 as usize)?.as_ref()?;
+        let withdrawn = self
+            .withdrawn
+            .get(index.0 as usize)
+            .is_some_and(|flag| flag.load(Ordering::Acquire));
+        Some((region, offset, withdrawn))
     }
 
     /// Executes a one-sided request and appends its response to `out`.

@@ -2,7 +2,8 @@
 //! each new map from the watcher, refuses requests for the regions the map
 //! no longer places on this server (UNMAPPED; their files stay on disk: a
 //! map change never deletes data), serves them again when a later map puts
-//! them back, and records the epoch in its liveness record and metrics.
+//! them back, and records the epoch in its liveness record and metrics and
+//! in the executor, which fences connections by it.
 //!
 //! Regions a new map adds to this server are not served until it restarts
 //! (their files are created at start).
@@ -43,6 +44,7 @@ impl MapFollower {
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = Arc::clone(&stop);
         executor.metrics().map.epoch.set(epoch as i64);
+        executor.set_epoch(epoch);
         let span = tracing::Span::current();
         let thread = std::thread::Builder::new()
             .name("map-follow".to_owned())
@@ -109,6 +111,8 @@ fn apply(server: &ServerId, executor: &Executor, update: &MapUpdate, running: u6
             info!("map epoch={epoch} places region {id} on this server again: serving it");
         }
     }
+    // Connections are judged against the new epoch once its regions are.
+    executor.set_epoch(epoch);
     executor.metrics().map.applied(update);
     info!("map epoch={epoch} applied (was epoch={running})");
 }

@@ -7,7 +7,8 @@
 //! - [`devices`]: where each PMEM device keeps its regions (the data
 //!   directory, a directory of its own, or device DAX) and its NUMA node.
 //! - `exec`: executing READ, WRITE, WRITE_PERSIST, FLUSH and the atomics,
-//!   with key and bounds checks.
+//!   with key and bounds checks; fencing connections by the map epoch
+//!   they said.
 //! - `dedup`: the exactly-once window for retried atomics, bound to the
 //!   request that recorded each result and kept in a self-checking mapped
 //!   file so it survives a restart.

@@ -55,6 +55,8 @@ pub struct ServerMetrics {
     /// Requests refused UNMAPPED because the map no longer places their
     /// region on this server.
     pub withdrawn_refused: Arc<Counter>,
+    /// Requests refused STALE_MAP: their connection runs another map epoch.
+    pub stale_map: Arc<Counter>,
 }
 
 impl ServerMetrics {
@@ -165,6 +167,12 @@ impl ServerMetrics {
                 "pmem_server_withdrawn_region_requests_total",
                 "Requests refused UNMAPPED because the cluster map no longer places their \
                  region on this server (its file is kept).",
+            )?,
+            stale_map: r.counter(
+                "pmem_server_stale_map_total",
+                "Requests refused STALE_MAP, not executed: their connection said an older map \
+                 epoch than the server's, or a newer one and the server does not serve the \
+                 region.",
             )?,
             latency,
             ops: CounterTable::new(ops),

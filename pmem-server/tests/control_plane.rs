@@ -185,3 +185,56 @@ fn a_server_refuses_a_region_the_map_takes_away_and_keeps_its_file() {
         Some(2.0)
     );
 }
+
+#[test]
+fn a_connection_on_an_older_epoch_is_refused_stale_map_and_nothing_runs() {
+    use proto::request::{Repr, Target};
+    use proto::{Message, Status};
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let etcd = Etcd::start(dir.path()).unwrap_or_else(|e| panic!("etcd: {e}"));
+    let path = write_topology(dir.path(), &[("R1", "4MiB")]);
+    let layout = testkit::layout(&path);
+    let topology = std::fs::read_to_string(path).expect("topology");
+    load_map(&etcd, topology.clone());
+    let data = dir.path().join("data");
+    let server = server_on(&etcd.endpoint(), &data).expect("server");
+    let r1 = &layout.entries()[0];
+    let mut conn = Conn::connect(server.addr("nic.n0"));
+    conn.hello("c");
+    let key = conn.region_key(r1.region.0);
+    let say = |conn: &mut Conn, epoch| {
+        let tag = conn.send(&Message::MapEpoch(epoch));
+        let reply = conn.recv();
+        assert_eq!(reply.tag, tag);
+        (reply.status, reply.value)
+    };
+    assert_eq!(say(&mut conn, 1), (Status::Ok, 1));
+    let write = |what: &'static [u8]| Repr::write(Target::Pmem(r1.start), key, what);
+    assert_eq!(conn.call(write(b"one")).status, Status::Ok);
+
+    put_map(
+        &etcd,
+        2,
+        topology.replace("[pool]\n", "[pool]\n# epoch 2\n"),
+    );
+    wait_for_log(&server, "map epoch=2 applied");
+    let stale = conn.call(write(b"two"));
+    assert_eq!((stale.status, stale.value), (Status::StaleMap, 2));
+    assert_eq!(
+        testkit::file_bytes(&data, "R1", 0, 3),
+        b"one",
+        "nothing ran"
+    );
+    let (_, metrics) =
+        telemetry::http_get(server.addr("admin"), "/metrics", Duration::from_secs(5))
+            .expect("metrics");
+    assert_eq!(
+        telemetry::metric_sum(&metrics, "pmem_server_stale_map_total", ""),
+        Some(1.0)
+    );
+
+    assert_eq!(say(&mut conn, 2), (Status::Ok, 2));
+    assert_eq!(conn.call(write(b"two")).status, Status::Ok);
+    assert_eq!(testkit::file_bytes(&data, "R1", 0, 3), b"two");
+}

@@ -142,6 +142,7 @@ pub mod auth;
 mod code;
 pub mod decoder;
 pub mod error;
+pub mod fence;
 pub mod frame;
 pub mod hello;
 mod le;

@@ -232,6 +232,9 @@ struct Following {
     registration: Option<control::Registration>,
     /// The epoch the device runs.
     epoch: u64,
+    /// The epoch the device ran when a server's newer one last made it
+    /// read the map at once (logged once per epoch).
+    reread_logged: Option<u64>,
 }
 
 fn link_token(link: LinkId) -> Token {
@@ -389,10 +392,13 @@ impl Device {
         epoch: u64,
     ) {
         self.metrics.map.epoch.set(epoch as i64);
+        let said = self.core.set_epoch(epoch);
+        self.say_epoch(said);
         self.follow = Some(Following {
             watch,
             registration,
             epoch,
+            reread_logged: None,
         });
     }
 
@@ -463,6 +469,7 @@ impl Device {
                 last_event = now;
             }
             self.dispatch(&events, &mut signals, now);
+            self.reread_map_if_behind();
             self.replay_parked(now);
             self.close_silent_clients(now);
             let (expired, silent) = self.core.handle_timeouts(now);
@@ -589,6 +596,8 @@ impl Device {
             }
         };
         let regions = self.replace_map(map);
+        let said = self.core.set_epoch(epoch);
+        self.say_epoch(said);
         self.config.topology = update.topology.clone();
         self.metrics.map.applied(&update);
         if let Some(follow) = &mut self.follow {
@@ -598,6 +607,37 @@ impl Device {
             }
         }
         info!("map epoch={epoch} applied (was epoch={running}): {regions} regions");
+    }
+
+    /// Sends the device's MAP_EPOCH on the links the core named; a link
+    /// that cannot take it is failed (and reconnects, saying it then).
+    fn say_epoch(&mut self, said: Vec<(LinkId, Vec<u8>)>) {
+        let now = Instant::now();
+        for (link, frame) in said {
+            let Some(LinkConn::Connected { endpoint }) = self.links.get_mut(&link) else {
+                continue;
+            };
+            if let Err(e) = endpoint.send(&frame, &[]) {
+                self.link_failed(link, now, &format!("write failed: {e}"));
+            }
+        }
+    }
+
+    /// Asks the map watcher to read the map now when a server said it runs
+    /// a newer epoch than the device.
+    fn reread_map_if_behind(&mut self) {
+        if self.core.take_map_reread()
+            && let Some(follow) = &mut self.follow
+        {
+            if follow.reread_logged != Some(follow.epoch) {
+                follow.reread_logged = Some(follow.epoch);
+                info!(
+                    "a server runs a newer map epoch than this device's {}: reading the map now",
+                    follow.epoch
+                );
+            }
+            follow.watch.reread_now();
+        }
     }
 
     /// Replaces the core's map by `map`, keeping client connections and
