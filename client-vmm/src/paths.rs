@@ -1363,4 +1363,93 @@ mod tests {
             }
         );
     }
+
+    fn edited(edit: impl Fn(&str) -> String) -> (Topology, Layout) {
+        let text = edit(&std::fs::read_to_string(DEFAULT).unwrap());
+        let topology = Topology::from_toml_str("edited", &text, &EnvOverrides::None).unwrap();
+        topology.validate().unwrap();
+        let layout = Layout::new(&topology).unwrap();
+        (topology, layout)
+    }
+
+    fn fresh(topology: &Topology, layout: &Layout) -> PathTable {
+        PathTable::new(topology, layout, &ClientId::new("c1"), PathConfig::default()).unwrap()
+    }
+
+    #[test]
+    fn a_removed_device_retires_its_path_and_the_others_keep_their_state() {
+        let t0 = Instant::now();
+        let mut table = default_table();
+        let r = region(DEFAULT, "PA.1");
+        table.started(P0);
+        table.report_failure(P0, 1, Failure::ServerUnavailable, t0);
+        let (topology, layout) =
+            edited(|text| control::edit::remove_device(text, "B").unwrap().topology);
+        let followed = table.follow(fresh(&topology, &layout), Some, t0);
+        assert_eq!(
+            followed,
+            Followed {
+                added: vec![],
+                retired: vec![P1]
+            }
+        );
+        assert_eq!(table.outstanding(P0), 1, "counts stay");
+        assert!(table.unreachable(P0, 1), "marks stay");
+        assert!(table.is_retired(P1));
+        assert_eq!(table.choose(r, &[]), Some(P0));
+        assert_eq!(table.choose(r, &[P0]), None, "no new request on P1");
+        table.report_failure(P1, 0, Failure::ConnectionLost, t0);
+        assert!(
+            table.probes_due(t0 + ms(10_000)).iter().all(|p| p.path != P1),
+            "a retired path is not probed"
+        );
+    }
+
+    #[test]
+    fn a_device_added_again_gets_its_old_path_back_down_and_probed_at_once() {
+        let t0 = Instant::now();
+        let mut table = default_table();
+        let (without, layout) =
+            edited(|text| control::edit::remove_device(text, "B").unwrap().topology);
+        table.follow(fresh(&without, &layout), Some, t0);
+        let topology = load(DEFAULT);
+        let layout = Layout::new(&topology).unwrap();
+        let followed = table.follow(fresh(&topology, &layout), Some, t0);
+        assert_eq!(followed.added, vec![P1]);
+        assert!(!table.is_retired(P1));
+        assert!(matches!(table.health(P1), PathHealth::Down { .. }));
+        assert_eq!(
+            table.probes_due(t0),
+            vec![Probe {
+                path: P1,
+                server: None
+            }]
+        );
+    }
+
+    #[test]
+    fn a_new_rnic_is_appended_and_marks_follow_their_server() {
+        let t0 = Instant::now();
+        let mut table = default_table();
+        table.report_failure(P0, 1, Failure::Behind, t0);
+        table.report_failure(P1, 0, Failure::ServerUnavailable, t0);
+        let (topology, layout) = edited(|text| {
+            text.replace(
+                "  { id = \"r1\", fabric_device = \"B\", local_addr = \"127.0.3.2\" },",
+                "  { id = \"r1\", fabric_device = \"B\", local_addr = \"127.0.3.2\" },\n  \
+                 { id = \"r2\", fabric_device = \"A\", local_addr = \"127.0.3.9\" },",
+            )
+        });
+        // Server 0 is gone from the new map, server 1 is now 0.
+        let moves = |server: u16| (server == 1).then_some(0);
+        let followed = table.follow(fresh(&topology, &layout), moves, t0);
+        let p2 = PathId(2);
+        assert_eq!(followed.added, vec![p2]);
+        assert_eq!(table.paths()[2].rnic.as_str(), "r2");
+        assert!(table.unreachable(P0, 0), "server 1's mark is now server 0's");
+        assert!(!table.unreachable(P0, 1));
+        assert!(!table.unreachable(P1, 0), "the gone server's mark is dropped");
+        let r = region(DEFAULT, "PA.1");
+        assert!(table.candidates(r).iter().any(|&(p, _)| p == p2));
+    }
 }

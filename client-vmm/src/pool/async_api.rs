@@ -540,7 +540,8 @@ impl AsyncPool {
                 },
                 device: p.device.to_string(),
                 device_addr: p.device_addr.clone(),
-                up: matches!(table.health(p.id), PathHealth::Up),
+                up: matches!(table.health(p.id), PathHealth::Up) && !table.is_retired(p.id),
+                retired: table.is_retired(p.id),
                 outstanding: table.outstanding(p.id),
             })
             .collect()

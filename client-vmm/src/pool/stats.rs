@@ -64,8 +64,11 @@ pub struct PathStatus {
     pub device: String,
     /// Where it connects.
     pub device_addr: String,
-    /// Up or down.
+    /// Up or down (a retired path is down).
     pub up: bool,
+    /// The map no longer wires it: it takes no new requests and is closed
+    /// once its last one is done.
+    pub retired: bool,
     /// Requests outstanding on it.
     pub outstanding: usize,
 }
