@@ -752,3 +752,69 @@ impl Drop for PathConn {
         self.alive.store(false, Ordering::SeqCst);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ack(status: Status, value: u64) -> Response {
+        Response {
+            status,
+            value,
+            data: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_map_epoch_answer_says_the_devices_epoch_or_that_it_does_not_fence() {
+        assert_eq!(EpochAnswer::of(&ack(Status::Ok, 4)), EpochAnswer::Runs(4));
+        assert_eq!(
+            EpochAnswer::of(&ack(Status::StaleMap, 9)),
+            EpochAnswer::Newer(9)
+        );
+        assert_eq!(
+            EpochAnswer::of(&ack(Status::Unsupported, 0)),
+            EpochAnswer::Unfenced
+        );
+    }
+
+    fn map_with(digest: [u8; 32]) -> proto::map::Repr {
+        proto::map::Repr {
+            digest,
+            extent_size: 1 << 20,
+            entries: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_opening_checks_the_epoch_then_the_digest() {
+        let ours = [1; 32];
+        let same = map_with(ours);
+        let other = map_with([2; 32]);
+        let check = |answer, map: &proto::map::Repr| {
+            check_epoch("127.0.0.1:1", "F", answer, 5, Some(map), ours)
+        };
+        assert!(check(EpochAnswer::Runs(5), &same).is_ok());
+        assert!(matches!(
+            check(EpochAnswer::Newer(6), &same),
+            Err(ConnectError::NewerMap { theirs: 6, .. })
+        ));
+        let behind = check(EpochAnswer::Runs(4), &same).unwrap_err();
+        assert!(
+            matches!(behind, ConnectError::Behind { theirs: 4, ours: 5, .. }),
+            "{behind}"
+        );
+        assert!(behind.to_string().contains("catches up"), "{behind}");
+        // A device that does not fence is checked by its layout, as a
+        // file client checks it.
+        assert!(check(EpochAnswer::Unfenced, &same).is_ok());
+        assert!(matches!(
+            check(EpochAnswer::Unfenced, &other),
+            Err(ConnectError::DigestMismatch { .. })
+        ));
+        assert!(matches!(
+            check(EpochAnswer::Runs(5), &other),
+            Err(ConnectError::DigestMismatch { .. })
+        ));
+    }
+}

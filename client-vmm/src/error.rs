@@ -213,6 +213,15 @@ pub enum OpenError {
     /// The etcd credentials file cannot be used.
     #[error("the etcd credentials")]
     EtcdCredentials(#[from] control::CredentialsError),
+    /// `$PMEM_FABRIC_ETCD` is not set.
+    #[error(
+        "$PMEM_FABRIC_ETCD is not set: name etcd's client URLs there \
+         (http://HOST:PORT[,http://HOST:PORT…]) or pass them to AsyncPool::builder_on_etcd"
+    )]
+    NoEtcd,
+    /// `$PMEM_FABRIC_ETCD` does not name etcd endpoints.
+    #[error("$PMEM_FABRIC_ETCD")]
+    EtcdEndpoints(#[from] control::endpoints::EndpointsError),
 }
 
 fn list(failures: &[(String, ConnectError)]) -> String {

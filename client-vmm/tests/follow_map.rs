@@ -164,6 +164,30 @@ fn a_client_keeps_working_while_a_server_is_added_and_then_uses_its_region() {
     let stats = pool.stats();
     assert_eq!(stats.map_epochs, 1, "{stats:?}");
     assert_eq!(stats.maps_refused, 0, "{stats:?}");
+
+    // `pmemctl` takes the same map from etcd.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pmemctl"))
+        .args(["--etcd", &etcd.endpoint(), "--pool", "test", "--client", "c"])
+        .args(["read", &r2.0.to_string(), "17", "--out"])
+        .arg(dir.path().join("read.bin"))
+        .env_remove("PMEM_FABRIC_ETCD_CREDENTIALS")
+        .output()
+        .expect("run pmemctl");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let read = std::fs::read(dir.path().join("read.bin")).expect("read.bin");
+    assert_eq!(read, b"on the new server");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pmemctl"))
+        .args(["--etcd", &etcd.endpoint(), "--pool", "test", "--client", "c"])
+        .arg("map")
+        .output()
+        .expect("run pmemctl");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("map epoch 2 from etcd"), "{text}");
+    assert!(text.contains("R2"), "{text}");
 }
 
 #[test]

@@ -22,7 +22,7 @@ use super::dispatch::probe_loop;
 use super::epoch::Epoch;
 use super::follow;
 use super::{
-    AsyncPool, Batch, BatchOp, Completion, InFlight, Inner, MAX_PIECE, PathStatus,
+    AsyncPool, Batch, ETCD_ENV, BatchOp, Completion, InFlight, Inner, MAX_PIECE, PathStatus,
     PoolBuilder, PoolOptions, SECRETS_ENV, Spec, Stats, StatsSnapshot, lock, new_session,
 };
 
@@ -49,6 +49,16 @@ impl AsyncPool {
             credentials: None,
         };
         Self::builder_from(source, client.into())
+    }
+
+    /// [`builder_on_etcd`](Self::builder_on_etcd) with the endpoints in
+    /// `$PMEM_FABRIC_ETCD`, as the daemons and `pmemctl` read them.
+    pub fn builder_on_etcd_from_env(
+        pool: &str,
+        client: impl Into<ClientId>,
+    ) -> Result<PoolBuilder, OpenError> {
+        let urls = std::env::var(ETCD_ENV).map_err(|_| OpenError::NoEtcd)?;
+        Ok(Self::builder_on_etcd(Endpoints::parse(&urls)?, pool, client))
     }
 
     fn builder_from(source: Source, client: ClientId) -> PoolBuilder {

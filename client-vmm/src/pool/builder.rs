@@ -77,10 +77,6 @@ pub const SECRETS_ENV: &str = "PMEM_FABRIC_SECRETS";
 /// `pmemctl cluster` read it.
 pub const ETCD_ENV: &str = "PMEM_FABRIC_ETCD";
 
-/// The environment variable naming the pool whose map a client takes from
-/// etcd, when it is not given.
-pub const POOL_ENV: &str = "PMEM_FABRIC_POOL";
-
 impl PoolBuilder {
     /// Connects as the etcd user of `credentials` (when etcd has
     /// authentication on) instead of the file in

@@ -575,19 +575,21 @@ impl Inner {
     /// the current one; an older epoch means the device is behind, and the
     /// request goes to another path or waits for this one to catch up.
     async fn stale_map(&self, attempts: &mut Attempts, path: PathId, server: u16, theirs: u64) {
-        let ours = self.epoch().number;
-        if theirs > ours {
-            self.stats.stale_newer.fetch_add(1, Ordering::Relaxed);
-            self.ensure_epoch(theirs).await;
-        }
-        if theirs >= ours {
-            if self.say_epoch_on(path).await.is_none() {
-                self.attempt_failed(attempts, path, server, Failure::ConnectionLost, Instant::now());
+        match StaleMap::of(self.epoch().number, theirs) {
+            StaleMap::CatchUp => {
+                self.stats.stale_newer.fetch_add(1, Ordering::Relaxed);
+                self.ensure_epoch(theirs).await;
             }
-            return;
+            StaleMap::SayAgain => {}
+            StaleMap::Behind => {
+                self.stats.stale_behind.fetch_add(1, Ordering::Relaxed);
+                self.attempt_failed(attempts, path, server, Failure::Behind, Instant::now());
+                return;
+            }
         }
-        self.stats.stale_behind.fetch_add(1, Ordering::Relaxed);
-        self.attempt_failed(attempts, path, server, Failure::Behind, Instant::now());
+        if self.say_epoch_on(path).await.is_none() {
+            self.attempt_failed(attempts, path, server, Failure::ConnectionLost, Instant::now());
+        }
     }
 
     pub(super) fn attempt_failed(
@@ -704,6 +706,32 @@ impl Inner {
     }
 }
 
+/// What a STALE_MAP answer (nothing ran) asks of the client; the request
+/// is sent again in every case, with the same identity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum StaleMap {
+    /// The device runs a newer epoch: bring the map up to it, tell the
+    /// connection, send again.
+    CatchUp,
+    /// The device runs the client's epoch and the connection had said an
+    /// older one: tell the connection the current one, send again.
+    SayAgain,
+    /// The device runs an older epoch: it is behind its own watch; send
+    /// on another path, or on this one once it has caught up.
+    Behind,
+}
+
+impl StaleMap {
+    /// The answer to STALE_MAP carrying `theirs` to a client on `ours`.
+    pub(super) fn of(ours: u64, theirs: u64) -> Self {
+        match theirs.cmp(&ours) {
+            std::cmp::Ordering::Greater => StaleMap::CatchUp,
+            std::cmp::Ordering::Equal => StaleMap::SayAgain,
+            std::cmp::Ordering::Less => StaleMap::Behind,
+        }
+    }
+}
+
 /// Whether a device's answer says it could not reach the server: it has no
 /// live link to it (SERVER_UNAVAILABLE) or its link stopped answering
 /// (TIMEOUT). Another device may still reach it.
@@ -740,5 +768,29 @@ pub(super) async fn probe_loop(pool: Weak<Inner>, wake: Arc<Notify>) {
             () = wake.notified() => {}
             () = tokio::time::sleep_until(next.into()) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stale_map_catches_up_says_the_epoch_again_or_waits_for_the_device() {
+        assert_eq!(StaleMap::of(3, 4), StaleMap::CatchUp);
+        assert_eq!(StaleMap::of(3, 3), StaleMap::SayAgain);
+        assert_eq!(StaleMap::of(3, 2), StaleMap::Behind);
+        assert_eq!(StaleMap::of(0, 1), StaleMap::CatchUp, "a file client met a fence");
+    }
+
+    #[test]
+    fn a_device_behind_is_not_a_server_down() {
+        let p = PathId(0);
+        assert!(!server_is_down(&[(p, Failure::Behind)]));
+        assert!(!server_is_down(&[
+            (p, Failure::ServerUnavailable),
+            (PathId(1), Failure::Behind)
+        ]));
+        assert!(server_is_down(&[(p, Failure::ServerUnavailable)]));
     }
 }

@@ -48,7 +48,7 @@ mod keys;
 mod stats;
 
 pub use batch::{Batch, BatchOp, Completion};
-pub use builder::{ETCD_ENV, POOL_ENV, PoolBuilder, PoolOptions, SECRETS_ENV};
+pub use builder::{ETCD_ENV, PoolBuilder, PoolOptions, SECRETS_ENV};
 use in_flight::InFlight;
 pub use stats::{PathStatus, Stats, StatsSnapshot};
 
