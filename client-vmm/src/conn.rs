@@ -801,7 +801,14 @@ mod tests {
         ));
         let behind = check(EpochAnswer::Runs(4), &same).unwrap_err();
         assert!(
-            matches!(behind, ConnectError::Behind { theirs: 4, ours: 5, .. }),
+            matches!(
+                behind,
+                ConnectError::Behind {
+                    theirs: 4,
+                    ours: 5,
+                    ..
+                }
+            ),
             "{behind}"
         );
         assert!(behind.to_string().contains("catches up"), "{behind}");

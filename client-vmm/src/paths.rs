@@ -456,10 +456,7 @@ impl PathTable {
                 }
                 None => {
                     let id = PathId(self.paths.len());
-                    self.paths.push(PathInfo {
-                        id,
-                        ..info.clone()
-                    });
+                    self.paths.push(PathInfo { id, ..info.clone() });
                     self.states.push(PathState {
                         connection: Connection::Down {
                             since: now,
@@ -1373,7 +1370,13 @@ mod tests {
     }
 
     fn fresh(topology: &Topology, layout: &Layout) -> PathTable {
-        PathTable::new(topology, layout, &ClientId::new("c1"), PathConfig::default()).unwrap()
+        PathTable::new(
+            topology,
+            layout,
+            &ClientId::new("c1"),
+            PathConfig::default(),
+        )
+        .unwrap()
     }
 
     #[test]
@@ -1400,7 +1403,10 @@ mod tests {
         assert_eq!(table.choose(r, &[P0]), None, "no new request on P1");
         table.report_failure(P1, 0, Failure::ConnectionLost, t0);
         assert!(
-            table.probes_due(t0 + ms(10_000)).iter().all(|p| p.path != P1),
+            table
+                .probes_due(t0 + ms(10_000))
+                .iter()
+                .all(|p| p.path != P1),
             "a retired path is not probed"
         );
     }
@@ -1446,9 +1452,15 @@ mod tests {
         let p2 = PathId(2);
         assert_eq!(followed.added, vec![p2]);
         assert_eq!(table.paths()[2].rnic.as_str(), "r2");
-        assert!(table.unreachable(P0, 0), "server 1's mark is now server 0's");
+        assert!(
+            table.unreachable(P0, 0),
+            "server 1's mark is now server 0's"
+        );
         assert!(!table.unreachable(P0, 1));
-        assert!(!table.unreachable(P1, 0), "the gone server's mark is dropped");
+        assert!(
+            !table.unreachable(P1, 0),
+            "the gone server's mark is dropped"
+        );
         let r = region(DEFAULT, "PA.1");
         assert!(table.candidates(r).iter().any(|&(p, _)| p == p2));
     }

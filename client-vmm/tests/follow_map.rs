@@ -147,7 +147,11 @@ fn a_client_keeps_working_while_a_server_is_added_and_then_uses_its_region() {
         work.wait_for_ops(100);
         work.stop.store(true, Ordering::Relaxed);
     });
-    assert_eq!(work.errors.load(Ordering::Relaxed), 0, "errors across the change");
+    assert_eq!(
+        work.errors.load(Ordering::Relaxed),
+        0,
+        "errors across the change"
+    );
 
     // The new server's region, at a virtual address after R1's, without
     // restarting the client (the device links to S2 once it runs epoch 2).
@@ -167,7 +171,14 @@ fn a_client_keeps_working_while_a_server_is_added_and_then_uses_its_region() {
 
     // `pmemctl` takes the same map from etcd.
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_pmemctl"))
-        .args(["--etcd", &etcd.endpoint(), "--pool", "test", "--client", "c"])
+        .args([
+            "--etcd",
+            &etcd.endpoint(),
+            "--pool",
+            "test",
+            "--client",
+            "c",
+        ])
         .args(["read", &r2.0.to_string(), "17", "--out"])
         .arg(dir.path().join("read.bin"))
         .env_remove("PMEM_FABRIC_ETCD_CREDENTIALS")
@@ -181,7 +192,14 @@ fn a_client_keeps_working_while_a_server_is_added_and_then_uses_its_region() {
     let read = std::fs::read(dir.path().join("read.bin")).expect("read.bin");
     assert_eq!(read, b"on the new server");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_pmemctl"))
-        .args(["--etcd", &etcd.endpoint(), "--pool", "test", "--client", "c"])
+        .args([
+            "--etcd",
+            &etcd.endpoint(),
+            "--pool",
+            "test",
+            "--client",
+            "c",
+        ])
         .arg("map")
         .output()
         .expect("run pmemctl");
@@ -230,7 +248,11 @@ fn a_client_leaves_a_device_the_map_removes_for_its_other_path() {
         work.wait_for_ops(200);
         work.stop.store(true, Ordering::Relaxed);
     });
-    assert_eq!(work.errors.load(Ordering::Relaxed), 0, "errors across the change");
+    assert_eq!(
+        work.errors.load(Ordering::Relaxed),
+        0,
+        "errors across the change"
+    );
     let f_path = pool.paths().into_iter().find(|p| p.device == "F");
     assert!(f_path.is_some_and(|p| p.up && !p.retired));
 }
@@ -281,4 +303,143 @@ fn a_map_that_moves_a_region_is_refused_and_the_client_stays_on_its_epoch() {
     assert_eq!(pool.map_epoch(), 1);
     assert_eq!(pool.regions()[1].1, r2, "R2 stays where it was");
     assert_eq!(pool.read(r2, 6).expect("read R2"), b"before");
+}
+
+/// The variable that turns [`client_process`] on, naming etcd's endpoint.
+const CHILD_ETCD: &str = "FOLLOW_MAP_CLIENT_PROCESS_ETCD";
+
+/// The client process of
+/// `a_client_stopped_past_a_change_serves_its_next_requests`, run by it
+/// as a child (not a test on its own): opens pool `test` from etcd, says
+/// `ready`, then answers each line of stdin: `r1` or `r2` (write and read
+/// back that region's first word: `ok` or `error …`), `epoch` (the map
+/// epoch it runs).
+#[test]
+#[ignore = "run as a child process by another test"]
+fn client_process() {
+    use std::io::{BufRead, Write};
+    let Ok(endpoint) = std::env::var(CHILD_ETCD) else {
+        return;
+    };
+    let endpoints = Endpoints::parse(&endpoint).expect("endpoints");
+    let pool = AsyncPool::builder_on_etcd(endpoints, "test", "c")
+        .connect()
+        .expect("open");
+    let mut out = std::io::stdout();
+    writeln!(out, "ready").expect("stdout");
+    for (i, line) in std::io::stdin().lock().lines().enumerate() {
+        let line = line.expect("stdin");
+        let reply = match line.as_str() {
+            "epoch" => pool.map_epoch().to_string(),
+            region => match pool
+                .regions()
+                .into_iter()
+                .find(|r| r.0 == region.to_uppercase())
+            {
+                None => format!("error no region {region}"),
+                Some((_, at, _)) => {
+                    let value = i as u64 + 1;
+                    match pool.write_u64(at, value).and_then(|()| pool.read_u64(at)) {
+                        Ok(read) if read == value => "ok".to_owned(),
+                        Ok(read) => format!("error read {read}, wrote {value}"),
+                        Err(e) => format!("error {}", client_vmm::error_chain(&e)),
+                    }
+                }
+            },
+        };
+        writeln!(out, "reply {reply}").expect("stdout");
+    }
+}
+
+/// A child process, killed when dropped.
+struct Child {
+    process: std::process::Child,
+    stdin: std::process::ChildStdin,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl Child {
+    /// Sends `command` and returns the reply (harness lines skipped).
+    fn ask(&mut self, command: &str) -> String {
+        use std::io::{BufRead, Write};
+        writeln!(self.stdin, "{command}").expect("child stdin");
+        loop {
+            let mut line = String::new();
+            let n = self.stdout.read_line(&mut line).expect("child stdout");
+            assert!(n > 0, "the client process ended");
+            if let Some(reply) = line.trim_end().strip_prefix("reply ") {
+                return reply.to_owned();
+            }
+        }
+    }
+
+    fn signal(&self, signal: i32) {
+        let pid = i32::try_from(self.process.id()).expect("pid");
+        // SAFETY: kill(2) with the id of a child this test started and has
+        // not waited for, so the id names that child.
+        let rc = unsafe { libc::kill(pid, signal) };
+        assert_eq!(rc, 0, "kill {pid} {signal}");
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+    }
+}
+
+#[test]
+fn a_client_stopped_past_a_change_serves_its_next_requests() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let etcd = Etcd::start(dir.path()).unwrap_or_else(|e| panic!("etcd: {e}"));
+    let mut ports = Ports::new();
+    let one = FabricSpec::new()
+        .server("S1", &[("R1", "4MiB")])
+        .device("F")
+        .client("c");
+    let two = one.clone().server("S2", &[("R2", "4MiB")]);
+    let config_one = one.write(dir.path(), "one.toml", &mut ports);
+    let config_two = two.write(dir.path(), "two.toml", &mut ports);
+    put_map(&etcd, 1, &text(&config_one));
+    let _s1 = server(&config_one, "S1", dir.path());
+    let _s2 = server(&config_two, "S2", dir.path());
+    let device = device_on_etcd(&etcd, "F");
+    device.wait_links_up(1);
+
+    let mut process = std::process::Command::new(std::env::current_exe().expect("test binary"))
+        .args(["--exact", "client_process", "--ignored", "--nocapture"])
+        .env(CHILD_ETCD, etcd.endpoint())
+        .env_remove("PMEM_FABRIC_ETCD_CREDENTIALS")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the client process");
+    let (stdin, stdout) = (process.stdin.take(), process.stdout.take());
+    let mut child = Child {
+        process,
+        stdin: stdin.expect("stdin"),
+        stdout: std::io::BufReader::new(stdout.expect("stdout")),
+    };
+    let mut line = String::new();
+    while line.trim_end() != "ready" {
+        line.clear();
+        let n = child.stdout.read_line(&mut line).expect("child stdout");
+        assert!(n > 0, "the client process ended before it was ready");
+    }
+    assert_eq!(child.ask("r1"), "ok");
+    assert_eq!(child.ask("epoch"), "1");
+
+    // Cut off past a change of the map, then back.
+    child.signal(libc::SIGSTOP);
+    put_map(&etcd, 2, &text(&config_two));
+    device.wait_links_up(2);
+    child.signal(libc::SIGCONT);
+    assert_eq!(child.ask("r1"), "ok", "the first request after SIGCONT");
+    wait_until("the client process on epoch 2", || {
+        child.ask("epoch") == "2"
+    });
+    assert_eq!(child.ask("r2"), "ok");
+    assert_eq!(child.ask("r1"), "ok");
 }

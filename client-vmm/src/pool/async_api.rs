@@ -6,10 +6,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
+use control::Endpoints;
 use futures::future::join_all;
 use proto::request::Operation;
 use tokio::sync::{Notify, Semaphore};
-use control::Endpoints;
 use topology::{AccessKey, ClientId, Layout, PmemAddr, RnicTransport, Topology, VirtAddr};
 
 use crate::conn;
@@ -22,7 +22,7 @@ use super::dispatch::probe_loop;
 use super::epoch::Epoch;
 use super::follow;
 use super::{
-    AsyncPool, Batch, ETCD_ENV, BatchOp, Completion, InFlight, Inner, MAX_PIECE, PathStatus,
+    AsyncPool, Batch, BatchOp, Completion, ETCD_ENV, InFlight, Inner, MAX_PIECE, PathStatus,
     PoolBuilder, PoolOptions, SECRETS_ENV, Spec, Stats, StatsSnapshot, lock, new_session,
 };
 
@@ -58,7 +58,11 @@ impl AsyncPool {
         client: impl Into<ClientId>,
     ) -> Result<PoolBuilder, OpenError> {
         let urls = std::env::var(ETCD_ENV).map_err(|_| OpenError::NoEtcd)?;
-        Ok(Self::builder_on_etcd(Endpoints::parse(&urls)?, pool, client))
+        Ok(Self::builder_on_etcd(
+            Endpoints::parse(&urls)?,
+            pool,
+            client,
+        ))
     }
 
     fn builder_from(source: Source, client: ClientId) -> PoolBuilder {

@@ -588,7 +588,13 @@ impl Inner {
             }
         }
         if self.say_epoch_on(path).await.is_none() {
-            self.attempt_failed(attempts, path, server, Failure::ConnectionLost, Instant::now());
+            self.attempt_failed(
+                attempts,
+                path,
+                server,
+                Failure::ConnectionLost,
+                Instant::now(),
+            );
         }
     }
 
@@ -780,7 +786,11 @@ mod tests {
         assert_eq!(StaleMap::of(3, 4), StaleMap::CatchUp);
         assert_eq!(StaleMap::of(3, 3), StaleMap::SayAgain);
         assert_eq!(StaleMap::of(3, 2), StaleMap::Behind);
-        assert_eq!(StaleMap::of(0, 1), StaleMap::CatchUp, "a file client met a fence");
+        assert_eq!(
+            StaleMap::of(0, 1),
+            StaleMap::CatchUp,
+            "a file client met a fence"
+        );
     }
 
     #[test]

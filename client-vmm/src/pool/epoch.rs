@@ -117,9 +117,7 @@ pub enum GrowthError {
         new_len: u64,
     },
     /// The extent size changed.
-    #[error(
-        "the extent size changes from {old} to {new} bytes; translations would no longer hold"
-    )]
+    #[error("the extent size changes from {old} to {new} bytes; translations would no longer hold")]
     ExtentSize {
         /// The old one.
         old: u64,
@@ -240,7 +238,9 @@ id = "C"
 "#;
 
     fn with_c() -> String {
-        control::edit::add_server(&text(), SERVER_C).unwrap().topology
+        control::edit::add_server(&text(), SERVER_C)
+            .unwrap()
+            .topology
     }
 
     #[test]

@@ -18,7 +18,6 @@ use topology::{Layout, Topology};
 
 use crate::conn::EpochAnswer;
 use crate::error::OpenError;
-use crate::link::PathLink;
 use crate::paths::{PathId, PathTable};
 
 use super::epoch::{Epoch, check_growth, server_moves};
@@ -145,9 +144,7 @@ async fn follow_loop(
             inner.apply_map(topology, number).await;
         }
         if let Some(update) = watch.latest() {
-            inner
-                .apply_map(update.topology, update.version.epoch)
-                .await;
+            inner.apply_map(update.topology, update.version.epoch).await;
         }
     }
     // Stopping the watcher joins its thread: not on a runtime worker.
@@ -255,11 +252,14 @@ impl Inner {
         if self.wait_epoch(at_least, now + WATCH_GRACE).await {
             return true;
         }
-        let (Some(MapSource::Etcd {
-            endpoints,
-            pool,
-            credentials,
-        }), Some(direct)) = (&self.etcd, &self.direct)
+        let (
+            Some(MapSource::Etcd {
+                endpoints,
+                pool,
+                credentials,
+            }),
+            Some(direct),
+        ) = (&self.etcd, &self.direct)
         else {
             return false;
         };
@@ -285,11 +285,9 @@ impl Inner {
     /// connection to say it on (a new one says it at its opening).
     pub(super) async fn say_epoch_on(&self, path: PathId) -> Option<EpochAnswer> {
         let link = self.conn(path)?;
-        match &*link {
-            PathLink::Tcp(conn) => conn.say_epoch(self.epoch().number, ASK_TIMEOUT).await,
-            #[cfg(feature = "verbs")]
-            PathLink::Verbs(_) => None,
-        }
+        link.tcp()?
+            .say_epoch(self.epoch().number, ASK_TIMEOUT)
+            .await
     }
 
     /// Tells `path`'s connection that the pool runs `epoch` now, and once
@@ -304,13 +302,9 @@ impl Inner {
                 return;
             }
             let Some(link) = self.conn(path) else { return };
-            let conn = match &*link {
-                PathLink::Tcp(conn) => conn,
-                // A queue pair's control connection is told at its next
-                // opening.
-                #[cfg(feature = "verbs")]
-                PathLink::Verbs(_) => return,
-            };
+            // A RoCE link does not say its epoch (its opening checks the
+            // layout's digest).
+            let Some(conn) = link.tcp() else { return };
             match conn.say_epoch(epoch.number, ASK_TIMEOUT).await {
                 None => return,
                 Some(EpochAnswer::Newer(theirs)) => {
