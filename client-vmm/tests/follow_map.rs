@@ -443,3 +443,42 @@ fn a_client_stopped_past_a_change_serves_its_next_requests() {
     assert_eq!(child.ask("r2"), "ok");
     assert_eq!(child.ask("r1"), "ok");
 }
+
+/// Measures, not a check: how long from `etcdctl put` of a new epoch
+/// returning to the client running it, over 20 changes (the same layout
+/// each time). Run with `--ignored --nocapture`.
+#[test]
+#[ignore = "a measurement: run with --ignored --nocapture"]
+fn measure_time_to_follow_a_new_epoch() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let etcd = Etcd::start(dir.path()).unwrap_or_else(|e| panic!("etcd: {e}"));
+    let config = FabricSpec::new()
+        .server("S", &[("R1", "4MiB")])
+        .device("F")
+        .client("c")
+        .write(dir.path(), "topology.toml", &mut Ports::new());
+    let topology = text(&config);
+    put_map(&etcd, 1, &topology);
+    let _s = server(&config, "S", dir.path());
+    let f = device_on_etcd(&etcd, "F");
+    f.wait_links_up(1);
+    let pool = client_on_etcd(&etcd);
+    let mut times = Vec::new();
+    for epoch in 2..22 {
+        put_map(&etcd, epoch, &topology);
+        let put = Instant::now();
+        while pool.map_epoch() != epoch {
+            assert!(put.elapsed() < PATIENCE, "epoch {epoch} not followed");
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        times.push(put.elapsed());
+        pool.write_u64(VirtAddr(VIRT_BASE), epoch).expect("write");
+    }
+    times.sort();
+    println!(
+        "client follows a new epoch: p50 {:?}, max {:?} over {} changes",
+        times[times.len() / 2],
+        times[times.len() - 1],
+        times.len()
+    );
+}
