@@ -139,6 +139,38 @@ pub enum ConnectError {
         /// The device's name from its HELLO.
         device: String,
     },
+    /// The device runs a newer epoch of the cluster map than the client
+    /// said: the client brings its map up to that epoch and opens again.
+    #[error(
+        "{addr}: fabric device {device:?} runs map epoch {theirs}, newer than this client's \
+         {ours}"
+    )]
+    NewerMap {
+        /// Where.
+        addr: String,
+        /// The device's name.
+        device: String,
+        /// The client's epoch.
+        ours: u64,
+        /// The device's.
+        theirs: u64,
+    },
+    /// The device runs an older epoch of the cluster map than the client:
+    /// it is behind its own watch of the map and catches up shortly.
+    #[error(
+        "{addr}: fabric device {device:?} still runs map epoch {theirs}, older than this \
+         client's {ours}; it catches up through its own watch of the map"
+    )]
+    Behind {
+        /// Where.
+        addr: String,
+        /// The device's name.
+        device: String,
+        /// The client's epoch.
+        ours: u64,
+        /// The device's.
+        theirs: u64,
+    },
     /// The device broke the protocol during the handshake.
     #[error("{addr}: unexpected handshake answer: {what}")]
     Protocol {
@@ -224,7 +256,130 @@ pub(crate) fn check_digest(
     }
 }
 
-type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Response>>>>;
+/// Who waits for the answer of a tag.
+#[derive(Debug)]
+enum Waiter {
+    /// A request (or MAP_EPOCH): its response.
+    Response(oneshot::Sender<Response>),
+    /// A MAP_REQUEST: the MAP.
+    Map(oneshot::Sender<proto::map::Repr>),
+}
+
+type Pending = Arc<Mutex<HashMap<u64, Waiter>>>;
+
+/// Why saying the epoch in the opening failed.
+enum Said {
+    Io(std::io::Error),
+    Protocol(String),
+}
+
+/// The end of an opening that says an epoch: MAP_EPOCH, then MAP_REQUEST
+/// (so the MAP is the one the device runs once it has heard the epoch);
+/// the device's answer to each.
+async fn say_epoch_and_ask_map(
+    stream: &mut TcpStream,
+    decoder: &mut FrameDecoder,
+    epoch: u64,
+) -> Result<(EpochAnswer, proto::map::Repr), Said> {
+    let mut out = Vec::new();
+    let encode = |e: proto::Error| Said::Protocol(e.to_string());
+    Message::MapEpoch(epoch)
+        .encode_into(EPOCH_TAG, &mut out)
+        .map_err(encode)?;
+    Message::MapRequest
+        .encode_into(OpeningTags::CLIENT.map, &mut out)
+        .map_err(encode)?;
+    stream.write_all(&out).await.map_err(Said::Io)?;
+    let (mut answer, mut map) = (None, None);
+    while answer.is_none() || map.is_none() {
+        let frame = read_frame(stream, decoder).await.map_err(Said::Io)?;
+        match proto::parse_frame(&frame) {
+            Ok((Message::Response(r), EPOCH_TAG)) => {
+                answer = Some(EpochAnswer::of(&Response {
+                    status: r.status,
+                    value: r.value,
+                    data: Vec::new(),
+                }));
+            }
+            Ok((Message::Map(m), tag)) if tag == OpeningTags::CLIENT.map => map = Some(m),
+            Ok((Message::Response(r), tag)) if tag == OpeningTags::CLIENT.map => {
+                return Err(Said::Protocol(format!("MAP_REQUEST refused: {}", r.status)));
+            }
+            Ok((other, tag)) => {
+                return Err(Said::Protocol(format!(
+                    "unexpected {} with tag {tag} after MAP_EPOCH",
+                    other.opcode()
+                )));
+            }
+            Err(e) => return Err(Said::Protocol(format!("malformed frame: {e}"))),
+        }
+    }
+    match (answer, map) {
+        (Some(answer), Some(map)) => Ok((answer, map)),
+        _ => Err(Said::Protocol("no answer to MAP_EPOCH".to_owned())),
+    }
+}
+
+/// What a device answered to the map epoch a client said (MAP_EPOCH).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EpochAnswer {
+    /// The client follows no map and said none.
+    NotSaid,
+    /// The device does not fence connections by epoch (it answered
+    /// MAP_EPOCH with an error): the connection is unfenced, and the MAP's
+    /// digest says whether both run the same map.
+    Unfenced,
+    /// The device runs this epoch, not newer than the client's.
+    Runs(u64),
+    /// The device runs this epoch, newer than the client's.
+    Newer(u64),
+}
+
+impl EpochAnswer {
+    /// The answer carried by the ACKNOWLEDGE of a MAP_EPOCH.
+    pub fn of(response: &Response) -> Self {
+        match response.status {
+            Status::Ok => EpochAnswer::Runs(response.value),
+            Status::StaleMap => EpochAnswer::Newer(response.value),
+            _ => EpochAnswer::Unfenced,
+        }
+    }
+}
+
+/// Tag of the MAP_EPOCH sent in the opening (HELLO and MAP_REQUEST use
+/// [`OpeningTags::CLIENT`]; requests start at 1 once the opening is over).
+const EPOCH_TAG: u64 = 3;
+
+/// Checks what a device answered at the opening against the client's
+/// `epoch` (with its `digest`): a newer device is [`ConnectError::NewerMap`],
+/// an older one [`ConnectError::Behind`]; an unfenced device, or one on the
+/// same epoch, must serve the same layout.
+pub(crate) fn check_epoch(
+    addr: &str,
+    device: &str,
+    answer: EpochAnswer,
+    epoch: u64,
+    map: Option<&proto::map::Repr>,
+    digest: [u8; 32],
+) -> Result<(), ConnectError> {
+    match answer {
+        EpochAnswer::Newer(theirs) => Err(ConnectError::NewerMap {
+            addr: addr.to_owned(),
+            device: device.to_owned(),
+            ours: epoch,
+            theirs,
+        }),
+        EpochAnswer::Runs(theirs) if theirs < epoch => Err(ConnectError::Behind {
+            addr: addr.to_owned(),
+            device: device.to_owned(),
+            ours: epoch,
+            theirs,
+        }),
+        EpochAnswer::Runs(_) | EpochAnswer::Unfenced | EpochAnswer::NotSaid => {
+            check_digest(addr, device, map, digest)
+        }
+    }
+}
 
 /// A live connection of one path.
 #[derive(Debug)]
@@ -271,17 +426,30 @@ async fn read_frame(
     }
 }
 
+/// What a client brings to an opening besides its name and key: the
+/// layout digest it loaded and, when it follows the cluster map, the
+/// map's epoch it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MapView {
+    /// The digest of the client's layout.
+    pub digest: [u8; 32],
+    /// The epoch said with MAP_EPOCH; `None`: the client reads a file and
+    /// says none.
+    pub epoch: Option<u64>,
+}
+
 /// Connects a path: binds the RNIC's local address when there is one, sends
-/// HELLO as `client`, fetches MAP and checks its digest against `digest`;
-/// returns the connection and the device's MAP (with the keys of the
-/// regions the client may use). `on_lost` runs once when the connection
-/// dies after the handshake.
+/// HELLO as `client` (and its proof with a key), says the map epoch of
+/// `view` when it has one (MAP_EPOCH), fetches MAP and checks it against
+/// `view` ([`check_epoch`]); returns the connection and the device's MAP
+/// (with the keys of the regions the client may use). `on_lost` runs once
+/// when the connection dies after the handshake.
 pub async fn connect(
     device_addr: &str,
     local_addr: Option<&str>,
     client: &str,
     key: Option<proto::auth::Key>,
-    digest: [u8; 32],
+    view: MapView,
     timeout: Duration,
     on_lost: Box<dyn FnOnce() + Send>,
 ) -> Result<(PathConn, proto::map::Repr), ConnectError> {
@@ -318,7 +486,7 @@ pub async fn connect(
             Role::Client,
             CLIENT_CAPABILITIES,
             client,
-            true,
+            view.epoch.is_none(),
             OpeningTags::CLIENT,
             key.map(credentials),
             &mut out,
@@ -344,8 +512,27 @@ pub async fn connect(
                 Ok(Progress::Waiting) => {}
                 Ok(Progress::Opened(opened)) => {
                     let device = opened.peer;
-                    check_digest(device_addr, &device, opened.map.as_ref(), digest)?;
-                    return Ok((stream, decoder, device, opened.map.unwrap_or_default()));
+                    let (answer, map) = match view.epoch {
+                        None => (EpochAnswer::NotSaid, opened.map),
+                        Some(epoch) => {
+                            let said = say_epoch_and_ask_map(&mut stream, &mut decoder, epoch)
+                                .await
+                                .map_err(|e| match e {
+                                    Said::Io(source) => io_err(source),
+                                    Said::Protocol(what) => protocol_error(device_addr, what),
+                                })?;
+                            (said.0, Some(said.1))
+                        }
+                    };
+                    check_epoch(
+                        device_addr,
+                        &device,
+                        answer,
+                        view.epoch.unwrap_or(0),
+                        map.as_ref(),
+                        view.digest,
+                    )?;
+                    return Ok((stream, decoder, device, map.unwrap_or_default()));
                 }
                 Err(e) => {
                     return Err(opening_error_with(device_addr, client, peer.as_deref(), e));
@@ -426,22 +613,30 @@ async fn write_loop(
     die();
 }
 
-/// Hands a response frame to the request waiting for its tag.
+/// Hands a response (or MAP) frame to whoever waits for its tag.
 fn deliver(frame: &[u8], pending: &Pending) {
-    let Ok((Message::Response(r), tag)) = proto::parse_frame(frame) else {
-        // Not a response (or malformed): nothing waits for it.
+    let Ok((message, tag)) = proto::parse_frame(frame) else {
+        // Malformed: nothing can wait for it.
         return;
     };
     let waiter = pending
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .remove(&tag);
-    if let Some(waiter) = waiter {
-        let _ = waiter.send(Response {
-            status: r.status,
-            value: r.value,
-            data: r.payload.to_vec(),
-        });
+    match (message, waiter) {
+        (Message::Response(r), Some(Waiter::Response(waiter))) => {
+            let _ = waiter.send(Response {
+                status: r.status,
+                value: r.value,
+                data: r.payload.to_vec(),
+            });
+        }
+        (Message::Map(map), Some(Waiter::Map(waiter))) => {
+            let _ = waiter.send(map);
+        }
+        // Anything else (a refused MAP_REQUEST included): the waiter, if
+        // any, is dropped and sees the answer as missing.
+        _ => {}
     }
 }
 
@@ -492,15 +687,55 @@ impl PathConn {
         let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
         let bytes = message.encode_to_vec(tag).map_err(|_| Lost)?;
         let (tx, rx) = oneshot::channel();
+        self.queue(tag, bytes, Waiter::Response(tx))?;
+        Ok((tag, rx))
+    }
+
+    /// Queues `bytes` (a frame with `tag`) with `waiter` for its answer.
+    fn queue(&self, tag: u64, bytes: Vec<u8>, waiter: Waiter) -> Result<(), Lost> {
         self.pending
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(tag, tx);
+            .insert(tag, waiter);
         if self.frames.send(bytes).is_err() || !self.is_alive() {
             self.forget(tag);
             return Err(Lost);
         }
-        Ok((tag, rx))
+        Ok(())
+    }
+
+    /// Says on this connection that the client runs map epoch `epoch`
+    /// from now on (MAP_EPOCH); the device's answer, `None` when the
+    /// connection died or nothing came within `timeout`.
+    pub async fn say_epoch(&self, epoch: u64, timeout: Duration) -> Option<EpochAnswer> {
+        let (tag, reply) = self.send(&Message::MapEpoch(epoch)).ok()?;
+        match tokio::time::timeout(timeout, reply).await {
+            Ok(Ok(response)) => Some(EpochAnswer::of(&response)),
+            _ => {
+                self.forget(tag);
+                None
+            }
+        }
+    }
+
+    /// Asks the device for its MAP on this connection; `None` when the
+    /// connection died, the device refused or nothing came within
+    /// `timeout`.
+    pub async fn request_map(&self, timeout: Duration) -> Option<proto::map::Repr> {
+        if !self.is_alive() {
+            return None;
+        }
+        let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
+        let bytes = Message::MapRequest.encode_to_vec(tag).ok()?;
+        let (tx, rx) = oneshot::channel();
+        self.queue(tag, bytes, Waiter::Map(tx)).ok()?;
+        match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok(map)) => Some(map),
+            _ => {
+                self.forget(tag);
+                None
+            }
+        }
     }
 
     /// Stops waiting for `tag` (after a timeout).
@@ -515,5 +750,78 @@ impl PathConn {
 impl Drop for PathConn {
     fn drop(&mut self) {
         self.alive.store(false, Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ack(status: Status, value: u64) -> Response {
+        Response {
+            status,
+            value,
+            data: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_map_epoch_answer_says_the_devices_epoch_or_that_it_does_not_fence() {
+        assert_eq!(EpochAnswer::of(&ack(Status::Ok, 4)), EpochAnswer::Runs(4));
+        assert_eq!(
+            EpochAnswer::of(&ack(Status::StaleMap, 9)),
+            EpochAnswer::Newer(9)
+        );
+        assert_eq!(
+            EpochAnswer::of(&ack(Status::Unsupported, 0)),
+            EpochAnswer::Unfenced
+        );
+    }
+
+    fn map_with(digest: [u8; 32]) -> proto::map::Repr {
+        proto::map::Repr {
+            digest,
+            extent_size: 1 << 20,
+            entries: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_opening_checks_the_epoch_then_the_digest() {
+        let ours = [1; 32];
+        let same = map_with(ours);
+        let other = map_with([2; 32]);
+        let check = |answer, map: &proto::map::Repr| {
+            check_epoch("127.0.0.1:1", "F", answer, 5, Some(map), ours)
+        };
+        assert!(check(EpochAnswer::Runs(5), &same).is_ok());
+        assert!(matches!(
+            check(EpochAnswer::Newer(6), &same),
+            Err(ConnectError::NewerMap { theirs: 6, .. })
+        ));
+        let behind = check(EpochAnswer::Runs(4), &same).unwrap_err();
+        assert!(
+            matches!(
+                behind,
+                ConnectError::Behind {
+                    theirs: 4,
+                    ours: 5,
+                    ..
+                }
+            ),
+            "{behind}"
+        );
+        assert!(behind.to_string().contains("catches up"), "{behind}");
+        // A device that does not fence is checked by its layout, as a
+        // file client checks it.
+        assert!(check(EpochAnswer::Unfenced, &same).is_ok());
+        assert!(matches!(
+            check(EpochAnswer::Unfenced, &other),
+            Err(ConnectError::DigestMismatch { .. })
+        ));
+        assert!(matches!(
+            check(EpochAnswer::Runs(5), &other),
+            Err(ConnectError::DigestMismatch { .. })
+        ));
     }
 }

@@ -36,6 +36,7 @@ impl fmt::Display for Tried {
                 Failure::ConnectionLost => "connection lost",
                 Failure::Timeout => "timed out",
                 Failure::ServerUnavailable => "server unavailable",
+                Failure::Behind => "device behind on the map",
             };
             write!(f, "{} via {}: {failure}", t.rnic, t.device)?;
         }
@@ -200,6 +201,27 @@ pub enum OpenError {
     /// The runtime for the blocking API could not start.
     #[error("cannot start the I/O runtime")]
     Runtime(#[source] std::io::Error),
+    /// The pool's map could not be read from etcd, or its watch started.
+    #[error("the map of pool {pool} in etcd")]
+    Etcd {
+        /// The pool.
+        pool: String,
+        /// Why.
+        #[source]
+        source: control::ControlError,
+    },
+    /// The etcd credentials file cannot be used.
+    #[error("the etcd credentials")]
+    EtcdCredentials(#[from] control::CredentialsError),
+    /// `$PMEM_FABRIC_ETCD` is not set.
+    #[error(
+        "$PMEM_FABRIC_ETCD is not set: name etcd's client URLs there \
+         (http://HOST:PORT[,http://HOST:PORT…]) or pass them to AsyncPool::builder_on_etcd"
+    )]
+    NoEtcd,
+    /// `$PMEM_FABRIC_ETCD` does not name etcd endpoints.
+    #[error("$PMEM_FABRIC_ETCD")]
+    EtcdEndpoints(#[from] control::endpoints::EndpointsError),
 }
 
 fn list(failures: &[(String, ConnectError)]) -> String {

@@ -39,6 +39,16 @@ enum How {
 }
 
 impl PathLink {
+    /// The device protocol connection, when the link is one (a RoCE
+    /// link's control connection is not reachable here).
+    pub fn tcp(&self) -> Option<&PathConn> {
+        match self {
+            PathLink::Tcp(conn) => Some(conn),
+            #[cfg(feature = "verbs")]
+            PathLink::Verbs(_) => None,
+        }
+    }
+
     /// Sends `req`; `again` says an earlier attempt of it may have run.
     pub fn send(&self, req: &request::Repr<'_>, again: bool) -> Result<Sent, Lost> {
         match self {

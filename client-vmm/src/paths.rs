@@ -61,6 +61,19 @@ pub struct PathInfo {
     pub rdma_device: Option<String>,
 }
 
+impl PathInfo {
+    /// Whether `other` leaves on the same RNIC, the same way, for the same
+    /// device port: the same path in another epoch of the map.
+    pub fn same_link(&self, other: &PathInfo) -> bool {
+        self.rnic == other.rnic
+            && self.device == other.device
+            && self.device_addr == other.device_addr
+            && self.local_addr == other.local_addr
+            && self.transport == other.transport
+            && self.rdma_device == other.rdma_device
+    }
+}
+
 /// Why an attempt on a path failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Failure {
@@ -71,6 +84,10 @@ pub enum Failure {
     /// The fabric device answered `SERVER_UNAVAILABLE`: it cannot reach the
     /// region's server right now.
     ServerUnavailable,
+    /// The fabric device runs an older epoch of the cluster map than the
+    /// client (it answered `STALE_MAP`): it catches up through its own
+    /// watch, and is asked again meanwhile like an unreachable server.
+    Behind,
 }
 
 impl fmt::Display for Failure {
@@ -79,6 +96,7 @@ impl fmt::Display for Failure {
             Self::ConnectionLost => "connection lost",
             Self::Timeout => "timed out",
             Self::ServerUnavailable => "server unavailable",
+            Self::Behind => "device behind on the map",
         })
     }
 }
@@ -200,6 +218,15 @@ impl Backoff {
         }
     }
 
+    /// A probe due at once (a path the map just added).
+    fn due_now(config: &PathConfig, now: Instant) -> Self {
+        Self {
+            due: now,
+            delay: config.probe_interval.min(config.probe_max),
+            in_progress: false,
+        }
+    }
+
     fn probe_failed(&mut self, config: &PathConfig, now: Instant) {
         self.delay = self.delay.saturating_mul(2).min(config.probe_max);
         self.due = now + self.delay;
@@ -236,6 +263,31 @@ struct PathState {
     connection: Connection,
     /// Servers the path's device reported unavailable, by server index.
     unreachable: BTreeMap<u16, Backoff>,
+    /// The map no longer wires this RNIC to this device: the path takes no
+    /// new requests and is not probed.
+    retired: bool,
+}
+
+impl PathState {
+    fn up() -> Self {
+        Self {
+            outstanding: 0,
+            connection: Connection::Up,
+            unreachable: BTreeMap::new(),
+            retired: false,
+        }
+    }
+}
+
+/// What following a new map did to the paths.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Followed {
+    /// Paths the new map wires that the table did not have (or had
+    /// retired): down, with a reconnect probe due at once.
+    pub added: Vec<PathId>,
+    /// Paths the new map no longer wires: they take no new requests; the
+    /// caller closes them once their requests are done.
+    pub retired: Vec<PathId>,
 }
 
 /// The client's paths with their health and load, and per region the paths
@@ -321,14 +373,7 @@ impl PathTable {
             candidates.push(list);
         }
 
-        let states = vec![
-            PathState {
-                outstanding: 0,
-                connection: Connection::Up,
-                unreachable: BTreeMap::new(),
-            };
-            paths.len()
-        ];
+        let states = vec![PathState::up(); paths.len()];
         Ok(Self {
             config,
             paths,
@@ -361,10 +406,95 @@ impl PathTable {
             .map(|&(path, _)| path)
     }
 
-    /// Whether `path` is Up and not marked unable to reach `server_index`.
+    /// Whether `path` is Up, not retired and not marked unable to reach
+    /// `server_index`.
     fn usable(&self, path: PathId, server_index: u16) -> bool {
         let state = &self.states[path.0];
-        matches!(state.connection, Connection::Up) && !state.unreachable.contains_key(&server_index)
+        matches!(state.connection, Connection::Up)
+            && !state.retired
+            && !state.unreachable.contains_key(&server_index)
+    }
+
+    /// Moves the table to a new map, given as `fresh`, the table
+    /// [`PathTable::new`] builds from it. A path of `fresh` that leaves on
+    /// the same RNIC for the same device port as one of this table keeps
+    /// its id, health and counts (its per-server marks follow the servers
+    /// through `server_moved`, which gives a server index of the old map
+    /// its index in the new one, `None` when the server is gone); a path
+    /// this table does not have is appended, down with a reconnect probe
+    /// due at `now`; a path `fresh` lacks is retired. Region candidates and
+    /// owners become `fresh`'s.
+    pub fn follow(
+        &mut self,
+        fresh: PathTable,
+        server_moved: impl Fn(u16) -> Option<u16>,
+        now: Instant,
+    ) -> Followed {
+        let mut followed = Followed::default();
+        let mut id_of_fresh = Vec::with_capacity(fresh.paths.len());
+        let mut kept = vec![false; self.paths.len()];
+        for info in &fresh.paths {
+            let known = self.paths.iter().position(|p| p.same_link(info));
+            let id = match known {
+                Some(index) => {
+                    let state = &mut self.states[index];
+                    if state.retired {
+                        state.retired = false;
+                        state.connection = Connection::Down {
+                            since: now,
+                            probe: Backoff::due_now(&self.config, now),
+                        };
+                        followed.added.push(PathId(index));
+                    }
+                    let marks = std::mem::take(&mut state.unreachable);
+                    state.unreachable = marks
+                        .into_iter()
+                        .filter_map(|(server, backoff)| Some((server_moved(server)?, backoff)))
+                        .collect();
+                    kept[index] = true;
+                    PathId(index)
+                }
+                None => {
+                    let id = PathId(self.paths.len());
+                    self.paths.push(PathInfo { id, ..info.clone() });
+                    self.states.push(PathState {
+                        connection: Connection::Down {
+                            since: now,
+                            probe: Backoff::due_now(&self.config, now),
+                        },
+                        ..PathState::up()
+                    });
+                    kept.push(true);
+                    followed.added.push(id);
+                    id
+                }
+            };
+            id_of_fresh.push(id);
+        }
+        for (index, kept) in kept.into_iter().enumerate() {
+            let state = &mut self.states[index];
+            if !kept && !state.retired {
+                state.retired = true;
+                state.unreachable.clear();
+                followed.retired.push(PathId(index));
+            }
+        }
+        self.servers = fresh.servers;
+        self.candidates = fresh
+            .candidates
+            .into_iter()
+            .map(|list| {
+                list.into_iter()
+                    .map(|(path, same_socket)| (id_of_fresh[path.0], same_socket))
+                    .collect()
+            })
+            .collect();
+        followed
+    }
+
+    /// Whether the map no longer wires `path` (see [`follow`](Self::follow)).
+    pub fn is_retired(&self, path: PathId) -> bool {
+        self.states[path.0].retired
     }
 
     /// A request was sent on `path`.
@@ -416,7 +546,7 @@ impl PathTable {
                     }
                 }
             }
-            Failure::ServerUnavailable => {
+            Failure::ServerUnavailable | Failure::Behind => {
                 state
                     .unreachable
                     .entry(server_index)
@@ -469,6 +599,9 @@ impl PathTable {
         let mut due = Vec::new();
         for (index, state) in self.states.iter_mut().enumerate() {
             let path = PathId(index);
+            if state.retired {
+                continue;
+            }
             match &mut state.connection {
                 Connection::Down { probe, .. } => {
                     if probe.take_due(now) {
@@ -495,6 +628,7 @@ impl PathTable {
     pub fn poll_timeout(&self) -> Option<Instant> {
         self.states
             .iter()
+            .filter(|state| !state.retired)
             .filter_map(|state| match &state.connection {
                 Connection::Down { probe, .. } => probe.pending(),
                 Connection::Up => state
@@ -615,6 +749,13 @@ impl Attempts {
     /// The region the operation is for.
     pub fn region(&self) -> RegionIndex {
         self.region
+    }
+
+    /// The region's index in a newer epoch of the map (regions may be
+    /// renumbered when others are withdrawn); the start and what was tried
+    /// stay (path ids are stable across epochs).
+    pub fn renumber(&mut self, region: RegionIndex) {
+        self.region = region;
     }
 
     /// When the operation must be over: start + `op_timeout`.
@@ -1218,5 +1359,109 @@ mod tests {
                 client: "c1".into()
             }
         );
+    }
+
+    fn edited(edit: impl Fn(&str) -> String) -> (Topology, Layout) {
+        let text = edit(&std::fs::read_to_string(DEFAULT).unwrap());
+        let topology = Topology::from_toml_str("edited", &text, &EnvOverrides::None).unwrap();
+        topology.validate().unwrap();
+        let layout = Layout::new(&topology).unwrap();
+        (topology, layout)
+    }
+
+    fn fresh(topology: &Topology, layout: &Layout) -> PathTable {
+        PathTable::new(
+            topology,
+            layout,
+            &ClientId::new("c1"),
+            PathConfig::default(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_removed_device_retires_its_path_and_the_others_keep_their_state() {
+        let t0 = Instant::now();
+        let mut table = default_table();
+        let r = region(DEFAULT, "PA.1");
+        table.started(P0);
+        table.report_failure(P0, 1, Failure::ServerUnavailable, t0);
+        let (topology, layout) =
+            edited(|text| control::edit::remove_device(text, "B").unwrap().topology);
+        let followed = table.follow(fresh(&topology, &layout), Some, t0);
+        assert_eq!(
+            followed,
+            Followed {
+                added: vec![],
+                retired: vec![P1]
+            }
+        );
+        assert_eq!(table.outstanding(P0), 1, "counts stay");
+        assert!(table.unreachable(P0, 1), "marks stay");
+        assert!(table.is_retired(P1));
+        assert_eq!(table.choose(r, &[]), Some(P0));
+        assert_eq!(table.choose(r, &[P0]), None, "no new request on P1");
+        table.report_failure(P1, 0, Failure::ConnectionLost, t0);
+        assert!(
+            table
+                .probes_due(t0 + ms(10_000))
+                .iter()
+                .all(|p| p.path != P1),
+            "a retired path is not probed"
+        );
+    }
+
+    #[test]
+    fn a_device_added_again_gets_its_old_path_back_down_and_probed_at_once() {
+        let t0 = Instant::now();
+        let mut table = default_table();
+        let (without, layout) =
+            edited(|text| control::edit::remove_device(text, "B").unwrap().topology);
+        table.follow(fresh(&without, &layout), Some, t0);
+        let topology = load(DEFAULT);
+        let layout = Layout::new(&topology).unwrap();
+        let followed = table.follow(fresh(&topology, &layout), Some, t0);
+        assert_eq!(followed.added, vec![P1]);
+        assert!(!table.is_retired(P1));
+        assert!(matches!(table.health(P1), PathHealth::Down { .. }));
+        assert_eq!(
+            table.probes_due(t0),
+            vec![Probe {
+                path: P1,
+                server: None
+            }]
+        );
+    }
+
+    #[test]
+    fn a_new_rnic_is_appended_and_marks_follow_their_server() {
+        let t0 = Instant::now();
+        let mut table = default_table();
+        table.report_failure(P0, 1, Failure::Behind, t0);
+        table.report_failure(P1, 0, Failure::ServerUnavailable, t0);
+        let (topology, layout) = edited(|text| {
+            text.replace(
+                "  { id = \"r1\", fabric_device = \"B\", local_addr = \"127.0.3.2\" },",
+                "  { id = \"r1\", fabric_device = \"B\", local_addr = \"127.0.3.2\" },\n  \
+                 { id = \"r2\", fabric_device = \"A\", local_addr = \"127.0.3.9\" },",
+            )
+        });
+        // Server 0 is gone from the new map, server 1 is now 0.
+        let moves = |server: u16| (server == 1).then_some(0);
+        let followed = table.follow(fresh(&topology, &layout), moves, t0);
+        let p2 = PathId(2);
+        assert_eq!(followed.added, vec![p2]);
+        assert_eq!(table.paths()[2].rnic.as_str(), "r2");
+        assert!(
+            table.unreachable(P0, 0),
+            "server 1's mark is now server 0's"
+        );
+        assert!(!table.unreachable(P0, 1));
+        assert!(
+            !table.unreachable(P1, 0),
+            "the gone server's mark is dropped"
+        );
+        let r = region(DEFAULT, "PA.1");
+        assert!(table.candidates(r).iter().any(|&(p, _)| p == p2));
     }
 }

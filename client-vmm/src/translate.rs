@@ -66,6 +66,9 @@ pub struct StaticTranslator {
     extent: u64,
     /// (virtual start, PMEM start, length, key, region), ascending.
     spans: Vec<(u64, u64, u64, AccessKey, RegionIndex)>,
+    /// One past the highest virtual address ever given (withdrawn regions
+    /// included): where regions a later map adds go.
+    high_water: u64,
 }
 
 impl StaticTranslator {
@@ -84,10 +87,44 @@ impl StaticTranslator {
         Self {
             extent: layout.extent_size().max(1),
             spans,
+            high_water: next,
         }
     }
 
-    /// The virtual range `[start, end)` of each region, in layout order.
+    /// The static space of `layout`, a later epoch of this one's map:
+    /// every region this space has keeps its virtual range (found by its
+    /// PMEM range, which never moves), a withdrawn region's range stays
+    /// unmapped, and regions new to `layout` are laid end to end after
+    /// the highest virtual address this space ever gave.
+    pub fn follow(&self, layout: &Layout) -> Self {
+        let mut next = self.end().get().max(self.high_water);
+        let mut spans: Vec<_> = layout
+            .entries()
+            .iter()
+            .map(|e| {
+                let known = self
+                    .spans
+                    .iter()
+                    .find(|s| s.1 == e.start.get() && s.2 == e.len);
+                match known {
+                    Some(&(v, ..)) => (v, e.start.get(), e.len, e.key, e.region),
+                    None => {
+                        let span = (next, e.start.get(), e.len, e.key, e.region);
+                        next += e.len;
+                        span
+                    }
+                }
+            })
+            .collect();
+        spans.sort_unstable_by_key(|s| s.0);
+        Self {
+            extent: self.extent,
+            spans,
+            high_water: next,
+        }
+    }
+
+    /// The virtual range `[start, end)` of each region, in virtual order.
     pub fn region_ranges(&self) -> impl Iterator<Item = (RegionIndex, VirtAddr, u64)> + '_ {
         self.spans
             .iter()
@@ -186,6 +223,11 @@ impl Tlb {
     /// Drops the cached translation of `vaddr`'s extent.
     pub fn invalidate(&self, vaddr: VirtAddr) {
         self.lock().remove(&(vaddr.get() / self.extent));
+    }
+
+    /// Drops every cached translation (the map moved to a new epoch).
+    pub fn clear(&self) {
+        self.lock().clear();
     }
 
     /// Cached extents.

@@ -9,7 +9,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use client_vmm::{Placement, Pool, operator};
+use client_vmm::{AsyncPool, Placement, Pool, operator};
+use control::MapSource;
 use topology::{RegionId, ServerId, SocketId, Topology};
 
 use crate::ctl::{CliError, Ctl, Output, payload};
@@ -85,6 +86,18 @@ struct Cli {
     /// How long connecting to one fabric device may take.
     #[arg(long, value_name = "MS")]
     connect_timeout_ms: Option<u64>,
+    /// Take the pool's map from etcd instead of --config, and follow it
+    /// while the command runs: etcd's client URLs, comma-separated
+    /// (http://h1:2379,http://h2:2379). --config wins when both are given.
+    #[arg(long, value_name = "URLS", env = "PMEM_FABRIC_ETCD")]
+    etcd: Option<control::Endpoints>,
+    /// With --etcd: the file of the etcd user to read the map as (one
+    /// line `user:password`, mode 600), when etcd has authentication on.
+    #[arg(long, value_name = "FILE", env = "PMEM_FABRIC_ETCD_CREDENTIALS")]
+    etcd_credentials: Option<PathBuf>,
+    /// With --etcd: the pool whose map to take (its `[pool] name`).
+    #[arg(long, value_name = "NAME", default_value = "default")]
+    pool: String,
     /// Folder of the principals' keys: prove this client's key
     /// (`client.<ID>.key`) to the fabric devices, or for `rotate-key` and `scrub --checksums` the
     /// operator's (`operator.<NAME>.key`) to the server. Default:
@@ -308,16 +321,29 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Pool(PoolCommand::Write { data, .. }) => Some(payload(data)?),
         _ => None,
     };
-    let config = match cli.command {
+    let source = match cli.command {
         Command::Cluster(args) => {
             let text = cluster::run(args)?;
             return Output::Text(text)
                 .write_to(&mut io::stdout().lock())
                 .map_err(CliError::Stdout);
         }
-        _ => cli.config.clone().ok_or(CliError::NoConfig)?,
+        _ => match (&cli.config, &cli.etcd) {
+            (Some(_), _) | (None, None) => {
+                MapSource::File(cli.config.clone().ok_or(CliError::NoConfig)?)
+            }
+            (None, Some(endpoints)) => MapSource::from_flags(
+                None,
+                Some(endpoints.clone()),
+                &cli.pool,
+                cli.etcd_credentials.as_deref(),
+            )?,
+        },
     };
-    let topology = Topology::load(&config)?;
+    let topology = match &source {
+        MapSource::File(config) => Topology::load(config)?,
+        MapSource::Etcd { .. } => source.load()?.0,
+    };
     let secrets = cli
         .secrets
         .clone()
@@ -372,7 +398,20 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 .iter()
                 .map(|s| (s.id.to_string(), s.admin.clone()))
                 .collect();
-            let mut builder = Pool::builder(topology, client.as_str());
+            let mut builder = match source {
+                MapSource::File(_) => Pool::builder(topology, client.as_str()),
+                MapSource::Etcd {
+                    endpoints,
+                    pool,
+                    credentials,
+                } => {
+                    let builder = AsyncPool::builder_on_etcd(endpoints, &pool, client.as_str());
+                    match credentials {
+                        Some(credentials) => builder.etcd_credentials(credentials),
+                        None => builder,
+                    }
+                }
+            };
             if let Some(ms) = cli.attempt_timeout_ms {
                 builder = builder.attempt_timeout(Duration::from_millis(ms));
             }

@@ -3,9 +3,10 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
+use control::Endpoints;
 use futures::future::join_all;
 use proto::request::Operation;
 use tokio::sync::{Notify, Semaphore};
@@ -14,21 +15,60 @@ use topology::{AccessKey, ClientId, Layout, PmemAddr, RnicTransport, Topology, V
 use crate::conn;
 use crate::error::{OpenError, PoolError};
 use crate::paths::{Failure, PathHealth, PathId, PathTable};
-use crate::translate::{StaticTranslator, Tlb, Translation};
+use crate::translate::{Tlb, Translation};
 
+use super::builder::Source;
 use super::dispatch::probe_loop;
-use super::keys::RegionKeys;
+use super::epoch::Epoch;
+use super::follow;
 use super::{
-    AsyncPool, Backing, Batch, BatchOp, Completion, InFlight, Inner, MAX_PIECE, PathStatus,
+    AsyncPool, Batch, BatchOp, Completion, ETCD_ENV, InFlight, Inner, MAX_PIECE, PathStatus,
     PoolBuilder, PoolOptions, SECRETS_ENV, Spec, Stats, StatsSnapshot, lock, new_session,
 };
 
 impl AsyncPool {
     /// A builder for a connection of `client` to the pool `topology` describes.
     pub fn builder(topology: Topology, client: impl Into<ClientId>) -> PoolBuilder {
+        Self::builder_from(Source::Topology(topology), client.into())
+    }
+
+    /// A builder for a connection of `client` to pool `pool`, whose map
+    /// it takes from etcd at `endpoints` and follows while it is open: a
+    /// new epoch adds the regions, paths and keys it brings and retires
+    /// what it withdraws, without dropping requests in flight. The etcd
+    /// user is the one of the file in `$PMEM_FABRIC_ETCD_CREDENTIALS`, if
+    /// set, unless [`PoolBuilder::etcd_credentials`] names one.
+    pub fn builder_on_etcd(
+        endpoints: Endpoints,
+        pool: &str,
+        client: impl Into<ClientId>,
+    ) -> PoolBuilder {
+        let source = Source::Etcd {
+            endpoints,
+            pool: pool.to_owned(),
+            credentials: None,
+        };
+        Self::builder_from(source, client.into())
+    }
+
+    /// [`builder_on_etcd`](Self::builder_on_etcd) with the endpoints in
+    /// `$PMEM_FABRIC_ETCD`, as the daemons and `pmemctl` read them.
+    pub fn builder_on_etcd_from_env(
+        pool: &str,
+        client: impl Into<ClientId>,
+    ) -> Result<PoolBuilder, OpenError> {
+        let urls = std::env::var(ETCD_ENV).map_err(|_| OpenError::NoEtcd)?;
+        Ok(Self::builder_on_etcd(
+            Endpoints::parse(&urls)?,
+            pool,
+            client,
+        ))
+    }
+
+    fn builder_from(source: Source, client: ClientId) -> PoolBuilder {
         PoolBuilder {
-            topology,
-            client: client.into(),
+            source,
+            client,
             options: PoolOptions::default(),
             translator: None,
             secrets: std::env::var_os(SECRETS_ENV).map(PathBuf::from),
@@ -45,12 +85,24 @@ impl AsyncPool {
 
     pub(super) async fn open(builder: PoolBuilder) -> Result<Self, OpenError> {
         let PoolBuilder {
-            topology,
+            source,
             client,
             options,
             translator,
             secrets,
         } = builder;
+        let (topology, etcd, version) = match source {
+            Source::Topology(topology) => (topology, None, None),
+            Source::Etcd {
+                endpoints,
+                pool,
+                credentials,
+            } => {
+                let (topology, etcd, version) =
+                    follow::read_map_from(endpoints, pool, credentials).await?;
+                (topology, Some(etcd), Some(version))
+            }
+        };
         topology.validate()?;
         let key = match &secrets {
             Some(dir) => Some(proto::auth::Key::new(topology::secrets::read_key(
@@ -61,13 +113,13 @@ impl AsyncPool {
         };
         let layout = Layout::new(&topology)?;
         let table = PathTable::new(&topology, &layout, &client, options.paths)?;
-        let translator = match (translator, layout.meta()) {
-            (Some(custom), _) => Backing::Fixed(custom),
-            (None, Some(meta)) => Backing::PageTable(meta.clone()),
-            (None, None) => Backing::Fixed(Arc::new(StaticTranslator::new(&layout))),
-        };
         let extent = layout.extent_size();
-        let slots = table.paths().iter().map(|_| Mutex::default()).collect();
+        let epoch = Epoch::first(
+            version.map_or(0, |v| v.epoch),
+            layout,
+            translator.as_ref(),
+            table.paths().len(),
+        );
         let start_seq = new_session();
         let client_index = topology
             .clients
@@ -75,17 +127,21 @@ impl AsyncPool {
             .position(|c| c.id == client)
             .and_then(|i| u16::try_from(i).ok())
             .unwrap_or(u16::MAX);
+        let following = etcd.is_some();
+        let (direct, direct_maps) = tokio::sync::mpsc::unbounded_channel();
         let inner = Arc::new(Inner {
+            direct: following.then_some(direct),
             client_index,
             pool_name: topology.pool.name.clone(),
             tlb: Tlb::new(extent, options.tlb_capacity),
-            translator,
+            epoch: RwLock::new(Arc::new(epoch)),
+            custom_translator: translator,
+            etcd,
+            applying: tokio::sync::Mutex::new(()),
+            applied: Notify::new(),
             key,
             client,
-            region_keys: RegionKeys::new(layout.entries().len()),
-            layout: Arc::new(layout),
             table: Mutex::new(table),
-            slots,
             seq: AtomicU64::new(start_seq),
             depth: Semaphore::new(options.queue_depth.max(1)),
             in_flight: InFlight::default(),
@@ -101,9 +157,18 @@ impl AsyncPool {
         for (&path, result) in paths.iter().zip(results) {
             match result {
                 Ok(()) => {}
+                // A device on another epoch than the client (or, unfenced,
+                // on another layout) catches up, or the client does: the
+                // path is probed again.
+                Err(e @ conn::ConnectError::DigestMismatch { .. }) if !following => {
+                    return Err(OpenError::Refused {
+                        client: inner.client.to_string(),
+                        path: inner.path_name(path),
+                        source: Box::new(e),
+                    });
+                }
                 Err(
                     e @ (conn::ConnectError::Refused { .. }
-                    | conn::ConnectError::DigestMismatch { .. }
                     | conn::ConnectError::AuthRequired { .. }
                     | conn::ConnectError::NoAuth { .. }),
                 ) => {
@@ -129,6 +194,9 @@ impl AsyncPool {
             Arc::downgrade(&inner),
             Arc::clone(&inner.prober),
         ));
+        if let (Some(source), Some(version)) = (&inner.etcd, version) {
+            follow::start(&inner, source, version, direct_maps)?;
+        }
         Ok(Self { inner })
     }
 
@@ -432,13 +500,17 @@ impl AsyncPool {
         self.inner.invalidate(vaddr);
     }
 
-    /// The virtual range of every region: (region id, start, length).
+    /// The virtual range of every region in the static space (region id,
+    /// start, length), in virtual order. On a pool that follows the map,
+    /// a region keeps its range across epochs and new regions come after
+    /// every range given before.
     pub fn regions(&self) -> Vec<(String, VirtAddr, u64)> {
-        let translator = StaticTranslator::new(&self.inner.layout);
-        translator
+        let epoch = self.inner.epoch();
+        epoch
+            .static_space
             .region_ranges()
             .filter_map(|(region, start, len)| {
-                let entry = self.inner.layout.entry(region)?;
+                let entry = epoch.layout.entry(region)?;
                 Some((entry.region_id.to_string(), start, len))
             })
             .collect()
@@ -448,7 +520,13 @@ impl AsyncPool {
     /// may move to a newer layout later: hold the returned one for a
     /// consistent view, ask again for the current one.
     pub fn layout(&self) -> Arc<Layout> {
-        Arc::clone(&self.inner.layout)
+        Arc::clone(&self.inner.epoch().layout)
+    }
+
+    /// The epoch of the cluster map the pool runs (0: it reads a topology
+    /// file and follows no map).
+    pub fn map_epoch(&self) -> u64 {
+        self.inner.epoch().number
     }
 
     /// The pool's name.
@@ -476,7 +554,8 @@ impl AsyncPool {
                 },
                 device: p.device.to_string(),
                 device_addr: p.device_addr.clone(),
-                up: matches!(table.health(p.id), PathHealth::Up),
+                up: matches!(table.health(p.id), PathHealth::Up) && !table.is_retired(p.id),
+                retired: table.is_retired(p.id),
                 outstanding: table.outstanding(p.id),
             })
             .collect()
@@ -491,6 +570,10 @@ impl AsyncPool {
             failovers: s.failovers.load(Ordering::Relaxed),
             reconnects: s.reconnects.load(Ordering::Relaxed),
             key_refreshes: s.key_refreshes.load(Ordering::Relaxed),
+            map_epochs: s.map_epochs.load(Ordering::Relaxed),
+            maps_refused: s.maps_refused.load(Ordering::Relaxed),
+            stale_newer: s.stale_newer.load(Ordering::Relaxed),
+            stale_behind: s.stale_behind.load(Ordering::Relaxed),
         }
     }
 }

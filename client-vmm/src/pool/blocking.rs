@@ -144,4 +144,10 @@ impl Pool {
     pub fn layout(&self) -> Arc<Layout> {
         self.pool.layout()
     }
+
+    /// The epoch of the cluster map in use now (see
+    /// [`AsyncPool::map_epoch`]).
+    pub fn map_epoch(&self) -> u64 {
+        self.pool.map_epoch()
+    }
 }

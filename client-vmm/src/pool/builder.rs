@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use control::{Credentials, Endpoints};
 use topology::{ClientId, Topology};
 
 use crate::error::OpenError;
@@ -43,10 +44,25 @@ impl Default for PoolOptions {
     }
 }
 
+/// Where a pool takes its map from.
+#[derive(Debug)]
+pub(super) enum Source {
+    /// A topology, loaded by the caller; the pool never changes its layout.
+    Topology(Topology),
+    /// The pool's map in etcd, followed while the pool is open.
+    Etcd {
+        endpoints: Endpoints,
+        pool: String,
+        /// The etcd user's credentials; by default the file in
+        /// `$PMEM_FABRIC_ETCD_CREDENTIALS`, if set.
+        credentials: Option<Credentials>,
+    },
+}
+
 /// Builds a pool connection with non-default options.
 #[derive(Debug)]
 pub struct PoolBuilder {
-    pub(super) topology: Topology,
+    pub(super) source: Source,
     pub(super) client: ClientId,
     pub(super) options: PoolOptions,
     pub(super) translator: Option<Arc<dyn Translator>>,
@@ -57,7 +73,24 @@ pub struct PoolBuilder {
 /// client with, when the builder is not given one.
 pub const SECRETS_ENV: &str = "PMEM_FABRIC_SECRETS";
 
+/// The environment variable naming etcd's client URLs, as the daemons and
+/// `pmemctl cluster` read it.
+pub const ETCD_ENV: &str = "PMEM_FABRIC_ETCD";
+
 impl PoolBuilder {
+    /// Connects as the etcd user of `credentials` (when etcd has
+    /// authentication on) instead of the file in
+    /// `$PMEM_FABRIC_ETCD_CREDENTIALS`; ignored for a pool on a file.
+    pub fn etcd_credentials(mut self, credentials: Credentials) -> Self {
+        if let Source::Etcd {
+            credentials: slot, ..
+        } = &mut self.source
+        {
+            *slot = Some(credentials);
+        }
+        self
+    }
+
     /// Proves the client's key (`client.<id>.key` in `dir`) to every fabric
     /// device, which must prove it holds it too. By default the folder in
     /// `$PMEM_FABRIC_SECRETS`, if set; without one, no authentication.

@@ -35,7 +35,8 @@ impl Inner {
     }
 
     pub(super) fn server_name(&self, region: RegionIndex) -> String {
-        self.layout
+        self.epoch()
+            .layout
             .entry(region)
             .map_or_else(|| "?".to_owned(), |e| e.server.to_string())
     }
@@ -46,7 +47,14 @@ impl Inner {
         path: PathId,
     ) -> Result<(), conn::ConnectError> {
         let info = lock(&self.table).paths()[path.0].clone();
-        let generation = lock(&self.slots[path.0]).generation + 1;
+        let epoch = self.epoch();
+        let Some(slot) = epoch.slots.get(path.0).cloned() else {
+            return Err(conn::ConnectError::Protocol {
+                addr: info.device_addr.clone(),
+                what: format!("{path} is not in map epoch {}", epoch.number),
+            });
+        };
+        let generation = lock(&slot).generation + 1;
         let weak = Arc::downgrade(self);
         let on_lost = Box::new(move || {
             if let Some(inner) = weak.upgrade() {
@@ -57,30 +65,45 @@ impl Inner {
             RnicTransport::Tcp => PathLink::Tcp(self.open_tcp(&info, on_lost).await?),
             RnicTransport::Roce => self.connect_roce(&info, on_lost).await?,
         };
-        let mut slot = lock(&self.slots[path.0]);
+        let mut slot = lock(&slot);
         slot.generation = generation;
         slot.conn = Some(Arc::new(link));
         Ok(())
     }
 
     /// Opens the device protocol over TCP from `info`'s RNIC to its device
-    /// and learns the region keys the device's MAP gives.
+    /// (saying the pool's map epoch when it follows the map) and learns
+    /// the region keys the device's MAP gives. A device on a newer epoch
+    /// makes the pool catch up (the next attempt opens on that epoch).
     async fn open_tcp(
         &self,
         info: &crate::paths::PathInfo,
         on_lost: Box<dyn FnOnce() + Send>,
     ) -> Result<conn::PathConn, conn::ConnectError> {
-        let (conn, map) = conn::connect(
+        let epoch = self.epoch();
+        let view = conn::MapView {
+            digest: epoch.layout.digest(),
+            epoch: self.etcd.is_some().then_some(epoch.number),
+        };
+        let opened = conn::connect(
             &info.device_addr,
             info.local_addr.as_deref(),
             self.client.as_str(),
             self.key.clone(),
-            self.layout.digest(),
+            view,
             self.options.connect_timeout,
             on_lost,
         )
-        .await?;
-        self.region_keys.learn(&map);
+        .await;
+        let (conn, map) = match opened {
+            Ok(opened) => opened,
+            Err(e @ conn::ConnectError::NewerMap { theirs, .. }) => {
+                self.ensure_epoch(theirs).await;
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+        };
+        epoch.region_keys.learn(&map);
         Ok(conn)
     }
 
@@ -114,8 +137,8 @@ impl Inner {
         let config = LinkConfig {
             addr,
             client: self.client.to_string(),
-            digest: self.layout.digest(),
-            layout: topology::Layout::clone(&self.layout),
+            digest: self.epoch().layout.digest(),
+            layout: topology::Layout::clone(&self.epoch().layout),
             timeout: self.options.connect_timeout,
             rdma_device: info.rdma_device.clone(),
             key: self.key.clone(),
@@ -130,7 +153,7 @@ impl Inner {
             })??;
         // Requests that go over the control connection (WRITE_PERSIST,
         // FLUSH, ATOMIC_WRITE, atomics asked again) carry region keys.
-        self.region_keys.learn(&link.map);
+        self.epoch().region_keys.learn(&link.map);
         Ok(PathLink::Verbs(link))
     }
 
@@ -150,7 +173,8 @@ impl Inner {
     /// A connection died: the path is down until the prober brings it back.
     pub(super) fn connection_lost(&self, path: PathId, generation: u64) {
         {
-            let mut slot = lock(&self.slots[path.0]);
+            let Some(slot) = self.slot(path) else { return };
+            let mut slot = lock(&slot);
             if slot.generation != generation {
                 return;
             }
@@ -161,7 +185,8 @@ impl Inner {
     }
 
     pub(super) async fn translate(&self, vaddr: VirtAddr) -> Result<Translation, PoolError> {
-        match &self.translator {
+        let epoch = self.epoch();
+        match &epoch.translator {
             Backing::Fixed(translator) => self
                 .tlb
                 .translate(translator.as_ref(), vaddr)
@@ -201,6 +226,7 @@ impl Inner {
             records::EntryState::Live => {
                 let pmem = PmemAddr(entry.pmem);
                 let region = self
+                    .epoch()
                     .layout
                     .lookup(pmem)
                     .map(|at| at.offset.region)
@@ -233,6 +259,7 @@ impl Inner {
     ) -> Result<Response, PoolError> {
         let at = Address::Pmem(pmem);
         let region = self
+            .epoch()
             .layout
             .lookup(pmem)
             .map(|at| at.offset.region)
@@ -272,10 +299,11 @@ impl Inner {
     async fn refresh_keys(&self, region: RegionIndex) -> bool {
         const TRIES: u32 = 5;
         const PAUSE: Duration = Duration::from_millis(20);
-        if !self.region_keys.may_refresh(region, Instant::now()) {
+        let epoch = self.epoch();
+        if !epoch.region_keys.may_refresh(region, Instant::now()) {
             return false;
         }
-        let old = self.region_keys.get(region);
+        let old = epoch.region_keys.get(region);
         // Every device port speaks the opening, RoCE ports' control
         // connections included.
         let devices: Vec<_> = lock(&self.table).paths().to_vec();
@@ -288,7 +316,7 @@ impl Inner {
                     break;
                 }
             }
-            if self.region_keys.get(region) != old {
+            if epoch.region_keys.get(region) != old {
                 self.stats.key_refreshes.fetch_add(1, Ordering::Relaxed);
                 return true;
             }
@@ -412,14 +440,15 @@ impl Inner {
         spec: Spec<'_>,
     ) -> Result<Response, PoolError> {
         let _permit = self.depth.acquire().await.map_err(|_| PoolError::Closed)?;
-        let server = lock(&self.table)
-            .server_of(piece.region)
-            .unwrap_or_default();
+        // The region as the running epoch numbers it (found by address,
+        // which no epoch moves), its server and key; again after the pool
+        // moves to a newer epoch.
+        let (mut epoch_number, mut region, mut server, mut key) = self.placement(&piece)?;
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         let mut repr = request::Repr {
             operation: spec.operation,
             target: Target::Pmem(piece.pmem),
-            key: self.region_keys.resolve(piece.region, piece.key),
+            key,
             length: spec.length,
             exactly_once: None,
             on_behalf: None,
@@ -433,11 +462,16 @@ impl Inner {
             repr = repr.with_exactly_once(0, seq);
         }
         self.stats.requests.fetch_add(1, Ordering::Relaxed);
-        let mut attempts = Attempts::new(piece.region, Instant::now());
+        let mut attempts = Attempts::new(region, Instant::now());
         let mut first_path = None;
         // Whether an earlier attempt may have run the request.
         let mut again = false;
         loop {
+            if self.epoch().number != epoch_number {
+                (epoch_number, region, server, key) = self.placement(&piece)?;
+                repr.key = key;
+                attempts.renumber(region);
+            }
             let now = Instant::now();
             let next = attempts.next(&lock(&self.table), now);
             let path = match next {
@@ -496,6 +530,10 @@ impl Inner {
             }
             let now = Instant::now();
             match outcome {
+                Ok((response, _)) if response.status == Status::StaleMap => {
+                    self.stale_map(&mut attempts, path, server, response.value)
+                        .await;
+                }
                 Ok((response, current)) if !server_unreachable(response.status) => {
                     if current {
                         lock(&self.table).report_success(path, server, now);
@@ -517,6 +555,49 @@ impl Inner {
         }
     }
 
+    /// The running epoch's view of `piece`: the epoch, the region holding
+    /// the piece's address, its server and the key to send.
+    fn placement(&self, piece: &Piece) -> Result<(u64, RegionIndex, u16, AccessKey), PoolError> {
+        let epoch = self.epoch();
+        let region = epoch
+            .layout
+            .lookup(piece.pmem)
+            .map(|at| at.offset.region)
+            .ok_or(PoolError::Unmapped { at: piece.at })?;
+        let server = lock(&self.table).server_of(region).unwrap_or_default();
+        let key = epoch.region_keys.resolve(region, piece.key);
+        Ok((epoch.number, region, server, key))
+    }
+
+    /// A device answered STALE_MAP, carrying its epoch `theirs`: nothing
+    /// ran. A newer epoch is fetched (the request is then placed on it);
+    /// on the same epoch the connection had said an older one and is told
+    /// the current one; an older epoch means the device is behind, and the
+    /// request goes to another path or waits for this one to catch up.
+    async fn stale_map(&self, attempts: &mut Attempts, path: PathId, server: u16, theirs: u64) {
+        match StaleMap::of(self.epoch().number, theirs) {
+            StaleMap::CatchUp => {
+                self.stats.stale_newer.fetch_add(1, Ordering::Relaxed);
+                self.ensure_epoch(theirs).await;
+            }
+            StaleMap::SayAgain => {}
+            StaleMap::Behind => {
+                self.stats.stale_behind.fetch_add(1, Ordering::Relaxed);
+                self.attempt_failed(attempts, path, server, Failure::Behind, Instant::now());
+                return;
+            }
+        }
+        if self.say_epoch_on(path).await.is_none() {
+            self.attempt_failed(
+                attempts,
+                path,
+                server,
+                Failure::ConnectionLost,
+                Instant::now(),
+            );
+        }
+    }
+
     pub(super) fn attempt_failed(
         &self,
         attempts: &mut Attempts,
@@ -529,7 +610,9 @@ impl Inner {
         lock(&self.table).report_failure(path, server, failure, now);
         if failure == Failure::Timeout {
             // A path that stops answering is reconnected by the prober.
-            lock(&self.slots[path.0]).conn = None;
+            if let Some(slot) = self.slot(path) {
+                lock(&slot).conn = None;
+            }
         }
         self.prober.notify_one();
     }
@@ -537,10 +620,7 @@ impl Inner {
     /// Whether `conn` is still `path`'s connection (not replaced or dropped
     /// since an attempt started on it).
     pub(super) fn is_current(&self, path: PathId, conn: &Arc<PathLink>) -> bool {
-        lock(&self.slots[path.0])
-            .conn
-            .as_ref()
-            .is_some_and(|c| Arc::ptr_eq(c, conn))
+        self.conn(path).is_some_and(|c| Arc::ptr_eq(&c, conn))
     }
 
     /// One attempt on one path (`again`: an earlier attempt may have run
@@ -557,8 +637,7 @@ impl Inner {
         Result<(Response, bool), Failure>,
         Option<request::ExactlyOnce>,
     ) {
-        let conn = lock(&self.slots[path.0]).conn.clone();
-        let Some(conn) = conn else {
+        let Some(conn) = self.conn(path) else {
             return (Err(Failure::ConnectionLost), None);
         };
         lock(&self.table).started(path);
@@ -600,7 +679,8 @@ impl Inner {
                 Err(_) => lock(&self.table).probe_failed(probe, Instant::now()),
             },
             Some(server) => {
-                let Some(entry) = self
+                let epoch = self.epoch();
+                let Some(entry) = epoch
                     .layout
                     .entries()
                     .iter()
@@ -608,9 +688,19 @@ impl Inner {
                 else {
                     return;
                 };
-                let repr = request::Repr::read(Target::Pmem(entry.start), entry.key, 0);
+                let key = epoch.region_keys.resolve(entry.region, entry.key);
+                let repr = request::Repr::read(Target::Pmem(entry.start), key, 0);
                 let deadline = now + self.options.paths.attempt_timeout;
                 match self.attempt(probe.path, &repr, false, deadline).await.0 {
+                    // A device behind on the map is not back yet; one that
+                    // says the connection's epoch is old is told the
+                    // current one and asked again at the next probe.
+                    Ok((r, _)) if r.status == Status::StaleMap => {
+                        if r.value >= epoch.number {
+                            self.say_epoch_on(probe.path).await;
+                        }
+                        lock(&self.table).probe_failed(probe, Instant::now());
+                    }
                     Ok((r, true)) if !server_unreachable(r.status) => {
                         lock(&self.table).report_success(probe.path, server, Instant::now());
                         self.restored.notify_waiters();
@@ -618,6 +708,32 @@ impl Inner {
                     _ => lock(&self.table).probe_failed(probe, Instant::now()),
                 }
             }
+        }
+    }
+}
+
+/// What a STALE_MAP answer (nothing ran) asks of the client; the request
+/// is sent again in every case, with the same identity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum StaleMap {
+    /// The device runs a newer epoch: bring the map up to it, tell the
+    /// connection, send again.
+    CatchUp,
+    /// The device runs the client's epoch and the connection had said an
+    /// older one: tell the connection the current one, send again.
+    SayAgain,
+    /// The device runs an older epoch: it is behind its own watch; send
+    /// on another path, or on this one once it has caught up.
+    Behind,
+}
+
+impl StaleMap {
+    /// The answer to STALE_MAP carrying `theirs` to a client on `ours`.
+    pub(super) fn of(ours: u64, theirs: u64) -> Self {
+        match theirs.cmp(&ours) {
+            std::cmp::Ordering::Greater => StaleMap::CatchUp,
+            std::cmp::Ordering::Equal => StaleMap::SayAgain,
+            std::cmp::Ordering::Less => StaleMap::Behind,
         }
     }
 }
@@ -658,5 +774,33 @@ pub(super) async fn probe_loop(pool: Weak<Inner>, wake: Arc<Notify>) {
             () = wake.notified() => {}
             () = tokio::time::sleep_until(next.into()) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stale_map_catches_up_says_the_epoch_again_or_waits_for_the_device() {
+        assert_eq!(StaleMap::of(3, 4), StaleMap::CatchUp);
+        assert_eq!(StaleMap::of(3, 3), StaleMap::SayAgain);
+        assert_eq!(StaleMap::of(3, 2), StaleMap::Behind);
+        assert_eq!(
+            StaleMap::of(0, 1),
+            StaleMap::CatchUp,
+            "a file client met a fence"
+        );
+    }
+
+    #[test]
+    fn a_device_behind_is_not_a_server_down() {
+        let p = PathId(0);
+        assert!(!server_is_down(&[(p, Failure::Behind)]));
+        assert!(!server_is_down(&[
+            (p, Failure::ServerUnavailable),
+            (PathId(1), Failure::Behind)
+        ]));
+        assert!(server_is_down(&[(p, Failure::ServerUnavailable)]));
     }
 }

@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use topology::{AccessKey, RegionIndex};
+use topology::{AccessKey, Layout, RegionIndex};
 
 /// How often at most the keys of one region are asked for again after a
 /// refusal: a client without a grant must not turn each refused request
@@ -33,6 +33,19 @@ impl RegionKeys {
             keys: (0..regions).map(|_| AtomicU64::new(0)).collect(),
             refreshed: Mutex::new(vec![None; regions]),
         }
+    }
+
+    /// The keys for `layout`, a later epoch of `before`'s map: a region
+    /// both have keeps its key (found by its id: its index may differ),
+    /// new regions have none yet.
+    pub fn carried(&self, before: &Layout, layout: &Layout) -> Self {
+        let keys = Self::new(layout.entries().len());
+        for (slot, entry) in keys.keys.iter().zip(layout.entries()) {
+            if let Some(old) = before.entry_by_id(&entry.region_id) {
+                slot.store(self.get(old.region).get(), Ordering::Release);
+            }
+        }
+        keys
     }
 
     /// Records the keys `map` gives; returns how many changed.

@@ -23,7 +23,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use proto::request::Operation;
@@ -32,21 +32,23 @@ use topology::{AccessKey, ClientId, Layout, MetaLayout, PmemAddr, RegionIndex};
 
 use crate::error::Address;
 use crate::link::PathLink;
-use crate::paths::PathTable;
+use crate::paths::{PathId, PathTable};
 use crate::translate::{Tlb, Translator};
-use keys::RegionKeys;
+use epoch::Epoch;
 
 mod async_api;
 mod batch;
 mod blocking;
 mod builder;
 mod dispatch;
+mod epoch;
+mod follow;
 mod in_flight;
 mod keys;
 mod stats;
 
 pub use batch::{Batch, BatchOp, Completion};
-pub use builder::{PoolBuilder, PoolOptions, SECRETS_ENV};
+pub use builder::{ETCD_ENV, PoolBuilder, PoolOptions, SECRETS_ENV};
 use in_flight::InFlight;
 pub use stats::{PathStatus, Stats, StatsSnapshot};
 
@@ -62,21 +64,46 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+impl Inner {
+    /// The epoch the pool runs now.
+    fn epoch(&self) -> Arc<Epoch> {
+        Arc::clone(&self.epoch.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// `path`'s slot (`None` for a path of a newer epoch than the one
+    /// looked at).
+    fn slot(&self, path: PathId) -> Option<Arc<Mutex<Slot>>> {
+        self.epoch().slots.get(path.0).cloned()
+    }
+
+    /// `path`'s current connection, if any.
+    fn conn(&self, path: PathId) -> Option<Arc<PathLink>> {
+        self.slot(path).and_then(|slot| lock(&slot).conn.clone())
+    }
+}
+
 #[derive(Debug)]
 struct Inner {
     client: ClientId,
     /// The client's position in the topology.
     client_index: u16,
     pool_name: String,
-    layout: Arc<Layout>,
-    /// The region keys the devices gave.
-    region_keys: RegionKeys,
-    translator: Backing,
+    /// Everything that depends on the map's epoch, swapped as one.
+    epoch: RwLock<Arc<Epoch>>,
+    /// The caller's translator, kept across epochs.
+    custom_translator: Option<Arc<dyn Translator>>,
+    /// Where the map comes from when the pool follows it in etcd.
+    etcd: Option<control::MapSource>,
+    /// Held while a new epoch is applied, so two never interleave.
+    applying: tokio::sync::Mutex<()>,
+    /// Woken whenever a new epoch is applied.
+    applied: Notify,
+    /// Maps a request read from etcd itself, for the follower to apply.
+    direct: Option<follow::DirectMaps>,
     /// The client's key, proven to every device (with secrets).
     key: Option<proto::auth::Key>,
     tlb: Tlb,
     table: Mutex<PathTable>,
-    slots: Vec<Mutex<Slot>>,
     seq: AtomicU64,
     depth: Semaphore,
     in_flight: InFlight,

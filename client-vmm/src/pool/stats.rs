@@ -15,6 +15,17 @@ pub struct Stats {
     pub reconnects: AtomicU64,
     /// Region keys learnt again after a server refused a rotated one.
     pub key_refreshes: AtomicU64,
+    /// New epochs of the cluster map the pool moved to.
+    pub map_epochs: AtomicU64,
+    /// New maps the pool refused (it stayed on its epoch).
+    pub maps_refused: AtomicU64,
+    /// Requests a device answered STALE_MAP with a newer epoch than the
+    /// pool's: the pool caught up and sent them again.
+    pub stale_newer: AtomicU64,
+    /// Requests a device answered STALE_MAP with an older epoch (or the
+    /// same, on a connection that had said an older one): sent again on
+    /// another path or later.
+    pub stale_behind: AtomicU64,
 }
 
 /// A snapshot of [`Stats`].
@@ -30,6 +41,16 @@ pub struct StatsSnapshot {
     pub reconnects: u64,
     /// Region keys learnt again after a server refused a rotated one.
     pub key_refreshes: u64,
+    /// New epochs of the cluster map the pool moved to.
+    pub map_epochs: u64,
+    /// New maps refused (the pool stayed on its epoch).
+    pub maps_refused: u64,
+    /// Requests answered STALE_MAP with a newer epoch, sent again after
+    /// catching up.
+    pub stale_newer: u64,
+    /// Requests answered STALE_MAP by a device behind, sent again on
+    /// another path or later.
+    pub stale_behind: u64,
 }
 
 /// One path as `pmemctl map` shows it.
@@ -43,8 +64,11 @@ pub struct PathStatus {
     pub device: String,
     /// Where it connects.
     pub device_addr: String,
-    /// Up or down.
+    /// Up or down (a retired path is down).
     pub up: bool,
+    /// The map no longer wires it: it takes no new requests and is closed
+    /// once its last one is done.
+    pub retired: bool,
     /// Requests outstanding on it.
     pub outstanding: usize,
 }

@@ -70,8 +70,13 @@ pub enum CliError {
     Damaged { blocks: usize, regions: usize },
     #[error("--client ID is needed for this command (one of the topology's clients)")]
     NoClient,
-    #[error("--config TOPOLOGY is needed for this command (the file the daemons read)")]
+    #[error(
+        "--config TOPOLOGY is needed for this command (the file the daemons read), or --etcd \
+         URLS (or $PMEM_FABRIC_ETCD) to take the pool's map from etcd"
+    )]
     NoConfig,
+    #[error(transparent)]
+    Map(#[from] control::MapSourceError),
     #[error(transparent)]
     Cluster(#[from] crate::cluster::ClusterError),
 }
@@ -310,6 +315,12 @@ impl Ctl<'_> {
             ByteSize(layout.extent_size()),
             layout.digest_hex()
         );
+        if self.pool.map_epoch() > 0 {
+            text.insert_str(
+                text.len() - 1,
+                &format!("map epoch {} from etcd\n", self.pool.map_epoch()),
+            );
+        }
         text.push_str(&show::table(
             &["REGION", "SERVER", "SOCKET", "VIRTUAL", "PMEM", "SIZE"],
             &rows,
