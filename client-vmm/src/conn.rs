@@ -326,7 +326,8 @@ pub enum EpochAnswer {
     /// The client follows no map and said none.
     NotSaid,
     /// The device does not fence connections by epoch (it answered
-    /// MAP_EPOCH with an error): the connection is unfenced, and the MAP's
+    /// MAP_EPOCH with an error, or with epoch 0: it reads a topology file
+    /// and follows no map): the connection is unfenced, and the MAP's
     /// digest says whether both run the same map.
     Unfenced,
     /// The device runs this epoch, not newer than the client's.
@@ -339,6 +340,7 @@ impl EpochAnswer {
     /// The answer carried by the ACKNOWLEDGE of a MAP_EPOCH.
     pub fn of(response: &Response) -> Self {
         match response.status {
+            Status::Ok if response.value == 0 => EpochAnswer::Unfenced,
             Status::Ok => EpochAnswer::Runs(response.value),
             Status::StaleMap => EpochAnswer::Newer(response.value),
             _ => EpochAnswer::Unfenced,
@@ -768,6 +770,8 @@ mod tests {
     #[test]
     fn a_map_epoch_answer_says_the_devices_epoch_or_that_it_does_not_fence() {
         assert_eq!(EpochAnswer::of(&ack(Status::Ok, 4)), EpochAnswer::Runs(4));
+        // A device on a topology file acknowledges with epoch 0.
+        assert_eq!(EpochAnswer::of(&ack(Status::Ok, 0)), EpochAnswer::Unfenced);
         assert_eq!(
             EpochAnswer::of(&ack(Status::StaleMap, 9)),
             EpochAnswer::Newer(9)
