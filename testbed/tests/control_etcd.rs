@@ -401,6 +401,8 @@ fn up_in_network_namespaces_on_three_etcd_members_and_down_again() {
     assert!(shown.status.success(), "{out}");
     assert!(out.contains("map epoch 1"), "{out}");
     assert_eq!(out.matches("live at").count(), 4, "{out}");
+    // Their records carry their management addresses (10.240.0.0/12).
+    assert_eq!(out.matches("live at 10.2").count(), 4, "{out}");
     let prefix = printed
         .iter()
         .find_map(|l| l.split_whitespace().find(|w| w.starts_with("pf")))
