@@ -172,6 +172,18 @@ pub enum LaunchError {
          under the workload)", .0.program()
     )]
     HoldBackNeedsEtcd(DaemonKind),
+    /// The servers refuse a device added to the map under them.
+    #[error(
+        "fabric device {id} was added to the map but the servers refuse its links \
+         (UNKNOWN_CLIENT in {log}): a pmem-server reads the fabric devices' keys once, from \
+         the map it starts on, so it knows an added device only after its restart"
+    )]
+    AddedDeviceRefused {
+        /// The device.
+        id: String,
+        /// Its log.
+        log: String,
+    },
     /// The first map could not be made, or a membership change failed.
     #[error(transparent)]
     Membership(#[from] MembershipError),
@@ -372,7 +384,8 @@ impl Fabric {
             Keys::Fresh => {
                 let dir = std::path::absolute(options.run_dir.join("secrets"))
                     .map_err(LaunchError::Io)?;
-                crate::keys::generate(&topology, &dir)?;
+                // The held-back daemon's key too: it starts later.
+                crate::keys::generate(&whole, &dir)?;
                 Some(dir)
             }
             Keys::Folder(dir) => Some(std::path::absolute(dir).map_err(LaunchError::Io)?),

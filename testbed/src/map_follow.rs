@@ -1,14 +1,14 @@
 //! `testbed map-follow`: how long every daemon of a fabric on etcd takes to
 //! run a new map epoch. The operator writes the map again, unchanged, at
-//! the next epoch (a change each daemon must follow, nothing else); from
-//! the moment the write returns, one thread per daemon asks its
-//! `/metrics` for its epoch until it shows the new one. A report, not a
-//! test: the figures depend on the machine and its load, and each is late
-//! by up to one scrape of `/metrics`.
+//! the next epoch (a change each daemon must follow, nothing else); the
+//! time is from the write returning (wall clock) to the daemon's log line
+//! `map epoch=N applied` (its own timestamp, in microseconds). The next
+//! change waits until every daemon's `/metrics` shows the epoch. A report,
+//! not a test: the figures depend on the machine and its load.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use topology::Topology;
@@ -89,49 +89,101 @@ pub fn measure(topology: &Topology, plan: &FollowPlan) -> anyhow::Result<FollowR
         .into_iter()
         .filter_map(|e| Some((format!("{} {}", e.kind.program(), e.id), e.admin.parse().ok()?)))
         .collect();
-    let mut report = FollowReport::default();
+    let mut written = Vec::new();
     for _ in 0..plan.changes {
         let epoch = etcd.bump_epoch().context("change the map")?;
-        let written = Instant::now();
-        let times = std::thread::scope(|scope| {
-            let waits: Vec<_> = daemons
-                .iter()
-                .map(|(name, admin)| {
-                    scope.spawn(move || (name.clone(), await_epoch(*admin, epoch, written)))
-                })
-                .collect();
-            waits
-                .into_iter()
-                .map(|w| w.join().expect("a waiting thread does not panic"))
-                .collect::<Vec<_>>()
-        });
+        written.push((epoch, unix_us_now()));
+        let since = Instant::now();
+        for (daemon, admin) in &daemons {
+            if !await_epoch(*admin, epoch, since) {
+                anyhow::bail!("{daemon} did not reach epoch {epoch} within {FOLLOW_LIMIT:?}");
+            }
+        }
+    }
+    let mut report = FollowReport::default();
+    let logs = plan.run_dir.join("logs");
+    let mut applied: BTreeMap<String, BTreeMap<u64, i64>> = BTreeMap::new();
+    for (daemon, _) in &daemons {
+        let file = logs.join(format!("{}.log", daemon.replace(' ', "-")));
+        applied.insert(daemon.clone(), applied_epochs(&file)?);
+    }
+    for (epoch, at_us) in written {
         let mut slowest = 0.0f64;
-        for (daemon, time) in times {
-            let ms = time.with_context(|| format!("{daemon} did not reach epoch {epoch}"))?;
+        for (daemon, epochs) in &applied {
+            let seen = epochs.get(&epoch).with_context(|| {
+                format!("{daemon}'s log has no `map epoch={epoch} applied` line")
+            })?;
+            // A daemon may log before the write's answer reaches us.
+            let ms = ((seen - at_us) as f64 / 1000.0).max(0.0);
             slowest = slowest.max(ms);
-            report.per_daemon_ms.entry(daemon).or_default().push(ms);
+            report.per_daemon_ms.entry(daemon.clone()).or_default().push(ms);
         }
         report.all_ms.push(slowest);
-        // Changes one at a time: the next after every daemon ran this one.
-        std::thread::sleep(Duration::from_millis(50));
     }
     fabric.stop();
     Ok(report)
 }
 
-/// Asks `admin`'s `/metrics` until its epoch is `epoch` or later; the
-/// milliseconds from `since` to the answer that showed it.
-fn await_epoch(admin: std::net::SocketAddr, epoch: u64, since: Instant) -> Option<f64> {
+/// Asks `admin`'s `/metrics` every 10 ms until its epoch is `epoch` or
+/// later; false after [`FOLLOW_LIMIT`] from `since`.
+fn await_epoch(admin: std::net::SocketAddr, epoch: u64, since: Instant) -> bool {
     while since.elapsed() < FOLLOW_LIMIT {
         let seen = telemetry::http_get(admin, "/metrics", Duration::from_secs(2))
             .ok()
             .and_then(|(_, text)| epoch_in(&text));
         if seen.is_some_and(|seen| seen >= epoch) {
-            return Some(since.elapsed().as_secs_f64() * 1000.0);
+            return true;
         }
-        std::thread::sleep(Duration::from_millis(1));
+        std::thread::sleep(Duration::from_millis(10));
     }
-    None
+    false
+}
+
+fn unix_us_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+}
+
+/// Every `map epoch=N applied` line of a daemon's log: N and when, in
+/// microseconds since the Unix epoch.
+fn applied_epochs(log: &Path) -> anyhow::Result<BTreeMap<u64, i64>> {
+    let text =
+        std::fs::read_to_string(log).with_context(|| format!("read {}", log.display()))?;
+    Ok(text
+        .lines()
+        .filter_map(|line| {
+            let at = line.find("map epoch=")? + "map epoch=".len();
+            let rest = &line[at..];
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            if !rest[digits.len()..].starts_with(" applied") {
+                return None;
+            }
+            let when = unix_us_of(line.split_whitespace().next()?)?;
+            Some((digits.parse().ok()?, when))
+        })
+        .collect())
+}
+
+/// A log line's UTC timestamp (`2026-11-27T14:45:07.450552Z`) in
+/// microseconds since the Unix epoch.
+fn unix_us_of(stamp: &str) -> Option<i64> {
+    let stamp = stamp.strip_suffix('Z')?;
+    let (date, time) = stamp.split_once('T')?;
+    let mut ymd = date.split('-').map(|p| p.parse::<i64>().ok());
+    let (y, m, d) = (ymd.next()??, ymd.next()??, ymd.next()??);
+    let (hms, fraction) = time.split_once('.').unwrap_or((time, "0"));
+    let mut parts = hms.split(':').map(|p| p.parse::<i64>().ok());
+    let (hh, mm, ss) = (parts.next()??, parts.next()??, parts.next()??);
+    let micros: String = fraction.chars().chain(std::iter::repeat('0')).take(6).collect();
+    // Days since 1970-01-01 of a proleptic Gregorian date.
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (m + if m > 2 { -3 } else { 9 }) + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(((days * 86_400 + hh * 3600 + mm * 60 + ss) * 1_000_000) + micros.parse::<i64>().ok()?)
 }
 
 #[cfg(test)]
@@ -143,5 +195,35 @@ mod tests {
         assert_eq!(p50_max(&[]), (0.0, 0.0));
         assert_eq!(p50_max(&[3.0, 1.0, 2.0]), (2.0, 3.0));
         assert_eq!(p50_max(&[4.0, 1.0, 3.0, 2.0]), (2.0, 4.0));
+    }
+
+    #[test]
+    fn log_timestamps_are_read_as_unix_microseconds() {
+        assert_eq!(unix_us_of("1970-01-01T00:00:00Z"), Some(0));
+        assert_eq!(unix_us_of("1970-01-02T00:00:01.5Z"), Some(86_401_500_000));
+        // 2026-11-27 is day 20_784 since 1970-01-01.
+        assert_eq!(
+            unix_us_of("2026-11-27T14:45:07.450552Z"),
+            Some((20_784 * 86_400 + 14 * 3600 + 45 * 60 + 7) * 1_000_000 + 450_552)
+        );
+        assert_eq!(unix_us_of("yesterday"), None);
+    }
+
+    #[test]
+    fn applied_lines_are_found_and_the_was_epoch_is_not_taken_for_one() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let log = dir.path().join("d.log");
+        std::fs::write(
+            &log,
+            "1970-01-01T00:00:01Z  INFO x: map epoch=3 applied (was epoch=2): 4 regions\n\
+             1970-01-01T00:00:02.000001Z  INFO x: map epoch=4 applied (was epoch=3)\n\
+             1970-01-01T00:00:03Z  WARN x: refusing the map: keeping epoch=4\n",
+        )
+        .expect("write");
+        let epochs = applied_epochs(&log).expect("read");
+        assert_eq!(
+            epochs.into_iter().collect::<Vec<_>>(),
+            [(3, 1_000_000), (4, 2_000_001)]
+        );
     }
 }

@@ -56,7 +56,9 @@ impl Fabric {
         self.follow_edit(&edited)?;
         self.held = None;
         self.spawn(held.kind, &held.id)?;
-        self.await_ready(held.kind, &held.id)?;
+        if let Err(err) = self.await_ready(held.kind, &held.id) {
+            return Err(self.explain_refusal(held.kind, &held.id, err));
+        }
         if held.kind == DaemonKind::PmemServer {
             for device in self.daemon_ids(DaemonKind::FabricDevice) {
                 self.await_links(&device)?;
@@ -86,6 +88,21 @@ impl Fabric {
             epoch,
             id: id.to_owned(),
         })
+    }
+
+    /// A device added to the map whose links the servers refuse as an
+    /// unknown peer: the servers read the devices' keys once, at their
+    /// start, from the map they started on.
+    fn explain_refusal(&self, kind: DaemonKind, id: &str, err: LaunchError) -> LaunchError {
+        let log = self.log_path(kind, id);
+        let refused = std::fs::read_to_string(&log).is_ok_and(|t| t.contains("UNKNOWN_CLIENT"));
+        if kind == DaemonKind::FabricDevice && refused {
+            return LaunchError::AddedDeviceRefused {
+                id: id.to_owned(),
+                log,
+            };
+        }
+        err
     }
 
     /// Takes the edited map as the fabric's topology (what daemons started
