@@ -107,7 +107,7 @@ pub enum EtcdControlError {
     NoLeader(String),
     /// A membership change could not be made on the map.
     #[error("cannot change the map in etcd: {0}")]
-    Edit(#[from] EditError),
+    Edit(#[source] Box<EditError>),
 }
 
 /// Where each daemon reaches etcd from: the local address (the root end of
@@ -268,7 +268,8 @@ impl EtcdControl {
             let mut operator =
                 ControlPlane::connect(&self.endpoints, &self.pool, Some(&self.operator)).await?;
             let current = operator.read_map().await?;
-            let edited = edit(&current.map.topology)?;
+            let edited =
+                edit(&current.map.topology).map_err(|e| EtcdControlError::Edit(Box::new(e)))?;
             let changed = operator.change_map(&current, &edited.topology).await?;
             operator.set_intent(role, &edited.subject, intent).await?;
             Ok((changed.map.epoch, edited))

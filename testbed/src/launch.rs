@@ -377,7 +377,9 @@ impl Fabric {
                 &text,
                 members,
                 &options.run_dir,
-                &net.as_ref().map(|(plan, _)| etcd_reach(plan)).unwrap_or_default(),
+                &net.as_ref()
+                    .map(|(plan, _)| etcd_reach(plan))
+                    .unwrap_or_default(),
             )?),
         };
         let secrets = match &options.keys {

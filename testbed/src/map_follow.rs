@@ -87,7 +87,12 @@ pub fn measure(topology: &Topology, plan: &FollowPlan) -> anyhow::Result<FollowR
     let daemons: Vec<(String, std::net::SocketAddr)> = fabric
         .endpoints()
         .into_iter()
-        .filter_map(|e| Some((format!("{} {}", e.kind.program(), e.id), e.admin.parse().ok()?)))
+        .filter_map(|e| {
+            Some((
+                format!("{} {}", e.kind.program(), e.id),
+                e.admin.parse().ok()?,
+            ))
+        })
         .collect();
     let mut written = Vec::new();
     for _ in 0..plan.changes {
@@ -116,7 +121,11 @@ pub fn measure(topology: &Topology, plan: &FollowPlan) -> anyhow::Result<FollowR
             // A daemon may log before the write's answer reaches us.
             let ms = ((seen - at_us) as f64 / 1000.0).max(0.0);
             slowest = slowest.max(ms);
-            report.per_daemon_ms.entry(daemon.clone()).or_default().push(ms);
+            report
+                .per_daemon_ms
+                .entry(daemon.clone())
+                .or_default()
+                .push(ms);
         }
         report.all_ms.push(slowest);
     }
@@ -148,8 +157,7 @@ fn unix_us_now() -> i64 {
 /// Every `map epoch=N applied` line of a daemon's log: N and when, in
 /// microseconds since the Unix epoch.
 fn applied_epochs(log: &Path) -> anyhow::Result<BTreeMap<u64, i64>> {
-    let text =
-        std::fs::read_to_string(log).with_context(|| format!("read {}", log.display()))?;
+    let text = std::fs::read_to_string(log).with_context(|| format!("read {}", log.display()))?;
     Ok(text
         .lines()
         .filter_map(|line| {
@@ -175,7 +183,11 @@ fn unix_us_of(stamp: &str) -> Option<i64> {
     let (hms, fraction) = time.split_once('.').unwrap_or((time, "0"));
     let mut parts = hms.split(':').map(|p| p.parse::<i64>().ok());
     let (hh, mm, ss) = (parts.next()??, parts.next()??, parts.next()??);
-    let micros: String = fraction.chars().chain(std::iter::repeat('0')).take(6).collect();
+    let micros: String = fraction
+        .chars()
+        .chain(std::iter::repeat('0'))
+        .take(6)
+        .collect();
     // Days since 1970-01-01 of a proleptic Gregorian date.
     let y = if m <= 2 { y - 1 } else { y };
     let era = y.div_euclid(400);

@@ -26,7 +26,7 @@ pub enum MembershipError {
         id: String,
         /// Why.
         #[source]
-        source: control::edit::EditError,
+        source: Box<control::edit::EditError>,
     },
     /// The topology or a part of it does not convert to or from TOML.
     #[error("cannot write the topology of the first map as TOML: {0}")]
@@ -105,7 +105,7 @@ pub fn hold_back(topology: &Topology, kind: DaemonKind) -> Result<FirstMap, Memb
     };
     let edited = edited.map_err(|source| MembershipError::Edit {
         id: id.clone(),
-        source,
+        source: Box::new(source),
     })?;
     let first = Topology::from_toml_str("the first map", &edited.topology, &EnvOverrides::None)
         .map_err(|e| MembershipError::Toml(e.to_string()))?;
@@ -179,9 +179,12 @@ mod tests {
         assert!(first.topology.validate().is_ok());
         let map = toml::to_string(&first.topology).expect("toml");
         let added = control::edit::add_server(&map, &first.held.snippet).expect("added back");
-        let back = Topology::from_toml_str("back", &added.topology, &EnvOverrides::None)
-            .expect("parses");
-        assert_eq!(back.servers.last().map(|s| s.id.clone()), Some(last.clone()));
+        let back =
+            Topology::from_toml_str("back", &added.topology, &EnvOverrides::None).expect("parses");
+        assert_eq!(
+            back.servers.last().map(|s| s.id.clone()),
+            Some(last.clone())
+        );
         for device in &topology.fabric_devices {
             let before = device.links.iter().filter(|l| l.server == last).count();
             let after = back
@@ -202,7 +205,11 @@ mod tests {
         let id = first.held.id.as_str();
         assert!(first.topology.fabric_device(&id.into()).is_none());
         for client in &first.topology.clients {
-            assert!(!client.rnics.is_empty(), "client {} keeps a path", client.id);
+            assert!(
+                !client.rnics.is_empty(),
+                "client {} keeps a path",
+                client.id
+            );
         }
         let map = toml::to_string(&first.topology).expect("toml");
         control::edit::add_device(&map, &first.held.snippet).expect("added back");

@@ -108,8 +108,9 @@ impl Fabric {
     /// Takes the edited map as the fabric's topology (what daemons started
     /// from now on are checked against); the workers keep theirs.
     fn follow_edit(&mut self, edited: &Edited) -> Result<(), LaunchError> {
-        let topology = Topology::from_toml_str("the changed map", &edited.topology, &EnvOverrides::None)
-            .map_err(|e| LaunchError::Membership(MembershipError::Toml(e.to_string())))?;
+        let topology =
+            Topology::from_toml_str("the changed map", &edited.topology, &EnvOverrides::None)
+                .map_err(|e| LaunchError::Membership(MembershipError::Toml(e.to_string())))?;
         self.topology = topology;
         Ok(())
     }
