@@ -8,14 +8,20 @@
 //! Members of a cluster run on one host with distinct loopback ports, not
 //! in network namespaces of their own: killing a member (or the leader)
 //! is what the chaos scenarios need, and a partition between members is
-//! not one of them.
+//! not one of them. With `--net netns` every member also takes clients on
+//! the root end of each daemon's management link, so a daemon in its
+//! namespace reaches etcd over its own management link and nothing else
+//! (clients' namespaces have no route to it).
 
+use std::collections::BTreeMap;
 use std::ffi::OsString;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use control::access::{self, PoolCredentials};
-use control::{ControlError, ControlPlane, Endpoints, Role};
+use control::edit::{EditError, Edited};
+use control::{ControlError, ControlPlane, Credentials, Endpoints, Intent, Role};
 use testkit::Etcd;
 use topology::Topology;
 
@@ -62,7 +68,8 @@ pub struct ControlArgs {
     #[arg(long, value_enum, default_value = "file")]
     pub control: ControlKind,
     /// With --control etcd: how many etcd members (on loopback, distinct
-    /// ports).
+    /// ports; with --net netns they also listen on the daemons'
+    /// management links).
     #[arg(long, default_value_t = 1)]
     pub etcd_members: usize,
 }
@@ -98,6 +105,22 @@ pub enum EtcdControlError {
     /// No member says it leads.
     #[error("no etcd member is the leader now ({0})")]
     NoLeader(String),
+    /// A membership change could not be made on the map.
+    #[error("cannot change the map in etcd: {0}")]
+    Edit(#[source] Box<EditError>),
+}
+
+/// Where each daemon reaches etcd from: the local address (the root end of
+/// its management link) for daemons in network namespaces; a daemon not
+/// named reaches it on loopback.
+pub type DaemonReach = BTreeMap<(Role, String), IpAddr>;
+
+/// The role the control plane gives a daemon kind.
+pub fn role_of(kind: DaemonKind) -> Role {
+    match kind {
+        DaemonKind::PmemServer => Role::Server,
+        DaemonKind::FabricDevice => Role::Device,
+    }
 }
 
 /// A running etcd holding a fabric's map, with its users' credentials.
@@ -107,6 +130,9 @@ pub struct EtcdControl {
     endpoints: Endpoints,
     pool: String,
     credentials: PathBuf,
+    operator: Credentials,
+    /// Each daemon's endpoints when it does not reach etcd on loopback.
+    reach: BTreeMap<(Role, String), Endpoints>,
     /// The members a fault killed, to restart.
     killed: Vec<usize>,
 }
@@ -120,18 +146,32 @@ fn runtime() -> Result<tokio::runtime::Runtime, EtcdControlError> {
 }
 
 impl EtcdControl {
-    /// Starts `members` etcd members under `run_dir/etcd`, sets up the
-    /// pool's users (credentials files in `run_dir/etcd-credentials`),
-    /// turns authentication on and loads `topology_text` (the TOML of
-    /// `topology`) as the pool's map, at epoch 1, as its operator.
+    /// Starts `members` etcd members under `run_dir/etcd` (also taking
+    /// clients on every address of `reach`), sets up a user for every
+    /// daemon of `topology` (credentials files in
+    /// `run_dir/etcd-credentials`), turns authentication on and loads
+    /// `map_text` (the TOML of `topology`, or of part of it) as the pool's
+    /// map, at epoch 1, as its operator.
     pub fn start(
         topology: &Topology,
-        topology_text: &str,
+        map_text: &str,
         members: usize,
         run_dir: &Path,
+        reach: &DaemonReach,
     ) -> Result<Self, EtcdControlError> {
         let dir = run_dir.join("etcd");
-        let mut cluster = Etcd::start_cluster(&dir, members).map_err(EtcdControlError::Etcd)?;
+        let mut hosts: Vec<IpAddr> = reach.values().copied().collect();
+        hosts.sort();
+        hosts.dedup();
+        let mut cluster =
+            Etcd::start_cluster_on(&dir, members, &hosts).map_err(EtcdControlError::Etcd)?;
+        let mut reached = BTreeMap::new();
+        for (daemon, host) in reach {
+            let urls: Vec<String> = cluster.iter().map(|m| m.endpoint_on(*host)).collect();
+            let endpoints = Endpoints::parse(&urls.join(","))
+                .map_err(|e| EtcdControlError::Etcd(format!("the endpoints on {host}: {e}")))?;
+            reached.insert(daemon.clone(), endpoints);
+        }
         let urls: Vec<String> = cluster.iter().map(Etcd::endpoint).collect();
         let endpoints = Endpoints::parse(&urls.join(","))
             .map_err(|e| EtcdControlError::Etcd(format!("its endpoints: {e}")))?;
@@ -142,7 +182,7 @@ impl EtcdControl {
             let made = access::secure(&endpoints, &pool, &daemons(topology), None).await?;
             let mut operator =
                 ControlPlane::connect(&endpoints, &pool, Some(&made.operator)).await?;
-            operator.init(topology_text).await?;
+            operator.init(map_text).await?;
             Ok::<_, ControlError>(made)
         })?;
         made.write_to(&credentials)?;
@@ -156,6 +196,8 @@ impl EtcdControl {
             endpoints,
             pool,
             credentials,
+            operator: made.operator,
+            reach: reached,
             killed: Vec::new(),
         })
     }
@@ -180,15 +222,20 @@ impl EtcdControl {
         access::operator_file(&self.credentials)
     }
 
-    /// The flags that put daemon `kind` `id` on this etcd, as its own user.
+    /// The etcd endpoints daemon `kind` `id` reaches.
+    pub fn endpoints_for(&self, kind: DaemonKind, id: &str) -> &Endpoints {
+        self.reach
+            .get(&(role_of(kind), id.to_owned()))
+            .unwrap_or(&self.endpoints)
+    }
+
+    /// The flags that put daemon `kind` `id` on this etcd, as its own user,
+    /// on endpoints it reaches.
     pub fn daemon_args(&self, kind: DaemonKind, id: &str) -> Vec<OsString> {
-        let role = match kind {
-            DaemonKind::PmemServer => Role::Server,
-            DaemonKind::FabricDevice => Role::Device,
-        };
+        let role = role_of(kind);
         vec![
             "--etcd".into(),
-            self.endpoints.to_string().into(),
+            self.endpoints_for(kind, id).to_string().into(),
             "--pool".into(),
             self.pool.clone().into(),
             "--etcd-credentials".into(),
@@ -204,6 +251,50 @@ impl EtcdControl {
             self.pool,
             self.operator_credentials().display()
         )
+    }
+
+    /// Changes the map as its operator would with `pmemctl cluster`: reads
+    /// it, applies `edit` to its topology, writes the result at the next
+    /// epoch (refused if anyone changed the map meanwhile) and records
+    /// `intent` for the subject (`role`). Returns the new epoch and what
+    /// the edit said.
+    pub fn change_map(
+        &self,
+        role: Role,
+        intent: Intent,
+        edit: impl FnOnce(&str) -> Result<Edited, EditError>,
+    ) -> Result<(u64, Edited), EtcdControlError> {
+        runtime()?.block_on(async {
+            let mut operator =
+                ControlPlane::connect(&self.endpoints, &self.pool, Some(&self.operator)).await?;
+            let current = operator.read_map().await?;
+            let edited =
+                edit(&current.map.topology).map_err(|e| EtcdControlError::Edit(Box::new(e)))?;
+            let changed = operator.change_map(&current, &edited.topology).await?;
+            operator.set_intent(role, &edited.subject, intent).await?;
+            Ok((changed.map.epoch, edited))
+        })
+    }
+
+    /// The map's epoch now.
+    pub fn epoch(&self) -> Result<u64, EtcdControlError> {
+        runtime()?.block_on(async {
+            let mut operator =
+                ControlPlane::connect(&self.endpoints, &self.pool, Some(&self.operator)).await?;
+            Ok(operator.read_map().await?.map.epoch)
+        })
+    }
+
+    /// Writes the current map again, unchanged, at the next epoch (a change
+    /// every daemon must follow and nothing else); returns the new epoch.
+    pub fn bump_epoch(&self) -> Result<u64, EtcdControlError> {
+        runtime()?.block_on(async {
+            let mut operator =
+                ControlPlane::connect(&self.endpoints, &self.pool, Some(&self.operator)).await?;
+            let current = operator.read_map().await?;
+            let topology = current.map.topology.clone();
+            Ok(operator.change_map(&current, &topology).await?.map.epoch)
+        })
     }
 
     /// The members' names, in order.

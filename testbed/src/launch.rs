@@ -22,12 +22,16 @@ use std::time::{Duration, Instant};
 use client_vmm::{AllocError, Allocator, AsyncPool, error_chain};
 use topology::Topology;
 
-use crate::etcd::{Control, EtcdControl, EtcdControlError};
+use crate::etcd::{Control, DaemonReach, EtcdControl, EtcdControlError};
 use crate::guest_server::{GuestPaths, GuestServer, GuestServerError, guest_address};
 use crate::lab::{LabError, LabNet};
+use crate::membership::{HeldBack, MembershipError};
 use crate::netns::{self, NetPlan, NetnsGuard};
 
+mod map_changes;
 mod supervision;
+
+pub use map_changes::MapChange;
 pub use supervision::Exited;
 
 /// How hosts are networked.
@@ -86,6 +90,10 @@ pub struct LaunchOptions {
     /// Where the daemons take their map from (the topology file by
     /// default; a real etcd started with the fabric otherwise).
     pub control: Control,
+    /// A daemon of this kind is kept out of the first map and not started,
+    /// to be added under the workload ([`Fabric::admit_held`]; needs
+    /// `--control etcd`).
+    pub hold_back: Option<DaemonKind>,
 }
 
 /// Where a fabric's keys come from. With keys every daemon gets
@@ -123,6 +131,7 @@ impl LaunchOptions {
             keys: Keys::Fresh,
             format: false,
             control: Control::File,
+            hold_back: None,
         })
     }
 }
@@ -151,12 +160,33 @@ pub enum LaunchError {
     /// The control plane (etcd) could not be brought up.
     #[error("cannot bring the control plane up")]
     Etcd(#[from] EtcdControlError),
-    /// etcd runs on loopback only.
+    /// etcd is not reachable from lab guests.
     #[error(
-        "--control etcd runs with --net loopback only for now (etcd listens on 127.0.0.1, which \
-         daemons in namespaces or lab guests do not reach)"
+        "--control etcd runs with --net loopback or --net netns (lab guests do not reach the \
+         run's etcd)"
     )]
     EtcdNeedsLoopback,
+    /// A daemon can be held back from the first map only on etcd.
+    #[error(
+        "holding a {} back from the first map needs --control etcd (the file map cannot change \
+         under the workload)", .0.program()
+    )]
+    HoldBackNeedsEtcd(DaemonKind),
+    /// The servers refuse a device added to the map under them.
+    #[error(
+        "fabric device {id} was added to the map but the servers refuse its links \
+         (UNKNOWN_CLIENT in {log}): a pmem-server reads the fabric devices' keys once, from \
+         the map it starts on, so it knows an added device only after its restart"
+    )]
+    AddedDeviceRefused {
+        /// The device.
+        id: String,
+        /// Its log.
+        log: String,
+    },
+    /// The first map could not be made, or a membership change failed.
+    #[error(transparent)]
+    Membership(#[from] MembershipError),
     /// The principals' keys could not be made.
     #[error("cannot make the principals' keys")]
     Keys(#[from] topology::secrets::SecretError),
@@ -251,6 +281,8 @@ pub struct Fabric {
     secrets: Option<PathBuf>,
     /// The control plane, with `--control etcd`.
     etcd: Option<EtcdControl>,
+    /// The daemon kept out of the first map, until it is admitted.
+    held: Option<HeldBack>,
 }
 
 /// How long a server in a lab guest may take to boot and report ready
@@ -318,6 +350,16 @@ impl Fabric {
             }
             NetMode::Lab => (topology.clone(), None, Some(LabNet::enter()?)),
         };
+        let (whole, topology, held) = match options.hold_back {
+            None => (topology.clone(), topology, None),
+            Some(kind) if options.control == Control::File => {
+                return Err(LaunchError::HoldBackNeedsEtcd(kind));
+            }
+            Some(kind) => {
+                let first = crate::membership::hold_back(&topology, kind)?;
+                (topology, first.topology, Some(first.held))
+            }
+        };
         let topology_path = options.run_dir.join("topology.toml");
         let mut text = toml::to_string(&topology)?;
         text.insert_str(
@@ -327,21 +369,25 @@ impl Fabric {
         std::fs::write(&topology_path, &text).map_err(LaunchError::Io)?;
         let etcd = match options.control {
             Control::File => None,
-            Control::Etcd { .. } if options.net != NetMode::Loopback => {
+            Control::Etcd { .. } if options.net == NetMode::Lab => {
                 return Err(LaunchError::EtcdNeedsLoopback);
             }
             Control::Etcd { members } => Some(EtcdControl::start(
-                &topology,
+                &whole,
                 &text,
                 members,
                 &options.run_dir,
+                &net.as_ref()
+                    .map(|(plan, _)| etcd_reach(plan))
+                    .unwrap_or_default(),
             )?),
         };
         let secrets = match &options.keys {
             Keys::Fresh => {
                 let dir = std::path::absolute(options.run_dir.join("secrets"))
                     .map_err(LaunchError::Io)?;
-                crate::keys::generate(&topology, &dir)?;
+                // The held-back daemon's key too: it starts later.
+                crate::keys::generate(&whole, &dir)?;
                 Some(dir)
             }
             Keys::Folder(dir) => Some(std::path::absolute(dir).map_err(LaunchError::Io)?),
@@ -357,6 +403,7 @@ impl Fabric {
             allocator: None,
             secrets,
             etcd,
+            held,
         };
         let servers: Vec<String> = topology.servers.iter().map(|s| s.id.to_string()).collect();
         let devices: Vec<String> = topology
@@ -1031,6 +1078,25 @@ impl Fabric {
         }
         statuses
     }
+}
+
+/// Where each daemon of `plan` reaches etcd: the root end of its
+/// management link.
+fn etcd_reach(plan: &NetPlan) -> DaemonReach {
+    plan.links()
+        .filter_map(|veth| match &veth.link {
+            netns::LinkRef::Mgmt { kind, host } => {
+                let role = match kind {
+                    netns::HostKind::Server => control::Role::Server,
+                    netns::HostKind::FabricDevice => control::Role::Device,
+                    netns::HostKind::Client => return None,
+                };
+                let addr = veth.addr_a.as_deref()?.split('/').next()?.parse().ok()?;
+                Some(((role, host.clone()), addr))
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 /// Sends SIGTERM to a child.

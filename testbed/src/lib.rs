@@ -4,6 +4,11 @@
 //! - [`launch`]: every daemon of a topology as a real process (loopback or
 //!   one network namespace per host, [`netns`]), its map from the topology
 //!   file or from a real etcd ([`etcd`]).
+//! - [`membership`]: a daemon held back from the first map on etcd, to
+//!   add under the workload; the device that can be removed.
+//! - [`epochs`]: each daemon's map epoch sampled over a run.
+//! - [`map_follow`]: `testbed map-follow`, the time every daemon takes to
+//!   run a new epoch.
 //! - [`workload`]: what a client worker does and how it verifies.
 //! - [`run`]: `run`, `demo` and `chaos`: fabric, workers, faults, report.
 //! - [`report`]: `report.json`, `report.md` and the plots.
@@ -16,11 +21,14 @@
 
 pub mod advice;
 pub mod bench;
+pub mod epochs;
 pub mod etcd;
 pub mod guest_server;
 pub mod keys;
 pub mod lab;
 pub mod launch;
+pub mod map_follow;
+pub mod membership;
 pub mod netns;
 pub mod persist_bench;
 pub mod power_cut;

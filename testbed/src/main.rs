@@ -132,6 +132,25 @@ enum Command {
     },
     /// Run a client workload on a fresh fabric, verify it and write a report.
     Run(RunArgs),
+    /// Measure how long every daemon of a fabric on a fresh etcd takes to
+    /// run a new map epoch, over many changes: p50 and max (a report, not
+    /// a test).
+    MapFollow {
+        /// The topology file; the embedded default topology when absent.
+        file: Option<PathBuf>,
+        /// How hosts are networked (loopback or netns).
+        #[arg(long, value_enum, default_value = "loopback")]
+        net: Net,
+        /// etcd members.
+        #[arg(long, default_value_t = 1)]
+        etcd_members: usize,
+        /// How many map changes.
+        #[arg(long, default_value_t = 22)]
+        changes: usize,
+        /// Logs and etcd's data go to DIR/<run-id>/.
+        #[arg(long, default_value = "reports")]
+        reports: PathBuf,
+    },
     /// The demo: the default fabric, a mixed workload, a fabric device
     /// killed half way and restarted, then a verified summary.
     Demo {
@@ -293,8 +312,13 @@ struct ChaosArgs {
     /// The topology file; the embedded default topology when absent.
     file: Option<PathBuf>,
     /// kill-fabric, kill-server, cut-link (needs --net netns or lab),
-    /// restart-all, kill-etcd (needs --control etcd) or kill-etcd-leader
-    /// (needs --control etcd --etcd-members 3).
+    /// restart-all, kill-etcd (needs --control etcd), kill-etcd-leader
+    /// (needs --control etcd --etcd-members 3), or a membership change on
+    /// the map (needs --control etcd; one change whatever --faults says):
+    /// add-server (the last server held back from the first map, added
+    /// under the workload), add-device (a device held back, added),
+    /// remove-device (a device every client has another path than,
+    /// removed and stopped).
     #[arg(long)]
     scenario: Scenario,
     /// How many faults.
@@ -651,6 +675,7 @@ fn log_id(command: &Command) -> Option<String> {
         Command::Down { .. } => "down",
         Command::Keygen { .. } => "keygen",
         Command::Run(_) => "run",
+        Command::MapFollow { .. } => "map-follow",
         Command::Demo { .. } => "demo",
         Command::Chaos(_) => "chaos",
         Command::Bench(_) => "bench",
@@ -697,6 +722,13 @@ fn main() -> ExitCode {
         Command::Keygen { file, secrets } => outcome(keygen(file.as_deref(), &secrets)),
         Command::Down { prefix } => down(prefix.as_deref()),
         Command::Run(args) => outcome(run_command(args)),
+        Command::MapFollow {
+            file,
+            net,
+            etcd_members,
+            changes,
+            reports,
+        } => outcome(map_follow(file, net, etcd_members, changes, reports)),
         Command::Demo { duration, reports } => outcome(demo(duration, reports)),
         Command::BenchRoce(args) => outcome(bench_roce(args)),
         Command::BenchVerbs(args) => outcome(bench_verbs(args)),
@@ -735,6 +767,37 @@ fn main() -> ExitCode {
         },
         Command::Worker(args) => outcome(worker_command(args)),
     }
+}
+
+/// `testbed map-follow`.
+fn map_follow(
+    file: Option<PathBuf>,
+    net: Net,
+    members: usize,
+    changes: usize,
+    reports: PathBuf,
+) -> anyhow::Result<bool> {
+    if matches!(net, Net::Lab) {
+        anyhow::bail!("map-follow runs with --net loopback or --net netns");
+    }
+    if members == 0 || changes == 0 {
+        anyhow::bail!("map-follow needs --etcd-members and --changes of at least 1");
+    }
+    let topology = load_topology_on(file.as_deref(), net.into())?;
+    let run_dir = std::path::absolute(reports.join(testbed::run::run_id("map-follow")))?;
+    let plan = testbed::map_follow::FollowPlan {
+        net: net.into(),
+        members,
+        changes,
+        run_dir: run_dir.clone(),
+    };
+    let report = testbed::map_follow::measure(&topology, &plan)?;
+    print!("{}", report.text());
+    std::fs::write(run_dir.join("map_follow.txt"), report.text())
+        .with_context(|| format!("write {}", run_dir.display()))?;
+    let _ = std::fs::remove_dir_all(run_dir.join("data"));
+    println!("logs: {}", run_dir.display());
+    Ok(true)
 }
 
 /// `testbed keygen`.

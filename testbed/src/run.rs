@@ -54,6 +54,15 @@ pub enum FaultKind {
     KillEtcd,
     /// SIGKILL the etcd member that leads, restart it later.
     KillEtcdLeader,
+    /// Add the server held back from the first map (`add-server` on etcd),
+    /// then start it; the devices link to it.
+    AddServer,
+    /// Add the fabric device held back from the first map (`add-device`),
+    /// then start it.
+    AddDevice,
+    /// Remove a fabric device every client has another path than
+    /// (`remove-device`), then stop it.
+    RemoveDevice,
 }
 
 /// Every daemon kind, devices first: the order faults kill them in.
@@ -69,6 +78,26 @@ impl FaultKind {
             FaultKind::RestartAll => "restart-all",
             FaultKind::KillEtcd => "kill-etcd",
             FaultKind::KillEtcdLeader => "kill-etcd-leader",
+            FaultKind::AddServer => "add-server",
+            FaultKind::AddDevice => "add-device",
+            FaultKind::RemoveDevice => "remove-device",
+        }
+    }
+
+    /// Whether it changes the map's membership (not undone later).
+    fn changes_membership(self) -> bool {
+        matches!(
+            self,
+            FaultKind::AddServer | FaultKind::AddDevice | FaultKind::RemoveDevice
+        )
+    }
+
+    /// The daemon kind a fabric must hold back from its first map for it.
+    fn held_back(self) -> Option<DaemonKind> {
+        match self {
+            FaultKind::AddServer => Some(DaemonKind::PmemServer),
+            FaultKind::AddDevice => Some(DaemonKind::FabricDevice),
+            _ => None,
         }
     }
 
@@ -81,6 +110,9 @@ impl FaultKind {
                 | FaultKind::CutLink
                 | FaultKind::KillEtcd
                 | FaultKind::KillEtcdLeader
+                | FaultKind::AddServer
+                | FaultKind::AddDevice
+                | FaultKind::RemoveDevice
         )
     }
 
@@ -92,6 +124,9 @@ impl FaultKind {
             FaultKind::RestartAll,
             FaultKind::KillEtcd,
             FaultKind::KillEtcdLeader,
+            FaultKind::AddServer,
+            FaultKind::AddDevice,
+            FaultKind::RemoveDevice,
         ]
         .into_iter()
         .find(|k| k.name() == name)
@@ -110,6 +145,17 @@ impl FaultKind {
             FaultKind::KillEtcdLeader => {
                 let (at, leader) = etcd(fabric, self)?.kill_leader()?;
                 (at, format!("{target} {leader}"))
+            }
+            FaultKind::AddServer | FaultKind::AddDevice => {
+                let at = Instant::now();
+                let change = fabric.admit_held()?;
+                (at, format!("{} at epoch {}", change.id, change.epoch))
+            }
+            FaultKind::RemoveDevice => {
+                let device = crate::membership::spare_device(&fabric.topology)?;
+                let at = Instant::now();
+                let change = fabric.remove_device(&device)?;
+                (at, format!("{} at epoch {}", change.id, change.epoch))
             }
             other => (other.inject_daemon(fabric, target)?, target.to_owned()),
         })
@@ -134,7 +180,11 @@ impl FaultKind {
                 }
                 at
             }
-            FaultKind::KillEtcd | FaultKind::KillEtcdLeader => Instant::now(),
+            FaultKind::KillEtcd
+            | FaultKind::KillEtcdLeader
+            | FaultKind::AddServer
+            | FaultKind::AddDevice
+            | FaultKind::RemoveDevice => Instant::now(),
         })
     }
 
@@ -157,6 +207,8 @@ impl FaultKind {
                     etcd.restart_killed()?;
                 }
             }
+            // A membership change stays: the map moved on.
+            FaultKind::AddServer | FaultKind::AddDevice | FaultKind::RemoveDevice => {}
         }
         Ok(())
     }
@@ -259,6 +311,15 @@ pub enum Scenario {
     /// Kill the etcd member that leads and restart it (`--control etcd
     /// --etcd-members 3`).
     KillEtcdLeader,
+    /// Start with the last server held back from the map, add it under the
+    /// workload (`--control etcd`).
+    AddServer,
+    /// Start with a fabric device held back from the map, add it under the
+    /// workload (`--control etcd`).
+    AddDevice,
+    /// Remove a fabric device every client has another path than, under
+    /// the workload (`--control etcd`).
+    RemoveDevice,
 }
 
 impl Scenario {
@@ -266,9 +327,14 @@ impl Scenario {
     /// otherwise.
     pub fn check_control(self, control: Control) -> Result<(), String> {
         match (self, control) {
-            (Scenario::KillEtcd | Scenario::KillEtcdLeader, Control::File) => {
-                Err(format!("--scenario {} needs --control etcd", self.name()))
-            }
+            (
+                Scenario::KillEtcd
+                | Scenario::KillEtcdLeader
+                | Scenario::AddServer
+                | Scenario::AddDevice
+                | Scenario::RemoveDevice,
+                Control::File,
+            ) => Err(format!("--scenario {} needs --control etcd", self.name())),
             (Scenario::KillEtcdLeader, Control::Etcd { members }) if members < 3 => Err(format!(
                 "--scenario kill-etcd-leader needs --etcd-members 3 or more (with {members}, \
                  killing the leader takes etcd down: that is kill-etcd)"
@@ -289,9 +355,12 @@ impl std::str::FromStr for Scenario {
             "restart-all" => Ok(Scenario::RestartAll),
             "kill-etcd" => Ok(Scenario::KillEtcd),
             "kill-etcd-leader" => Ok(Scenario::KillEtcdLeader),
+            "add-server" => Ok(Scenario::AddServer),
+            "add-device" => Ok(Scenario::AddDevice),
+            "remove-device" => Ok(Scenario::RemoveDevice),
             other => Err(format!(
                 "unknown scenario {other:?} (kill-fabric, kill-server, cut-link, restart-all, \
-                 kill-etcd, kill-etcd-leader)"
+                 kill-etcd, kill-etcd-leader, add-server, add-device, remove-device)"
             )),
         }
     }
@@ -299,7 +368,9 @@ impl std::str::FromStr for Scenario {
 
 /// `count` faults of `scenario` at seeded random times in the middle of a
 /// run of `duration`, each target restarted after a tenth of the run (etcd
-/// after three tenths).
+/// after three tenths). A membership scenario changes the map once,
+/// whatever `count` says: one daemon is held back, and removing a second
+/// device could leave a client without a path.
 pub fn plan_faults(
     topology: &Topology,
     net: NetMode,
@@ -343,6 +414,14 @@ pub fn plan_faults(
         Scenario::RestartAll => (FaultKind::RestartAll, vec!["all".to_owned()]),
         Scenario::KillEtcd => (FaultKind::KillEtcd, vec!["etcd".to_owned()]),
         Scenario::KillEtcdLeader => (FaultKind::KillEtcdLeader, vec!["leader".to_owned()]),
+        Scenario::AddServer => (FaultKind::AddServer, vec!["held".to_owned()]),
+        Scenario::AddDevice => (FaultKind::AddDevice, vec!["held".to_owned()]),
+        Scenario::RemoveDevice => (FaultKind::RemoveDevice, vec!["spare".to_owned()]),
+    };
+    let count = if kind.changes_membership() {
+        count.min(1)
+    } else {
+        count
     };
     // etcd stays down longer: the workload must run on through the outage.
     let share = match kind {
@@ -535,6 +614,7 @@ fn execute_in(
     // Fresh keys in the report's folder: every connection proves its key.
     launch.net = options.net;
     launch.control = options.control;
+    launch.hold_back = options.faults.iter().find_map(|f| f.kind.held_back());
     let mut fabric = match Fabric::start(topology, launch) {
         Ok(fabric) => fabric,
         Err(err) => {
@@ -585,7 +665,8 @@ fn execute_in(
             started_unix_ms,
         )?);
     }
-    let faults = drive(&mut fabric, &mut workers, options, start)?;
+    let mut epochs = crate::epochs::EpochSampler::new();
+    let faults = drive(&mut fabric, &mut workers, options, start, &mut epochs)?;
     let duration_s = start.elapsed().as_secs_f64();
 
     let mut report = RunReport {
@@ -606,6 +687,7 @@ fn execute_in(
         replay: replay::command_line(&replay::program_name(), options),
         data_dir: data_dir.display().to_string(),
         data_kept: true,
+        map_epochs: epochs.finish(),
     };
     let (counters, mut verification) = collect(&mut workers, run_dir, &mut report)?;
     check_counters(
@@ -655,11 +737,13 @@ fn execute_in(
 /// their times into the workload (counted from when every worker's workload
 /// began) and undoing each after its restore delay; shows progress. Returns
 /// what was injected, and when (counted from `start`, like the timeline).
+/// On etcd, `epochs` samples every daemon's map epoch meanwhile.
 fn drive(
     fabric: &mut Fabric,
     workers: &mut [WorkerProcess],
     options: &RunOptions,
     start: Instant,
+    epochs: &mut crate::epochs::EpochSampler,
 ) -> anyhow::Result<Vec<FaultRecord>> {
     let bar = progress_bar(options);
     let mut faults: Vec<FaultRecord> = Vec::new();
@@ -669,6 +753,9 @@ fn drive(
     // When every worker's workload began (a lab guest boots first).
     let mut began: Option<Duration> = None;
     loop {
+        if options.control != Control::File {
+            epochs.sample(fabric, start);
+        }
         let elapsed = start.elapsed();
         if began.is_none() && workers.iter_mut().all(WorkerProcess::started_or_ended) {
             began = Some(elapsed);
@@ -719,8 +806,12 @@ fn drive(
                     .with_context(|| format!("undo {} {}", fault.kind, fault.target))?;
             }
             fault.restored_at_s = Some(start.elapsed().as_secs_f64());
+            let done = match FaultKind::from_name(&fault.kind) {
+                Some(kind) if kind.changes_membership() => "settled",
+                _ => "restarted",
+            };
             bar.println(format!(
-                "  {:>6.2}s  restarted {}",
+                "  {:>6.2}s  {done} {}",
                 start.elapsed().as_secs_f64(),
                 fault.target
             ));
@@ -897,6 +988,18 @@ fn progress_bar(options: &RunOptions) -> ProgressBar {
     bar
 }
 
+/// Where a worker takes its map from: the one place workers switch to the
+/// pool in etcd once the client library builds a pool from it. Today every
+/// worker reads the topology file of the first map and keeps it for the
+/// whole run, also on `--control etcd` (the map in etcd may move on under
+/// it: `add-server`, `add-device`, `remove-device`). On etcd this becomes
+/// the endpoints, pool and a client's credentials (`EtcdControl`); with
+/// `--net netns` the clients' namespaces then need a route to etcd, which
+/// they do not have today (only daemons have management links).
+fn worker_map_source(fabric: &Fabric) -> Vec<std::ffi::OsString> {
+    vec!["--config".into(), fabric.topology_path.clone().into()]
+}
+
 /// Starts `testbed worker` for `client`.
 fn spawn_worker(
     fabric: &Fabric,
@@ -915,8 +1018,7 @@ fn spawn_worker(
     let mut command = fabric.client_command(client, &program, &[run_dir]);
     command
         .arg("worker")
-        .arg("--config")
-        .arg(&fabric.topology_path)
+        .args(worker_map_source(fabric))
         .args([
             "--client",
             client,

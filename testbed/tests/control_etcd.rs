@@ -268,3 +268,163 @@ fn up_on_etcd_prints_its_endpoint_and_the_operators_cluster_line() {
         "{rest:#?}"
     );
 }
+
+/// The map epochs the report saw `daemon` run, in order.
+fn epochs_of(report: &serde_json::Value, daemon: &str) -> Vec<u64> {
+    report["map_epochs"]
+        .as_array()
+        .map(|changes| {
+            changes
+                .iter()
+                .filter(|c| c["daemon"] == daemon)
+                .map(|c| c["epoch"].as_u64().expect("an epoch"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The checks every membership change shares: one change, made at epoch
+/// 2, no application error, verification passed.
+fn assert_changed_under_load(scenario: &str, out: &str, report: &serde_json::Value) -> String {
+    let faults = report["faults"].as_array().expect("faults");
+    assert_eq!(faults.len(), 1, "{out}");
+    assert_eq!(faults[0]["kind"], scenario, "{out}");
+    assert_eq!(faults[0]["errors_seen"], 0, "{out}");
+    assert_eq!(total(report, "errors"), 0, "{out}");
+    assert!(total(report, "count") > 0, "{out}");
+    assert_eq!(report["verification"]["passed"], true, "{out}");
+    assert!(out.contains("verification    PASSED"), "{out}");
+    let target = faults[0]["target"].as_str().expect("target").to_owned();
+    assert!(target.ends_with(" at epoch 2"), "{target}");
+    target
+}
+
+#[test]
+fn chaos_add_server_under_the_workload_brings_the_held_back_server_in() {
+    let (out, report, run, _dir) = chaos_on_etcd("add-server", &[]);
+    let target = assert_changed_under_load("add-server", &out, &report);
+    assert_eq!(target, "B at epoch 2", "the last server was held back");
+    // The first map did not name B: the workers' map has A's regions only.
+    let first = std::fs::read_to_string(run.join("topology.toml")).expect("first map");
+    assert!(!first.contains("id = \"B1\""), "{first}");
+    // B started on the changed map; both devices followed it (and linked to
+    // B: the fault waits for every device link before it returns).
+    let b = std::fs::read_to_string(run.join("logs/pmem-server-B.log")).expect("B's log");
+    assert!(b.contains("at epoch 2 from etcd"), "{b}");
+    for device in ["F1", "F2"] {
+        let log = std::fs::read_to_string(run.join(format!("logs/fabric-device-{device}.log")))
+            .expect("device log");
+        assert!(log.contains("map epoch=2 applied"), "{device}:\n{log}");
+        assert_eq!(
+            epochs_of(&report, &format!("fabric-device {device}")),
+            [1, 2],
+            "{report:#}"
+        );
+    }
+    assert_eq!(epochs_of(&report, "pmem-server B"), [2], "{report:#}");
+    let markdown = std::fs::read_to_string(run.join("report.md")).expect("report.md");
+    assert!(markdown.contains("## Map epochs"), "{markdown}");
+    assert!(run.join("map_epochs.svg").exists());
+}
+
+#[test]
+fn chaos_remove_device_under_the_workload_is_invisible_to_the_application() {
+    let (out, report, run, _dir) = chaos_on_etcd("remove-device", &[]);
+    let target = assert_changed_under_load("remove-device", &out, &report);
+    assert_eq!(target, "F2 at epoch 2", "the last device with a spare path");
+    let f1 = std::fs::read_to_string(run.join("logs/fabric-device-F1.log")).expect("F1's log");
+    assert!(f1.contains("map epoch=2 applied"), "{f1}");
+    assert_eq!(epochs_of(&report, "fabric-device F1"), [1, 2], "{report:#}");
+    for server in ["A", "B"] {
+        assert_eq!(
+            epochs_of(&report, &format!("pmem-server {server}")),
+            [1, 2],
+            "{report:#}"
+        );
+    }
+    // F2 was stopped after it left the map and not seen again.
+    let f2 = epochs_of(&report, "fabric-device F2");
+    assert!(f2.iter().all(|&e| e == 1), "{f2:?}");
+}
+
+/// Whether network namespaces can be made here; says why not otherwise.
+fn namespaces_usable() -> bool {
+    if let Err(e) = testbed::netns::require_root() {
+        eprintln!("skipping: {e}");
+        return false;
+    }
+    let made = Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !made {
+        eprintln!("skipping: `ip netns` does not work here (iproute2 missing?)");
+    }
+    made
+}
+
+#[test]
+fn up_in_network_namespaces_on_three_etcd_members_and_down_again() {
+    if !namespaces_usable() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = topology(dir.path());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_testbed"))
+        .args(["up", config.to_str().expect("path"), "--net", "netns"])
+        .args(["--control", "etcd", "--etcd-members", "3"])
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .current_dir(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start testbed up");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut printed = Vec::new();
+    for line in lines.by_ref() {
+        let line = line.expect("line");
+        if line.contains("fabric is up") {
+            break;
+        }
+        printed.push(line);
+    }
+    let cluster_line = printed
+        .iter()
+        .find_map(|l| l.strip_prefix("cluster: "))
+        .unwrap_or_else(|| panic!("no cluster line: {printed:#?}"));
+    let words: Vec<&str> = cluster_line.split_whitespace().collect();
+    // Every daemon, each in its own namespace, reached etcd over its
+    // management link and is live there.
+    let shown = pmemctl(&words[1..]);
+    let out = text(&shown);
+    assert!(shown.status.success(), "{out}");
+    assert!(out.contains("map epoch 1"), "{out}");
+    assert_eq!(out.matches("live at").count(), 4, "{out}");
+    // Their records carry their management addresses (10.240.0.0/12).
+    assert_eq!(out.matches("live at 10.2").count(), 4, "{out}");
+    let prefix = printed
+        .iter()
+        .find_map(|l| l.split_whitespace().find(|w| w.starts_with("pf")))
+        .map(|w| w.split('-').next().expect("prefix").to_owned());
+
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe {
+        libc::kill(i32::try_from(child.id()).expect("pid"), libc::SIGTERM);
+    }
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    let status = child.wait().expect("wait");
+    assert!(status.success(), "{rest:#?}");
+    assert_eq!(
+        rest.iter().filter(|l| l.ends_with(": stopped")).count(),
+        4,
+        "{rest:#?}"
+    );
+    if let Some(prefix) = prefix {
+        let left = testbed::netns::list_namespaces().expect("ip netns list");
+        assert!(
+            !left.iter().any(|n| n.starts_with(&format!("{prefix}-"))),
+            "{left:?}"
+        );
+    }
+}

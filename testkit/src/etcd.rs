@@ -3,8 +3,10 @@
 //! loopback ports of its own with a data directory of its own, never the
 //! host's system etcd (which its package may start on 2379). Once its
 //! authentication is on, [`Etcd::set_root`] gives `etcdctl` root's
-//! credentials.
+//! credentials. [`Etcd::start_cluster_on`] also listens for clients on
+//! further local addresses (the root ends of network namespaces' links).
 
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -24,6 +26,8 @@ pub struct Etcd {
     initial_cluster: String,
     data_dir: PathBuf,
     log: PathBuf,
+    /// Further local addresses it takes clients on (same client port).
+    client_hosts: Vec<IpAddr>,
     /// Root's user and password for `etcdctl`, once authentication is on.
     root: Option<(String, String)>,
 }
@@ -51,6 +55,7 @@ impl Etcd {
             initial_cluster: format!("test=http://127.0.0.1:{peer_port}"),
             data_dir: dir.join("etcd-data"),
             log: dir.join("etcd.log"),
+            client_hosts: Vec::new(),
             root: None,
         };
         etcd.spawn()?;
@@ -61,6 +66,17 @@ impl Etcd {
     /// loopback ports of its own with its data (`<name>-data`) and log
     /// (`<name>.log`) under `dir`, and waits until every one answers.
     pub fn start_cluster(dir: &Path, members: usize) -> Result<Vec<Etcd>, String> {
+        Self::start_cluster_on(dir, members, &[])
+    }
+
+    /// [`Etcd::start_cluster`] whose members also take clients on each of
+    /// `client_hosts` (local addresses, each member on its own client
+    /// port); peers still talk over loopback.
+    pub fn start_cluster_on(
+        dir: &Path,
+        members: usize,
+        client_hosts: &[IpAddr],
+    ) -> Result<Vec<Etcd>, String> {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let ports: Vec<(u16, u16)> = (0..members.max(1))
             .map(|_| (free_loopback_port(), free_loopback_port()))
@@ -82,6 +98,7 @@ impl Etcd {
                 initial_cluster: initial_cluster.clone(),
                 data_dir: dir.join(format!("etcd{i}-data")),
                 log: dir.join(format!("etcd{i}.log")),
+                client_hosts: client_hosts.to_vec(),
                 root: None,
             })
             .collect();
@@ -124,6 +141,9 @@ impl Etcd {
 
     fn launch(&mut self) -> Result<(), String> {
         let client = format!("http://127.0.0.1:{}", self.client_port);
+        let listen: Vec<String> = std::iter::once(client.clone())
+            .chain(self.client_hosts.iter().map(|h| self.endpoint_on(*h)))
+            .collect();
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -134,7 +154,7 @@ impl Etcd {
             .args(["--name", &self.name])
             .arg("--data-dir")
             .arg(&self.data_dir)
-            .args(["--listen-client-urls", &client])
+            .args(["--listen-client-urls", &listen.join(",")])
             .args(["--advertise-client-urls", &client])
             .args(["--listen-peer-urls", &peer])
             .args(["--initial-advertise-peer-urls", &peer])
@@ -171,6 +191,14 @@ impl Etcd {
     /// Its client URL (`http://127.0.0.1:PORT`), what `--etcd` takes.
     pub fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.client_port)
+    }
+
+    /// Its client URL on `host`, one of the addresses it was started on.
+    pub fn endpoint_on(&self, host: IpAddr) -> String {
+        match host {
+            IpAddr::V4(v4) => format!("http://{v4}:{}", self.client_port),
+            IpAddr::V6(v6) => format!("http://[{v6}]:{}", self.client_port),
+        }
     }
 
     /// Runs `etcdctl` against this member; its stdout, or why it failed.

@@ -216,6 +216,8 @@ pub fn markdown(report: &RunReport) -> String {
         );
     }
 
+    super::epochs::epochs_section(&mut out, report);
+
     let _ = writeln!(out, "\n## Verification\n");
     verification_section(&mut out, &report.verification);
 

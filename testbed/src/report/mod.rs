@@ -9,11 +9,13 @@
 //! - `report.md` — a readable summary with tables (see [`markdown`]),
 //! - `latency_cdf.svg` — latency CDF per operation,
 //! - `latency_tail.svg` — the tail: complementary CDF on log axes,
-//! - `throughput.svg` — ops/s over time with the injected faults marked.
+//! - `throughput.svg` — ops/s over time with the injected faults marked,
+//! - `map_epochs.svg` — each daemon's map epoch over time (runs on etcd).
 //!
 //! [`summary_table`] gives the per-operation table as aligned plain text for a
 //! terminal.
 
+mod epochs;
 pub mod histogram;
 mod markdown;
 mod svg;
@@ -27,6 +29,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub use epochs::{EpochChange, MAP_EPOCHS_FILE, map_epochs_svg};
 pub use histogram::LatencyHistogram;
 pub use markdown::{markdown, summary_table};
 pub use svg::{latency_cdf_svg, latency_tail_svg, throughput_svg, xy_chart};
@@ -96,6 +99,10 @@ pub struct RunReport {
     /// keeps them, as does one given its data directory.
     #[serde(default)]
     pub data_kept: bool,
+    /// Each daemon's map epoch changes as sampled during the run (runs on
+    /// etcd; empty otherwise).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub map_epochs: Vec<EpochChange>,
 }
 
 /// What a run was asked to do beyond its workload, topology and clients
@@ -799,6 +806,9 @@ pub fn write_report(dir: &Path, report: &RunReport) -> Result<ReportFiles, Repor
     write_file(&files.latency_cdf, &latency_cdf_svg(report))?;
     write_file(&files.latency_tail, &latency_tail_svg(report))?;
     write_file(&files.throughput, &throughput_svg(report))?;
+    if !report.map_epochs.is_empty() {
+        write_file(&dir.join(MAP_EPOCHS_FILE), &map_epochs_svg(report))?;
+    }
     Ok(files)
 }
 

@@ -136,6 +136,9 @@ impl Scenario {
             Scenario::RestartAll => "restart-all",
             Scenario::KillEtcd => "kill-etcd",
             Scenario::KillEtcdLeader => "kill-etcd-leader",
+            Scenario::AddServer => "add-server",
+            Scenario::AddDevice => "add-device",
+            Scenario::RemoveDevice => "remove-device",
         }
     }
 }

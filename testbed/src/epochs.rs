@@ -1,0 +1,99 @@
+//! Sampling each daemon's map epoch during a run: its `*_map_epoch` gauge
+//! from its `/metrics` (the epoch it runs), kept only when it changes.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use crate::launch::Fabric;
+use crate::report::EpochChange;
+
+/// How often the daemons are asked.
+pub const SAMPLE_PERIOD: Duration = Duration::from_millis(250);
+
+/// How long one scrape may take before the daemon is skipped this round.
+const SCRAPE_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// The epoch gauge in a Prometheus text exposition: the value of the first
+/// sample whose metric name ends in `_map_epoch`.
+pub fn epoch_in(metrics: &str) -> Option<u64> {
+    metrics
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .find_map(|line| {
+            let (name, value) = line.split_once(' ')?;
+            let name = name.split('{').next()?;
+            if !name.ends_with("_map_epoch") {
+                return None;
+            }
+            let value: f64 = value.split_whitespace().next()?.parse().ok()?;
+            (value >= 0.0 && value.fract() == 0.0).then_some(value as u64)
+        })
+}
+
+/// The epochs seen so far and when each daemon changed.
+#[derive(Debug, Default)]
+pub struct EpochSampler {
+    last: BTreeMap<String, u64>,
+    changes: Vec<EpochChange>,
+    next: Option<Instant>,
+}
+
+impl EpochSampler {
+    /// A sampler that has seen nothing yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Asks every running daemon of `fabric` for its epoch when a period
+    /// has passed since the last round; a daemon that does not answer (it
+    /// was killed) is skipped. Times count from `start`.
+    pub fn sample(&mut self, fabric: &Fabric, start: Instant) {
+        let now = Instant::now();
+        if self.next.is_some_and(|next| now < next) {
+            return;
+        }
+        self.next = Some(now + SAMPLE_PERIOD);
+        for endpoint in fabric.endpoints() {
+            let Ok(admin) = endpoint.admin.parse() else {
+                continue;
+            };
+            let Ok((200, text)) = telemetry::http_get(admin, "/metrics", SCRAPE_TIMEOUT) else {
+                continue;
+            };
+            let Some(epoch) = epoch_in(&text) else {
+                continue;
+            };
+            let daemon = format!("{} {}", endpoint.kind.program(), endpoint.id);
+            if self.last.get(&daemon) != Some(&epoch) {
+                self.changes.push(EpochChange {
+                    daemon: daemon.clone(),
+                    at_s: start.elapsed().as_secs_f64(),
+                    epoch,
+                });
+                self.last.insert(daemon, epoch);
+            }
+        }
+    }
+
+    /// Every change seen, in the order seen.
+    pub fn finish(self) -> Vec<EpochChange> {
+        self.changes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_epoch_gauge_is_read_from_either_daemons_exposition() {
+        let device = "# HELP fabric_device_map_epoch The map epoch.\n\
+                      # TYPE fabric_device_map_epoch gauge\n\
+                      fabric_device_links 3\nfabric_device_map_epoch 7\n";
+        assert_eq!(epoch_in(device), Some(7));
+        assert_eq!(epoch_in("pmem_server_map_epoch{pool=\"p\"} 12\n"), Some(12));
+        assert_eq!(epoch_in("pmem_server_requests_total 5\n"), None);
+        assert_eq!(epoch_in("pmem_server_map_epoch nonsense\n"), None);
+        assert_eq!(epoch_in("pmem_server_map_epoch -1\n"), None);
+    }
+}
