@@ -567,7 +567,11 @@ fn every_persist_step_of_alloc_and_free_survives_a_server_power_cut() {
     };
     let mut rounds = 0;
     let mut cut_inside = std::collections::BTreeMap::<&str, u64>::new();
-    for k in 0.. {
+    // Rounds run again because an operation outlived its short timeout
+    // with the power still on (a loaded machine), not because of the cut.
+    let mut slow_rounds = 0;
+    let mut k = 0;
+    loop {
         let data = dir.path().join(format!("cut-{k}"));
         copy_dir(&base, &data);
         // The sequence, until the power goes.
@@ -638,6 +642,18 @@ fn every_persist_step_of_alloc_and_free_survives_a_server_power_cut() {
             // A failure must be the cut's doing: the server ends at once.
             Some((what, e)) => match fabric.server.wait_exit(Duration::from_secs(10)) {
                 Some(status) => status,
+                // The server still runs, so this was the machine's load
+                // against the 500 ms timeout, not the cut: the round starts
+                // over from its copy. Failing again and again is a fault.
+                None if slow_rounds < 10 => {
+                    slow_rounds += 1;
+                    eprintln!(
+                        "cut after {k}: {what} failed with the power on ({e}); round run again"
+                    );
+                    drop(fabric);
+                    std::fs::remove_dir_all(&data).expect("clean up");
+                    continue;
+                }
                 None => panic!("cut after {k}: {what} failed with the power on: {e}"),
             },
             None => match fabric.server.wait_exit(Duration::ZERO) {
@@ -707,8 +723,11 @@ fn every_persist_step_of_alloc_and_free_survives_a_server_power_cut() {
             "{what}: capacity not restored: {usage:?} {after:?}"
         );
         std::fs::remove_dir_all(&data).expect("clean up");
+        k += 1;
     }
-    println!("{rounds} power cuts explored; cuts inside each operation: {cut_inside:?}");
+    println!(
+        "{rounds} power cuts explored; cuts inside each operation: {cut_inside:?}; {slow_rounds} rounds run again"
+    );
     assert!(rounds > 20, "only {rounds} persist steps in the sequence");
 }
 
