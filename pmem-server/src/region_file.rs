@@ -55,14 +55,7 @@ use crate::block_sums::BlockSums;
 use crate::devices::{DevDax, Medium, ServerDevices};
 use crate::persist::{PersistError, PersistPolicy, PmemMap};
 
-/// The first bytes of every region file.
-pub const MAGIC: [u8; 8] = *b"PMFABRGN";
-/// The header format version this server writes and reads.
-pub const VERSION: u32 = 1;
-/// Bytes before the region data: one page, so the data is page-aligned.
-pub const HEADER_LEN: u64 = 4096;
-/// The longest region id a header holds.
-pub const MAX_ID_LEN: usize = 256;
+pub use crate::region_format::{HEADER_LEN, MAGIC, MAX_ID_LEN, VERSION};
 
 const ENCODED_LEN: usize = 512;
 const CHECKSUM_AT: usize = 504;
