@@ -108,22 +108,12 @@ fn bad_endpoints_and_an_unreachable_etcd_are_named() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--config TOPOLOGY is needed"));
 }
 
-/// Server C's snippet for `add-server`: one region, one NIC.
-const SERVER_C: &str = r#"
-[[servers]]
-id = "C"
-  [[servers.sockets]]
-  id = "0"
-    [[servers.sockets.devices]]
-    id = "pmem0"
-      [[servers.sockets.devices.regions]]
-      id = "PC.1"
-      size = "64MiB"
-  [[servers.nics]]
-  id = "n0"
-  socket = "0"
-  listen = "127.0.1.5:7000"
-"#;
+/// Server C's snippet for `add-server`: one region, one NIC; a third server
+/// for the default topology.
+const SERVER_C_FILE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../topology/tests/fixtures/snippets/server_c.toml"
+);
 
 #[test]
 fn an_operator_adds_and_removes_servers_and_devices_one_epoch_each() {
@@ -139,8 +129,7 @@ fn an_operator_adds_and_removes_servers_and_devices_one_epoch_each() {
     let (code, _, err) = cluster(&e, &["init", "--from", DEFAULT]);
     assert_eq!(code, 0, "{err}");
 
-    let c = snippet("c.toml", SERVER_C);
-    let (code, out, err) = run(&["add-server", "--from", &c]);
+    let (code, out, err) = run(&["add-server", "--from", SERVER_C_FILE]);
     assert_eq!(code, 0, "{err}");
     assert!(
         out.starts_with("pool default: server C added at epoch 2\n"),
@@ -157,7 +146,7 @@ fn an_operator_adds_and_removes_servers_and_devices_one_epoch_each() {
         out.contains("region PC.1") && out.contains("of C: unreachable"),
         "{out}"
     );
-    let (code, _, err) = run(&["add-server", "--from", &c]);
+    let (code, _, err) = run(&["add-server", "--from", SERVER_C_FILE]);
     assert_ne!(code, 0);
     assert!(err.contains("already has a server C"), "{err}");
 
@@ -217,7 +206,8 @@ fn two_operators_adding_servers_at_once_never_half_apply() {
     assert_eq!(code, 0, "{err}");
     let mut paths = Vec::new();
     for (id, ip) in [("D", "127.0.1.6"), ("E", "127.0.1.7")] {
-        let text = SERVER_C
+        let text = std::fs::read_to_string(SERVER_C_FILE)
+            .expect("read server C's snippet")
             .replace("\"C\"", &format!("\"{id}\""))
             .replace("PC.1", &format!("P{id}.1"))
             .replace("127.0.1.5", ip);

@@ -384,21 +384,11 @@ mod tests {
         t
     }
 
-    const SERVER_C: &str = r#"
-[[servers]]
-id = "C"
-  [[servers.sockets]]
-  id = "0"
-    [[servers.sockets.devices]]
-    id = "pmem0"
-      [[servers.sockets.devices.regions]]
-      id = "PC.1"
-      size = "64MiB"
-  [[servers.nics]]
-  id = "n0"
-  socket = "0"
-  listen = "127.0.1.5:7000"
-"#;
+    /// A third server for the default topology.
+    const SERVER_C: &str = include_str!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../topology/tests/fixtures/snippets/server_c.toml"
+    ));
 
     #[test]
     fn an_added_server_goes_last_and_every_device_reaches_it_by_default() {

@@ -26,7 +26,8 @@
 //! Modules: [`endpoints`] (the `--etcd` list), [`credentials`] (an etcd
 //! user's credentials file), [`access`] (the pool's etcd users and roles),
 //! [`edit`] (the operator's changes as edits of the map's topology),
-//! [`keys`] (the key layout),
+//! [`keys`] (the key layout), `map_flags` (feature `clap`: the daemons'
+//! flags that name the map's source),
 //! [`map`] (the map document and its validation), [`member`] (liveness and
 //! intent records), [`plane`] (the etcd client: reading and changing the
 //! map, registering liveness), [`registration`] (the same for daemons
@@ -42,6 +43,8 @@ pub mod error;
 pub mod follow_metrics;
 pub mod keys;
 pub mod map;
+#[cfg(feature = "clap")]
+pub mod map_flags;
 pub mod member;
 pub mod plane;
 pub mod registration;
@@ -53,6 +56,8 @@ pub use error::ControlError;
 pub use follow_metrics::{MapMetricNames, MapMetrics};
 pub use keys::Keys;
 pub use map::{ClusterMap, VersionedMap};
+#[cfg(feature = "clap")]
+pub use map_flags::MapFlags;
 pub use member::{Intent, Member, Role};
 pub use plane::{ControlPlane, Liveness};
 pub use registration::{MapSource, MapSourceError, Registration, load_map};

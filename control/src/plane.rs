@@ -171,25 +171,13 @@ impl ControlPlane {
             epoch: 1,
             topology: topology.to_owned(),
         };
-        map.topology_at(&key)?;
-        let txn = Txn::new()
-            .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(key.clone(), map.to_json(), None)])
-            .or_else([TxnOp::get(key.clone(), None)]);
-        let response = self
-            .client
-            .txn(txn)
-            .await
-            .map_err(self.failed("init of the map", key.clone()))?;
-        if !response.succeeded() {
-            let current = self.current_in(&response)?;
-            return Err(ControlError::AlreadyInitialized {
+        let absent = Compare::version(key.clone(), CompareOp::Equal, 0);
+        self.put_map_if(absent, map, "init of the map")
+            .await?
+            .map_err(|current| ControlError::AlreadyInitialized {
                 key,
                 epoch: current.map.epoch,
-            });
-        }
-        let revision = response.header().map_or(0, |h| h.revision());
-        Ok(VersionedMap { map, revision })
+            })
     }
 
     /// The map as etcd holds it now.
@@ -255,29 +243,36 @@ impl ControlPlane {
             epoch: based_on.map.epoch + 1,
             topology: topology.to_owned(),
         };
-        map.topology_at(&key)?;
-        let txn = Txn::new()
-            .when([Compare::mod_revision(
-                key.clone(),
-                CompareOp::Equal,
-                based_on.revision,
-            )])
-            .and_then([TxnOp::put(key.clone(), map.to_json(), None)])
-            .or_else([TxnOp::get(key.clone(), None)]);
-        let response = self
-            .client
-            .txn(txn)
-            .await
-            .map_err(self.failed("change of the map", key.clone()))?;
-        if !response.succeeded() {
-            let current = self.current_in(&response)?;
-            return Err(ControlError::Conflict {
+        let unchanged = Compare::mod_revision(key, CompareOp::Equal, based_on.revision);
+        self.put_map_if(unchanged, map, "change of the map")
+            .await?
+            .map_err(|current| ControlError::Conflict {
                 expected: based_on.map.epoch,
                 current: current.map.epoch,
-            });
+            })
+    }
+
+    /// Writes `map` (validated first) at the map's key in one transaction
+    /// if `compare` holds: `Ok(the map written)`, or `Err(the map etcd
+    /// holds)` when it does not. `what` names the change in errors.
+    async fn put_map_if(
+        &mut self,
+        compare: Compare,
+        map: ClusterMap,
+        what: &'static str,
+    ) -> Result<Result<VersionedMap, VersionedMap>, ControlError> {
+        let key = self.keys.map();
+        map.topology_at(&key)?;
+        let txn = Txn::new()
+            .when([compare])
+            .and_then([TxnOp::put(key.clone(), map.to_json(), None)])
+            .or_else([TxnOp::get(key.clone(), None)]);
+        let response = self.client.txn(txn).await.map_err(self.failed(what, key))?;
+        if !response.succeeded() {
+            return Ok(Err(self.current_in(&response)?));
         }
         let revision = response.header().map_or(0, |h| h.revision());
-        Ok(VersionedMap { map, revision })
+        Ok(Ok(VersionedMap { map, revision }))
     }
 
     /// The map a failed transaction's `or_else` read.

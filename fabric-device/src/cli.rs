@@ -1,14 +1,14 @@
 //! The `fabric-device` command line: parse flags, load the topology, run the daemon.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use crate::driver::{Device, DeviceConfig, error_chain};
 use crate::forward::ForwarderConfig;
 use clap::Parser;
-use control::MapSource;
+use control::MapFlags;
 use telemetry::logging::{self, LogFormat};
 use tracing::{error, info, warn};
 
@@ -28,33 +28,8 @@ const INSECURE_WARNING: &str = "--insecure: no authentication; anyone who reache
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Args {
-    /// The topology file, re-read on SIGHUP (or --etcd).
-    #[arg(long, required_unless_present = "etcd", conflicts_with = "etcd")]
-    config: Option<PathBuf>,
-    /// Take the map from etcd instead of a file, and keep this device's
-    /// liveness record there: etcd's client URLs, comma-separated
-    /// (http://h1:2379,http://h2:2379). The map is read at start and
-    /// followed while the device runs.
-    #[arg(long, value_name = "URLS", env = "PMEM_FABRIC_ETCD")]
-    etcd: Option<control::Endpoints>,
-    /// The file of this device's etcd user, one line `user:password`, mode
-    /// 600 (when etcd has authentication on; never the password itself on
-    /// the command line).
-    #[arg(
-        long,
-        value_name = "FILE",
-        env = "PMEM_FABRIC_ETCD_CREDENTIALS",
-        requires = "etcd"
-    )]
-    etcd_credentials: Option<PathBuf>,
-    /// The pool whose map to take from etcd (its `[pool] name`).
-    #[arg(
-        long,
-        value_name = "NAME",
-        requires = "etcd",
-        default_value = "default"
-    )]
-    pool: String,
+    #[command(flatten)]
+    map: MapFlags,
     /// Which fabric device of the topology this is.
     #[arg(long)]
     device: String,
@@ -151,12 +126,7 @@ where
     if args.insecure {
         warn!("{INSECURE_WARNING}");
     }
-    let source = MapSource::from_flags(
-        args.config.clone(),
-        args.etcd.clone(),
-        &args.pool,
-        args.etcd_credentials.as_deref(),
-    );
+    let source = args.map.source();
     let loaded = source.and_then(|source| source.load().map(|loaded| (source, loaded)));
     let (source, (topology, version)) = match loaded {
         Ok(loaded) => loaded,

@@ -31,7 +31,7 @@ use std::sync::{Mutex, OnceLock, PoisonError};
 use proto::scrub::Report;
 
 use crate::persist::{PersistError, PmemMap};
-use crate::region_file::HEADER_LEN;
+use crate::region_format::HEADER_LEN;
 
 /// Bytes per checksummed block.
 pub const BLOCK_LEN: u64 = 64 << 10;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::persist::PowerDomain;
 use crate::{RunningServer, ServerConfig};
 use clap::Parser;
-use control::MapSource;
+use control::{MapFlags, MapSource};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 use telemetry::logging::{self, LogFormat, error_chain};
@@ -31,34 +31,8 @@ const INSECURE_WARNING: &str = "--insecure: no authentication; anyone who reache
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Args {
-    /// The topology file (or --etcd).
-    #[arg(long, required_unless_present = "etcd", conflicts_with = "etcd")]
-    config: Option<PathBuf>,
-    /// Take the map from etcd instead of a file, and keep this server's
-    /// liveness record there: etcd's client URLs, comma-separated
-    /// (http://h1:2379,http://h2:2379). The map is followed while the
-    /// server runs: regions it no longer places here are refused (their
-    /// files stay).
-    #[arg(long, value_name = "URLS", env = "PMEM_FABRIC_ETCD")]
-    etcd: Option<control::Endpoints>,
-    /// The file of this server's etcd user, one line `user:password`, mode
-    /// 600 (when etcd has authentication on; never the password itself on
-    /// the command line).
-    #[arg(
-        long,
-        value_name = "FILE",
-        env = "PMEM_FABRIC_ETCD_CREDENTIALS",
-        requires = "etcd"
-    )]
-    etcd_credentials: Option<PathBuf>,
-    /// The pool whose map to take from etcd (its `[pool] name`).
-    #[arg(
-        long,
-        value_name = "NAME",
-        requires = "etcd",
-        default_value = "default"
-    )]
-    pool: String,
+    #[command(flatten)]
+    map: MapFlags,
     /// Which server of the topology this is.
     #[arg(long)]
     server: String,
@@ -164,13 +138,7 @@ fn config(args: Args) -> Result<(ServerConfig, MapSource, Option<control::MapVer
     if args.insecure {
         warn!("{}", INSECURE_WARNING);
     }
-    let source = MapSource::from_flags(
-        args.config.clone(),
-        args.etcd.clone(),
-        &args.pool,
-        args.etcd_credentials.as_deref(),
-    )
-    .map_err(|e| {
+    let source = args.map.source().map_err(|e| {
         report(&e);
         ExitCode::FAILURE
     })?;

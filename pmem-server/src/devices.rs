@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 
 use topology::{PmemDeviceId, RegionId, Server, SocketId};
 
-use crate::region_file::HEADER_LEN;
+use crate::region_format::HEADER_LEN;
 
 /// Used when sysfs gives no alignment for a device DAX device.
 pub const DEFAULT_DEVDAX_ALIGN: u64 = 2 << 20;

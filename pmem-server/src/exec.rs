@@ -5,7 +5,7 @@
 //! data path is the exactly-once table's per-shard lock, taken for
 //! COMPARE_SWAP / FETCH_ADD that ask for exactly-once execution.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -16,13 +16,14 @@ use proto::hello::{self, Capabilities, Role};
 use proto::request::{self, Operation, Target};
 use proto::response::{self, ResponseKind};
 use proto::{AccessKey, Message, Opcode, Status};
-use topology::{CachePolicy, Layout, LayoutEntry, RegionIndex, ServerId};
+use topology::{CachePolicy, Layout, RegionIndex, ServerId};
 
 use crate::dedup::{Attempt, Dedup, DedupError, DedupTable, Intent, Refusal, RequestDigest, Word};
 use crate::gate::{self, Gatekeeper, Session};
 use crate::metrics::ServerMetrics;
 use crate::persist::PersistError;
-use crate::region_file::{HEADER_LEN, RegionFile};
+use crate::region_file::HEADER_LEN;
+use crate::served_region::ServedRegion;
 use crate::tenancy::{Asker, Tenancy};
 
 mod fencing;
@@ -37,41 +38,6 @@ pub const CAPABILITIES: Capabilities = Capabilities(
         | Capabilities::REGION_ADDRESSING.0
         | Capabilities::PERSISTENT_ATOMICS.0,
 );
-
-/// A region this server exports: its place in the layout, its mapped file
-/// and its key.
-#[derive(Debug)]
-pub struct ServedRegion {
-    /// The region's layout entry (index, size, cache policy).
-    pub entry: LayoutEntry,
-    /// The mapped file holding it.
-    pub file: RegionFile,
-    /// The region key requests must carry: the file's, until rotated.
-    key: AtomicU64,
-}
-
-impl ServedRegion {
-    /// Serves `file` as the region of `entry`, with the key its header holds.
-    pub fn new(entry: LayoutEntry, file: RegionFile) -> Self {
-        let key = AtomicU64::new(file.header.key.get());
-        Self { entry, file, key }
-    }
-
-    /// The region key requests must carry now.
-    pub fn key(&self) -> AccessKey {
-        AccessKey(self.key.load(Ordering::Acquire))
-    }
-
-    /// The mapping offset of `len` bytes at region offset `offset`, or
-    /// OUT_OF_BOUNDS when the range leaves the region.
-    fn span(&self, offset: u64, len: u64) -> Result<usize, Status> {
-        let end = offset.checked_add(len).ok_or(Status::OutOfBounds)?;
-        if end > self.file.data_len() {
-            return Err(Status::OutOfBounds);
-        }
-        usize::try_from(HEADER_LEN + offset).map_err(|_| Status::OutOfBounds)
-    }
-}
 
 /// Which key opens each extent of a region of a pool with an allocator: the
 /// region's extent key table, in the region's own mapping (see
@@ -577,7 +543,7 @@ impl Executor {
         let _serial = self.rotation.lock().unwrap_or_else(PoisonError::into_inner);
         match region.file.rotate_key() {
             Ok(key) => {
-                region.key.store(key.get(), Ordering::Release);
+                region.set_key(key);
                 tracing::info!(region = %region.entry.region_id, "region key rotated");
                 Ok(())
             }

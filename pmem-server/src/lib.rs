@@ -3,12 +3,13 @@
 //!
 //! - [`persist`]: mapping region files (DAX with `MAP_SYNC` and cache-line
 //!   write-back, `msync`, or libpmem) and making ranges durable.
-//! - [`region_file`]: the on-disk region files and their headers.
+//! - [`region_file`]: the on-disk region files and their headers;
+//!   `region_format`: the header's fixed facts (magic, version, length).
 //! - [`devices`]: where each PMEM device keeps its regions (the data
 //!   directory, a directory of its own, or device DAX) and its NUMA node.
 //! - `exec`: executing READ, WRITE, WRITE_PERSIST, FLUSH and the atomics,
-//!   with key and bounds checks; fencing connections by the map epoch
-//!   they said.
+//!   with key and bounds checks, on each `served_region` (entry, mapped
+//!   file, current key); fencing connections by the map epoch they said.
 //! - `dedup`: the exactly-once window for retried atomics, bound to the
 //!   request that recorded each result and kept in a self-checking mapped
 //!   file so it survives a restart.
@@ -44,7 +45,9 @@ pub mod missing;
 pub(crate) mod numa;
 pub mod persist;
 pub mod region_file;
+mod region_format;
 pub(crate) mod scrub;
+pub(crate) mod served_region;
 pub mod server;
 pub mod sums_file;
 pub(crate) mod tenancy;

@@ -55,14 +55,7 @@ use crate::block_sums::BlockSums;
 use crate::devices::{DevDax, Medium, ServerDevices};
 use crate::persist::{PersistError, PersistPolicy, PmemMap};
 
-/// The first bytes of every region file.
-pub const MAGIC: [u8; 8] = *b"PMFABRGN";
-/// The header format version this server writes and reads.
-pub const VERSION: u32 = 1;
-/// Bytes before the region data: one page, so the data is page-aligned.
-pub const HEADER_LEN: u64 = 4096;
-/// The longest region id a header holds.
-pub const MAX_ID_LEN: usize = 256;
+pub use crate::region_format::{HEADER_LEN, MAGIC, MAX_ID_LEN, VERSION};
 
 const ENCODED_LEN: usize = 512;
 const CHECKSUM_AT: usize = 504;
@@ -206,6 +199,18 @@ pub enum RegionFileError {
         #[source]
         source: PersistError,
     },
+}
+
+impl RegionFileError {
+    /// Makes an I/O failure on the file at `path` into an error naming the
+    /// file and the call (`op`: "open", "stat", …).
+    fn io(path: &Path) -> impl Fn(&'static str, io::Error) -> Self + '_ {
+        move |op, source| Self::Io {
+            path: path.to_path_buf(),
+            op,
+            source,
+        }
+    }
 }
 
 fn checksum(bytes: &[u8]) -> [u8; 8] {
@@ -463,12 +468,9 @@ impl RegionFile {
     ) -> Result<Self, RegionFileError> {
         let format = mode == OpenMode::Format;
         let path = region_path(dir, entry.region_id.as_str())?;
-        let io_err = |op, source| RegionFileError::Io {
-            path: path.clone(),
-            op,
-            source,
-        };
-        let exists = path.try_exists().map_err(|e| io_err("check for", e))?;
+        let exists = path
+            .try_exists()
+            .map_err(|e| RegionFileError::io(&path)("check for", e))?;
         if !exists && !mode.creates_listed() && manifest.lists(entry.region_id.as_str()) {
             return Err(RegionFileError::Missing {
                 path,
@@ -538,11 +540,7 @@ impl RegionFile {
 
     /// Creates (or truncates) the file, sizes it and writes a fresh header.
     fn create(path: &Path, entry: &LayoutEntry) -> Result<RegionHeader, RegionFileError> {
-        let io_err = |op, source| RegionFileError::Io {
-            path: path.to_path_buf(),
-            op,
-            source,
-        };
+        let io_err = RegionFileError::io(path);
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -565,11 +563,7 @@ impl RegionFile {
 
     /// Reads and checks an existing header, then records this open in it.
     fn reopen(path: &Path, entry: &LayoutEntry) -> Result<RegionHeader, RegionFileError> {
-        let io_err = |op, source| RegionFileError::Io {
-            path: path.to_path_buf(),
-            op,
-            source,
-        };
+        let io_err = RegionFileError::io(path);
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -755,11 +749,7 @@ fn fresh_key(path: &Path) -> Result<AccessKey, RegionFileError> {
 
 /// Writes `header` at the start of `file` and makes it durable.
 fn write_header(path: &Path, file: &File, header: &RegionHeader) -> Result<(), RegionFileError> {
-    let io_err = |op, source| RegionFileError::Io {
-        path: path.to_path_buf(),
-        op,
-        source,
-    };
+    let io_err = RegionFileError::io(path);
     file.write_all_at(&header.encode(), 0)
         .map_err(|e| io_err("write the header of", e))?;
     file.sync_all().map_err(|e| io_err("sync", e))
@@ -850,11 +840,7 @@ impl Manifest {
             return Ok(());
         }
         self.ids.push(id.to_owned());
-        let io_err = |op, source| RegionFileError::Io {
-            path: self.path.clone(),
-            op,
-            source,
-        };
+        let io_err = RegionFileError::io(&self.path);
         let tmp = self.path.with_extension("manifest.tmp");
         let mut text = self.ids.join("\n");
         text.push('\n');

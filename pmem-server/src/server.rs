@@ -18,13 +18,14 @@ use tracing::{Span, debug, error, info, warn};
 use crate::conn::{self, QueuePairs, Timeouts};
 use crate::dedup::{DedupTable, Expect, StoreError, WindowStore};
 use crate::devices::{DeviceError, ServerDevices, SysRoots};
-use crate::exec::{Executor, ServedRegion};
+use crate::exec::Executor;
 use crate::gate::Gatekeeper;
 use crate::live::{Limits, LiveConnections, Refusal};
 use crate::metrics::ServerMetrics;
 use crate::missing::{self, MissingError};
 use crate::persist::{PersistMode, PersistPolicy};
 use crate::region_file::{OpenMode, RegionFile, RegionFileError};
+use crate::served_region::ServedRegion;
 use crate::sums_file;
 
 /// Everything a server needs to start.

@@ -37,10 +37,10 @@ use proto::request::{self, Operation};
 use topology::records::{self, Classes, Control, EntryState, NameControl, NameState, RecordWord};
 use topology::{Layout, MetaLayout, RegionMeta};
 
-use crate::exec::ServedRegion;
 use crate::gate::Session;
 use crate::metrics::ServerMetrics;
 use crate::region_file::HEADER_LEN;
+use crate::served_region::ServedRegion;
 
 /// Whom a request is for, as far as this server can tell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -42,9 +42,9 @@ use sideway::ibverbs::queue_pair::{BasicQueuePair, QueuePair, QueuePairType, Sen
 use topology::{NicId, ServerNic};
 use tracing::{info, warn};
 
-use crate::exec::ServedRegion;
 use crate::numa::{choose_rdma_device, rdma_device_node, rdma_device_parent};
 use crate::region_file::HEADER_LEN;
+use crate::served_region::ServedRegion;
 
 /// Where sysfs is.
 const SYSFS: &str = "/sys";

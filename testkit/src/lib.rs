@@ -15,6 +15,8 @@
 //! - [`Etcd`]: a real etcd member (or a cluster of several) on ports and a
 //!   data directory of its own, for the control plane; `etcdctl` as root
 //!   once its authentication is on.
+//! - [`assert_no_import_cycles`]: a crate's test that no two of its modules
+//!   import each other ([`import_cycles`] lists the pairs).
 //!
 //! ```no_run
 //! use proto::Status;
@@ -38,6 +40,7 @@ mod conn;
 mod daemon;
 mod etcd;
 mod fabric;
+mod imports;
 mod launch;
 pub mod netns;
 pub mod roce;
@@ -50,6 +53,9 @@ pub use daemon::{Daemon, DaemonSpec, READY_TIMEOUT, TERMINATE_TIMEOUT, parse_rea
 pub use etcd::Etcd;
 pub use fabric::{
     FabricSpec, Ports, RoceSpec, free_loopback_port, try_free_loopback_port, write_topology,
+};
+pub use imports::{
+    Import, ImportCycle, ImportScanError, assert_no_import_cycles, describe_cycles, import_cycles,
 };
 pub use launch::{
     EMULATED_POWER_CUT_EXIT, PMEM_SERVER_PERSISTENCE_VAR, fabric_device, fabric_device_spec,

@@ -17,7 +17,7 @@ use std::num::NonZeroU64;
 
 use memmap2::{Advice, MmapMut, MmapOptions};
 
-use crate::layout::LayoutEntry;
+use crate::region_place::LayoutEntry;
 
 /// How an offset from the table's base becomes a slot number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,7 +8,8 @@
 //!   problem with its line and column or the variable that caused it.
 //! - [`validate`]: every problem of a topology, each naming the file and item.
 //! - [`layout`]: the flat PMEM address space, a pure function of the topology,
-//!   with O(log n) lookup and a digest daemons and clients compare.
+//!   with O(log n) lookup and a digest daemons and clients compare; each
+//!   region's place in it is a [`LayoutEntry`] (module `region_place`).
 //! - [`meta`]: where the allocator's metadata lives in PMEM; [`records`]: how
 //!   it is encoded.
 //! - [`routes`]: the ordered paths from a client to a region.
@@ -31,6 +32,7 @@ pub mod load;
 pub mod meta;
 pub mod model;
 pub mod records;
+mod region_place;
 pub mod routes;
 pub mod schema;
 pub mod secrets;

@@ -18,8 +18,8 @@
 
 use crate::addr::{AccessKey, PmemAddr, RegionIndex};
 use crate::ids::RegionId;
-use crate::layout::LayoutEntry;
 use crate::model::AllocatorConfig;
+use crate::region_place::LayoutEntry;
 
 /// Bytes at the start of a region header before its bitmap.
 pub const REGION_HEADER_LEN: u64 = 64;

@@ -169,7 +169,7 @@ impl PmemMap {
 
     /// Start of the mapping, for registering it with an RNIC: the mapping
     /// is [`len`](Self::len) bytes from here and lives as long as `self`
-    /// (a region's data starts [`HEADER_LEN`](crate::region_file::HEADER_LEN)
+    /// (a region's data starts [`HEADER_LEN`](crate::region_format::HEADER_LEN)
     /// bytes in). Accesses through it are bound by the module's concurrency
     /// contract, and writes through it bypass this type's persistence:
     /// whoever writes there makes the bytes durable itself.
