@@ -5,7 +5,7 @@
 //! data path is the exactly-once table's per-shard lock, taken for
 //! COMPARE_SWAP / FETCH_ADD that ask for exactly-once execution.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
