@@ -443,7 +443,7 @@ pub struct MapView {
 /// Connects a path: binds the RNIC's local address when there is one, sends
 /// HELLO as `client` (and its proof with a key), says the map epoch of
 /// `view` when it has one (MAP_EPOCH), fetches MAP and checks it against
-/// `view` ([`check_epoch`]); returns the connection and the device's MAP
+/// `view` (`check_epoch`); returns the connection and the device's MAP
 /// (with the keys of the regions the client may use). `on_lost` runs once
 /// when the connection dies after the handshake.
 pub async fn connect(

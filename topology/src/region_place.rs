@@ -29,7 +29,7 @@ pub struct LayoutEntry {
     pub device: PmemDeviceId,
     /// The region key requests for this region must carry, as far as the
     /// holder of this layout knows it: 0 (which opens nothing) until it is
-    /// learnt from the server that made it ([`Layout::set_key`]). Keys are
+    /// learnt from the server that made it ([`Layout::set_key`](crate::Layout::set_key)). Keys are
     /// not part of the topology nor of the layout's digest.
     pub key: AccessKey,
     /// The region's cache policy.
