@@ -749,7 +749,7 @@ fn drive(
     let mut faults: Vec<FaultRecord> = Vec::new();
     let mut pending: Vec<&PlannedFault> = options.faults.iter().collect();
     let mut restores: Vec<(Instant, usize)> = Vec::new();
-    let limit = options.duration + Duration::from_secs(120);
+    let limit = options.duration + Duration::from_secs(120) + crate::workload::VERIFY_PATIENCE;
     // When every worker's workload began (a lab guest boots first).
     let mut began: Option<Duration> = None;
     loop {

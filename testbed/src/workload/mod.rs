@@ -466,6 +466,31 @@ async fn step(
     }
 }
 
+/// How long the final verification keeps retrying a read that found no
+/// working path to its server: a server a fault killed may still be coming
+/// back when the workload ends (a lab guest booting under emulation on a
+/// loaded machine takes tens of seconds). A server that stays away that long
+/// fails the verification.
+pub const VERIFY_PATIENCE: Duration = Duration::from_secs(120);
+
+/// Runs `op` again, twice a second, while it fails because no path to its
+/// server works and `until` has not passed; any other outcome is returned
+/// as it is.
+async fn patiently<T, F, Fut>(until: Instant, mut op: F) -> Result<T, client_vmm::PoolError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, client_vmm::PoolError>>,
+{
+    loop {
+        match op().await {
+            Err(client_vmm::PoolError::NoPath { .. }) if Instant::now() < until => {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            outcome => return outcome,
+        }
+    }
+}
+
 /// Reads back every key and word the worker wrote and checks each holds
 /// its last acknowledged value (or a later unacknowledged one); the result
 /// also carries what the checks during the run found.
@@ -480,9 +505,10 @@ async fn verify(
         let states: Vec<_> = s.model.written().map(|(k, st)| (k, st.clone())).collect();
         (states, s.words.clone(), s.during_run.clone())
     };
+    let until = Instant::now() + VERIFY_PATIENCE;
     for (k, state) in &key_states {
         verification.keys_checked += 1;
-        let problem = match pool.read(keys.key_addr(*k), size).await {
+        let problem = match patiently(until, || pool.read(keys.key_addr(*k), size)).await {
             Err(e) => Some(format!("key {k}: read back failed: {e}")),
             Ok(bytes) => check::final_problem(*k, state, decode(*k, &bytes)),
         };
@@ -495,7 +521,7 @@ async fn verify(
             continue;
         }
         verification.counters_checked += 1;
-        match pool.fetch_add(keys.own_word(*w), 0).await {
+        match patiently(until, || pool.fetch_add(keys.own_word(*w), 0)).await {
             Ok(found) if found == *expected => {}
             Ok(found) => verification
                 .push_mismatch(format!("own word {w}: expected {expected}, found {found}")),
