@@ -10,7 +10,8 @@
 //! - [`layout`]: the flat PMEM address space, a pure function of the topology,
 //!   with O(log n) lookup and a digest daemons and clients compare.
 //! - [`meta`]: where the allocator's metadata lives in PMEM; [`records`]: how
-//!   it is encoded.
+//!   it is encoded; [`region_header`]: a region header's fixed words and
+//!   format state.
 //! - [`routes`]: the ordered paths from a client to a region.
 //!
 //! - [`host`]: the checks only a server's host can make (its PMEM device
@@ -31,6 +32,7 @@ pub mod load;
 pub mod meta;
 pub mod model;
 pub mod records;
+pub mod region_header;
 pub mod routes;
 pub mod schema;
 pub mod secrets;

@@ -19,13 +19,25 @@ pub enum AllocError {
         /// The pool's name.
         pool: String,
     },
-    /// The superblock was written for another layout or format.
+    /// The superblock or a region header was written for another geometry.
     #[error("pool {pool:?} was formatted differently: {what}; reformat it or use its topology")]
     FormatMismatch {
         /// The pool's name.
         pool: String,
         /// What differs.
         what: String,
+    },
+    /// The superblock is of a metadata format this client does not read.
+    #[error(
+        "pool {pool:?} was formatted with metadata format version {found}, and this client reads only version {}; \
+         reformat it with `pmemctl format --force` (which frees everything in it) or open it with the release that formatted it",
+        crate::records::FORMAT_VERSION
+    )]
+    OtherFormatVersion {
+        /// The pool's name.
+        pool: String,
+        /// The version its superblock records.
+        found: u64,
     },
     /// The pool is formatted and `--force` was not given.
     #[error("pool {pool:?} is already formatted; formatting again frees everything in it")]
