@@ -516,3 +516,71 @@ fn seed() -> u64 {
         .map_or(0, |d| d.as_nanos() as u64);
     os ^ time.rotate_left(17) ^ u64::from(std::process::id()).rotate_left(40)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use topology::{AllocatorConfig, EnvOverrides, Layout, Topology};
+
+    fn meta(page_table_entries: Option<u64>) -> MetaLayout {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/default.toml");
+        let mut t = Topology::load_with(path, &EnvOverrides::None).expect("topology");
+        t.pool.allocator = Some(AllocatorConfig {
+            page_table_entries,
+            ..AllocatorConfig::default()
+        });
+        Layout::new(&t).expect("layout").meta().expect("meta").clone()
+    }
+
+    /// The fixed part of the superblock format writes for `meta`.
+    fn superblock(meta: &MetaLayout, version: u64) -> Vec<u8> {
+        let mut block = vec![0u8; sb::FIXED_LEN as usize];
+        for (at, value) in [
+            (sb::MAGIC, records::POOL_MAGIC),
+            (sb::VERSION, version),
+            (sb::EXTENT, meta.extent_size()),
+            (sb::ENTRIES, meta.page_table_entries()),
+            (sb::NAMES, meta.names()),
+            (sb::META_START, meta.meta_region().start.get()),
+            (sb::META_RESERVED, meta.meta_region().reserved),
+        ] {
+            block[at as usize..at as usize + 8].copy_from_slice(&value.to_le_bytes());
+        }
+        block
+    }
+
+    #[test]
+    fn a_superblock_of_this_geometry_and_version_is_accepted() {
+        let meta = meta(Some(512));
+        let block = superblock(&meta, records::FORMAT_VERSION);
+        assert!(check_superblock("p", &block, &meta).is_ok());
+        let err = check_superblock("p", &[0; 72], &meta).unwrap_err();
+        assert!(matches!(err, AllocError::NotFormatted { .. }), "{err}");
+    }
+
+    #[test]
+    fn an_older_format_version_is_refused_by_number() {
+        let meta = meta(None);
+        let block = superblock(&meta, 3);
+        let err = check_superblock("p", &block, &meta).unwrap_err();
+        let message = err.to_string();
+        assert!(
+            message.contains("formatted with metadata format version 3")
+                && message.contains(&format!("reads only version {}", records::FORMAT_VERSION)),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_page_table_of_another_size_is_refused_naming_the_setting() {
+        let formatted = meta(Some(512));
+        let block = superblock(&formatted, records::FORMAT_VERSION);
+        let err = check_superblock("p", &block, &meta(Some(1024))).unwrap_err();
+        let message = err.to_string();
+        assert!(
+            message.contains("page-table entries 512 at format, this topology gives 1024")
+                && message.contains("set page_table_entries = 512"),
+            "{message}"
+        );
+    }
+}
