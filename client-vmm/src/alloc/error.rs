@@ -54,10 +54,16 @@ pub enum AllocError {
         placement: String,
     },
     /// Every page-table entry near the cursor is in use.
-    #[error("the page table has no run of {extents} free virtual extents")]
+    #[error(
+        "the page table has no run of {extents} free virtual extents among its {entries} entries; \
+         its size is fixed at format: free allocations, or format the pool again with a larger \
+         page_table_entries in [pool.allocator]"
+    )]
     PageTableFull {
         /// Extents asked for.
         extents: u64,
+        /// Entries of the page table.
+        entries: u64,
     },
     /// A zero-byte allocation.
     #[error("cannot allocate zero bytes")]

@@ -210,7 +210,10 @@ impl Allocator {
                     .await;
             }
         }
-        Err(AllocError::PageTableFull { extents: n })
+        Err(AllocError::PageTableFull {
+            extents: n,
+            entries: total,
+        })
     }
 
     /// Undoes a reservation that did not complete: extents released, entries
