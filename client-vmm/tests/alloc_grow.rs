@@ -127,7 +127,10 @@ fn a_pool_formatted_on_two_servers_grows_onto_a_third() {
 
     // Formatted on A and B, filled: A1 keeps 2 extents for metadata, B1 1.
     let p0 = pool(&small, "c0");
-    let a0 = must("format", p0.block_on(Allocator::format(p0.handle().clone(), false)));
+    let a0 = must(
+        "format",
+        p0.block_on(Allocator::format(p0.handle().clone(), false)),
+    );
     let before = fill(&p0, &a0, 0xA0);
     assert_eq!(before.len(), 6 + 7, "every data extent of A1 and B1");
     drop((a0, p0));
@@ -153,7 +156,11 @@ fn a_pool_formatted_on_two_servers_grows_onto_a_third() {
             .filter(|g| g.formatted.contains(&region))
             .count();
         assert_eq!(formatters, 1, "{region} formatted once: {g0:?} {g1:?}");
-        let other = if g0.formatted.contains(&region) { &g1 } else { &g0 };
+        let other = if g0.formatted.contains(&region) {
+            &g1
+        } else {
+            &g0
+        };
         assert!(
             other.joined.contains(&region) || other.waiting.contains(&region),
             "{region}: {other:?}"

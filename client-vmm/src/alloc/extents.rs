@@ -317,7 +317,11 @@ impl Allocator {
         let layout = self.pool.layout();
         let usable: Vec<bool> = {
             let c = self.lock_candidates();
-            layout.entries().iter().map(|e| c.is_usable(e.start)).collect()
+            layout
+                .entries()
+                .iter()
+                .map(|e| c.is_usable(e.start))
+                .collect()
         };
         let servers: Vec<u16> = {
             let mut s: Vec<u16> = layout.entries().iter().map(|e| e.server_index).collect();

@@ -310,8 +310,16 @@ impl Allocator {
         put(&mut block, sb::ENTRIES, self.meta.page_table_entries());
         put(&mut block, sb::NAMES, self.meta.names());
         put(&mut block, sb::FORMATTED_AT, unix_now());
-        put(&mut block, sb::META_START, self.meta.meta_region().start.get());
-        put(&mut block, sb::META_RESERVED, self.meta.meta_region().reserved);
+        put(
+            &mut block,
+            sb::META_START,
+            self.meta.meta_region().start.get(),
+        );
+        put(
+            &mut block,
+            sb::META_RESERVED,
+            self.meta.meta_region().reserved,
+        );
         put(&mut block, sb::REGIONS, self.meta.regions().len() as u64);
         self.write(self.meta.superblock(), key, &block).await?;
         self.store(self.meta.superblock(), key, records::POOL_MAGIC)
@@ -529,7 +537,11 @@ mod tests {
             page_table_entries,
             ..AllocatorConfig::default()
         });
-        Layout::new(&t).expect("layout").meta().expect("meta").clone()
+        Layout::new(&t)
+            .expect("layout")
+            .meta()
+            .expect("meta")
+            .clone()
     }
 
     /// The fixed part of the superblock format writes for `meta`.

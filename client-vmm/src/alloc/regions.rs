@@ -295,10 +295,7 @@ pub(super) fn geometry(meta: &MetaLayout) -> [(&'static str, u64); 5] {
 }
 
 /// Where `now` differs from `formatted`: (what, now's value, formatted value).
-fn geometry_differences(
-    formatted: &MetaLayout,
-    now: &MetaLayout,
-) -> Vec<(&'static str, u64, u64)> {
+fn geometry_differences(formatted: &MetaLayout, now: &MetaLayout) -> Vec<(&'static str, u64, u64)> {
     geometry(formatted)
         .into_iter()
         .zip(geometry(now))
@@ -345,7 +342,10 @@ mod tests {
     #[test]
     fn a_young_claim_is_waited_for_and_a_stale_one_taken_over() {
         assert_eq!(step(claim_at(NOW), NOW), Step::Wait);
-        assert_eq!(step(claim_at(NOW - CLAIM_TIMEOUT_SECS + 1), NOW), Step::Wait);
+        assert_eq!(
+            step(claim_at(NOW - CLAIM_TIMEOUT_SECS + 1), NOW),
+            Step::Wait
+        );
         assert_eq!(step(claim_at(NOW - CLAIM_TIMEOUT_SECS), NOW), Step::Claim);
         assert_eq!(step(claim_at(0), NOW), Step::Claim);
         // A claim dated far ahead is garbage or a wild clock, not a live one.
@@ -391,7 +391,10 @@ mod tests {
     #[test]
     fn a_page_table_of_another_size_names_the_setting_to_keep() {
         let advice = geometry_advice("page-table entries", 256, 512);
-        assert!(advice.contains("page-table entries 256 at format"), "{advice}");
+        assert!(
+            advice.contains("page-table entries 256 at format"),
+            "{advice}"
+        );
         assert!(
             advice.contains("set page_table_entries = 256 in [pool.allocator]"),
             "{advice}"
