@@ -40,6 +40,10 @@ pub mod word {
     pub const FIXED_LEN: u64 = 48;
 }
 
+// The fixed words end before the bitmap.
+const _: () = assert!(word::START + 8 <= word::FIXED_LEN);
+const _: () = assert!(word::FIXED_LEN <= crate::meta::REGION_HEADER_LEN);
+
 /// The state word of a formatted header ("PFRGFMTD").
 pub const FORMATTED: u64 = u64::from_le_bytes(*b"PFRGFMTD");
 
@@ -123,11 +127,5 @@ mod tests {
                 since: u32::MAX
             }
         );
-    }
-
-    #[test]
-    fn the_fixed_words_end_before_the_bitmap() {
-        assert!(word::FIXED_LEN <= crate::meta::REGION_HEADER_LEN);
-        assert!(word::START + 8 <= word::FIXED_LEN);
     }
 }

@@ -123,7 +123,8 @@ impl Allocator {
             let changed = !c.seen.as_ref().is_some_and(|s| Arc::ptr_eq(s, &layout));
             (changed, !c.pending.is_empty())
         };
-        if !changed && !(retry_pending && pending) {
+        let wanted = changed || (retry_pending && pending);
+        if !wanted {
             return Ok(Growth::default());
         }
         let Some(meta) = layout.meta() else {
