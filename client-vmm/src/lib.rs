@@ -47,7 +47,7 @@ pub mod translate;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 
-pub use alloc::{AllocError, Allocator, BlockingAllocator, Placement};
+pub use alloc::{AllocError, Allocator, BlockingAllocator, Growth, Placement};
 pub use error::{Address, OpenError, PoolError};
 pub use pool::{AsyncPool, Batch, BatchOp, Completion, Pool, PoolBuilder, PoolOptions};
 pub use translate::{StaticTranslator, Translator, VIRT_BASE};

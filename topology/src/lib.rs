@@ -11,7 +11,8 @@
 //!   with O(log n) lookup and a digest daemons and clients compare; each
 //!   region's place in it is a [`LayoutEntry`] (module `region_place`).
 //! - [`meta`]: where the allocator's metadata lives in PMEM; [`records`]: how
-//!   it is encoded.
+//!   it is encoded; [`region_header`]: a region header's fixed words and
+//!   format state.
 //! - [`routes`]: the ordered paths from a client to a region.
 //!
 //! - [`host`]: the checks only a server's host can make (its PMEM device
@@ -32,6 +33,7 @@ pub mod load;
 pub mod meta;
 pub mod model;
 pub mod records;
+pub mod region_header;
 mod region_place;
 pub mod routes;
 pub mod schema;

@@ -14,7 +14,15 @@
 //! other regions:   | region header | … data extents
 //! ```
 //!
-//! All words are little-endian u64; every table starts 64-byte aligned.
+//! All words are little-endian u64; every table starts 64-byte aligned. A
+//! region header begins with fixed words (identity and format state, see
+//! [`crate::region_header`]) before its bitmap.
+//!
+//! The superblock, page table and name directory are sized once, at format:
+//! regions appended later (a pool gaining servers) bring their own headers
+//! but no page-table entries, so a pool meant to grow sets
+//! `page_table_entries` with room for them and keeps every allocator setting
+//! as it was at format.
 
 use crate::addr::{AccessKey, PmemAddr, RegionIndex};
 use crate::ids::RegionId;
@@ -33,7 +41,8 @@ pub const NAME_ENTRY_LEN: u64 = 128;
 pub const DEFAULT_NAMES: u64 = 256;
 /// Most name-directory entries (a page-table entry records a slot in 16 bits).
 pub const MAX_NAMES: u64 = 65_535;
-/// Page-table entries per data extent when the topology does not say.
+/// Page-table entries per data extent when the topology does not say (of
+/// the extents at hand: the default changes as regions are added).
 pub const DEFAULT_PAGE_TABLE_FACTOR: u64 = 4;
 
 /// Why the allocator's metadata cannot be laid out.

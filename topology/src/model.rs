@@ -88,7 +88,10 @@ pub struct AllocatorConfig {
     /// The region holding the pool metadata; defaults to the first region.
     #[serde(default)]
     pub metadata_region: Option<RegionId>,
-    /// Virtual extents the page table maps; defaults to four per data extent.
+    /// Virtual extents the page table maps; defaults to four per data
+    /// extent. Fixed once the pool is formatted: a pool meant to gain
+    /// servers sets it (room for their extents too) and keeps it, since the
+    /// default would change with the pool's extents.
     #[serde(default)]
     pub page_table_entries: Option<u64>,
     /// Entries of the name directory; defaults to 256.

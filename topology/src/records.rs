@@ -14,12 +14,14 @@ use crate::meta::{self, MetaLayout, RegionMeta};
 
 /// "PFPOOL01": the superblock of a formatted pool.
 pub const POOL_MAGIC: u64 = u64::from_le_bytes(*b"PFPOOL01");
-/// "PFREGN01": a formatted region header.
+/// "PFREGN01": the first word of a region header (whether it is formatted is
+/// its state word: [`crate::region_header`]).
 pub const REGION_MAGIC: u64 = u64::from_le_bytes(*b"PFREGN01");
 /// The metadata format this code reads and writes (2: owners in extent keys
 /// and name entries; 3: slab extents marked in their keys, slabs kept per
-/// client).
-pub const FORMAT_VERSION: u64 = 3;
+/// client; 4: region headers formatted one by one with a state word, the
+/// superblock records the metadata's geometry instead of the layout digest).
+pub const FORMAT_VERSION: u64 = 4;
 
 /// Superblock byte offsets.
 pub mod sb {
@@ -33,8 +35,13 @@ pub mod sb {
     pub const ENTRIES: u64 = 24;
     /// Name-directory entries.
     pub const NAMES: u64 = 32;
-    /// The layout digest (32 bytes).
-    pub const DIGEST: u64 = 40;
+    /// PMEM start address of the metadata region.
+    pub const META_START: u64 = 40;
+    /// Leading extents of the metadata region the metadata reserves.
+    pub const META_RESERVED: u64 = 48;
+    /// Regions whose headers the pool's format wrote (later ones are
+    /// formatted as the pool grows; their headers say so).
+    pub const REGIONS: u64 = 56;
     /// The virtual-extent cursor, advanced with FETCH_ADD.
     pub const CURSOR: u64 = 72;
     /// Unix seconds of the format.

@@ -19,13 +19,25 @@ pub enum AllocError {
         /// The pool's name.
         pool: String,
     },
-    /// The superblock was written for another layout or format.
+    /// The superblock or a region header was written for another geometry.
     #[error("pool {pool:?} was formatted differently: {what}; reformat it or use its topology")]
     FormatMismatch {
         /// The pool's name.
         pool: String,
         /// What differs.
         what: String,
+    },
+    /// The superblock is of a metadata format this client does not read.
+    #[error(
+        "pool {pool:?} was formatted with metadata format version {found}, and this client reads only version {}; \
+         reformat it with `pmemctl format --force` (which frees everything in it) or open it with the release that formatted it",
+        crate::records::FORMAT_VERSION
+    )]
+    OtherFormatVersion {
+        /// The pool's name.
+        pool: String,
+        /// The version its superblock records.
+        found: u64,
     },
     /// The pool is formatted and `--force` was not given.
     #[error("pool {pool:?} is already formatted; formatting again frees everything in it")]
@@ -42,10 +54,16 @@ pub enum AllocError {
         placement: String,
     },
     /// Every page-table entry near the cursor is in use.
-    #[error("the page table has no run of {extents} free virtual extents")]
+    #[error(
+        "the page table has no run of {extents} free virtual extents among its {entries} entries; \
+         its size is fixed at format: free allocations, or format the pool again with a larger \
+         page_table_entries in [pool.allocator]"
+    )]
     PageTableFull {
         /// Extents asked for.
         extents: u64,
+        /// Entries of the page table.
+        entries: u64,
     },
     /// A zero-byte allocation.
     #[error("cannot allocate zero bytes")]

@@ -48,6 +48,7 @@ impl Allocator {
         F: FnOnce(u64, Vec<Claimed>) -> Fut,
         Fut: std::future::Future<Output = Result<(), AllocError>>,
     {
+        self.follow_layout(false).await?;
         let extent = self.meta.extent_size();
         let n = if kind == EntryKind::Slab {
             1
@@ -209,7 +210,10 @@ impl Allocator {
                     .await;
             }
         }
-        Err(AllocError::PageTableFull { extents: n })
+        Err(AllocError::PageTableFull {
+            extents: n,
+            entries: total,
+        })
     }
 
     /// Undoes a reservation that did not complete: extents released, entries
@@ -249,11 +253,34 @@ impl Allocator {
     }
 
     /// Claims a free PMEM extent on round-robin turn `turn` for an entry of
-    /// `kind`. Its key goes in with COMPARE_SWAP from 0: the server holding
-    /// it zeroes the extent's bytes as the key is installed (a previous
-    /// owner's data never reaches the new one). A slab's key says so, and
-    /// the server then lets only this client change the slab's header.
+    /// `kind` (see [`Self::claim_extent_in_candidates`]); when the candidates
+    /// are full, takes up the current layout (regions another client was
+    /// formatting, or the layout changed meanwhile) and tries once more.
     async fn claim_extent(
+        &self,
+        placement: &Placement,
+        turn: u64,
+        kind: EntryKind,
+    ) -> Result<Option<Claimed>, AllocError> {
+        if let Some(claimed) = self
+            .claim_extent_in_candidates(placement, turn, kind)
+            .await?
+        {
+            return Ok(Some(claimed));
+        }
+        let growth = self.follow_layout(true).await?;
+        if growth.formatted.is_empty() && growth.joined.is_empty() {
+            return Ok(None);
+        }
+        self.claim_extent_in_candidates(placement, turn, kind).await
+    }
+
+    /// Claims a free PMEM extent of the candidates. Its key goes in with
+    /// COMPARE_SWAP from 0: the server holding it zeroes the extent's bytes
+    /// as the key is installed (a previous owner's data never reaches the
+    /// new one). A slab's key says so, and the server then lets only this
+    /// client change the slab's header.
+    async fn claim_extent_in_candidates(
         &self,
         placement: &Placement,
         turn: u64,
@@ -285,8 +312,17 @@ impl Allocator {
 
     /// Regions to try on round-robin turn `turn`, best first: the turn's
     /// server, then the next ones; within a server its regions in turn.
+    /// Only regions of the current layout whose header is formatted.
     fn candidates(&self, placement: &Placement, turn: u64) -> Result<Vec<RegionIndex>, AllocError> {
         let layout = self.pool.layout();
+        let usable: Vec<bool> = {
+            let c = self.lock_candidates();
+            layout
+                .entries()
+                .iter()
+                .map(|e| c.is_usable(e.start))
+                .collect()
+        };
         let servers: Vec<u16> = {
             let mut s: Vec<u16> = layout.entries().iter().map(|e| e.server_index).collect();
             s.sort_unstable();
@@ -310,6 +346,7 @@ impl Allocator {
             .entries()
             .iter()
             .filter(matches)
+            .filter(|e| usable.get(e.region.0 as usize).copied().unwrap_or(false))
             .map(|e| {
                 let distance = (u64::from(e.server_index) + servers.len() as u64
                     - u64::from(first.unwrap_or(0)))
@@ -325,7 +362,7 @@ impl Allocator {
 
     /// Claims one clear bit of `region`'s free-extent bitmap.
     async fn claim_in(&self, region: RegionIndex) -> Result<Option<u64>, AllocError> {
-        let meta = *self.region(region)?;
+        let meta = self.region(region)?;
         let mut fresh = false;
         loop {
             let cached = self.lock_guesses().bitmaps.get(&region).cloned();
@@ -384,7 +421,7 @@ impl Allocator {
         extent: u64,
         key: AccessKey,
     ) -> Result<(), AllocError> {
-        let meta = *self.region(region)?;
+        let meta = self.region(region)?;
         let old = self
             .cas(meta.at(meta.key_offset(extent)), meta.key, key.get(), 0)
             .await?;
@@ -421,7 +458,7 @@ impl Allocator {
 
     /// The PMEM address of a claimed extent.
     fn extent_addr(&self, c: &Claimed) -> Option<PmemAddr> {
-        let meta = self.meta.region(c.region)?;
+        let meta = self.region(c.region).ok()?;
         Some(meta.at(c.extent * self.meta.extent_size()))
     }
 

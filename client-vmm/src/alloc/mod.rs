@@ -40,6 +40,7 @@ mod error;
 mod extents;
 mod names;
 pub use crate::records;
+mod regions;
 mod scrub;
 mod slab;
 
@@ -48,6 +49,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use proto::request::Operation;
+use topology::region_header::{RegionState, word};
 use topology::{
     AccessKey, MetaLayout, PmemAddr, RegionIndex, RegionMeta, ServerId, SocketId, VirtAddr,
 };
@@ -55,6 +57,7 @@ use topology::{
 pub use blocking::BlockingAllocator;
 pub use error::AllocError;
 pub use names::NamedObject;
+pub use regions::{CLAIM_TIMEOUT_SECS, Growth};
 pub use scrub::{RegionUsage, ScrubReport, Usage};
 
 use crate::error::PoolError;
@@ -112,11 +115,16 @@ pub struct Allocator {
     rng: Mutex<u64>,
     round_robin: AtomicU64,
     guesses: Mutex<Guesses>,
+    /// The regions allocations may go to, following the pool's layout.
+    candidates: Mutex<regions::Candidates>,
     ops: AtomicU64,
 }
 
 impl Allocator {
-    /// The allocator of `pool`; the pool must be formatted.
+    /// The allocator of `pool`; the pool must be formatted, with the
+    /// metadata geometry of `pool`'s topology. Regions the layout has gained
+    /// since the format are taken up on the first allocation (or
+    /// [`Self::refresh`]).
     pub async fn attach(pool: AsyncPool) -> Result<Self, AllocError> {
         let this = Self::new(pool)?;
         this.check_superblock().await?;
@@ -151,6 +159,7 @@ impl Allocator {
             rng: Mutex::new(seed),
             round_robin: AtomicU64::new(seed >> 8),
             guesses: Mutex::new(Guesses::default()),
+            candidates: Mutex::new(regions::Candidates::default()),
             ops: AtomicU64::new(0),
             meta,
             pool,
@@ -266,7 +275,7 @@ impl Allocator {
         }
     }
 
-    /// The superblock matches this topology's metadata layout.
+    /// The superblock matches this topology's metadata geometry.
     async fn check_superblock(&self) -> Result<(), AllocError> {
         let bytes = self
             .read(
@@ -275,38 +284,7 @@ impl Allocator {
                 sb::FIXED_LEN as u32,
             )
             .await?;
-        let word = |at: u64| records::word_at(&bytes, at as usize).unwrap_or_default();
-        if word(sb::MAGIC) != records::POOL_MAGIC {
-            return Err(AllocError::NotFormatted {
-                pool: self.pool_name(),
-            });
-        }
-        let digest = self.pool.layout().digest();
-        let checks = [
-            ("format version", word(sb::VERSION), records::FORMAT_VERSION),
-            ("extent size", word(sb::EXTENT), self.meta.extent_size()),
-            (
-                "page-table entries",
-                word(sb::ENTRIES),
-                self.meta.page_table_entries(),
-            ),
-            ("name entries", word(sb::NAMES), self.meta.names()),
-        ];
-        for (what, found, expected) in checks {
-            if found != expected {
-                return Err(AllocError::FormatMismatch {
-                    pool: self.pool_name(),
-                    what: format!("{what} {found}, this topology says {expected}"),
-                });
-            }
-        }
-        if bytes.get(sb::DIGEST as usize..sb::DIGEST as usize + 32) != Some(&digest[..]) {
-            return Err(AllocError::FormatMismatch {
-                pool: self.pool_name(),
-                what: "layout digest differs".into(),
-            });
-        }
-        Ok(())
+        check_superblock(&self.pool_name(), &bytes, &self.meta)
     }
 
     /// Writes region headers, an empty page table and name directory, and
@@ -314,9 +292,10 @@ impl Allocator {
     async fn write_metadata(&self) -> Result<(), AllocError> {
         let key = self.meta_key();
         self.write(self.meta.superblock(), key, &[0u8; 8]).await?;
+        let layout = self.pool.layout();
         for region in self.meta.regions() {
-            self.write(region.start, region.key, &region_header(region))
-                .await?;
+            let image = region_header_image(region, RegionState::Formatted);
+            self.write(region.start, region.key, &image).await?;
         }
         let tables_len = (self.meta.name_entry(self.meta.names()).get()
             - self.meta.page_table_entry(0).get()) as usize;
@@ -331,12 +310,22 @@ impl Allocator {
         put(&mut block, sb::ENTRIES, self.meta.page_table_entries());
         put(&mut block, sb::NAMES, self.meta.names());
         put(&mut block, sb::FORMATTED_AT, unix_now());
-        let digest = self.pool.layout().digest();
-        block[sb::DIGEST as usize..sb::DIGEST as usize + 32].copy_from_slice(&digest);
+        put(
+            &mut block,
+            sb::META_START,
+            self.meta.meta_region().start.get(),
+        );
+        put(
+            &mut block,
+            sb::META_RESERVED,
+            self.meta.meta_region().reserved,
+        );
+        put(&mut block, sb::REGIONS, self.meta.regions().len() as u64);
         self.write(self.meta.superblock(), key, &block).await?;
         self.store(self.meta.superblock(), key, records::POOL_MAGIC)
             .await?;
         *self.lock_guesses() = Guesses::default();
+        *self.lock_candidates() = regions::Candidates::all_of(layout);
         Ok(())
     }
 
@@ -348,10 +337,16 @@ impl Allocator {
         self.meta.meta_region().key
     }
 
-    fn region(&self, region: RegionIndex) -> Result<&RegionMeta, AllocError> {
-        self.meta.region(region).ok_or_else(|| AllocError::Corrupt {
-            what: format!("region index {}", region.0),
-        })
+    /// Region `region` of the pool's current layout.
+    fn region(&self, region: RegionIndex) -> Result<RegionMeta, AllocError> {
+        let layout = self.pool.layout();
+        layout
+            .meta()
+            .and_then(|meta| meta.region(region))
+            .copied()
+            .ok_or_else(|| AllocError::Corrupt {
+                what: format!("region index {} is not in the pool's layout", region.0),
+            })
     }
 
     fn lock_guesses(&self) -> std::sync::MutexGuard<'_, Guesses> {
@@ -441,21 +436,21 @@ impl Allocator {
     }
 }
 
-/// A region header as format writes it: magic, index, extents, reserved;
-/// the bitmap with reserved extents and the bits past the last extent set;
-/// an empty key table.
-fn region_header(region: &RegionMeta) -> Vec<u8> {
+/// A region header as formatting writes it: magic, index, extents,
+/// reserved, `state`, start address; the bitmap with reserved extents and
+/// the bits past the last extent set; an empty key table.
+fn region_header_image(region: &RegionMeta, state: RegionState) -> Vec<u8> {
     let mut out = vec![0u8; region.header_len() as usize];
-    for (i, w) in [
-        records::REGION_MAGIC,
-        u64::from(region.region.0),
-        region.extents,
-        region.reserved,
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        out[i * 8..i * 8 + 8].copy_from_slice(&w.to_le_bytes());
+    for (at, w) in [
+        (word::MAGIC, records::REGION_MAGIC),
+        (word::INDEX, u64::from(region.region.0)),
+        (word::EXTENTS, region.extents),
+        (word::RESERVED, region.reserved),
+        (word::STATE, state.encode()),
+        (word::START, region.start.get()),
+    ] {
+        let at = at as usize;
+        out[at..at + 8].copy_from_slice(&w.to_le_bytes());
     }
     for word in 0..region.bitmap_words() {
         let at = (region.bitmap_offset() + word * 8) as usize;
@@ -473,6 +468,41 @@ fn never_free_bits(region: &RegionMeta, word: u64) -> u64 {
             extent < region.reserved || extent >= region.extents
         })
         .fold(0, |acc, bit| acc | 1 << bit)
+}
+
+/// Checks a superblock's fixed part (`bytes`) against the metadata geometry
+/// `meta` of this topology: formatted, in this format version, with the same
+/// extent size, page table, name directory and metadata region.
+fn check_superblock(pool: &str, bytes: &[u8], meta: &MetaLayout) -> Result<(), AllocError> {
+    let word = |at: u64| records::word_at(bytes, at as usize).unwrap_or_default();
+    if word(sb::MAGIC) != records::POOL_MAGIC {
+        return Err(AllocError::NotFormatted {
+            pool: pool.to_owned(),
+        });
+    }
+    if word(sb::VERSION) != records::FORMAT_VERSION {
+        return Err(AllocError::OtherFormatVersion {
+            pool: pool.to_owned(),
+            found: word(sb::VERSION),
+        });
+    }
+    let recorded = [
+        sb::EXTENT,
+        sb::ENTRIES,
+        sb::NAMES,
+        sb::META_START,
+        sb::META_RESERVED,
+    ];
+    for ((what, expected), at) in regions::geometry(meta).into_iter().zip(recorded) {
+        let found = word(at);
+        if found != expected {
+            return Err(AllocError::FormatMismatch {
+                pool: pool.to_owned(),
+                what: regions::geometry_advice(what, found, expected),
+            });
+        }
+    }
+    Ok(())
 }
 
 fn unix_now() -> u64 {
@@ -493,4 +523,76 @@ fn seed() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
     os ^ time.rotate_left(17) ^ u64::from(std::process::id()).rotate_left(40)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use topology::{AllocatorConfig, EnvOverrides, Layout, Topology};
+
+    fn meta(page_table_entries: Option<u64>) -> MetaLayout {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/default.toml");
+        let mut t = Topology::load_with(path, &EnvOverrides::None).expect("topology");
+        t.pool.allocator = Some(AllocatorConfig {
+            page_table_entries,
+            ..AllocatorConfig::default()
+        });
+        Layout::new(&t)
+            .expect("layout")
+            .meta()
+            .expect("meta")
+            .clone()
+    }
+
+    /// The fixed part of the superblock format writes for `meta`.
+    fn superblock(meta: &MetaLayout, version: u64) -> Vec<u8> {
+        let mut block = vec![0u8; sb::FIXED_LEN as usize];
+        for (at, value) in [
+            (sb::MAGIC, records::POOL_MAGIC),
+            (sb::VERSION, version),
+            (sb::EXTENT, meta.extent_size()),
+            (sb::ENTRIES, meta.page_table_entries()),
+            (sb::NAMES, meta.names()),
+            (sb::META_START, meta.meta_region().start.get()),
+            (sb::META_RESERVED, meta.meta_region().reserved),
+        ] {
+            block[at as usize..at as usize + 8].copy_from_slice(&value.to_le_bytes());
+        }
+        block
+    }
+
+    #[test]
+    fn a_superblock_of_this_geometry_and_version_is_accepted() {
+        let meta = meta(Some(512));
+        let block = superblock(&meta, records::FORMAT_VERSION);
+        assert!(check_superblock("p", &block, &meta).is_ok());
+        let err = check_superblock("p", &[0; 72], &meta).unwrap_err();
+        assert!(matches!(err, AllocError::NotFormatted { .. }), "{err}");
+    }
+
+    #[test]
+    fn an_older_format_version_is_refused_by_number() {
+        let meta = meta(None);
+        let block = superblock(&meta, 3);
+        let err = check_superblock("p", &block, &meta).unwrap_err();
+        let message = err.to_string();
+        assert!(
+            message.contains("formatted with metadata format version 3")
+                && message.contains(&format!("reads only version {}", records::FORMAT_VERSION)),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_page_table_of_another_size_is_refused_naming_the_setting() {
+        let formatted = meta(Some(512));
+        let block = superblock(&formatted, records::FORMAT_VERSION);
+        let err = check_superblock("p", &block, &meta(Some(1024))).unwrap_err();
+        let message = err.to_string();
+        assert!(
+            message.contains("page-table entries 512 at format, this topology gives 1024")
+                && message.contains("set page_table_entries = 512"),
+            "{message}"
+        );
+    }
 }

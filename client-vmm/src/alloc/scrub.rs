@@ -107,9 +107,10 @@ impl ScrubReport {
 impl Allocator {
     /// Capacity used and free per region, and slab occupancy.
     pub async fn usage(&self) -> Result<Usage, AllocError> {
+        self.follow_layout(false).await?;
         let layout = self.pool.layout();
         let mut regions = Vec::new();
-        for region in self.meta.regions() {
+        for region in &self.usable_regions() {
             let words = self.read_bitmap(region).await?;
             let used: u64 = words
                 .iter()
@@ -230,7 +231,8 @@ impl Allocator {
         report: &mut ScrubReport,
     ) -> Result<(), AllocError> {
         let extent = self.meta.extent_size();
-        for region in self.meta.regions() {
+        self.follow_layout(false).await?;
+        for region in &self.usable_regions() {
             let words = self.read_bitmap(region).await?;
             let keys = self
                 .read(
