@@ -29,6 +29,15 @@ fn open(dir: &std::path::Path) -> OpenedServer {
     OpenedServer::open(&config).unwrap()
 }
 
+/// Server `S` of [`open`] running map epoch 5 (the folder lives as long as
+/// the server is used).
+fn at_epoch_5() -> (tempfile::TempDir, OpenedServer) {
+    let dir = tempfile::tempdir().unwrap();
+    let server = open(dir.path());
+    server.exec.set_epoch(5);
+    (dir, server)
+}
+
 /// A connection to `exec`: its gate standing and the epoch it said.
 struct Peer<'a> {
     exec: &'a Executor,
@@ -65,6 +74,18 @@ impl<'a> Peer<'a> {
     fn request(&mut self, req: Repr<'_>) -> (Status, u64) {
         self.call(Message::Request(req))
     }
+
+    /// A FETCH_ADD of `delta` at the start of region 0; the answer's status.
+    fn add(&mut self, delta: u64) -> Status {
+        let exec = self.exec;
+        self.request(Repr::fetch_add(at(0), key(exec, 0), delta)).0
+    }
+
+    /// A READ of 8 bytes at the start of `region`; the answer's status.
+    fn read(&mut self, region: u32) -> Status {
+        let exec = self.exec;
+        self.request(Repr::read(at(region), key(exec, region), 8)).0
+    }
 }
 
 fn at(region: u32) -> Target {
@@ -92,9 +113,7 @@ fn word(exec: &Executor, region: u32) -> u64 {
 
 #[test]
 fn map_epoch_is_answered_with_the_servers_epoch() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = open(dir.path());
-    server.exec.set_epoch(5);
+    let (_dir, server) = at_epoch_5();
     let mut peer = Peer::new(&server.exec);
     assert_eq!(peer.say(4), (Status::StaleMap, 5));
     assert_eq!(peer.say(5), (Status::Ok, 5));
@@ -103,10 +122,8 @@ fn map_epoch_is_answered_with_the_servers_epoch() {
 
 #[test]
 fn an_older_connection_is_refused_and_nothing_runs() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = open(dir.path());
+    let (_dir, server) = at_epoch_5();
     let exec = &server.exec;
-    exec.set_epoch(5);
     let mut peer = Peer::new(exec);
     peer.say(4);
     let add = Repr::fetch_add(at(0), key(exec, 0), 3);
@@ -117,27 +134,20 @@ fn an_older_connection_is_refused_and_nothing_runs() {
 
 #[test]
 fn equal_and_newer_connections_are_served() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = open(dir.path());
+    let (_dir, server) = at_epoch_5();
     let exec = &server.exec;
-    exec.set_epoch(5);
     for said in [5, 6] {
         let mut peer = Peer::new(exec);
         peer.say(said);
-        assert_eq!(
-            peer.request(Repr::fetch_add(at(0), key(exec, 0), 1)).0,
-            Status::Ok
-        );
+        assert_eq!(peer.add(1), Status::Ok);
     }
     assert_eq!(word(exec, 0), 2);
 }
 
 #[test]
 fn a_newer_connection_gets_stale_map_for_a_region_not_served_here() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = open(dir.path());
+    let (_dir, server) = at_epoch_5();
     let exec = &server.exec;
-    exec.set_epoch(5);
     exec.set_withdrawn(RegionIndex(1), true);
     let mut ahead = Peer::new(exec);
     ahead.say(6);
@@ -153,44 +163,28 @@ fn a_newer_connection_gets_stale_map_for_a_region_not_served_here() {
     // At the server's own epoch the region is simply not here.
     let mut level = Peer::new(exec);
     level.say(5);
-    assert_eq!(
-        level.request(Repr::read(at(1), key(exec, 1), 8)).0,
-        Status::Unmapped
-    );
+    assert_eq!(level.read(1), Status::Unmapped);
 }
 
 #[test]
 fn unfenced_connections_are_served_as_before() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = open(dir.path());
+    let (_dir, server) = at_epoch_5();
     let exec = &server.exec;
-    exec.set_epoch(5);
     exec.set_withdrawn(RegionIndex(1), true);
     let mut peer = Peer::new(exec);
-    assert_eq!(
-        peer.request(Repr::fetch_add(at(0), key(exec, 0), 1)).0,
-        Status::Ok
-    );
-    assert_eq!(
-        peer.request(Repr::read(at(1), key(exec, 1), 8)).0,
-        Status::Unmapped
-    );
+    assert_eq!(peer.add(1), Status::Ok);
+    assert_eq!(peer.read(1), Status::Unmapped);
     // A server on a topology file fences nobody.
     exec.set_epoch(0);
     peer.say(3);
-    assert_eq!(
-        peer.request(Repr::fetch_add(at(0), key(exec, 0), 1)).0,
-        Status::Ok
-    );
+    assert_eq!(peer.add(1), Status::Ok);
     assert_eq!(exec.metrics().stale_map.get(), 0);
 }
 
 #[test]
 fn an_exactly_once_atomic_refused_stale_runs_once_when_retried_after_catching_up() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = open(dir.path());
+    let (_dir, server) = at_epoch_5();
     let exec = &server.exec;
-    exec.set_epoch(5);
     let mut peer = Peer::new(exec);
     peer.say(4);
     let add = || Repr::fetch_add(at(0), key(exec, 0), 10).with_exactly_once(0, 41);
