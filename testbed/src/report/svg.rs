@@ -8,7 +8,7 @@ use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use super::{LatencyHistogram, RunReport};
+use super::{LatencyHistogram, OpStats, RunReport};
 
 const SIZE: (u32, u32) = (800, 400);
 /// Room right of the plotting area for the legend.
@@ -197,25 +197,62 @@ fn cdf_points(h: &LatencyHistogram) -> Vec<(f64, f64)> {
     points
 }
 
+/// The latency axis for `ops`: whole decades around every sample, at least
+/// two decades wide (1 µs to 1 s without any sample).
+fn latency_span(ops: &[(&str, &OpStats)]) -> (f64, f64) {
+    let sampled = ops
+        .iter()
+        .map(|(_, s)| &s.latency)
+        .filter(|h| !h.is_empty());
+    let decade = |us: u64, round: fn(f64) -> f64| 10f64.powf(round((us.max(1) as f64).log10()));
+    let lo = sampled.clone().map(LatencyHistogram::min).min();
+    let hi = sampled.map(LatencyHistogram::max).max();
+    let (lo, hi) = match (lo, hi) {
+        (Some(lo), Some(hi)) => (decade(lo, f64::floor), decade(hi, f64::ceil)),
+        _ => (1.0, 1e6),
+    };
+    (lo, hi.max(lo * 100.0))
+}
+
+/// Draws one curve per operation of `ops` with samples (`points` of its
+/// histogram) and a legend naming each, with `figures` of it under the
+/// name while at most eight fit; "no data" on a chart without any sample.
+fn draw_per_operation<X: Ranged<ValueType = f64>, Y: Ranged<ValueType = f64>>(
+    root: &Area<'_>,
+    chart: &mut Chart<'_, X, Y>,
+    ops: &[(&str, &OpStats)],
+    points: fn(&LatencyHistogram) -> Vec<(f64, f64)>,
+    figures: fn(&LatencyHistogram) -> String,
+) -> DrawResult {
+    let detailed = ops.len() <= 8;
+    let mut entries = Vec::new();
+    for (i, (name, stats)) in ops.iter().enumerate() {
+        let (colour, h) = (PALETTE[i % PALETTE.len()], &stats.latency);
+        if h.is_empty() {
+            entries.push((format!("{name}\nno samples"), Swatch::None));
+            continue;
+        }
+        chart.draw_series(LineSeries::new(points(h), colour.stroke_width(2)))?;
+        let label = if detailed {
+            format!("{name}\n{}", figures(h))
+        } else {
+            name.to_string()
+        };
+        entries.push((label, Swatch::Line(colour)));
+    }
+    legend(root, chart, &entries)?;
+    if ops.iter().all(|(_, s)| s.latency.is_empty()) {
+        no_data(chart)?;
+    }
+    Ok(())
+}
+
 /// The latency CDF plot: one curve per operation with samples (x: latency
 /// on a log axis, y: fraction of operations at or below it) and a legend
 /// with each operation's p50 and p99; "no data" without any samples.
 pub fn latency_cdf_svg(report: &RunReport) -> String {
     let ops = report.ops_in_order();
-    let sampled = || {
-        ops.iter()
-            .map(|(_, s)| &s.latency)
-            .filter(|h| !h.is_empty())
-    };
-    let decade = |us: u64, round: fn(f64) -> f64| 10f64.powf(round((us.max(1) as f64).log10()));
-    let (lo, hi) = match (
-        sampled().map(|h| h.min()).min(),
-        sampled().map(|h| h.max()).max(),
-    ) {
-        (Some(lo), Some(hi)) => (decade(lo, f64::floor), decade(hi, f64::ceil)),
-        _ => (1.0, 1e6),
-    };
-    let hi = hi.max(lo * 100.0);
+    let (lo, hi) = latency_span(&ops);
     render(|root| {
         let mut chart = chart(
             root,
@@ -223,31 +260,13 @@ pub fn latency_cdf_svg(report: &RunReport) -> String {
             ((lo..hi).log_scale(), "latency (log scale)", latency_label),
             (0.0..1.0, "fraction of operations ≤ latency"),
         )?;
-        // Each operation's p50 and p99 under its name, while they fit.
-        let detailed = ops.len() <= 8;
-        let mut entries = Vec::new();
-        for (i, (name, stats)) in ops.iter().enumerate() {
-            let (colour, h) = (PALETTE[i % PALETTE.len()], &stats.latency);
-            if h.is_empty() {
-                entries.push((format!("{name}\nno samples"), Swatch::None));
-                continue;
-            }
-            chart.draw_series(LineSeries::new(cdf_points(h), colour.stroke_width(2)))?;
-            let mut label = name.to_string();
-            if detailed {
-                label += &format!(
-                    "\np50 {} · p99 {}",
-                    latency_label(h.quantile(0.5) as f64),
-                    latency_label(h.quantile(0.99) as f64)
-                );
-            }
-            entries.push((label, Swatch::Line(colour)));
-        }
-        legend(root, &chart, &entries)?;
-        if sampled().next().is_none() {
-            no_data(&chart)?;
-        }
-        Ok(())
+        draw_per_operation(root, &mut chart, &ops, cdf_points, |h| {
+            format!(
+                "p50 {} · p99 {}",
+                latency_label(h.quantile(0.5) as f64),
+                latency_label(h.quantile(0.99) as f64)
+            )
+        })
     })
 }
 
@@ -303,21 +322,13 @@ pub(super) fn tail_points(h: &LatencyHistogram) -> Vec<(f64, f64)> {
 /// operation's p99.9 and max.
 pub fn latency_tail_svg(report: &RunReport) -> String {
     let ops = report.ops_in_order();
-    let sampled = || {
-        ops.iter()
-            .map(|(_, s)| &s.latency)
-            .filter(|h| !h.is_empty())
-    };
-    let decade = |v: f64, round: fn(f64) -> f64| 10f64.powf(round(v.max(1.0).log10()));
-    let (lo, hi) = match (
-        sampled().map(|h| h.min()).min(),
-        sampled().map(|h| h.max()).max(),
-    ) {
-        (Some(lo), Some(hi)) => (decade(lo as f64, f64::floor), decade(hi as f64, f64::ceil)),
-        _ => (1.0, 1e6),
-    };
-    let hi = hi.max(lo * 100.0);
-    let most = sampled().map(|h| h.hdr().len()).max().unwrap_or(1).max(1);
+    let (lo, hi) = latency_span(&ops);
+    let most = ops
+        .iter()
+        .map(|(_, s)| s.latency.hdr().len())
+        .max()
+        .unwrap_or(1)
+        .max(1);
     // A decade below one operation in the largest sample, so that its
     // step is above the axis.
     let floor = 10f64.powf(-((most as f64).log10().floor() + 1.0)).min(0.1);
@@ -332,30 +343,13 @@ pub fn latency_tail_svg(report: &RunReport) -> String {
                 fraction_label,
             ),
         )?;
-        let detailed = ops.len() <= 8;
-        let mut entries = Vec::new();
-        for (i, (name, stats)) in ops.iter().enumerate() {
-            let (colour, h) = (PALETTE[i % PALETTE.len()], &stats.latency);
-            if h.is_empty() {
-                entries.push((format!("{name}\nno samples"), Swatch::None));
-                continue;
-            }
-            chart.draw_series(LineSeries::new(tail_points(h), colour.stroke_width(2)))?;
-            let mut label = name.to_string();
-            if detailed {
-                label += &format!(
-                    "\np99.9 {} · max {}",
-                    latency_label(h.quantile(0.999) as f64),
-                    latency_label(h.max() as f64)
-                );
-            }
-            entries.push((label, Swatch::Line(colour)));
-        }
-        legend(root, &chart, &entries)?;
-        if sampled().next().is_none() {
-            no_data(&chart)?;
-        }
-        Ok(())
+        draw_per_operation(root, &mut chart, &ops, tail_points, |h| {
+            format!(
+                "p99.9 {} · max {}",
+                latency_label(h.quantile(0.999) as f64),
+                latency_label(h.max() as f64)
+            )
+        })
     })
 }
 
