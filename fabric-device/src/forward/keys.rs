@@ -7,13 +7,8 @@ use std::time::Instant;
 
 use proto::{AccessKey, Message, Opcode, RegionIndex, map};
 
-use super::{
-    CONTROL_TAG, ClientAction, ConnId, Forwarder, LinkAction, LinkId, LinkStatus, frame_reply,
-};
-
-/// Tag of the MAP_REQUEST that refreshes a link's region keys after the
-/// server refused a request (its key may have been rotated).
-pub(super) const KEY_REFRESH_TAG: u64 = CONTROL_TAG | 3;
+use super::{ClientAction, ConnId, Forwarder, LinkAction, LinkId, LinkStatus, frame_reply};
+use crate::link_tags::KEY_REFRESH_TAG;
 
 /// A link's refresh of its server's region keys (MAP_REQUEST on the link).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
