@@ -7,22 +7,9 @@ use std::time::Instant;
 
 use proto::{AccessKey, Message, Opcode, RegionIndex, map};
 
+use super::links::KeyRefresh;
 use super::{ClientAction, ConnId, Forwarder, LinkAction, LinkId, LinkStatus, frame_reply};
 use crate::link_tags::KEY_REFRESH_TAG;
-
-/// A link's refresh of its server's region keys (MAP_REQUEST on the link).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(super) enum KeyRefresh {
-    /// The keys are as the last MAP gave them.
-    #[default]
-    Current,
-    /// The server refused a request: ask again.
-    Due,
-    /// A server on verbs is polled: ask again.
-    PollDue,
-    /// Asked; the answer is awaited.
-    Asked,
-}
 
 impl Forwarder {
     /// The MAP for the client on `conn`: every region, with the keys of

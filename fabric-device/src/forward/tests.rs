@@ -1,10 +1,20 @@
 //! The forwarding core on a virtual clock: routing, lanes, parking,
 //! client admission, timeouts, links, reloads and region keys.
 
-use super::*;
-use proto::request::Repr;
+use std::time::Instant;
+
+use proto::frame::Header;
+use proto::hello::{self, Capabilities, Role};
+use proto::map;
+use proto::request::{Repr, Target};
 use proto::response;
 use topology::{AccessKey, EnvOverrides, PmemAddr, RegionIndex, RegionOffset, Topology};
+
+use super::links::LINK_OPENING;
+use super::routing::BULK_MIN_BYTES;
+use super::*;
+use crate::ids::Lane;
+use crate::link_tags::KEY_REFRESH_TAG;
 
 pub(super) fn topology() -> Topology {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/default.toml");
