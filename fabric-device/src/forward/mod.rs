@@ -29,7 +29,7 @@
 //! - `reload`: a new map applied.
 //! - `keys`: region keys learnt from servers and passed on in clients' MAPs.
 //! - `epoch`: the map epoch, fencing client connections and said to servers.
-//! - `tests`: the core on a virtual clock.
+//! - `tests`: the core on a virtual clock, one file per concern.
 
 use std::collections::HashMap;
 use std::sync::Arc;
