@@ -14,7 +14,7 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use crate::forward::LinkId;
+use crate::ids::LinkId;
 
 /// Fewest entries a queue may hold before it sweeps out stale ones.
 const SWEEP_MIN: usize = 1024;

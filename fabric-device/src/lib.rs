@@ -2,16 +2,26 @@
 //! one-sided request to the server that owns the address, over the link on
 //! the region's CPU socket when that link is up.
 //!
+//! Its modules, one line each:
+//!
+//! - `cli`: the daemon's command line and `main`.
+//! - `ids`: the ids the modules share (client connection, server link, lane).
+//! - `link_tags`: every tag of the device's own messages on a server link.
+//! - `idmap`: a hash map for the core's small integer ids.
 //! - `map`: the device's snapshot of the topology (links, routes, clients).
-//! - `forward`: the sans-IO forwarding core.
+//! - `forward`: the sans-IO forwarding core, one submodule per concern.
 //! - `deadline`: its request deadlines, in a FIFO.
-//! - `reconnect`: when each server link is (re)connected, sans-IO.
 //! - `request_budget`: the bytes of requests held while they arrive, per
 //!   client and in total.
+//! - `reconnect`: when each server link is (re)connected, sans-IO.
+//! - `roce`: the RoCEv2 gateway, client queue pairs bridged to the core.
 //! - `uplink`: RC queue pairs toward servers on verbs, which carry READ,
 //!   WRITE, FLUSH and ATOMIC_WRITE to the server's RNIC.
+//! - `qp_numbering`: the QP number ranges of the gateway and the uplinks,
+//!   and their random starting numbers.
+//! - `metrics`: what `/metrics` exports of the forwarding core.
+//! - `roce_metrics`: what `/metrics` exports of the RoCE ports and uplinks.
 //! - `driver`: the event loop that moves bytes between sockets and the core.
-//! - `metrics`: what `/metrics` exports.
 //!
 //! The crate's public API is [`cli`] (the daemon's command line and `main`);
 //! the rest is its own (`cargo doc --document-private-items` shows it).
@@ -21,8 +31,11 @@ pub(crate) mod deadline;
 pub(crate) mod driver;
 pub(crate) mod forward;
 pub(crate) mod idmap;
+pub(crate) mod ids;
+pub(crate) mod link_tags;
 pub(crate) mod map;
 pub(crate) mod metrics;
+pub(crate) mod qp_numbering;
 pub(crate) mod reconnect;
 pub(crate) mod request_budget;
 pub(crate) mod roce;

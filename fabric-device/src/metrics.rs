@@ -7,6 +7,8 @@ use std::time::{Duration, Instant};
 use proto::request::Operation;
 use proto::{Opcode, Status};
 use telemetry::{Counter, CounterTable, Family, Gauge, Histogram, Registry, RegistryError};
+
+use crate::ids::Lane;
 /// One frame in this many has its time inside the device measured: two
 /// clock reads and a histogram update per frame cost more than the rest of
 /// the bookkeeping.
@@ -194,10 +196,10 @@ impl DeviceMetrics {
     }
 
     /// The up/down gauge of the `lane` link to `server`'s `nic`.
-    pub fn link_up(&self, server: &str, nic: &str, lane: crate::forward::Lane) -> Arc<Gauge> {
+    pub fn link_up(&self, server: &str, nic: &str, lane: Lane) -> Arc<Gauge> {
         match lane {
-            crate::forward::Lane::Main => self.links_up.with(&[server, nic]),
-            crate::forward::Lane::Bulk => self.bulk_links_up.with(&[server, nic]),
+            Lane::Main => self.links_up.with(&[server, nic]),
+            Lane::Bulk => self.bulk_links_up.with(&[server, nic]),
         }
     }
 

@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use crate::forward::LinkId;
+use crate::ids::LinkId;
 
 /// How reconnecting behaves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

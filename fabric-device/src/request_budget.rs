@@ -11,8 +11,8 @@
 
 use std::collections::HashMap;
 
-use crate::forward::ConnId;
 use crate::idmap::IdMap;
+use crate::ids::ConnId;
 
 /// What one connection is charged, and to which client.
 #[derive(Debug, Default)]

@@ -39,7 +39,10 @@ use proto::roce::rc::{
 };
 use proto::{AccessKey, Message, PmemAddr, RegionIndex, Status, response};
 
-use crate::forward::{ClientAction, ConnId, Forwarder, LinkId};
+use crate::forward::{ClientAction, Forwarder};
+use crate::ids::{ConnId, LinkId};
+pub(crate) use crate::qp_numbering::random_u32;
+use crate::qp_numbering::{GATEWAY_QPN_FIRST, QPN_BASE};
 
 /// Connection ids of queue pairs, far above the driver's socket numbering.
 const QP_CONN_BASE: ConnId = 1 << 62;
@@ -120,7 +123,7 @@ impl RoceGateway {
     /// A gateway with no queue pairs.
     pub fn new() -> Self {
         RoceGateway {
-            next_qpn: 0x100,
+            next_qpn: GATEWAY_QPN_FIRST,
             ..Self::default()
         }
     }
@@ -152,10 +155,10 @@ impl RoceGateway {
         let conn = QP_CONN_BASE + u64::from(qpn);
         fwd.open_session_as(conn, &setup.client)
             .map_err(SetupError::Client)?;
-        // Numbers from `uplink::QPN_BASE` up belong to the queue pairs
-        // toward servers.
-        self.next_qpn = if qpn + 1 >= crate::uplink::QPN_BASE {
-            0x100
+        // Numbers from `QPN_BASE` up belong to the queue pairs toward
+        // servers.
+        self.next_qpn = if qpn + 1 >= QPN_BASE {
+            GATEWAY_QPN_FIRST
         } else {
             qpn + 1
         };
@@ -393,16 +396,3 @@ fn access_error(status: Status) -> AccessError {
 
 #[cfg(test)]
 mod tests;
-
-/// 32 random bits from the operating system.
-pub(crate) fn random_u32() -> u32 {
-    let mut bytes = [0u8; 4];
-    // The OS source does not fail on Linux once booted; if it ever did, the
-    // key would be a guessable zero-based value, so fall back to the
-    // process's randomly seeded hasher rather than a constant.
-    if getrandom::fill(&mut bytes).is_err() {
-        use std::hash::{BuildHasher, RandomState};
-        return RandomState::new().hash_one(Instant::now()) as u32;
-    }
-    u32::from_le_bytes(bytes)
-}

@@ -49,13 +49,9 @@ use proto::roce::rc::{
 };
 use proto::{AccessKey, Message, RegionIndex, Status, frame};
 
-use crate::forward::LinkId;
-
-/// The tag of the QP_CONNECT a device sends on a link; the answer carries it.
-pub const QP_CONNECT_TAG: u64 = u64::MAX - 2;
-/// QP numbers of the device's requester queue pairs; client queue pairs of
-/// the gateway stay below.
-pub const QPN_BASE: u32 = 0xF0_0000;
+use crate::ids::LinkId;
+pub use crate::link_tags::QP_CONNECT_TAG;
+use crate::qp_numbering::{QPN_BASE, random_u32};
 
 /// Counters of the queue pairs toward servers.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -174,7 +170,7 @@ impl Uplinks {
         let qpn = self.fresh_qpn();
         let local = Endpoint {
             qpn,
-            psn: crate::roce::random_u32() & 0xFF_FFFF,
+            psn: random_u32() & 0xFF_FFFF,
             ip,
             mtu,
         };

@@ -11,10 +11,8 @@
 use proto::fence::{self, ConnEpoch, Verdict};
 use proto::{Message, Opcode, Status, frame, response};
 
-use super::{CONTROL_TAG, ClientAction, ConnId, Forwarder, LinkId, LinkStatus, Reply};
-
-/// Tag of the device's MAP_EPOCH on a link.
-pub(super) const MAP_EPOCH_TAG: u64 = CONTROL_TAG | 4;
+use super::{ClientAction, ConnId, Forwarder, LinkId, LinkStatus, Reply};
+use crate::link_tags::MAP_EPOCH_TAG;
 
 /// The device's epoch and what servers said of theirs.
 #[derive(Debug, Default)]

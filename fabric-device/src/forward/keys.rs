@@ -7,27 +7,9 @@ use std::time::Instant;
 
 use proto::{AccessKey, Message, Opcode, RegionIndex, map};
 
-use super::{
-    CONTROL_TAG, ClientAction, ConnId, Forwarder, LinkAction, LinkId, LinkStatus, frame_reply,
-};
-
-/// Tag of the MAP_REQUEST that refreshes a link's region keys after the
-/// server refused a request (its key may have been rotated).
-pub(super) const KEY_REFRESH_TAG: u64 = CONTROL_TAG | 3;
-
-/// A link's refresh of its server's region keys (MAP_REQUEST on the link).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(super) enum KeyRefresh {
-    /// The keys are as the last MAP gave them.
-    #[default]
-    Current,
-    /// The server refused a request: ask again.
-    Due,
-    /// A server on verbs is polled: ask again.
-    PollDue,
-    /// Asked; the answer is awaited.
-    Asked,
-}
+use super::links::KeyRefresh;
+use super::{ClientAction, ConnId, Forwarder, LinkAction, LinkId, LinkStatus, frame_reply};
+use crate::link_tags::KEY_REFRESH_TAG;
 
 impl Forwarder {
     /// The MAP for the client on `conn`: every region, with the keys of

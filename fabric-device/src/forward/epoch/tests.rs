@@ -3,11 +3,12 @@ use std::time::Instant;
 use proto::request::Repr;
 use proto::{Message, PmemAddr, Status, Target};
 
+use super::super::links::LINK_OPENING;
 use super::super::tests::{
     all_up, bring_up, core, hello, key, link, pmem, server_map, server_response,
 };
-use super::super::{ClientAction, ConnId, Forwarder, LINK_OPENING, LinkAction, LinkStatus};
-use super::MAP_EPOCH_TAG;
+use super::super::{ClientAction, ConnId, Forwarder, LinkAction, LinkStatus};
+use crate::link_tags::MAP_EPOCH_TAG;
 
 /// Status and value of a reply to a client.
 fn answer(action: ClientAction<'_>) -> (Status, u64) {

@@ -1,0 +1,344 @@
+//! Server links in the forwarding core: two per server NIC (a main and a
+//! bulk lane), their opening (HELLO, MAP_REQUEST, proofs), the server's
+//! answers relayed to clients, and a link going down.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use proto::frame::{self, Header};
+use proto::hello::{Capabilities, Role};
+use proto::opening::{Credentials, Opening, OpeningTags, Progress};
+use proto::{Opcode, Status, map, response};
+use telemetry::Gauge;
+
+use super::{ConnId, Forwarder, LinkAction, REPLY_HEAD_LEN, Reply, fresh_nonce};
+use crate::deadline::Deadline;
+use crate::idmap::IdMap;
+use crate::ids::{Lane, LinkId};
+use crate::link_tags::{CONTROL_TAG, KEY_REFRESH_TAG, LINK_HELLO_TAG, LINK_MAP_TAG, MAP_EPOCH_TAG};
+use crate::map::LinkKey;
+
+/// Tags of the device's HELLO and MAP_REQUEST on a link.
+pub(super) const LINK_OPENING: OpeningTags = OpeningTags {
+    hello: LINK_HELLO_TAG,
+    map: LINK_MAP_TAG,
+};
+
+/// The two links of one server NIC.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Lanes {
+    pub(super) main: LinkId,
+    pub(super) bulk: LinkId,
+}
+
+impl Lanes {
+    /// The link of `lane`.
+    pub(super) fn get(self, lane: Lane) -> LinkId {
+        match lane {
+            Lane::Main => self.main,
+            Lane::Bulk => self.bulk,
+        }
+    }
+}
+
+/// A link's state as the core sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkStatus {
+    /// Not connected.
+    Down,
+    /// Connected; HELLO and MAP sent, answers awaited.
+    Handshaking,
+    /// Serving requests.
+    Up,
+}
+
+/// A request forwarded and not answered yet.
+#[derive(Debug)]
+pub(super) struct Pending {
+    pub(super) conn: ConnId,
+    pub(super) client_tag: u64,
+    pub(super) opcode: Opcode,
+    pub(super) sent: Instant,
+    /// Bytes its answer will bring (READ data and the response head).
+    pub(super) reply_bytes: u64,
+}
+
+/// A link to a server NIC as the core keeps it.
+#[derive(Debug)]
+pub(super) struct Link {
+    pub(super) key: LinkKey,
+    pub(super) lane: Lane,
+    pub(super) status: LinkStatus,
+    /// The link's opening while the server has not answered it.
+    pub(super) opening: Option<Opening>,
+    /// The server's MAP from the last handshake, rechecked on reload.
+    pub(super) server_map: Option<map::Repr>,
+    pub(super) next_tag: u64,
+    pub(super) pending: IdMap<u64, Pending>,
+    pub(super) up_gauge: Arc<Gauge>,
+    /// The first connection attempt has not ended yet (no handshake done,
+    /// no failure): requests for its server wait instead of failing.
+    pub(super) starting: bool,
+    /// Where the link stands with refreshing its server's region keys.
+    pub(super) key_refresh: KeyRefresh,
+}
+
+/// A link's refresh of its server's region keys (MAP_REQUEST on the link).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(super) enum KeyRefresh {
+    /// The keys are as the last MAP gave them.
+    #[default]
+    Current,
+    /// The server refused a request: ask again.
+    Due,
+    /// A server on verbs is polled: ask again.
+    PollDue,
+    /// Asked; the answer is awaited.
+    Asked,
+}
+
+/// Whether the request a deadline stands for still waits for its response
+/// (link tags are never reused, so the tag alone tells).
+pub(super) fn is_pending(links: &IdMap<LinkId, Link>, deadline: &Deadline) -> bool {
+    links
+        .get(&deadline.link)
+        .is_some_and(|l| l.pending.contains_key(&deadline.tag))
+}
+
+impl Forwarder {
+    pub(super) fn add_lanes(&mut self, key: &LinkKey) -> Lanes {
+        Lanes {
+            main: self.add_link(key.clone(), Lane::Main),
+            bulk: self.add_link(key.clone(), Lane::Bulk),
+        }
+    }
+
+    pub(super) fn add_link(&mut self, key: LinkKey, lane: Lane) -> LinkId {
+        let id = LinkId(self.next_link);
+        self.next_link += 1;
+        let up_gauge = self
+            .metrics
+            .link_up(key.server.as_str(), key.nic.as_str(), lane);
+        up_gauge.set(0);
+        self.links.insert(
+            id,
+            Link {
+                key,
+                lane,
+                status: LinkStatus::Down,
+                opening: None,
+                server_map: None,
+                next_tag: 1,
+                pending: IdMap::default(),
+                up_gauge,
+                starting: true,
+                key_refresh: KeyRefresh::Current,
+            },
+        );
+        id
+    }
+
+    /// Which of its NIC's connections `link` is.
+    pub fn link_lane(&self, link: LinkId) -> Option<Lane> {
+        self.links.get(&link).map(|l| l.lane)
+    }
+
+    /// Every link with its identity.
+    pub fn links(&self) -> impl Iterator<Item = (LinkId, &LinkKey)> {
+        self.links.iter().map(|(id, link)| (*id, &link.key))
+    }
+
+    /// A link's identity.
+    pub fn link_key(&self, link: LinkId) -> Option<&LinkKey> {
+        self.links.get(&link).map(|l| &l.key)
+    }
+
+    /// A link's status.
+    pub fn link_status(&self, link: LinkId) -> Option<LinkStatus> {
+        self.links.get(&link).map(|l| l.status)
+    }
+
+    /// Proves this device to its servers with `key` when links open (their
+    /// servers then require it).
+    pub fn set_link_key(&mut self, key: proto::auth::Key) {
+        self.link_key = Some(key);
+    }
+
+    /// The bytes to send on a link that just connected: HELLO and
+    /// MAP_REQUEST (after the proofs, with a link key). The link is up once
+    /// the server answers and agrees with the map.
+    pub fn link_connected(&mut self, link: LinkId) -> Vec<u8> {
+        let Some(state) = self.links.get_mut(&link) else {
+            return Vec::new();
+        };
+        state.status = LinkStatus::Handshaking;
+        let mut out = Vec::new();
+        state.opening = Opening::start(
+            Role::FabricDevice,
+            Capabilities::PIPELINING | Capabilities::REGION_ADDRESSING,
+            self.map.device.as_str(),
+            true,
+            LINK_OPENING,
+            self.link_key.clone().map(|key| Credentials {
+                key,
+                nonce: fresh_nonce(),
+            }),
+            &mut out,
+        )
+        .ok();
+        if state.opening.is_none() {
+            out.clear();
+        }
+        out
+    }
+
+    /// Handles one complete frame from a server link.
+    pub fn link_frame<'a>(
+        &mut self,
+        link_id: LinkId,
+        frame: &'a [u8],
+        now: Instant,
+    ) -> LinkAction<'a> {
+        let header = match Header::parse(frame) {
+            Ok(header) => header,
+            Err(e) => return LinkAction::Close(format!("bad frame from server: {e}")),
+        };
+        if header.tag == KEY_REFRESH_TAG {
+            return self.keys_refreshed(link_id, frame);
+        }
+        if header.tag == MAP_EPOCH_TAG {
+            self.server_response(frame);
+            return LinkAction::Nothing;
+        }
+        if header.tag & CONTROL_TAG != 0 {
+            return self.link_control(link_id, frame);
+        }
+        if !header.opcode.is_response() || frame.len() < REPLY_HEAD_LEN {
+            return LinkAction::Close(format!("unexpected {} frame from server", header.opcode));
+        }
+        let Some(link) = self.links.get_mut(&link_id) else {
+            return LinkAction::Nothing;
+        };
+        let Some(pending) = link.pending.remove(&header.tag) else {
+            // Answered already (timed out); nobody waits for it.
+            return LinkAction::Nothing;
+        };
+        let links = &self.links;
+        self.deadlines.trim(|d| is_pending(links, d));
+        self.metrics.in_flight.dec();
+        self.metrics
+            .server_rtt
+            .observe_duration(now.saturating_duration_since(pending.sent));
+        self.reply_bytes = self.reply_bytes.saturating_sub(pending.reply_bytes);
+        let Some(session) = self.sessions.get_mut(&pending.conn) else {
+            return LinkAction::Nothing;
+        };
+        session.in_flight = session.in_flight.saturating_sub(1);
+        session.reply_bytes = session.reply_bytes.saturating_sub(pending.reply_bytes);
+        let mut head = [0u8; REPLY_HEAD_LEN];
+        head.copy_from_slice(&frame[..REPLY_HEAD_LEN]);
+        frame::Packet::new_unchecked(&mut head[..frame::HEADER_LEN]).set_tag(pending.client_tag);
+        let status = response::Packet::new_unchecked(&head[frame::HEADER_LEN..]).status();
+        if status == Status::AccessDenied {
+            // Perhaps a key rotated on the server: learn its keys again, so
+            // the client's next MAP (and the device's own RoCE requests)
+            // carry the current ones.
+            if let Some(link) = self.links.get_mut(&link_id)
+                && link.key_refresh == KeyRefresh::Current
+                && link.status == LinkStatus::Up
+            {
+                link.key_refresh = KeyRefresh::Due;
+            }
+        }
+        if status == Status::StaleMap {
+            // Relayed as it is (its value is the server's epoch); a newer
+            // one than the device's calls for the map now.
+            self.server_response(frame);
+        }
+        self.metrics.record(pending.opcode, status);
+        self.metrics.bytes_to_clients.add(frame.len() as u64);
+        LinkAction::Deliver {
+            conn: pending.conn,
+            head,
+            payload: &frame[REPLY_HEAD_LEN..],
+        }
+    }
+
+    /// The server's answers to the device's own HELLO and MAP_REQUEST.
+    pub(super) fn link_control<'a>(&mut self, link_id: LinkId, frame: &[u8]) -> LinkAction<'a> {
+        let Some(link) = self.links.get_mut(&link_id) else {
+            return LinkAction::Nothing;
+        };
+        let server = link.key.server.clone();
+        let Some(opening) = link.opening.as_mut() else {
+            return LinkAction::Close("handshake answer on a link that sent none".into());
+        };
+        let wrong_peer = |name: &str, role: Role| {
+            (role != Role::Server || name != server.as_str()).then(|| {
+                LinkAction::Close(format!(
+                    "expected server {server:?}, but {name:?} ({role:?}) answered"
+                ))
+            })
+        };
+        let mut answer = Vec::new();
+        let opened = match opening.handle_frame(frame, &mut answer) {
+            Ok(Progress::Waiting) => {
+                let refused = opening
+                    .peer()
+                    .and_then(|(name, role)| wrong_peer(name, role));
+                return refused.unwrap_or(if answer.is_empty() {
+                    LinkAction::Nothing
+                } else {
+                    LinkAction::Send(answer)
+                });
+            }
+            Ok(Progress::Opened(opened)) => opened,
+            Err(e) => return LinkAction::Close(format!("link handshake: {e}")),
+        };
+        link.opening = None;
+        if let Some(close) = wrong_peer(&opened.peer, opened.role) {
+            return close;
+        }
+        let Some(theirs) = opened.map else {
+            return LinkAction::Close("no MAP in the link handshake".into());
+        };
+        if !self.map.server_agrees(&server, &theirs) {
+            return LinkAction::Close(format!(
+                "server {server:?} serves a layout that disagrees with this device's map"
+            ));
+        }
+        self.learn_keys(&server, &theirs);
+        let Some(link) = self.links.get_mut(&link_id) else {
+            return LinkAction::Nothing;
+        };
+        link.status = LinkStatus::Up;
+        link.up_gauge.set(1);
+        link.starting = false;
+        link.key_refresh = KeyRefresh::Current;
+        link.server_map = Some(theirs);
+        // Ordered before any request the link will carry.
+        self.link_opened_epoch()
+            .map_or(LinkAction::Nothing, LinkAction::Send)
+    }
+
+    /// A link broke or was closed: every request in flight on it is answered
+    /// SERVER_UNAVAILABLE.
+    pub fn link_down(&mut self, link_id: LinkId) -> Vec<(ConnId, Reply)> {
+        let Some(link) = self.links.get_mut(&link_id) else {
+            return Vec::new();
+        };
+        link.status = LinkStatus::Down;
+        link.starting = false;
+        link.opening = None;
+        link.server_map = None;
+        link.key_refresh = KeyRefresh::Current;
+        link.up_gauge.set(0);
+        let pending: Vec<Pending> = link.pending.drain().map(|(_, p)| p).collect();
+        let links = &self.links;
+        self.deadlines.trim(|d| is_pending(links, d));
+        pending
+            .into_iter()
+            .filter_map(|p| self.answer(p, Status::ServerUnavailable))
+            .collect()
+    }
+}

@@ -1,0 +1,32 @@
+//! The ids the device's modules share: client connections, server links and
+//! a link's lane. A leaf module, so that the forwarding core and the modules
+//! it uses (deadlines, budgets, metrics, reconnects, uplinks) can all name
+//! them without importing one another.
+
+/// A client connection, as the driver numbers them.
+pub type ConnId = u64;
+
+/// A link to a server NIC, numbered by the core; stable across reloads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LinkId(pub u32);
+
+/// Which of a server NIC's two connections a link is. The server runs each
+/// connection on its own thread and in order, so small requests on the
+/// main lane never queue behind large ones, on the wire or in the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Lane {
+    /// Requests moving less than the forwarding core's `BULK_MIN_BYTES`.
+    Main,
+    /// Requests moving `BULK_MIN_BYTES` or more.
+    Bulk,
+}
+
+impl Lane {
+    /// `main` or `bulk`, for logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Lane::Main => "main",
+            Lane::Bulk => "bulk",
+        }
+    }
+}
