@@ -156,7 +156,7 @@ pub fn check(
     }
     drop(tx);
     let deadline = Instant::now() + budget;
-    let mut failures: Vec<(usize, u64, Vec<Entry>)> = Vec::new();
+    let mut failures: Vec<(usize, u64, (u64, Vec<Entry>))> = Vec::new();
     let mut decided = Vec::new();
     while let Ok((word, len, verdict)) =
         rx.recv_timeout(deadline.saturating_duration_since(Instant::now()))
@@ -175,7 +175,8 @@ pub fn check(
     report.undecided_words.dedup();
     failures.sort_by_key(|(len, word, _)| (*len, *word));
     if let Some((_, word, prefix)) = failures.first() {
-        report.failure = render(*word, prefix);
+        let (from, ops) = prefix;
+        report.failure = render(*word, *from, ops);
     }
     report.passed = report.failed_words.is_empty() && report.undecided_words.is_empty();
     Ok(report)
@@ -236,8 +237,9 @@ fn check_processes(entries: &[Entry]) -> Result<(), MalformedHistory> {
     Ok(())
 }
 
-/// `None` when the word's history is linearizable; otherwise the shortest
-/// prefix of it, ending at a quiescent point, that has no linearization.
+/// Whether one word's operations are linearizable: `None` when they are;
+/// otherwise the word's value at the last anchor and the operations from
+/// there to the end of the first piece that has no linearization.
 ///
 /// The history is cut at quiescent points: instants no operation of known
 /// outcome spans, so everything before one precedes everything after it.
@@ -248,10 +250,11 @@ fn check_processes(entries: &[Entry]) -> Result<(), MalformedHistory> {
 /// piece has none from that value, another linearization of the pieces
 /// before might have left another value (two concurrent stores nothing
 /// read): the piece goes to the tester again joined with the one before it,
-/// from where that one began, then with two, and so on back to the start of
-/// the history. Only the tester's verdict on the whole prefix, from the
-/// word's first value, fails the word.
-fn judge_word(ops: &[Entry]) -> Option<Vec<Entry>> {
+/// from where that one began, then with two, and so on back to the last
+/// anchor — a quiescent point where the value is the same in every
+/// linearization ([`is_anchor`]) — or the start of the history. Only the
+/// tester's verdict from there fails the word.
+fn judge_word(ops: &[Entry]) -> Option<(u64, Vec<Entry>)> {
     let mut ops: Vec<Entry> = ops
         .iter()
         // A READ of unknown outcome changes nothing, whether it happened
@@ -260,6 +263,10 @@ fn judge_word(ops: &[Entry]) -> Option<Vec<Entry>> {
         .cloned()
         .collect();
     ops.sort_by_key(|e| (e.invoked_ns, e.process));
+    let first_unknown = ops
+        .iter()
+        .position(|e| matches!(e.outcome, Outcome::Unknown(_)))
+        .unwrap_or(ops.len());
     // Where each piece since the last rejoin began, and the tester's state
     // of the word there.
     let mut starts: Vec<(usize, Linearized)> = vec![(
@@ -274,12 +281,30 @@ fn judge_word(ops: &[Entry]) -> Option<Vec<Entry>> {
             serialize(at.end, &at.pending, &ops[*from..piece_end]).map(|next| (i, next))
         });
         let Some((joined, next)) = next else {
-            return Some(ops[..piece_end].to_vec());
+            let (from, at) = &starts[0];
+            return Some((at.end.0, ops[*from..piece_end].to_vec()));
         };
-        starts.truncate(joined + 1);
+        let piece_start = starts.last().map_or(0, |(from, _)| *from);
+        if piece_end <= first_unknown && is_anchor(&ops[piece_start..piece_end]) {
+            starts.clear();
+        } else {
+            starts.truncate(joined + 1);
+        }
         starts.push((piece_end, next));
     }
     None
+}
+
+/// Whether the end of `piece` is an anchor, given that no operation of
+/// unknown outcome came before it (one could still take effect later): the
+/// piece ends with an operation invoked after all others of the piece
+/// completed, so it is last in every linearization and the value it left
+/// is known.
+fn is_anchor(piece: &[Entry]) -> bool {
+    let Some((last, before)) = piece.split_last() else {
+        return false;
+    };
+    before.iter().all(|e| e.completed_ns < last.invoked_ns)
 }
 
 /// Where the pieces of `ops` (sorted by invocation) end: before every
@@ -381,15 +406,16 @@ fn serialize(start: Word, pending: &[Entry], ops: &[Entry]) -> Option<Linearized
     Some(Linearized { end, pending })
 }
 
-/// A failing word's history, one line per operation in invocation order,
-/// times from its first invocation.
-fn render(word: u64, ops: &[Entry]) -> Vec<String> {
+/// A failing word's history from the value `from`, one line per operation
+/// in invocation order, times from its first invocation.
+fn render(word: u64, from: u64, ops: &[Entry]) -> Vec<String> {
     let mut ops: Vec<&Entry> = ops.iter().collect();
     ops.sort_by_key(|e| (e.invoked_ns, e.process));
     let origin = ops.first().map_or(0, |e| e.invoked_ns);
     let at = |ns: u64| ns.saturating_sub(origin) as f64 / 1e6;
     let mut lines = vec![format!(
-        "word {word}: {} operations up to the first quiescent point where they have no linearization{}",
+        "word {word}: from the value {from}, {} operations up to the first quiescent point \
+         where they have no linearization{}",
         ops.len(),
         if ops.len() > MAX_PRINTED_OPS {
             format!(", the last {MAX_PRINTED_OPS} shown")

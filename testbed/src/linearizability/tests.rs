@@ -163,7 +163,7 @@ fn words_are_judged_alone_and_the_smallest_failing_one_is_printed() {
     assert_eq!(report.failed_words, [1, 2]);
     assert_eq!(report.words, 3);
     assert!(
-        report.failure[0].starts_with("word 2: 1 operations"),
+        report.failure[0].starts_with("word 2: from the value 0, 1 operations"),
         "{:?}",
         report.failure
     );
@@ -173,13 +173,19 @@ fn words_are_judged_alone_and_the_smallest_failing_one_is_printed() {
         "{:?}",
         report.failure
     );
-    // Without word 2, word 1 is printed up to its first wrong read.
+    // Without word 2, word 1 is printed from the last point its value was
+    // certain: 6, after the FETCH_ADD that found 4 and the read after it.
     history.truncate(7);
     let report = verdict(&history);
     assert_eq!(report.failed_words, [1]);
-    assert_eq!(report.failure.len(), 6, "{:?}", report.failure);
     assert!(
-        report.failure[5].contains("read -> read 4"),
+        report.failure[0].starts_with("word 1: from the value 6, 1 operations"),
+        "{:?}",
+        report.failure
+    );
+    assert_eq!(report.failure.len(), 2, "{:?}", report.failure);
+    assert!(
+        report.failure[1].contains("read -> read 4"),
         "{:?}",
         report.failure
     );
@@ -228,7 +234,7 @@ fn two_stores_nothing_read_may_have_ended_either_way() {
     let report = verdict(&neither);
     assert!(!report.passed);
     assert!(
-        report.failure[0].starts_with("word 0: 3 operations"),
+        report.failure[0].starts_with("word 0: from the value 0, 3 operations"),
         "{:?}",
         report.failure
     );
