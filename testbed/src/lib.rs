@@ -27,6 +27,7 @@ pub mod guest_server;
 pub mod keys;
 pub mod lab;
 pub mod launch;
+pub mod linearizability;
 pub mod map_follow;
 pub mod membership;
 pub mod netns;

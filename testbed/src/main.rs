@@ -230,6 +230,18 @@ enum Command {
     /// Runs one client's workload (used by `run`, `demo` and `chaos`).
     #[command(hide = true)]
     Worker(WorkerArgs),
+    /// Check the history a `--workload register` run recorded for
+    /// linearizability (stateright's tester, each hot word alone); exit
+    /// status 1 when a word has no linearization.
+    CheckLinearizable {
+        /// The run's folder (`reports/<run-id>`), or a folder of
+        /// `*.history.jsonl` files.
+        dir: PathBuf,
+        /// Seconds the search may take before the words still searched
+        /// are called undecided (which fails the check).
+        #[arg(long, default_value_t = testbed::linearizability::DEFAULT_BUDGET.as_secs())]
+        budget: u64,
+    },
 }
 
 /// Which running `testbed up` a command talks to.
@@ -244,7 +256,9 @@ struct ControlArgs {
 /// What `run` and `chaos` run on each client, and for how long.
 #[derive(Debug, clap::Args)]
 struct WorkloadArgs {
-    /// ycsb-a, ycsb-b, ycsb-c, counter or mixed.
+    /// ycsb-a, ycsb-b, ycsb-c, counter, mixed, or register (a few hot
+    /// words shared by every client, the history checked for
+    /// linearizability).
     #[arg(long, default_value = "mixed")]
     workload: Workload,
     /// How many of the topology's clients run (all by default).
@@ -259,7 +273,7 @@ struct WorkloadArgs {
     /// Operations in flight per client.
     #[arg(long, default_value_t = 8)]
     depth: usize,
-    /// Keys per client.
+    /// Keys per client (register: hot words shared by all, at most 8).
     #[arg(long, default_value_t = 4096)]
     keys: u64,
     /// Zipfian keys instead of uniform.
@@ -574,6 +588,12 @@ fn run(options: &RunOptions, file: Option<&PathBuf>) -> anyhow::Result<bool> {
 }
 
 fn run_on(options: &RunOptions, topology: &topology::Topology) -> anyhow::Result<bool> {
+    if options.workload == Workload::Register && matches!(options.net, NetMode::Lab) {
+        anyhow::bail!(
+            "--workload register orders operations by a clock every client shares, which lab \
+             guests do not; run it with --net loopback or --net netns"
+        );
+    }
     let outcome = testbed::run::execute(topology, &topology.source, options)?;
     print!("{}", summary::run_summary(&outcome));
     let violations = testbed::run::contract_violations(&outcome.report);
@@ -686,6 +706,7 @@ fn log_id(command: &Command) -> Option<String> {
         Command::PowerCut { .. } => "power-cut",
         Command::Daemon { .. } => return None,
         Command::Worker(args) => return Some(format!("worker-{}", args.client)),
+        Command::CheckLinearizable { .. } => "check-linearizable",
     };
     Some(name.to_owned())
 }
@@ -766,6 +787,9 @@ fn main() -> ExitCode {
             }
         },
         Command::Worker(args) => outcome(worker_command(args)),
+        Command::CheckLinearizable { dir, budget } => {
+            outcome(check_linearizable(&dir, Duration::from_secs(budget)))
+        }
     }
 }
 
@@ -798,6 +822,18 @@ fn map_follow(
     let _ = std::fs::remove_dir_all(run_dir.join("data"));
     println!("logs: {}", run_dir.display());
     Ok(true)
+}
+
+/// `testbed check-linearizable`: true when every word's history is
+/// linearizable.
+fn check_linearizable(dir: &std::path::Path, budget: Duration) -> anyhow::Result<bool> {
+    let entries = testbed::linearizability::history::read_dir(dir)?;
+    let report = testbed::linearizability::check(&entries, budget)?;
+    println!("linearizability: {}", report.summary());
+    for line in &report.failure {
+        println!("  {line}");
+    }
+    Ok(report.passed)
 }
 
 /// `testbed keygen`.
@@ -967,6 +1003,7 @@ fn worker_command(args: WorkerArgs) -> anyhow::Result<bool> {
         clear,
         out,
     } = args;
+    let client_id = client.clone();
     let worker_config = WorkerConfig {
         client,
         index,
@@ -980,6 +1017,9 @@ fn worker_command(args: WorkerArgs) -> anyhow::Result<bool> {
         seed,
         bucket_ms,
         clear,
+        history: out
+            .parent()
+            .map(|dir| testbed::workload::register::history_path(dir, &client_id)),
     };
     worker(worker_config, config, start_unix_ms, out).map(|()| true)
 }

@@ -467,6 +467,11 @@ pub fn contract_violations(report: &RunReport) -> Vec<String> {
             ));
         }
     }
+    if let Some(check) = &report.linearizability
+        && !check.passed
+    {
+        violations.push(format!("linearizability {}", check.summary()));
+    }
     let v = &report.verification;
     if !v.during_run.is_empty() {
         violations.push(format!(
@@ -650,6 +655,11 @@ fn execute_in(
             Ok((space, counter_values(&before)))
         })
         .map_err(|why| anyhow::anyhow!("{topology_name}: where the keys live: {why}"))?;
+    if options.workload == Workload::Register {
+        let dir = run_dir.join("workers");
+        crate::workload::register::setup_on(&fabric, &clients[0], space, options.keys, &dir)
+            .map_err(|why| anyhow::anyhow!("{topology_name}: the hot words: {why}"))?;
+    }
 
     let started_unix_ms = unix_ms();
     let start = Instant::now();
@@ -688,6 +698,7 @@ fn execute_in(
         data_dir: data_dir.display().to_string(),
         data_kept: true,
         map_epochs: epochs.finish(),
+        linearizability: None,
     };
     let (counters, mut verification) = collect(&mut workers, run_dir, &mut report)?;
     check_counters(
@@ -699,6 +710,12 @@ fn execute_in(
     );
     verification.passed = verification.is_clean();
     report.verification = verification;
+    if options.workload == Workload::Register {
+        report.linearizability = Some(crate::linearizability::check_run(
+            &run_dir.join("workers"),
+            crate::linearizability::DEFAULT_BUDGET,
+        ));
+    }
     note_fault_effects(&mut report, duration_s);
     if fabric.is_lab() {
         let roce = lab_counters(&fabric, &clients);

@@ -174,6 +174,12 @@ pub fn run_summary(outcome: &RunOutcome) -> String {
     for line in &v.mismatches {
         let _ = writeln!(out, "    at the final verification: {line}");
     }
+    if let Some(check) = &report.linearizability {
+        let _ = writeln!(out, "  linearizability {}", check.summary());
+        for line in &check.failure {
+            let _ = writeln!(out, "    {line}");
+        }
+    }
     let _ = writeln!(out, "\n{}", crate::report::summary_table(report));
     let _ = writeln!(
         out,

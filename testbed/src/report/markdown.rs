@@ -220,6 +220,22 @@ pub fn markdown(report: &RunReport) -> String {
 
     let _ = writeln!(out, "\n## Verification\n");
     verification_section(&mut out, &report.verification);
+    if let Some(check) = &report.linearizability {
+        let _ = writeln!(out, "\n## Linearizability\n");
+        let _ = writeln!(
+            out,
+            "{} (stateright's `LinearizabilityTester`, each hot word alone; an operation of \
+             unknown outcome may take effect at any point after its invocation, or never).",
+            prose(&check.summary())
+        );
+        if !check.failure.is_empty() {
+            let _ = writeln!(out, "\n```text");
+            for line in &check.failure {
+                let _ = writeln!(out, "{}", line.replace('`', "'"));
+            }
+            let _ = writeln!(out, "```");
+        }
+    }
 
     let _ = writeln!(out, "\n## Parameters\n");
     replay_section(&mut out, report);

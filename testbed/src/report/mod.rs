@@ -103,6 +103,9 @@ pub struct RunReport {
     /// etcd; empty otherwise).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub map_epochs: Vec<EpochChange>,
+    /// The linearizability check of a register workload's history.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub linearizability: Option<crate::linearizability::LinearizabilityReport>,
 }
 
 /// What a run was asked to do beyond its workload, topology and clients

@@ -7,10 +7,13 @@
 //! versions of a key are strictly ordered and the last one must be what a
 //! final read finds (or a later write whose acknowledgement was lost).
 //! Reads during the run are judged by [`check`]: one that overlapped a
-//! write of its key may see a mix of versions.
+//! write of its key may see a mix of versions. The register workload
+//! ([`register`]) is apart: it shares a few hot words between all clients
+//! and records a history for the linearizability check instead.
 
 pub mod check;
 pub mod keys;
+pub mod register;
 pub mod space;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -40,16 +43,20 @@ pub enum Workload {
     Counter,
     /// Every operation, persistent writes included.
     Mixed,
+    /// READ, stores, COMPARE_SWAP and FETCH_ADD from every client on a few
+    /// hot words, every operation recorded for the linearizability check.
+    Register,
 }
 
 impl Workload {
     /// Every workload.
-    pub const ALL: [Workload; 5] = [
+    pub const ALL: [Workload; 6] = [
         Workload::YcsbA,
         Workload::YcsbB,
         Workload::YcsbC,
         Workload::Counter,
         Workload::Mixed,
+        Workload::Register,
     ];
 
     /// The name on the command line.
@@ -60,6 +67,7 @@ impl Workload {
             Workload::YcsbC => "ycsb-c",
             Workload::Counter => "counter",
             Workload::Mixed => "mixed",
+            Workload::Register => "register",
         }
     }
 }
@@ -72,7 +80,7 @@ impl FromStr for Workload {
             .into_iter()
             .find(|w| w.name() == s)
             .ok_or_else(|| {
-                format!("unknown workload {s:?} (ycsb-a, ycsb-b, ycsb-c, counter, mixed)")
+                format!("unknown workload {s:?} (ycsb-a, ycsb-b, ycsb-c, counter, mixed, register)")
             })
     }
 }
@@ -122,7 +130,8 @@ impl Workload {
                     Op::Write
                 }
             }
-            Workload::YcsbC => Op::Read,
+            // The register workload draws its own operations (`register`).
+            Workload::YcsbC | Workload::Register => Op::Read,
             Workload::Counter => Op::FetchAdd,
             Workload::Mixed => match p {
                 0..35 => Op::Read,
@@ -166,6 +175,9 @@ pub struct WorkerConfig {
     /// keys and words (a reused data directory).
     #[serde(default)]
     pub clear: bool,
+    /// Where the register workload records its history.
+    #[serde(default)]
+    pub history: Option<std::path::PathBuf>,
 }
 
 /// Acknowledged FETCH_ADDs on one shared counter word.
@@ -270,6 +282,9 @@ pub async fn run(
     run_start: Instant,
     progress: Arc<Progress>,
 ) -> WorkerResult {
+    if config.workload == Workload::Register {
+        return register::run(pool, config, space, run_start, progress).await;
+    }
     let keys = key_space(space, &config);
     let picker = Arc::new(KeyPicker::new(keys.keys, config.zipfian));
     let shared = Arc::new(Mutex::new(Shared::default()));
