@@ -96,7 +96,7 @@ fn default_text() -> String {
         env!("CARGO_MANIFEST_DIR"),
         "/../configs/default.toml"
     ))
-    .unwrap()
+    .expect("configs/default.toml")
 }
 
 #[test]
