@@ -257,3 +257,72 @@ fn two_operators_adding_servers_at_once_never_half_apply() {
         );
     }
 }
+
+#[test]
+fn an_operator_sees_and_marks_the_copies_of_replicated_regions() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let etcd = Etcd::start(dir.path()).unwrap_or_else(|e| panic!("etcd: {e}"));
+    let e = etcd.endpoint();
+    let replicated = dir.path().join("replicated.toml");
+    let text = std::fs::read_to_string(DEFAULT).expect("default");
+    std::fs::write(
+        &replicated,
+        text.replace("name = \"default\"", "name = \"default\"\nreplicas = 2"),
+    )
+    .expect("write");
+    let from = replicated.to_str().expect("path");
+    let (code, _, err) = cluster(&e, &["init", "--from", from]);
+    assert_eq!(code, 0, "{err}");
+
+    let (code, out, err) = cluster(&e, &["--pool", "default", "show"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains(
+            "copies: A:0 serving (primary), B:0 serving (backup); owner device A; replica set \
+             version 1"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("copies: B:1 serving (primary), A:1 serving (backup); owner device B"),
+        "{out}"
+    );
+
+    let mark = |args: &[&str]| {
+        let mut all = vec!["--pool", "default", "mark-replica"];
+        all.extend_from_slice(args);
+        cluster(&e, &all)
+    };
+    let (code, out, err) = mark(&["PA.1", "B", "offline"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        out,
+        "pool default: region PA.1: copy on B serving -> offline (replica set version 2, map \
+         epoch 2)\n"
+    );
+    let (_, out, _) = cluster(&e, &["--pool", "default", "show"]);
+    assert!(out.starts_with("pool default: map epoch 2"), "{out}");
+    assert!(
+        out.contains("copies: A:0 serving (primary), B:0 offline (backup); owner device A; replica set version 2"),
+        "{out}"
+    );
+
+    // The last serving copy stays serving; nothing is written.
+    let (code, _, err) = mark(&["PA.1", "A", "offline"]);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("would leave the region without a serving copy"),
+        "{err}"
+    );
+    let (code, _, err) = mark(&["PA.1", "B", "serving"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("mark it syncing"), "{err}");
+    let (code, _, err) = mark(&["PA.1", "B", "gone"]);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("expected serving, syncing or offline"),
+        "{err}"
+    );
+    let (_, out, _) = cluster(&e, &["--pool", "default", "show"]);
+    assert!(out.starts_with("pool default: map epoch 2"), "{out}");
+}

@@ -28,10 +28,7 @@ fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
 /// Puts `topology` as pool `test`'s map at `epoch`, as an operator's
 /// change would.
 fn put_map(etcd: &Etcd, epoch: u64, topology: &str) {
-    let map = ClusterMap {
-        epoch,
-        topology: topology.to_owned(),
-    };
+    let map = ClusterMap::new(epoch, topology);
     etcd.put(&Keys::of("test").map(), &map.to_json())
         .expect("etcdctl put");
 }

@@ -10,6 +10,9 @@
 
 use toml::{Table, Value};
 
+use crate::map::ClusterMap;
+use crate::replica_state::ReplicaState;
+
 /// Why an edit cannot be made.
 #[derive(Debug, thiserror::Error)]
 pub enum EditError {
@@ -74,6 +77,59 @@ pub enum EditError {
         device: String,
         /// The clients that would have no RNIC left.
         clients: Vec<String>,
+    },
+    /// The region has a single copy: it has no replica states to change.
+    #[error(
+        "region {region} has a single copy, so it has no replica states; give it replicas in \
+         the topology first"
+    )]
+    NotReplicated {
+        /// The region.
+        region: String,
+    },
+    /// The server holds no copy of the region.
+    #[error("server {server} holds no copy of region {region}: its copies are on {}", holders.join(", "))]
+    NotACopy {
+        /// The region.
+        region: String,
+        /// The server named.
+        server: String,
+        /// The servers that hold its copies.
+        holders: Vec<String>,
+    },
+    /// The change would leave the region without a serving copy.
+    #[error(
+        "marking region {region}'s copy on {server} {state} would leave the region without a \
+         serving copy, so nothing could read it; bring another copy to serving first"
+    )]
+    LastServing {
+        /// The region.
+        region: String,
+        /// The server of its last serving copy.
+        server: String,
+        /// The state asked for.
+        state: ReplicaState,
+    },
+    /// An offline copy may have missed writes: it must sync first.
+    #[error(
+        "region {region}'s copy on {server} is offline and may have missed writes: mark it \
+         syncing, and serving once its resync is done"
+    )]
+    NeedsSync {
+        /// The region.
+        region: String,
+        /// The server of the copy.
+        server: String,
+    },
+    /// The copy is in that state already.
+    #[error("region {region}'s copy on {server} is {state} already; nothing to change")]
+    Unchanged {
+        /// The region.
+        region: String,
+        /// The server of the copy.
+        server: String,
+        /// Its state.
+        state: ReplicaState,
     },
     /// The edited map cannot be written as TOML.
     #[error("cannot write the edited map as TOML")]
@@ -365,6 +421,89 @@ pub fn remove_device(map: &str, name: &str) -> Result<Edited, EditError> {
     write(name, &topology, notes)
 }
 
+/// The map after marking `region`'s copy on `server` as `state`: the
+/// same topology at the next epoch, the region's record at its next
+/// version. Refused for a single-copy region, a server without a copy, a
+/// change that leaves the region no serving copy, an offline copy asked to
+/// serve without syncing first, and a copy already in that state. The
+/// caller writes it against the revision it read
+/// ([`crate::ControlPlane::replace_map`]).
+pub fn mark_replica(
+    map: &ClusterMap,
+    region: &str,
+    server: &str,
+    state: ReplicaState,
+) -> Result<Marked, EditError> {
+    let mut next = map.clone();
+    next.epoch += 1;
+    let Some(record) = next.replica_sets.iter_mut().find(|r| r.region == region) else {
+        let known = map.topology.parse::<Table>().is_ok_and(|mut t| {
+            array(&mut t, "servers")
+                .iter()
+                .flat_map(regions_of)
+                .any(|r| r == region)
+        });
+        return Err(if known {
+            EditError::NotReplicated {
+                region: region.to_owned(),
+            }
+        } else {
+            EditError::Unknown {
+                kind: "region",
+                id: region.to_owned(),
+            }
+        });
+    };
+    let holders: Vec<String> = record.copies.iter().map(|c| c.server.clone()).collect();
+    let serving = record.serving();
+    let Some(copy) = record.copies.iter_mut().find(|c| c.server == server) else {
+        return Err(EditError::NotACopy {
+            region: region.to_owned(),
+            server: server.to_owned(),
+            holders,
+        });
+    };
+    let (region, server) = (region.to_owned(), server.to_owned());
+    match (copy.state, state) {
+        (now, wanted) if now == wanted => {
+            return Err(EditError::Unchanged {
+                region,
+                server,
+                state,
+            });
+        }
+        (ReplicaState::Offline, ReplicaState::Serving) => {
+            return Err(EditError::NeedsSync { region, server });
+        }
+        (ReplicaState::Serving, _) if serving == 1 => {
+            return Err(EditError::LastServing {
+                region,
+                server,
+                state,
+            });
+        }
+        _ => {}
+    }
+    let was = copy.state;
+    copy.state = state;
+    record.version += 1;
+    let note = format!(
+        "region {region}: copy on {server} {was} -> {state} (replica set version {}, map epoch \
+         {})",
+        record.version, next.epoch
+    );
+    Ok(Marked { map: next, note })
+}
+
+/// A map with one copy's state changed, and what changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Marked {
+    /// The whole new map (next epoch, the region's next version).
+    pub map: ClusterMap,
+    /// The change, for the operator: states, version and epoch.
+    pub note: String,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -486,5 +625,72 @@ links = [{ server = "A", nic = "n0" }, { server = "B", nic = "n0" }]
             add_device(&default_text(), device_b),
             Err(EditError::Exists { .. })
         ));
+    }
+
+    fn replicated() -> ClusterMap {
+        let text = default_text().replace("name = \"default\"", "name = \"default\"\nreplicas = 2");
+        ClusterMap::new(4, text)
+    }
+
+    #[test]
+    fn a_copy_is_marked_at_the_next_epoch_and_version() {
+        let map = replicated();
+        let marked = mark_replica(&map, "PA.1", "B", ReplicaState::Offline).unwrap();
+        assert_eq!(marked.map.epoch, 5);
+        let record = marked.map.replica_set("PA.1").unwrap();
+        assert_eq!(record.version, 2);
+        assert_eq!(record.state_on("B"), Some(ReplicaState::Offline));
+        assert_eq!(record.state_on("A"), Some(ReplicaState::Serving));
+        // Other regions' records are untouched.
+        assert_eq!(marked.map.replica_set("PA.2"), map.replica_set("PA.2"));
+        assert_eq!(
+            marked.note,
+            "region PA.1: copy on B serving -> offline (replica set version 2, map epoch 5)"
+        );
+        marked.map.topology_at("/k").unwrap();
+
+        // Back through syncing, never straight to serving.
+        let err = mark_replica(&marked.map, "PA.1", "B", ReplicaState::Serving).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "region PA.1's copy on B is offline and may have missed writes: mark it syncing, \
+             and serving once its resync is done"
+        );
+        let syncing = mark_replica(&marked.map, "PA.1", "B", ReplicaState::Syncing).unwrap();
+        let serving = mark_replica(&syncing.map, "PA.1", "B", ReplicaState::Serving).unwrap();
+        assert_eq!(serving.map.replica_set("PA.1").unwrap().version, 4);
+        assert_eq!(serving.map.replica_set("PA.1").unwrap().serving(), 2);
+    }
+
+    #[test]
+    fn replica_marks_that_make_no_sense_are_refused_naming_region_and_server() {
+        let map = replicated();
+        let offline = mark_replica(&map, "PA.1", "B", ReplicaState::Offline)
+            .unwrap()
+            .map;
+        let err = mark_replica(&offline, "PA.1", "A", ReplicaState::Syncing).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "marking region PA.1's copy on A syncing would leave the region without a serving \
+             copy, so nothing could read it; bring another copy to serving first"
+        );
+        let err = mark_replica(&map, "PA.1", "C", ReplicaState::Offline).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "server C holds no copy of region PA.1: its copies are on A, B"
+        );
+        let err = mark_replica(&map, "PA.1", "A", ReplicaState::Serving).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "region PA.1's copy on A is serving already; nothing to change"
+        );
+        let err = mark_replica(&map, "PZ.9", "A", ReplicaState::Offline).unwrap_err();
+        assert_eq!(err.to_string(), "the map has no region PZ.9");
+        let single = ClusterMap::new(1, default_text());
+        let err = mark_replica(&single, "PA.1", "A", ReplicaState::Offline).unwrap_err();
+        assert!(
+            err.to_string().starts_with("region PA.1 has a single copy"),
+            "{err}"
+        );
     }
 }

@@ -126,6 +126,18 @@ pub enum ControlError {
         /// The epoch etcd holds now.
         current: u64,
     },
+    /// A new map whose epoch is not the next after the one it replaces.
+    #[error(
+        "a change of the map at epoch {based_on} must write epoch {}, not {epoch}; nothing \
+         was written",
+        based_on + 1
+    )]
+    EpochNotNext {
+        /// The epoch of the map replaced.
+        based_on: u64,
+        /// The epoch of the map given.
+        epoch: u64,
+    },
     /// The map's document is not JSON of the expected shape.
     #[error("etcd key {key}: not a cluster map document")]
     BadDocument {

@@ -1,7 +1,7 @@
 //! Where everything lives in etcd: one prefix per pool.
 //!
 //! ```text
-//! /pmem-fabric/<pool>/map                   the cluster map (JSON: epoch, topology)
+//! /pmem-fabric/<pool>/map                   the cluster map (JSON: epoch, topology, replica states)
 //! /pmem-fabric/<pool>/members/<role>/<name> a live daemon (JSON, bound to its lease)
 //! /pmem-fabric/<pool>/intent/<role>/<name>  the operator's intent: active, draining, removed
 //! ```

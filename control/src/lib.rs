@@ -32,6 +32,8 @@
 //! intent records), [`plane`] (the etcd client: reading and changing the
 //! map, registering liveness), [`registration`] (the same for daemons
 //! without async code: the map at start, liveness from a thread),
+//! [`replica_state`] (the states of replicated regions' copies, their
+//! owner and version),
 //! [`watch`] (following the map while a daemon runs), [`follow_metrics`]
 //! (what a daemon following the map exports), [`error`].
 
@@ -48,6 +50,7 @@ pub mod map_flags;
 pub mod member;
 pub mod plane;
 pub mod registration;
+pub mod replica_state;
 pub mod watch;
 
 pub use credentials::{CREDENTIALS_ENV, Credentials, CredentialsError};
@@ -61,4 +64,5 @@ pub use map_flags::MapFlags;
 pub use member::{Intent, Member, Role};
 pub use plane::{ControlPlane, Liveness};
 pub use registration::{MapSource, MapSourceError, Registration, load_map};
+pub use replica_state::{CopyRecord, ReplicaSetRecord, ReplicaState};
 pub use watch::{MapUpdate, MapVersion, MapWatch, Quiet, REREAD_PERIOD, WatchObserver};

@@ -1,10 +1,12 @@
 //! The cluster map as etcd holds it: one JSON document with the map's
-//! epoch and the topology (TOML, the same text a topology file holds).
+//! epoch, the topology (TOML, the same text a topology file holds) and,
+//! for a pool with replicated regions, the state of their copies.
 
 use serde::{Deserialize, Serialize};
 use topology::{EnvOverrides, Topology};
 
 use crate::error::ControlError;
+use crate::replica_state::{self, ReplicaSetRecord};
 
 /// The cluster map: the fabric's shape and the epoch that names it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -13,6 +15,11 @@ pub struct ClusterMap {
     pub epoch: u64,
     /// The topology, as TOML.
     pub topology: String,
+    /// One record per region with more than one copy: the copies' states,
+    /// the region's owner device and the record's version. Absent from the
+    /// document when no region is replicated.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replica_sets: Vec<ReplicaSetRecord>,
 }
 
 /// A map with the etcd revision it was last changed at: what a change must
@@ -26,6 +33,48 @@ pub struct VersionedMap {
 }
 
 impl ClusterMap {
+    /// The first map of `topology` at `epoch`: every copy of a replicated
+    /// region serving. A topology that does not load gets no records (the
+    /// map is refused where it is validated).
+    pub fn new(epoch: u64, topology: impl Into<String>) -> Self {
+        let topology = topology.into();
+        let replica_sets = Topology::from_toml_str("new map", &topology, &EnvOverrides::None)
+            .map(|t| replica_state::initial(&t))
+            .unwrap_or_default();
+        Self {
+            epoch,
+            topology,
+            replica_sets,
+        }
+    }
+
+    /// The map that replaces this one with `topology` at the next epoch:
+    /// copies that stay keep their state, new copies of existing regions
+    /// start syncing ([`replica_state::derive`]). Returns it with one note
+    /// per region whose copies changed. `key` names this map in errors.
+    pub fn next(&self, key: &str, topology: &str) -> Result<(Self, Vec<String>), ControlError> {
+        let old = self.topology_at(key)?;
+        let next = Self {
+            epoch: self.epoch + 1,
+            topology: topology.to_owned(),
+            replica_sets: Vec::new(),
+        };
+        let new = next.loaded(key)?;
+        let (replica_sets, notes) = replica_state::derive(&new, Some((&old, &self.replica_sets)));
+        Ok((
+            Self {
+                replica_sets,
+                ..next
+            },
+            notes,
+        ))
+    }
+
+    /// The record of `region`'s copies, if it is replicated.
+    pub fn replica_set(&self, region: &str) -> Option<&ReplicaSetRecord> {
+        self.replica_sets.iter().find(|r| r.region == region)
+    }
+
     /// The document stored in etcd.
     pub fn to_json(&self) -> String {
         // A struct of a number and a string always serializes.
@@ -44,9 +93,21 @@ impl ClusterMap {
         Ok(map)
     }
 
-    /// The topology, loaded and validated; errors name etcd `key` and the
-    /// epoch as the file.
+    /// The topology, loaded and validated, with replica records that
+    /// match it; errors name etcd `key` and the epoch as the file.
     pub fn topology_at(&self, key: &str) -> Result<Topology, ControlError> {
+        let topology = self.loaded(key)?;
+        if let Some(why) = replica_state::mismatch(&topology, &self.replica_sets) {
+            return Err(ControlError::InvalidMap {
+                source_name: format!("etcd {key} (epoch {})", self.epoch),
+                why,
+            });
+        }
+        Ok(topology)
+    }
+
+    /// The topology, loaded and validated (its replica records unchecked).
+    fn loaded(&self, key: &str) -> Result<Topology, ControlError> {
         let source = format!("etcd {key} (epoch {})", self.epoch);
         let topology = Topology::from_toml_str(&source, &self.topology, &EnvOverrides::None)
             .map_err(|e| ControlError::InvalidMap {
@@ -77,10 +138,7 @@ mod tests {
 
     #[test]
     fn a_map_round_trips_through_its_document() {
-        let map = ClusterMap {
-            epoch: 3,
-            topology: default_text(),
-        };
+        let map = ClusterMap::new(3, default_text());
         let back = ClusterMap::from_json("/k", map.to_json().as_bytes()).unwrap();
         assert_eq!(back, map);
         assert_eq!(back.topology_at("/k").unwrap().servers.len(), 2);
@@ -90,12 +148,34 @@ mod tests {
     fn an_invalid_map_is_refused_naming_the_key_and_epoch() {
         let err = ClusterMap::from_json("/k", b"{\"epoch\":1}").unwrap_err();
         assert!(err.to_string().contains("/k"), "{err}");
-        let broken = ClusterMap {
-            epoch: 7,
-            topology: default_text().replace("extent_size", "extent_sizes"),
-        };
+        let broken = ClusterMap::new(7, default_text().replace("extent_size", "extent_sizes"));
         let err = ClusterMap::from_json("/k", broken.to_json().as_bytes()).unwrap_err();
         let text = err.to_string();
         assert!(text.contains("etcd /k (epoch 7)"), "{text}");
+    }
+
+    #[test]
+    fn a_replicated_map_records_its_copies_and_refuses_records_that_do_not_match() {
+        let text = default_text().replace("name = \"default\"", "name = \"default\"\nreplicas = 2");
+        let map = ClusterMap::new(1, text.clone());
+        assert_eq!(map.replica_sets.len(), 4);
+        let json = map.to_json();
+        assert!(json.contains("\"replica_sets\""), "{json}");
+        assert_eq!(ClusterMap::from_json("/k", json.as_bytes()).unwrap(), map);
+        // A single-copy map's document is what it always was.
+        assert!(
+            !ClusterMap::new(1, default_text())
+                .to_json()
+                .contains("replica_sets")
+        );
+        let bare = ClusterMap {
+            replica_sets: Vec::new(),
+            ..map
+        };
+        let err = ClusterMap::from_json("/k", bare.to_json().as_bytes()).unwrap_err();
+        assert!(
+            err.to_string().contains("no record of their states"),
+            "{err}"
+        );
     }
 }

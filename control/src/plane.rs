@@ -167,10 +167,7 @@ impl ControlPlane {
     /// valid; refused if the pool already has one.
     pub async fn init(&mut self, topology: &str) -> Result<VersionedMap, ControlError> {
         let key = self.keys.map();
-        let map = ClusterMap {
-            epoch: 1,
-            topology: topology.to_owned(),
-        };
+        let map = ClusterMap::new(1, topology);
         let absent = Compare::version(key.clone(), CompareOp::Equal, 0);
         self.put_map_if(absent, map, "init of the map")
             .await?
@@ -232,17 +229,34 @@ impl ControlPlane {
 
     /// Replaces the map read as `based_on` by `topology` (TOML, which must
     /// be valid) at the next epoch, in one transaction that fails with
-    /// [`ControlError::Conflict`] if anyone changed the map since.
+    /// [`ControlError::Conflict`] if anyone changed the map since. Copies
+    /// of replicated regions keep their states; new copies of existing
+    /// regions start syncing ([`ClusterMap::next`]).
     pub async fn change_map(
         &mut self,
         based_on: &VersionedMap,
         topology: &str,
     ) -> Result<VersionedMap, ControlError> {
+        let (map, _) = based_on.map.next(&self.keys.map(), topology)?;
+        self.replace_map(based_on, map).await
+    }
+
+    /// Writes `map` (whose epoch must be the next after `based_on`'s) over
+    /// the map read as `based_on`, in one transaction that fails with
+    /// [`ControlError::Conflict`] if anyone changed the map since: the
+    /// way replica-state edits ([`crate::edit::mark_replica`]) are written.
+    pub async fn replace_map(
+        &mut self,
+        based_on: &VersionedMap,
+        map: ClusterMap,
+    ) -> Result<VersionedMap, ControlError> {
         let key = self.keys.map();
-        let map = ClusterMap {
-            epoch: based_on.map.epoch + 1,
-            topology: topology.to_owned(),
-        };
+        if map.epoch != based_on.map.epoch + 1 {
+            return Err(ControlError::EpochNotNext {
+                based_on: based_on.map.epoch,
+                epoch: map.epoch,
+            });
+        }
         let unchanged = Compare::mod_revision(key, CompareOp::Equal, based_on.revision);
         self.put_map_if(unchanged, map, "change of the map")
             .await?

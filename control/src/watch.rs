@@ -56,6 +56,8 @@ pub struct MapVersion {
 pub struct MapUpdate {
     /// The topology.
     pub topology: Topology,
+    /// The states of replicated regions' copies (empty when none is).
+    pub replica_sets: Vec<crate::replica_state::ReplicaSetRecord>,
     /// Its epoch and revision.
     pub version: MapVersion,
     /// When the watcher learnt of it (the start of "time to apply").
@@ -416,6 +418,7 @@ impl Follower {
         };
         let update = MapUpdate {
             topology,
+            replica_sets: map.replica_sets,
             version,
             seen: Instant::now(),
         };

@@ -148,22 +148,13 @@ fn every_change_reaches_the_watcher_and_invalid_maps_are_refused() {
     // invalid, then one whose epoch goes back. None is handed over.
     let key = fixture.plane().keys().map();
     fixture.etcd.put(&key, "not json").expect("put");
-    let broken = control::ClusterMap {
-        epoch: 3,
-        topology: variant(3).replace("extent_size", "extent_sizes"),
-    };
+    let broken = control::ClusterMap::new(3, variant(3).replace("extent_size", "extent_sizes"));
     fixture.etcd.put(&key, &broken.to_json()).expect("put");
-    let backwards = control::ClusterMap {
-        epoch: 1,
-        topology: variant(4),
-    };
+    let backwards = control::ClusterMap::new(1, variant(4));
     fixture.etcd.put(&key, &backwards.to_json()).expect("put");
     // A valid epoch 3 after them is what arrives next: the refused ones
     // never did.
-    let good = control::ClusterMap {
-        epoch: 3,
-        topology: variant(5),
-    };
+    let good = control::ClusterMap::new(3, variant(5));
     fixture.etcd.put(&key, &good.to_json()).expect("put");
     let update = wait_for_epoch(&watch, 3);
     assert!(update.topology.source.contains("epoch 3"));

@@ -20,7 +20,7 @@ fn a_device_on_etcd_forwards_by_the_map_and_is_a_member_while_it_runs() {
         .client("c")
         .write(dir.path(), "topology.toml", &mut Ports::new());
     let topology = std::fs::read_to_string(&config).expect("topology");
-    let map = ClusterMap { epoch: 1, topology };
+    let map = ClusterMap::new(1, topology);
     etcd.put(&Keys::of("test").map(), &map.to_json())
         .expect("etcdctl put");
     let members = || -> Vec<Member> {
@@ -104,10 +104,7 @@ fn metric(daemon: &Daemon, name: &str) -> f64 {
 
 /// Puts `topology` as the map at `epoch`, as an operator's change would.
 fn put_map(etcd: &Etcd, epoch: u64, topology: &str) {
-    let map = ClusterMap {
-        epoch,
-        topology: topology.to_owned(),
-    };
+    let map = ClusterMap::new(epoch, topology);
     etcd.put(&Keys::of("test").map(), &map.to_json())
         .expect("etcdctl put");
 }

@@ -410,14 +410,30 @@ impl ServerDevices {
         data_dir: &Path,
         roots: &SysRoots,
     ) -> Result<ServerDevices, DeviceError> {
+        Self::resolve_holding(server, &[], data_dir, roots)
+    }
+
+    /// [`ServerDevices::resolve`] for a server that also holds `backups`:
+    /// on a device DAX device they take the slots after the device's own
+    /// regions.
+    pub fn resolve_holding(
+        server: &Server,
+        backups: &[crate::held::BackupPlace],
+        data_dir: &Path,
+        roots: &SysRoots,
+    ) -> Result<ServerDevices, DeviceError> {
         let mut devices = Vec::new();
         for socket in &server.sockets {
             for device in &socket.devices {
-                let lens: Vec<(RegionId, u64)> = device
+                let own = device
                     .regions
                     .iter()
-                    .map(|r| (r.id.clone(), r.size.bytes()))
-                    .collect();
+                    .map(|r| (r.id.clone(), r.size.bytes()));
+                let held = backups
+                    .iter()
+                    .filter(|b| b.socket == socket.id && b.device == device.id)
+                    .map(|b| (b.region.clone(), b.len));
+                let lens: Vec<(RegionId, u64)> = own.chain(held).collect();
                 devices.push(resolve_one(
                     &socket.id,
                     &device.id,

@@ -79,12 +79,14 @@ impl Drop for MapFollower {
     }
 }
 
-/// The regions `topology` places on `server`.
+/// The regions `topology` places a copy of on `server`: its own and the
+/// backups its replica sets put there.
 fn placed_on(topology: &Topology, server: &ServerId) -> BTreeSet<RegionId> {
     topology
-        .regions()
-        .filter(|place| &place.server.id == server)
-        .map(|place| place.region.id.clone())
+        .replica_sets()
+        .into_iter()
+        .filter(|set| set.on(server).is_some())
+        .map(|set| set.region)
         .collect()
 }
 

@@ -16,6 +16,8 @@
 //! - [`block_sums`] and `scrub`: checksums of the regions' blocks, recorded
 //!   and verified when an operator asks (`pmemctl scrub --checksums`);
 //!   [`sums_file`] keeps them across a clean restart.
+//! - [`held`]: the regions a server holds, its own and the backup copies
+//!   of replicated regions the topology places on it.
 //! - [`missing`]: which absent regions may be created empty at start.
 //! - `tenancy`: who may change the allocator's records (their owners), and
 //!   zeroing an extent as a key is installed on it.
@@ -39,6 +41,7 @@ pub mod devices;
 pub(crate) mod exec;
 pub(crate) mod follow;
 pub(crate) mod gate;
+pub mod held;
 pub(crate) mod live;
 pub(crate) mod metrics;
 pub mod missing;

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use proto::{AccessKey, Status};
 use topology::LayoutEntry;
 
+use crate::held::CopyRole;
 use crate::region_file::{HEADER_LEN, RegionFile};
 
 /// A region this server exports: its place in the layout, its mapped file
@@ -17,6 +18,8 @@ pub struct ServedRegion {
     pub entry: LayoutEntry,
     /// The mapped file holding it.
     pub file: RegionFile,
+    /// Which copy of the region this server holds.
+    pub role: CopyRole,
     /// The region key requests must carry: the file's, until rotated.
     key: AtomicU64,
 }
@@ -25,7 +28,17 @@ impl ServedRegion {
     /// Serves `file` as the region of `entry`, with the key its header holds.
     pub fn new(entry: LayoutEntry, file: RegionFile) -> Self {
         let key = AtomicU64::new(file.header.key.get());
-        Self { entry, file, key }
+        Self {
+            entry,
+            file,
+            role: CopyRole::Primary,
+            key,
+        }
+    }
+
+    /// This region as the `role` copy.
+    pub fn with_role(self, role: CopyRole) -> Self {
+        Self { role, ..self }
     }
 
     /// The region key requests must carry now.

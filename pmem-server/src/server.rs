@@ -12,7 +12,7 @@ use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
 use telemetry::{AdminServer, Health, Registry};
-use topology::{Layout, NicId, NicTransport, ServerId, Topology};
+use topology::{Layout, LayoutEntry, NicId, NicTransport, ServerId, Topology};
 use tracing::{Span, debug, error, info, warn};
 
 use crate::conn::{self, QueuePairs, Timeouts};
@@ -20,6 +20,7 @@ use crate::dedup::{DedupTable, Expect, StoreError, WindowStore};
 use crate::devices::{DeviceError, ServerDevices, SysRoots};
 use crate::exec::Executor;
 use crate::gate::Gatekeeper;
+use crate::held::{self, CopyRole};
 use crate::live::{Limits, LiveConnections, Refusal};
 use crate::metrics::ServerMetrics;
 use crate::missing::{self, MissingError};
@@ -352,19 +353,22 @@ impl OpenedServer {
             source,
         })?;
 
+        // Its own regions and the backup copies it holds.
+        let held = held::held_by(topology, &layout, &server.id);
         // Where each PMEM device keeps its regions, and its NUMA node.
-        let devices = ServerDevices::resolve(server, &config.data_dir, &SysRoots::host())?;
+        let devices = ServerDevices::resolve_holding(
+            server,
+            &held::backups_on(&held),
+            &config.data_dir,
+            &SysRoots::host(),
+        )?;
         for line in devices.describe() {
             info!("{line}");
         }
         for warning in devices.warnings() {
             warn!("{warning}");
         }
-        let entries: Vec<_> = layout
-            .entries()
-            .iter()
-            .filter(|e| e.server == server.id)
-            .collect();
+        let entries: Vec<&LayoutEntry> = held.iter().map(|h| &h.entry).collect();
         let modes = missing::open_modes(
             &server.id,
             &devices,
@@ -374,9 +378,18 @@ impl OpenedServer {
             &config.create_missing,
         )?;
         let mut regions = Vec::new();
-        for (entry, mode) in entries.into_iter().zip(modes) {
+        for ((entry, mode), copy) in entries.into_iter().zip(modes).zip(&held) {
             let mut file = RegionFile::open_with(&devices, entry, &config.persistence, mode)?;
             log_opened(&file, mode);
+            if copy.role == CopyRole::Backup {
+                info!(
+                    "region {}: holding a backup copy at {} (socket {}, device {})",
+                    entry.region_id,
+                    file.path.display(),
+                    entry.socket,
+                    entry.device
+                );
+            }
             let sums_at = sums_file::sums_path(&config.data_dir, entry.region_id.as_str());
             match sums_file::load(&sums_at, &file) {
                 Ok(Some(sums)) => {
@@ -398,7 +411,7 @@ impl OpenedServer {
             if rdma {
                 file.sums.set_unwatched();
             }
-            regions.push(ServedRegion::new(entry.clone(), file));
+            regions.push(ServedRegion::new(entry.clone(), file).with_role(copy.role));
         }
         let mode = regions.first().map(|r| r.file.map.mode());
 

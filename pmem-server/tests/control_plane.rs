@@ -22,7 +22,7 @@ fn members(etcd: &Etcd) -> Vec<Member> {
 
 /// Loads `topology` into etcd as pool `test`'s map at epoch 1.
 fn load_map(etcd: &Etcd, topology: String) {
-    let map = ClusterMap { epoch: 1, topology };
+    let map = ClusterMap::new(1, topology);
     etcd.put(&Keys::of("test").map(), &map.to_json())
         .expect("etcdctl put");
 }
@@ -99,7 +99,7 @@ const PATIENCE: Duration = Duration::from_secs(60);
 /// Puts `topology` as pool `test`'s map at `epoch`, as an operator's
 /// change would.
 fn put_map(etcd: &Etcd, epoch: u64, topology: String) {
-    let map = ClusterMap { epoch, topology };
+    let map = ClusterMap::new(epoch, topology);
     etcd.put(&Keys::of("test").map(), &map.to_json())
         .expect("etcdctl put");
 }

@@ -25,7 +25,7 @@ fn a_server_on_an_etcd_with_authentication_runs_as_its_own_user_only() {
     let mut etcd = Etcd::start(dir.path()).unwrap_or_else(|e| panic!("etcd: {e}"));
     let topology =
         std::fs::read_to_string(write_topology(dir.path(), &[("R1", "4MiB")])).expect("topology");
-    let map = ClusterMap { epoch: 1, topology };
+    let map = ClusterMap::new(1, topology);
     etcd.put(&Keys::of("test").map(), &map.to_json())
         .expect("etcdctl put");
     let endpoints = Endpoints::parse(&etcd.endpoint()).expect("endpoint");

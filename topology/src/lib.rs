@@ -14,6 +14,8 @@
 //!   it is encoded; [`region_header`]: a region header's fixed words and
 //!   format state.
 //! - [`routes`]: the ordered paths from a client to a region.
+//! - [`replicas`]: each region's copies (primary and backups) on servers
+//!   of distinct failure domains, named or placed by a deterministic rule.
 //!
 //! - [`host`]: the checks only a server's host can make (its PMEM device
 //!   paths exist and are directories or device DAX character devices).
@@ -35,6 +37,7 @@ pub mod model;
 pub mod records;
 pub mod region_header;
 mod region_place;
+pub mod replicas;
 pub mod routes;
 pub mod schema;
 pub mod secrets;
@@ -51,9 +54,10 @@ pub use load::{EnvOverrides, LoadError};
 pub use meta::{MetaError, MetaLayout, RegionMeta};
 pub use model::{
     Access, AllocatorConfig, AllowRange, CachePolicy, Client, FabricDevice, FabricLink, FabricPort,
-    NicTransport, Override, Persistence, PmemDevice, Pool, Region, Rnic, RnicTransport, RocePort,
-    Server, ServerNic, Socket, Topology,
+    NicTransport, Override, Persistence, PmemDevice, Pool, Region, RegionReplicas, Rnic,
+    RnicTransport, RocePort, Server, ServerNic, Socket, Topology,
 };
+pub use replicas::{PlacementProblem, Replica, ReplicaSet};
 pub use routes::Path;
 pub use size::ByteSize;
 pub use validate::{Problem, ProblemKind, ValidationErrors, Warning};

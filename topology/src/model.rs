@@ -75,6 +75,11 @@ pub struct Pool {
     /// (the regions laid end to end, no allocation).
     #[serde(default)]
     pub allocator: Option<AllocatorConfig>,
+    /// Copies of every region (1, 2 or 3; 1 when absent): the primary and
+    /// backups on servers in other failure domains. A region may say
+    /// otherwise ([`Region::replicas`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<u64>,
 }
 
 /// Where and how large the allocator's metadata is (`[pool.allocator]`).
@@ -130,6 +135,7 @@ impl Default for Pool {
             base_address: Self::default_base_address(),
             region_alignment: None,
             allocator: None,
+            replicas: None,
         }
     }
 }
@@ -149,6 +155,11 @@ pub struct Server {
     /// How the server makes writes durable.
     #[serde(default)]
     pub persistence: Persistence,
+    /// The failure domain the server shares with others (a rack, a power
+    /// feed): two copies of a region never share one. Each server is a
+    /// domain of its own when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domain: Option<String>,
     /// CPU sockets with their PMEM devices.
     #[serde(default)]
     pub sockets: Vec<Socket>,
@@ -203,6 +214,21 @@ pub struct Region {
     /// Whether the server writes through its CPU cache or around it.
     #[serde(default)]
     pub cache: CachePolicy,
+    /// This region's copies, when not the pool's: a count (placed by the
+    /// rule of [`crate::replicas`]) or the backups' places, `"SERVER:SOCKET"`
+    /// or `"SERVER:SOCKET:DEVICE"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<RegionReplicas>,
+}
+
+/// How many copies a region has, or where its backups are.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum RegionReplicas {
+    /// This many copies (the primary included), placed by the rule.
+    Count(u64),
+    /// Backups at these places (`"B:0"`, `"B:0:pmem1"`), after the primary.
+    On(Vec<String>),
 }
 
 /// How a PMEM server makes writes durable.
@@ -535,6 +561,11 @@ impl Server {
     /// The socket with this id.
     pub fn socket(&self, id: &SocketId) -> Option<&Socket> {
         self.sockets.iter().find(|s| &s.id == id)
+    }
+
+    /// The failure domain: the configured one, or the server's own id.
+    pub fn failure_domain(&self) -> &str {
+        self.domain.as_deref().unwrap_or(self.id.as_str())
     }
 }
 

@@ -77,6 +77,8 @@ enum Kind {
     Table(&'static Shape),
     /// A list of tables of the given shape (`[[key]]` or `[{…}, …]`).
     List(&'static Shape),
+    /// A non-negative integer, or a list of strings.
+    CountOrTexts,
 }
 
 /// A key a table may have.
@@ -152,6 +154,11 @@ static POOL: Shape = Shape {
         field("base_address", Kind::Number, NUMBER),
         field("region_alignment", Kind::Size, SIZE),
         field("allocator", Kind::Table(&ALLOCATOR), "a table"),
+        field(
+            "replicas",
+            Kind::Count,
+            "1, 2 or 3 (copies of every region)",
+        ),
     ],
 };
 
@@ -165,6 +172,11 @@ static REGION: Shape = Shape {
             "cache",
             Kind::Choice(&["write-back", "non-temporal"]),
             "a cache policy",
+        ),
+        field(
+            "replicas",
+            Kind::CountOrTexts,
+            "1, 2 or 3 copies, or the backups' places such as [\"B:0\"] (SERVER:SOCKET[:DEVICE])",
         ),
     ],
 };
@@ -207,6 +219,7 @@ static SERVER: Shape = Shape {
         required("id", Kind::Text, ID),
         field("admin", Kind::Text, LISTEN),
         field("data_dir", Kind::Text, PATH),
+        field("domain", Kind::Text, "a failure domain such as \"rack-a\""),
         field(
             "persistence",
             Kind::Choice(&["auto", "dax", "msync", "libpmem", "emulated"]),
@@ -414,6 +427,24 @@ impl<'a> Checker<'a> {
                 }
             }
             (Kind::Size | Kind::Number | Kind::Count, Value::Int(_)) => {}
+            (Kind::CountOrTexts, Value::Int(n)) if *n < 0 => {
+                let message = format!("{name} = {n} is negative: expected {}", field.expect);
+                self.report(&node.at, item, message);
+            }
+            (Kind::CountOrTexts, Value::Int(_)) => {}
+            (Kind::CountOrTexts, Value::Array(elements)) => {
+                for (index, element) in elements.iter().enumerate() {
+                    if !matches!(element.value, Value::Str(_)) {
+                        let message = format!(
+                            "{name} #{}: {} is not a string: expected {}",
+                            index + 1,
+                            element.value.shown(),
+                            field.expect
+                        );
+                        self.report(&element.at, item, message);
+                    }
+                }
+            }
             (Kind::Choice(choices), Value::Str(text)) => {
                 if !choices.contains(&text.as_str()) {
                     let listed: Vec<String> = choices.iter().map(|c| format!("{c:?}")).collect();

@@ -132,6 +132,8 @@ pub enum ProblemKind {
         /// What it is instead.
         found: &'static str,
     },
+    /// A region's copies cannot be placed as asked.
+    Replicas(crate::replicas::PlacementProblem),
     /// An allow-list range that leaves its region.
     AllowOutOfRange {
         /// The region named by the range.
@@ -146,6 +148,7 @@ impl fmt::Display for ProblemKind {
         match self {
             Self::DuplicateId => write!(f, "duplicate id"),
             Self::AllocatorMetadata(e) => write!(f, "{e}"),
+            Self::Replicas(problem) => write!(f, "{problem}"),
             Self::UnknownReference { kind, id } => write!(f, "refers to unknown {kind} {id:?}"),
             Self::BadExtentSize { size } => write!(
                 f,
@@ -597,6 +600,24 @@ impl Checker<'_> {
         }
     }
 
+    /// Every region's copies: counts in range, named places that exist,
+    /// never two on one server or in one failure domain.
+    fn replicas(&mut self) {
+        use crate::replicas::PlacementProblem;
+        let (_, problems) = crate::replicas::place_replicas(self.topology);
+        let mut pool_reported = false;
+        for (region, problem) in problems {
+            if let PlacementProblem::BadCount { pool: true, .. } = problem {
+                if !pool_reported {
+                    pool_reported = true;
+                    self.report_key("pool.replicas", "pool", ProblemKind::Replicas(problem));
+                }
+                continue;
+            }
+            self.report(region_item(&region), ProblemKind::Replicas(problem));
+        }
+    }
+
     fn roce_port(&mut self, item: &str, roce: &crate::model::RocePort) {
         if roce.ip.parse::<std::net::Ipv4Addr>().is_err() {
             self.report(
@@ -848,6 +869,7 @@ impl Topology {
         checker.pool();
         checker.servers();
         checker.regions();
+        checker.replicas();
         checker.fabric_devices();
         checker.clients();
         checker.allocator();

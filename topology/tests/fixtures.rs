@@ -157,6 +157,13 @@ fn expectations() -> Vec<Expectation> {
         ("zero-size", "region \"PA.1\"", |k| {
             *k == ProblemKind::ZeroSize
         }),
+        ("replicas-share-domain", "region \"PA.1\"", |k| {
+            matches!(
+                k,
+                ProblemKind::Replicas(topology::PlacementProblem::SameDomain { domain, .. })
+                    if domain == "rack-a"
+            )
+        }),
         ("size-not-extent-multiple", "region \"PA.1\"", |k| {
             matches!(k, ProblemKind::SizeNotExtentMultiple { .. })
         }),

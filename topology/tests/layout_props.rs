@@ -25,6 +25,7 @@ fn build(spec: &[Vec<Vec<Vec<RegionSpec>>>]) -> Topology {
             admin: None,
             data_dir: None,
             persistence: Default::default(),
+            domain: None,
             sockets: sockets
                 .iter()
                 .enumerate()
@@ -45,6 +46,7 @@ fn build(spec: &[Vec<Vec<Vec<RegionSpec>>>]) -> Topology {
                                         size: ByteSize(extents * EXTENT),
                                         address: explicit.then_some(region_no * EXPLICIT_SLOT),
                                         cache: Default::default(),
+                                        replicas: None,
                                     }
                                 })
                                 .collect(),

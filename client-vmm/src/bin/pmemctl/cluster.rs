@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
-use control::{ControlError, ControlPlane, Credentials, Endpoints, Intent, Role};
+use control::{ControlError, ControlPlane, Credentials, Endpoints, Intent, ReplicaState, Role};
 use topology::{EnvOverrides, Topology};
 
 /// The control plane's commands and where etcd is.
@@ -101,6 +101,24 @@ enum ClusterAction {
         /// The device's id.
         device: String,
     },
+    /// Marks the copy of REGION on SERVER serving, syncing or offline, as
+    /// the next epoch and the region's next replica-set version; refused
+    /// when it would leave the region no serving copy, or would let an
+    /// offline copy serve without syncing first.
+    MarkReplica {
+        /// The region's id.
+        region: String,
+        /// The server holding the copy.
+        server: String,
+        /// serving, syncing or offline.
+        #[arg(value_parser = parse_replica_state)]
+        state: ReplicaState,
+    },
+}
+
+fn parse_replica_state(text: &str) -> Result<ReplicaState, String> {
+    ReplicaState::parse(text)
+        .ok_or_else(|| format!("{text:?}: expected serving, syncing or offline"))
 }
 
 /// Why a cluster command failed.
@@ -279,6 +297,16 @@ async fn run_async(args: ClusterArgs) -> Result<String, ClusterError> {
                 "pool {pool}: device {device} removed at epoch {epoch}\n{notes}"
             ))
         }
+        ClusterAction::MarkReplica {
+            region,
+            server,
+            state,
+        } => {
+            let current = plane.read_map().await?;
+            let marked = control::edit::mark_replica(&current.map, &region, &server, state)?;
+            plane.replace_map(&current, marked.map).await?;
+            Ok(format!("pool {pool}: {}\n", marked.note))
+        }
         ClusterAction::DrainServer { server } => {
             let current = plane.read_map().await?;
             let topology = current.map.topology_at(&plane.keys().map())?;
@@ -370,6 +398,7 @@ async fn secure(
 async fn show(plane: &mut ControlPlane, pool: &str) -> Result<String, ClusterError> {
     let map = plane.read_map().await?;
     let topology = map.map.topology_at(&plane.keys().map())?;
+    let sets = topology.replica_sets();
     let members = plane.members().await?;
     let intents = plane.intents().await?;
     let intent_of = |role: Role, name: &str| {
@@ -425,6 +454,9 @@ async fn show(plane: &mut ControlPlane, pool: &str) -> Result<String, ClusterErr
                         region.size.to_string(),
                         socket.id.as_str()
                     );
+                    if let Some(line) = copies_line(&map.map, &sets, region.id.as_str()) {
+                        let _ = writeln!(out, "      {line}");
+                    }
                 }
             }
         }
@@ -458,4 +490,33 @@ async fn show(plane: &mut ControlPlane, pool: &str) -> Result<String, ClusterErr
         }
     }
     Ok(out)
+}
+
+/// A replicated region's copies as `show` prints them: each copy's place
+/// and state (primary first), the owner device and the set's version.
+fn copies_line(
+    map: &control::ClusterMap,
+    sets: &[topology::ReplicaSet],
+    region: &str,
+) -> Option<String> {
+    let record = map.replica_set(region)?;
+    let set = sets.iter().find(|s| s.region.as_str() == region)?;
+    let copies: Vec<String> = set
+        .replicas
+        .iter()
+        .enumerate()
+        .map(|(i, copy)| {
+            let state = record
+                .state_on(copy.server.as_str())
+                .map_or("unrecorded", ReplicaState::as_str);
+            let role = if i == 0 { "primary" } else { "backup" };
+            format!("{}:{} {state} ({role})", copy.server, copy.socket)
+        })
+        .collect();
+    Some(format!(
+        "copies: {}; owner device {}; replica set version {}",
+        copies.join(", "),
+        record.owner,
+        record.version
+    ))
 }
