@@ -27,6 +27,7 @@ use crate::served_region::ServedRegion;
 use crate::tenancy::{Asker, Tenancy};
 
 mod fencing;
+mod revocation;
 
 /// The protocol version this server speaks.
 pub use proto::PROTOCOL_VERSION;
@@ -242,20 +243,22 @@ impl Executor {
         Some(gate.read().unwrap_or_else(PoisonError::into_inner))
     }
 
-    /// With `--secrets`: builds the gatekeeper again for `topology` (a new
-    /// map: who may connect, whom each device acts for, the clients'
-    /// grants), keys from the same folder, and puts it in place for every
-    /// connection's next frame. A device proven before that the new map no
-    /// longer names is refused and closed at its next frame. Returns what
+    /// With `--secrets`: builds the gatekeeper again for `topology` (the
+    /// map at `epoch`: who may connect, whom each device acts for, the
+    /// clients' grants), keys from the same folder, and puts it in place
+    /// for every connection's next frame. A device proven before that the
+    /// new map no longer names is revoked at its next frame (see
+    /// `Session::Revoked`). Returns what
     /// was built (its devices, and those whose key could not be read), or
     /// `None` without `--secrets`.
     pub fn follow_principals(
         &self,
         topology: &topology::Topology,
         layout: &Layout,
+        epoch: u64,
     ) -> Option<Result<FollowedPrincipals, topology::secrets::SecretError>> {
         let slot = self.gate.as_ref()?;
-        let followed = match self.gate()?.follow(topology, layout) {
+        let followed = match self.gate()?.follow(topology, layout, epoch) {
             Ok(followed) => followed,
             Err(e) => return Some(Err(e)),
         };
@@ -273,14 +276,6 @@ impl Executor {
         }))
     }
 
-    /// Whether `session`'s peer proved a principal the gatekeeper no longer
-    /// admits (a fabric device a new map removed).
-    fn revoked(&self, session: &Session) -> bool {
-        match (session, self.gate()) {
-            (Session::ProvenDevice { device }, Some(gate)) => !gate.admits_device(device),
-            _ => false,
-        }
-    }
 
     /// A new connection's standing with the gate.
     pub fn new_session(&self) -> Session {
@@ -334,14 +329,13 @@ impl Executor {
         frame: &[u8],
         out: &mut Vec<u8>,
     ) -> Result<Flow, proto::Error> {
+        if let Some(epoch) = self.revoked_at(session) {
+            *session = Session::Revoked { epoch };
+        }
+        if let Session::Revoked { epoch } = *session {
+            return Ok(self.answer_revoked(epoch, frame, out));
+        }
         match proto::parse_frame(frame) {
-            Ok((message, tag)) if self.revoked(session) => {
-                self.metrics.auth_failures.with(&["revoked"]).inc();
-                let refusal = proto::error_response(message.opcode(), Status::UnknownClient);
-                encode(&refusal, tag, out);
-                *session = Session::Hello;
-                Ok(Flow::Close)
-            }
             Ok((Message::MapEpoch(epoch), tag)) if session.admits() => {
                 self.map_epoch(said, epoch, tag, out);
                 Ok(Flow::Continue)

@@ -138,7 +138,7 @@ fn follow_principals(executor: &Executor, topology: &Topology, epoch: u64) {
             return;
         }
     };
-    let followed = match executor.follow_principals(topology, &layout) {
+    let followed = match executor.follow_principals(topology, &layout, epoch) {
         None => return,
         Some(Ok(followed)) => followed,
         Some(Err(e)) => {
@@ -157,7 +157,7 @@ fn follow_principals(executor: &Executor, topology: &Topology, epoch: u64) {
     for device in followed.revoked() {
         warn!(
             "map epoch={epoch}: fabric device {device} is no longer in the map: its key is \
-             dropped, its connections are refused and closed"
+             dropped; its open links are answered STALE_MAP, nothing runs for them"
         );
     }
     for (device, why) in &followed.unreadable {

@@ -29,6 +29,9 @@ use topology::{Layout, PmemAddr, Topology};
 pub struct Gatekeeper {
     /// The folder the keys were read from.
     dir: PathBuf,
+    /// The map epoch these principals are of (0: the map the server
+    /// started on).
+    epoch: u64,
     keys: HashMap<(Role, String), Key>,
     /// Each client's grants, by client number (position in the topology).
     grants: Vec<Grants>,
@@ -88,14 +91,27 @@ impl Gatekeeper {
         }
     }
 
-    /// The gatekeeper of a new map of the same fabric: the principals it
-    /// names, with their keys read again from this gatekeeper's folder. A
-    /// device whose key cannot be read is left out (it cannot connect) and
-    /// reported, rather than refusing the whole map: the others keep
-    /// working. Fails only when the folder itself cannot be listed.
-    pub fn follow(&self, topology: &Topology, layout: &Layout) -> Result<Followed, SecretError> {
-        let (gate, unreadable) = Self::read(&self.dir, topology, layout)?;
+    /// The gatekeeper of a new map of the same fabric, at `epoch`: the
+    /// principals it names, with their keys read again from this
+    /// gatekeeper's folder. A device whose key cannot be read is left out
+    /// (it cannot connect) and reported, rather than refusing the whole
+    /// map: the others keep working. Fails only when a client's or
+    /// operator's key, or the folder itself, cannot be read.
+    pub fn follow(
+        &self,
+        topology: &Topology,
+        layout: &Layout,
+        epoch: u64,
+    ) -> Result<Followed, SecretError> {
+        let (mut gate, unreadable) = Self::read(&self.dir, topology, layout)?;
+        gate.epoch = epoch;
         Ok(Followed { gate, unreadable })
+    }
+
+    /// The map epoch these principals are of (0: the map the server
+    /// started on).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
     }
 
     /// The fabric devices that may connect.
@@ -174,6 +190,7 @@ impl Gatekeeper {
         }
         let gate = Gatekeeper {
             dir: dir.to_path_buf(),
+            epoch: 0,
             keys,
             grants,
             numbers,
@@ -272,6 +289,14 @@ pub enum Session {
     },
     /// An operator proved its key: it may rotate region keys, nothing else.
     ProvenOperator,
+    /// A fabric device proven before that the map at `epoch` no longer
+    /// names: every frame but a PING is answered STALE_MAP with that epoch
+    /// (nothing runs, no key is given; its client moves to the new map
+    /// and another path).
+    Revoked {
+        /// The epoch of the map that removed it.
+        epoch: u64,
+    },
 }
 
 impl Session {
@@ -356,7 +381,7 @@ mod tests {
         assert!(gate.admits_device("F") && !gate.admits_device("G"));
 
         let (both, layout) = parse(&whole);
-        let followed = gate.follow(&both, &layout).expect("follows");
+        let followed = gate.follow(&both, &layout, 2).expect("follows");
         assert!(followed.unreadable.is_empty());
         let gate = followed.gate;
         assert!(gate.admits_device("F") && gate.admits_device("G"));
@@ -366,7 +391,7 @@ mod tests {
         // by name, not by position); F is gone.
         let without_f = control::edit::remove_device(&whole, "F").expect("edit");
         let (last, layout) = parse(&without_f.topology);
-        let gate = gate.follow(&last, &layout).expect("follows").gate;
+        let gate = gate.follow(&last, &layout, 3).expect("follows").gate;
         assert!(!gate.admits_device("F") && !gate.wired("F", 0));
         assert!(gate.admits_device("G") && gate.wired("G", 0));
         assert_eq!(gate.devices(), BTreeSet::from(["G"]));
@@ -379,7 +404,7 @@ mod tests {
         let (topology, layout) = parse(&whole);
         let gate = Gatekeeper::load(&keys, &topology, &layout).expect("loads");
         std::fs::remove_file(keys.join(Principal::Device("G").file_name())).expect("rm");
-        let followed = gate.follow(&topology, &layout).expect("follows");
+        let followed = gate.follow(&topology, &layout, 2).expect("follows");
         assert!(followed.gate.admits_device("F"));
         assert!(!followed.gate.admits_device("G"));
         assert_eq!(followed.unreadable.len(), 1);

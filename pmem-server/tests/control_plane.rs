@@ -276,6 +276,7 @@ fn a_device_the_map_adds_may_connect_and_one_it_removes_is_cut_off() {
     )
     .expect("server");
     let data = server.addr("nic.n0");
+    let data_dir = dir.path().join("data");
     let device = |name: &str, key| {
         let mut conn = Conn::connect(data);
         conn.authenticate(Role::FabricDevice, name, key).map(|()| conn)
@@ -312,10 +313,15 @@ fn a_device_the_map_adds_may_connect_and_one_it_removes_is_cut_off() {
     );
     let mut g = device("G", g_key).expect("G is in the map now");
     assert_eq!(write_for_c(&mut g, b"by G"), Status::Ok);
+    let r1 = g.map().entries[0];
+    let r1_key = r1.key;
     assert_eq!(write_for_c(&mut f, b"by F"), Status::Ok, "F kept its link");
+    assert_eq!(write_for_c(&mut g, b"by G"), Status::Ok);
 
-    // Epoch 3 removes F: its open link is refused and closed, it cannot
-    // connect again; G goes on.
+    // Epoch 3 removes F: on its open link nothing runs any more (a request
+    // is answered STALE_MAP with epoch 3, for its client to move to that
+    // map and another path), it gets no region key, and F cannot connect
+    // again; G goes on.
     put_map(&etcd, 3, only_g.topology);
     wait_for_log(&server, "map epoch=3 applied");
     assert!(
@@ -325,9 +331,18 @@ fn a_device_the_map_adds_may_connect_and_one_it_removes_is_cut_off() {
         "{}",
         server.stderr_so_far()
     );
-    let refused = f.call(Repr::read(Target::Pmem(topology::PmemAddr(0)), proto::AccessKey::NONE, 8));
-    assert_eq!(refused.status, Status::UnknownClient);
-    assert!(f.try_recv().is_none(), "F's link is closed");
+    let stale = f.call(Repr {
+        on_behalf: Some(0),
+        ..Repr::write(Target::Pmem(r1.start), r1_key, b"late")
+    });
+    assert_eq!((stale.status, stale.value), (Status::StaleMap, 3));
+    assert_eq!(testkit::file_bytes(&data_dir, "R1", 0, 4), b"by G", "nothing ran");
+    let tag = f.send(&proto::Message::MapRequest);
+    let refused = f.recv();
+    assert_eq!(
+        (refused.tag, refused.status, refused.value),
+        (tag, Status::StaleMap, 3)
+    );
     assert_eq!(
         device("F", f_key).err(),
         Some(OpeningError::Refused(Status::UnknownClient))
