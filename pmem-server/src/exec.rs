@@ -276,7 +276,6 @@ impl Executor {
         }))
     }
 
-
     /// A new connection's standing with the gate.
     pub fn new_session(&self) -> Session {
         if self.gate.is_some() {
@@ -477,11 +476,9 @@ impl Executor {
                     gate::answer_proof(key, *role, name, self.server.as_str(), *nonce, &proof)
                 });
                 let proven = match role {
-                    Role::FabricDevice => gate
-                        .admits_device(name)
-                        .then(|| Session::ProvenDevice {
-                            device: name.clone(),
-                        }),
+                    Role::FabricDevice => gate.admits_device(name).then(|| Session::ProvenDevice {
+                        device: name.clone(),
+                    }),
                     Role::Admin => Some(Session::ProvenOperator),
                     Role::Client => gate
                         .client_number(name)

@@ -268,7 +268,14 @@ fn a_device_the_map_adds_may_connect_and_one_it_removes_is_cut_off() {
     load_map(&etcd, only_f.topology);
     let server = Daemon::spawn(
         DaemonSpec::new(PMEM_SERVER)
-            .args(["--etcd", &etcd.endpoint(), "--pool", "test", "--server", "S"])
+            .args([
+                "--etcd",
+                &etcd.endpoint(),
+                "--pool",
+                "test",
+                "--server",
+                "S",
+            ])
             .args(["--admin", "127.0.0.1:0", "--secrets"])
             .arg(&secrets)
             .arg("--data-dir")
@@ -279,7 +286,8 @@ fn a_device_the_map_adds_may_connect_and_one_it_removes_is_cut_off() {
     let data_dir = dir.path().join("data");
     let device = |name: &str, key| {
         let mut conn = Conn::connect(data);
-        conn.authenticate(Role::FabricDevice, name, key).map(|()| conn)
+        conn.authenticate(Role::FabricDevice, name, key)
+            .map(|()| conn)
     };
     // A write for client c (number 0) through a device; its status.
     let write_for_c = |conn: &mut Conn, what: &[u8]| {
@@ -336,7 +344,11 @@ fn a_device_the_map_adds_may_connect_and_one_it_removes_is_cut_off() {
         ..Repr::write(Target::Pmem(r1.start), r1_key, b"late")
     });
     assert_eq!((stale.status, stale.value), (Status::StaleMap, 3));
-    assert_eq!(testkit::file_bytes(&data_dir, "R1", 0, 4), b"by G", "nothing ran");
+    assert_eq!(
+        testkit::file_bytes(&data_dir, "R1", 0, 4),
+        b"by G",
+        "nothing ran"
+    );
     let tag = f.send(&proto::Message::MapRequest);
     let refused = f.recv();
     assert_eq!(

@@ -112,7 +112,12 @@ mod tests {
             .into_iter()
             .map(|c| (c.daemon, c.epoch))
             .collect();
-        let want = [("worker c1", 1), ("worker c1", 2), ("worker c1", 3), ("worker c2", 2)];
+        let want = [
+            ("worker c1", 1),
+            ("worker c1", 2),
+            ("worker c1", 3),
+            ("worker c2", 2),
+        ];
         let want: Vec<(String, u64)> = want.iter().map(|(w, e)| ((*w).to_owned(), *e)).collect();
         assert_eq!(seen, want);
     }

@@ -1129,7 +1129,7 @@ fn spawn_worker(
 
 /// For each server added under the run: how long after the change was
 /// committed in etcd each running worker first had a request served by a
-/// region it brought (`map change -> first use`), or that it had none.
+/// region it brought (`map change → first use`), or that it had none.
 fn first_use_notes(fabric: &Fabric, workers: &[WorkerProcess]) -> Vec<String> {
     let added = fabric
         .map_changes()
@@ -1149,12 +1149,16 @@ fn first_use_notes(fabric: &Fabric, workers: &[WorkerProcess]) -> Vec<String> {
                 })
                 .collect();
             format!(
-                "map change -> first use: server {} added at epoch {}; from the change \
+                "map change → first use: server {} added at epoch {}; from the change \
                  committed in etcd to the first request a running worker had served by its \
-                 regions: {}",
+                 regions: {} (the testbed started the server after the change; it was ready \
+                 and every device linked to it {} ms after the change)",
                 change.id,
                 change.epoch,
-                seen.join(", ")
+                seen.join(", "),
+                change
+                    .settled_unix_ms
+                    .saturating_sub(change.committed_unix_ms)
             )
         })
         .collect()

@@ -330,11 +330,12 @@ fn chaos_add_server_under_the_workload_brings_the_held_back_server_in() {
     assert_workers_followed(&report, 2);
     let first_use = notes(&report)
         .into_iter()
-        .find(|n| n.starts_with("map change -> first use: server B added at epoch 2"))
+        .find(|n| n.starts_with("map change → first use: server B added at epoch 2"))
         .unwrap_or_else(|| panic!("no first-use note: {report:#}"));
     for worker in ["c1", "c2"] {
         assert!(
-            first_use.contains(&format!("{worker} ")) && !first_use.contains(&format!("{worker} none")),
+            first_use.contains(&format!("{worker} "))
+                && !first_use.contains(&format!("{worker} none")),
             "{first_use}"
         );
     }

@@ -23,6 +23,9 @@ pub struct MapChange {
     /// When etcd had committed the change (Unix milliseconds), before the
     /// daemon was started or stopped.
     pub committed_unix_ms: u64,
+    /// When the change was carried out (Unix milliseconds): an added
+    /// daemon ready and the links to it up, a removed one stopped.
+    pub settled_unix_ms: u64,
 }
 
 impl Fabric {
@@ -80,6 +83,7 @@ impl Fabric {
             id: held.id,
             added: true,
             committed_unix_ms,
+            settled_unix_ms: crate::first_use::unix_ms_now(),
         };
         self.changes.push(change.clone());
         Ok(change)
@@ -113,6 +117,7 @@ impl Fabric {
             id: id.to_owned(),
             added: false,
             committed_unix_ms,
+            settled_unix_ms: crate::first_use::unix_ms_now(),
         };
         self.changes.push(change.clone());
         Ok(change)
