@@ -432,6 +432,18 @@ fn namespaces_usable() -> bool {
 }
 
 #[test]
+fn chaos_add_server_in_network_namespaces_workers_follow_over_their_management_links() {
+    if !namespaces_usable() {
+        return;
+    }
+    let (out, report, _run, _dir) = chaos_on_etcd("add-server", &["--net", "netns"]);
+    assert_changed_under_load("add-server", &out, &report);
+    // Each worker, in its client's namespace, reached etcd over its own
+    // management link and followed the change.
+    assert_workers_followed(&report, 2);
+}
+
+#[test]
 fn up_in_network_namespaces_on_three_etcd_members_and_down_again() {
     if !namespaces_usable() {
         return;
