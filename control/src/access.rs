@@ -48,6 +48,16 @@ pub fn daemon_file(dir: &Path, role: Role, name: &str) -> PathBuf {
     dir.join(format!("{role}.{name}.etcd"))
 }
 
+/// The etcd user (and role) of client `name`: it may read the map only.
+pub fn client_user(pool: &str, name: &str) -> String {
+    format!("pmem-fabric.{pool}.client.{name}")
+}
+
+/// The credentials file of client `name` in such a folder.
+pub fn client_file(dir: &Path, name: &str) -> PathBuf {
+    dir.join(format!("client.{name}.etcd"))
+}
+
 /// The root's credentials file in such a folder.
 pub fn root_file(dir: &Path) -> PathBuf {
     dir.join("root.etcd")
@@ -195,6 +205,33 @@ pub fn secure_blocking(
         .build()
         .map_err(|source| ControlError::Runtime { source })?
         .block_on(secure(endpoints, pool, daemons, root))
+}
+
+/// Makes (or refreshes) a user for each of pool `pool`'s `clients`, each
+/// with a fresh password, as `root` (authentication is on already): a
+/// client may read the map, to open the pool and follow it, and nothing
+/// else. Returns each client's name and credentials.
+pub async fn secure_clients(
+    endpoints: &Endpoints,
+    pool: &str,
+    clients: &[String],
+    root: &Credentials,
+) -> Result<Vec<(String, Credentials)>, ControlError> {
+    let keys = Keys::of(pool);
+    let options = ConnectOptions::new().with_user(root.user(), root.password());
+    let mut client = Client::connect(endpoints.urls(), Some(options))
+        .await
+        .map_err(|source| ControlError::Unreachable {
+            endpoints: endpoints.clone(),
+            source,
+        })?;
+    let mut users = Vec::new();
+    for name in clients {
+        let creds = Credentials::new(client_user(pool, name), fresh_password()?);
+        add_user(&mut client, &creds, &[Permission::read(keys.map())]).await?;
+        users.push((name.clone(), creds));
+    }
+    Ok(users)
 }
 
 /// Makes `creds`'s user with a role of the same name holding `grants`;

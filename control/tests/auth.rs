@@ -125,6 +125,48 @@ async fn only_the_operator_changes_the_map_and_a_daemon_writes_only_its_own_live
 }
 
 #[tokio::test]
+async fn a_client_reads_the_map_and_changes_nothing() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (_etcd, endpoints, made) = secured(dir.path()).await;
+    let mut operator = ControlPlane::connect(&endpoints, "test", Some(&made.operator))
+        .await
+        .expect("operator connects");
+    let first = operator.init(&default_topology()).await.expect("init");
+    let root = made.root.as_ref().expect("root");
+    let clients = access::secure_clients(&endpoints, "test", &["c1".to_owned()], root)
+        .await
+        .expect("client users");
+    assert_eq!(clients.len(), 1);
+    let (name, c1) = &clients[0];
+    assert_eq!(name, "c1");
+    assert_eq!(c1.user(), access::client_user("test", "c1"));
+
+    let mut client = ControlPlane::connect(&endpoints, "test", Some(c1))
+        .await
+        .expect("the client connects");
+    assert_eq!(client.read_map().await.expect("it reads the map"), first);
+    let err = client
+        .change_map(&first, &default_topology())
+        .await
+        .expect_err("a client changes no map");
+    assert!(
+        matches!(err, ControlError::PermissionDenied { .. }),
+        "{err}"
+    );
+    let err = client.intents().await.expect_err("nor reads intents");
+    assert!(
+        matches!(err, ControlError::PermissionDenied { .. }),
+        "{err}"
+    );
+    let me = Member::this_process(Role::Server, "A", "127.0.0.1:9100", 1);
+    let err = client.register(&me, 5).await.expect_err("nor is a member");
+    assert!(
+        matches!(err, ControlError::PermissionDenied { .. }),
+        "{err}"
+    );
+}
+
+#[tokio::test]
 async fn without_or_with_wrong_credentials_etcd_says_which_to_pass() {
     let dir = tempfile::tempdir().expect("temp dir");
     let (_etcd, endpoints, made) = secured(dir.path()).await;

@@ -6,7 +6,7 @@
 //! COMPARE_SWAP / FETCH_ADD that ask for exactly-once execution.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
 use proto::auth::NONCE_LEN;
@@ -19,7 +19,7 @@ use proto::{AccessKey, Message, Opcode, Status};
 use topology::{CachePolicy, Layout, RegionIndex, ServerId};
 
 use crate::dedup::{Attempt, Dedup, DedupError, DedupTable, Intent, Refusal, RequestDigest, Word};
-use crate::gate::{self, Gatekeeper, Session};
+use crate::gate::{self, Followed, FollowedPrincipals, Gatekeeper, Session};
 use crate::metrics::ServerMetrics;
 use crate::persist::PersistError;
 use crate::region_file::HEADER_LEN;
@@ -27,6 +27,7 @@ use crate::served_region::ServedRegion;
 use crate::tenancy::{Asker, Tenancy};
 
 mod fencing;
+mod revocation;
 
 /// The protocol version this server speaks.
 pub use proto::PROTOCOL_VERSION;
@@ -125,8 +126,9 @@ pub struct Executor {
     /// Held while a region key is being rotated, so rotations never race.
     rotation: Mutex<()>,
     metrics: Arc<ServerMetrics>,
-    /// With `--secrets`: who may connect, and the proof they owe.
-    gate: Option<Gatekeeper>,
+    /// With `--secrets`: who may connect, and the proof they owe; replaced
+    /// as a whole when a new map names other principals.
+    gate: Option<RwLock<Gatekeeper>>,
     /// Who may change the allocator's records, and zeroing of extents.
     tenancy: Tenancy,
     /// The epoch of the cluster map the server runs; 0 on a topology file.
@@ -231,8 +233,47 @@ impl Executor {
 
     /// Requires every connection to prove its principal's key first.
     pub fn with_gate(mut self, gate: Gatekeeper) -> Self {
-        self.gate = Some(gate);
+        self.gate = Some(RwLock::new(gate));
         self
+    }
+
+    /// The gatekeeper now, with `--secrets`.
+    fn gate(&self) -> Option<RwLockReadGuard<'_, Gatekeeper>> {
+        let gate = self.gate.as_ref()?;
+        Some(gate.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// With `--secrets`: builds the gatekeeper again for `topology` (the
+    /// map at `epoch`: who may connect, whom each device acts for, the
+    /// clients' grants), keys from the same folder, and puts it in place
+    /// for every connection's next frame. A device proven before that the
+    /// new map no longer names is revoked at its next frame (see
+    /// `Session::Revoked`). Returns what
+    /// was built (its devices, and those whose key could not be read), or
+    /// `None` without `--secrets`.
+    pub fn follow_principals(
+        &self,
+        topology: &topology::Topology,
+        layout: &Layout,
+        epoch: u64,
+    ) -> Option<Result<FollowedPrincipals, topology::secrets::SecretError>> {
+        let slot = self.gate.as_ref()?;
+        let followed = match self.gate()?.follow(topology, layout, epoch) {
+            Ok(followed) => followed,
+            Err(e) => return Some(Err(e)),
+        };
+        let Followed { gate, unreadable } = followed;
+        let devices = gate.devices().into_iter().map(str::to_owned).collect();
+        let dir = gate.dir().to_path_buf();
+        let mut current = slot.write().unwrap_or_else(PoisonError::into_inner);
+        let before = current.devices().into_iter().map(str::to_owned).collect();
+        *current = gate;
+        Some(Ok(FollowedPrincipals {
+            dir,
+            before,
+            devices,
+            unreadable,
+        }))
     }
 
     /// A new connection's standing with the gate.
@@ -287,6 +328,12 @@ impl Executor {
         frame: &[u8],
         out: &mut Vec<u8>,
     ) -> Result<Flow, proto::Error> {
+        if let Some(epoch) = self.revoked_at(session) {
+            *session = Session::Revoked { epoch };
+        }
+        if let Session::Revoked { epoch } = *session {
+            return Ok(self.answer_revoked(epoch, frame, out));
+        }
         match proto::parse_frame(frame) {
             Ok((Message::MapEpoch(epoch), tag)) if session.admits() => {
                 self.map_epoch(said, epoch, tag, out);
@@ -341,10 +388,10 @@ impl Executor {
     /// authentication, a request is held to the grants of the client it is
     /// for.
     fn authorize(&self, session: &Session, req: &request::Repr<'_>) -> Option<&'static str> {
-        let gate = self.gate.as_ref()?;
+        let gate = self.gate()?;
         let number = match (session, req.on_behalf) {
             (Session::Open, _) => return None,
-            (Session::ProvenDevice { device }, Some(number)) if gate.wired(*device, number) => {
+            (Session::ProvenDevice { device }, Some(number)) if gate.wired(device, number) => {
                 number
             }
             (Session::ProvenDevice { .. }, Some(_)) => return Some("unwired_client"),
@@ -390,7 +437,7 @@ impl Executor {
         tag: u64,
         out: &mut Vec<u8>,
     ) -> Flow {
-        let Some(gate) = &self.gate else {
+        let Some(gate) = self.gate() else {
             return Flow::Continue;
         };
         let refuse = |reason: &str, opcode, status, out: &mut Vec<u8>| {
@@ -429,9 +476,9 @@ impl Executor {
                     gate::answer_proof(key, *role, name, self.server.as_str(), *nonce, &proof)
                 });
                 let proven = match role {
-                    Role::FabricDevice => gate
-                        .device_number(name)
-                        .map(|device| Session::ProvenDevice { device }),
+                    Role::FabricDevice => gate.admits_device(name).then(|| Session::ProvenDevice {
+                        device: name.clone(),
+                    }),
                     Role::Admin => Some(Session::ProvenOperator),
                     Role::Client => gate
                         .client_number(name)
@@ -515,11 +562,12 @@ impl Executor {
     /// every other key is 0.
     fn map_for(&self, session: &Session) -> proto::map::Repr {
         let mut map = self.layout.to_map();
+        let gate = self.gate();
         for entry in &mut map.entries {
             let Some(region) = self.region(entry.region) else {
                 continue;
             };
-            let given = match (session, &self.gate) {
+            let given = match (session, &gate) {
                 (Session::Open | Session::ProvenDevice { .. }, _) => true,
                 (Session::ProvenClient { number }, Some(gate)) => {
                     gate.reaches(*number, entry.start, entry.len)

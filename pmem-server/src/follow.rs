@@ -5,6 +5,11 @@
 //! them back, and records the epoch in its liveness record and metrics and
 //! in the executor, which fences connections by it.
 //!
+//! With `--secrets` it also takes the principals from each new map: a fabric
+//! device the map adds may connect (its key read from the keys' folder), one
+//! it removes no longer may, and each client's grants and wiring are the
+//! map's. Secrets never come from etcd, only who exists.
+//!
 //! Regions a new map adds to this server are not served until it restarts
 //! (their files are created at start).
 
@@ -15,7 +20,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use control::{MapUpdate, MapWatch, Registration};
-use topology::{RegionId, ServerId, Topology};
+use topology::{Layout, RegionId, ServerId, Topology};
 use tracing::{info, warn};
 
 use crate::exec::Executor;
@@ -113,8 +118,54 @@ fn apply(server: &ServerId, executor: &Executor, update: &MapUpdate, running: u6
             info!("map epoch={epoch} places region {id} on this server again: serving it");
         }
     }
-    // Connections are judged against the new epoch once its regions are.
+    follow_principals(executor, &update.topology, epoch);
+    // Connections are judged against the new epoch once its regions and
+    // principals are.
     executor.set_epoch(epoch);
     executor.metrics().map.applied(update);
     info!("map epoch={epoch} applied (was epoch={running})");
+}
+
+/// With `--secrets`: admits the principals of the map at `epoch` (see
+/// [`Executor::follow_principals`]) and says which devices came and went.
+fn follow_principals(executor: &Executor, topology: &Topology, epoch: u64) {
+    let layout = match Layout::new(topology) {
+        Ok(layout) => layout,
+        Err(e) => {
+            warn!(
+                "map epoch={epoch}: cannot lay the map out ({}); the principals of the last \
+                 map stay",
+                telemetry::logging::error_chain(&e)
+            );
+            return;
+        }
+    };
+    let followed = match executor.follow_principals(topology, &layout, epoch) {
+        None => return,
+        Some(Ok(followed)) => followed,
+        Some(Err(e)) => {
+            warn!(
+                "map epoch={epoch}: cannot read the principals' keys ({}); the principals of \
+                 the last map stay",
+                telemetry::logging::error_chain(&e)
+            );
+            return;
+        }
+    };
+    let dir = followed.dir.display();
+    for device in followed.added() {
+        info!("map epoch={epoch}: fabric device {device} may connect (its key from {dir})");
+    }
+    for device in followed.revoked() {
+        warn!(
+            "map epoch={epoch}: fabric device {device} is no longer in the map: its key is \
+             dropped; its open links are answered STALE_MAP, nothing runs for them"
+        );
+    }
+    for (device, why) in &followed.unreadable {
+        warn!(
+            "map epoch={epoch}: fabric device {device} cannot connect: {}",
+            telemetry::logging::error_chain(why)
+        );
+    }
 }

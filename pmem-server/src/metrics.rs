@@ -127,7 +127,8 @@ impl ServerMetrics {
             auth_failures: r.counter_family(
                 "pmem_server_auth_failures_total",
                 "Connections closed because the peer did not prove its key (with --secrets), \
-                 by reason: unknown principal, bad proof, or anything sent before the proof.",
+                 by reason: unknown principal, bad proof, anything sent before the proof, or \
+                 revoked (a fabric device proven before that a new map no longer names).",
                 &["reason"],
             )?,
             denied: r.counter_family(

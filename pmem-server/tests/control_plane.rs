@@ -238,3 +238,138 @@ fn a_connection_on_an_older_epoch_is_refused_stale_map_and_nothing_runs() {
     assert_eq!(conn.call(write(b"two")).status, Status::Ok);
     assert_eq!(testkit::file_bytes(&data, "R1", 0, 3), b"two");
 }
+
+#[test]
+fn a_device_the_map_adds_may_connect_and_one_it_removes_is_cut_off() {
+    use proto::Status;
+    use proto::hello::Role;
+    use proto::opening::OpeningError;
+    use proto::request::{Repr, Target};
+    use topology::secrets::{Principal, write_key};
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let etcd = Etcd::start(dir.path()).unwrap_or_else(|e| panic!("etcd: {e}"));
+    // Server S, devices F and G, client c wired to both. Epoch 1 names F
+    // only; epoch 2 adds G; epoch 3 removes F.
+    let both = testkit::FabricSpec::new()
+        .server("S", &[("R1", "4MiB")])
+        .device("F")
+        .device("G")
+        .client("c")
+        .write(dir.path(), "fabric.toml", &mut testkit::Ports::new());
+    let both = std::fs::read_to_string(both).expect("topology");
+    let only_f = control::edit::remove_device(&both, "G").expect("without G");
+    let only_g = control::edit::remove_device(&both, "F").expect("without F");
+    let secrets = dir.path().join("keys");
+    std::fs::create_dir_all(&secrets).expect("keys folder");
+    let (f_key, g_key) = ([0xF1; 32], [0x61; 32]);
+    write_key(&secrets, Principal::Device("F"), &f_key).expect("F's key");
+    write_key(&secrets, Principal::Device("G"), &g_key).expect("G's key");
+    load_map(&etcd, only_f.topology);
+    let server = Daemon::spawn(
+        DaemonSpec::new(PMEM_SERVER)
+            .args([
+                "--etcd",
+                &etcd.endpoint(),
+                "--pool",
+                "test",
+                "--server",
+                "S",
+            ])
+            .args(["--admin", "127.0.0.1:0", "--secrets"])
+            .arg(&secrets)
+            .arg("--data-dir")
+            .arg(dir.path().join("data")),
+    )
+    .expect("server");
+    let data = server.addr("nic.n0");
+    let data_dir = dir.path().join("data");
+    let device = |name: &str, key| {
+        let mut conn = Conn::connect(data);
+        conn.authenticate(Role::FabricDevice, name, key)
+            .map(|()| conn)
+    };
+    // A write for client c (number 0) through a device; its status.
+    let write_for_c = |conn: &mut Conn, what: &[u8]| {
+        let key = conn.map().entries[0].key;
+        let start = conn.map().entries[0].start;
+        conn.call(Repr {
+            on_behalf: Some(0),
+            ..Repr::write(Target::Pmem(start), key, what)
+        })
+        .status
+    };
+
+    // Epoch 1: G has a key file but is not in the map.
+    assert_eq!(
+        device("G", g_key).err(),
+        Some(OpeningError::Refused(Status::UnknownClient))
+    );
+    let mut f = device("F", f_key).expect("F is in the map");
+    assert_eq!(write_for_c(&mut f, b"by F"), Status::Ok);
+
+    // Epoch 2 adds G: it connects and acts for the client wired to it,
+    // without a restart of the server.
+    put_map(&etcd, 2, both);
+    wait_for_log(&server, "map epoch=2 applied");
+    assert!(
+        server
+            .stderr_so_far()
+            .contains("map epoch=2: fabric device G may connect"),
+        "{}",
+        server.stderr_so_far()
+    );
+    let mut g = device("G", g_key).expect("G is in the map now");
+    assert_eq!(write_for_c(&mut g, b"by G"), Status::Ok);
+    let r1 = g.map().entries[0];
+    let r1_key = r1.key;
+    assert_eq!(write_for_c(&mut f, b"by F"), Status::Ok, "F kept its link");
+    assert_eq!(write_for_c(&mut g, b"by G"), Status::Ok);
+
+    // Epoch 3 removes F: on its open link nothing runs any more (a request
+    // is answered STALE_MAP with epoch 3, for its client to move to that
+    // map and another path), it gets no region key, and F cannot connect
+    // again; G goes on.
+    put_map(&etcd, 3, only_g.topology);
+    wait_for_log(&server, "map epoch=3 applied");
+    assert!(
+        server
+            .stderr_so_far()
+            .contains("fabric device F is no longer in the map"),
+        "{}",
+        server.stderr_so_far()
+    );
+    let stale = f.call(Repr {
+        on_behalf: Some(0),
+        ..Repr::write(Target::Pmem(r1.start), r1_key, b"late")
+    });
+    assert_eq!((stale.status, stale.value), (Status::StaleMap, 3));
+    assert_eq!(
+        testkit::file_bytes(&data_dir, "R1", 0, 4),
+        b"by G",
+        "nothing ran"
+    );
+    let tag = f.send(&proto::Message::MapRequest);
+    let refused = f.recv();
+    assert_eq!(
+        (refused.tag, refused.status, refused.value),
+        (tag, Status::StaleMap, 3)
+    );
+    assert_eq!(
+        device("F", f_key).err(),
+        Some(OpeningError::Refused(Status::UnknownClient))
+    );
+    assert_eq!(write_for_c(&mut g, b"by G"), Status::Ok);
+    let (_, metrics) =
+        telemetry::http_get(server.addr("admin"), "/metrics", Duration::from_secs(5))
+            .expect("metrics");
+    assert_eq!(
+        telemetry::metric_sum(
+            &metrics,
+            "pmem_server_auth_failures_total",
+            "reason=\"revoked\""
+        ),
+        Some(1.0),
+        "{metrics}"
+    );
+}

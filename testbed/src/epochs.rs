@@ -1,5 +1,6 @@
 //! Sampling each daemon's map epoch during a run: its `*_map_epoch` gauge
-//! from its `/metrics` (the epoch it runs), kept only when it changes.
+//! from its `/metrics` (the epoch it runs), kept only when it changes; and
+//! each worker's, as the worker says it (a client on etcd).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -64,14 +65,27 @@ impl EpochSampler {
                 continue;
             };
             let daemon = format!("{} {}", endpoint.kind.program(), endpoint.id);
-            if self.last.get(&daemon) != Some(&epoch) {
-                self.changes.push(EpochChange {
-                    daemon: daemon.clone(),
-                    at_s: start.elapsed().as_secs_f64(),
-                    epoch,
-                });
-                self.last.insert(daemon, epoch);
-            }
+            self.note(&daemon, epoch, start);
+        }
+    }
+
+    /// [`EpochSampler::sample`] at once, whenever the last round was: the
+    /// last look at the end of a run.
+    pub fn sample_now(&mut self, fabric: &Fabric, start: Instant) {
+        self.next = None;
+        self.sample(fabric, start);
+    }
+
+    /// Records that `who` runs `epoch` now, if that is a change; times
+    /// count from `start`.
+    pub fn note(&mut self, who: &str, epoch: u64, start: Instant) {
+        if self.last.get(who) != Some(&epoch) {
+            self.changes.push(EpochChange {
+                daemon: who.to_owned(),
+                at_s: start.elapsed().as_secs_f64(),
+                epoch,
+            });
+            self.last.insert(who.to_owned(), epoch);
         }
     }
 
@@ -84,6 +98,29 @@ impl EpochSampler {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_changes_of_an_epoch_are_kept() {
+        let start = Instant::now();
+        let mut sampler = EpochSampler::new();
+        for epoch in [1, 1, 2, 2, 2, 3] {
+            sampler.note("worker c1", epoch, start);
+        }
+        sampler.note("worker c2", 2, start);
+        let seen: Vec<(String, u64)> = sampler
+            .finish()
+            .into_iter()
+            .map(|c| (c.daemon, c.epoch))
+            .collect();
+        let want = [
+            ("worker c1", 1),
+            ("worker c1", 2),
+            ("worker c1", 3),
+            ("worker c2", 2),
+        ];
+        let want: Vec<(String, u64)> = want.iter().map(|(w, e)| ((*w).to_owned(), *e)).collect();
+        assert_eq!(seen, want);
+    }
 
     #[test]
     fn the_epoch_gauge_is_read_from_either_daemons_exposition() {

@@ -9,9 +9,10 @@
 //! in network namespaces of their own: killing a member (or the leader)
 //! is what the chaos scenarios need, and a partition between members is
 //! not one of them. With `--net netns` every member also takes clients on
-//! the root end of each daemon's management link, so a daemon in its
-//! namespace reaches etcd over its own management link and nothing else
-//! (clients' namespaces have no route to it).
+//! the root end of each host's management link, so a daemon or a client in
+//! its namespace reaches etcd over its own management link and nothing else
+//! of the host. Clients (the workers) open the pool on etcd as an etcd user
+//! of their own that may read the map only.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -110,10 +111,19 @@ pub enum EtcdControlError {
     Edit(#[source] Box<EditError>),
 }
 
-/// Where each daemon reaches etcd from: the local address (the root end of
-/// its management link) for daemons in network namespaces; a daemon not
-/// named reaches it on loopback.
-pub type DaemonReach = BTreeMap<(Role, String), IpAddr>;
+/// A host that reaches etcd: a daemon, or a client.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Reacher {
+    /// A server or fabric device, by its role and id.
+    Daemon(Role, String),
+    /// A client, by its id.
+    Client(String),
+}
+
+/// Where each host reaches etcd from: the local address (the root end of
+/// its management link) for hosts in network namespaces; a host not named
+/// reaches it on loopback.
+pub type EtcdReach = BTreeMap<Reacher, IpAddr>;
 
 /// The role the control plane gives a daemon kind.
 pub fn role_of(kind: DaemonKind) -> Role {
@@ -131,8 +141,8 @@ pub struct EtcdControl {
     pool: String,
     credentials: PathBuf,
     operator: Credentials,
-    /// Each daemon's endpoints when it does not reach etcd on loopback.
-    reach: BTreeMap<(Role, String), Endpoints>,
+    /// Each host's endpoints when it does not reach etcd on loopback.
+    reach: BTreeMap<Reacher, Endpoints>,
     /// The members a fault killed, to restart.
     killed: Vec<usize>,
 }
@@ -148,7 +158,7 @@ fn runtime() -> Result<tokio::runtime::Runtime, EtcdControlError> {
 impl EtcdControl {
     /// Starts `members` etcd members under `run_dir/etcd` (also taking
     /// clients on every address of `reach`), sets up a user for every
-    /// daemon of `topology` (credentials files in
+    /// daemon and client of `topology` (credentials files in
     /// `run_dir/etcd-credentials`), turns authentication on and loads
     /// `map_text` (the TOML of `topology`, or of part of it) as the pool's
     /// map, at epoch 1, as its operator.
@@ -157,7 +167,7 @@ impl EtcdControl {
         map_text: &str,
         members: usize,
         run_dir: &Path,
-        reach: &DaemonReach,
+        reach: &EtcdReach,
     ) -> Result<Self, EtcdControlError> {
         let dir = run_dir.join("etcd");
         let mut hosts: Vec<IpAddr> = reach.values().copied().collect();
@@ -178,14 +188,25 @@ impl EtcdControl {
         let pool = topology.pool.name.clone();
         let credentials = std::path::absolute(run_dir.join("etcd-credentials"))
             .map_err(EtcdControlError::Runtime)?;
-        let made: PoolCredentials = runtime()?.block_on(async {
-            let made = access::secure(&endpoints, &pool, &daemons(topology), None).await?;
+        let clients: Vec<String> = topology.clients.iter().map(|c| c.id.to_string()).collect();
+        let (made, client_users) = runtime()?.block_on(async {
+            let made: PoolCredentials =
+                access::secure(&endpoints, &pool, &daemons(topology), None).await?;
+            let client_users = match &made.root {
+                Some(root) => access::secure_clients(&endpoints, &pool, &clients, root).await?,
+                None => Vec::new(),
+            };
             let mut operator =
                 ControlPlane::connect(&endpoints, &pool, Some(&made.operator)).await?;
             operator.init(map_text).await?;
-            Ok::<_, ControlError>(made)
+            Ok::<_, ControlError>((made, client_users))
         })?;
         made.write_to(&credentials)?;
+        for (client, creds) in &client_users {
+            creds
+                .write(&access::client_file(&credentials, client))
+                .map_err(ControlError::from)?;
+        }
         if let Some(root) = &made.root {
             for member in &mut cluster {
                 member.set_root(root.user(), root.password());
@@ -225,8 +246,26 @@ impl EtcdControl {
     /// The etcd endpoints daemon `kind` `id` reaches.
     pub fn endpoints_for(&self, kind: DaemonKind, id: &str) -> &Endpoints {
         self.reach
-            .get(&(role_of(kind), id.to_owned()))
+            .get(&Reacher::Daemon(role_of(kind), id.to_owned()))
             .unwrap_or(&self.endpoints)
+    }
+
+    /// The flags that open the pool on this etcd as client `client` (a
+    /// worker), as its own etcd user, on endpoints it reaches: what
+    /// `testbed worker` takes instead of `--config`.
+    pub fn client_args(&self, client: &str) -> Vec<OsString> {
+        let endpoints = self
+            .reach
+            .get(&Reacher::Client(client.to_owned()))
+            .unwrap_or(&self.endpoints);
+        vec![
+            "--etcd".into(),
+            endpoints.to_string().into(),
+            "--pool".into(),
+            self.pool.clone().into(),
+            "--etcd-credentials".into(),
+            access::client_file(&self.credentials, client).into(),
+        ]
     }
 
     /// The flags that put daemon `kind` `id` on this etcd, as its own user,

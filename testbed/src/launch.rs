@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use client_vmm::{AllocError, Allocator, AsyncPool, error_chain};
 use topology::Topology;
 
-use crate::etcd::{Control, DaemonReach, EtcdControl, EtcdControlError};
+use crate::etcd::{Control, EtcdControl, EtcdControlError, EtcdReach, Reacher};
 use crate::guest_server::{GuestPaths, GuestServer, GuestServerError, guest_address};
 use crate::lab::{LabError, LabNet};
 use crate::membership::{HeldBack, MembershipError};
@@ -175,8 +175,9 @@ pub enum LaunchError {
     /// The servers refuse a device added to the map under them.
     #[error(
         "fabric device {id} was added to the map but the servers refuse its links \
-         (UNKNOWN_CLIENT in {log}): a pmem-server reads the fabric devices' keys once, from \
-         the map it starts on, so it knows an added device only after its restart"
+         (UNKNOWN_CLIENT in {log}): each pmem-server must follow the map (one built before \
+         servers took principals from new maps knows a device only after its restart) and \
+         find the device's key in its --secrets folder (its log says which it could not read)"
     )]
     AddedDeviceRefused {
         /// The device.
@@ -283,6 +284,8 @@ pub struct Fabric {
     etcd: Option<EtcdControl>,
     /// The daemon kept out of the first map, until it is admitted.
     held: Option<HeldBack>,
+    /// The membership changes made so far.
+    changes: Vec<map_changes::MapChange>,
 }
 
 /// How long a server in a lab guest may take to boot and report ready
@@ -344,7 +347,13 @@ impl Fabric {
             NetMode::Netns => {
                 netns::require_root()?;
                 let prefix = netns::fresh_prefix()?;
-                let (plan, rewritten) = netns::plan(topology, &prefix)?;
+                // On etcd, clients open the pool there: they need a link
+                // to it as the daemons do.
+                let management = match options.control {
+                    Control::File => netns::Management::Daemons,
+                    Control::Etcd { .. } => netns::Management::DaemonsAndClients,
+                };
+                let (plan, rewritten) = netns::plan_managing(topology, &prefix, management)?;
                 let guard = netns::apply(&plan)?;
                 (rewritten, Some((plan, guard)), None)
             }
@@ -404,6 +413,7 @@ impl Fabric {
             secrets,
             etcd,
             held,
+            changes: Vec::new(),
         };
         let servers: Vec<String> = topology.servers.iter().map(|s| s.id.to_string()).collect();
         let devices: Vec<String> = topology
@@ -1080,19 +1090,21 @@ impl Fabric {
     }
 }
 
-/// Where each daemon of `plan` reaches etcd: the root end of its
+/// Where each daemon and client of `plan` reaches etcd: the root end of its
 /// management link.
-fn etcd_reach(plan: &NetPlan) -> DaemonReach {
+fn etcd_reach(plan: &NetPlan) -> EtcdReach {
     plan.links()
         .filter_map(|veth| match &veth.link {
             netns::LinkRef::Mgmt { kind, host } => {
-                let role = match kind {
-                    netns::HostKind::Server => control::Role::Server,
-                    netns::HostKind::FabricDevice => control::Role::Device,
-                    netns::HostKind::Client => return None,
+                let reacher = match kind {
+                    netns::HostKind::Server => Reacher::Daemon(control::Role::Server, host.clone()),
+                    netns::HostKind::FabricDevice => {
+                        Reacher::Daemon(control::Role::Device, host.clone())
+                    }
+                    netns::HostKind::Client => Reacher::Client(host.clone()),
                 };
                 let addr = veth.addr_a.as_deref()?.split('/').next()?.parse().ok()?;
-                Some(((role, host.clone()), addr))
+                Some((reacher, addr))
             }
             _ => None,
         })

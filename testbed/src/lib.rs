@@ -6,7 +6,9 @@
 //!   file or from a real etcd ([`etcd`]).
 //! - [`membership`]: a daemon held back from the first map on etcd, to
 //!   add under the workload; the device that can be removed.
-//! - [`epochs`]: each daemon's map epoch sampled over a run.
+//! - [`epochs`]: each daemon's (and worker's) map epoch sampled over a run.
+//! - [`first_use`]: a worker on etcd watching its pool's epoch and the first
+//!   request served by each region a new epoch brings.
 //! - [`map_follow`]: `testbed map-follow`, the time every daemon takes to
 //!   run a new epoch.
 //! - [`workload`]: what a client worker does and how it verifies.
@@ -23,6 +25,7 @@ pub mod advice;
 pub mod bench;
 pub mod epochs;
 pub mod etcd;
+pub mod first_use;
 pub mod guest_server;
 pub mod keys;
 pub mod lab;

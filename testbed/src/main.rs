@@ -357,8 +357,11 @@ struct ChaosArgs {
 /// The options of `testbed worker`.
 #[derive(Debug, clap::Args)]
 struct WorkerArgs {
-    #[arg(long)]
-    config: PathBuf,
+    /// Where the pool's map comes from: the run's topology file
+    /// (`--config`), or etcd (`--etcd`, `--pool`, `--etcd-credentials`),
+    /// which the worker's pool then follows.
+    #[command(flatten)]
+    map: ::control::MapFlags,
     #[arg(long)]
     client: String,
     #[arg(long)]
@@ -622,11 +625,11 @@ fn demo(duration: f64, reports: PathBuf) -> anyhow::Result<bool> {
 
 fn worker(
     config: WorkerConfig,
-    topology: PathBuf,
+    map: ::control::MapFlags,
     start_unix_ms: u64,
     out: PathBuf,
 ) -> anyhow::Result<()> {
-    let topology = topology::Topology::load(&topology)?;
+    let source = map.source()?;
     let now_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
@@ -638,9 +641,7 @@ fn worker(
         .enable_all()
         .build()?;
     let result = runtime.block_on(async move {
-        let pool = client_vmm::AsyncPool::connect(topology, config.client.as_str())
-            .await
-            .map_err(|e| anyhow::anyhow!(client_vmm::error_chain(&e)))?;
+        let pool = open_pool(source, config.client.as_str()).await?;
         let space = testbed::workload::space::open(&pool)
             .await
             .map_err(|why| anyhow::anyhow!("where the keys live: {why}"))?;
@@ -653,18 +654,27 @@ fn worker(
         println!("{}", testbed::workload::STARTED_LINE);
         let reporter = {
             let progress = std::sync::Arc::clone(&progress);
+            let pool = pool.clone();
             tokio::spawn(async move {
                 loop {
                     tokio::time::sleep(Duration::from_millis(200)).await;
                     println!(
-                        "progress ops={} errors={}",
+                        "progress ops={} errors={} epoch={}",
                         progress.ops.load(std::sync::atomic::Ordering::Relaxed),
-                        progress.errors.load(std::sync::atomic::Ordering::Relaxed)
+                        progress.errors.load(std::sync::atomic::Ordering::Relaxed),
+                        pool.map_epoch()
                     );
                 }
             })
         };
+        // A pool that follows the map: say when regions a new epoch brings
+        // are first served.
+        let prober =
+            (pool.map_epoch() > 0).then(|| testbed::first_use::Prober::start(pool.clone()));
         let result = testbed::workload::run(pool, config, space, run_start, progress).await;
+        if let Some(prober) = prober {
+            prober.finish(Duration::from_secs(30)).await;
+        }
         reporter.abort();
         anyhow::Ok(result)
     })?;
@@ -987,7 +997,7 @@ fn bench(BenchArgs { quick, rounds, out }: BenchArgs) -> anyhow::Result<bool> {
 /// `testbed worker`: one client process of a run.
 fn worker_command(args: WorkerArgs) -> anyhow::Result<bool> {
     let WorkerArgs {
-        config,
+        map,
         client,
         index,
         clients,
@@ -1021,5 +1031,34 @@ fn worker_command(args: WorkerArgs) -> anyhow::Result<bool> {
             .parent()
             .map(|dir| testbed::workload::register::history_path(dir, &client_id)),
     };
-    worker(worker_config, config, start_unix_ms, out).map(|()| true)
+    worker(worker_config, map, start_unix_ms, out).map(|()| true)
+}
+
+/// Opens the pool as `client` from `source`: a topology file, or etcd (the
+/// pool then follows the map). Keys come from `$PMEM_FABRIC_SECRETS`.
+async fn open_pool(
+    source: ::control::MapSource,
+    client: &str,
+) -> anyhow::Result<client_vmm::AsyncPool> {
+    let builder = match source {
+        ::control::MapSource::File(path) => {
+            let topology = topology::Topology::load(&path)?;
+            client_vmm::AsyncPool::builder(topology, client)
+        }
+        ::control::MapSource::Etcd {
+            endpoints,
+            pool,
+            credentials,
+        } => {
+            let builder = client_vmm::AsyncPool::builder_on_etcd(endpoints, &pool, client);
+            match credentials {
+                Some(credentials) => builder.etcd_credentials(credentials),
+                None => builder,
+            }
+        }
+    };
+    builder
+        .connect_async()
+        .await
+        .map_err(|e| anyhow::anyhow!(client_vmm::error_chain(&e)))
 }

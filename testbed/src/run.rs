@@ -539,6 +539,12 @@ struct WorkerProcess {
     errors: Arc<AtomicU64>,
     /// The worker printed [`STARTED_LINE`].
     started: Arc<AtomicBool>,
+    /// The map epoch its pool runs, as it last said (0: a file, or not
+    /// said yet).
+    epoch: Arc<AtomicU64>,
+    /// When it first had a request served by a region a new epoch brought
+    /// (Unix milliseconds; 0: not yet).
+    first_use: Arc<AtomicU64>,
 }
 
 impl WorkerProcess {
@@ -700,6 +706,7 @@ fn execute_in(
         map_epochs: epochs.finish(),
         linearizability: None,
     };
+    report.notes.extend(first_use_notes(&fabric, &workers));
     let (counters, mut verification) = collect(&mut workers, run_dir, &mut report)?;
     check_counters(
         &fabric,
@@ -772,6 +779,12 @@ fn drive(
     loop {
         if options.control != Control::File {
             epochs.sample(fabric, start);
+            for worker in workers.iter() {
+                let epoch = worker.epoch.load(Ordering::Relaxed);
+                if epoch > 0 {
+                    epochs.note(&format!("worker {}", worker.client), epoch, start);
+                }
+            }
         }
         let elapsed = start.elapsed();
         if began.is_none() && workers.iter_mut().all(WorkerProcess::started_or_ended) {
@@ -847,6 +860,9 @@ fn drive(
             bail!("workers did not finish within {limit:?}");
         }
         std::thread::sleep(Duration::from_millis(50));
+    }
+    if options.control != Control::File {
+        epochs.sample_now(fabric, start);
     }
     bar.finish_and_clear();
     Ok(faults)
@@ -1005,16 +1021,16 @@ fn progress_bar(options: &RunOptions) -> ProgressBar {
     bar
 }
 
-/// Where a worker takes its map from: the one place workers switch to the
-/// pool in etcd once the client library builds a pool from it. Today every
-/// worker reads the topology file of the first map and keeps it for the
-/// whole run, also on `--control etcd` (the map in etcd may move on under
-/// it: `add-server`, `add-device`, `remove-device`). On etcd this becomes
-/// the endpoints, pool and a client's credentials (`EtcdControl`); with
-/// `--net netns` the clients' namespaces then need a route to etcd, which
-/// they do not have today (only daemons have management links).
-fn worker_map_source(fabric: &Fabric) -> Vec<std::ffi::OsString> {
-    vec!["--config".into(), fabric.topology_path.clone().into()]
+/// Where worker `client` takes its map from: on `--control etcd` the
+/// pool in etcd, as the client's own etcd user on endpoints it reaches
+/// (with `--net netns`, over its management link), so it follows the map
+/// as a real client does (`add-server`, `add-device`, `remove-device`);
+/// otherwise the topology file of the run.
+fn worker_map_source(fabric: &Fabric, client: &str) -> Vec<std::ffi::OsString> {
+    match fabric.etcd() {
+        Some(etcd) => etcd.client_args(client),
+        None => vec!["--config".into(), fabric.topology_path.clone().into()],
+    }
 }
 
 /// Starts `testbed worker` for `client`.
@@ -1033,9 +1049,12 @@ fn spawn_worker(
     let log_file =
         std::fs::File::create(&log).with_context(|| format!("create {}", log.display()))?;
     let mut command = fabric.client_command(client, &program, &[run_dir]);
+    // The command line alone says where the map comes from.
     command
+        .env_remove(client_vmm::pool::ETCD_ENV)
+        .env_remove(control::CREDENTIALS_ENV)
         .arg("worker")
-        .args(worker_map_source(fabric))
+        .args(worker_map_source(fabric, client))
         .args([
             "--client",
             client,
@@ -1081,21 +1100,34 @@ fn spawn_worker(
         .context("start a worker")?;
     let (ops, errors) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let started = Arc::new(AtomicBool::new(false));
+    let (epoch, first_use) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     if let Some(stdout) = child.stdout.take() {
         let (ops, errors, started) = (Arc::clone(&ops), Arc::clone(&errors), Arc::clone(&started));
+        let (epoch, first_use) = (Arc::clone(&epoch), Arc::clone(&first_use));
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 if line.trim() == STARTED_LINE {
                     started.store(true, Ordering::Relaxed);
                 }
                 for field in line.split_whitespace() {
-                    match field.split_once('=') {
-                        Some(("ops", n)) => ops.store(n.parse().unwrap_or(0), Ordering::Relaxed),
-                        Some(("errors", n)) => {
-                            errors.store(n.parse().unwrap_or(0), Ordering::Relaxed)
+                    let (counter, n) = match field.split_once('=') {
+                        Some(("ops", n)) => (&ops, n),
+                        Some(("errors", n)) => (&errors, n),
+                        Some(("epoch", n)) => (&epoch, n),
+                        // The first new region served is the one measured.
+                        Some(("first_use_unix_ms", n)) => {
+                            let at = n.parse().unwrap_or(0);
+                            let _ = first_use.compare_exchange(
+                                0,
+                                at,
+                                Ordering::Relaxed,
+                                Ordering::Relaxed,
+                            );
+                            continue;
                         }
-                        _ => {}
-                    }
+                        _ => continue,
+                    };
+                    counter.store(n.parse().unwrap_or(0), Ordering::Relaxed);
                 }
             }
         });
@@ -1107,7 +1139,46 @@ fn spawn_worker(
         ops,
         errors,
         started,
+        epoch,
+        first_use,
     })
+}
+
+/// For each server added under the run: how long after the change was
+/// committed in etcd each running worker first had a request served by a
+/// region it brought (`map change → first use`), or that it had none.
+fn first_use_notes(fabric: &Fabric, workers: &[WorkerProcess]) -> Vec<String> {
+    let added = fabric
+        .map_changes()
+        .iter()
+        .filter(|c| c.added && fabric.topology.server(&c.id.as_str().into()).is_some());
+    added
+        .map(|change| {
+            let seen: Vec<String> = workers
+                .iter()
+                .map(|w| match w.first_use.load(Ordering::Relaxed) {
+                    0 => format!("{} none", w.client),
+                    at => format!(
+                        "{} {} ms",
+                        w.client,
+                        at.saturating_sub(change.committed_unix_ms)
+                    ),
+                })
+                .collect();
+            format!(
+                "map change → first use: server {} added at epoch {}; from the change \
+                 committed in etcd to the first request a running worker had served by its \
+                 regions: {} (the testbed started the server after the change; it was ready \
+                 and every device linked to it {} ms after the change)",
+                change.id,
+                change.epoch,
+                seen.join(", "),
+                change
+                    .settled_unix_ms
+                    .saturating_sub(change.committed_unix_ms)
+            )
+        })
+        .collect()
 }
 
 /// The counter words in `bytes` (little-endian `u64`s).

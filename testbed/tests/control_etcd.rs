@@ -325,6 +325,64 @@ fn chaos_add_server_under_the_workload_brings_the_held_back_server_in() {
     let markdown = std::fs::read_to_string(run.join("report.md")).expect("report.md");
     assert!(markdown.contains("## Map epochs"), "{markdown}");
     assert!(run.join("map_epochs.svg").exists());
+    // The workers opened the pool on etcd and followed the change: each
+    // ran epoch 1, then 2, and had a request served by B's regions.
+    assert_workers_followed(&report, 2);
+    let first_use = notes(&report)
+        .into_iter()
+        .find(|n| n.starts_with("map change → first use: server B added at epoch 2"))
+        .unwrap_or_else(|| panic!("no first-use note: {report:#}"));
+    for worker in ["c1", "c2"] {
+        assert!(
+            first_use.contains(&format!("{worker} "))
+                && !first_use.contains(&format!("{worker} none")),
+            "{first_use}"
+        );
+    }
+}
+
+/// The report's notes.
+fn notes(report: &serde_json::Value) -> Vec<String> {
+    report["notes"]
+        .as_array()
+        .expect("notes")
+        .iter()
+        .map(|n| n.as_str().expect("a note").to_owned())
+        .collect()
+}
+
+/// Every worker (c1, c2) opened the pool on etcd at epoch 1 and ran
+/// `epoch` after the change: its pool followed the map.
+fn assert_workers_followed(report: &serde_json::Value, epoch: u64) {
+    for worker in ["c1", "c2"] {
+        assert_eq!(
+            epochs_of(report, &format!("worker {worker}")),
+            [1, epoch],
+            "{report:#}"
+        );
+    }
+}
+
+#[test]
+fn chaos_add_device_under_the_workload_is_admitted_by_every_server() {
+    let (out, report, run, _dir) = chaos_on_etcd("add-device", &[]);
+    let target = assert_changed_under_load("add-device", &out, &report);
+    assert_eq!(target, "F2 at epoch 2", "the last device with a spare path");
+    // Both servers took F2 from the new map, without a restart, and F2's
+    // links came up (the fault waits for them).
+    for server in ["A", "B"] {
+        let log = std::fs::read_to_string(run.join(format!("logs/pmem-server-{server}.log")))
+            .expect("server log");
+        assert!(
+            log.contains("map epoch=2: fabric device F2 may connect"),
+            "{server}:\n{log}"
+        );
+        assert!(!log.contains("UNKNOWN_CLIENT"), "{server}:\n{log}");
+        assert!(log.contains("map epoch=2 applied"), "{server}:\n{log}");
+    }
+    let f2 = std::fs::read_to_string(run.join("logs/fabric-device-F2.log")).expect("F2's log");
+    assert!(f2.contains("at epoch 2 from etcd"), "{f2}");
+    assert_workers_followed(&report, 2);
 }
 
 #[test]
@@ -345,6 +403,16 @@ fn chaos_remove_device_under_the_workload_is_invisible_to_the_application() {
     // F2 was stopped after it left the map and not seen again.
     let f2 = epochs_of(&report, "fabric-device F2");
     assert!(f2.iter().all(|&e| e == 1), "{f2:?}");
+    // The servers dropped its key with the map that removed it.
+    for server in ["A", "B"] {
+        let log = std::fs::read_to_string(run.join(format!("logs/pmem-server-{server}.log")))
+            .expect("server log");
+        assert!(
+            log.contains("map epoch=2: fabric device F2 is no longer in the map"),
+            "{server}:\n{log}"
+        );
+    }
+    assert_workers_followed(&report, 2);
 }
 
 /// Whether network namespaces can be made here; says why not otherwise.
@@ -361,6 +429,18 @@ fn namespaces_usable() -> bool {
         eprintln!("skipping: `ip netns` does not work here (iproute2 missing?)");
     }
     made
+}
+
+#[test]
+fn chaos_add_server_in_network_namespaces_workers_follow_over_their_management_links() {
+    if !namespaces_usable() {
+        return;
+    }
+    let (out, report, _run, _dir) = chaos_on_etcd("add-server", &["--net", "netns"]);
+    assert_changed_under_load("add-server", &out, &report);
+    // Each worker, in its client's namespace, reached etcd over its own
+    // management link and followed the change.
+    assert_workers_followed(&report, 2);
 }
 
 #[test]

@@ -296,6 +296,35 @@ fn netns_plan_default() {
 }
 
 #[test]
+fn netns_plan_on_etcd_gives_each_client_a_management_link_after_the_daemons() {
+    let topology = load("default.toml");
+    let (plain, _) = plan(&topology, "pf1234").unwrap();
+    let (managed, rewritten) =
+        netns::plan_managing(&topology, "pf1234", netns::Management::DaemonsAndClients).unwrap();
+    assert_eq!(
+        managed.veths.len(),
+        plain.veths.len() + topology.clients.len()
+    );
+    assert_eq!(&managed.veths[..plain.veths.len()], &plain.veths[..]);
+    let daemons = topology.servers.len() + topology.fabric_devices.len();
+    for (c, client) in rewritten.clients.iter().enumerate() {
+        let link = managed
+            .link(&LinkRef::Mgmt {
+                kind: HostKind::Client,
+                host: client.id.to_string(),
+            })
+            .expect("a management link per client");
+        assert_eq!(link.name_a, format!("pf1234-m{}", daemons + c));
+        assert_eq!(link.ns_a, None, "its root end is in the root namespace");
+        assert_eq!(
+            link.ns_b.as_deref(),
+            managed.namespace_of(HostKind::Client, client.id.as_str())
+        );
+        assert_eq!(link.name_b, netns::MGMT_IFNAME);
+    }
+}
+
+#[test]
 fn netns_plan_fig4a() {
     let topology = load("fig4a.toml");
     let (plan, rewritten) = plan(&topology, "pfzz").unwrap();

@@ -18,6 +18,14 @@ pub struct MapChange {
     pub epoch: u64,
     /// The daemon added or removed.
     pub id: String,
+    /// Whether it was added (or removed).
+    pub added: bool,
+    /// When etcd had committed the change (Unix milliseconds), before the
+    /// daemon was started or stopped.
+    pub committed_unix_ms: u64,
+    /// When the change was carried out (Unix milliseconds): an added
+    /// daemon ready and the links to it up, a removed one stopped.
+    pub settled_unix_ms: u64,
 }
 
 impl Fabric {
@@ -37,7 +45,8 @@ impl Fabric {
     /// Adds the held-back daemon to the map (`add-server` / `add-device`
     /// with its snippet, intent `active`), starts it on etcd and waits
     /// until it is ready; after a server, until every fabric device has
-    /// every link up, the new server's too.
+    /// every link up, the new server's too; after a device, until its own
+    /// links are up (the servers admitted it).
     pub fn admit_held(&mut self) -> Result<MapChange, LaunchError> {
         let held = self.held.clone().ok_or_else(|| {
             LaunchError::Membership(MembershipError::NoCandidate(
@@ -53,18 +62,36 @@ impl Fabric {
                 DaemonKind::FabricDevice => control::edit::add_device(map, &snippet),
             },
         )?;
+        let committed_unix_ms = crate::first_use::unix_ms_now();
         self.follow_edit(&edited)?;
         self.held = None;
         self.spawn(held.kind, &held.id)?;
         if let Err(err) = self.await_ready(held.kind, &held.id) {
             return Err(self.explain_refusal(held.kind, &held.id, err));
         }
-        if held.kind == DaemonKind::PmemServer {
-            for device in self.daemon_ids(DaemonKind::FabricDevice) {
-                self.await_links(&device)?;
+        let devices = match held.kind {
+            DaemonKind::PmemServer => self.daemon_ids(DaemonKind::FabricDevice),
+            DaemonKind::FabricDevice => vec![held.id.clone()],
+        };
+        for device in devices {
+            if let Err(err) = self.await_links(&device) {
+                return Err(self.explain_refusal(held.kind, &held.id, err));
             }
         }
-        Ok(MapChange { epoch, id: held.id })
+        let change = MapChange {
+            epoch,
+            id: held.id,
+            added: true,
+            committed_unix_ms,
+            settled_unix_ms: crate::first_use::unix_ms_now(),
+        };
+        self.changes.push(change.clone());
+        Ok(change)
+    }
+
+    /// Every membership change made on this fabric, in order.
+    pub fn map_changes(&self) -> &[MapChange] {
+        &self.changes
     }
 
     /// Removes fabric device `id` from the map (`remove-device`, intent
@@ -76,6 +103,7 @@ impl Fabric {
             Intent::Removed,
             |map| control::edit::remove_device(map, id),
         )?;
+        let committed_unix_ms = crate::first_use::unix_ms_now();
         self.follow_edit(&edited)?;
         if let Some(mut daemon) = self
             .daemons
@@ -84,15 +112,21 @@ impl Fabric {
             terminate(&daemon.child);
             wait_or_kill(&mut daemon.child, std::time::Duration::from_secs(15));
         }
-        Ok(MapChange {
+        let change = MapChange {
             epoch,
             id: id.to_owned(),
-        })
+            added: false,
+            committed_unix_ms,
+            settled_unix_ms: crate::first_use::unix_ms_now(),
+        };
+        self.changes.push(change.clone());
+        Ok(change)
     }
 
     /// A device added to the map whose links the servers refuse as an
-    /// unknown peer: the servers read the devices' keys once, at their
-    /// start, from the map they started on.
+    /// unknown peer: a server that did not take the device's key from the
+    /// new map (one that does not follow principals, or whose keys' folder
+    /// lacks the device's key).
     fn explain_refusal(&self, kind: DaemonKind, id: &str, err: LaunchError) -> LaunchError {
         let log = self.log_path(kind, id);
         let refused = std::fs::read_to_string(&log).is_ok_and(|t| t.contains("UNKNOWN_CLIENT"));

@@ -27,10 +27,12 @@
 //! | port `p` of device `d` | bridge `port<p>` in the device's namespace | `10.<100+d>.<p>.1/24`, listen port kept (7100 when 0) |
 //! | RNIC `r` of client `c`, the `k`-th wired to that port | veth `p<p>c<c>r<r>` (on the bridge) ↔ `rnic<r>` in the client's namespace | client end `10.<100+d>.<p>.<10+k>/24`, the RNIC's `local_addr` |
 //! | management of daemon `h` (servers, then devices) | veth `<prefix>-m<h>` in the root namespace ↔ `mgmt0` | `/30` in the run's `/22` of `10.240.0.0/12`: root end `.1`, daemon end `.2`, the daemon's admin address (port kept, 9100 / 9200 by default) |
+//! | management of client `c`, with [`Management::DaemonsAndClients`] (`--control etcd`: its etcd) | veth `<prefix>-m<h>` after the daemons' ↔ `mgmt0` | the next `/30`: root end `.1` (where etcd listens), client end `.2` |
 //!
 //! So every NIC and port has one listen address reachable from every linked
 //! device or RNIC; a client reaches only its devices' ports (it has no route to
-//! any server or management address), and the root namespace reaches only the
+//! any server or daemon's management address; with a management link of its
+//! own, the root end of that link too), and the root namespace reaches only the
 //! daemons' admin addresses. Each RNIC's address routes through its own
 //! interface (a source-address routing table per RNIC, `arp_ignore=1`), so
 //! cutting one RNIC's link never silently moves its traffic to another RNIC.
@@ -53,7 +55,7 @@ pub use cleanup::{clean_up_crashed_runs, teardown_leftovers};
 pub use enter::{command_in, enter, enter_file, in_namespace, namespace_pids};
 pub use host::{fresh_prefix, require_root};
 pub use ip::list_namespaces;
-pub use plan::{check_prefix, plan};
+pub use plan::{Management, check_prefix, plan, plan_managing};
 
 /// The listen port of a server NIC whose topology gives port 0 or none.
 pub const DEFAULT_NIC_PORT: u16 = 7000;

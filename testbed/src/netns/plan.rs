@@ -143,6 +143,26 @@ pub(super) fn push_mgmt(
 /// addresses, admin addresses and RNIC local addresses are the planned ones.
 /// Pure: touches nothing on the machine.
 pub fn plan(topology: &Topology, prefix: &str) -> Result<(NetPlan, Topology), NetnsError> {
+    plan_managing(topology, prefix, Management::Daemons)
+}
+
+/// Which hosts get a management link to the root namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Management {
+    /// Servers and fabric devices (their admin addresses).
+    Daemons,
+    /// Clients too, after the daemons: a client then reaches the root end
+    /// of its own link (where the run's etcd listens) and nothing else
+    /// there.
+    DaemonsAndClients,
+}
+
+/// [`plan`], with management links for the hosts `management` names.
+pub fn plan_managing(
+    topology: &Topology,
+    prefix: &str,
+    management: Management,
+) -> Result<(NetPlan, Topology), NetnsError> {
     check_prefix(prefix)?;
     topology.validate()?;
     if topology.servers.len() > MAX_SERVERS {
@@ -162,6 +182,9 @@ pub fn plan(topology: &Topology, prefix: &str) -> Result<(NetPlan, Topology), Ne
     let nic_net = planner.servers(&mut rewritten.servers)?;
     let port_net = planner.devices(&mut rewritten.fabric_devices, &nic_net)?;
     planner.clients(topology, &mut rewritten.clients, &port_net)?;
+    if management == Management::DaemonsAndClients {
+        planner.client_management(&rewritten.clients)?;
+    }
     planner.check_names()?;
     let plan = NetPlan {
         prefix: prefix.to_owned(),
@@ -186,7 +209,8 @@ type PortNets = BTreeMap<(FabricDeviceId, PortId), (u8, u8, usize)>;
 struct Planner<'a> {
     prefix: &'a str,
     mgmt: u32,
-    /// Management links handed out so far (servers, then devices).
+    /// Management links handed out so far (servers, then devices, then
+    /// clients when they have them).
     daemon: usize,
     server_ns: Vec<String>,
     device_ns: Vec<String>,
@@ -440,6 +464,23 @@ impl<'a> Planner<'a> {
                 id: client.id.to_string(),
                 admin: None,
             });
+        }
+        Ok(())
+    }
+
+    /// A management link per client, numbered after the daemons'.
+    fn client_management(&mut self, clients: &[topology::model::Client]) -> Result<(), NetnsError> {
+        for (c, client) in clients.iter().enumerate() {
+            let ns = self.client_ns[c].clone();
+            push_mgmt(
+                &mut self.veths,
+                self.prefix,
+                self.mgmt,
+                &mut self.daemon,
+                HostKind::Client,
+                client.id.as_str(),
+                &ns,
+            )?;
         }
         Ok(())
     }
