@@ -8,11 +8,13 @@
 
 mod admission;
 mod endpoint;
+pub mod backend;
 mod packet;
 mod roce_port;
 
 use std::io;
 use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -36,6 +38,8 @@ use crate::roce_metrics::RoceMetrics;
 use crate::uplink::{QP_CONNECT_TAG, Uplinks};
 use admission::{Admission, Verdict};
 use endpoint::{Endpoint, Fill};
+use backend::uring::{self, Completion, Op};
+use backend::{Backend, IoConfig, Selected};
 use roce_port::RoceEndpoint;
 pub use roce_port::RocePortError;
 
@@ -107,7 +111,32 @@ pub struct DeviceConfig {
     /// sleeping in the kernel: trades a CPU for the wake-up latency of an
     /// idle one. Zero (the default) never spins.
     pub busy_poll: Duration,
+    /// How the TCP ports and server links move bytes.
+    pub io: IoConfig,
 }
+
+/// The event loop's back end for the TCP ports and server links.
+#[derive(Debug)]
+enum Io {
+    /// Readiness from the mio poll; reads and writes are system calls.
+    Epoll,
+    /// Completions from the ring; the mio poll (signals, waker, RoCEv2,
+    /// connects in progress) is watched by it.
+    Uring(uring::Ring),
+}
+
+/// The connection a socket on the ring belongs to.
+#[derive(Debug, Clone, Copy)]
+enum Owner {
+    Client(ConnId),
+    Link(LinkId),
+}
+
+/// How long a port whose accept failed waits before accepting again.
+const ACCEPT_RETRY: Duration = Duration::from_secs(1);
+
+/// Idle connections' buffers are freed after this long without traffic.
+const TRIM_IDLE_AFTER: Duration = Duration::from_secs(1);
 
 /// Why the device could not start or run.
 #[derive(Debug, thiserror::Error)]
@@ -186,6 +215,14 @@ struct ClientConn {
 pub struct Device {
     config: DeviceConfig,
     poll: Poll,
+    io: Io,
+    /// Completions taken from the ring this turn.
+    completions: Vec<Completion>,
+    /// Which connection each socket on the ring belongs to, by slot.
+    ring_slots: IdMap<u64, Owner>,
+    /// Ports whose accepts failed and stopped, and when to start them
+    /// again (a descriptor shortage is not retried every turn).
+    accepts_stopped: Vec<(usize, Instant)>,
     core: Forwarder,
     metrics: Arc<DeviceMetrics>,
     listeners: Vec<(PortId, TcpListener, SocketAddr)>,
@@ -237,6 +274,37 @@ struct Following {
     reread_logged: Option<u64>,
 }
 
+/// Sets up the back end `config` asks for: io_uring where the kernel
+/// allows it, else epoll, saying why.
+fn start_io(config: IoConfig, spins: bool) -> (Io, Selected) {
+    if config.backend == Backend::Epoll {
+        let selected = Selected {
+            backend: Backend::Epoll,
+            fallback: None,
+        };
+        return (Io::Epoll, selected);
+    }
+    let (release, disabled) = backend::choice::read_kernel_facts();
+    let fallback = match backend::choice::kernel_refusal(&release, disabled.as_deref()) {
+        Some(refused) => refused,
+        None => match uring::Ring::new(config.sqpoll, spins) {
+            Ok(ring) => {
+                let selected = Selected {
+                    backend: Backend::Uring,
+                    fallback: None,
+                };
+                return (Io::Uring(ring), selected);
+            }
+            Err(e) => backend::choice::setup_refusal(&e, disabled.as_deref()),
+        },
+    };
+    let selected = Selected {
+        backend: Backend::Epoll,
+        fallback: Some(fallback),
+    };
+    (Io::Epoll, selected)
+}
+
 fn link_token(link: LinkId) -> Token {
     Token(LINK_BASE + link.0 as usize)
 }
@@ -249,6 +317,20 @@ impl Device {
         telemetry::register_process_metrics(&registry)?;
         let metrics = Arc::new(DeviceMetrics::new(Arc::clone(&registry))?);
         let poll = Poll::new().map_err(DeviceError::Poll)?;
+        let (io, selected) = start_io(config.io, !config.busy_poll.is_zero());
+        info!("{}", selected.log_line(config.io.sqpoll));
+        let backends = registry.gauge_family(
+            "fabric_device_io_backend",
+            "1 for the I/O back end the TCP ports and server links run on (io_uring or \
+             epoll); fallback says why io_uring was asked for and does not run (none).",
+            &["backend", "fallback"],
+        )?;
+        backends
+            .with(&[
+                selected.backend.as_str(),
+                selected.fallback.as_ref().map_or("none", |f| f.label),
+            ])
+            .set(1);
         let waker =
             Arc::new(mio::Waker::new(poll.registry(), MAP_WAKE).map_err(DeviceError::Poll)?);
         let spec = config
@@ -289,9 +371,13 @@ impl Device {
                 .map_err(|_| bind_err(io::ErrorKind::InvalidInput.into()))?;
             let mut listener = TcpListener::bind(addr).map_err(bind_err)?;
             let local = listener.local_addr().map_err(bind_err)?;
-            poll.registry()
-                .register(&mut listener, Token(i), Interest::READABLE)
-                .map_err(DeviceError::Poll)?;
+            match &io {
+                Io::Epoll => poll
+                    .registry()
+                    .register(&mut listener, Token(i), Interest::READABLE)
+                    .map_err(DeviceError::Poll)?,
+                Io::Uring(ring) => ring.accept(i, listener.as_raw_fd()),
+            }
             listeners.push((port.id.clone(), listener, local));
         }
         let roce_metrics = RoceMetrics::register(&registry)?;
@@ -343,9 +429,16 @@ impl Device {
             },
             config.secrets.is_some(),
         );
+        if let Io::Uring(ring) = &io {
+            ring.watch(poll.as_raw_fd());
+        }
         Ok(Self {
             config,
             poll,
+            io,
+            completions: Vec::new(),
+            ring_slots: IdMap::default(),
+            accepts_stopped: Vec::new(),
             core,
             metrics,
             listeners,
@@ -452,23 +545,22 @@ impl Device {
                 now = Instant::now();
                 self.next_wakeup(now).saturating_duration_since(now)
             };
-            match self.poll.poll(&mut events, Some(wait)) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(DeviceError::Poll(e)),
-            }
+            self.wait(&mut events, wait)?;
             now = Instant::now();
-            let idle = events.is_empty() && spinning;
+            let quiet = events.is_empty() && self.completions.is_empty();
+            let idle = quiet && spinning;
             if idle && idle_since.is_none() {
                 idle_since = telemetry::thread_cpu_time();
             } else if !idle && let Some(since) = idle_since.take() {
                 let cpu = telemetry::thread_cpu_time().unwrap_or(since);
                 self.metrics.add_idle_poll(cpu.saturating_sub(since));
             }
-            if !events.is_empty() {
+            if !quiet {
                 last_event = now;
             }
             self.dispatch(&events, &mut signals, now);
+            self.on_completions(now);
+            self.restart_accepts(now);
             self.reread_map_if_behind();
             self.replay_parked(now);
             self.close_silent_clients(now);
@@ -489,6 +581,172 @@ impl Device {
                 return Ok(());
             }
         }
+    }
+
+    /// Waits up to `wait` for readiness events (epoll) or completions
+    /// (io_uring, which then asks mio only when the ring saw its epoll
+    /// instance ready, or woke with nothing).
+    fn wait(&mut self, events: &mut Events, wait: Duration) -> Result<(), DeviceError> {
+        let poll_mio = |poll: &mut Poll, events: &mut Events, wait| match poll
+            .poll(events, Some(wait))
+        {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(()),
+            Err(e) => Err(DeviceError::Poll(e)),
+        };
+        let Io::Uring(ring) = &mut self.io else {
+            return poll_mio(&mut self.poll, events, wait);
+        };
+        ring.wait(wait).map_err(DeviceError::Poll)?;
+        self.completions.clear();
+        ring.reap(&mut self.completions);
+        let watched = self.completions.iter().any(|c| c.op() == Some(Op::Watch));
+        if watched || (self.completions.is_empty() && !wait.is_zero()) {
+            poll_mio(&mut self.poll, events, Duration::ZERO)
+        } else {
+            events.clear();
+            Ok(())
+        }
+    }
+
+    /// Handles the ring's completions of this turn.
+    fn on_completions(&mut self, now: Instant) {
+        let completions = std::mem::take(&mut self.completions);
+        for completion in &completions {
+            match completion.op() {
+                Some(Op::Accept) => self.on_accepted(completion),
+                Some(Op::Recv) => self.on_received(completion, now),
+                Some(Op::Send) => self.on_sent(completion, now),
+                Some(Op::Watch) if !completion.more() => {
+                    if let Io::Uring(ring) = &self.io {
+                        ring.watch(self.poll.as_raw_fd());
+                    }
+                }
+                Some(Op::Watch | Op::Cancel) | None => {}
+            }
+        }
+        self.completions = completions;
+    }
+
+    /// The endpoint on the ring with `slot`, if its connection is open.
+    fn ring_endpoint(&mut self, slot: u64) -> Option<(Owner, &mut Endpoint)> {
+        let owner = *self.ring_slots.get(&slot)?;
+        let endpoint = match owner {
+            Owner::Client(conn) => &mut self.clients.get_mut(&conn)?.endpoint,
+            Owner::Link(link) => match self.links.get_mut(&link)? {
+                LinkConn::Connected { endpoint } => endpoint,
+                _ => return None,
+            },
+        };
+        (endpoint.ring_slot() == Some(slot)).then_some((owner, endpoint))
+    }
+
+    /// A socket received bytes (or its receive ended): stage them, hand
+    /// the buffer back and serve the connection.
+    fn on_received(&mut self, completion: &Completion, now: Instant) {
+        let Self {
+            io,
+            ring_slots,
+            clients,
+            links,
+            ..
+        } = self;
+        let Io::Uring(ring) = io else {
+            return;
+        };
+        let slot = completion.slot();
+        let endpoint = match ring_slots.get(&slot) {
+            Some(&Owner::Client(conn)) => clients
+                .get_mut(&conn)
+                .map(|c| (Owner::Client(conn), &mut c.endpoint)),
+            Some(&Owner::Link(link)) => match links.get_mut(&link) {
+                Some(LinkConn::Connected { endpoint }) => Some((Owner::Link(link), endpoint)),
+                _ => None,
+            },
+            None => None,
+        };
+        let owner = match endpoint {
+            Some((owner, endpoint)) if endpoint.ring_slot() == Some(slot) => {
+                let bytes = ring.received(completion);
+                endpoint.received(completion.result, bytes, completion.more());
+                Some(owner)
+            }
+            _ => None,
+        };
+        ring.release(completion);
+        match owner {
+            Some(Owner::Client(conn)) => self.client_ready(conn, now),
+            Some(Owner::Link(link)) => self.serve_link(link, now),
+            None => {}
+        }
+    }
+
+    /// A send completed: the rest or what gathered meanwhile goes out; a
+    /// client closing after its last reply is closed once it is out.
+    fn on_sent(&mut self, completion: &Completion, now: Instant) {
+        if let Io::Uring(ring) = &mut self.io {
+            ring.release(completion);
+        }
+        let Some((owner, endpoint)) = self.ring_endpoint(completion.slot()) else {
+            return;
+        };
+        let sent = endpoint.sent(completion.result);
+        let drained = endpoint.pending_out() == 0;
+        match (owner, sent) {
+            (Owner::Client(conn), Err(e)) => self.close_client(conn, &format!("write failed: {e}")),
+            (Owner::Link(link), Err(e)) => self.link_failed(link, now, &format!("write failed: {e}")),
+            (Owner::Client(conn), Ok(())) => {
+                if drained && self.clients.get(&conn).is_some_and(|c| c.closing) {
+                    self.close_client(conn, "refused");
+                }
+            }
+            (Owner::Link(_), Ok(())) => {}
+        }
+    }
+
+    /// A listener accepted a connection (or its accept failed).
+    fn on_accepted(&mut self, completion: &Completion) {
+        let port = completion.slot() as usize;
+        if completion.result >= 0 {
+            // SAFETY: the kernel just opened this descriptor for us; nothing
+            // else owns it.
+            let stream = unsafe { std::net::TcpStream::from_raw_fd(completion.result) };
+            let stream = TcpStream::from_std(stream);
+            match stream.peer_addr() {
+                Ok(peer) => self.admit_client(port, stream, peer),
+                Err(e) => debug!("accepted connection gone before it was served: {e}"),
+            }
+        } else {
+            warn!(
+                "accept failed: {}",
+                io::Error::from_raw_os_error(-completion.result)
+            );
+        }
+        if !completion.more() && self.draining.is_none() {
+            self.accepts_stopped
+                .push((port, Instant::now() + if completion.result < 0 { ACCEPT_RETRY } else { Duration::ZERO }));
+        }
+    }
+
+    /// Starts the multishot accepts that ended again, once their retry
+    /// time has come.
+    fn restart_accepts(&mut self, now: Instant) {
+        if self.accepts_stopped.is_empty() || self.draining.is_some() {
+            return;
+        }
+        let Io::Uring(ring) = &self.io else {
+            return;
+        };
+        let listeners = &self.listeners;
+        self.accepts_stopped.retain(|&(port, at)| {
+            if now < at {
+                return true;
+            }
+            if let Some((_, listener, _)) = listeners.get(port) {
+                ring.accept(port, listener.as_raw_fd());
+            }
+            false
+        });
     }
 
     /// Handles one batch of readiness events.
@@ -544,8 +802,13 @@ impl Device {
                 if self.draining.is_none() {
                     info!("signal {signal}, draining");
                     self.draining = Some(Instant::now() + self.config.forwarder.request_timeout);
-                    for (_, listener, _) in &mut self.listeners {
-                        let _ = self.poll.registry().deregister(listener);
+                    for (port, (_, listener, _)) in self.listeners.iter_mut().enumerate() {
+                        match &self.io {
+                            Io::Epoll => {
+                                let _ = self.poll.registry().deregister(listener);
+                            }
+                            Io::Uring(ring) => ring.stop_accepting(port),
+                        }
                     }
                 }
             }
@@ -654,6 +917,9 @@ impl Device {
             ) = self.links.remove(&link)
             {
                 let _ = self.poll.registry().deregister(&mut endpoint.stream);
+                if let Some(slot) = endpoint.ring_slot() {
+                    self.ring_slots.remove(&slot);
+                }
             }
         }
         for link in outcome.reconnect {
@@ -677,6 +943,11 @@ impl Device {
             return;
         }
         self.hello_checked = now;
+        for client in self.clients.values_mut() {
+            if now.saturating_duration_since(client.active) >= TRIM_IDLE_AFTER {
+                client.endpoint.trim_idle();
+            }
+        }
         let silent: Vec<ConnId> = self
             .clients
             .iter()
@@ -795,12 +1066,13 @@ impl Device {
             .any(|port| port.gateway.deliver(conn, head, payload))
     }
 
+    /// Accepts every connection waiting on port `index` (epoll).
     fn accept(&mut self, index: usize) {
         loop {
             let Some((_, listener, _)) = self.listeners.get(index) else {
                 return;
             };
-            let (mut stream, peer) = match listener.accept() {
+            let (stream, peer) = match listener.accept() {
                 Ok(accepted) => accepted,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) => {
@@ -808,6 +1080,14 @@ impl Device {
                     return;
                 }
             };
+            self.admit_client(index, stream, peer);
+        }
+    }
+
+    /// Serves a connection accepted on port `index`, or closes it when the
+    /// caps (or draining) say so.
+    fn admit_client(&mut self, index: usize, mut stream: TcpStream, peer: SocketAddr) {
+        {
             let verdict = match self.draining {
                 Some(_) => Verdict::Refuse("draining"),
                 None => self.admission.verdict(),
@@ -824,34 +1104,44 @@ impl Device {
                 Verdict::Refuse(reason) => {
                     debug!("refused client connection from {peer}: {reason}");
                     self.metrics.connections_closed.with(&[reason]).inc();
-                    continue;
+                    return;
                 }
             }
             let conn = self.next_client as ConnId;
             self.next_client += 1;
             let _ = stream.set_nodelay(true);
-            if self
-                .poll
-                .registry()
-                .register(
-                    &mut stream,
-                    Token(conn as usize),
-                    Interest::READABLE | Interest::WRITABLE,
-                )
-                .is_err()
-            {
-                continue;
+            let registered = match &self.io {
+                Io::Epoll => self
+                    .poll
+                    .registry()
+                    .register(
+                        &mut stream,
+                        Token(conn as usize),
+                        Interest::READABLE | Interest::WRITABLE,
+                    )
+                    .is_ok(),
+                Io::Uring(_) => true,
+            };
+            if !registered {
+                return;
             }
             debug!("client connection {conn} from {peer} opened");
             self.core.client_opened(conn);
             self.admission.opened(conn);
+            let mut endpoint = Endpoint::with_decoder(
+                stream,
+                FrameDecoder::with_max_body_len(PRE_SESSION_MAX_BODY),
+            );
+            if let Io::Uring(ring) = &self.io {
+                endpoint.attach(ring.shared());
+                if let Some(slot) = endpoint.ring_slot() {
+                    self.ring_slots.insert(slot, Owner::Client(conn));
+                }
+            }
             self.clients.insert(
                 conn,
                 ClientConn {
-                    endpoint: Endpoint::with_decoder(
-                        stream,
-                        FrameDecoder::with_max_body_len(PRE_SESSION_MAX_BODY),
-                    ),
+                    endpoint,
                     opened: Instant::now(),
                     active: Instant::now(),
                     port: index,
@@ -865,10 +1155,18 @@ impl Device {
     }
 
     fn on_client_event(&mut self, conn: ConnId, event: &Event, now: Instant) {
+        if let Some(client) = self.clients.get_mut(&conn) {
+            client.endpoint.note_event(event);
+        }
+        self.client_ready(conn, now);
+    }
+
+    /// A client's socket has something (bytes, room, a hang-up): write
+    /// what is queued, then read and handle its requests.
+    fn client_ready(&mut self, conn: ConnId, now: Instant) {
         let Some(client) = self.clients.get_mut(&conn) else {
             return;
         };
-        client.endpoint.note_event(event);
         client.active = now;
         if let Err(e) = client.endpoint.flush() {
             self.close_client(conn, &format!("write failed: {e}"));
@@ -1083,6 +1381,9 @@ impl Device {
         if let Some(mut client) = self.clients.remove(&conn) {
             self.admission.closed(conn);
             let _ = self.poll.registry().deregister(&mut client.endpoint.stream);
+            if let Some(slot) = client.endpoint.ring_slot() {
+                self.ring_slots.remove(&slot);
+            }
             debug!("closed client connection {conn}: {why}");
             // A flood of connections must not flood the log: one line per
             // CLOSED_LOG_INTERVAL at most (the metrics count every close).
@@ -1234,6 +1535,9 @@ impl Device {
         match self.links.insert(link, LinkConn::Idle) {
             Some(LinkConn::Connected { mut endpoint } | LinkConn::Connecting { mut endpoint }) => {
                 let _ = self.poll.registry().deregister(&mut endpoint.stream);
+                if let Some(slot) = endpoint.ring_slot() {
+                    self.ring_slots.remove(&slot);
+                }
             }
             Some(LinkConn::Idle) => {}
             None => {
@@ -1276,6 +1580,14 @@ impl Device {
                         return;
                     };
                     endpoint.note_event(event);
+                    if let Io::Uring(ring) = &self.io {
+                        // Connected: from now on the ring moves its bytes.
+                        let _ = self.poll.registry().deregister(&mut endpoint.stream);
+                        endpoint.attach(ring.shared());
+                        if let Some(slot) = endpoint.ring_slot() {
+                            self.ring_slots.insert(slot, Owner::Link(link));
+                        }
+                    }
                     if let Some(name) = self.link_name(link) {
                         info!("{name} connected");
                     }
