@@ -733,7 +733,7 @@ mod tests {
     #[test]
     fn a_socket_closed_before_its_entries_went_out_takes_them_back() {
         let (shared, mut s) = socket();
-        let (_, other) = socket();
+        let other = Socket::new(&shared, 8);
         s.arm();
         let mut out = vec![1u8; 100];
         s.send(&mut out);
