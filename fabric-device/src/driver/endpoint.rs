@@ -187,6 +187,22 @@ impl Endpoint {
                 }
                 self.admitted = want;
             }
+            if let Some(socket) = &mut self.ring {
+                // On io_uring: what the ring received; once that is taken
+                // the socket counts as drained, and receiving resumes if a
+                // paused reader had stopped it.
+                match self.decoder.read_from(socket, READ_MAX) {
+                    Ok(ReadOutcome::Data(_)) => continue,
+                    Ok(ReadOutcome::Full) => return Fill::Full,
+                    Ok(ReadOutcome::Eof) => return Fill::Closed,
+                    Err(ReadError::Io(e)) if e.kind() == io::ErrorKind::WouldBlock => {
+                        socket.arm();
+                        return Fill::Drained;
+                    }
+                    Err(ReadError::Io(e)) => return Fill::Failed(e.to_string()),
+                    Err(ReadError::Framing(e)) => return Fill::Failed(e.to_string()),
+                }
+            }
             let mut probe = ShortReadProbe {
                 stream: &mut self.stream,
                 short: false,
@@ -211,6 +227,7 @@ impl Endpoint {
     }
 
     /// Sends one frame made of `head` and `payload`.
+    ///
     /// On io_uring the frame is always queued (the ring sends from the
     /// queue, which must not move while a send is in flight).
     pub fn send(&mut self, head: &[u8], payload: &[u8]) -> io::Result<()> {
