@@ -104,7 +104,12 @@ struct Args {
     /// (io_uring: multishot accept and receive into shared buffers, sends
     /// batched per turn) or `epoll`. io_uring falls back to epoll where the
     /// kernel lacks it or has it disabled, and says why at start.
-    #[arg(long = "io", env = "PMEM_FABRIC_IO", value_name = "uring|epoll", default_value = "uring")]
+    #[arg(
+        long = "io",
+        env = "PMEM_FABRIC_IO",
+        value_name = "uring|epoll",
+        default_value = "uring"
+    )]
     io: Backend,
     /// With `--io uring`: a kernel thread polls the ring's submission queue,
     /// so sending takes no system call (costs a CPU; for a device with a

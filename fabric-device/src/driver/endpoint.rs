@@ -103,6 +103,12 @@ impl Endpoint {
         }
     }
 
+    /// Whether the ring is receiving for this socket (false on epoll, and
+    /// while a paused reader stopped it).
+    pub fn ring_receiving(&self) -> bool {
+        self.ring.as_ref().is_some_and(uring::Socket::receiving)
+    }
+
     /// Takes a send completion of the ring; an error means the connection
     /// failed.
     pub fn sent(&mut self, result: i32) -> io::Result<()> {

@@ -191,7 +191,10 @@ mod tests {
         assert_eq!(why.label, "sysctl");
         assert!(why.why.contains("kernel.io_uring_disabled=2"), "{why:?}");
         let why = kernel_refusal("5.15.0-91-generic", None).expect("old").why;
-        assert!(why.contains("5.15.0-91-generic") && why.contains("6.0"), "{why}");
+        assert!(
+            why.contains("5.15.0-91-generic") && why.contains("6.0"),
+            "{why}"
+        );
         // An unreadable release does not stop it: setting up the ring decides.
         assert_eq!(kernel_refusal("", None), None);
     }
@@ -201,7 +204,10 @@ mod tests {
         let eperm = std::io::Error::from_raw_os_error(libc::EPERM);
         let why = setup_refusal(&eperm, Some("1\n"));
         assert_eq!(why.label, "setup_refused");
-        assert!(why.why.contains("EPERM") && why.why.contains("=1"), "{why:?}");
+        assert!(
+            why.why.contains("EPERM") && why.why.contains("=1"),
+            "{why:?}"
+        );
         let enosys = std::io::Error::from_raw_os_error(libc::ENOSYS);
         assert!(setup_refusal(&enosys, None).why.contains("no io_uring"));
     }

@@ -60,6 +60,8 @@ pub enum Op {
     Watch = 4,
     /// A cancellation (its completion says nothing the loop needs).
     Cancel = 5,
+    /// A socket whose receive was stopped: its peer hung up (or it failed).
+    Hangup = 6,
 }
 
 /// The user data of an entry for `slot` and `op`.
@@ -90,6 +92,7 @@ impl Completion {
             3 => Some(Op::Send),
             4 => Some(Op::Watch),
             5 => Some(Op::Cancel),
+            6 => Some(Op::Hangup),
             _ => None,
         }
     }
@@ -377,9 +380,7 @@ impl Ring {
     /// The bytes a receive completion carries (empty when it has none).
     pub fn received(&self, completion: &Completion) -> &[u8] {
         match completion.buffer() {
-            Some(bid) if completion.result > 0 => {
-                self.bufs.bytes(bid, completion.result as usize)
-            }
+            Some(bid) if completion.result > 0 => self.bufs.bytes(bid, completion.result as usize),
             _ => &[],
         }
     }
@@ -441,6 +442,12 @@ impl Socket {
         }
     }
 
+    /// Whether a receive runs (else the peer's hang-up is only seen by
+    /// the [`Op::Hangup`] poll).
+    pub fn receiving(&self) -> bool {
+        self.recv_armed
+    }
+
     /// The number in its entries' user data.
     pub fn slot(&self) -> u64 {
         self.slot
@@ -463,8 +470,7 @@ impl Socket {
     /// Starts a multishot receive unless one runs, the stream ended, or
     /// enough is staged already.
     pub fn arm(&mut self) {
-        if self.recv_armed || self.eof || self.failed.is_some() || self.staged() >= STAGED_HIGH
-        {
+        if self.recv_armed || self.eof || self.failed.is_some() || self.staged() >= STAGED_HIGH {
             return;
         }
         let entry = opcode::RecvMulti::new(types::Fd(self.fd), BUFFER_GROUP)
@@ -503,6 +509,12 @@ impl Socket {
                 .user_data(user_data(self.slot, Op::Cancel));
             self.shared.push(entry);
             self.cancelling = true;
+            // Still notice a peer that goes away meanwhile.
+            let hangup = (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) as u32;
+            let entry = opcode::PollAdd::new(types::Fd(self.fd), hangup)
+                .build()
+                .user_data(user_data(self.slot, Op::Hangup));
+            self.shared.push(entry);
         }
         if !self.recv_armed {
             self.arm();
@@ -686,11 +698,16 @@ mod tests {
         while s.staged() < STAGED_HIGH {
             s.received(BUFFER_LEN as i32, &chunk, true);
         }
-        assert_eq!(ops(&shared), vec![Op::Cancel as u64], "cancelled once");
+        assert_eq!(
+            ops(&shared),
+            vec![Op::Cancel as u64, Op::Hangup as u64],
+            "cancelled once, watching for a hang-up"
+        );
         s.received(BUFFER_LEN as i32, &chunk, true);
         assert!(ops(&shared).is_empty(), "already cancelling");
         s.received(-libc::ECANCELED, &[], false);
         assert!(ops(&shared).is_empty(), "not armed while staged is high");
+        assert!(!s.receiving());
         let mut sink = vec![0u8; 1 << 20];
         while s.read(&mut sink).is_ok() {}
         s.arm();
@@ -737,12 +754,18 @@ mod tests {
         s.arm();
         let mut out = vec![1u8; 100];
         s.send(&mut out);
-        let keep = opcode::Nop::new().build().user_data(user_data(other.slot(), Op::Send));
+        let keep = opcode::Nop::new()
+            .build()
+            .user_data(user_data(other.slot(), Op::Send));
         shared.push(keep);
         let slot = s.slot();
         drop(s);
         assert!(!shared.graveyard.borrow().contains_key(&slot));
-        assert_eq!(ops(&shared), vec![Op::Send as u64], "only the other socket's");
+        assert_eq!(
+            ops(&shared),
+            vec![Op::Send as u64],
+            "only the other socket's"
+        );
     }
 
     #[test]
