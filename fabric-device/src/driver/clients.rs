@@ -253,10 +253,11 @@ impl Device {
             if *closing {
                 return FramesEnd::Drained;
             }
-            if !core.client_has_room(conn)
-                || endpoint.pending_out() > CLIENT_OUT_HIGH_WATER
-                || waiting_for.is_some()
-            {
+            if !may_read(
+                core.client_has_room(conn),
+                endpoint.pending_out(),
+                waiting_for.is_some(),
+            ) {
                 return FramesEnd::Paused;
             }
             if endpoint.decoder.max_body_len() < proto::frame::MAX_BODY_LEN
@@ -354,16 +355,18 @@ impl Device {
                 continue;
             };
             if let Some(link) = client.waiting_for
-                && matches!(self.links.get(&link),
-                    Some(LinkConn::Connected { endpoint }) if endpoint.pending_out() > LINK_OUT_LOW_WATER)
+                && let Some(LinkConn::Connected { endpoint }) = self.links.get(&link)
+                && !link_drained(endpoint.pending_out())
             {
                 self.paused.push(conn);
                 continue;
             }
             client.waiting_for = None;
-            if self.core.client_has_room(conn)
-                && client.endpoint.pending_out() <= CLIENT_OUT_HIGH_WATER
-            {
+            if may_read(
+                self.core.client_has_room(conn),
+                client.endpoint.pending_out(),
+                false,
+            ) {
                 client.paused = false;
                 self.serve_client(conn, now);
             } else {
@@ -511,5 +514,45 @@ pub(super) fn mark_to_flush(to_flush: &mut Vec<ConnId>, conn: ConnId, client: &m
     if !client.to_flush && client.endpoint.pending_out() > 0 {
         client.to_flush = true;
         to_flush.push(conn);
+    }
+}
+
+/// Whether a client's next request may be read: the core has room for it,
+/// its replies do not pile up past [`CLIENT_OUT_HIGH_WATER`], and it is not
+/// waiting for a full link to drain.
+pub(super) fn may_read(core_has_room: bool, replies_queued: usize, waiting_for_link: bool) -> bool {
+    core_has_room && replies_queued <= CLIENT_OUT_HIGH_WATER && !waiting_for_link
+}
+
+/// Whether a link a client waits for has drained enough (to
+/// [`LINK_OUT_LOW_WATER`]) for the client to be read again: clients resume
+/// well below the mark that paused them, so they do not flap.
+pub(super) fn link_drained(link_queued: usize) -> bool {
+    link_queued <= LINK_OUT_LOW_WATER
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_client_is_read_only_with_room_and_its_replies_taken() {
+        assert!(may_read(true, 0, false));
+        assert!(may_read(true, CLIENT_OUT_HIGH_WATER, false));
+        assert!(
+            !may_read(true, CLIENT_OUT_HIGH_WATER + 1, false),
+            "replies pile up"
+        );
+        assert!(!may_read(false, 0, false), "the core has no room");
+        assert!(!may_read(true, 0, true), "its link is full");
+    }
+
+    #[test]
+    fn a_full_link_frees_its_clients_only_once_well_drained() {
+        const { assert!(LINK_OUT_LOW_WATER < LINK_OUT_HIGH_WATER) };
+        assert!(!link_drained(LINK_OUT_HIGH_WATER));
+        assert!(!link_drained(LINK_OUT_LOW_WATER + 1));
+        assert!(link_drained(LINK_OUT_LOW_WATER));
+        assert!(link_drained(0));
     }
 }

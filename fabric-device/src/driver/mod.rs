@@ -131,7 +131,7 @@ enum Io {
     Epoll,
     /// Completions from the ring; the mio poll (signals, waker, RoCEv2,
     /// connects in progress) is watched by it.
-    Uring(uring::Ring),
+    Uring(Box<uring::Ring>),
 }
 
 /// The connection a socket on the ring belongs to.

@@ -162,15 +162,8 @@ impl Device {
             );
         }
         if !completion.more() && self.draining.is_none() {
-            self.accepts_stopped.push((
-                port,
-                Instant::now()
-                    + if completion.result < 0 {
-                        ACCEPT_RETRY
-                    } else {
-                        Duration::ZERO
-                    },
-            ));
+            let at = Instant::now() + accept_restart_delay(completion.result);
+            self.accepts_stopped.push((port, at));
         }
     }
 
@@ -215,7 +208,7 @@ pub(super) fn start_io(config: IoConfig, spins: bool) -> (Io, Selected) {
                     backend: Backend::Uring,
                     fallback: None,
                 };
-                return (Io::Uring(ring), selected);
+                return (Io::Uring(Box::new(ring)), selected);
             }
             Err(e) => backend::choice::setup_refusal(&e, disabled.as_deref()),
         },
@@ -225,4 +218,28 @@ pub(super) fn start_io(config: IoConfig, spins: bool) -> (Io, Selected) {
         fallback: Some(fallback),
     };
     (Io::Epoll, selected)
+}
+
+/// How long after a multishot accept ended with `result` to start it
+/// again: at once after a connection (the kernel ends one now and then),
+/// [`ACCEPT_RETRY`] after an error (out of descriptors, say), so a lasting
+/// error is not retried every turn.
+pub(super) fn accept_restart_delay(result: i32) -> Duration {
+    if result < 0 {
+        ACCEPT_RETRY
+    } else {
+        Duration::ZERO
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_accept_that_failed_waits_before_it_starts_again() {
+        assert_eq!(accept_restart_delay(7), Duration::ZERO);
+        assert_eq!(accept_restart_delay(-libc::EMFILE), ACCEPT_RETRY);
+        assert!(!ACCEPT_RETRY.is_zero());
+    }
 }
