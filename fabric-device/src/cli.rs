@@ -5,6 +5,7 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use crate::driver::backend::{Backend, IoConfig};
 use crate::driver::{Device, DeviceConfig, error_chain};
 use crate::forward::ForwarderConfig;
 use clap::Parser;
@@ -99,6 +100,22 @@ struct Args {
     /// nobody else uses.
     #[arg(long, conflicts_with = "secrets")]
     insecure: bool,
+    /// How the TCP client ports and server links move bytes: `uring`
+    /// (io_uring: multishot accept and receive into shared buffers, sends
+    /// batched per turn) or `epoll`. io_uring falls back to epoll where the
+    /// kernel lacks it or has it disabled, and says why at start.
+    #[arg(
+        long = "io",
+        env = "PMEM_FABRIC_IO",
+        value_name = "uring|epoll",
+        default_value = "uring"
+    )]
+    io: Backend,
+    /// With `--io uring`: a kernel thread polls the ring's submission queue,
+    /// so sending takes no system call (costs a CPU; for a device with a
+    /// core of its own).
+    #[arg(long, env = "PMEM_FABRIC_IO_SQPOLL")]
+    io_sqpoll: bool,
     /// Log lines on stderr as text or json (levels from RUST_LOG, default info).
     #[arg(long, value_name = "text|json", default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -171,6 +188,10 @@ where
             .then(|| Duration::from_millis(args.idle_timeout_ms)),
         secrets: args.secrets.clone(),
         busy_poll: Duration::from_micros(args.busy_poll_us),
+        io: IoConfig {
+            backend: args.io,
+            sqpoll: args.io_sqpoll,
+        },
         topology,
     };
     let id = config.device.clone();

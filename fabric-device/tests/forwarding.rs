@@ -430,6 +430,44 @@ fn metrics_pass_promtool_and_sigterm_exits_cleanly() {
     assert!(stderr.contains("stopped cleanly"), "{stderr}");
 }
 
+/// Both I/O back ends forward small and large frames intact, and the device
+/// says which one runs, in its log at start and in
+/// `fabric_device_io_backend`. io_uring gives way to epoll only with a
+/// reason (on a kernel that refuses it), and the metric names it.
+#[test]
+fn each_io_backend_forwards_and_says_which_it_runs() {
+    for (flag, wanted) in [("epoll", "epoll"), ("uring", "io_uring")] {
+        let fabric = Fabric::start_with(&two_servers(), &["--io", flag]);
+        let mut conn = fabric.client("c1");
+        for (i, len) in [64, 200_000].into_iter().enumerate() {
+            let data = pattern(len, i as u8);
+            let target = fabric.pmem("A1", 4096);
+            let reply = conn.call(Repr::write(target, fabric.key("A1"), &data));
+            assert_eq!(reply.status, Status::Ok, "{flag}: write of {len} B");
+            let read = conn.call(Repr::read(target, fabric.key("A1"), len as u32));
+            assert_eq!(read.status, Status::Ok, "{flag}: read of {len} B");
+            assert!(read.data == data, "{flag}: read back what was written");
+        }
+        let text = fabric.metrics();
+        let exact = format!("fabric_device_io_backend{{backend=\"{wanted}\",fallback=\"none\"}} 1");
+        let fell_back = wanted == "io_uring"
+            && text.contains("fabric_device_io_backend{backend=\"epoll\",fallback=\"")
+            && !text.contains("fallback=\"none\"");
+        assert!(
+            text.contains(&exact) || fell_back,
+            "{flag}: missing {exact:?}:\n{text}"
+        );
+        let Fabric { device, .. } = fabric;
+        let (status, stderr) = device.terminate();
+        assert!(status.success(), "{status:?}\n{stderr}");
+        let said = match fell_back {
+            false => format!("I/O back end: {wanted}"),
+            true => "I/O back end: epoll (io_uring was asked for and cannot run: ".to_owned(),
+        };
+        assert!(stderr.contains(&said), "{flag}: no {said:?} in\n{stderr}");
+    }
+}
+
 /// A device that busy polls after each event counts the turns that found
 /// nothing as idle polling, so an operator sees how much of its spinning
 /// CPU forwarded; a device that sleeps between events counts none. How much

@@ -8,10 +8,14 @@
 //! take at once is queued.
 
 use std::io::{self, IoSlice, Read, Write};
+use std::os::fd::AsRawFd;
+use std::rc::Rc;
 
 use mio::net::TcpStream;
 use proto::FrameDecoder;
 use proto::decoder::{ReadError, ReadOutcome};
+
+use super::backend::uring;
 
 /// Frames at least this long are written directly instead of queued.
 const DIRECT_WRITE_MIN: usize = 16 * 1024;
@@ -52,6 +56,10 @@ pub struct Endpoint {
     hangup_seen: bool,
     /// Bytes `admit` last approved (see [`Endpoint::fill`]).
     admitted: usize,
+    /// On io_uring: what the ring received and the send in flight. Then
+    /// reads come from here and writes go through the ring; else they are
+    /// system calls on a socket mio watches.
+    ring: Option<uring::Socket>,
 }
 
 impl Endpoint {
@@ -70,6 +78,60 @@ impl Endpoint {
             out_pos: 0,
             hangup_seen: false,
             admitted: 0,
+            ring: None,
+        }
+    }
+
+    /// Moves the socket onto the io_uring whose sockets share `shared`
+    /// and starts receiving (the socket must not be registered with mio).
+    pub fn attach(&mut self, shared: &Rc<uring::Shared>) {
+        let mut socket = uring::Socket::new(shared, self.stream.as_raw_fd());
+        socket.arm();
+        self.ring = Some(socket);
+    }
+
+    /// The ring's slot of this socket, when it is on io_uring.
+    pub fn ring_slot(&self) -> Option<u64> {
+        self.ring.as_ref().map(uring::Socket::slot)
+    }
+
+    /// Takes a receive completion of the ring (bytes are read out by
+    /// [`fill`](Self::fill)).
+    pub fn received(&mut self, result: i32, bytes: &[u8], more: bool) {
+        if let Some(socket) = &mut self.ring {
+            socket.received(result, bytes, more);
+        }
+    }
+
+    /// Whether the ring is receiving for this socket (false on epoll, and
+    /// while a paused reader stopped it).
+    pub fn ring_receiving(&self) -> bool {
+        self.ring.as_ref().is_some_and(uring::Socket::receiving)
+    }
+
+    /// Takes a send completion of the ring; an error means the connection
+    /// failed.
+    pub fn sent(&mut self, result: i32) -> io::Result<()> {
+        match &mut self.ring {
+            Some(socket) => socket.sent(result, &mut self.out),
+            None => Ok(()),
+        }
+    }
+
+    /// Frees the buffers of a connection with nothing held, queued or in
+    /// flight, so an idle connection costs little memory; a no-op
+    /// otherwise. The decoder keeps its limit.
+    pub fn trim_idle(&mut self) {
+        if self.decoder.buffered() == 0 && self.decoder.error().is_none() {
+            self.decoder = FrameDecoder::with_max_body_len(self.decoder.max_body_len());
+            self.admitted = 0;
+        }
+        if self.pending_out() == 0 {
+            self.out = Vec::new();
+            self.out_pos = 0;
+        }
+        if let Some(socket) = &mut self.ring {
+            socket.trim();
         }
     }
 
@@ -94,7 +156,7 @@ impl Endpoint {
 
     /// Bytes queued and not yet written.
     pub fn pending_out(&self) -> usize {
-        self.out.len() - self.out_pos
+        self.out.len() - self.out_pos + self.ring.as_ref().map_or(0, uring::Socket::sending)
     }
 
     /// Notes what a readiness event said about the peer: once it hung up
@@ -131,6 +193,22 @@ impl Endpoint {
                 }
                 self.admitted = want;
             }
+            if let Some(socket) = &mut self.ring {
+                // On io_uring: what the ring received; once that is taken
+                // the socket counts as drained, and receiving resumes if a
+                // paused reader had stopped it.
+                match self.decoder.read_from(socket, READ_MAX) {
+                    Ok(ReadOutcome::Data(_)) => continue,
+                    Ok(ReadOutcome::Full) => return Fill::Full,
+                    Ok(ReadOutcome::Eof) => return Fill::Closed,
+                    Err(ReadError::Io(e)) if e.kind() == io::ErrorKind::WouldBlock => {
+                        socket.arm();
+                        return Fill::Drained;
+                    }
+                    Err(ReadError::Io(e)) => return Fill::Failed(e.to_string()),
+                    Err(ReadError::Framing(e)) => return Fill::Failed(e.to_string()),
+                }
+            }
             let mut probe = ShortReadProbe {
                 stream: &mut self.stream,
                 short: false,
@@ -155,8 +233,11 @@ impl Endpoint {
     }
 
     /// Sends one frame made of `head` and `payload`.
+    ///
+    /// On io_uring the frame is always queued (the ring sends from the
+    /// queue, which must not move while a send is in flight).
     pub fn send(&mut self, head: &[u8], payload: &[u8]) -> io::Result<()> {
-        if head.len() + payload.len() < DIRECT_WRITE_MIN {
+        if head.len() + payload.len() < DIRECT_WRITE_MIN || self.ring.is_some() {
             self.out.extend_from_slice(head);
             self.out.extend_from_slice(payload);
             return Ok(());
@@ -177,8 +258,14 @@ impl Endpoint {
         Ok(())
     }
 
-    /// Writes queued bytes until the socket would block.
+    /// Writes queued bytes until the socket would block; on io_uring,
+    /// hands them to a send unless one is in flight (its completion sends
+    /// what gathered meanwhile).
     pub fn flush(&mut self) -> io::Result<()> {
+        if let Some(socket) = &mut self.ring {
+            socket.send(&mut self.out);
+            return Ok(());
+        }
         while self.out_pos < self.out.len() {
             match self.stream.write(&self.out[self.out_pos..]) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),

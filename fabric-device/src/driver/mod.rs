@@ -7,12 +7,19 @@
 //! backoff has passed and flushes what is queued.
 
 mod admission;
+pub mod backend;
+mod clients;
 mod endpoint;
+mod links;
 mod packet;
+mod reload;
+mod ring_events;
 mod roce_port;
+mod uplinks;
 
 use std::io;
 use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -35,9 +42,15 @@ use crate::reconnect::{Backoff, Reconnects};
 use crate::roce_metrics::RoceMetrics;
 use crate::uplink::{QP_CONNECT_TAG, Uplinks};
 use admission::{Admission, Verdict};
+use backend::uring::{self, Completion, Op};
+use backend::{Backend, IoConfig, Selected};
+use clients::deliver_answer;
 use endpoint::{Endpoint, Fill};
+use links::send_to_link;
+use ring_events::start_io;
 use roce_port::RoceEndpoint;
 pub use roce_port::RocePortError;
+use uplinks::uplink_answer;
 
 const SIGNALS: Token = Token(usize::MAX - 1);
 /// The map watcher has a new map waiting.
@@ -107,7 +120,32 @@ pub struct DeviceConfig {
     /// sleeping in the kernel: trades a CPU for the wake-up latency of an
     /// idle one. Zero (the default) never spins.
     pub busy_poll: Duration,
+    /// How the TCP ports and server links move bytes.
+    pub io: IoConfig,
 }
+
+/// The event loop's back end for the TCP ports and server links.
+#[derive(Debug)]
+enum Io {
+    /// Readiness from the mio poll; reads and writes are system calls.
+    Epoll,
+    /// Completions from the ring; the mio poll (signals, waker, RoCEv2,
+    /// connects in progress) is watched by it.
+    Uring(Box<uring::Ring>),
+}
+
+/// The connection a socket on the ring belongs to.
+#[derive(Debug, Clone, Copy)]
+enum Owner {
+    Client(ConnId),
+    Link(LinkId),
+}
+
+/// How long a port whose accept failed waits before accepting again.
+const ACCEPT_RETRY: Duration = Duration::from_secs(1);
+
+/// Idle connections' buffers are freed after this long without traffic.
+const TRIM_IDLE_AFTER: Duration = Duration::from_secs(1);
 
 /// Why the device could not start or run.
 #[derive(Debug, thiserror::Error)]
@@ -186,6 +224,14 @@ struct ClientConn {
 pub struct Device {
     config: DeviceConfig,
     poll: Poll,
+    io: Io,
+    /// Completions taken from the ring this turn.
+    completions: Vec<Completion>,
+    /// Which connection each socket on the ring belongs to, by slot.
+    ring_slots: IdMap<u64, Owner>,
+    /// Ports whose accepts failed and stopped, and when to start them
+    /// again (a descriptor shortage is not retried every turn).
+    accepts_stopped: Vec<(usize, Instant)>,
     core: Forwarder,
     metrics: Arc<DeviceMetrics>,
     listeners: Vec<(PortId, TcpListener, SocketAddr)>,
@@ -249,6 +295,20 @@ impl Device {
         telemetry::register_process_metrics(&registry)?;
         let metrics = Arc::new(DeviceMetrics::new(Arc::clone(&registry))?);
         let poll = Poll::new().map_err(DeviceError::Poll)?;
+        let (io, selected) = start_io(config.io, !config.busy_poll.is_zero());
+        info!("{}", selected.log_line(config.io.sqpoll));
+        let backends = registry.gauge_family(
+            "fabric_device_io_backend",
+            "1 for the I/O back end the TCP ports and server links run on (io_uring or \
+             epoll); fallback says why io_uring was asked for and does not run (none).",
+            &["backend", "fallback"],
+        )?;
+        backends
+            .with(&[
+                selected.backend.as_str(),
+                selected.fallback.as_ref().map_or("none", |f| f.label),
+            ])
+            .set(1);
         let waker =
             Arc::new(mio::Waker::new(poll.registry(), MAP_WAKE).map_err(DeviceError::Poll)?);
         let spec = config
@@ -289,9 +349,13 @@ impl Device {
                 .map_err(|_| bind_err(io::ErrorKind::InvalidInput.into()))?;
             let mut listener = TcpListener::bind(addr).map_err(bind_err)?;
             let local = listener.local_addr().map_err(bind_err)?;
-            poll.registry()
-                .register(&mut listener, Token(i), Interest::READABLE)
-                .map_err(DeviceError::Poll)?;
+            match &io {
+                Io::Epoll => poll
+                    .registry()
+                    .register(&mut listener, Token(i), Interest::READABLE)
+                    .map_err(DeviceError::Poll)?,
+                Io::Uring(ring) => ring.accept(i, listener.as_raw_fd()),
+            }
             listeners.push((port.id.clone(), listener, local));
         }
         let roce_metrics = RoceMetrics::register(&registry)?;
@@ -343,9 +407,16 @@ impl Device {
             },
             config.secrets.is_some(),
         );
+        if let Io::Uring(ring) = &io {
+            ring.watch(poll.as_raw_fd());
+        }
         Ok(Self {
             config,
             poll,
+            io,
+            completions: Vec::new(),
+            ring_slots: IdMap::default(),
+            accepts_stopped: Vec::new(),
             core,
             metrics,
             listeners,
@@ -452,23 +523,22 @@ impl Device {
                 now = Instant::now();
                 self.next_wakeup(now).saturating_duration_since(now)
             };
-            match self.poll.poll(&mut events, Some(wait)) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(DeviceError::Poll(e)),
-            }
+            self.wait(&mut events, wait)?;
             now = Instant::now();
-            let idle = events.is_empty() && spinning;
+            let quiet = events.is_empty() && self.completions.is_empty();
+            let idle = quiet && spinning;
             if idle && idle_since.is_none() {
                 idle_since = telemetry::thread_cpu_time();
             } else if !idle && let Some(since) = idle_since.take() {
                 let cpu = telemetry::thread_cpu_time().unwrap_or(since);
                 self.metrics.add_idle_poll(cpu.saturating_sub(since));
             }
-            if !events.is_empty() {
+            if !quiet {
                 last_event = now;
             }
             self.dispatch(&events, &mut signals, now);
+            self.on_completions(now);
+            self.restart_accepts(now);
             self.reread_map_if_behind();
             self.replay_parked(now);
             self.close_silent_clients(now);
@@ -535,1045 +605,6 @@ impl Device {
             next = next.min(t);
         }
         next.max(now)
-    }
-
-    fn on_signal(&mut self, signal: i32) {
-        match signal {
-            SIGHUP => self.reload(),
-            _ => {
-                if self.draining.is_none() {
-                    info!("signal {signal}, draining");
-                    self.draining = Some(Instant::now() + self.config.forwarder.request_timeout);
-                    for (_, listener, _) in &mut self.listeners {
-                        let _ = self.poll.registry().deregister(listener);
-                    }
-                }
-            }
-        }
-    }
-
-    /// Re-reads the topology; a valid one replaces the map without touching
-    /// client connections, an invalid one is refused and logged.
-    fn reload(&mut self) {
-        let device = self.config.device.clone();
-        let Some(path) = self.config.topology_path.clone() else {
-            warn!("SIGHUP: no topology file to reload (the map follows etcd, if on it)");
-            return;
-        };
-        let loaded = Topology::load(&path)
-            .map_err(|e| error_chain(&e))
-            .and_then(|t| DeviceMap::new(&t, &device).map_err(|e| error_chain(&e)));
-        let map = match loaded {
-            Ok(map) => map,
-            Err(why) => {
-                warn!("reload refused, keeping the old map: {why}");
-                self.metrics.reloads.with(&["refused"]).inc();
-                return;
-            }
-        };
-        let regions = self.replace_map(map);
-        info!("reloaded {}: {regions} regions", path.display());
-    }
-
-    /// Applies the newest map the watcher handed over, as a reload does:
-    /// client connections and requests in flight stay; one this device
-    /// cannot run on (it is not in it, say) is refused and the old one kept.
-    fn apply_watched_map(&mut self) {
-        let Some(update) = self.follow.as_ref().and_then(|f| f.watch.latest()) else {
-            return;
-        };
-        let running = self.follow.as_ref().map_or(0, |f| f.epoch);
-        let epoch = update.version.epoch;
-        let map = match DeviceMap::new(&update.topology, &self.config.device) {
-            Ok(map) => map,
-            Err(e) => {
-                warn!(
-                    "map epoch={epoch} refused, keeping epoch={running}: {}",
-                    error_chain(&e)
-                );
-                self.metrics.reloads.with(&["refused"]).inc();
-                return;
-            }
-        };
-        let regions = self.replace_map(map);
-        let said = self.core.set_epoch(epoch);
-        self.say_epoch(said);
-        self.config.topology = update.topology.clone();
-        self.metrics.map.applied(&update);
-        if let Some(follow) = &mut self.follow {
-            follow.epoch = epoch;
-            if let Some(registration) = &follow.registration {
-                registration.set_epoch(epoch);
-            }
-        }
-        info!("map epoch={epoch} applied (was epoch={running}): {regions} regions");
-    }
-
-    /// Sends the device's MAP_EPOCH on the links the core named; a link
-    /// that cannot take it is failed (and reconnects, saying it then).
-    fn say_epoch(&mut self, said: Vec<(LinkId, Vec<u8>)>) {
-        let now = Instant::now();
-        for (link, frame) in said {
-            let Some(LinkConn::Connected { endpoint }) = self.links.get_mut(&link) else {
-                continue;
-            };
-            if let Err(e) = endpoint.send(&frame, &[]) {
-                self.link_failed(link, now, &format!("write failed: {e}"));
-            }
-        }
-    }
-
-    /// Asks the map watcher to read the map now when a server said it runs
-    /// a newer epoch than the device.
-    fn reread_map_if_behind(&mut self) {
-        if self.core.take_map_reread()
-            && let Some(follow) = &mut self.follow
-        {
-            if follow.reread_logged != Some(follow.epoch) {
-                follow.reread_logged = Some(follow.epoch);
-                info!(
-                    "a server runs a newer map epoch than this device's {}: reading the map now",
-                    follow.epoch
-                );
-            }
-            follow.watch.reread_now();
-        }
-    }
-
-    /// Replaces the core's map by `map`, keeping client connections and
-    /// the links it still has; the number of regions it maps.
-    fn replace_map(&mut self, map: DeviceMap) -> usize {
-        let regions = map.layout.entries().len();
-        let outcome = self.core.reload(map);
-        self.deliver_all(outcome.failed);
-        let now = Instant::now();
-        for link in outcome.disconnect {
-            self.reconnects.remove(link);
-            if let Some(
-                LinkConn::Connected { mut endpoint } | LinkConn::Connecting { mut endpoint },
-            ) = self.links.remove(&link)
-            {
-                let _ = self.poll.registry().deregister(&mut endpoint.stream);
-            }
-        }
-        for link in outcome.reconnect {
-            self.link_failed(link, now, "server disagrees with the new map");
-        }
-        for link in outcome.connect {
-            self.links.insert(link, LinkConn::Idle);
-            self.reconnects.add(link, now);
-        }
-        self.metrics.reloads.with(&["applied"]).inc();
-        regions
-    }
-
-    /// Closes connections that have not said HELLO (and with
-    /// authentication proven their key) within the HELLO timeout, and
-    /// connections idle for the idle timeout (nothing in
-    /// flight or queued, no queue pair), so idle sockets cannot fill the
-    /// connection cap. Checked at most once a second.
-    fn close_silent_clients(&mut self, now: Instant) {
-        if now < self.hello_checked + Duration::from_secs(1) {
-            return;
-        }
-        self.hello_checked = now;
-        let silent: Vec<ConnId> = self
-            .clients
-            .iter()
-            .filter(|(conn, c)| {
-                now.saturating_duration_since(c.opened) >= self.config.hello_timeout
-                    && self.core.session_client(**conn).is_none()
-            })
-            .map(|(conn, _)| *conn)
-            .collect();
-        for conn in silent {
-            self.metrics
-                .connections_closed
-                .with(&["hello_timeout"])
-                .inc();
-            self.close_client(conn, "no HELLO (or no proof) in time");
-        }
-        let Some(limit) = self.config.idle_timeout else {
-            return;
-        };
-        let idle: Vec<ConnId> = self
-            .clients
-            .iter()
-            .filter(|(conn, c)| {
-                now.saturating_duration_since(c.active) >= limit
-                    && c.endpoint.pending_out() == 0
-                    && !self.core.client_busy(**conn)
-                    && !self
-                        .roce
-                        .iter()
-                        .flatten()
-                        .any(|r| r.has_queue_pairs(**conn))
-            })
-            .map(|(conn, _)| *conn)
-            .collect();
-        for conn in idle {
-            self.metrics.connections_closed.with(&["idle"]).inc();
-            self.close_client(conn, "idle");
-        }
-    }
-
-    /// Hands the requests the core parked while their links were starting
-    /// back to it, now that they can be forwarded or refused.
-    fn replay_parked(&mut self, now: Instant) {
-        for (conn, frame) in self.core.take_unparked() {
-            match self.core.client_frame(conn, &frame, now) {
-                ClientAction::Forward {
-                    link,
-                    head,
-                    payload,
-                } => {
-                    // A link that went away again answers through its
-                    // pending request's timeout, as for any client request.
-                    let _ = send_to_link(&mut self.links, &mut self.uplinks, link, &head, payload);
-                }
-                ClientAction::Reply(reply) | ClientAction::ReplyAndClose(reply) => {
-                    self.deliver_all(vec![(conn, reply)]);
-                }
-                ClientAction::Nothing | ClientAction::Close | ClientAction::ConnectQp { .. } => {}
-            }
-        }
-    }
-
-    /// Handles the frames waiting on port `index`'s RoCEv2 socket.
-    fn roce_receive(&mut self, index: usize, now: Instant) {
-        self.roce_dirty = true;
-        let Self {
-            core,
-            links,
-            roce,
-            uplinks,
-            ..
-        } = self;
-        if let Some(Some(port)) = roce.get_mut(index) {
-            port.receive(now, core, uplinks, |uplinks, link, head, payload| {
-                let _ = send_to_link(links, uplinks, link, head, payload);
-            });
-        }
-        self.drain_uplinks(now);
-    }
-
-    /// Fires the queue pairs' timers, sends what they have ready and, at
-    /// most every [`ROCE_PUBLISH`], publishes their counters.
-    fn roce_turn(&mut self, now: Instant) {
-        self.uplinks.handle_timeout(now);
-        self.drain_uplinks(now);
-        for (index, port) in self.roce.iter_mut().enumerate() {
-            if let Some(port) = port {
-                port.gateway.handle_timeout(now);
-                self.roce_dirty |= port.transmit(now, &mut self.uplinks, index);
-            }
-        }
-        if self.roce_dirty && now >= self.roce_published + ROCE_PUBLISH {
-            self.roce_published = now;
-            self.roce_dirty = false;
-            let snapshots = self
-                .listeners
-                .iter()
-                .zip(&mut self.roce)
-                .filter_map(|((id, _, _), r)| r.as_mut().map(|r| r.snapshot(id.as_str())))
-                .collect();
-            self.roce_metrics.publish(snapshots);
-            self.roce_metrics.publish_uplinks(self.uplinks.counters());
-        }
-    }
-
-    /// Hands a response (or an error reply) for a queue pair's connection
-    /// to its gateway; false when `conn` is not a queue pair's.
-    fn roce_deliver(
-        roce: &mut [Option<RoceEndpoint>],
-        conn: ConnId,
-        head: &[u8],
-        payload: &[u8],
-    ) -> bool {
-        roce.iter_mut()
-            .flatten()
-            .any(|port| port.gateway.deliver(conn, head, payload))
-    }
-
-    fn accept(&mut self, index: usize) {
-        loop {
-            let Some((_, listener, _)) = self.listeners.get(index) else {
-                return;
-            };
-            let (mut stream, peer) = match listener.accept() {
-                Ok(accepted) => accepted,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) => {
-                    warn!("accept failed: {e}");
-                    return;
-                }
-            };
-            let verdict = match self.draining {
-                Some(_) => Verdict::Refuse("draining"),
-                None => self.admission.verdict(),
-            };
-            match verdict {
-                Verdict::Admit => {}
-                Verdict::AdmitEvicting(oldest) => {
-                    self.metrics
-                        .connections_closed
-                        .with(&["unproven_evicted"])
-                        .inc();
-                    self.close_client(oldest, "unproven, evicted for a newer connection");
-                }
-                Verdict::Refuse(reason) => {
-                    debug!("refused client connection from {peer}: {reason}");
-                    self.metrics.connections_closed.with(&[reason]).inc();
-                    continue;
-                }
-            }
-            let conn = self.next_client as ConnId;
-            self.next_client += 1;
-            let _ = stream.set_nodelay(true);
-            if self
-                .poll
-                .registry()
-                .register(
-                    &mut stream,
-                    Token(conn as usize),
-                    Interest::READABLE | Interest::WRITABLE,
-                )
-                .is_err()
-            {
-                continue;
-            }
-            debug!("client connection {conn} from {peer} opened");
-            self.core.client_opened(conn);
-            self.admission.opened(conn);
-            self.clients.insert(
-                conn,
-                ClientConn {
-                    endpoint: Endpoint::with_decoder(
-                        stream,
-                        FrameDecoder::with_max_body_len(PRE_SESSION_MAX_BODY),
-                    ),
-                    opened: Instant::now(),
-                    active: Instant::now(),
-                    port: index,
-                    paused: false,
-                    waiting_for: None,
-                    closing: false,
-                    to_flush: false,
-                },
-            );
-        }
-    }
-
-    fn on_client_event(&mut self, conn: ConnId, event: &Event, now: Instant) {
-        let Some(client) = self.clients.get_mut(&conn) else {
-            return;
-        };
-        client.endpoint.note_event(event);
-        client.active = now;
-        if let Err(e) = client.endpoint.flush() {
-            self.close_client(conn, &format!("write failed: {e}"));
-            return;
-        }
-        self.serve_client(conn, now);
-    }
-
-    /// Reads and handles a client's requests until its socket is drained or
-    /// backpressure pauses it.
-    fn serve_client(&mut self, conn: ConnId, now: Instant) {
-        self.serve_client_frames(conn, now);
-        if self.admission.is_unproven(conn)
-            && self.core.session_client(conn).is_some()
-            && !self.admission.proven(conn)
-        {
-            self.metrics
-                .connections_closed
-                .with(&["too_many_clients"])
-                .inc();
-            self.close_client(conn, "proven, but --max-clients connections are open");
-            return;
-        }
-        // Record what the connection holds now that its frames were handled.
-        if let Some(client) = self.clients.get_mut(&conn) {
-            let charge = client.endpoint.settle_charge() as u64;
-            self.core.charge_request_bytes(conn, charge, false);
-        }
-    }
-
-    /// Hands a client's frames to the core and reads more, until the socket
-    /// is drained, the client is paused or the connection closes.
-    fn serve_client_frames(&mut self, conn: ConnId, now: Instant) {
-        loop {
-            let end = self.handle_client_frames(conn, now);
-            let Some(client) = self.clients.get_mut(&conn) else {
-                return;
-            };
-            match end {
-                FramesEnd::Paused => {
-                    self.pause(conn);
-                    return;
-                }
-                FramesEnd::Close(why) => {
-                    let _ = client.endpoint.flush();
-                    self.close_client(conn, &why);
-                    return;
-                }
-                FramesEnd::Drained => {}
-            }
-            if self.draining.is_some() || client.closing {
-                return;
-            }
-            let core = &mut self.core;
-            let mut admit = |held: usize| core.charge_request_bytes(conn, held as u64, true);
-            match client.endpoint.fill(&mut admit) {
-                Fill::Full => continue,
-                Fill::NotAdmitted => {
-                    // Others' frames will free budget; try again then.
-                    self.pause(conn);
-                    return;
-                }
-                Fill::Drained => {
-                    // Complete frames may have arrived with the last read.
-                    if client.endpoint.decoder.buffered() == 0 {
-                        return;
-                    }
-                    match self.handle_client_frames(conn, now) {
-                        FramesEnd::Drained => return,
-                        FramesEnd::Paused => {
-                            self.pause(conn);
-                            return;
-                        }
-                        FramesEnd::Close(why) => {
-                            self.close_client(conn, &why);
-                            return;
-                        }
-                    }
-                }
-                Fill::Closed => {
-                    // Answer what was received before the hang-up, then close.
-                    let _ = self.handle_client_frames(conn, now);
-                    self.close_client(conn, "peer closed");
-                    return;
-                }
-                Fill::Failed(why) => {
-                    if client.endpoint.decoder.error().is_some() {
-                        // A bad header, or a frame too large for a peer
-                        // that has not said who it is.
-                        self.metrics.connections_closed.with(&["unframeable"]).inc();
-                    }
-                    let _ = self.handle_client_frames(conn, now);
-                    self.close_client(conn, &why);
-                    return;
-                }
-            }
-        }
-    }
-
-    /// Stops reading a client until [`Device::resume_paused`] finds room.
-    fn pause(&mut self, conn: ConnId) {
-        if let Some(client) = self.clients.get_mut(&conn)
-            && !client.paused
-        {
-            client.paused = true;
-            self.paused.push(conn);
-        }
-    }
-
-    /// Lists a client for the end-of-turn flush if it has bytes queued.
-    fn queue_flush(&mut self, conn: ConnId) {
-        if let Some(client) = self.clients.get_mut(&conn) {
-            mark_to_flush(&mut self.to_flush, conn, client);
-        }
-    }
-
-    /// Hands every complete frame a client sent to the core.
-    fn handle_client_frames(&mut self, conn: ConnId, now: Instant) -> FramesEnd {
-        let end = self.client_frames(conn, now);
-        self.queue_flush(conn);
-        end
-    }
-
-    fn client_frames(&mut self, conn: ConnId, now: Instant) -> FramesEnd {
-        let Self {
-            core,
-            clients,
-            links,
-            metrics,
-            roce,
-            uplinks,
-            ..
-        } = self;
-        let Some(client) = clients.get_mut(&conn) else {
-            return FramesEnd::Close("gone".into());
-        };
-        let ClientConn {
-            endpoint,
-            closing,
-            port,
-            waiting_for,
-            ..
-        } = client;
-        loop {
-            if *closing {
-                return FramesEnd::Drained;
-            }
-            if !core.client_has_room(conn)
-                || endpoint.pending_out() > CLIENT_OUT_HIGH_WATER
-                || waiting_for.is_some()
-            {
-                return FramesEnd::Paused;
-            }
-            if endpoint.decoder.max_body_len() < proto::frame::MAX_BODY_LEN
-                && core.session_client(conn).is_some()
-            {
-                // The client is known now: it may send requests of any size.
-                endpoint
-                    .decoder
-                    .raise_max_body_len(proto::frame::MAX_BODY_LEN);
-            }
-            let frame = match endpoint.decoder.next_frame() {
-                Ok(Some(frame)) => frame,
-                Ok(None) => return FramesEnd::Drained,
-                Err(e) => return FramesEnd::Close(format!("malformed stream: {e}")),
-            };
-            let started = metrics.start_timing();
-            let sent = match core.client_frame(conn, frame, now) {
-                ClientAction::Forward {
-                    link,
-                    head,
-                    payload,
-                } => match send_to_link(links, uplinks, link, &head, payload) {
-                    Ok(queued) => {
-                        if queued > LINK_OUT_HIGH_WATER {
-                            *waiting_for = Some(link);
-                        }
-                        Ok(())
-                    }
-                    Err(e) => Err(e),
-                },
-                ClientAction::Reply(reply) => endpoint.send(reply.as_bytes(), &[]),
-                ClientAction::ReplyAndClose(reply) => {
-                    *closing = true;
-                    endpoint.send(reply.as_bytes(), &[])
-                }
-                ClientAction::ConnectQp { connect, tag } => {
-                    let reply = match roce.get_mut(*port).and_then(Option::as_mut) {
-                        Some(roce_port) => roce_port.connect(core, conn, connect, tag),
-                        None => proto::error_reply(
-                            proto::Opcode::QpConnect,
-                            tag,
-                            proto::Status::Unsupported,
-                        )
-                        .to_vec(),
-                    };
-                    endpoint.send(&reply, &[])
-                }
-                ClientAction::Nothing => Ok(()),
-                ClientAction::Close => return FramesEnd::Close("unframeable stream".into()),
-            };
-            if let Some(started) = started {
-                metrics.observe_device_time(started.elapsed());
-            }
-            if let Err(e) = sent {
-                return FramesEnd::Close(format!("write failed: {e}"));
-            }
-        }
-    }
-
-    fn close_client(&mut self, conn: ConnId, why: &str) {
-        if let Some(mut client) = self.clients.remove(&conn) {
-            self.admission.closed(conn);
-            let _ = self.poll.registry().deregister(&mut client.endpoint.stream);
-            debug!("closed client connection {conn}: {why}");
-            // A flood of connections must not flood the log: one line per
-            // CLOSED_LOG_INTERVAL at most (the metrics count every close).
-            self.closed_unlogged += 1;
-            let since = self.closed_logged.elapsed();
-            if since >= CLOSED_LOG_INTERVAL {
-                info!(
-                    "{} client connections closed in the last {} s; the last: {why}",
-                    self.closed_unlogged,
-                    since.as_secs()
-                );
-                self.closed_unlogged = 0;
-                self.closed_logged = Instant::now();
-            }
-        }
-        for port in self.roce.iter_mut().flatten() {
-            port.control_closed(&mut self.core, conn);
-        }
-        self.core.client_closed(conn);
-    }
-
-    /// Resumes clients paused for backpressure that have room again.
-    fn resume_paused(&mut self, now: Instant) {
-        if self.paused.is_empty() {
-            return;
-        }
-        for conn in std::mem::take(&mut self.paused) {
-            let Some(client) = self.clients.get_mut(&conn) else {
-                continue;
-            };
-            if let Some(link) = client.waiting_for
-                && matches!(self.links.get(&link),
-                    Some(LinkConn::Connected { endpoint }) if endpoint.pending_out() > LINK_OUT_LOW_WATER)
-            {
-                self.paused.push(conn);
-                continue;
-            }
-            client.waiting_for = None;
-            if self.core.client_has_room(conn)
-                && client.endpoint.pending_out() <= CLIENT_OUT_HIGH_WATER
-            {
-                client.paused = false;
-                self.serve_client(conn, now);
-            } else {
-                self.paused.push(conn);
-            }
-        }
-    }
-
-    /// Sends error replies produced by the core to their clients.
-    fn deliver_all(&mut self, replies: Vec<(ConnId, Reply)>) {
-        for (conn, reply) in replies {
-            if Self::roce_deliver(&mut self.roce, conn, reply.as_bytes(), &[]) {
-                continue;
-            }
-            if let Some(client) = self.clients.get_mut(&conn) {
-                let _ = client.endpoint.send(reply.as_bytes(), &[]);
-                mark_to_flush(&mut self.to_flush, conn, client);
-            }
-        }
-    }
-
-    /// Writes everything queued; closes clients that asked for it once
-    /// their queue is empty, and clients whose socket failed. Links go
-    /// first: the servers can start on their requests while the replies to
-    /// clients are written.
-    fn flush_all(&mut self, now: Instant) {
-        let mut failed = Vec::new();
-        for (link, conn) in &mut self.links {
-            if let LinkConn::Connected { endpoint } = conn
-                && let Err(e) = endpoint.flush()
-            {
-                failed.push((*link, e.to_string()));
-            }
-        }
-        for (link, why) in failed {
-            self.link_failed(link, now, &why);
-        }
-        let mut close = Vec::new();
-        for conn in std::mem::take(&mut self.to_flush) {
-            let Some(client) = self.clients.get_mut(&conn) else {
-                continue;
-            };
-            client.to_flush = false;
-            match client.endpoint.flush() {
-                Ok(()) if client.closing && client.endpoint.pending_out() == 0 => {
-                    close.push((conn, "refused".to_owned()));
-                }
-                // The socket took part: try again next turn.
-                Ok(()) => mark_to_flush(&mut self.to_flush, conn, client),
-                Err(e) => close.push((conn, format!("write failed: {e}"))),
-            }
-        }
-        for (conn, why) in close {
-            self.close_client(conn, &why);
-        }
-    }
-
-    /// Starts connecting every link whose next attempt is due, and gives
-    /// up on connects that take too long.
-    fn connect_due_links(&mut self, now: Instant) {
-        for link in self.reconnects.timed_out(now) {
-            self.link_failed(link, now, "connect timed out");
-        }
-        for link in self.reconnects.due(now) {
-            let Some(addr) = self
-                .core
-                .link_key(link)
-                .and_then(|k| k.addr.parse::<SocketAddr>().ok())
-            else {
-                continue;
-            };
-            self.reconnects.connecting(link, now);
-            let stream = TcpStream::connect(addr).and_then(|mut stream| {
-                let _ = stream.set_nodelay(true);
-                self.poll.registry().register(
-                    &mut stream,
-                    link_token(link),
-                    Interest::READABLE | Interest::WRITABLE,
-                )?;
-                Ok(stream)
-            });
-            match stream {
-                Ok(stream) => {
-                    let endpoint = Endpoint::new(stream);
-                    self.links.insert(link, LinkConn::Connecting { endpoint });
-                }
-                Err(e) => self.link_failed(link, now, &e.to_string()),
-            }
-        }
-    }
-
-    /// `link to SERVER/NIC (ADDR, LANE lane)`, for logs.
-    fn link_name(&self, link: LinkId) -> Option<String> {
-        let key = self.core.link_key(link)?;
-        let lane = self.core.link_lane(link)?;
-        Some(format!(
-            "link to {}/{} ({}, {} lane)",
-            key.server,
-            key.nic,
-            key.addr,
-            lane.as_str()
-        ))
-    }
-
-    /// A link broke: fail its requests, close it and schedule a reconnect.
-    fn link_failed(&mut self, link: LinkId, now: Instant, why: &str) {
-        let was_up = matches!(self.links.get(&link), Some(LinkConn::Connected { .. }));
-        match self.links.insert(link, LinkConn::Idle) {
-            Some(LinkConn::Connected { mut endpoint } | LinkConn::Connecting { mut endpoint }) => {
-                let _ = self.poll.registry().deregister(&mut endpoint.stream);
-            }
-            Some(LinkConn::Idle) => {}
-            None => {
-                // Not a link of this device (any more).
-                self.links.remove(&link);
-                return;
-            }
-        }
-        if let Some(name) = self.link_name(link) {
-            if was_up {
-                warn!("{name} down: {why}");
-            } else {
-                debug!("{name} not connected: {why}");
-            }
-        }
-        self.uplinks.close(link);
-        let failed = self.core.link_down(link);
-        self.deliver_all(failed);
-        self.reconnects.failed(link, now);
-    }
-
-    fn on_link_event(&mut self, link: LinkId, event: &Event, now: Instant) {
-        if let Some(LinkConn::Connecting { endpoint, .. }) = self.links.get_mut(&link) {
-            if !event.is_writable() {
-                return;
-            }
-            let connected = match endpoint.stream.take_error() {
-                Ok(None) => match endpoint.stream.peer_addr() {
-                    Ok(_) => Ok(true),
-                    Err(e) if e.kind() == io::ErrorKind::NotConnected => Ok(false),
-                    Err(e) => Err(e),
-                },
-                Ok(Some(e)) | Err(e) => Err(e),
-            };
-            match connected {
-                Ok(false) => return,
-                Ok(true) => {
-                    let Some(LinkConn::Connecting { mut endpoint }) = self.links.remove(&link)
-                    else {
-                        return;
-                    };
-                    endpoint.note_event(event);
-                    if let Some(name) = self.link_name(link) {
-                        info!("{name} connected");
-                    }
-                    self.reconnects.connected(link);
-                    let hello = self.core.link_connected(link);
-                    let sent = endpoint.send(&hello, &[]).and_then(|()| endpoint.flush());
-                    self.links.insert(link, LinkConn::Connected { endpoint });
-                    if let Err(e) = sent {
-                        self.link_failed(link, now, &e.to_string());
-                    }
-                    return;
-                }
-                Err(e) => {
-                    self.link_failed(link, now, &e.to_string());
-                    return;
-                }
-            }
-        }
-        if let Some(LinkConn::Connected { endpoint }) = self.links.get_mut(&link) {
-            endpoint.note_event(event);
-        }
-        self.serve_link(link, now);
-    }
-
-    /// Reads a link's responses and relays them to their clients.
-    fn serve_link(&mut self, link: LinkId, now: Instant) {
-        loop {
-            let Some(LinkConn::Connected { endpoint }) = self.links.get_mut(&link) else {
-                return;
-            };
-            if let Err(e) = endpoint.flush() {
-                self.link_failed(link, now, &e.to_string());
-                return;
-            }
-            // Servers are trusted peers: their answers are never held back.
-            let fill = endpoint.fill(&mut |_| true);
-            if let Some(why) = self.handle_link_frames(link, now) {
-                self.link_failed(link, now, &why);
-                return;
-            }
-            if let Err(why) = self.start_uplink(link) {
-                self.link_failed(link, now, &why);
-                return;
-            }
-            match fill {
-                Fill::Full => continue,
-                Fill::Drained | Fill::NotAdmitted => return,
-                Fill::Closed => {
-                    self.link_failed(link, now, "server closed the connection");
-                    return;
-                }
-                Fill::Failed(why) => {
-                    self.link_failed(link, now, &why);
-                    return;
-                }
-            }
-        }
-    }
-
-    /// For an up link to a `verbs` server NIC: keeps the queue pair's copy
-    /// of the server's region keys current and, the first time, sends
-    /// QP_CONNECT from the first RoCEv2 port. Returns why the link must
-    /// close, if it must.
-    fn start_uplink(&mut self, link: LinkId) -> Result<(), String> {
-        if self.core.link_status(link) != Some(crate::forward::LinkStatus::Up) {
-            return Ok(());
-        }
-        let Some(key) = self.core.link_key(link) else {
-            return Ok(());
-        };
-        let verbs = self
-            .config
-            .topology
-            .server(&key.server)
-            .and_then(|s| s.nic(&key.nic))
-            .is_some_and(|n| n.transport == topology::NicTransport::Verbs);
-        if !verbs {
-            return Ok(());
-        }
-        let server = key.server.clone();
-        let layout = &self.core.map().layout;
-        if !crate::uplink::one_sided(layout) {
-            return Ok(());
-        }
-        for entry in layout.entries() {
-            if entry.server == server {
-                self.uplinks.set_region(entry.region, entry.key, entry.len);
-            }
-        }
-        if self.uplinks.has(link) {
-            return Ok(());
-        }
-        let Some((index, port)) = self
-            .roce
-            .iter()
-            .enumerate()
-            .find_map(|(i, p)| p.as_ref().map(|p| (i, p)))
-        else {
-            return Err("the server NIC is on verbs but this device has no RoCEv2 port".into());
-        };
-        let connect = self.uplinks.start(link, index, port.ip(), port.mtu());
-        let Some(LinkConn::Connected { endpoint }) = self.links.get_mut(&link) else {
-            return Ok(());
-        };
-        endpoint
-            .send(&connect, &[])
-            .map_err(|e| format!("write failed: {e}"))
-    }
-
-    /// Asks every link with a queue pair to a server on verbs for its
-    /// server's region keys again, every [`VERBS_KEY_POLL`] (see
-    /// [`Forwarder::refresh_keys_soon`]); the answer updates the keys the
-    /// queue pairs check.
-    fn poll_verbs_keys(&mut self, now: Instant) {
-        if now < self.verbs_keys_polled + VERBS_KEY_POLL {
-            return;
-        }
-        self.verbs_keys_polled = now;
-        let links: Vec<LinkId> = self
-            .links
-            .keys()
-            .copied()
-            .filter(|l| self.uplinks.has(*l))
-            .collect();
-        for link in links {
-            self.core.refresh_keys_soon(link);
-            let Some(frame) = self.core.key_refresh(link) else {
-                continue;
-            };
-            if let Some(LinkConn::Connected { endpoint }) = self.links.get_mut(&link)
-                && let Err(e) = endpoint.send(&frame, &[])
-            {
-                self.link_failed(link, now, &format!("write failed: {e}"));
-            }
-        }
-    }
-
-    /// Relays what the queue pairs toward servers completed, and takes down
-    /// the links whose queue pair broke.
-    fn drain_uplinks(&mut self, now: Instant) {
-        while let Some((link, frame)) = self.uplinks.poll_answer() {
-            let Self {
-                core,
-                clients,
-                to_flush,
-                roce,
-                ..
-            } = self;
-            match core.link_frame(link, &frame, now) {
-                LinkAction::Deliver {
-                    conn,
-                    head,
-                    payload,
-                } => deliver_answer(roce, clients, to_flush, conn, &head, payload),
-                LinkAction::Close(why) => self.link_failed(link, now, &why),
-                LinkAction::Send(_) | LinkAction::Nothing => {}
-            }
-        }
-        for (link, status) in self.uplinks.take_broken() {
-            self.link_failed(
-                link,
-                now,
-                &format!("its RDMA queue pair to the server failed ({status:?})"),
-            );
-        }
-    }
-
-    /// Hands every complete frame of a link to the core; returns why the
-    /// link must close, if it must.
-    fn handle_link_frames(&mut self, link: LinkId, now: Instant) -> Option<String> {
-        let Self {
-            core,
-            clients,
-            to_flush,
-            links,
-            metrics,
-            roce,
-            uplinks,
-            ..
-        } = self;
-        let Some(LinkConn::Connected { endpoint }) = links.get_mut(&link) else {
-            return None;
-        };
-        loop {
-            let frame = match endpoint.decoder.next_frame() {
-                Ok(Some(frame)) => frame,
-                Ok(None) => {
-                    // A refusal in this batch may call for the server's
-                    // keys again.
-                    let refresh = core.key_refresh(link)?;
-                    return endpoint
-                        .send(&refresh, &[])
-                        .err()
-                        .map(|e| format!("write failed: {e}"));
-                }
-                Err(e) => return Some(format!("malformed stream from server: {e}")),
-            };
-            if let Ok(header) = proto::frame::Header::parse(frame)
-                && header.tag == QP_CONNECT_TAG
-            {
-                if let Err(why) = uplink_answer(uplinks, link, frame) {
-                    warn!(
-                        "link {}: no RDMA queue pair, requests stay on TCP: {why}",
-                        link.0
-                    );
-                }
-                continue;
-            }
-            let started = metrics.start_timing();
-            match core.link_frame(link, frame, now) {
-                LinkAction::Deliver {
-                    conn,
-                    head,
-                    payload,
-                } => deliver_answer(roce, clients, to_flush, conn, &head, payload),
-                LinkAction::Send(bytes) => {
-                    if let Err(e) = endpoint.send(&bytes, &[]) {
-                        return Some(format!("write failed: {e}"));
-                    }
-                }
-                LinkAction::Nothing => {}
-                LinkAction::Close(why) => return Some(why),
-            }
-            if let Some(started) = started {
-                metrics.observe_device_time(started.elapsed());
-            }
-        }
-    }
-}
-
-/// Sends a request the core wrote for `link`: as work requests on the
-/// link's RDMA queue pair when it can carry them, else on its TCP
-/// connection. Returns the bytes the TCP connection has queued (0 when the
-/// link is not connected: the core answers the request at its timeout).
-fn send_to_link(
-    links: &mut IdMap<LinkId, LinkConn>,
-    uplinks: &mut Uplinks,
-    link: LinkId,
-    head: &[u8],
-    payload: &[u8],
-) -> io::Result<usize> {
-    let Some(LinkConn::Connected { endpoint }) = links.get_mut(&link) else {
-        return Ok(0);
-    };
-    if !uplinks.try_post(link, head, payload) {
-        endpoint.send(head, payload)?;
-    }
-    Ok(endpoint.pending_out())
-}
-
-/// The server's answer to the QP_CONNECT the device sent on `link`.
-fn uplink_answer(uplinks: &mut Uplinks, link: LinkId, frame: &[u8]) -> Result<(), String> {
-    let outcome = match proto::parse_frame(frame) {
-        Ok((proto::Message::QpAccept(accept), _)) => uplinks.accepted(link, &accept),
-        Ok((proto::Message::Response(r), _)) => Err(format!("the server refused it: {}", r.status)),
-        Ok((other, _)) => Err(format!("unexpected answer {:?}", other.opcode())),
-        Err(e) => Err(format!("malformed answer: {e}")),
-    };
-    if outcome.is_err() {
-        uplinks.close(link);
-    }
-    outcome
-}
-
-/// How handling a client's buffered frames ended.
-#[derive(Debug)]
-enum FramesEnd {
-    /// Every complete frame was handled.
-    Drained,
-    /// Backpressure: stop reading this client for now.
-    Paused,
-    /// Close the connection.
-    Close(String),
-}
-
-/// Hands a server's answer to whoever asked: a queue pair's gateway, or a
-/// client connection (listed in `to_flush`).
-fn deliver_answer(
-    roce: &mut [Option<RoceEndpoint>],
-    clients: &mut IdMap<ConnId, ClientConn>,
-    to_flush: &mut Vec<ConnId>,
-    conn: ConnId,
-    head: &[u8],
-    payload: &[u8],
-) {
-    if Device::roce_deliver(roce, conn, head, payload) {
-        // A queue pair's operation: its gateway answered it.
-    } else if let Some(client) = clients.get_mut(&conn) {
-        let _ = client.endpoint.send(head, payload);
-        mark_to_flush(to_flush, conn, client);
-    }
-}
-
-/// Lists `client` in `to_flush` once, if it has bytes queued.
-fn mark_to_flush(to_flush: &mut Vec<ConnId>, conn: ConnId, client: &mut ClientConn) {
-    if !client.to_flush && client.endpoint.pending_out() > 0 {
-        client.to_flush = true;
-        to_flush.push(conn);
     }
 }
 
