@@ -11,6 +11,7 @@ use testbed::launch::{DaemonKind, Fabric, LaunchOptions, NetMode};
 use testbed::prometheus::{PrometheusServer, ScrapeTarget};
 use testbed::run::{FaultKind, PlannedFault, RunOptions, Scenario};
 use testbed::supervise::{Supervisor, control};
+use client_vmm::ServerCache;
 use testbed::workload::{Progress, WorkerConfig, Workload};
 use testbed::{load_topology, load_topology_on, summary};
 use topology::Layout;
@@ -265,6 +266,10 @@ struct WorkloadArgs {
     /// Zipfian keys instead of uniform.
     #[arg(long)]
     zipfian: bool,
+    /// Whether the clients' writes ask the servers to bypass their CPU
+    /// cache: auto (writes of 64 KiB or more), cached or non-temporal.
+    #[arg(long, default_value = "auto")]
+    server_cache: ServerCache,
 }
 
 impl WorkloadArgs {
@@ -277,6 +282,7 @@ impl WorkloadArgs {
         options.depth = self.depth.max(1);
         options.keys = self.keys.max(1);
         options.zipfian = self.zipfian;
+        options.server_cache = self.server_cache;
         options.seed = seed;
         options
     }
@@ -369,6 +375,8 @@ struct WorkerArgs {
     bucket_ms: u64,
     #[arg(long)]
     zipfian: bool,
+    #[arg(long, default_value = "auto")]
+    server_cache: ServerCache,
     /// Zero the worker's slice first (a reused data directory).
     #[arg(long)]
     clear: bool,
@@ -602,6 +610,7 @@ fn demo(duration: f64, reports: PathBuf) -> anyhow::Result<bool> {
 
 fn worker(
     config: WorkerConfig,
+    server_cache: ServerCache,
     topology: PathBuf,
     start_unix_ms: u64,
     out: PathBuf,
@@ -618,7 +627,9 @@ fn worker(
         .enable_all()
         .build()?;
     let result = runtime.block_on(async move {
-        let pool = client_vmm::AsyncPool::connect(topology, config.client.as_str())
+        let pool = client_vmm::AsyncPool::builder(topology, config.client.as_str())
+            .server_cache(server_cache)
+            .connect_async()
             .await
             .map_err(|e| anyhow::anyhow!(client_vmm::error_chain(&e)))?;
         let space = testbed::workload::space::open(&pool)
@@ -964,6 +975,7 @@ fn worker_command(args: WorkerArgs) -> anyhow::Result<bool> {
         start_unix_ms,
         bucket_ms,
         zipfian,
+        server_cache,
         clear,
         out,
     } = args;
@@ -981,5 +993,5 @@ fn worker_command(args: WorkerArgs) -> anyhow::Result<bool> {
         bucket_ms,
         clear,
     };
-    worker(worker_config, config, start_unix_ms, out).map(|()| true)
+    worker(worker_config, server_cache, config, start_unix_ms, out).map(|()| true)
 }
