@@ -55,9 +55,12 @@ impl Fabric {
 
     /// The server's count of writes it stored non-temporally on request.
     fn non_temporal_writes(&self) -> u64 {
-        let (_, text) =
-            telemetry::http_get(self.server.addr("admin"), "/metrics", Duration::from_secs(5))
-                .expect("scrape the server's metrics");
+        let (_, text) = telemetry::http_get(
+            self.server.addr("admin"),
+            "/metrics",
+            Duration::from_secs(5),
+        )
+        .expect("scrape the server's metrics");
         telemetry::metric_sum(&text, COUNTER, "")
             .unwrap_or_else(|| panic!("no {COUNTER} in the server's metrics:\n{text}"))
             as u64
@@ -105,7 +108,11 @@ fn the_pools_policy_and_each_calls_reach_the_server() {
     drop(cached);
     let streaming = fabric.pool(ServerCache::NonTemporal);
     streaming.write(at, &small).expect("small write");
-    assert_eq!(fabric.non_temporal_writes(), 4, "a non-temporal pool always asks");
+    assert_eq!(
+        fabric.non_temporal_writes(),
+        4,
+        "a non-temporal pool always asks"
+    );
     assert_eq!(streaming.read(at, small.len() as u64).expect("read"), small);
 }
 
@@ -131,6 +138,12 @@ fn pmemctl_write_asks_for_non_temporal_stores_when_told() {
     assert_eq!(fabric.non_temporal_writes(), 0);
     pmemctl(&["write", "1TiB", "streamed", "--non-temporal"]);
     assert_eq!(fabric.non_temporal_writes(), 1);
-    pmemctl(&["write", "1TiB", "streamed, durable", "--persist", "--non-temporal"]);
+    pmemctl(&[
+        "write",
+        "1TiB",
+        "streamed, durable",
+        "--persist",
+        "--non-temporal",
+    ]);
     assert_eq!(fabric.non_temporal_writes(), 2);
 }

@@ -6,12 +6,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
+use client_vmm::ServerCache;
 use testbed::advice::Starter;
 use testbed::launch::{DaemonKind, Fabric, LaunchOptions, NetMode};
 use testbed::prometheus::{PrometheusServer, ScrapeTarget};
 use testbed::run::{FaultKind, PlannedFault, RunOptions, Scenario};
 use testbed::supervise::{Supervisor, control};
-use client_vmm::ServerCache;
 use testbed::workload::{Progress, WorkerConfig, Workload};
 use testbed::{load_topology, load_topology_on, summary};
 use topology::Layout;

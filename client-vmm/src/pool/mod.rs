@@ -52,8 +52,8 @@ mod stats;
 
 pub use batch::{Batch, BatchOp, Completion};
 pub use builder::{ETCD_ENV, PoolBuilder, PoolOptions, SECRETS_ENV};
-pub use server_cache::{NON_TEMPORAL_FROM, ServerCache, UnknownServerCache};
 use in_flight::InFlight;
+pub use server_cache::{NON_TEMPORAL_FROM, ServerCache, UnknownServerCache};
 pub use stats::{PathStatus, Stats, StatsSnapshot};
 
 /// One path's current connection.

@@ -95,7 +95,10 @@ mod tests {
         assert!(!ServerCache::Auto.non_temporal(from - 1, from));
         assert!(ServerCache::Auto.non_temporal(from, from));
         assert!(ServerCache::Auto.non_temporal(16 << 20, from));
-        assert!(ServerCache::Auto.non_temporal(8, 8), "the threshold is a setting");
+        assert!(
+            ServerCache::Auto.non_temporal(8, 8),
+            "the threshold is a setting"
+        );
     }
 
     #[test]

@@ -3,9 +3,7 @@
 use std::io;
 use std::path::PathBuf;
 
-use client_vmm::{
-    AllocError, OpenError, Pool, PoolError, ServerCache, VIRT_BASE, error_chain,
-};
+use client_vmm::{AllocError, OpenError, Pool, PoolError, ServerCache, VIRT_BASE, error_chain};
 use topology::{ByteSize, LoadError, RegionId, VirtAddr};
 
 use crate::show;
