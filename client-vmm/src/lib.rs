@@ -49,7 +49,9 @@ pub mod verbs;
 
 pub use alloc::{AllocError, Allocator, BlockingAllocator, Growth, Placement};
 pub use error::{Address, OpenError, PoolError};
-pub use pool::{AsyncPool, Batch, BatchOp, Completion, Pool, PoolBuilder, PoolOptions};
+pub use pool::{
+    AsyncPool, Batch, BatchOp, Completion, Pool, PoolBuilder, PoolOptions, ServerCache,
+};
 pub use translate::{StaticTranslator, Translator, VIRT_BASE};
 
 /// The guide `docs/client-library.md`, here so that its example is

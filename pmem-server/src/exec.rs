@@ -710,6 +710,9 @@ impl Executor {
                     map.write(at, req.payload, cache).map_err(io)?;
                 }
                 self.metrics.bytes_in.add(req.payload.len() as u64);
+                if req.non_temporal {
+                    self.metrics.non_temporal_writes.inc();
+                }
                 Ok(Done::ok(0))
             }
             Operation::Flush => {

@@ -49,6 +49,9 @@ pub struct ServerMetrics {
     pub scrubbed_blocks: Arc<Family<Counter>>,
     /// Extents zeroed as a key was installed on them (allocations).
     pub extents_zeroed: Arc<Counter>,
+    /// WRITE and WRITE_PERSIST requests stored with non-temporal stores
+    /// because they asked for it (the NON_TEMPORAL flag).
+    pub non_temporal_writes: Arc<Counter>,
     /// Following the map in etcd: epoch, time to apply, watch restarts,
     /// etcd errors.
     pub map: Arc<control::MapMetrics>,
@@ -154,6 +157,11 @@ impl ServerMetrics {
             extents_zeroed: r.counter(
                 "pmem_server_extents_zeroed_total",
                 "Extents zeroed as an allocation installed its key on them.",
+            )?,
+            non_temporal_writes: r.counter(
+                "pmem_server_non_temporal_writes_total",
+                "WRITE and WRITE_PERSIST requests stored with non-temporal stores, around the \
+                 CPU cache, because the client asked for it (NON_TEMPORAL flag).",
             )?,
             map: Arc::new(control::MapMetrics::register(
                 r,

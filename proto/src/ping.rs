@@ -7,7 +7,7 @@
 
 use crate::error::{Error, Result};
 use crate::le;
-use crate::view::{len_exactly, wire_view};
+use crate::view::wire_view;
 
 /// Byte ranges of a PING / PONG body.
 pub mod field {
@@ -24,14 +24,10 @@ wire_view! {
     /// A read/write view of a PING / PONG body.
     pub struct Packet;
     error: Error;
+    exactly: HEADER_LEN, "ping body";
 }
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    /// Checks that the body is exactly [`HEADER_LEN`] bytes.
-    pub fn check_len(&self) -> Result<()> {
-        len_exactly(self.buffer.as_ref().len(), HEADER_LEN, "ping body")
-    }
-
     /// The opaque value.
     pub fn value(&self) -> u64 {
         le::u64_at(&self.buffer.as_ref()[field::VALUE])

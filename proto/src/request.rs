@@ -24,7 +24,7 @@ use crate::error::{Error, Result};
 use crate::le;
 use crate::limits::MAX_DATA_LEN;
 use crate::opcode::Opcode;
-use crate::view::{len_at_least, wire_view};
+use crate::view::wire_view;
 use crate::{AccessKey, PmemAddr, RegionIndex, RegionOffset};
 
 /// Byte ranges of a request body.
@@ -78,18 +78,16 @@ pub use crate::limits::ATOMIC_LEN;
 
 wire_view! {
     /// A read/write view of a request body.
+    ///
+    /// `check_len` looks only at the fixed part; whether the payload fits
+    /// the opcode and `length` is checked by [`Repr::parse`].
     pub struct Packet;
     error: Error;
+    at_least: HEADER_LEN;
     payload: field::PAYLOAD;
 }
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    /// Checks that the fixed part is there. Whether the payload fits the
-    /// opcode and `length` is checked by [`Repr::parse`].
-    pub fn check_len(&self) -> Result<()> {
-        len_at_least(self.buffer.as_ref().len(), HEADER_LEN)
-    }
-
     /// The raw flags byte.
     pub fn flags(&self) -> u8 {
         self.buffer.as_ref()[field::FLAGS]

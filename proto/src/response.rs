@@ -14,7 +14,7 @@ use crate::le;
 use crate::limits::MAX_DATA_LEN;
 use crate::opcode::Opcode;
 use crate::status::Status;
-use crate::view::{len_at_least, wire_view};
+use crate::view::wire_view;
 
 /// Byte ranges of a response body.
 pub mod field {
@@ -37,15 +37,11 @@ wire_view! {
     /// A read/write view of a response body.
     pub struct Packet;
     error: Error;
+    at_least: HEADER_LEN;
     payload: field::PAYLOAD;
 }
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    /// Checks that the fixed part is there.
-    pub fn check_len(&self) -> Result<()> {
-        len_at_least(self.buffer.as_ref().len(), HEADER_LEN)
-    }
-
     /// The status.
     pub fn status(&self) -> Status {
         Status::from(le::u16_at(&self.buffer.as_ref()[field::STATUS]))

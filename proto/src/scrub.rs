@@ -78,14 +78,10 @@ wire_view! {
     /// A read/write view of a SCRUB body.
     pub struct Packet;
     error: Error;
+    exactly: HEADER_LEN, "scrub body";
 }
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    /// Checks that the body is exactly [`HEADER_LEN`] bytes.
-    pub fn check_len(&self) -> Result<()> {
-        len_exactly(self.buffer.as_ref().len(), HEADER_LEN, "scrub body")
-    }
-
     /// The region index.
     pub fn region(&self) -> u32 {
         le::u32_at(&self.buffer.as_ref()[field::REGION])

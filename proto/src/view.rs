@@ -1,18 +1,20 @@
 //! The part every wire view shares, written once: a `Packet`-style struct
 //! over a byte buffer with `new_unchecked`, `new_checked` and `into_inner`.
 //!
-//! Each view still writes its own `check_len` (the one thing that differs:
-//! a fixed size, a size its fields announce, a header to validate) and its
-//! field accessors. [`len_at_least`], [`len_exactly`] and
-//! [`len_as_announced`] state the common size rules once.
+//! A view of a fixed size (`exactly`) or of a fixed part and a payload
+//! (`at_least` with `payload`) gets its `check_len` from the macro too; the
+//! others (a size their fields announce, a header to validate) write their
+//! own, with [`len_at_least`], [`len_exactly`] and [`len_as_announced`],
+//! which state the common size rules once.
 
 use crate::error::{Error, Result};
 
 /// Defines a read/write view `$name<T: AsRef<[u8]>>` over a buffer, with
 /// `new_unchecked`, `new_checked` (which runs the view's own
 /// `check_len(&self) -> Result<(), $error>`) and `into_inner`; given a
-/// `payload` range (the bytes after a fixed part), `payload` and
-/// `payload_mut` too.
+/// `payload` range (the bytes after a fixed part, at least `at_least`
+/// bytes long), `check_len`, `payload` and `payload_mut` too; given
+/// `exactly` a size, the `check_len` of a body of that size.
 macro_rules! wire_view {
     ($(#[$attr:meta])* pub struct $name:ident; error: $error:ty;) => {
         $(#[$attr])*
@@ -45,9 +47,32 @@ macro_rules! wire_view {
         }
     };
     (
-        $(#[$attr:meta])* pub struct $name:ident; error: $error:ty; payload: $payload:expr;
+        $(#[$attr:meta])* pub struct $name:ident; error: $error:ty;
+        exactly: $len:expr, $what:literal;
     ) => {
         wire_view! { $(#[$attr])* pub struct $name; error: $error; }
+
+        impl<T: AsRef<[u8]>> $name<T> {
+            #[doc = concat!("Checks that the body is exactly [`", stringify!($len), "`] bytes.")]
+            pub fn check_len(&self) -> core::result::Result<(), $error> {
+                $crate::view::len_exactly(self.buffer.as_ref().len(), $len, $what)
+            }
+        }
+    };
+    (
+        $(#[$attr:meta])* pub struct $name:ident; error: $error:ty;
+        at_least: $len:expr; payload: $payload:expr;
+    ) => {
+        wire_view! { $(#[$attr])* pub struct $name; error: $error; }
+
+        impl<T: AsRef<[u8]>> $name<T> {
+            #[doc = concat!(
+                "Checks that the fixed part ([`", stringify!($len), "`] bytes) is there."
+            )]
+            pub fn check_len(&self) -> core::result::Result<(), $error> {
+                $crate::view::len_at_least(self.buffer.as_ref().len(), $len)
+            }
+        }
 
         impl<'a, T: AsRef<[u8]> + ?Sized> $name<&'a T> {
             /// The bytes after the fixed part.

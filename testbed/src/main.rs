@@ -6,6 +6,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
+use client_vmm::ServerCache;
 use testbed::advice::Starter;
 use testbed::launch::{DaemonKind, Fabric, LaunchOptions, NetMode};
 use testbed::prometheus::{PrometheusServer, ScrapeTarget};
@@ -279,6 +280,10 @@ struct WorkloadArgs {
     /// Zipfian keys instead of uniform.
     #[arg(long)]
     zipfian: bool,
+    /// Whether the clients' writes ask the servers to bypass their CPU
+    /// cache: auto (writes of 64 KiB or more), cached or non-temporal.
+    #[arg(long, default_value = "auto")]
+    server_cache: ServerCache,
 }
 
 impl WorkloadArgs {
@@ -291,6 +296,7 @@ impl WorkloadArgs {
         options.depth = self.depth.max(1);
         options.keys = self.keys.max(1);
         options.zipfian = self.zipfian;
+        options.server_cache = self.server_cache;
         options.seed = seed;
         options
     }
@@ -386,6 +392,8 @@ struct WorkerArgs {
     bucket_ms: u64,
     #[arg(long)]
     zipfian: bool,
+    #[arg(long, default_value = "auto")]
+    server_cache: ServerCache,
     /// Zero the worker's slice first (a reused data directory).
     #[arg(long)]
     clear: bool,
@@ -626,6 +634,7 @@ fn demo(duration: f64, reports: PathBuf) -> anyhow::Result<bool> {
 fn worker(
     config: WorkerConfig,
     map: ::control::MapFlags,
+    server_cache: ServerCache,
     start_unix_ms: u64,
     out: PathBuf,
 ) -> anyhow::Result<()> {
@@ -641,7 +650,7 @@ fn worker(
         .enable_all()
         .build()?;
     let result = runtime.block_on(async move {
-        let pool = open_pool(source, config.client.as_str()).await?;
+        let pool = open_pool(source, config.client.as_str(), server_cache).await?;
         let space = testbed::workload::space::open(&pool)
             .await
             .map_err(|why| anyhow::anyhow!("where the keys live: {why}"))?;
@@ -1010,6 +1019,7 @@ fn worker_command(args: WorkerArgs) -> anyhow::Result<bool> {
         start_unix_ms,
         bucket_ms,
         zipfian,
+        server_cache,
         clear,
         out,
     } = args;
@@ -1031,14 +1041,16 @@ fn worker_command(args: WorkerArgs) -> anyhow::Result<bool> {
             .parent()
             .map(|dir| testbed::workload::register::history_path(dir, &client_id)),
     };
-    worker(worker_config, map, start_unix_ms, out).map(|()| true)
+    worker(worker_config, map, server_cache, start_unix_ms, out).map(|()| true)
 }
 
 /// Opens the pool as `client` from `source`: a topology file, or etcd (the
-/// pool then follows the map). Keys come from `$PMEM_FABRIC_SECRETS`.
+/// pool then follows the map), asking the servers for `server_cache` on
+/// writes. Keys come from `$PMEM_FABRIC_SECRETS`.
 async fn open_pool(
     source: ::control::MapSource,
     client: &str,
+    server_cache: ServerCache,
 ) -> anyhow::Result<client_vmm::AsyncPool> {
     let builder = match source {
         ::control::MapSource::File(path) => {
@@ -1058,6 +1070,7 @@ async fn open_pool(
         }
     };
     builder
+        .server_cache(server_cache)
         .connect_async()
         .await
         .map_err(|e| anyhow::anyhow!(client_vmm::error_chain(&e)))

@@ -253,6 +253,9 @@ pub struct RunOptions {
     pub control: Control,
     /// Show a progress bar.
     pub progress: bool,
+    /// Whether the workers' writes ask the servers to bypass their CPU
+    /// cache.
+    pub server_cache: client_vmm::ServerCache,
 }
 
 impl RunOptions {
@@ -276,6 +279,7 @@ impl RunOptions {
             faults: Vec::new(),
             control: Control::File,
             progress: true,
+            server_cache: client_vmm::ServerCache::Auto,
         }
     }
 }
@@ -1064,6 +1068,7 @@ fn spawn_worker(
             &clients.to_string(),
         ])
         .args(["--workload", options.workload.name()])
+        .args(["--server-cache", options.server_cache.name()])
         .args(["--duration-ms", &options.duration.as_millis().to_string()])
         .args([
             "--size",

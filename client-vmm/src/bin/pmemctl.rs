@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use client_vmm::{AsyncPool, Placement, Pool, operator};
+use client_vmm::{AsyncPool, Placement, Pool, ServerCache, operator};
 use control::MapSource;
 use topology::{RegionId, ServerId, SocketId, Topology};
 
@@ -154,7 +154,7 @@ enum PoolCommand {
     },
     /// Writes DATA (a UTF-8 string) or the bytes of FILE (`@FILE`) at ADDR.
     #[command(
-        override_usage = "pmemctl --config TOPOLOGY --client ID [--secrets DIR] write ADDR DATA|@FILE [--persist]"
+        override_usage = "pmemctl --config TOPOLOGY --client ID [--secrets DIR] write ADDR DATA|@FILE [--persist] [--non-temporal]"
     )]
     Write {
         /// Virtual address (1TiB is the first byte of the pool).
@@ -167,6 +167,11 @@ enum PoolCommand {
         /// Return only once the data is durable (WRITE_PERSIST).
         #[arg(long)]
         persist: bool,
+        /// Ask the server to store with non-temporal stores, around its CPU
+        /// cache, whatever the size (by default only writes of 64 KiB or
+        /// more do).
+        #[arg(long)]
+        non_temporal: bool,
     },
     /// Compare-and-swap of the 8-byte word at ADDR: sets it to NEW if it
     /// holds OLD. Prints the old value when it swapped; when the word held
@@ -449,8 +454,17 @@ fn on_pool(
 ) -> Result<Output, CliError> {
     Ok(match command {
         PoolCommand::Read { addr, len, out } => ctl.read(addr, len, out)?,
-        PoolCommand::Write { addr, persist, .. } => {
-            Output::Text(ctl.write(addr, &payload.unwrap_or_default(), persist)?)
+        PoolCommand::Write {
+            addr,
+            persist,
+            non_temporal,
+            ..
+        } => {
+            let cache = match non_temporal {
+                true => ServerCache::NonTemporal,
+                false => ServerCache::Auto,
+            };
+            Output::Text(ctl.write(addr, &payload.unwrap_or_default(), persist, cache)?)
         }
         PoolCommand::Cas { addr, old, new } => Output::Text(ctl.cas(addr, old, new)?),
         PoolCommand::Faa { addr, delta } => Output::Text(ctl.faa(addr, delta)?),

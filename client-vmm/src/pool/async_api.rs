@@ -23,7 +23,8 @@ use super::epoch::Epoch;
 use super::follow;
 use super::{
     AsyncPool, Batch, BatchOp, Completion, ETCD_ENV, InFlight, Inner, MAX_PIECE, PathStatus,
-    PoolBuilder, PoolOptions, SECRETS_ENV, Spec, Stats, StatsSnapshot, lock, new_session,
+    PoolBuilder, PoolOptions, SECRETS_ENV, ServerCache, Spec, Stats, StatsSnapshot, lock,
+    new_session,
 };
 
 impl AsyncPool {
@@ -259,9 +260,23 @@ impl AsyncPool {
     /// every later read sees it, but it is **not durable** (a power cut or a
     /// server crash may lose it) until a [`flush`](Self::flush) of the range
     /// sent after this returned. [`write_persist`](Self::write_persist) does
-    /// both in one request.
+    /// both in one request. The server's CPU cache is treated as the pool's
+    /// [`ServerCache`] policy says.
     pub async fn write(&self, vaddr: VirtAddr, data: &[u8]) -> Result<(), PoolError> {
-        self.write_op(vaddr, data, Operation::Write).await
+        let cache = self.inner.options.server_cache;
+        self.write_op(vaddr, data, Operation::Write, cache).await
+    }
+
+    /// [`write`](Self::write) with `cache` instead of the pool's policy:
+    /// for instance [`ServerCache::NonTemporal`] for bulk data nobody reads
+    /// back soon, or [`ServerCache::Cached`] for a large record that is.
+    pub async fn write_with_cache(
+        &self,
+        vaddr: VirtAddr,
+        data: &[u8],
+        cache: ServerCache,
+    ) -> Result<(), PoolError> {
+        self.write_op(vaddr, data, Operation::Write, cache).await
     }
 
     /// Writes `value` as 8 little-endian bytes at `vaddr` with a plain WRITE
@@ -275,23 +290,43 @@ impl AsyncPool {
     /// Writes `data` at `vaddr` and returns once it is durable (WRITE_PERSIST:
     /// the server stores and persists the range before it answers).
     pub async fn write_persist(&self, vaddr: VirtAddr, data: &[u8]) -> Result<(), PoolError> {
-        self.write_op(vaddr, data, Operation::WritePersist).await
+        let cache = self.inner.options.server_cache;
+        self.write_op(vaddr, data, Operation::WritePersist, cache)
+            .await
     }
 
-    pub(super) async fn write_op(
+    /// [`write_persist`](Self::write_persist) with `cache` instead of the
+    /// pool's [`ServerCache`] policy.
+    pub async fn write_persist_with_cache(
+        &self,
+        vaddr: VirtAddr,
+        data: &[u8],
+        cache: ServerCache,
+    ) -> Result<(), PoolError> {
+        self.write_op(vaddr, data, Operation::WritePersist, cache)
+            .await
+    }
+
+    /// Writes `data` with `operation`, every piece asking for non-temporal
+    /// stores when `cache` does for a write of the whole length.
+    async fn write_op(
         &self,
         vaddr: VirtAddr,
         data: &[u8],
         operation: Operation,
+        cache: ServerCache,
     ) -> Result<(), PoolError> {
         let _op = self.inner.in_flight.begin();
-        let pieces = self.inner.plan(vaddr, data.len() as u64).await?;
+        let len = data.len() as u64;
+        let non_temporal = cache.non_temporal(len, self.inner.options.non_temporal_from);
+        let pieces = self.inner.plan(vaddr, len).await?;
         let mut offset = 0usize;
         let sends = pieces.iter().map(|piece| {
             let payload = &data[offset..offset + piece.len as usize];
             offset += piece.len as usize;
             let spec = Spec {
                 payload,
+                non_temporal,
                 ..Spec::plain(operation, piece.len as u32)
             };
             self.inner.send_piece(*piece, spec)

@@ -7,7 +7,9 @@ use topology::{ClientId, Layout, Topology, VirtAddr};
 use crate::alloc::{AllocError, BlockingAllocator};
 use crate::error::{OpenError, PoolError};
 
-use super::{AsyncPool, Batch, Completion, PathStatus, Pool, PoolBuilder, StatsSnapshot};
+use super::{
+    AsyncPool, Batch, Completion, PathStatus, Pool, PoolBuilder, ServerCache, StatsSnapshot,
+};
 
 impl Pool {
     /// Connects `client` with default options (blocking).
@@ -68,6 +70,18 @@ impl Pool {
         self.runtime.block_on(self.pool.write(vaddr, data))
     }
 
+    /// [`write`](Self::write) with `cache` instead of the pool's
+    /// [`ServerCache`] policy.
+    pub fn write_with_cache(
+        &self,
+        vaddr: VirtAddr,
+        data: &[u8],
+        cache: ServerCache,
+    ) -> Result<(), PoolError> {
+        self.runtime
+            .block_on(self.pool.write_with_cache(vaddr, data, cache))
+    }
+
     /// Writes `value` as 8 little-endian bytes at `vaddr` (a plain WRITE:
     /// not atomic, **not durable** until a [`flush`](Self::flush)).
     pub fn write_u64(&self, vaddr: VirtAddr, value: u64) -> Result<(), PoolError> {
@@ -77,6 +91,18 @@ impl Pool {
     /// Writes `data` at `vaddr`, returning once it is durable (WRITE_PERSIST).
     pub fn write_persist(&self, vaddr: VirtAddr, data: &[u8]) -> Result<(), PoolError> {
         self.runtime.block_on(self.pool.write_persist(vaddr, data))
+    }
+
+    /// [`write_persist`](Self::write_persist) with `cache` instead of the
+    /// pool's [`ServerCache`] policy.
+    pub fn write_persist_with_cache(
+        &self,
+        vaddr: VirtAddr,
+        data: &[u8],
+        cache: ServerCache,
+    ) -> Result<(), PoolError> {
+        self.runtime
+            .block_on(self.pool.write_persist_with_cache(vaddr, data, cache))
     }
 
     /// Makes `len` bytes at `vaddr` durable: whatever they hold when the

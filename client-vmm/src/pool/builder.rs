@@ -11,6 +11,7 @@ use crate::error::OpenError;
 use crate::paths::PathConfig;
 use crate::translate::Translator;
 
+use super::server_cache::{NON_TEMPORAL_FROM, ServerCache};
 use super::{AsyncPool, Pool};
 
 /// Tunables of a pool.
@@ -30,6 +31,13 @@ pub struct PoolOptions {
     /// persist on every atomic. Off by default: an atomic is durable only
     /// after a FLUSH of its word.
     pub persistent_atomics: bool,
+    /// Whether writes ask their server for non-temporal stores, which
+    /// bypass its CPU cache ([`ServerCache`]); a call may choose otherwise
+    /// ([`AsyncPool::write_with_cache`]).
+    pub server_cache: ServerCache,
+    /// The write size, in bytes, from which [`ServerCache::Auto`] asks for
+    /// non-temporal stores.
+    pub non_temporal_from: u64,
 }
 
 impl Default for PoolOptions {
@@ -40,6 +48,8 @@ impl Default for PoolOptions {
             queue_depth: 256,
             tlb_capacity: 65536,
             persistent_atomics: false,
+            server_cache: ServerCache::Auto,
+            non_temporal_from: NON_TEMPORAL_FROM,
         }
     }
 }
@@ -122,6 +132,20 @@ impl PoolBuilder {
     /// [`PoolOptions::persistent_atomics`]).
     pub fn persistent_atomics(mut self, persistent: bool) -> Self {
         self.options.persistent_atomics = persistent;
+        self
+    }
+
+    /// Whether writes ask their server to bypass its CPU cache (see
+    /// [`PoolOptions::server_cache`]).
+    pub fn server_cache(mut self, policy: ServerCache) -> Self {
+        self.options.server_cache = policy;
+        self
+    }
+
+    /// The write size from which [`ServerCache::Auto`] asks for
+    /// non-temporal stores (see [`PoolOptions::non_temporal_from`]).
+    pub fn non_temporal_from(mut self, bytes: u64) -> Self {
+        self.options.non_temporal_from = bytes;
         self
     }
 

@@ -453,7 +453,7 @@ impl Inner {
             exactly_once: None,
             on_behalf: None,
             persist: spec.persist,
-            non_temporal: false,
+            non_temporal: spec.non_temporal,
             operand: spec.operand,
             compare: spec.compare,
             payload: spec.payload,

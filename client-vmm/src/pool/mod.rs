@@ -19,6 +19,8 @@
 //! - `batch`: [`Batch`]; `blocking`: [`Pool`], the blocking facade;
 //! - `keys`: the region keys the devices gave, refreshed when a server
 //!   refuses one (rotated);
+//! - `server_cache`: [`ServerCache`], whether a write asks its server to
+//!   bypass the server's CPU cache;
 //! - `stats`, `in_flight`: what the pool counts and what `fence` waits for.
 
 use std::collections::HashMap;
@@ -45,11 +47,13 @@ mod epoch;
 mod follow;
 mod in_flight;
 mod keys;
+mod server_cache;
 mod stats;
 
 pub use batch::{Batch, BatchOp, Completion};
 pub use builder::{ETCD_ENV, PoolBuilder, PoolOptions, SECRETS_ENV};
 use in_flight::InFlight;
+pub use server_cache::{NON_TEMPORAL_FROM, ServerCache, UnknownServerCache};
 pub use stats::{PathStatus, Stats, StatsSnapshot};
 
 /// One path's current connection.
@@ -158,6 +162,8 @@ pub(crate) struct Spec<'a> {
     pub(crate) payload: &'a [u8],
     pub(crate) persist: bool,
     pub(crate) exactly_once: bool,
+    /// Ask the server for non-temporal stores (writes only).
+    pub(crate) non_temporal: bool,
 }
 
 impl Spec<'_> {
@@ -170,6 +176,7 @@ impl Spec<'_> {
             payload: &[],
             persist: false,
             exactly_once: false,
+            non_temporal: false,
         }
     }
 }

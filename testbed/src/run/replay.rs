@@ -83,6 +83,9 @@ pub fn command_line(program: &str, options: &RunOptions) -> String {
         flag("data-dir", path(dir));
     }
     flag("reports", path(&options.reports));
+    if options.server_cache != client_vmm::ServerCache::Auto {
+        flag("server-cache", options.server_cache.name().to_owned());
+    }
     if options.zipfian {
         args.push("--zipfian".to_owned());
     }

@@ -3,7 +3,7 @@
 use std::io;
 use std::path::PathBuf;
 
-use client_vmm::{AllocError, OpenError, Pool, PoolError, VIRT_BASE, error_chain};
+use client_vmm::{AllocError, OpenError, Pool, PoolError, ServerCache, VIRT_BASE, error_chain};
 use topology::{ByteSize, LoadError, RegionId, VirtAddr};
 
 use crate::show;
@@ -214,13 +214,21 @@ impl Ctl<'_> {
         }
     }
 
-    /// `write ADDR DATA [--persist]`, with the bytes DATA stands for.
-    pub fn write(&self, addr: u64, data: &[u8], persist: bool) -> Result<String, CliError> {
+    /// `write ADDR DATA [--persist] [--non-temporal]`, with the bytes DATA
+    /// stands for and the server cache policy the flags ask for.
+    pub fn write(
+        &self,
+        addr: u64,
+        data: &[u8],
+        persist: bool,
+        cache: ServerCache,
+    ) -> Result<String, CliError> {
         let len = data.len() as u64;
         let result = if persist {
-            self.pool.write_persist(VirtAddr(addr), data)
+            self.pool
+                .write_persist_with_cache(VirtAddr(addr), data, cache)
         } else {
-            self.pool.write(VirtAddr(addr), data)
+            self.pool.write_with_cache(VirtAddr(addr), data, cache)
         };
         result.map_err(|e| self.failed(format!("write {len} bytes at {addr:#x}"), e))?;
         Ok(format!(
