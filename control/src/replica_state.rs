@@ -259,37 +259,26 @@ pub fn mismatch(topology: &Topology, records: &[ReplicaSetRecord]) -> Option<Str
 #[cfg(test)]
 mod tests {
     use super::*;
-    use topology::EnvOverrides;
-
-    fn default_with(pool_extra: &str) -> Topology {
-        let text = std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../configs/default.toml"
-        ))
-        .unwrap()
-        .replace(
-            "name = \"default\"",
-            &format!("name = \"default\"\n{pool_extra}"),
-        );
-        Topology::from_toml_str("t", &text, &EnvOverrides::None).unwrap()
-    }
 
     #[test]
     fn a_new_pool_records_every_copy_serving_with_owners_in_turn() {
-        assert!(initial(&default_with("")).is_empty());
-        let records = initial(&default_with("replicas = 2"));
+        assert!(initial(&testkit::default_topology_with("")).is_empty());
+        let records = initial(&testkit::default_topology_with("replicas = 2"));
         assert_eq!(records.len(), 4);
         let owners: Vec<&str> = records.iter().map(|r| r.owner.as_str()).collect();
         assert_eq!(owners, ["A", "B", "A", "B"]);
         assert!(records.iter().all(|r| r.version == 1 && r.serving() == 2));
         assert_eq!(records[0].copies[1].server, "B");
-        assert_eq!(mismatch(&default_with("replicas = 2"), &records), None);
+        assert_eq!(
+            mismatch(&testkit::default_topology_with("replicas = 2"), &records),
+            None
+        );
     }
 
     #[test]
     fn copies_added_to_existing_regions_start_syncing_and_bump_the_version() {
-        let one = default_with("");
-        let two = default_with("replicas = 2");
+        let one = testkit::default_topology_with("");
+        let two = testkit::default_topology_with("replicas = 2");
         let (records, notes) = derive(&two, Some((&one, &[])));
         assert_eq!(records[0].state_on("A"), Some(ReplicaState::Serving));
         assert_eq!(records[0].state_on("B"), Some(ReplicaState::Syncing));
@@ -302,7 +291,7 @@ mod tests {
 
     #[test]
     fn records_that_do_not_match_the_topology_are_named() {
-        let two = default_with("replicas = 2");
+        let two = testkit::default_topology_with("replicas = 2");
         let mut records = initial(&two);
         let missing = mismatch(&two, &records[1..]).unwrap();
         assert!(missing.contains("region PA.1 has 2 copies"), "{missing}");
@@ -312,7 +301,7 @@ mod tests {
             wrong.contains("on servers A, A but the topology places its copies on A, B"),
             "{wrong}"
         );
-        let single = mismatch(&default_with(""), &initial(&two)).unwrap();
+        let single = mismatch(&testkit::default_topology_with(""), &initial(&two)).unwrap();
         assert!(single.contains("\"PA.1\", which has no copies"), "{single}");
         let mut owned = initial(&two);
         owned[0].owner = "Z".into();

@@ -98,20 +98,6 @@ pub fn backups_on(held: &[HeldRegion]) -> Vec<BackupPlace> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use topology::EnvOverrides;
-
-    fn default_with(pool_extra: &str) -> Topology {
-        let text = std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../configs/default.toml"
-        ))
-        .unwrap()
-        .replace(
-            "name = \"default\"",
-            &format!("name = \"default\"\n{pool_extra}"),
-        );
-        Topology::from_toml_str("t", &text, &EnvOverrides::None).unwrap()
-    }
 
     fn held(t: &Topology, server: &str) -> Vec<(String, String, CopyRole)> {
         let layout = Layout::new(t).unwrap();
@@ -129,7 +115,7 @@ mod tests {
 
     #[test]
     fn a_single_copy_server_holds_its_own_regions_only() {
-        let t = default_with("");
+        let t = testkit::default_topology_with("");
         let primary = |r: &str, s: &str| (r.to_owned(), s.to_owned(), CopyRole::Primary);
         assert_eq!(held(&t, "A"), [primary("PA.1", "0"), primary("PA.2", "1")]);
         assert!(backups_on(&held_by(&t, &Layout::new(&t).unwrap(), &"A".into())).is_empty());
@@ -137,7 +123,7 @@ mod tests {
 
     #[test]
     fn a_replicated_server_holds_the_other_servers_regions_as_backups() {
-        let t = default_with("replicas = 2");
+        let t = testkit::default_topology_with("replicas = 2");
         let backup = |r: &str, s: &str| (r.to_owned(), s.to_owned(), CopyRole::Backup);
         let a = held(&t, "A");
         assert_eq!(&a[2..], [backup("PB.1", "0"), backup("PB.2", "1")]);

@@ -390,6 +390,22 @@ pub fn write_topology(dir: &Path, regions: &[(&str, &str)]) -> PathBuf {
     write_checked(&dir.join("topology.toml"), &text)
 }
 
+/// The embedded default topology (`configs/default.toml`) with `pool_extra`
+/// added to its `[pool]` table (for instance `replicas = 2`).
+pub fn default_topology_with(pool_extra: &str) -> topology::Topology {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../configs/default.toml"
+    ))
+    .expect("read configs/default.toml")
+    .replace(
+        "name = \"default\"",
+        &format!("name = \"default\"\n{pool_extra}"),
+    );
+    topology::Topology::from_toml_str("default.toml", &text, &topology::EnvOverrides::None)
+        .expect("the default topology with the pool's extra lines")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -52,7 +52,8 @@ pub use conn::{
 pub use daemon::{Daemon, DaemonSpec, READY_TIMEOUT, TERMINATE_TIMEOUT, parse_ready_line};
 pub use etcd::Etcd;
 pub use fabric::{
-    FabricSpec, Ports, RoceSpec, free_loopback_port, try_free_loopback_port, write_topology,
+    FabricSpec, Ports, RoceSpec, default_topology_with, free_loopback_port, try_free_loopback_port,
+    write_topology,
 };
 pub use imports::{
     Import, ImportCycle, ImportScanError, assert_no_import_cycles, describe_cycles, import_cycles,
