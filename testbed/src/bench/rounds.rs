@@ -30,13 +30,12 @@ pub struct RatioSpread {
 impl RatioSpread {
     /// The spread of `values` (NaN fields for none).
     pub fn of(values: Vec<f64>) -> RatioSpread {
-        let mut sorted: Vec<f64> = values.iter().copied().filter(|v| v.is_finite()).collect();
-        sorted.sort_by(f64::total_cmp);
-        let median = sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN);
+        let finite: Vec<f64> = values.iter().copied().filter(|v| v.is_finite()).collect();
+        let (median, min, max) = crate::stats::spread(&finite);
         RatioSpread {
             median,
-            min: sorted.first().copied().unwrap_or(f64::NAN),
-            max: sorted.last().copied().unwrap_or(f64::NAN),
+            min,
+            max,
             rounds: values,
         }
     }
