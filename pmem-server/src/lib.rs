@@ -23,6 +23,9 @@
 //!   zeroing an extent as a key is installed on it.
 //! - `conn`, `live` and [`server`]: connections and their admission,
 //!   listeners and the daemon's life.
+//! - `gate`: with `--secrets`, who may talk to this server and for which
+//!   clients a fabric device may act.
+//! - `numa`: keeping a NIC's threads on the NUMA node of its socket's PMEM.
 //! - `follow`: on etcd, following the cluster map while the server runs.
 //! - `metrics`: what `/metrics` exports.
 //! - `verbs` (feature `verbs`): regions registered with a NIC's RNIC and

@@ -112,6 +112,7 @@
 //! | `code` | what the one-byte opcodes share: conversions and `Display` (private) |
 //! | [`decoder`] | the sans-IO frame decoder that splits a byte stream into frames |
 //! | [`error`] | why bytes are not a frame this crate accepts |
+//! | [`fence`] | fencing by map epoch: who answers STALE_MAP, and with what |
 //! | [`frame`] | the 16-byte frame header |
 //! | [`hello`] | HELLO: version, role, capabilities, name |
 //! | `le` | little-endian field access (private) |

@@ -9,6 +9,9 @@
 //! needs no rdma-core (only cmake and libclang for its bindings), and
 //! running without it, or without a device, fails with
 //! [`RnicError::NoLibrary`] / [`RnicError::NoDevice`].
+//!
+//! `error` holds [`RnicError`], what goes wrong opening a device and
+//! bringing a queue pair up.
 
 pub mod device;
 mod error;

@@ -20,6 +20,18 @@
 //!   daemons, and its control socket.
 //! - [`advice`]: what to do after a failed start, in the words of the
 //!   command that failed.
+//! - [`bench`](mod@bench): `testbed bench`, pmem-fabric against the network floor and
+//!   redis, its peers and rounds; [`stats`]: the one median and quantile of
+//!   every report.
+//! - [`roce_bench`], [`verbs_bench`], [`persist_bench`]: `bench-roce`,
+//!   `bench-verbs` and `bench-persist`, each a cost the main bench cannot
+//!   see (the device's RoCEv2 port, a server's CPU on verbs, a durable write).
+//! - [`lab`]: the RDMA lab (QEMU guests with a stock Linux RDMA stack);
+//!   [`guest_server`]: a PMEM server in a guest of its own; [`power_cut`]:
+//!   real power cuts of such a guest.
+//! - [`linearizability`]: a register workload's history decided by an
+//!   existing checker.
+//! - [`keys`]: `testbed keygen`, a fresh key for every principal.
 
 pub mod advice;
 pub mod bench;

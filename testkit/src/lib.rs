@@ -18,6 +18,11 @@
 //! - [`assert_no_import_cycles`]: a crate's test that no two of its modules
 //!   import each other ([`import_cycles`] lists the pairs).
 //!
+//! Modules: `binaries` ([`binary`]), `daemon` ([`Daemon`]), `launch` (the
+//! daemons' command lines), `conn` ([`Conn`]), `fabric` (topology files),
+//! `etcd` ([`Etcd`]), [`netns`] (a namespace joined by a veth pair), `roce`
+//! (a RoCEv2 client for tests and load), `imports` (import cycles).
+//!
 //! ```no_run
 //! use proto::Status;
 //! use proto::request::Repr;

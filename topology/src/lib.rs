@@ -16,6 +16,12 @@
 //! - [`routes`]: the ordered paths from a client to a region.
 //! - [`replicas`]: each region's copies (primary and backups) on servers
 //!   of distinct failure domains, named or placed by a deterministic rule.
+//! - [`ids`]: typed names (server, socket, region, device, client);
+//!   [`size`]: sizes such as `64MiB`; [`addr`]: the address newtypes.
+//! - [`grants`]: what a client may touch, as PMEM address ranges.
+//! - [`secrets`]: the principals' key files.
+//! - `tree`: the document as values that remember their line and column;
+//!   `extent_table`: O(1) address lookup for dense layouts.
 //!
 //! - [`host`]: the checks only a server's host can make (its PMEM device
 //!   paths exist and are directories or device DAX character devices).
