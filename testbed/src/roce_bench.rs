@@ -27,6 +27,7 @@ use topology::secrets::{Principal, read_key};
 use topology::{LayoutEntry, PmemAddr};
 
 use crate::bench::peers::cpu_seconds;
+use crate::launch::DaemonKind;
 use crate::report::LatencyHistogram;
 
 /// How long and how hard each measurement runs.
@@ -193,11 +194,17 @@ impl Setup {
         let client_key = read_key(&secrets, Principal::Client("c0"))?;
         let secrets_arg = secrets.to_str().context("a UTF-8 keys' path")?;
         let with_keys = ["--secrets", secrets_arg];
+        // The daemons run from this very binary (`testbed daemon …`), so
+        // the bench works from a copy of it outside the source tree.
+        let exe = std::env::current_exe().context("find the testbed executable")?;
+        let data = dir.path().join("A");
+        let server_spec = testkit::pmem_server_spec(&exe, &config, "A", &data, &with_keys);
+        let device_spec = testkit::fabric_device_spec(&exe, &config, "F", &with_keys);
         let server = vec![
-            testkit::pmem_server(&config, "A", &dir.path().join("A"), &with_keys)
+            Daemon::spawn(own_daemon(server_spec, DaemonKind::PmemServer))
                 .map_err(|e| anyhow::anyhow!("pmem-server did not start:\n{e}"))?,
         ];
-        let device = testkit::fabric_device(&config, "F", &with_keys)
+        let device = Daemon::spawn(own_daemon(device_spec, DaemonKind::FabricDevice))
             .map_err(|e| anyhow::anyhow!("fabric-device did not start:\n{e}"))?;
         device.wait_links_up(1);
         let region = testkit::layout(&config).entries()[0].clone();
@@ -440,4 +447,12 @@ pub fn markdown(report: &RoceBenchReport) -> String {
         report.roce_device_cpu_per_op_over_tcp
     ));
     text
+}
+
+/// `spec` (a daemon's command line with the testbed as its program) as
+/// `testbed daemon <program> …`.
+fn own_daemon(mut spec: testkit::DaemonSpec, kind: DaemonKind) -> testkit::DaemonSpec {
+    let head = ["daemon", kind.program()].map(std::ffi::OsString::from);
+    spec.args.splice(0..0, head);
+    spec
 }
