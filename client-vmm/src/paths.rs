@@ -199,7 +199,7 @@ fn port_name(port: &Option<PortId>) -> String {
 
 /// When something that is down gets probed next.
 #[derive(Debug, Clone, Copy)]
-struct Backoff {
+struct ProbeSchedule {
     /// When the next probe is due.
     due: Instant,
     /// The delay that led to `due`; doubled on each failed probe.
@@ -208,7 +208,7 @@ struct Backoff {
     in_progress: bool,
 }
 
-impl Backoff {
+impl ProbeSchedule {
     fn start(config: &PathConfig, now: Instant) -> Self {
         let delay = config.probe_interval.min(config.probe_max);
         Self {
@@ -252,7 +252,10 @@ impl Backoff {
 #[derive(Debug, Clone, Copy)]
 enum Connection {
     Up,
-    Down { since: Instant, probe: Backoff },
+    Down {
+        since: Instant,
+        probe: ProbeSchedule,
+    },
 }
 
 /// Everything the table tracks about one path.
@@ -262,7 +265,7 @@ struct PathState {
     outstanding: usize,
     connection: Connection,
     /// Servers the path's device reported unavailable, by server index.
-    unreachable: BTreeMap<u16, Backoff>,
+    unreachable: BTreeMap<u16, ProbeSchedule>,
     /// The map no longer wires this RNIC to this device: the path takes no
     /// new requests and is not probed.
     retired: bool,
@@ -442,7 +445,7 @@ impl PathTable {
                         state.retired = false;
                         state.connection = Connection::Down {
                             since: now,
-                            probe: Backoff::due_now(&self.config, now),
+                            probe: ProbeSchedule::due_now(&self.config, now),
                         };
                         followed.added.push(PathId(index));
                     }
@@ -460,7 +463,7 @@ impl PathTable {
                     self.states.push(PathState {
                         connection: Connection::Down {
                             since: now,
-                            probe: Backoff::due_now(&self.config, now),
+                            probe: ProbeSchedule::due_now(&self.config, now),
                         },
                         ..PathState::up()
                     });
@@ -537,7 +540,7 @@ impl PathTable {
                 if let Connection::Up = state.connection {
                     state.connection = Connection::Down {
                         since: now,
-                        probe: Backoff::start(&config, now),
+                        probe: ProbeSchedule::start(&config, now),
                     };
                     // Server probes in flight on the dead connection will not
                     // answer; hand them out again once the path is back.
@@ -550,7 +553,7 @@ impl PathTable {
                 state
                     .unreachable
                     .entry(server_index)
-                    .or_insert_with(|| Backoff::start(&config, now));
+                    .or_insert_with(|| ProbeSchedule::start(&config, now));
             }
         }
     }
@@ -634,7 +637,7 @@ impl PathTable {
                 Connection::Up => state
                     .unreachable
                     .values()
-                    .filter_map(Backoff::pending)
+                    .filter_map(ProbeSchedule::pending)
                     .min(),
             })
             .min()

@@ -11,7 +11,7 @@ use crate::ids::LinkId;
 
 /// How reconnecting behaves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Backoff {
+pub struct ReconnectPolicy {
     /// The first delay after a failure; doubles per failure up to `max`.
     pub min: Duration,
     /// The longest delay between attempts.
@@ -33,15 +33,15 @@ enum State {
 /// The reconnect schedule of every link.
 #[derive(Debug)]
 pub struct Reconnects {
-    backoff: Backoff,
+    policy: ReconnectPolicy,
     links: HashMap<LinkId, State>,
 }
 
 impl Reconnects {
     /// An empty schedule.
-    pub fn new(backoff: Backoff) -> Self {
+    pub fn new(policy: ReconnectPolicy) -> Self {
         Self {
-            backoff,
+            policy,
             links: HashMap::new(),
         }
     }
@@ -52,7 +52,7 @@ impl Reconnects {
             link,
             State::Waiting {
                 at: now,
-                next: self.backoff.min,
+                next: self.policy.min,
             },
         );
     }
@@ -74,7 +74,7 @@ impl Reconnects {
     /// Links whose connect has taken longer than the connect timeout: the
     /// driver fails them ([`failed`](Self::failed)).
     pub fn timed_out(&self, now: Instant) -> Vec<LinkId> {
-        let limit = self.backoff.connect_timeout;
+        let limit = self.policy.connect_timeout;
         self.links
             .iter()
             .filter(|(_, s)| matches!(s, State::Connecting { since, .. } if now >= *since + limit))
@@ -87,7 +87,7 @@ impl Reconnects {
         if let Some(state) = self.links.get_mut(&link) {
             let next = match *state {
                 State::Waiting { next, .. } | State::Connecting { next, .. } => next,
-                State::Connected => self.backoff.min,
+                State::Connected => self.policy.min,
             };
             *state = State::Connecting { since: now, next };
         }
@@ -109,12 +109,12 @@ impl Reconnects {
             return;
         };
         let wait = match *state {
-            State::Connected => self.backoff.min,
+            State::Connected => self.policy.min,
             State::Waiting { next, .. } | State::Connecting { next, .. } => next,
         };
         *state = State::Waiting {
             at: now + wait,
-            next: (wait * 2).min(self.backoff.max),
+            next: (wait * 2).min(self.policy.max),
         };
     }
 
@@ -125,7 +125,7 @@ impl Reconnects {
             .values()
             .filter_map(|s| match s {
                 State::Waiting { at, .. } => Some(*at),
-                State::Connecting { since, .. } => Some(*since + self.backoff.connect_timeout),
+                State::Connecting { since, .. } => Some(*since + self.policy.connect_timeout),
                 State::Connected => None,
             })
             .min()
@@ -139,7 +139,7 @@ mod tests {
     const MS: Duration = Duration::from_millis(1);
 
     fn schedule() -> (Reconnects, Instant) {
-        let backoff = Backoff {
+        let backoff = ReconnectPolicy {
             min: 20 * MS,
             max: 200 * MS,
             connect_timeout: 2000 * MS,

@@ -38,7 +38,7 @@ use crate::forward::{ClientAction, ConnId, Forwarder, ForwarderConfig, LinkActio
 use crate::idmap::IdMap;
 use crate::map::{DeviceMap, MapError};
 use crate::metrics::DeviceMetrics;
-use crate::reconnect::{Backoff, Reconnects};
+use crate::reconnect::{ReconnectPolicy, Reconnects};
 use crate::roce_metrics::RoceMetrics;
 use crate::uplink::{QP_CONNECT_TAG, Uplinks};
 use admission::{Admission, Verdict};
@@ -386,7 +386,7 @@ impl Device {
             core.require_client_keys(client_keys);
         }
         let now = Instant::now();
-        let mut reconnects = Reconnects::new(Backoff {
+        let mut reconnects = Reconnects::new(ReconnectPolicy {
             min: config.reconnect_min,
             max: config.reconnect_max,
             connect_timeout: CONNECT_TIMEOUT,
