@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use client_vmm::{AllocError, Allocator, AsyncPool, error_chain};
 use topology::Topology;
 
+pub use crate::daemon_kind::DaemonKind;
 use crate::etcd::{Control, EtcdControl, EtcdControlError, EtcdReach, Reacher};
 use crate::guest_server::{GuestPaths, GuestServer, GuestServerError, guest_address};
 use crate::lab::{LabError, LabNet};
@@ -45,25 +46,6 @@ pub enum NetMode {
     /// The RDMA lab: daemons in the lab's namespace, each client in a QEMU
     /// guest with a kernel RDMA stack on the lab's bridge (see [`crate::lab`]).
     Lab,
-}
-
-/// Which daemon.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum DaemonKind {
-    /// A pmem-server.
-    PmemServer,
-    /// A fabric-device.
-    FabricDevice,
-}
-
-impl DaemonKind {
-    /// The daemon's program name.
-    pub fn program(self) -> &'static str {
-        match self {
-            DaemonKind::PmemServer => "pmem-server",
-            DaemonKind::FabricDevice => "fabric-device",
-        }
-    }
 }
 
 /// How to bring a fabric up.

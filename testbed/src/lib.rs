@@ -4,6 +4,7 @@
 //! - [`launch`]: every daemon of a topology as a real process (loopback or
 //!   one network namespace per host, [`netns`]), its map from the topology
 //!   file or from a real etcd ([`etcd`]).
+//! - [`daemon_kind`]: which daemon a process is (pmem-server, fabric-device).
 //! - [`membership`]: a daemon held back from the first map on etcd, to
 //!   add under the workload; the device that can be removed.
 //! - [`epochs`]: each daemon's (and worker's) map epoch sampled over a run.
@@ -35,6 +36,7 @@
 
 pub mod advice;
 pub mod bench;
+pub mod daemon_kind;
 pub mod epochs;
 pub mod etcd;
 pub mod first_use;

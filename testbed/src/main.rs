@@ -606,7 +606,7 @@ fn run_on(options: &RunOptions, topology: &topology::Topology) -> anyhow::Result
         );
     }
     let outcome = testbed::run::execute(topology, &topology.source, options)?;
-    print!("{}", summary::run_summary(&outcome));
+    print!("{}", outcome.summary());
     let violations = testbed::run::contract_violations(&outcome.report);
     for line in &violations {
         println!("  CONTRACT VIOLATED: {line}");

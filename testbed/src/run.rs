@@ -2,7 +2,10 @@
 //! process per client, inject the planned faults, then verify, report and
 //! stop everything.
 
+mod outcome;
 pub mod replay;
+
+pub use outcome::RunOutcome;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -18,10 +21,8 @@ use topology::{Topology, VirtAddr};
 
 use crate::etcd::{Control, EtcdControl};
 use crate::lab;
-use crate::launch::{DaemonKind, Endpoint, Fabric, LaunchOptions, NetMode};
-use crate::report::{
-    FaultRecord, ReportFiles, RoceCounters, RunReport, Timeline, Verification, write_report,
-};
+use crate::launch::{DaemonKind, Fabric, LaunchOptions, NetMode};
+use crate::report::{FaultRecord, RoceCounters, RunReport, Timeline, Verification, write_report};
 use crate::workload::keys::{COUNTER_AREA, KeySpace, counter_word};
 use crate::workload::space;
 use crate::workload::{CounterTally, STARTED_LINE, WorkerResult, Workload};
@@ -282,19 +283,6 @@ impl RunOptions {
             server_cache: client_vmm::ServerCache::Auto,
         }
     }
-}
-
-/// What a run produced.
-#[derive(Debug)]
-pub struct RunOutcome {
-    /// The report.
-    pub report: RunReport,
-    /// Where it was written.
-    pub files: ReportFiles,
-    /// The daemons' addresses while it ran.
-    pub endpoints: Vec<Endpoint>,
-    /// Daemons that did not exit cleanly at the end.
-    pub unclean_exits: Vec<String>,
 }
 
 /// The chaos scenarios.

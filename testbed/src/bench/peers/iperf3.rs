@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use super::process::{run, start_server, strings, tail, whole_seconds};
+use super::output::tail;
+use super::process::{run, start_server, strings, whole_seconds};
 use super::{OVERSHOOT, PeerError, READY_TIMEOUT};
 
 /// iperf3, one TCP stream over loopback for `duration` (whole seconds, at

@@ -33,6 +33,7 @@ use serde::{Deserialize, Serialize};
 use crate::report::LatencyHistogram;
 
 mod iperf3;
+mod output;
 mod process;
 mod procfs;
 mod redis;

@@ -8,8 +8,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::output::tail;
 use super::procfs::listens_on;
-use super::{CLIENT_OUTPUT_CAP, PeerError, SERVER_OUTPUT_CAP, TAIL_CHARS};
+use super::{CLIENT_OUTPUT_CAP, PeerError, SERVER_OUTPUT_CAP};
 
 /// A loopback TCP port that was free a moment ago, below the ephemeral
 /// range, never the same twice in one process (testkit's search).
@@ -288,35 +289,4 @@ pub(super) fn command_line(program: &str, args: &[String]) -> String {
         }
     }
     line
-}
-
-/// `text` without ANSI escape sequences (sockperf colours its output).
-pub(super) fn strip_ansi(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            if chars.peek() == Some(&'[') {
-                chars.next();
-                for c in chars.by_ref() {
-                    if c.is_ascii_alphabetic() {
-                        break;
-                    }
-                }
-            }
-            continue;
-        }
-        out.push(c);
-    }
-    out
-}
-
-/// The last [`TAIL_CHARS`] characters of `text`, without colours and
-/// surrounding blank space.
-pub(super) fn tail(text: &str) -> String {
-    let text = strip_ansi(text);
-    let text = text.trim();
-    let skip = text.chars().count().saturating_sub(TAIL_CHARS);
-    let tail: String = text.chars().skip(skip).collect();
-    if skip > 0 { format!("…{tail}") } else { tail }
 }

@@ -5,7 +5,7 @@ use std::ffi::OsStr;
 use std::io;
 
 use super::PeerError;
-use super::process::tail;
+use super::output::tail;
 
 /// CPU seconds (user + system, all threads) process `pid` has used so far,
 /// from `/proc/PID/stat`.

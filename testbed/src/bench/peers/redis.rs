@@ -9,7 +9,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::report::LatencyHistogram;
 
-use super::process::{Process, run, start_server, strings, tail};
+use super::output::tail;
+use super::process::{Process, run, start_server, strings};
 use super::procfs::cpu_seconds;
 use super::{PeerError, Quantiles, READY_TIMEOUT, REDIS_KEYSPACE, REDIS_READY_TIMEOUT};
 

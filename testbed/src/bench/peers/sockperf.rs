@@ -7,7 +7,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::report::LatencyHistogram;
 
-use super::process::{command_line, run, start_server, strings, strip_ansi, tail, whole_seconds};
+use super::output::{strip_ansi, tail};
+use super::process::{command_line, run, start_server, strings, whole_seconds};
 use super::{OVERSHOOT, PeerError, Quantiles, READY_TIMEOUT, SOCKPERF_SETTLE};
 
 /// A sockperf ping-pong run: its quantiles and every round trip it measured.
