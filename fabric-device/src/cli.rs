@@ -229,7 +229,10 @@ where
         let _ = waker.wake();
     }));
     match source.watch(version, control::REREAD_PERIOD, observer) {
-        Ok(Some(watch)) => device.follow(watch, registration, epoch.unwrap_or(0)),
+        Ok(Some(watch)) => {
+            device.follow(watch, registration, epoch.unwrap_or(0));
+            device.mark_copies_in(&source);
+        }
         Ok(None) => {}
         Err(e) => {
             error!("{}", error_chain(&e));

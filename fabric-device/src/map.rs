@@ -252,11 +252,6 @@ impl DeviceMap {
         self
     }
 
-    /// The copies of region `region` when it has more than one.
-    pub fn copies(&self, region: u32) -> Option<&RegionCopies> {
-        self.replica_sets.get(region as usize)?.as_ref()
-    }
-
     /// Whether a server's MAP agrees with ours for every region this device
     /// routes to that server (same index, start and length): the check that
     /// a link talks to the server the topology means. Regions of other
