@@ -100,3 +100,22 @@ pub fn mark_copy_offline(
         }
     })
 }
+
+/// The states of the replicated regions' copies in pool `pool`'s map now
+/// (as the etcd user of `credentials` when given), with the map's epoch:
+/// what a daemon starting on the control plane applies before serving.
+pub fn read_copy_states(
+    endpoints: &Endpoints,
+    pool: &str,
+    credentials: Option<&Credentials>,
+) -> Result<(Vec<crate::ReplicaSetRecord>, u64), ControlError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|source| ControlError::Runtime { source })?;
+    runtime.block_on(async {
+        let mut plane = ControlPlane::connect(endpoints, pool, credentials).await?;
+        let read = plane.read_map().await?;
+        Ok((read.map.replica_sets, read.map.epoch))
+    })
+}

@@ -44,7 +44,10 @@ impl Fabric {
         let config = spec.write(dir.path(), "topology.toml", &mut ports);
         let text = std::fs::read_to_string(&config).expect("read the topology");
         let replicated = text.replacen("name = \"test\"", "name = \"test\"\nreplicas = 2", 1);
-        assert_ne!(text, replicated, "the [pool] table is where testkit writes it");
+        assert_ne!(
+            text, replicated,
+            "the [pool] table is where testkit writes it"
+        );
         std::fs::write(&config, replicated).expect("write the topology");
         let servers = ["A", "B"]
             .into_iter()
@@ -158,7 +161,10 @@ fn writes_and_atomics_through_the_owner_land_in_both_servers_files() {
             assert_eq!(u64::from_le_bytes(word.try_into().unwrap()), 77);
         }
     }
-    assert_eq!(fabric.metric("fabric_device_copies_marked_offline_total"), 0.0);
+    assert_eq!(
+        fabric.metric("fabric_device_copies_marked_offline_total"),
+        0.0
+    );
     assert!(fabric.metric("fabric_device_replica_writes_total") >= 4.0);
 }
 
@@ -203,9 +209,17 @@ fn a_server_killed_while_writing_costs_no_write_and_the_survivor_has_them_all() 
                 value,
                 "{region}: write {i} is in server A's copy"
             );
-            let read = conn.call(Repr::read(fabric.pmem(region, i * 8), fabric.key(region), 8));
+            let read = conn.call(Repr::read(
+                fabric.pmem(region, i * 8),
+                fabric.key(region),
+                8,
+            ));
             assert_eq!(read.status, Status::Ok);
-            assert_eq!(read.data, value.to_le_bytes(), "{region}: write {i} reads back");
+            assert_eq!(
+                read.data,
+                value.to_le_bytes(),
+                "{region}: write {i} reads back"
+            );
         }
         let counter = fabric.copy_bytes("A", region, 1 << 20, 8);
         assert_eq!(

@@ -74,7 +74,9 @@ impl CopyMarker {
                          (epoch {epoch})"
                     ),
                     Ok(control::copy_marks::CopyMarked::AlreadyOffline) => {
-                        info!("region {region_id}: copy on server {server} already offline in the map")
+                        info!(
+                            "region {region_id}: copy on server {server} already offline in the map"
+                        )
                     }
                     Err(e) => warn!(
                         "{}; this device stops using the copy anyway (an operator can mark it \
@@ -97,6 +99,14 @@ impl Device {
     /// map is not written: the loss is confirmed at once).
     pub fn mark_copies_in(&mut self, source: &control::MapSource) {
         self.copy_marker = CopyMarker::for_source(source);
+    }
+
+    /// Uses the copies' states, owners and versions of `records` (the map's
+    /// in etcd) instead of a new pool's, keeping links and clients.
+    pub fn use_copy_states(&mut self, records: &[control::ReplicaSetRecord]) {
+        let map = self.core.map().clone().with_replica_states(records);
+        let outcome = self.core.reload(map);
+        self.deliver_all(outcome.failed);
     }
 
     /// Carries out what the core queued for replicated regions, until it

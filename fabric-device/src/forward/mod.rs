@@ -61,10 +61,10 @@ mod timeouts;
 use clients::Session;
 use epoch::DeviceEpoch;
 pub use links::LinkStatus;
-pub use replication::Outgoing;
-use replication::Replication;
 use links::{Lanes, Link};
 use parking::Parked;
+pub use replication::Outgoing;
+use replication::Replication;
 
 /// The protocol version this device speaks.
 pub use proto::PROTOCOL_VERSION;

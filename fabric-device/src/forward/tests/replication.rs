@@ -97,7 +97,11 @@ fn split(out: Vec<Outgoing>) -> (Vec<Sent>, Vec<(ConnId, Reply)>, Vec<(RegionInd
 }
 
 fn index(core: &Forwarder, region: &str) -> RegionIndex {
-    core.map().layout.entry_by_id(&region.into()).unwrap().region
+    core.map()
+        .layout
+        .entry_by_id(&region.into())
+        .unwrap()
+        .region
 }
 
 fn send<'d>(
@@ -226,7 +230,10 @@ fn an_atomic_is_decided_at_one_copy_and_its_word_written_to_the_other() {
     // read of the word on the same link.
     assert_eq!(sent.len(), 2);
     let b = link(&core, "B", "n0");
-    assert_eq!((sent[0].link, sent[0].operation), (b, Operation::CompareSwap));
+    assert_eq!(
+        (sent[0].link, sent[0].operation),
+        (b, Operation::CompareSwap)
+    );
     assert_eq!((sent[1].link, sent[1].operation), (b, Operation::Read));
     let number = core.map().clients["c1"].number;
     let identity = ExactlyOnce::on_lane(0, 41).stamped(number);
@@ -249,7 +256,11 @@ fn an_atomic_is_decided_at_one_copy_and_its_word_written_to_the_other() {
     answer(&mut core, write, Status::Ok, 0);
     let (_, answers, _) = split(core.take_outbox());
     assert_eq!(answers.len(), 1);
-    assert_eq!(answered(&answers[0].1), (Status::Ok, 5, 3), "the deciding copy's answer");
+    assert_eq!(
+        answered(&answers[0].1),
+        (Status::Ok, 5, 3),
+        "the deciding copy's answer"
+    );
     assert_eq!(core.metrics.atomics_decided.get(), 1);
     assert_eq!(core.metrics.atomics_applied.get(), 1);
 }
@@ -284,7 +295,10 @@ fn a_write_overlapping_an_undecided_atomic_waits_and_goes_after_its_word() {
         |c| Repr::read(pmem(c, "PB.1", 64), key(c, "PB.1"), 8),
         5,
     );
-    assert!(core.take_outbox().is_empty(), "a read of the word waits too");
+    assert!(
+        core.take_outbox().is_empty(),
+        "a read of the word waits too"
+    );
     send(
         &mut core,
         |c| Repr::write(pmem(c, "PB.1", 8192), key(c, "PB.1"), &[2; 8]),
@@ -299,8 +313,10 @@ fn a_write_overlapping_an_undecided_atomic_waits_and_goes_after_its_word() {
     let (sent, _, _) = split(core.take_outbox());
     let a = link(&core, "A", "n0");
     let b = link(&core, "B", "n0");
-    let order: Vec<(LinkId, Operation, u64)> =
-        sent.iter().map(|s| (s.link, s.operation, s.offset)).collect();
+    let order: Vec<(LinkId, Operation, u64)> = sent
+        .iter()
+        .map(|s| (s.link, s.operation, s.offset))
+        .collect();
     // The word to the backup first, then the write to both copies, then
     // the read (to the deciding copy, behind the write on its link).
     assert_eq!(
@@ -334,7 +350,10 @@ fn a_read_during_a_write_goes_behind_it_at_the_deciding_copy() {
     let a = link(&core, "A", "n0");
     assert_eq!(reads[0].link, a, "the deciding copy, on the write's link");
     assert_eq!(writes[0].link, a);
-    assert!(reads[0].tag > writes[0].tag, "sent after the write on that link");
+    assert!(
+        reads[0].tag > writes[0].tag,
+        "sent after the write on that link"
+    );
 
     // Without a write in flight, a read may go to either serving copy.
     for w in &writes {
@@ -366,7 +385,10 @@ fn a_lost_copy_holds_the_answer_until_it_is_marked_then_answers_ok() {
     let failed = core.link_down(sent[1].link);
     assert!(failed.is_empty(), "no error for the client");
     let (_, answers, lost) = split(core.take_outbox());
-    assert!(answers.is_empty(), "held until the map says the copy is offline");
+    assert!(
+        answers.is_empty(),
+        "held until the map says the copy is offline"
+    );
     assert_eq!(lost, [(pa1, "B".to_owned())]);
     assert_eq!(core.metrics.copies_offline.get(), 1);
 
