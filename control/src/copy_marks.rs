@@ -35,7 +35,7 @@ pub enum MarkCopyError {
         server: String,
         /// Why.
         #[source]
-        source: ControlError,
+        source: Box<ControlError>,
     },
     /// The map refuses the change (the last serving copy, a region that is
     /// not replicated there).
@@ -47,7 +47,7 @@ pub enum MarkCopyError {
         server: String,
         /// Why.
         #[source]
-        source: EditError,
+        source: Box<EditError>,
     },
 }
 
@@ -63,7 +63,7 @@ pub fn mark_copy_offline(
     let control = |source| MarkCopyError::Control {
         region: region.to_owned(),
         server: server.to_owned(),
-        source,
+        source: Box::new(source),
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -84,7 +84,7 @@ pub fn mark_copy_offline(
                     return Err(MarkCopyError::Edit {
                         region: region.to_owned(),
                         server: server.to_owned(),
-                        source,
+                        source: Box::new(source),
                     });
                 }
             };

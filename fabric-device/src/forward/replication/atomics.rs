@@ -144,10 +144,8 @@ impl Forwarder {
                 span.undecided = false;
             }
         }
-        let copies = match self.reach_copies(region, now) {
-            Ok(copies) => copies,
-            Err(_) => Vec::new(),
-        };
+        // No copy left to write to: the deciding copy has the word.
+        let copies = self.reach_copies(region, now).unwrap_or_default();
         let none: Arc<[u8]> = Arc::from(&[][..]);
         for (copy, link) in copies {
             if Some(copy) == decider {

@@ -59,8 +59,11 @@ struct Sent {
     payload: Vec<u8>,
 }
 
+/// An outbox split: the requests sent, the answers and the copies lost.
+type Split = (Vec<Sent>, Vec<(ConnId, Reply)>, Vec<(RegionIndex, String)>);
+
 /// Splits an outbox into the requests sent, the answers and the copies lost.
-fn split(out: Vec<Outgoing>) -> (Vec<Sent>, Vec<(ConnId, Reply)>, Vec<(RegionIndex, String)>) {
+fn split(out: Vec<Outgoing>) -> Split {
     let (mut sent, mut answers, mut lost) = (Vec::new(), Vec::new(), Vec::new());
     for item in out {
         match item {
