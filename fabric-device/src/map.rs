@@ -317,6 +317,51 @@ mod tests {
     }
 
     #[test]
+    fn replicated_regions_list_their_copies_links_owner_and_version() {
+        let t = testkit::default_topology_with("replicas = 2");
+        let map = DeviceMap::new(&t, &"A".into()).unwrap();
+        let pb1 = map.layout.entry_by_id(&"PB.1".into()).unwrap().region;
+        let set = map.replica_sets[pb1.0 as usize].as_ref().unwrap();
+        let copies: Vec<(&str, ReplicaState)> = set
+            .copies
+            .iter()
+            .map(|c| (c.server.as_str(), c.state))
+            .collect();
+        // Primary first, every copy serving in a new pool.
+        assert_eq!(
+            copies,
+            [("B", ReplicaState::Serving), ("A", ReplicaState::Serving)]
+        );
+        // The backup on A's socket 0: A's NIC n0 first.
+        let first = &map.links[set.copies[1].links[0]];
+        assert_eq!(
+            (first.key.server.as_str(), first.key.nic.as_str()),
+            ("A", "n0")
+        );
+        assert_eq!(set.copies[1].links.len(), 2);
+        assert_eq!(set.version, 1);
+        // Owners in turn: PA.1 → A, PA.2 → B, PB.1 → A, PB.2 → B.
+        assert_eq!(set.owner.as_str(), "A");
+
+        let mut records = control::replica_state::initial(&t);
+        let record = records.iter_mut().find(|r| r.region == "PB.1").unwrap();
+        record.copies[1].state = ReplicaState::Offline;
+        record.owner = "B".into();
+        record.version = 2;
+        let map = map.with_replica_states(&records);
+        let set = map.replica_sets[pb1.0 as usize].as_ref().unwrap();
+        assert_eq!(set.copies[1].state, ReplicaState::Offline);
+        assert_eq!((set.owner.as_str(), set.version), ("B", 2));
+    }
+
+    #[test]
+    fn single_copy_regions_have_no_replica_set() {
+        let map = DeviceMap::new(&fig4a(), &"A".into()).unwrap();
+        assert!(map.replica_sets.iter().all(Option::is_none));
+        assert_eq!(map.replica_sets.len(), map.layout.entries().len());
+    }
+
+    #[test]
     fn unknown_device_and_invalid_topology_are_errors() {
         let t = fig4a();
         assert!(matches!(

@@ -35,6 +35,10 @@ impl Forwarder {
             _ => response.value(),
         };
         send.answer = Some((status, value));
+        if status == Status::StaleMap {
+            // The copy's server runs a newer map: read it now.
+            self.server_response(frame);
+        }
         self.progress(op_id, now);
     }
 
