@@ -342,11 +342,13 @@ impl Forwarder {
 
     /// [`Forwarder::link_down`] at `now`: requests to copies of replicated
     /// regions in flight on it lose their copy (or go to another copy, for
-    /// reads), and a server left with no link up loses its copies.
+    /// reads), and a server that was up and is left with no link up loses
+    /// its copies.
     pub fn link_down_at(&mut self, link_id: LinkId, now: Instant) -> Vec<(ConnId, Reply)> {
         let Some(link) = self.links.get_mut(&link_id) else {
             return Vec::new();
         };
+        let was_up = link.status == LinkStatus::Up;
         link.status = LinkStatus::Down;
         link.starting = false;
         link.opening = None;
@@ -369,7 +371,11 @@ impl Forwarder {
                 }
             }
         }
-        self.copies_unreachable(&server, now);
+        if was_up {
+            // A server that was reached and is not any more; one that never
+            // answered a connect loses its copies when a write needs them.
+            self.copies_unreachable(&server, now);
+        }
         replies
     }
 }

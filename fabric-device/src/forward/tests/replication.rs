@@ -524,3 +524,57 @@ fn a_new_map_replaces_the_local_states_only_when_its_record_moved_on() {
     );
     assert_eq!(write_targets(&mut core), 2);
 }
+
+#[test]
+fn a_server_that_goes_away_loses_its_copies_of_owned_regions_at_once() {
+    let mut core = replicated();
+    let b_links: Vec<LinkId> = core
+        .links()
+        .filter(|(_, k)| k.server.as_str() == "B")
+        .map(|(id, _)| id)
+        .collect();
+    for link in &b_links {
+        core.link_down(*link);
+    }
+    let (_, _, mut lost) = split(core.take_outbox());
+    lost.sort();
+    // A owns PA.1 (backup on B) and PB.1 (primary on B); PA.2 and PB.2 are
+    // device B's to mark.
+    let expected = [
+        (index(&core, "PA.1"), "B".to_owned()),
+        (index(&core, "PB.1"), "B".to_owned()),
+    ];
+    assert_eq!(lost, expected);
+    // PB.1's deciding copy is now server A's: an atomic goes there.
+    send(&mut core, |c| compare_swap(c, "PB.1", 0, 1), 2);
+    let (sent, _, _) = split(core.take_outbox());
+    assert_eq!(sent[0].link, link(&core, "A", "n0"));
+}
+
+#[test]
+fn a_server_never_reached_loses_nothing_until_a_write_needs_it() {
+    let topology = testkit::default_topology_with("replicas = 2");
+    let mut core = core_with(&topology, ForwarderConfig::default());
+    let ids: Vec<LinkId> = core.links().map(|(id, _)| id).collect();
+    for id in ids {
+        match core.link_key(id).unwrap().server.as_str() {
+            "A" => bring_up_with_server_keys(&mut core, id),
+            _ => {
+                core.link_down(id);
+            }
+        }
+    }
+    hello(&mut core, 1, "c1");
+    assert!(
+        core.take_outbox().is_empty(),
+        "no copy lost without traffic"
+    );
+    send(
+        &mut core,
+        |c| Repr::write(pmem(c, "PA.1", 0), key(c, "PA.1"), &[1; 8]),
+        3,
+    );
+    let (sent, _, lost) = split(core.take_outbox());
+    assert_eq!(lost, [(index(&core, "PA.1"), "B".to_owned())]);
+    assert_eq!(sent.len(), 1, "written on server A alone");
+}
