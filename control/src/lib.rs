@@ -38,6 +38,7 @@
 //! (what a daemon following the map exports), [`error`].
 
 pub mod access;
+pub mod copy_marks;
 pub mod credentials;
 pub mod edit;
 pub mod endpoints;

@@ -203,6 +203,24 @@ where
             return ExitCode::FAILURE;
         }
     };
+    // On etcd, the copies' states are the map's, not a new pool's.
+    if let control::MapSource::Etcd {
+        endpoints,
+        pool,
+        credentials,
+    } = &source
+    {
+        match control::copy_marks::read_copy_states(endpoints, pool, credentials.as_ref()) {
+            Ok((records, _)) => device.use_copy_states(&records),
+            Err(e) => {
+                error!(
+                    "cannot read the states of replicated regions' copies: {}",
+                    error_chain(&e)
+                );
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     let mut ready = format!("ready device={id} admin={}", device.admin_addr());
     for (port, addr) in device.ports() {
         ready.push_str(&format!(" port.{port}={addr}"));
@@ -229,7 +247,10 @@ where
         let _ = waker.wake();
     }));
     match source.watch(version, control::REREAD_PERIOD, observer) {
-        Ok(Some(watch)) => device.follow(watch, registration, epoch.unwrap_or(0)),
+        Ok(Some(watch)) => {
+            device.follow(watch, registration, epoch.unwrap_or(0));
+            device.mark_copies_in(&source);
+        }
         Ok(None) => {}
         Err(e) => {
             error!("{}", error_chain(&e));

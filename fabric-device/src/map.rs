@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 
+use control::replica_state::{self, ReplicaSetRecord, ReplicaState};
 use topology::grants::Grants;
 use topology::{
     FabricDeviceId, Layout, LayoutError, NicId, PmemAddr, ServerId, SocketId, Topology,
@@ -90,6 +91,32 @@ pub struct DeviceMap {
     pub region_links: Vec<Vec<usize>>,
     /// The admitted clients by id: those with an RNIC wired to this device.
     pub clients: HashMap<String, ClientPolicy>,
+    /// For each region index, its copies when it has more than one
+    /// (`None`: a single-copy region, forwarded as `region_links` says).
+    pub replica_sets: Vec<Option<RegionCopies>>,
+}
+
+/// One copy of a replicated region as the device reaches it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CopySpec {
+    /// The server holding the copy.
+    pub server: ServerId,
+    /// The positions in `DeviceMap::links` that reach that server: links
+    /// on the copy's socket first, then the others.
+    pub links: Vec<usize>,
+    /// What the map says the copy may be used for.
+    pub state: ReplicaState,
+}
+
+/// A replicated region's copies, owner and record version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegionCopies {
+    /// The copies in set order, the primary first.
+    pub copies: Vec<CopySpec>,
+    /// The fabric device that orders the region's requests.
+    pub owner: FabricDeviceId,
+    /// The version of the region's record in the map.
+    pub version: u64,
 }
 
 impl DeviceMap {
@@ -132,15 +159,46 @@ impl DeviceMap {
                 })
             })
             .collect();
+        let reaching = |server: &ServerId, socket: &SocketId| {
+            let mut reach: Vec<usize> = (0..links.len())
+                .filter(|&i| &links[i].key.server == server)
+                .collect();
+            reach.sort_by_key(|&i| &links[i].socket != socket);
+            reach
+        };
         let region_links = layout
             .entries()
             .iter()
+            .map(|entry| reaching(&entry.server, &entry.socket))
+            .collect();
+        let sets = topology.replica_sets();
+        let records = replica_state::initial(topology);
+        let replica_sets = layout
+            .entries()
+            .iter()
             .map(|entry| {
-                let mut reach: Vec<usize> = (0..links.len())
-                    .filter(|&i| links[i].key.server == entry.server)
+                let set = sets
+                    .iter()
+                    .find(|s| s.region == entry.region_id && s.is_replicated())?;
+                let record = records
+                    .iter()
+                    .find(|r| r.region == entry.region_id.as_str())?;
+                let copies = set
+                    .replicas
+                    .iter()
+                    .map(|copy| CopySpec {
+                        server: copy.server.clone(),
+                        links: reaching(&copy.server, &copy.socket),
+                        state: record
+                            .state_on(copy.server.as_str())
+                            .unwrap_or(ReplicaState::Serving),
+                    })
                     .collect();
-                reach.sort_by_key(|&i| links[i].socket != entry.socket);
-                reach
+                Some(RegionCopies {
+                    copies,
+                    owner: record.owner.as_str().into(),
+                    version: record.version,
+                })
             })
             .collect();
         // Only clients with an RNIC wired to this device: servers refuse
@@ -164,7 +222,34 @@ impl DeviceMap {
             links,
             region_links,
             clients,
+            replica_sets,
         })
+    }
+
+    /// The map with the copies' states, owners and versions of `records`
+    /// (the map's in etcd) instead of a new pool's: a record naming a
+    /// region or server this map does not replicate is ignored, a region
+    /// without a record keeps its copies as they are.
+    pub fn with_replica_states(mut self, records: &[ReplicaSetRecord]) -> Self {
+        for (entry, set) in self.layout.entries().iter().zip(&mut self.replica_sets) {
+            let Some(set) = set.as_mut() else {
+                continue;
+            };
+            let Some(record) = records
+                .iter()
+                .find(|r| r.region == entry.region_id.as_str())
+            else {
+                continue;
+            };
+            for copy in &mut set.copies {
+                if let Some(state) = record.state_on(copy.server.as_str()) {
+                    copy.state = state;
+                }
+            }
+            set.owner = record.owner.as_str().into();
+            set.version = record.version;
+        }
+        self
     }
 
     /// Whether a server's MAP agrees with ours for every region this device
@@ -229,6 +314,51 @@ mod tests {
             })
             .collect();
         assert_eq!(reach, vec![("B", "n1"), ("B", "n0")]);
+    }
+
+    #[test]
+    fn replicated_regions_list_their_copies_links_owner_and_version() {
+        let t = testkit::default_topology_with("replicas = 2");
+        let map = DeviceMap::new(&t, &"A".into()).unwrap();
+        let pb1 = map.layout.entry_by_id(&"PB.1".into()).unwrap().region;
+        let set = map.replica_sets[pb1.0 as usize].as_ref().unwrap();
+        let copies: Vec<(&str, ReplicaState)> = set
+            .copies
+            .iter()
+            .map(|c| (c.server.as_str(), c.state))
+            .collect();
+        // Primary first, every copy serving in a new pool.
+        assert_eq!(
+            copies,
+            [("B", ReplicaState::Serving), ("A", ReplicaState::Serving)]
+        );
+        // The backup on A's socket 0: A's NIC n0 first.
+        let first = &map.links[set.copies[1].links[0]];
+        assert_eq!(
+            (first.key.server.as_str(), first.key.nic.as_str()),
+            ("A", "n0")
+        );
+        assert_eq!(set.copies[1].links.len(), 2);
+        assert_eq!(set.version, 1);
+        // Owners in turn: PA.1 → A, PA.2 → B, PB.1 → A, PB.2 → B.
+        assert_eq!(set.owner.as_str(), "A");
+
+        let mut records = control::replica_state::initial(&t);
+        let record = records.iter_mut().find(|r| r.region == "PB.1").unwrap();
+        record.copies[1].state = ReplicaState::Offline;
+        record.owner = "B".into();
+        record.version = 2;
+        let map = map.with_replica_states(&records);
+        let set = map.replica_sets[pb1.0 as usize].as_ref().unwrap();
+        assert_eq!(set.copies[1].state, ReplicaState::Offline);
+        assert_eq!((set.owner.as_str(), set.version), ("B", 2));
+    }
+
+    #[test]
+    fn single_copy_regions_have_no_replica_set() {
+        let map = DeviceMap::new(&fig4a(), &"A".into()).unwrap();
+        assert!(map.replica_sets.iter().all(Option::is_none));
+        assert_eq!(map.replica_sets.len(), map.layout.entries().len());
     }
 
     #[test]

@@ -62,6 +62,18 @@ pub struct DeviceMetrics {
     pub connections_closed: Arc<Family<Counter>>,
     /// HELLOs refused, by reason.
     pub hello_refused: Arc<Family<Counter>>,
+    /// Requests for replicated regions this device does not own, answered
+    /// NOT_OWNER.
+    pub not_owner: Arc<Counter>,
+    /// Writes (and atomics' words) sent to copies of replicated regions, by
+    /// server and copy role.
+    pub copy_writes: Arc<Family<Counter>>,
+    /// Copies this device stopped using (marked offline).
+    pub copies_offline: Arc<Counter>,
+    /// Atomics of replicated regions sent to their deciding copy.
+    pub atomics_decided: Arc<Counter>,
+    /// Decided words written to the other copies of replicated regions.
+    pub atomics_applied: Arc<Counter>,
     /// CPU nanoseconds of event-loop turns that spun (busy polling) and
     /// found no event.
     idle_poll_ns: Arc<AtomicU64>,
@@ -185,6 +197,29 @@ impl DeviceMetrics {
                  the topology does not name, a second HELLO naming another client, or a \
                  client already at its connection cap.",
                 &["reason"],
+            )?,
+            not_owner: r.counter(
+                "fabric_device_not_owner_total",
+                "Requests for replicated regions another device owns, answered NOT_OWNER.",
+            )?,
+            copy_writes: r.counter_family(
+                "fabric_device_replica_writes_total",
+                "Writes and atomics' decided words sent to copies of replicated regions, by \
+                 server and copy role (primary or backup).",
+                &["server", "role"],
+            )?,
+            copies_offline: r.counter(
+                "fabric_device_copies_marked_offline_total",
+                "Copies of replicated regions this device stopped using: their server's links \
+                 went down, a request timed out, or they refused a change the others made.",
+            )?,
+            atomics_decided: r.counter(
+                "fabric_device_replicated_atomics_decided_total",
+                "COMPARE_SWAP and FETCH_ADD of replicated regions sent to their deciding copy.",
+            )?,
+            atomics_applied: r.counter(
+                "fabric_device_replicated_atomics_applied_total",
+                "Decided words of atomics written to the other copies (ATOMIC_WRITE).",
             )?,
         })
     }

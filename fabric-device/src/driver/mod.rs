@@ -13,6 +13,7 @@ mod endpoint;
 mod links;
 mod packet;
 mod reload;
+mod replication;
 mod ring_events;
 mod roce_port;
 mod uplinks;
@@ -269,6 +270,8 @@ pub struct Device {
     waker: Arc<mio::Waker>,
     /// On etcd: the map being followed, and this device's liveness record.
     follow: Option<Following>,
+    /// On etcd: marks the copies of replicated regions this device lost.
+    copy_marker: Option<replication::CopyMarker>,
 }
 
 /// Following the map in etcd.
@@ -440,6 +443,7 @@ impl Device {
             verbs_keys_polled: now,
             waker,
             follow: None,
+            copy_marker: None,
         })
     }
 
@@ -550,6 +554,7 @@ impl Device {
                 self.link_failed(link, now, "requests timed out");
             }
             self.resume_paused(now);
+            self.carry_out_replication(now);
             self.flush_all(now);
             if let Some(deadline) = self.draining
                 && (self.core.requests_in_flight() == 0 || now >= deadline)

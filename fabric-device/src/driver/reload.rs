@@ -57,7 +57,7 @@ impl Device {
         let running = self.follow.as_ref().map_or(0, |f| f.epoch);
         let epoch = update.version.epoch;
         let map = match DeviceMap::new(&update.topology, &self.config.device) {
-            Ok(map) => map,
+            Ok(map) => map.with_replica_states(&update.replica_sets),
             Err(e) => {
                 warn!(
                     "map epoch={epoch} refused, keeping epoch={running}: {}",

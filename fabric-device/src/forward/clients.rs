@@ -69,6 +69,7 @@ impl Forwarder {
     /// A client connection closed: responses still due to it are dropped.
     pub fn client_closed(&mut self, conn: ConnId) {
         self.parked.retain(|p| p.conn != conn);
+        self.replication_client_closed(conn);
         self.request_budget.release(conn);
         self.metrics
             .request_bytes_held

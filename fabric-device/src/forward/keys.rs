@@ -64,6 +64,10 @@ impl Forwarder {
         for (region, key) in entries {
             self.map.layout.set_key(region, key);
         }
+        // Each copy of a replicated region has its own key on its server.
+        for entry in theirs.entries.iter().filter(|e| !e.key.is_none()) {
+            self.learn_copy_key(entry.region.0, server, entry.key);
+        }
     }
 
     /// Asks for `link`'s keys again at the next [`Forwarder::key_refresh`],

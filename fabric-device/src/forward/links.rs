@@ -11,6 +11,7 @@ use proto::opening::{Credentials, Opening, OpeningTags, Progress};
 use proto::{Opcode, Status, map, response};
 use telemetry::Gauge;
 
+use super::replication::CopyTicket;
 use super::{ConnId, Forwarder, LinkAction, REPLY_HEAD_LEN, Reply, fresh_nonce};
 use crate::deadline::Deadline;
 use crate::idmap::IdMap;
@@ -61,6 +62,8 @@ pub(super) struct Pending {
     pub(super) sent: Instant,
     /// Bytes its answer will bring (READ data and the response head).
     pub(super) reply_bytes: u64,
+    /// A request to one copy of a replicated region: what it is part of.
+    pub(super) copy: Option<CopyTicket>,
 }
 
 /// A link to a server NIC as the core keeps it.
@@ -223,6 +226,16 @@ impl Forwarder {
             // Answered already (timed out); nobody waits for it.
             return LinkAction::Nothing;
         };
+        if let Some(CopyTicket::Op(op)) = pending.copy {
+            // Part of a replicated operation: answered once all are in.
+            let links = &self.links;
+            self.deadlines.trim(|d| is_pending(links, d));
+            self.metrics
+                .server_rtt
+                .observe_duration(now.saturating_duration_since(pending.sent));
+            self.copy_answered(link_id, header.tag, op, frame, now);
+            return LinkAction::Nothing;
+        }
         let links = &self.links;
         self.deadlines.trim(|d| is_pending(links, d));
         self.metrics.in_flight.dec();
@@ -324,21 +337,45 @@ impl Forwarder {
     /// A link broke or was closed: every request in flight on it is answered
     /// SERVER_UNAVAILABLE.
     pub fn link_down(&mut self, link_id: LinkId) -> Vec<(ConnId, Reply)> {
+        self.link_down_at(link_id, Instant::now())
+    }
+
+    /// [`Forwarder::link_down`] at `now`: requests to copies of replicated
+    /// regions in flight on it lose their copy (or go to another copy, for
+    /// reads), and a server that was up and is left with no link up loses
+    /// its copies.
+    pub fn link_down_at(&mut self, link_id: LinkId, now: Instant) -> Vec<(ConnId, Reply)> {
         let Some(link) = self.links.get_mut(&link_id) else {
             return Vec::new();
         };
+        let was_up = link.status == LinkStatus::Up;
         link.status = LinkStatus::Down;
         link.starting = false;
         link.opening = None;
         link.server_map = None;
         link.key_refresh = KeyRefresh::Current;
         link.up_gauge.set(0);
-        let pending: Vec<Pending> = link.pending.drain().map(|(_, p)| p).collect();
+        let server = link.key.server.clone();
+        let pending: Vec<(u64, Pending)> = link.pending.drain().collect();
         let links = &self.links;
         self.deadlines.trim(|d| is_pending(links, d));
-        pending
-            .into_iter()
-            .filter_map(|p| self.answer(p, Status::ServerUnavailable))
-            .collect()
+        let mut replies = Vec::new();
+        for (tag, p) in pending {
+            match p.copy {
+                None => replies.extend(self.answer(p, Status::ServerUnavailable)),
+                Some(CopyTicket::Op(op)) => {
+                    self.copy_request_failed(link_id, tag, op, Status::ServerUnavailable, now);
+                }
+                Some(CopyTicket::Read(_)) => {
+                    replies.extend(self.copy_read_failed(p, Status::ServerUnavailable, now));
+                }
+            }
+        }
+        if was_up {
+            // A server that was reached and is not any more; one that never
+            // answered a connect loses its copies when a write needs them.
+            self.copies_unreachable(&server, now);
+        }
+        replies
     }
 }

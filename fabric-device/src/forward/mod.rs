@@ -27,6 +27,8 @@
 //!   ([`Forwarder::link_frame`]) and a link going down.
 //! - `timeouts`: request deadlines and TIMEOUT answers.
 //! - `reload`: a new map applied.
+//! - `replication`: regions with several copies: the owner's fan-out,
+//!   atomics decided at one copy, reads, and copies lost.
 //! - `keys`: region keys learnt from servers and passed on in clients' MAPs.
 //! - `epoch`: the map epoch, fencing client connections and said to servers.
 //! - `tests`: the core on a virtual clock, one file per concern.
@@ -52,6 +54,7 @@ mod keys;
 mod links;
 mod parking;
 mod reload;
+mod replication;
 mod routing;
 mod timeouts;
 
@@ -60,6 +63,8 @@ use epoch::DeviceEpoch;
 pub use links::LinkStatus;
 use links::{Lanes, Link};
 use parking::Parked;
+pub use replication::Outgoing;
+use replication::Replication;
 
 /// The protocol version this device speaks.
 pub use proto::PROTOCOL_VERSION;
@@ -200,6 +205,8 @@ pub struct Forwarder {
     request_budget: RequestBudget,
     /// The epoch the device runs, and what its servers said of theirs.
     epoch: DeviceEpoch,
+    /// Replicated regions: their copies, operations and outbox.
+    replication: Replication,
     metrics: Arc<DeviceMetrics>,
 }
 
@@ -243,8 +250,10 @@ impl Forwarder {
                 config.max_request_bytes_total,
             ),
             epoch: DeviceEpoch::default(),
+            replication: Replication::default(),
             metrics,
         };
+        core.replication_from_map();
         core.link_ids = (0..core.map.links.len())
             .map(|i| {
                 let key = core.map.links[i].key.clone();
@@ -265,7 +274,9 @@ impl Forwarder {
     /// Requests forwarded and not answered yet, or parked until a link is
     /// up, over every link: what a drain waits for.
     pub fn requests_in_flight(&self) -> usize {
-        self.links.values().map(|l| l.pending.len()).sum::<usize>() + self.parked.len()
+        self.links.values().map(|l| l.pending.len()).sum::<usize>()
+            + self.parked.len()
+            + self.replicated_in_flight()
     }
 }
 

@@ -26,6 +26,9 @@ pub(super) const MAX_PARKED: usize = 4096;
 impl Forwarder {
     /// Whether some link to `region` is still on its first attempt.
     pub(super) fn region_starting(&self, region: u32) -> bool {
+        if let Some(starting) = self.copies_starting(region) {
+            return starting;
+        }
         self.map
             .region_links
             .get(region as usize)

@@ -78,6 +78,7 @@ impl Forwarder {
         }
         self.link_ids = link_ids;
         self.map = map;
+        self.replication_from_map();
         // The new map knows no keys yet: the servers' last MAPs have them.
         let known: Vec<(topology::ServerId, map::Repr)> = self
             .links

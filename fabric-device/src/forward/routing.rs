@@ -20,6 +20,22 @@ use crate::link_tags::CONTROL_TAG;
 /// a NIC's bulk lane.
 pub const BULK_MIN_BYTES: u64 = 64 * 1024;
 
+/// Where a request goes: one link, or the copies of a replicated region.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Routed {
+    /// A single-copy region: this link.
+    Single(Route),
+    /// A replicated region: the replication paths choose the links.
+    Replicated(Located),
+}
+
+/// Where in a replicated region a request lands, and for which client.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Located {
+    pub(super) at: RegionOffset,
+    pub(super) client_number: u32,
+}
+
 /// Where a request goes.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Route {
@@ -32,7 +48,7 @@ pub(super) struct Route {
 impl Forwarder {
     /// Where a request goes: its region, the offset in it, the client's
     /// number and the link to use; or the status that refuses it.
-    pub(super) fn route(&self, conn: ConnId, req: &request::Repr<'_>) -> Result<Route, Status> {
+    pub(super) fn route(&self, conn: ConnId, req: &request::Repr<'_>) -> Result<Routed, Status> {
         let (_, policy) = self
             .sessions
             .get(&conn)
@@ -59,6 +75,12 @@ impl Forwarder {
         if !policy.allows(addr, len, req.operation.changes_memory()) {
             return Err(Status::AccessDenied);
         }
+        if let Some(Some(_)) = self.map.replica_sets.get(region.0 as usize) {
+            return Ok(Routed::Replicated(Located {
+                at: RegionOffset::new(region, offset),
+                client_number: policy.number,
+            }));
+        }
         let nics = self
             .map
             .region_links
@@ -79,11 +101,11 @@ impl Forwarder {
             .find(up)
             .or_else(|| on(other).find(up))
             .ok_or(Status::ServerUnavailable)?;
-        Ok(Route {
+        Ok(Routed::Single(Route {
             at: RegionOffset::new(region, offset),
             client_number: policy.number,
             link,
-        })
+        }))
     }
 
     /// Routes a request, records it as pending and rewrites its head.
@@ -101,7 +123,10 @@ impl Forwarder {
             Err(stale) => return ClientAction::Reply(stale),
         };
         let route = match self.route(conn, req) {
-            Ok(route) => route,
+            Ok(Routed::Single(route)) => route,
+            Ok(Routed::Replicated(at)) => {
+                return self.forward_replicated(conn, frame, req, tag, at, verdict, now);
+            }
             Err(Status::ServerUnavailable)
                 if self
                     .region_of(req)
@@ -130,6 +155,7 @@ impl Forwarder {
                 opcode,
                 sent: now,
                 reply_bytes,
+                copy: None,
             },
         );
         let links = &self.links;
@@ -148,23 +174,7 @@ impl Forwarder {
         self.reply_bytes += reply_bytes;
         self.metrics.in_flight.inc();
 
-        let mut head = [0u8; FORWARD_HEAD_LEN];
-        head.copy_from_slice(&frame[..FORWARD_HEAD_LEN]);
-        let (frame_head, body) = head.split_at_mut(frame::HEADER_LEN);
-        frame::Packet::new_unchecked(frame_head).set_tag(link_tag);
-        let mut packet = request::Packet::new_unchecked(body);
-        // The server learns which client the device acts for (it checks that
-        // client's grants when it authenticates its peers).
-        packet.set_flags(
-            packet.flags() | request::flags::REGION_ADDRESSED | request::flags::ON_BEHALF,
-        );
-        packet.set_region(route.at.region.0);
-        packet.set_addr(route.at.offset);
-        match req.exactly_once {
-            // The client picks the lane; its number is the device's to say.
-            Some(once) => packet.set_client(once.stamped(route.client_number).client),
-            None => packet.set_client(route.client_number & request::CLIENT_NUMBER_MASK),
-        }
+        let head = rewrite_head(frame, req, link_tag, route.at, route.client_number);
         self.metrics.bytes_to_servers.add(frame.len() as u64);
         ClientAction::Forward {
             link: route.link,
@@ -180,4 +190,31 @@ impl Forwarder {
             Target::Region(at) => self.map.layout.entry(at.region).map(|e| e.region.0),
         }
     }
+}
+
+/// A client request's head rewritten for a link: the link's tag, the
+/// region offset, and the client the device acts for.
+pub(super) fn rewrite_head(
+    frame: &[u8],
+    req: &request::Repr<'_>,
+    link_tag: u64,
+    at: RegionOffset,
+    client_number: u32,
+) -> [u8; FORWARD_HEAD_LEN] {
+    let mut head = [0u8; FORWARD_HEAD_LEN];
+    head.copy_from_slice(&frame[..FORWARD_HEAD_LEN]);
+    let (frame_head, body) = head.split_at_mut(frame::HEADER_LEN);
+    frame::Packet::new_unchecked(frame_head).set_tag(link_tag);
+    let mut packet = request::Packet::new_unchecked(body);
+    // The server learns which client the device acts for (it checks that
+    // client's grants when it authenticates its peers).
+    packet.set_flags(packet.flags() | request::flags::REGION_ADDRESSED | request::flags::ON_BEHALF);
+    packet.set_region(at.region.0);
+    packet.set_addr(at.offset);
+    match req.exactly_once {
+        // The client picks the lane; its number is the device's to say.
+        Some(once) => packet.set_client(once.stamped(client_number).client),
+        None => packet.set_client(client_number & request::CLIENT_NUMBER_MASK),
+    }
+    head
 }

@@ -7,6 +7,7 @@ use proto::Status;
 
 use super::links::{Pending, is_pending};
 use super::parking::Parked;
+use super::replication::CopyTicket;
 use super::{ConnId, Forwarder, Reply, error_reply};
 use crate::deadline::Deadline;
 use crate::ids::LinkId;
@@ -58,7 +59,17 @@ impl Forwarder {
                 if !silent.contains(&link_id) {
                     silent.push(link_id);
                 }
-                if let Some(reply) = self.answer(pending, Status::Timeout) {
+                let reply = match pending.copy {
+                    None => self.answer(pending, Status::Timeout),
+                    Some(CopyTicket::Op(op)) => {
+                        self.copy_request_failed(link_id, tag, op, Status::Timeout, now);
+                        None
+                    }
+                    Some(CopyTicket::Read(_)) => {
+                        self.copy_read_failed(pending, Status::Timeout, now)
+                    }
+                };
+                if let Some(reply) = reply {
                     replies.push(reply);
                 }
             }

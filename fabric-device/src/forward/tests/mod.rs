@@ -20,6 +20,7 @@ mod clients;
 mod keys;
 mod links;
 mod parking;
+mod replication;
 mod routing;
 
 pub(super) fn topology() -> Topology {

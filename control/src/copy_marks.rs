@@ -1,0 +1,121 @@
+//! A copy of a replicated region marked `offline` in the map by a daemon
+//! whose loop is not async (the fabric device that owns the region, after
+//! the copy stopped answering), in one transaction, read again and retried
+//! when someone changed the map meanwhile.
+
+use crate::edit::{EditError, mark_replica};
+use crate::replica_state::ReplicaState;
+use crate::{ControlError, ControlPlane, Credentials, Endpoints};
+
+/// Attempts at most when the map keeps changing under the edit.
+const ATTEMPTS: usize = 5;
+
+/// What marking a copy did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CopyMarked {
+    /// The map now says `offline`, at this epoch.
+    Written {
+        /// The map's new epoch.
+        epoch: u64,
+    },
+    /// The map already said `offline` (another device or an operator).
+    AlreadyOffline,
+}
+
+/// Why a copy could not be marked.
+#[derive(Debug, thiserror::Error)]
+pub enum MarkCopyError {
+    /// etcd refused or could not be reached (the user may lack the right to
+    /// write the map, for instance).
+    #[error("cannot mark the copy of region {region} on server {server} offline in etcd")]
+    Control {
+        /// The region.
+        region: String,
+        /// The copy's server.
+        server: String,
+        /// Why.
+        #[source]
+        source: Box<ControlError>,
+    },
+    /// The map refuses the change (the last serving copy, a region that is
+    /// not replicated there).
+    #[error("the map refuses to mark the copy of region {region} on server {server} offline")]
+    Edit {
+        /// The region.
+        region: String,
+        /// The copy's server.
+        server: String,
+        /// Why.
+        #[source]
+        source: Box<EditError>,
+    },
+}
+
+/// Marks `region`'s copy on `server` offline in pool `pool`'s map (as the
+/// etcd user of `credentials` when given); blocks until written or refused.
+pub fn mark_copy_offline(
+    endpoints: &Endpoints,
+    pool: &str,
+    credentials: Option<&Credentials>,
+    region: &str,
+    server: &str,
+) -> Result<CopyMarked, MarkCopyError> {
+    let control = |source| MarkCopyError::Control {
+        region: region.to_owned(),
+        server: server.to_owned(),
+        source: Box::new(source),
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|source| control(ControlError::Runtime { source }))?;
+    runtime.block_on(async {
+        let mut plane = ControlPlane::connect(endpoints, pool, credentials)
+            .await
+            .map_err(control)?;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let read = plane.read_map().await.map_err(control)?;
+            let marked = match mark_replica(&read.map, region, server, ReplicaState::Offline) {
+                Ok(marked) => marked,
+                Err(EditError::Unchanged { .. }) => return Ok(CopyMarked::AlreadyOffline),
+                Err(source) => {
+                    return Err(MarkCopyError::Edit {
+                        region: region.to_owned(),
+                        server: server.to_owned(),
+                        source: Box::new(source),
+                    });
+                }
+            };
+            match plane.replace_map(&read, marked.map).await {
+                Ok(written) => {
+                    return Ok(CopyMarked::Written {
+                        epoch: written.map.epoch,
+                    });
+                }
+                Err(ControlError::Conflict { .. }) if attempt < ATTEMPTS => continue,
+                Err(e) => return Err(control(e)),
+            }
+        }
+    })
+}
+
+/// The states of the replicated regions' copies in pool `pool`'s map now
+/// (as the etcd user of `credentials` when given), with the map's epoch:
+/// what a daemon starting on the control plane applies before serving.
+pub fn read_copy_states(
+    endpoints: &Endpoints,
+    pool: &str,
+    credentials: Option<&Credentials>,
+) -> Result<(Vec<crate::ReplicaSetRecord>, u64), ControlError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|source| ControlError::Runtime { source })?;
+    runtime.block_on(async {
+        let mut plane = ControlPlane::connect(endpoints, pool, credentials).await?;
+        let read = plane.read_map().await?;
+        Ok((read.map.replica_sets, read.map.epoch))
+    })
+}

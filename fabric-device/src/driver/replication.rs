@@ -1,0 +1,173 @@
+//! What the core asks for replicated regions: requests to copies written on
+//! the links' TCP connections, answers delivered, and lost copies marked
+//! offline (in etcd when the device follows the map there) and confirmed
+//! back to the core.
+
+use std::sync::mpsc;
+
+use proto::RegionIndex;
+use topology::{RegionId, ServerId};
+
+use super::*;
+use crate::forward::Outgoing;
+
+/// Marks lost copies offline in etcd, one thread per loss, and hands the
+/// confirmations back to the event loop.
+#[derive(Debug)]
+pub(super) struct CopyMarker {
+    endpoints: control::Endpoints,
+    pool: String,
+    credentials: Option<control::Credentials>,
+    done_tx: mpsc::Sender<(RegionIndex, ServerId)>,
+    done_rx: mpsc::Receiver<(RegionIndex, ServerId)>,
+}
+
+impl CopyMarker {
+    /// A marker for the map of `source`, when it is in etcd.
+    pub(super) fn for_source(source: &control::MapSource) -> Option<Self> {
+        let control::MapSource::Etcd {
+            endpoints,
+            pool,
+            credentials,
+        } = source
+        else {
+            return None;
+        };
+        let (done_tx, done_rx) = mpsc::channel();
+        Some(Self {
+            endpoints: endpoints.clone(),
+            pool: pool.clone(),
+            credentials: credentials.clone(),
+            done_tx,
+            done_rx,
+        })
+    }
+
+    /// Starts marking `region`'s copy on `server` offline; the loop is woken
+    /// by `waker` once it is written, or refused (logged: the device goes on
+    /// without the copy either way).
+    fn start(
+        &self,
+        region: RegionIndex,
+        region_id: RegionId,
+        server: ServerId,
+        waker: Arc<mio::Waker>,
+    ) {
+        let endpoints = self.endpoints.clone();
+        let pool = self.pool.clone();
+        let credentials = self.credentials.clone();
+        let done = self.done_tx.clone();
+        let lost = server.clone();
+        let spawned = std::thread::Builder::new()
+            .name("copy-marker".into())
+            .spawn(move || {
+                let marked = control::copy_marks::mark_copy_offline(
+                    &endpoints,
+                    &pool,
+                    credentials.as_ref(),
+                    region_id.as_str(),
+                    server.as_str(),
+                );
+                match marked {
+                    Ok(control::copy_marks::CopyMarked::Written { epoch }) => info!(
+                        "region {region_id}: copy on server {server} marked offline in the map \
+                         (epoch {epoch})"
+                    ),
+                    Ok(control::copy_marks::CopyMarked::AlreadyOffline) => {
+                        info!(
+                            "region {region_id}: copy on server {server} already offline in the map"
+                        )
+                    }
+                    Err(e) => warn!(
+                        "{}; this device stops using the copy anyway (an operator can mark it \
+                         with `pmemctl cluster mark-replica`)",
+                        error_chain(&e)
+                    ),
+                }
+                let _ = done.send((region, server));
+                let _ = waker.wake();
+            });
+        if let Err(e) = spawned {
+            warn!("cannot start marking a lost copy offline: {e}");
+            let _ = self.done_tx.send((region, lost));
+        }
+    }
+}
+
+impl Device {
+    /// Marks lost copies in the etcd map of `source` from now on (a file's
+    /// map is not written: the loss is confirmed at once).
+    pub fn mark_copies_in(&mut self, source: &control::MapSource) {
+        self.copy_marker = CopyMarker::for_source(source);
+    }
+
+    /// Uses the copies' states, owners and versions of `records` (the map's
+    /// in etcd) instead of a new pool's, keeping links and clients.
+    pub fn use_copy_states(&mut self, records: &[control::ReplicaSetRecord]) {
+        let map = self.core.map().clone().with_replica_states(records);
+        let outcome = self.core.reload(map);
+        self.deliver_all(outcome.failed);
+    }
+
+    /// Carries out what the core queued for replicated regions, until it
+    /// queues nothing more (a failed send fails its link, which may queue
+    /// more).
+    pub(super) fn carry_out_replication(&mut self, now: Instant) {
+        self.confirm_marked_copies(now);
+        loop {
+            let outbox = self.core.take_outbox();
+            if outbox.is_empty() {
+                return;
+            }
+            let mut failed = Vec::new();
+            for item in outbox {
+                match item {
+                    Outgoing::Send {
+                        link,
+                        head,
+                        payload,
+                    } => {
+                        // Only the TCP connection: one ordered stream per
+                        // copy. A link not connected answers at the
+                        // request's deadline.
+                        if let Some(LinkConn::Connected { endpoint }) = self.links.get_mut(&link)
+                            && let Err(e) = endpoint.send(&head, &payload)
+                        {
+                            failed.push((link, format!("write failed: {e}")));
+                        }
+                    }
+                    Outgoing::Answer { conn, reply } => deliver_answer(
+                        &mut self.roce,
+                        &mut self.clients,
+                        &mut self.to_flush,
+                        conn,
+                        reply.as_bytes(),
+                        &[],
+                    ),
+                    Outgoing::CopyLost {
+                        region,
+                        region_id,
+                        server,
+                    } => match &self.copy_marker {
+                        Some(marker) => marker.start(region, region_id, server, self.waker()),
+                        None => self.core.copy_marked(region, &server, now),
+                    },
+                }
+            }
+            for (link, why) in failed {
+                self.link_failed(link, now, &why);
+            }
+        }
+    }
+
+    /// Hands the core the copies whose loss the marker threads settled.
+    fn confirm_marked_copies(&mut self, now: Instant) {
+        let Some(marker) = &self.copy_marker else {
+            return;
+        };
+        let done: Vec<(RegionIndex, ServerId)> = marker.done_rx.try_iter().collect();
+        for (region, server) in done {
+            self.core.copy_marked(region, &server, now);
+        }
+    }
+}

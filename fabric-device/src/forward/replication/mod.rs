@@ -1,0 +1,580 @@
+//! Replicated regions in the forwarding core: the owner device orders every
+//! request of a region with several copies.
+//!
+//! - Writes, WRITE_PERSIST, FLUSH and ATOMIC_WRITE go to every copy that
+//!   takes writes (`serving` or `syncing`), each over one TCP link per copy
+//!   (FIFO per link: every copy applies them in the owner's order); the
+//!   client is answered once every such copy answered, with the answer of
+//!   the deciding copy (the first `serving` one in set order).
+//! - COMPARE_SWAP and FETCH_ADD are decided at the deciding copy alone,
+//!   followed on the same link by a READ of the word (so the word written to
+//!   the others is the one stored, even when the deciding copy answered a
+//!   retry from its exactly-once window); the word then goes to every other
+//!   copy as ATOMIC_WRITE under the client's identity. Until the word is
+//!   queued for the others, requests overlapping it wait here, in order.
+//! - READ goes to any `serving` copy (same socket first, then the link with
+//!   the fewest requests pending); a read overlapping a mutation in flight
+//!   goes to the deciding copy, behind the mutation on the same link.
+//! - A copy that fails (its links down, a request timed out, an answer that
+//!   disagrees with the other copies') stops being used; its loss is
+//!   reported ([`Outgoing::CopyLost`]) and the answers that waited on it
+//!   are held until the driver confirms it ([`Forwarder::copy_marked`]).
+//!   The last `serving` copy is never dropped: its failures fail requests.
+//!
+//! Everything for a replicated region goes out through the outbox
+//! ([`Forwarder::take_outbox`]) and is sent on the links' TCP connections,
+//! never on an RDMA uplink. A device that is not a region's owner answers
+//! its requests NOT_OWNER.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Instant;
+
+use control::ReplicaState;
+use proto::request::{self, ExactlyOnce, Operation, Target};
+use proto::{AccessKey, Message, Opcode, RegionIndex, RegionOffset, Status, response};
+use topology::{RegionId, ServerId};
+
+use super::links::{Pending, is_pending};
+use super::routing::{BULK_MIN_BYTES, Located, Routed, rewrite_head};
+use super::{
+    ClientAction, ConnId, FORWARD_HEAD_LEN, Forwarder, LinkStatus, REPLY_HEAD_LEN, Reply,
+    error_reply,
+};
+use crate::deadline::Deadline;
+use crate::idmap::IdMap;
+use crate::ids::{Lane, LinkId};
+use crate::link_tags::CONTROL_TAG;
+
+mod answers;
+mod atomics;
+mod failures;
+mod reads;
+mod requests;
+
+/// Something the core asks the driver to do for a replicated region.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outgoing {
+    /// Send `head` then `payload` on `link`'s TCP connection.
+    Send {
+        /// The link.
+        link: LinkId,
+        /// The request's frame and request header, rewritten for the copy.
+        head: [u8; FORWARD_HEAD_LEN],
+        /// The write data (empty for other operations), shared by copies.
+        payload: Arc<[u8]>,
+    },
+    /// Send this answer to client connection `conn`.
+    Answer {
+        /// The client connection.
+        conn: ConnId,
+        /// The answer.
+        reply: Reply,
+    },
+    /// The copy of `region` on `server` is no longer used: record it
+    /// `offline` (in etcd, when the map lives there), then confirm with
+    /// [`Forwarder::copy_marked`]; answers that waited on it are held
+    /// until then.
+    CopyLost {
+        /// The region's index.
+        region: RegionIndex,
+        /// The region's id.
+        region_id: RegionId,
+        /// The server holding the copy.
+        server: ServerId,
+    },
+}
+
+/// What a request to one copy is part of.
+#[derive(Debug)]
+pub(super) enum CopyTicket {
+    /// Replicated operation number `0`.
+    Op(u64),
+    /// A read of one copy, sent again to another if that copy fails.
+    Read(Box<ReadAgain>),
+}
+
+/// What a read of a copy needs to be sent to another copy.
+#[derive(Debug)]
+pub(super) struct ReadAgain {
+    /// The rewritten head.
+    head: [u8; FORWARD_HEAD_LEN],
+    /// The key the client sent.
+    client_key: AccessKey,
+    region: u32,
+    copy: usize,
+    start: u64,
+    end: u64,
+}
+
+/// The replication state of the core.
+#[derive(Debug, Default)]
+pub(super) struct Replication {
+    /// By region index; `None` for single-copy regions.
+    regions: Vec<Option<RegionState>>,
+    ops: IdMap<u64, Op>,
+    next_op: u64,
+    outbox: Vec<Outgoing>,
+    /// Each copy's region key, learnt from its own server.
+    keys: HashMap<(u32, ServerId), AccessKey>,
+}
+
+/// One replicated region as its owner (or another device) sees it.
+#[derive(Debug)]
+struct RegionState {
+    id: RegionId,
+    owner: bool,
+    version: u64,
+    copies: Vec<CopyState>,
+    /// Ranges with a mutation in flight, by operation.
+    spans: Vec<Span>,
+    /// Requests waiting for an atomic's word to be decided, in arrival order.
+    queued: VecDeque<Queued>,
+}
+
+#[derive(Debug)]
+struct CopyState {
+    server: ServerId,
+    /// Positions in the map's links reaching the copy's server.
+    links: Vec<usize>,
+    state: ReplicaState,
+    /// Lost by this device; the driver has not confirmed it yet.
+    unconfirmed: bool,
+    /// The record version at which this device lost the copy: a map still
+    /// at that version keeps it offline (a topology file never changes it).
+    lost_at: Option<u64>,
+}
+
+impl CopyState {
+    fn takes_writes(&self) -> bool {
+        matches!(self.state, ReplicaState::Serving | ReplicaState::Syncing)
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    op: u64,
+    start: u64,
+    end: u64,
+    /// An atomic whose word is not decided (or not queued to the other
+    /// copies) yet: overlapping requests wait.
+    undecided: bool,
+}
+
+impl Span {
+    fn overlaps(&self, start: u64, end: u64) -> bool {
+        self.start < end && start < self.end
+    }
+}
+
+#[derive(Debug)]
+struct Queued {
+    conn: ConnId,
+    frame: Vec<u8>,
+    start: u64,
+    end: u64,
+}
+
+/// A client's request to a replicated region, until it is answered.
+#[derive(Debug)]
+struct Op {
+    conn: ConnId,
+    client_tag: u64,
+    opcode: Opcode,
+    region: u32,
+    sends: Vec<CopySend>,
+    /// Copies lost while this operation waited on them.
+    lost: Vec<usize>,
+    atomic: Option<Atomic>,
+}
+
+#[derive(Debug)]
+struct CopySend {
+    copy: usize,
+    link: LinkId,
+    tag: u64,
+    purpose: Purpose,
+    answer: Option<(Status, u64)>,
+    /// The copy was lost before it answered.
+    dropped: bool,
+}
+
+impl CopySend {
+    fn settled(&self) -> bool {
+        self.answer.is_some() || self.dropped
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Purpose {
+    /// A client's mutation, sent to every copy.
+    Mutation,
+    /// An atomic, at the deciding copy.
+    Decide,
+    /// The word read after the atomic, at the deciding copy.
+    ReadBack,
+    /// The decided word, written to another copy.
+    ApplyWord,
+}
+
+/// A COMPARE_SWAP or FETCH_ADD on its way.
+#[derive(Debug)]
+struct Atomic {
+    /// The client's request rewritten for a link, with the client's key.
+    head: [u8; FORWARD_HEAD_LEN],
+    operation: Operation,
+    operand: u64,
+    compare: u64,
+    identity: Option<ExactlyOnce>,
+    persist: bool,
+    client_key: AccessKey,
+    client_number: u32,
+    at: RegionOffset,
+    /// The deciding copy's answer: status and the word before.
+    decided: Option<(Status, u64)>,
+    /// The word is queued to the other copies.
+    applying: bool,
+}
+
+impl Atomic {
+    /// The word stored after the atomic, from the word before.
+    fn word_after(&self, old: u64) -> u64 {
+        match self.operation {
+            Operation::CompareSwap if old == self.compare => self.operand,
+            Operation::FetchAdd => old.wrapping_add(self.operand),
+            _ => old,
+        }
+    }
+}
+
+impl Forwarder {
+    /// What the driver is to do for replicated regions since the last call:
+    /// sends, answers and lost copies, in order.
+    pub fn take_outbox(&mut self) -> Vec<Outgoing> {
+        std::mem::take(&mut self.replication.outbox)
+    }
+
+    /// The loss of `region`'s copy on `server` is recorded (or cannot be,
+    /// and the device goes on without it): answers held for it go out.
+    pub fn copy_marked(&mut self, region: RegionIndex, server: &ServerId, now: Instant) {
+        let Some(state) = self.region_state_mut(region.0) else {
+            return;
+        };
+        for copy in &mut state.copies {
+            if &copy.server == server {
+                copy.unconfirmed = false;
+            }
+        }
+        self.progress_region(region.0, now);
+    }
+
+    /// Builds the replication state from the map, keeping what is in
+    /// flight and the copies this device lost while the map's record has
+    /// not moved past the version it lost them at.
+    pub(super) fn replication_from_map(&mut self) {
+        let mut old = std::mem::take(&mut self.replication.regions);
+        let device = self.map.device.clone();
+        self.replication.regions = self
+            .map
+            .layout
+            .entries()
+            .iter()
+            .zip(&self.map.replica_sets)
+            .map(|(entry, set)| {
+                let set = set.as_ref()?;
+                let before = old
+                    .get_mut(entry.region.0 as usize)
+                    .and_then(Option::take)
+                    .filter(|b| b.id == entry.region_id);
+                let copies = set
+                    .copies
+                    .iter()
+                    .map(|spec| {
+                        let was = before
+                            .as_ref()
+                            .and_then(|b| b.copies.iter().find(|c| c.server == spec.server));
+                        let kept_lost = was.and_then(|c| c.lost_at).filter(|&at| at == set.version);
+                        CopyState {
+                            server: spec.server.clone(),
+                            links: spec.links.clone(),
+                            state: match kept_lost {
+                                Some(_) => ReplicaState::Offline,
+                                None => spec.state,
+                            },
+                            unconfirmed: was.is_some_and(|c| c.unconfirmed),
+                            lost_at: kept_lost,
+                        }
+                    })
+                    .collect();
+                let (spans, queued) = before.map(|b| (b.spans, b.queued)).unwrap_or_default();
+                Some(RegionState {
+                    id: entry.region_id.clone(),
+                    owner: set.owner == device,
+                    version: set.version,
+                    copies,
+                    spans,
+                    queued,
+                })
+            })
+            .collect();
+    }
+
+    /// Records the key `server` gives for its copy of a replicated region.
+    pub(super) fn learn_copy_key(&mut self, region: u32, server: &ServerId, key: AccessKey) {
+        let holds = self
+            .region_state(region)
+            .is_some_and(|s| s.copies.iter().any(|c| &c.server == server));
+        if holds {
+            self.replication.keys.insert((region, server.clone()), key);
+        }
+    }
+
+    /// Whether some copy of replicated `region` that takes writes is
+    /// reached only by links still on their first attempt; `None` for a
+    /// single-copy region.
+    pub(super) fn copies_starting(&self, region: u32) -> Option<bool> {
+        let state = self.region_state(region)?;
+        Some(state.copies.iter().filter(|c| c.takes_writes()).any(|c| {
+            !c.links.is_empty()
+                && c.links.iter().all(|&i| {
+                    self.links
+                        .get(&self.link_ids[i].main)
+                        .is_some_and(|l| l.starting && l.status != LinkStatus::Up)
+                })
+        }))
+    }
+
+    /// Replicated operations and queued requests not answered yet.
+    pub(super) fn replicated_in_flight(&self) -> usize {
+        self.replication.ops.len()
+            + self
+                .replication
+                .regions
+                .iter()
+                .flatten()
+                .map(|r| r.queued.len())
+                .sum::<usize>()
+    }
+
+    /// Drops what a closed client connection had queued.
+    pub(super) fn replication_client_closed(&mut self, conn: ConnId) {
+        for state in self.replication.regions.iter_mut().flatten() {
+            state.queued.retain(|q| q.conn != conn);
+        }
+    }
+
+    fn region_state(&self, region: u32) -> Option<&RegionState> {
+        self.replication.regions.get(region as usize)?.as_ref()
+    }
+
+    fn region_state_mut(&mut self, region: u32) -> Option<&mut RegionState> {
+        self.replication.regions.get_mut(region as usize)?.as_mut()
+    }
+
+    /// The main-lane link of a copy that is up, on the copy's socket first:
+    /// one connection per copy, so its requests keep their order.
+    fn write_link(&self, positions: &[usize]) -> Option<LinkId> {
+        positions.iter().map(|&i| self.link_ids[i].main).find(|id| {
+            self.links
+                .get(id)
+                .is_some_and(|l| l.status == LinkStatus::Up)
+        })
+    }
+
+    /// Every copy of `region` that takes writes, with its link; a copy
+    /// without a link up is lost on the way. Fails when the last serving
+    /// copy has no link.
+    fn reach_copies(&mut self, region: u32, now: Instant) -> Result<Vec<(usize, LinkId)>, Status> {
+        loop {
+            let state = self.region_state(region).ok_or(Status::Unmapped)?;
+            let mut reached = Vec::new();
+            let mut unreachable = None;
+            for (i, copy) in state.copies.iter().enumerate() {
+                if !copy.takes_writes() {
+                    continue;
+                }
+                match self.write_link(&copy.links) {
+                    Some(link) => reached.push((i, link)),
+                    None => {
+                        unreachable = Some(i);
+                        break;
+                    }
+                }
+            }
+            match unreachable {
+                None => return Ok(reached),
+                Some(copy) => {
+                    if !self.lose_copy(region, copy, "no link to its server is up", now) {
+                        return Err(Status::ServerUnavailable);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The deciding copy: the first serving one in set order.
+    fn deciding_copy(&self, region: u32) -> Option<usize> {
+        self.region_state(region)?
+            .copies
+            .iter()
+            .position(|c| c.state == ReplicaState::Serving)
+    }
+
+    /// The key for `server`'s copy: the copy's own key when the client
+    /// sent the region's (the primary's) key; any other key as it is (an
+    /// extent's key is in the region's data, the same on every copy).
+    fn copy_key(&self, region: u32, server: &ServerId, client_key: AccessKey) -> AccessKey {
+        let region_key = self
+            .map
+            .layout
+            .entry(RegionIndex(region))
+            .map_or(AccessKey::NONE, |e| e.key);
+        if region_key.is_none() || client_key != region_key {
+            return client_key;
+        }
+        self.replication
+            .keys
+            .get(&(region, server.clone()))
+            .copied()
+            .unwrap_or(client_key)
+    }
+
+    fn copy_server(&self, region: u32, copy: usize) -> Option<ServerId> {
+        Some(self.region_state(region)?.copies.get(copy)?.server.clone())
+    }
+
+    /// Records a request to one copy as pending on `link` and queues it.
+    #[allow(clippy::too_many_arguments)]
+    fn send_copy(
+        &mut self,
+        mut head: [u8; FORWARD_HEAD_LEN],
+        payload: Arc<[u8]>,
+        link_id: LinkId,
+        pending: Pending,
+        key: AccessKey,
+        now: Instant,
+    ) -> Result<u64, Pending> {
+        let Some(link) = self.links.get_mut(&link_id) else {
+            return Err(pending);
+        };
+        let link_tag = link.next_tag;
+        link.next_tag = (link.next_tag + 1) & !CONTROL_TAG;
+        link.pending.insert(link_tag, pending);
+        let links = &self.links;
+        self.deadlines.push(
+            Deadline {
+                at: now + self.config.request_timeout,
+                link: link_id,
+                tag: link_tag,
+            },
+            |d| is_pending(links, d),
+        );
+        proto::frame::Packet::new_unchecked(&mut head[..proto::frame::HEADER_LEN])
+            .set_tag(link_tag);
+        request::Packet::new_unchecked(&mut head[proto::frame::HEADER_LEN..]).set_key(key.get());
+        self.metrics
+            .bytes_to_servers
+            .add((FORWARD_HEAD_LEN + payload.len()) as u64);
+        self.replication.outbox.push(Outgoing::Send {
+            link: link_id,
+            head,
+            payload,
+        });
+        Ok(link_tag)
+    }
+
+    /// Sends part `purpose` of operation `op_id` to `copy` over `link`.
+    #[allow(clippy::too_many_arguments)]
+    fn send_op_part(
+        &mut self,
+        op: &mut Op,
+        op_id: u64,
+        copy: usize,
+        link: LinkId,
+        head: [u8; FORWARD_HEAD_LEN],
+        payload: Arc<[u8]>,
+        key: AccessKey,
+        purpose: Purpose,
+        now: Instant,
+    ) {
+        let pending = Pending {
+            conn: op.conn,
+            client_tag: op.client_tag,
+            opcode: op.opcode,
+            sent: now,
+            reply_bytes: 0,
+            copy: Some(CopyTicket::Op(op_id)),
+        };
+        let Ok(tag) = self.send_copy(head, payload, link, pending, key, now) else {
+            return;
+        };
+        if matches!(purpose, Purpose::Mutation | Purpose::ApplyWord)
+            && let Some(state) = self.region_state(op.region)
+            && let Some(c) = state.copies.get(copy)
+        {
+            let role = if copy == 0 { "primary" } else { "backup" };
+            self.metrics
+                .copy_writes
+                .with(&[c.server.as_str(), role])
+                .inc();
+        }
+        op.sends.push(CopySend {
+            copy,
+            link,
+            tag,
+            purpose,
+            answer: None,
+            dropped: false,
+        });
+    }
+
+    /// Starts an operation: charged to its client once, its range entered.
+    fn new_op(
+        &mut self,
+        conn: ConnId,
+        tag: u64,
+        opcode: Opcode,
+        region: u32,
+        (start, end): (u64, u64),
+        undecided: bool,
+    ) -> (u64, Op) {
+        let id = self.replication.next_op;
+        self.replication.next_op += 1;
+        if let Some(session) = self.sessions.get_mut(&conn) {
+            session.in_flight += 1;
+            session.reply_bytes += REPLY_HEAD_LEN as u64;
+        }
+        self.reply_bytes += REPLY_HEAD_LEN as u64;
+        self.metrics.in_flight.inc();
+        if let Some(state) = self.region_state_mut(region) {
+            state.spans.push(Span {
+                op: id,
+                start,
+                end,
+                undecided,
+            });
+        }
+        let op = Op {
+            conn,
+            client_tag: tag,
+            opcode,
+            region,
+            sends: Vec::new(),
+            lost: Vec::new(),
+            atomic: None,
+        };
+        (id, op)
+    }
+}
+
+/// The region of operation `id` (`u32::MAX` when it is gone).
+fn region_of(ops: &IdMap<u64, Op>, id: u64) -> u32 {
+    ops.get(&id).map_or(u32::MAX, |op| op.region)
+}
+
+/// The frame and request header of a request the device makes itself
+/// (its tag and key set when sent).
+fn own_head(req: &request::Repr<'_>) -> Option<[u8; FORWARD_HEAD_LEN]> {
+    let bytes = Message::Request(*req).encode_to_vec(0).ok()?;
+    bytes.get(..FORWARD_HEAD_LEN)?.try_into().ok()
+}

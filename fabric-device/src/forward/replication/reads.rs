@@ -1,0 +1,143 @@
+//! READ of a replicated region: to a serving copy, or behind a mutation in
+//! flight at the deciding copy; sent to another copy when its copy fails.
+
+use super::*;
+
+impl Forwarder {
+    /// READ: to a serving copy; to the deciding one, behind the mutation,
+    /// when it overlaps a mutation in flight.
+    pub(super) fn read_copy(
+        &mut self,
+        conn: ConnId,
+        frame: &[u8],
+        req: &request::Repr<'_>,
+        tag: u64,
+        at: Located,
+        now: Instant,
+    ) -> Result<(), Status> {
+        let region = at.at.region.0;
+        let start = at.at.offset;
+        let end = start.saturating_add(u64::from(req.length));
+        let head = rewrite_head(frame, req, 0, at.at, at.client_number);
+        let again = ReadAgain {
+            head,
+            client_key: req.key,
+            region,
+            copy: 0,
+            start,
+            end,
+        };
+        let reply_bytes = REPLY_HEAD_LEN as u64 + u64::from(req.length);
+        if let Some(session) = self.sessions.get_mut(&conn) {
+            session.in_flight += 1;
+            session.reply_bytes += reply_bytes;
+        }
+        self.reply_bytes += reply_bytes;
+        self.metrics.in_flight.inc();
+        let pending = Pending {
+            conn,
+            client_tag: tag,
+            opcode: Opcode::Read,
+            sent: now,
+            reply_bytes,
+            copy: None,
+        };
+        match self.send_read(pending, again, now) {
+            Ok(()) => Ok(()),
+            Err(pending) => {
+                // Nothing was sent: the refusal settles its charge.
+                let _ = self.answer(pending, Status::ServerUnavailable);
+                Err(Status::ServerUnavailable)
+            }
+        }
+    }
+
+    /// Sends a read to the copy it should go to now; gives the request back
+    /// when no serving copy is reachable.
+    pub(super) fn send_read(
+        &mut self,
+        mut pending: Pending,
+        mut again: ReadAgain,
+        now: Instant,
+    ) -> Result<(), Pending> {
+        let Some((copy, link)) = self.read_target(again.region, again.start, again.end) else {
+            return Err(pending);
+        };
+        let Some(server) = self.copy_server(again.region, copy) else {
+            return Err(pending);
+        };
+        let key = self.copy_key(again.region, &server, again.client_key);
+        again.copy = copy;
+        let head = again.head;
+        pending.copy = Some(CopyTicket::Read(Box::new(again)));
+        self.send_copy(head, Arc::from(&[][..]), link, pending, key, now)
+            .map(|_| ())
+            .map_err(|mut pending| {
+                pending.copy = None;
+                pending
+            })
+    }
+
+    /// Where a read of `[start, end)` goes: the deciding copy's write link
+    /// when a mutation in flight overlaps it, else the serving copy with a
+    /// link up on its socket first, then the fewest requests pending.
+    pub(super) fn read_target(&self, region: u32, start: u64, end: u64) -> Option<(usize, LinkId)> {
+        let state = self.region_state(region)?;
+        if state.spans.iter().any(|s| s.overlaps(start, end)) {
+            let copy = self.deciding_copy(region)?;
+            return Some((copy, self.write_link(&state.copies[copy].links)?));
+        }
+        let lane = if end - start >= BULK_MIN_BYTES {
+            Lane::Bulk
+        } else {
+            Lane::Main
+        };
+        let mut best: Option<((bool, usize), usize, LinkId)> = None;
+        for (i, copy) in state.copies.iter().enumerate() {
+            if copy.state != ReplicaState::Serving {
+                continue;
+            }
+            let Some(&first) = copy.links.first() else {
+                continue;
+            };
+            let home = &self.map.links[first].socket;
+            for &pos in &copy.links {
+                for id in [self.link_ids[pos].get(lane), self.link_ids[pos].main] {
+                    let Some(link) = self.links.get(&id).filter(|l| l.status == LinkStatus::Up)
+                    else {
+                        continue;
+                    };
+                    let rank = (&self.map.links[pos].socket != home, link.pending.len());
+                    if best.as_ref().is_none_or(|(r, _, _)| rank < *r) {
+                        best = Some((rank, i, id));
+                    }
+                    break;
+                }
+            }
+        }
+        best.map(|(_, copy, link)| (copy, link))
+    }
+
+    /// A read of a copy failed (its link went down, or it timed out): it
+    /// goes to another serving copy, or fails with `status`. A timed-out
+    /// copy is lost first.
+    pub(in crate::forward) fn copy_read_failed(
+        &mut self,
+        mut pending: Pending,
+        status: Status,
+        now: Instant,
+    ) -> Option<(ConnId, Reply)> {
+        let Some(CopyTicket::Read(again)) = pending.copy.take() else {
+            return self.answer(pending, status);
+        };
+        if status == Status::Timeout
+            && !self.lose_copy(again.region, again.copy, "a read timed out", now)
+        {
+            return self.answer(pending, status);
+        }
+        match self.send_read(pending, *again, now) {
+            Ok(()) => None,
+            Err(pending) => self.answer(pending, status),
+        }
+    }
+}
