@@ -43,13 +43,16 @@ pub enum Status {
     /// Nothing ran; the sender brings its map up to date (or waits for the
     /// receiver to) and sends the request again.
     StaleMap,
+    /// This device does not order the region's requests; send them to its
+    /// owner device (14). Nothing ran.
+    NotOwner,
     /// Any other value.
     Unknown(u16),
 }
 
 impl Status {
     /// Every named status, in numeric order.
-    pub const ALL: [Status; 14] = [
+    pub const ALL: [Status; 15] = [
         Status::Ok,
         Status::AccessDenied,
         Status::OutOfBounds,
@@ -64,6 +67,7 @@ impl Status {
         Status::IoError,
         Status::ExactlyOnceConflict,
         Status::StaleMap,
+        Status::NotOwner,
     ];
 
     /// Whether this is [`Status::Ok`].
@@ -89,6 +93,7 @@ impl Status {
             Status::IoError => "IO_ERROR",
             Status::ExactlyOnceConflict => "EXACTLY_ONCE_CONFLICT",
             Status::StaleMap => "STALE_MAP",
+            Status::NotOwner => "NOT_OWNER",
             Status::Unknown(_) => "UNKNOWN",
         }
     }
@@ -111,6 +116,7 @@ impl From<u16> for Status {
             11 => Status::IoError,
             12 => Status::ExactlyOnceConflict,
             13 => Status::StaleMap,
+            14 => Status::NotOwner,
             other => Status::Unknown(other),
         }
     }
@@ -133,6 +139,7 @@ impl From<Status> for u16 {
             Status::IoError => 11,
             Status::ExactlyOnceConflict => 12,
             Status::StaleMap => 13,
+            Status::NotOwner => 14,
             Status::Unknown(other) => other,
         }
     }
@@ -163,7 +170,7 @@ mod tests {
         for value in 0..=u16::MAX {
             let status = Status::from(value);
             assert_eq!(u16::from(status), value);
-            assert_eq!(matches!(status, Status::Unknown(_)), value > 13);
+            assert_eq!(matches!(status, Status::Unknown(_)), value > 14);
         }
     }
 
