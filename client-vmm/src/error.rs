@@ -37,6 +37,7 @@ impl fmt::Display for Tried {
                 Failure::Timeout => "timed out",
                 Failure::ServerUnavailable => "server unavailable",
                 Failure::Behind => "device behind on the map",
+                Failure::NotOwner => "not the region's owner device",
             };
             write!(f, "{} via {}: {failure}", t.rnic, t.device)?;
         }
@@ -141,6 +142,46 @@ pub enum PoolError {
         server: String,
         /// Why the client stopped trying.
         reason: Reason,
+        /// What was tried.
+        tried: Tried,
+    },
+    /// A device answered `NOT_OWNER` for a replicated region whose owner
+    /// device this client has no RNIC wired to.
+    #[error(
+        "{at}: region {region} is ordered by its owner, fabric device {owner}, and client \
+         {client} has no RNIC wired to it (its devices: {devices}); wire one of its RNICs to \
+         {owner} in the topology (`testbed validate` names every such client)"
+    )]
+    NoPathToOwner {
+        /// The address.
+        at: Address,
+        /// The region.
+        region: String,
+        /// Its owner device.
+        owner: String,
+        /// The client.
+        client: String,
+        /// The devices the client's RNICs are wired to.
+        devices: String,
+    },
+    /// Devices kept answering `NOT_OWNER` for a replicated region, also
+    /// the one the client's map names as its owner.
+    #[error(
+        "{at}: the devices tried answered NOT_OWNER for region {region} {times} times (its \
+         owner is fabric device {owner} in the client's map at epoch {epoch}; tried {tried}); \
+         the owner moved and the client's map does not say where yet"
+    )]
+    OwnerNotFound {
+        /// The address.
+        at: Address,
+        /// The region.
+        region: String,
+        /// Its owner in the client's map.
+        owner: String,
+        /// The epoch of that map.
+        epoch: u64,
+        /// How many NOT_OWNER answers came.
+        times: usize,
         /// What was tried.
         tried: Tried,
     },
