@@ -180,6 +180,12 @@ pub fn run_summary(outcome: &RunOutcome) -> String {
             let _ = writeln!(out, "    {line}");
         }
     }
+    if let Some(replicas) = &report.replicas {
+        let _ = writeln!(out, "  replicas        {}", replicas.summary());
+        for line in replicas.differences.iter().chain(&replicas.not_compared) {
+            let _ = writeln!(out, "    {line}");
+        }
+    }
     let _ = writeln!(out, "\n{}", crate::report::summary_table(report));
     let _ = writeln!(
         out,
