@@ -1624,7 +1624,10 @@ mod tests {
         assert!(!table.unreachable(P0, 0));
         assert_eq!(table.poll_timeout(), None);
         assert_eq!(table.choose(pa1, &[]), Some(P0));
-        assert_eq!(Failure::NotOwner.to_string(), "not the region's owner device");
+        assert_eq!(
+            Failure::NotOwner.to_string(),
+            "not the region's owner device"
+        );
     }
 
     #[test]
@@ -1644,6 +1647,9 @@ mod tests {
         assert!(!table.reaches_owner(at("PA.2")));
         // Requests still go somewhere: device A may relay.
         assert_eq!(table.choose(at("PA.2"), &[]), Some(P0));
-        assert_eq!(table.region_id(at("PA.2")).map(RegionId::as_str), Some("PA.2"));
+        assert_eq!(
+            table.region_id(at("PA.2")).map(RegionId::as_str),
+            Some("PA.2")
+        );
     }
 }

@@ -101,7 +101,12 @@ impl AsyncPool {
             } => {
                 let (read, etcd, version) =
                     follow::read_map_from(endpoints, pool, credentials).await?;
-                (read.topology, Some(read.replica_sets), Some(etcd), Some(version))
+                (
+                    read.topology,
+                    Some(read.replica_sets),
+                    Some(etcd),
+                    Some(version),
+                )
             }
         };
         topology.validate()?;

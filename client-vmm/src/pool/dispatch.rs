@@ -11,7 +11,7 @@ use tokio::sync::Notify;
 use topology::{MetaLayout, PmemAddr, RegionIndex, RnicTransport, VirtAddr};
 
 use crate::conn::{self, Response};
-use crate::error::{Address, PoolError, Reason, Tried, TriedPath};
+use crate::error::{Address, NoPathToOwner, OwnerNotFound, PoolError, Reason, Tried, TriedPath};
 use crate::link::PathLink;
 use crate::paths::{Attempts, Failure, GiveUpReason, Next, PathId, Probe};
 use crate::records;
@@ -638,13 +638,13 @@ impl Inner {
                 .collect();
             devices.sort();
             devices.dedup();
-            return Err(PoolError::NoPathToOwner {
+            return Err(PoolError::NoPathToOwner(Box::new(NoPathToOwner {
                 at: piece.at,
                 region: region_name,
                 owner,
                 client: self.client.to_string(),
                 devices: devices.join(", "),
-            });
+            })));
         }
         let times = not_owner_answers(attempts.tried());
         if times >= MAX_NOT_OWNER {
@@ -660,14 +660,14 @@ impl Inner {
                     }
                 })
                 .collect();
-            return Err(PoolError::OwnerNotFound {
+            return Err(PoolError::OwnerNotFound(Box::new(OwnerNotFound {
                 at: piece.at,
                 region: region_name,
                 owner,
                 epoch: self.epoch().number,
                 times,
                 tried: Tried(tried),
-            });
+            })));
         }
         Ok(())
     }

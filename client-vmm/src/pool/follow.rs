@@ -207,8 +207,7 @@ impl Inner {
         if let Err(e) = check_growth(&current.layout, &layout) {
             return refuse(e.to_string());
         }
-        let mut fresh = match PathTable::new(&topology, &layout, &self.client, self.options.paths)
-        {
+        let mut fresh = match PathTable::new(&topology, &layout, &self.client, self.options.paths) {
             Ok(fresh) => fresh,
             Err(e) => return refuse(e.to_string()),
         };
