@@ -37,6 +37,7 @@ impl fmt::Display for Tried {
                 Failure::Timeout => "timed out",
                 Failure::ServerUnavailable => "server unavailable",
                 Failure::Behind => "device behind on the map",
+                Failure::NotOwner => "not the region's owner device",
             };
             write!(f, "{} via {}: {failure}", t.rnic, t.device)?;
         }
@@ -144,9 +145,59 @@ pub enum PoolError {
         /// What was tried.
         tried: Tried,
     },
+    /// A device answered `NOT_OWNER` for a replicated region whose owner
+    /// device this client has no RNIC wired to.
+    #[error(transparent)]
+    NoPathToOwner(Box<NoPathToOwner>),
+    /// Devices kept answering `NOT_OWNER` for a replicated region, also
+    /// the one the client's map names as its owner.
+    #[error(transparent)]
+    OwnerNotFound(Box<OwnerNotFound>),
     /// The pool is shutting down.
     #[error("the pool is closed")]
     Closed,
+}
+
+/// A replicated region's owner device that the client has no RNIC to.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{at}: region {region} is ordered by its owner, fabric device {owner}, and client {client} \
+     has no RNIC wired to it (its devices: {devices}); wire one of its RNICs to {owner} in the \
+     topology (`testbed validate` names every such client)"
+)]
+pub struct NoPathToOwner {
+    /// The address.
+    pub at: Address,
+    /// The region.
+    pub region: String,
+    /// Its owner device.
+    pub owner: String,
+    /// The client.
+    pub client: String,
+    /// The devices the client's RNICs are wired to.
+    pub devices: String,
+}
+
+/// A replicated region whose owner the devices tried kept denying.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{at}: the devices tried answered NOT_OWNER for region {region} {times} times (its owner is \
+     fabric device {owner} in the client's map at epoch {epoch}; tried {tried}); the owner \
+     moved and the client's map does not say where yet"
+)]
+pub struct OwnerNotFound {
+    /// The address.
+    pub at: Address,
+    /// The region.
+    pub region: String,
+    /// Its owner in the client's map.
+    pub owner: String,
+    /// The epoch of that map.
+    pub epoch: u64,
+    /// How many NOT_OWNER answers came.
+    pub times: usize,
+    /// What was tried.
+    pub tried: Tried,
 }
 
 /// Why a request gave up, for messages.
@@ -251,6 +302,42 @@ mod tests {
         assert_eq!(
             pmem.to_string(),
             "PMEM 0x40: not mapped (no region or allocation holds it)"
+        );
+    }
+
+    #[test]
+    fn owner_errors_name_the_region_the_owner_and_the_clients_devices() {
+        let none = PoolError::NoPathToOwner(Box::new(NoPathToOwner {
+            at: VirtAddr(0x1_0000_0040).into(),
+            region: "PA.2".into(),
+            owner: "B".into(),
+            client: "c1".into(),
+            devices: "A".into(),
+        }));
+        assert_eq!(
+            none.to_string(),
+            "0x100000040: region PA.2 is ordered by its owner, fabric device B, and client c1 \
+             has no RNIC wired to it (its devices: A); wire one of its RNICs to B in the \
+             topology (`testbed validate` names every such client)"
+        );
+        let lost = PoolError::OwnerNotFound(Box::new(OwnerNotFound {
+            at: PmemAddr(0x40).into(),
+            region: "PA.1".into(),
+            owner: "A".into(),
+            epoch: 3,
+            times: 4,
+            tried: Tried(vec![TriedPath {
+                rnic: "r0".into(),
+                device: "A".into(),
+                failure: Failure::NotOwner,
+            }]),
+        }));
+        let text = lost.to_string();
+        assert!(
+            text.contains("NOT_OWNER for region PA.1 4 times")
+                && text.contains("fabric device A in the client's map at epoch 3")
+                && text.contains("r0 via A: not the region's owner device"),
+            "{text}"
         );
     }
 }

@@ -48,7 +48,7 @@ pub mod translate;
 pub mod verbs;
 
 pub use alloc::{AllocError, Allocator, BlockingAllocator, Growth, Placement};
-pub use error::{Address, OpenError, PoolError};
+pub use error::{Address, NoPathToOwner, OpenError, OwnerNotFound, PoolError};
 pub use pool::{
     AsyncPool, Batch, BatchOp, Completion, Pool, PoolBuilder, PoolOptions, ServerCache,
 };

@@ -10,6 +10,12 @@
 //! - `SERVER_UNAVAILABLE` from a path's device marks only that (path, server)
 //!   pair unreachable, so the path keeps carrying requests for other servers.
 //!
+//! A replicated region has an **owner** fabric device, which orders its
+//! requests (the map's replica records, or the topology's default turn
+//! order when the map comes from a file): paths through the owner come
+//! first, and only they are chosen while one of them is usable. Another
+//! device may relay to the owner or answer `NOT_OWNER`.
+//!
 //! Everything that is down is probed again with exponential backoff
 //! ([`PathTable::probes_due`], [`PathTable::poll_timeout`]), and comes back when
 //! a probe answers. [`Attempts`] is the retry bookkeeping of one request: which
@@ -26,8 +32,10 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::{Duration, Instant};
 
+use control::ReplicaSetRecord;
 use topology::{
-    ClientId, FabricDeviceId, Layout, PortId, RegionIndex, RnicId, RnicTransport, Topology,
+    ClientId, FabricDeviceId, Layout, PortId, RegionId, RegionIndex, RnicId, RnicTransport,
+    Topology,
 };
 
 /// A path: one RNIC of this client and the connection to its fabric device;
@@ -88,6 +96,10 @@ pub enum Failure {
     /// client (it answered `STALE_MAP`): it catches up through its own
     /// watch, and is asked again meanwhile like an unreachable server.
     Behind,
+    /// The fabric device does not order the region's requests (it answered
+    /// `NOT_OWNER`): nothing ran; the request goes to the region's owner.
+    /// The path stays healthy.
+    NotOwner,
 }
 
 impl fmt::Display for Failure {
@@ -97,6 +109,7 @@ impl fmt::Display for Failure {
             Self::Timeout => "timed out",
             Self::ServerUnavailable => "server unavailable",
             Self::Behind => "device behind on the map",
+            Self::NotOwner => "not the region's owner device",
         })
     }
 }
@@ -305,6 +318,11 @@ pub struct PathTable {
     /// Per region index: candidate paths in preference order, with whether
     /// they land on the region's socket.
     candidates: Vec<Vec<(PathId, bool)>>,
+    /// Per region index: the region's id.
+    region_ids: Vec<RegionId>,
+    /// Per region index: the owner device of a replicated region; `None`
+    /// for a region with one copy.
+    owners: Vec<Option<FabricDeviceId>>,
 }
 
 impl PathTable {
@@ -313,6 +331,9 @@ impl PathTable {
     /// device links to the server (from [`Topology::routes`]), each with
     /// `same_socket` = whether that device has a link to a NIC on the region's
     /// socket. Same-socket candidates come first, each group in RNIC order.
+    /// Replicated regions get the owners a new map of `topology` records
+    /// ([`control::replica_state::initial`]); [`set_owners`](Self::set_owners)
+    /// replaces them with those of the map in etcd.
     ///
     /// Errors when the client is unknown, has no RNIC, or an RNIC's fabric
     /// device or port is missing.
@@ -360,8 +381,10 @@ impl PathTable {
 
         let mut servers = Vec::with_capacity(layout.entries().len());
         let mut candidates = Vec::with_capacity(layout.entries().len());
+        let mut region_ids = Vec::with_capacity(layout.entries().len());
         for entry in layout.entries() {
             servers.push(entry.server_index);
+            region_ids.push(entry.region_id.clone());
             // Routes come same-socket first, RNICs in config order within each
             // group, one per (RNIC, link); keep the first route of each RNIC.
             let mut list: Vec<(PathId, bool)> = Vec::new();
@@ -377,13 +400,61 @@ impl PathTable {
         }
 
         let states = vec![PathState::up(); paths.len()];
-        Ok(Self {
+        let owners = vec![None; region_ids.len()];
+        let mut table = Self {
             config,
             paths,
             states,
             servers,
             candidates,
-        })
+            region_ids,
+            owners,
+        };
+        table.set_owners(&control::replica_state::initial(topology));
+        Ok(table)
+    }
+
+    /// Takes the owners of replicated regions from `records` (the map's
+    /// replica records); a region without a record has one copy and no
+    /// owner.
+    pub fn set_owners(&mut self, records: &[ReplicaSetRecord]) {
+        self.owners = self
+            .region_ids
+            .iter()
+            .map(|id| {
+                records
+                    .iter()
+                    .find(|r| r.region == id.as_str())
+                    .map(|r| FabricDeviceId::new(r.owner.as_str()))
+            })
+            .collect();
+    }
+
+    /// The owner device of `region` when it is replicated.
+    pub fn owner_of(&self, region: RegionIndex) -> Option<&FabricDeviceId> {
+        self.owners.get(region.0 as usize)?.as_ref()
+    }
+
+    /// The id of `region`, if the layout has it.
+    pub fn region_id(&self, region: RegionIndex) -> Option<&RegionId> {
+        self.region_ids.get(region.0 as usize)
+    }
+
+    /// Whether `path` leads to the owner device of `region` (false for a
+    /// region with one copy).
+    pub fn via_owner(&self, region: RegionIndex, path: PathId) -> bool {
+        self.owner_of(region)
+            .is_some_and(|owner| self.paths.get(path.0).is_some_and(|p| &p.device == owner))
+    }
+
+    /// Whether some candidate path of `region` leads to its owner device,
+    /// healthy or not; true for a region with one copy.
+    pub fn reaches_owner(&self, region: RegionIndex) -> bool {
+        self.owner_of(region).is_none()
+            || self
+                .candidates(region)
+                .iter()
+                .any(|&(path, _)| self.via_owner(region, path))
     }
 
     /// Every path of the client, indexed by [`PathId`].
@@ -398,14 +469,23 @@ impl PathTable {
 
     /// Best path for a request to `region`, excluding `tried`: among paths
     /// that are Up and not marked unable to reach the region's server,
-    /// same-socket candidates before cross-socket ones, then fewest
-    /// outstanding requests, then lowest [`PathId`]. `None` if none qualifies.
+    /// paths through the owner device of a replicated region before all
+    /// others, then same-socket candidates before cross-socket ones, then
+    /// fewest outstanding requests, then lowest [`PathId`]. `None` if none
+    /// qualifies.
     pub fn choose(&self, region: RegionIndex, tried: &[PathId]) -> Option<PathId> {
         let server = self.server_of(region)?;
         self.candidates(region)
             .iter()
             .filter(|(path, _)| !tried.contains(path) && self.usable(*path, server))
-            .min_by_key(|&&(path, same_socket)| (!same_socket, self.outstanding(path), path))
+            .min_by_key(|&&(path, same_socket)| {
+                (
+                    !self.via_owner(region, path),
+                    !same_socket,
+                    self.outstanding(path),
+                    path,
+                )
+            })
             .map(|&(path, _)| path)
     }
 
@@ -425,8 +505,8 @@ impl PathTable {
     /// through `server_moved`, which gives a server index of the old map
     /// its index in the new one, `None` when the server is gone); a path
     /// this table does not have is appended, down with a reconnect probe
-    /// due at `now`; a path `fresh` lacks is retired. Region candidates and
-    /// owners become `fresh`'s.
+    /// due at `now`; a path `fresh` lacks is retired. Region candidates,
+    /// servers and owner devices become `fresh`'s.
     pub fn follow(
         &mut self,
         fresh: PathTable,
@@ -483,6 +563,8 @@ impl PathTable {
             }
         }
         self.servers = fresh.servers;
+        self.region_ids = fresh.region_ids;
+        self.owners = fresh.owners;
         self.candidates = fresh
             .candidates
             .into_iter()
@@ -555,6 +637,8 @@ impl PathTable {
                     .entry(server_index)
                     .or_insert_with(|| ProbeSchedule::start(&config, now));
             }
+            // The device and its server are fine; the owner is elsewhere.
+            Failure::NotOwner => {}
         }
     }
 
@@ -1466,5 +1550,109 @@ mod tests {
         );
         let r = region(DEFAULT, "PA.1");
         assert!(table.candidates(r).iter().any(|&(p, _)| p == p2));
+    }
+
+    const REPLICATED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/replicated.toml");
+
+    /// replicated.toml as client c1: path 0 → device A, path 1 → device B;
+    /// owners PA.1 → A, PA.2 → B, PB.1 → A, PB.2 → B.
+    fn replicated_table() -> PathTable {
+        table_for(&load(REPLICATED), "c1")
+    }
+
+    #[test]
+    fn a_replicated_regions_owner_paths_come_first_and_alone_while_one_is_up() {
+        let t0 = Instant::now();
+        let mut table = replicated_table();
+        let (pa1, pa2) = (region(REPLICATED, "PA.1"), region(REPLICATED, "PA.2"));
+        assert_eq!(table.owner_of(pa1).map(FabricDeviceId::as_str), Some("A"));
+        assert_eq!(table.owner_of(pa2).map(FabricDeviceId::as_str), Some("B"));
+        assert!(table.via_owner(pa1, P0) && !table.via_owner(pa1, P1));
+        // Load does not move a replicated region off its owner.
+        for _ in 0..5 {
+            table.started(P0);
+        }
+        assert_eq!(table.choose(pa1, &[]), Some(P0));
+        assert_eq!(table.choose(pa2, &[]), Some(P1));
+        // The owner's path down: another device (which relays, or answers
+        // NOT_OWNER); back up: the owner's path again.
+        table.report_failure(P0, 0, Failure::ConnectionLost, t0);
+        assert_eq!(table.choose(pa1, &[]), Some(P1));
+        table.path_restored(P0, t0);
+        assert_eq!(table.choose(pa1, &[]), Some(P0));
+        // Tried already: the other path, as for any region.
+        assert_eq!(table.choose(pa1, &[P0]), Some(P1));
+    }
+
+    #[test]
+    fn an_unreplicated_region_has_no_owner_and_chooses_by_load() {
+        let mut table = default_table();
+        let pa1 = region(DEFAULT, "PA.1");
+        assert_eq!(table.owner_of(pa1), None);
+        assert!(table.reaches_owner(pa1));
+        assert!(!table.via_owner(pa1, P0));
+        table.started(P0);
+        assert_eq!(table.choose(pa1, &[]), Some(P1));
+    }
+
+    #[test]
+    fn owners_come_from_the_maps_records_and_follow_a_new_map() {
+        let topology = load(REPLICATED);
+        let layout = Layout::new(&topology).unwrap();
+        let mut table = replicated_table();
+        let pa1 = region(REPLICATED, "PA.1");
+        let mut records = control::replica_state::initial(&topology);
+        records[0].owner = "B".into();
+        table.set_owners(&records);
+        assert_eq!(table.owner_of(pa1).map(FabricDeviceId::as_str), Some("B"));
+        assert_eq!(table.choose(pa1, &[]), Some(P1));
+        // A new epoch whose records give PA.1 back to A.
+        let mut next = fresh(&topology, &layout);
+        records[0].owner = "A".into();
+        next.set_owners(&records);
+        table.follow(next, Some, Instant::now());
+        assert_eq!(table.choose(pa1, &[]), Some(P0));
+        // Records without the region: one copy, no owner.
+        table.set_owners(&[]);
+        assert_eq!(table.owner_of(pa1), None);
+    }
+
+    #[test]
+    fn not_owner_leaves_the_path_healthy() {
+        let t0 = Instant::now();
+        let mut table = replicated_table();
+        let pa1 = region(REPLICATED, "PA.1");
+        table.report_failure(P0, 0, Failure::NotOwner, t0);
+        assert_eq!(table.health(P0), PathHealth::Up);
+        assert!(!table.unreachable(P0, 0));
+        assert_eq!(table.poll_timeout(), None);
+        assert_eq!(table.choose(pa1, &[]), Some(P0));
+        assert_eq!(
+            Failure::NotOwner.to_string(),
+            "not the region's owner device"
+        );
+    }
+
+    #[test]
+    fn a_client_without_a_path_to_the_owner_is_told_so() {
+        // c1 wired to device A only (a topology validation refuses; the
+        // table itself still says it).
+        let text = std::fs::read_to_string(REPLICATED).unwrap().replace(
+            "  { id = \"r1\", fabric_device = \"B\", local_addr = \"127.0.3.2\" },\n",
+            "",
+        );
+        let topology = Topology::from_toml_str("edited", &text, &EnvOverrides::None).unwrap();
+        let table = table_for(&topology, "c1");
+        assert_eq!(table.paths().len(), 1);
+        let layout = Layout::new(&topology).unwrap();
+        let at = |id: &str| layout.entry_by_id(&id.into()).unwrap().region;
+        assert!(table.reaches_owner(at("PA.1")));
+        assert!(!table.reaches_owner(at("PA.2")));
+        // Requests still go somewhere: device A may relay.
+        assert_eq!(table.choose(at("PA.2"), &[]), Some(P0));
+        assert_eq!(
+            table.region_id(at("PA.2")).map(RegionId::as_str),
+            Some("PA.2")
+        );
     }
 }

@@ -6,7 +6,12 @@
 //!   write everything under the pool's prefix: the map and the intents;
 //! - each **daemon** (`pmem-fabric.<pool>.<role>.<name>`) may read the map
 //!   and the intents, and write its own liveness key
-//!   `members/<role>/<name>` only;
+//!   `members/<role>/<name>`; a **fabric device** may also write the map
+//!   key (and nothing else of the operator's), which its code uses only to
+//!   mark copies of replicated regions
+//!   ([`crate::ControlPlane::mark_copy`]); etcd cannot limit a write to a
+//!   part of a document, so this is trust in the device, said in
+//!   `docs/security.md`;
 //! - anyone else, nothing (etcd refuses requests without a user once
 //!   authentication is on).
 //!
@@ -111,10 +116,15 @@ fn already_exists(err: &etcd_client::Error) -> bool {
 }
 
 /// What a daemon's role may touch: read the map and the intents, write its
-/// own liveness key.
-fn daemon_permissions(keys: &Keys, role: Role, name: &str) -> [Permission; 3] {
-    [
-        Permission::read(keys.map()),
+/// own liveness key; a fabric device may also write the map, to mark the
+/// copies of the regions it orders ([`crate::ControlPlane::mark_copy`]).
+fn daemon_permissions(keys: &Keys, role: Role, name: &str) -> Vec<Permission> {
+    let map = match role {
+        Role::Device => Permission::read_write(keys.map()),
+        Role::Server => Permission::read(keys.map()),
+    };
+    vec![
+        map,
         Permission::read(keys.intents()).with_prefix(),
         Permission::read_write(keys.member(role, name)),
     ]

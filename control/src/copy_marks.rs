@@ -3,7 +3,7 @@
 //! the copy stopped answering), in one transaction, read again and retried
 //! when someone changed the map meanwhile.
 
-use crate::edit::{EditError, mark_replica};
+use crate::edit::EditError;
 use crate::replica_state::ReplicaState;
 use crate::{ControlError, ControlPlane, Credentials, Endpoints};
 
@@ -77,24 +77,24 @@ pub fn mark_copy_offline(
         loop {
             attempt += 1;
             let read = plane.read_map().await.map_err(control)?;
-            let marked = match mark_replica(&read.map, region, server, ReplicaState::Offline) {
-                Ok(marked) => marked,
-                Err(EditError::Unchanged { .. }) => return Ok(CopyMarked::AlreadyOffline),
-                Err(source) => {
-                    return Err(MarkCopyError::Edit {
-                        region: region.to_owned(),
-                        server: server.to_owned(),
-                        source: Box::new(source),
-                    });
+            let version = read.map.replica_set(region).map_or(0, |r| r.version);
+            match plane
+                .mark_copy(region, server, ReplicaState::Offline, version)
+                .await
+            {
+                Ok(epoch) => return Ok(CopyMarked::Written { epoch }),
+                // Someone changed the record between the read and the edit.
+                Err(ControlError::ReplicaSetMoved { .. }) if attempt < ATTEMPTS => continue,
+                Err(ControlError::MarkRefused { source, .. }) => {
+                    return match *source {
+                        EditError::Unchanged { .. } => Ok(CopyMarked::AlreadyOffline),
+                        source => Err(MarkCopyError::Edit {
+                            region: region.to_owned(),
+                            server: server.to_owned(),
+                            source: Box::new(source),
+                        }),
+                    };
                 }
-            };
-            match plane.replace_map(&read, marked.map).await {
-                Ok(written) => {
-                    return Ok(CopyMarked::Written {
-                        epoch: written.map.epoch,
-                    });
-                }
-                Err(ControlError::Conflict { .. }) if attempt < ATTEMPTS => continue,
                 Err(e) => return Err(control(e)),
             }
         }

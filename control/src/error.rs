@@ -161,6 +161,33 @@ pub enum ControlError {
         /// The name.
         name: String,
     },
+    /// A copy's state cannot change as asked (the edit's own refusal).
+    #[error("the copy of region {region} on server {server} cannot be marked {state}")]
+    MarkRefused {
+        /// The region.
+        region: String,
+        /// The server holding the copy.
+        server: String,
+        /// The state asked for.
+        state: crate::replica_state::ReplicaState,
+        /// Why.
+        #[source]
+        source: Box<crate::edit::EditError>,
+    },
+    /// A replica set changed since its caller read it: nothing was written.
+    #[error(
+        "region {region}'s replica set is at version {current}, not {expected} as read: its \
+         copies or owner changed meanwhile and nothing was written; read the map again and \
+         decide anew"
+    )]
+    ReplicaSetMoved {
+        /// The region.
+        region: String,
+        /// The version the caller read.
+        expected: u64,
+        /// The version the map holds.
+        current: u64,
+    },
     /// The client's runtime or thread could not start.
     #[error("cannot start the etcd client's runtime")]
     Runtime {

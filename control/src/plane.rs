@@ -10,11 +10,13 @@ use etcd_client::{
 use tokio::task::JoinHandle;
 
 use crate::credentials::Credentials;
+use crate::edit::mark_replica;
 use crate::endpoints::Endpoints;
 use crate::error::ControlError;
 use crate::keys::Keys;
 use crate::map::{ClusterMap, VersionedMap};
 use crate::member::{Intent, Member, Role};
+use crate::replica_state::ReplicaState;
 
 /// How long connecting to one endpoint may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -264,6 +266,61 @@ impl ControlPlane {
                 expected: based_on.map.epoch,
                 current: current.map.epoch,
             })
+    }
+
+    /// Marks the copy of `region` on `server` `state`, if the region's
+    /// replica set is still at `expected_version` (the version its caller
+    /// decided on): one transaction that bumps the set's version and the
+    /// map's epoch ([`crate::edit::mark_replica`] decides what may change).
+    /// A change of the map elsewhere meanwhile (another region's copies)
+    /// is read again and the mark retried; a change of this region's set
+    /// is [`ControlError::ReplicaSetMoved`]. Returns the new epoch.
+    ///
+    /// This is what a fabric device calls when it takes a dead copy out
+    /// of a set; its etcd user may write the map for this
+    /// ([`crate::access`]).
+    pub async fn mark_copy(
+        &mut self,
+        region: &str,
+        server: &str,
+        state: ReplicaState,
+        expected_version: u64,
+    ) -> Result<u64, ControlError> {
+        /// How often a conflict with changes elsewhere is retried.
+        const TRIES: usize = 8;
+        let mut last = None;
+        for _ in 0..TRIES {
+            let read = self.read_map().await?;
+            if let Some(record) = read.map.replica_set(region)
+                && record.version != expected_version
+            {
+                return Err(ControlError::ReplicaSetMoved {
+                    region: region.to_owned(),
+                    expected: expected_version,
+                    current: record.version,
+                });
+            }
+            let marked = mark_replica(&read.map, region, server, state).map_err(|source| {
+                ControlError::MarkRefused {
+                    region: region.to_owned(),
+                    server: server.to_owned(),
+                    state,
+                    source: Box::new(source),
+                }
+            })?;
+            match self.replace_map(&read, marked.map).await {
+                Ok(written) => {
+                    tracing::info!("{}", marked.note);
+                    return Ok(written.map.epoch);
+                }
+                Err(conflict @ ControlError::Conflict { .. }) => last = Some(conflict),
+                Err(other) => return Err(other),
+            }
+        }
+        Err(last.unwrap_or(ControlError::Conflict {
+            expected: 0,
+            current: 0,
+        }))
     }
 
     /// Writes `map` (validated first) at the map's key in one transaction

@@ -95,12 +95,15 @@ impl ReplicaSetRecord {
     }
 }
 
-/// The owner of the `nth` replicated region: the fabric devices in turn.
-fn default_owner(topology: &Topology, nth: usize) -> String {
-    let devices = &topology.fabric_devices;
-    devices
-        .get(nth % devices.len().max(1))
-        .map(|d| d.id.to_string())
+/// The owner `region` gets when its record is new: the fabric devices in
+/// turn ([`Topology::default_owners`], which topology validation checks
+/// every client granted the region reaches).
+fn default_owner(topology: &Topology, region: &str) -> String {
+    topology
+        .default_owners()
+        .into_iter()
+        .find(|(r, _)| r.as_str() == region)
+        .map(|(_, owner)| owner.to_string())
         .unwrap_or_default()
 }
 
@@ -129,7 +132,7 @@ pub fn derive(
     let mut records = Vec::new();
     let mut notes = Vec::new();
     let sets = topology.replica_sets();
-    for (nth, set) in sets.iter().filter(|s| s.is_replicated()).enumerate() {
+    for set in sets.iter().filter(|s| s.is_replicated()) {
         let region = set.region.to_string();
         let servers = servers_of(set);
         let before = previous.and_then(|(_, records)| records.iter().find(|r| r.region == region));
@@ -167,7 +170,7 @@ pub fn derive(
         let owner = before
             .map(|b| b.owner.clone())
             .filter(|o| topology.fabric_devices.iter().any(|d| d.id.as_str() == o))
-            .unwrap_or_else(|| default_owner(topology, nth));
+            .unwrap_or_else(|| default_owner(topology, &region));
         let version = match before {
             Some(b) if b.copies == copies && b.owner == owner => b.version,
             Some(b) => b.version + 1,

@@ -1,10 +1,13 @@
 //! Who may change the map, against a real etcd with authentication on:
 //! the pool's operator may, a daemon may read the map and write its own
-//! liveness key only, and a connection without credentials is told which
-//! to pass.
+//! liveness key, a fabric device may also mark copies of replicated
+//! regions, a client may only read, and a connection without credentials
+//! is told which to pass.
 
 use control::access::{self, PoolCredentials};
-use control::{ControlError, ControlPlane, Credentials, Endpoints, Intent, Member, Role};
+use control::{
+    ControlError, ControlPlane, Credentials, Endpoints, Intent, Member, ReplicaState, Role,
+};
 use testkit::Etcd;
 
 fn default_topology() -> String {
@@ -164,6 +167,122 @@ async fn a_client_reads_the_map_and_changes_nothing() {
         matches!(err, ControlError::PermissionDenied { .. }),
         "{err}"
     );
+}
+
+fn replicated_topology() -> String {
+    std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../configs/replicated.toml"
+    ))
+    .expect("configs/replicated.toml")
+}
+
+#[tokio::test]
+async fn a_device_marks_a_copy_offline_and_a_client_or_server_cannot() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (_etcd, endpoints, made) = secured(dir.path()).await;
+    let mut operator = ControlPlane::connect(&endpoints, "test", Some(&made.operator))
+        .await
+        .expect("operator connects");
+    let first = operator.init(&replicated_topology()).await.expect("init");
+    let version = |map: &control::ClusterMap, region: &str| {
+        map.replica_set(region)
+            .expect("a replicated region")
+            .version
+    };
+    assert_eq!(version(&first.map, "PA.1"), 1);
+    let root = made.root.as_ref().expect("root");
+    let clients = access::secure_clients(&endpoints, "test", &["c1".to_owned()], root)
+        .await
+        .expect("client users");
+
+    // A client and a server may not mark a copy: nothing is written.
+    let mut client = ControlPlane::connect(&endpoints, "test", Some(&clients[0].1))
+        .await
+        .expect("the client connects");
+    let mut server =
+        ControlPlane::connect(&endpoints, "test", Some(daemon(&made, Role::Server, "A")))
+            .await
+            .expect("server A connects");
+    for plane in [&mut client, &mut server] {
+        let err = plane
+            .mark_copy("PA.1", "B", ReplicaState::Offline, 1)
+            .await
+            .expect_err("only a device marks copies");
+        let text = err.to_string();
+        assert!(
+            matches!(err, ControlError::PermissionDenied { .. }),
+            "{text}"
+        );
+        assert!(text.contains("change of the map"), "{text}");
+    }
+    assert_eq!(operator.read_map().await.expect("read").map, first.map);
+
+    // Device F1 marks B's copy of PA.1 offline: one step of the epoch and
+    // of the set's version, the other sets untouched.
+    let mut device =
+        ControlPlane::connect(&endpoints, "test", Some(daemon(&made, Role::Device, "F1")))
+            .await
+            .expect("device F1 connects");
+    let epoch = device
+        .mark_copy("PA.1", "B", ReplicaState::Offline, 1)
+        .await
+        .expect("a device marks a copy offline");
+    assert_eq!(epoch, 2);
+    let now = operator.read_map().await.expect("read");
+    assert_eq!(now.map.epoch, 2);
+    let record = now.map.replica_set("PA.1").expect("PA.1");
+    assert_eq!(record.state_on("B"), Some(ReplicaState::Offline));
+    assert_eq!(record.version, 2);
+    assert_eq!(version(&now.map, "PB.1"), 1);
+    assert_eq!(now.map.topology, first.map.topology);
+
+    // Decided on a version that is gone: refused, nothing written.
+    let err = device
+        .mark_copy("PA.1", "A", ReplicaState::Offline, 1)
+        .await
+        .expect_err("a stale version");
+    assert!(
+        matches!(
+            err,
+            ControlError::ReplicaSetMoved {
+                expected: 1,
+                current: 2,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // The last serving copy stays: the edit's refusal, named.
+    let err = device
+        .mark_copy("PA.1", "A", ReplicaState::Offline, 2)
+        .await
+        .expect_err("the last serving copy");
+    let text = format!(
+        "{err}: {}",
+        std::error::Error::source(&err)
+            .map(ToString::to_string)
+            .unwrap_or_default()
+    );
+    assert!(
+        text.contains("region PA.1 on server A cannot be marked offline"),
+        "{text}"
+    );
+    // Another set, changed meanwhile by the operator, does not stand in
+    // the device's way.
+    let read = operator.read_map().await.expect("read");
+    let synced =
+        control::edit::mark_replica(&read.map, "PB.2", "A", ReplicaState::Offline).expect("mark");
+    operator
+        .replace_map(&read, synced.map)
+        .await
+        .expect("operator");
+    let epoch = device
+        .mark_copy("PA.1", "B", ReplicaState::Syncing, 2)
+        .await
+        .expect("the device marks again");
+    assert_eq!(epoch, 4);
+    assert_eq!(operator.read_map().await.expect("read").map.epoch, 4);
 }
 
 #[tokio::test]

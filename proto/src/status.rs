@@ -44,7 +44,7 @@ pub enum Status {
     /// receiver to) and sends the request again.
     StaleMap,
     /// This device does not order the region's requests; send them to its
-    /// owner device (14).
+    /// owner device (14). Nothing ran.
     NotOwner,
     /// Any other value.
     Unknown(u16),

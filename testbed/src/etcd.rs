@@ -315,6 +315,16 @@ impl EtcdControl {
         })
     }
 
+    /// The map's replica records now: each replicated region's copies and
+    /// their states.
+    pub fn replica_sets(&self) -> Result<Vec<control::ReplicaSetRecord>, EtcdControlError> {
+        runtime()?.block_on(async {
+            let mut operator =
+                ControlPlane::connect(&self.endpoints, &self.pool, Some(&self.operator)).await?;
+            Ok(operator.read_map().await?.map.replica_sets)
+        })
+    }
+
     /// The map's epoch now.
     pub fn epoch(&self) -> Result<u64, EtcdControlError> {
         runtime()?.block_on(async {

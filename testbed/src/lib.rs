@@ -15,6 +15,8 @@
 //! - [`workload`]: what a client worker does and how it verifies.
 //! - [`run`]: `run`, `demo` and `chaos`: fabric, workers, faults, report.
 //! - [`report`]: `report.json`, `report.md` and the plots.
+//! - [`replica_copies`]: after a run on a replicated topology, every
+//!   serving copy of every region compared byte for byte.
 //! - [`prometheus`]: a real Prometheus scraping every daemon.
 //! - [`summary`]: `testbed validate`'s summary.
 //! - [`supervise`]: `testbed up` watching, reporting and restarting its
@@ -51,6 +53,7 @@ pub mod netns;
 pub mod persist_bench;
 pub mod power_cut;
 pub mod prometheus;
+pub mod replica_copies;
 pub mod report;
 pub mod roce_bench;
 pub mod run;
@@ -72,6 +75,23 @@ pub const LAB_TOPOLOGY: &str = include_str!("../../configs/lab.toml");
 
 /// The name the embedded lab topology goes by in messages.
 pub const LAB_TOPOLOGY_NAME: &str = "<embedded configs/lab.toml>";
+
+/// `topology` with `[pool] replicas = copies` (every region's copies,
+/// placed by the topology's rule), validated again; an error naming every
+/// problem when the fabric cannot hold that many copies.
+pub fn with_replicas(
+    mut topology: topology::Topology,
+    copies: u64,
+) -> anyhow::Result<topology::Topology> {
+    topology.pool.replicas = Some(copies);
+    topology.validate().map_err(|errors| {
+        anyhow::anyhow!(
+            "--replicas {copies}: {} cannot hold {copies} copies of every region:\n{errors}",
+            topology.source
+        )
+    })?;
+    Ok(topology)
+}
 
 /// Loads `file`, or the embedded topology for `net` (the lab's in lab mode,
 /// the default one otherwise), with environment overrides.

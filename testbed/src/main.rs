@@ -284,6 +284,10 @@ struct WorkloadArgs {
     /// cache: auto (writes of 64 KiB or more), cached or non-temporal.
     #[arg(long, default_value = "auto")]
     server_cache: ServerCache,
+    /// Copies of every region (1, 2 or 3): sets the topology's `[pool]
+    /// replicas`; the run then compares the copies at its end.
+    #[arg(long)]
+    replicas: Option<u64>,
 }
 
 impl WorkloadArgs {
@@ -298,6 +302,7 @@ impl WorkloadArgs {
         options.zipfian = self.zipfian;
         options.server_cache = self.server_cache;
         options.seed = seed;
+        options.replicas = self.replicas;
         options
     }
 }
@@ -594,7 +599,10 @@ fn control(request: &str, args: ControlArgs) -> anyhow::Result<bool> {
 }
 
 fn run(options: &RunOptions, file: Option<&PathBuf>) -> anyhow::Result<bool> {
-    let topology = load_topology_on(file.map(PathBuf::as_path), options.net)?;
+    let mut topology = load_topology_on(file.map(PathBuf::as_path), options.net)?;
+    if let Some(copies) = options.replicas {
+        topology = testbed::with_replicas(topology, copies)?;
+    }
     run_on(options, &topology)
 }
 
@@ -911,8 +919,11 @@ fn chaos(args: ChaosArgs) -> anyhow::Result<bool> {
         reports,
         control,
     } = args;
-    let topology = load_topology_on(file.as_deref(), net.into())?;
+    let mut topology = load_topology_on(file.as_deref(), net.into())?;
     let mut options = workload.options("chaos", seed);
+    if let Some(copies) = options.replicas {
+        topology = testbed::with_replicas(topology, copies)?;
+    }
     options.net = net.into();
     options.control = control.control().map_err(anyhow::Error::msg)?;
     scenario

@@ -257,6 +257,9 @@ pub struct RunOptions {
     /// Whether the workers' writes ask the servers to bypass their CPU
     /// cache.
     pub server_cache: client_vmm::ServerCache,
+    /// `--replicas`: the copies of every region the run set in the
+    /// topology's `[pool]`, for the replay command line.
+    pub replicas: Option<u64>,
 }
 
 impl RunOptions {
@@ -281,6 +284,7 @@ impl RunOptions {
             control: Control::File,
             progress: true,
             server_cache: client_vmm::ServerCache::Auto,
+            replicas: None,
         }
     }
 }
@@ -480,6 +484,11 @@ pub fn contract_violations(report: &RunReport) -> Vec<String> {
         ));
     } else if !v.passed && v.during_run.is_empty() {
         violations.push("the verification failed".to_owned());
+    }
+    if let Some(replicas) = &report.replicas {
+        for line in &replicas.differences {
+            violations.push(format!("replicas diverged: {line}"));
+        }
     }
     violations
 }
@@ -697,6 +706,7 @@ fn execute_in(
         data_kept: true,
         map_epochs: epochs.finish(),
         linearizability: None,
+        replicas: None,
     };
     report.notes.extend(first_use_notes(&fabric, &workers));
     let (counters, mut verification) = collect(&mut workers, run_dir, &mut report)?;
@@ -722,6 +732,20 @@ fn execute_in(
         report.roce = Some(roce);
     }
 
+    // Which copies serve, as the map says at the end (on a file: all).
+    let records = match fabric.etcd_mut() {
+        Some(etcd) if topology.is_replicated() => match etcd.replica_sets() {
+            Ok(records) => Some(records),
+            Err(e) => {
+                report.notes.push(format!(
+                    "the copies' states could not be read from etcd ({e}); every copy is \
+                     compared"
+                ));
+                None
+            }
+        },
+        _ => None,
+    };
     let unclean_exits: Vec<String> = fabric
         .stop()
         .into_iter()
@@ -730,6 +754,21 @@ fn execute_in(
         .collect();
     for line in &unclean_exits {
         report.notes.push(format!("did not stop cleanly: {line}"));
+    }
+    // The daemons have stopped: the region files hold what they wrote.
+    if topology.is_replicated() {
+        let serving = |region: &str, server: &str| {
+            records.as_ref().is_none_or(|records| {
+                records
+                    .iter()
+                    .find(|r| r.region == region)
+                    .and_then(|r| r.state_on(server))
+                    .is_none_or(|state| state == control::ReplicaState::Serving)
+            })
+        };
+        report.replicas = Some(crate::replica_copies::compare_copies(
+            topology, data_dir, &serving,
+        ));
     }
     let violations = contract_violations(&report);
     for line in &violations {

@@ -23,7 +23,7 @@
 //! address range, and each copy is a region file (or device DAX slot) of
 //! the same size on its server.
 
-use crate::ids::{PmemDeviceId, RegionId, ServerId, SocketId};
+use crate::ids::{FabricDeviceId, PmemDeviceId, RegionId, ServerId, SocketId};
 use crate::model::{RegionReplicas, Server, Topology};
 
 /// The most copies a region may have.
@@ -407,5 +407,22 @@ impl Topology {
     /// Whether any region has more than one copy.
     pub fn is_replicated(&self) -> bool {
         self.replica_sets().iter().any(ReplicaSet::is_replicated)
+    }
+
+    /// The owner device of every replicated region when a pool starts (the
+    /// device that orders the region's requests): the fabric devices in
+    /// turn, in config order, over the replicated regions in config order.
+    /// Empty without fabric devices.
+    pub fn default_owners(&self) -> Vec<(RegionId, FabricDeviceId)> {
+        let devices = &self.fabric_devices;
+        if devices.is_empty() {
+            return Vec::new();
+        }
+        self.replica_sets()
+            .into_iter()
+            .filter(ReplicaSet::is_replicated)
+            .enumerate()
+            .map(|(nth, set)| (set.region, devices[nth % devices.len()].id.clone()))
+            .collect()
     }
 }

@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 
-use crate::ids::{FabricDeviceId, RegionId, ServerId};
+use crate::ids::{ClientId, FabricDeviceId, RegionId, ServerId};
 use crate::layout::{RegionOverflow, place_regions};
 use crate::model::{RnicTransport, Topology};
 
@@ -134,6 +134,14 @@ pub enum ProblemKind {
     },
     /// A region's copies cannot be placed as asked.
     Replicas(crate::replicas::PlacementProblem),
+    /// A client granted a replicated region has no RNIC wired to the
+    /// region's owner device, which orders all its requests.
+    OwnerUnreachable {
+        /// The owner device.
+        owner: FabricDeviceId,
+        /// The client.
+        client: ClientId,
+    },
     /// An allow-list range that leaves its region.
     AllowOutOfRange {
         /// The region named by the range.
@@ -149,6 +157,16 @@ impl fmt::Display for ProblemKind {
             Self::DuplicateId => write!(f, "duplicate id"),
             Self::AllocatorMetadata(e) => write!(f, "{e}"),
             Self::Replicas(problem) => write!(f, "{problem}"),
+            Self::OwnerUnreachable { owner, client } => {
+                let (owner, client) = (owner.as_str(), client.as_str());
+                write!(
+                    f,
+                    "its owner, fabric device {owner:?} (replicated regions go to the devices in \
+                 turn), orders every request of the region, and client {client:?}, which may \
+                 use the region, has no RNIC wired to it: wire one of the client's RNICs to \
+                 {owner:?}"
+                )
+            }
             Self::UnknownReference { kind, id } => write!(f, "refers to unknown {kind} {id:?}"),
             Self::BadExtentSize { size } => write!(
                 f,
@@ -618,6 +636,26 @@ impl Checker<'_> {
         }
     }
 
+    /// Every client that may use a replicated region reaches the region's
+    /// owner device: an RNIC of the client is wired to it.
+    fn owners_reachable(&mut self) {
+        let t = self.topology;
+        for (region, owner) in t.default_owners() {
+            for client in &t.clients {
+                let granted =
+                    client.allow.is_empty() || client.allow.iter().any(|a| a.region == region);
+                let wired = client.rnics.iter().any(|r| r.fabric_device == owner);
+                if granted && !wired {
+                    let kind = ProblemKind::OwnerUnreachable {
+                        owner: owner.clone(),
+                        client: client.id.clone(),
+                    };
+                    self.report(region_item(&region), kind);
+                }
+            }
+        }
+    }
+
     fn roce_port(&mut self, item: &str, roce: &crate::model::RocePort) {
         if roce.ip.parse::<std::net::Ipv4Addr>().is_err() {
             self.report(
@@ -872,6 +910,7 @@ impl Topology {
         checker.replicas();
         checker.fabric_devices();
         checker.clients();
+        checker.owners_reachable();
         checker.allocator();
         if checker.problems.is_empty() {
             Ok(())

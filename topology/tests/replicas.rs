@@ -321,3 +321,65 @@ fn the_file_shape_of_replicas_is_checked() {
     let text = topology("replicas = -1", &[("A", None, ""), ("B", None, "")]);
     assert!(Topology::from_toml_str(FILE, &text, &EnvOverrides::None).is_err());
 }
+
+fn replicated_text() -> String {
+    std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../configs/replicated.toml"
+    ))
+    .expect("configs/replicated.toml")
+}
+
+#[test]
+fn owners_go_to_the_devices_in_turn_and_the_replicated_config_is_valid() {
+    let t = load(&replicated_text());
+    t.validate().unwrap_or_else(|e| panic!("{e}"));
+    let owners: Vec<(String, String)> = t
+        .default_owners()
+        .into_iter()
+        .map(|(region, owner)| (region.to_string(), owner.to_string()))
+        .collect();
+    let expected = [("PA.1", "A"), ("PA.2", "B"), ("PB.1", "A"), ("PB.2", "B")];
+    let expected: Vec<(String, String)> = expected
+        .iter()
+        .map(|(r, o)| (r.to_string(), o.to_string()))
+        .collect();
+    assert_eq!(owners, expected);
+    // Every copy of every region on both servers, in two domains.
+    for (_, copies) in places(&t) {
+        assert_eq!(copies.len(), 2, "{copies:?}");
+    }
+    // A single-copy topology has no owners.
+    assert!(load(&default_text()).default_owners().is_empty());
+}
+
+#[test]
+fn a_client_granted_a_replicated_region_must_reach_its_owner() {
+    // c1 wired to device A only: PA.2 and PB.2 belong to B.
+    let text = replicated_text().replace(
+        "  { id = \"r1\", fabric_device = \"B\", local_addr = \"127.0.3.2\" },\n",
+        "",
+    );
+    let errors = load(&text).validate().expect_err("c1 cannot reach B");
+    let problems: Vec<String> = errors.problems.iter().map(ToString::to_string).collect();
+    assert_eq!(problems.len(), 2, "{problems:?}");
+    for (problem, region) in problems.iter().zip(["PA.2", "PB.2"]) {
+        assert!(problem.contains(FILE), "{problem}");
+        assert!(problem.contains(&format!("region {region:?}")), "{problem}");
+        assert!(
+            problem.contains("owner, fabric device \"B\"")
+                && problem.contains("client \"c1\"")
+                && problem.contains("wire one of the client's RNICs to \"B\""),
+            "{problem}"
+        );
+    }
+    // Granted only regions A owns: valid.
+    let granted = text.replace(
+        "[[clients]]\nid = \"c1\"\n",
+        "[[clients]]\nid = \"c1\"\nallow = [{ region = \"PA.1\" }, { region = \"PB.1\" }]\n",
+    );
+    load(&granted).validate().unwrap_or_else(|e| panic!("{e}"));
+    // The same wiring without replicas: nothing to reach.
+    let single = text.replace("replicas = 2\n", "");
+    load(&single).validate().unwrap_or_else(|e| panic!("{e}"));
+}

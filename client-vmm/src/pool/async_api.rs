@@ -92,16 +92,21 @@ impl AsyncPool {
             translator,
             secrets,
         } = builder;
-        let (topology, etcd, version) = match source {
-            Source::Topology(topology) => (topology, None, None),
+        let (topology, replica_sets, etcd, version) = match source {
+            Source::Topology(topology) => (topology, None, None, None),
             Source::Etcd {
                 endpoints,
                 pool,
                 credentials,
             } => {
-                let (topology, etcd, version) =
+                let (read, etcd, version) =
                     follow::read_map_from(endpoints, pool, credentials).await?;
-                (topology, Some(etcd), Some(version))
+                (
+                    read.topology,
+                    Some(read.replica_sets),
+                    Some(etcd),
+                    Some(version),
+                )
             }
         };
         topology.validate()?;
@@ -113,7 +118,12 @@ impl AsyncPool {
             None => None,
         };
         let layout = Layout::new(&topology)?;
-        let table = PathTable::new(&topology, &layout, &client, options.paths)?;
+        let mut table = PathTable::new(&topology, &layout, &client, options.paths)?;
+        // On etcd, the owners of replicated regions are the map's (a file's
+        // are its topology's turn order, which the table starts with).
+        if let Some(records) = &replica_sets {
+            table.set_owners(records);
+        }
         let extent = layout.extent_size();
         let epoch = Epoch::first(
             version.map_or(0, |v| v.epoch),

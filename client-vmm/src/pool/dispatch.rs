@@ -11,7 +11,7 @@ use tokio::sync::Notify;
 use topology::{MetaLayout, PmemAddr, RegionIndex, RnicTransport, VirtAddr};
 
 use crate::conn::{self, Response};
-use crate::error::{Address, PoolError, Reason, Tried, TriedPath};
+use crate::error::{Address, NoPathToOwner, OwnerNotFound, PoolError, Reason, Tried, TriedPath};
 use crate::link::PathLink;
 use crate::paths::{Attempts, Failure, GiveUpReason, Next, PathId, Probe};
 use crate::records;
@@ -534,6 +534,9 @@ impl Inner {
                     self.stale_map(&mut attempts, path, server, response.value)
                         .await;
                 }
+                Ok((response, _)) if response.status == Status::NotOwner => {
+                    self.not_owner(&mut attempts, path, server, piece).await?;
+                }
                 Ok((response, current)) if !server_unreachable(response.status) => {
                     if current {
                         lock(&self.table).report_success(path, server, now);
@@ -596,6 +599,77 @@ impl Inner {
                 Instant::now(),
             );
         }
+    }
+
+    /// A device answered NOT_OWNER for a replicated region: nothing ran.
+    /// When the device is the owner by the client's map, the map is behind:
+    /// a newer epoch is fetched (on etcd) before the next attempt, which
+    /// goes to the owner's paths. An error when the client has no path to
+    /// the owner at all, or after [`MAX_NOT_OWNER`] such answers.
+    async fn not_owner(
+        &self,
+        attempts: &mut Attempts,
+        path: PathId,
+        server: u16,
+        piece: Piece,
+    ) -> Result<(), PoolError> {
+        self.attempt_failed(attempts, path, server, Failure::NotOwner, Instant::now());
+        let region = attempts.region();
+        let was_owner = lock(&self.table).via_owner(region, path);
+        if was_owner {
+            self.ensure_epoch(self.epoch().number + 1).await;
+        }
+        let table = lock(&self.table);
+        let region = attempts.region();
+        let region_name = table
+            .region_id(region)
+            .map_or_else(|| format!("#{}", region.0), ToString::to_string);
+        let owner = table.owner_of(region).map(ToString::to_string);
+        let Some(owner) = owner else {
+            // The map says the region has one copy now: any path serves it.
+            return Ok(());
+        };
+        if !table.reaches_owner(region) {
+            let mut devices: Vec<String> = table
+                .paths()
+                .iter()
+                .filter(|p| !table.is_retired(p.id))
+                .map(|p| p.device.to_string())
+                .collect();
+            devices.sort();
+            devices.dedup();
+            return Err(PoolError::NoPathToOwner(Box::new(NoPathToOwner {
+                at: piece.at,
+                region: region_name,
+                owner,
+                client: self.client.to_string(),
+                devices: devices.join(", "),
+            })));
+        }
+        let times = not_owner_answers(attempts.tried());
+        if times >= MAX_NOT_OWNER {
+            let tried = attempts
+                .tried()
+                .iter()
+                .map(|&(p, failure)| {
+                    let info = &table.paths()[p.0];
+                    TriedPath {
+                        rnic: info.rnic.to_string(),
+                        device: info.device.to_string(),
+                        failure,
+                    }
+                })
+                .collect();
+            return Err(PoolError::OwnerNotFound(Box::new(OwnerNotFound {
+                at: piece.at,
+                region: region_name,
+                owner,
+                epoch: self.epoch().number,
+                times,
+                tried: Tried(tried),
+            })));
+        }
+        Ok(())
     }
 
     pub(super) fn attempt_failed(
@@ -738,6 +812,18 @@ impl StaleMap {
     }
 }
 
+/// How many NOT_OWNER answers one request takes before it fails: enough
+/// for a stale map to be refreshed and every path to be tried.
+pub(super) const MAX_NOT_OWNER: usize = 4;
+
+/// How many of the failed attempts `tried` were NOT_OWNER answers.
+pub(super) fn not_owner_answers(tried: &[(PathId, Failure)]) -> usize {
+    tried
+        .iter()
+        .filter(|(_, f)| *f == Failure::NotOwner)
+        .count()
+}
+
 /// Whether a device's answer says it could not reach the server: it has no
 /// live link to it (SERVER_UNAVAILABLE) or its link stopped answering
 /// (TIMEOUT). Another device may still reach it.
@@ -802,5 +888,18 @@ mod tests {
             (PathId(1), Failure::Behind)
         ]));
         assert!(server_is_down(&[(p, Failure::ServerUnavailable)]));
+    }
+
+    #[test]
+    fn not_owner_answers_are_counted_and_say_no_server_is_down() {
+        let (p, q) = (PathId(0), PathId(1));
+        let tried = [
+            (p, Failure::NotOwner),
+            (q, Failure::ConnectionLost),
+            (p, Failure::NotOwner),
+        ];
+        assert_eq!(not_owner_answers(&tried), 2);
+        assert!(!server_is_down(&[(p, Failure::NotOwner)]));
+        assert!(!server_unreachable(Status::NotOwner));
     }
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use control::{
     CREDENTIALS_ENV, ControlPlane, Credentials, Endpoints, MapSource, MapVersion, MapWatch,
-    REREAD_PERIOD, WatchObserver,
+    REREAD_PERIOD, ReplicaSetRecord, WatchObserver,
 };
 use telemetry::logging::error_chain;
 use tokio::sync::Notify;
@@ -46,12 +46,23 @@ fn credentials_or_env(given: Option<Credentials>) -> Result<Option<Credentials>,
     }
 }
 
+/// A map as the pool applies it: the topology, the replicated regions'
+/// records (their owner devices) and the epoch.
+pub(super) struct MapRead {
+    /// The topology.
+    pub topology: Topology,
+    /// The replicated regions' records.
+    pub replica_sets: Vec<ReplicaSetRecord>,
+    /// Its epoch.
+    pub epoch: u64,
+}
+
 /// The pool's map as etcd holds it now, validated, with its version.
 async fn read_map(
     endpoints: &Endpoints,
     pool: &str,
     credentials: Option<&Credentials>,
-) -> Result<(Topology, MapVersion), control::ControlError> {
+) -> Result<(MapRead, MapVersion), control::ControlError> {
     let mut plane = ControlPlane::connect(endpoints, pool, credentials).await?;
     let map = plane.read_map().await?;
     let topology = map.map.topology_at(&plane.keys().map())?;
@@ -59,18 +70,23 @@ async fn read_map(
         epoch: map.map.epoch,
         revision: map.revision,
     };
-    Ok((topology, version))
+    let read = MapRead {
+        topology,
+        replica_sets: map.map.replica_sets,
+        epoch: version.epoch,
+    };
+    Ok((read, version))
 }
 
-/// Reads pool `pool`'s map for an opening: the topology, where it came
-/// from (for the watch and later reads), its version.
+/// Reads pool `pool`'s map for an opening: the map, where it came from
+/// (for the watch and later reads), its version.
 pub(super) async fn read_map_from(
     endpoints: Endpoints,
     pool: String,
     credentials: Option<Credentials>,
-) -> Result<(Topology, MapSource, MapVersion), OpenError> {
+) -> Result<(MapRead, MapSource, MapVersion), OpenError> {
     let credentials = credentials_or_env(credentials)?;
-    let (topology, version) = read_map(&endpoints, &pool, credentials.as_ref())
+    let (read, version) = read_map(&endpoints, &pool, credentials.as_ref())
         .await
         .map_err(|source| OpenError::Etcd {
             pool: pool.clone(),
@@ -85,7 +101,7 @@ pub(super) async fn read_map_from(
         pool,
         credentials,
     };
-    Ok((topology, source, version))
+    Ok((read, source, version))
 }
 
 /// Wakes the pool's follower when the watcher has a new map.
@@ -99,7 +115,7 @@ impl WatchObserver for WakeFollower {
 
 /// Maps read from etcd by a request that met a newer epoch, for the
 /// follower to apply.
-pub(super) type DirectMaps = tokio::sync::mpsc::UnboundedSender<(Topology, u64)>;
+pub(super) type DirectMaps = tokio::sync::mpsc::UnboundedSender<MapRead>;
 
 /// Starts following the map from `version` (what the pool opened on);
 /// `direct` hands over what [`Inner::ensure_epoch`] reads itself.
@@ -107,7 +123,7 @@ pub(super) fn start(
     inner: &Arc<Inner>,
     source: &MapSource,
     version: MapVersion,
-    direct: tokio::sync::mpsc::UnboundedReceiver<(Topology, u64)>,
+    direct: tokio::sync::mpsc::UnboundedReceiver<MapRead>,
 ) -> Result<(), OpenError> {
     let ready = Arc::new(Notify::new());
     let observer = Arc::new(WakeFollower(Arc::clone(&ready)));
@@ -129,7 +145,7 @@ async fn follow_loop(
     pool: Weak<Inner>,
     watch: MapWatch,
     ready: Arc<Notify>,
-    mut direct: tokio::sync::mpsc::UnboundedReceiver<(Topology, u64)>,
+    mut direct: tokio::sync::mpsc::UnboundedReceiver<MapRead>,
 ) {
     loop {
         // Woken by the watcher or a request; the pause only notices a
@@ -140,11 +156,16 @@ async fn follow_loop(
             () = tokio::time::sleep(Duration::from_secs(1)) => None,
         };
         let Some(inner) = pool.upgrade() else { break };
-        if let Some((topology, number)) = read {
-            inner.apply_map(topology, number).await;
+        if let Some(read) = read {
+            inner.apply_map(read).await;
         }
         if let Some(update) = watch.latest() {
-            inner.apply_map(update.topology, update.version.epoch).await;
+            let read = MapRead {
+                topology: update.topology,
+                replica_sets: update.replica_sets,
+                epoch: update.version.epoch,
+            };
+            inner.apply_map(read).await;
         }
     }
     // Stopping the watcher joins its thread: not on a runtime worker.
@@ -152,12 +173,18 @@ async fn follow_loop(
 }
 
 impl Inner {
-    /// Moves the pool to epoch `number` of the map, `topology`, unless it
-    /// already runs that epoch or a newer one. Refused, with one log line,
-    /// when the map moves or resizes a region, or leaves this client
-    /// without paths: the pool stays on its epoch. True when the pool runs
-    /// `number` or newer afterwards.
-    pub(super) async fn apply_map(self: &Arc<Self>, topology: Topology, number: u64) -> bool {
+    /// Moves the pool to the map `read` (its epoch, topology and the owner
+    /// devices of replicated regions), unless it already runs that epoch
+    /// or a newer one. Refused, with one log line, when the map moves or
+    /// resizes a region, or leaves this client without paths: the pool
+    /// stays on its epoch. True when the pool runs that epoch or newer
+    /// afterwards.
+    pub(super) async fn apply_map(self: &Arc<Self>, read: MapRead) -> bool {
+        let MapRead {
+            topology,
+            replica_sets,
+            epoch: number,
+        } = read;
         let _applying = self.applying.lock().await;
         let current = self.epoch();
         if number <= current.number {
@@ -180,10 +207,11 @@ impl Inner {
         if let Err(e) = check_growth(&current.layout, &layout) {
             return refuse(e.to_string());
         }
-        let fresh = match PathTable::new(&topology, &layout, &self.client, self.options.paths) {
+        let mut fresh = match PathTable::new(&topology, &layout, &self.client, self.options.paths) {
             Ok(fresh) => fresh,
             Err(e) => return refuse(e.to_string()),
         };
+        fresh.set_owners(&replica_sets);
         let moves = server_moves(&current.layout, &layout);
         let regions = (current.layout.entries().len(), layout.entries().len());
         let (next, followed) = {
@@ -264,8 +292,8 @@ impl Inner {
             return false;
         };
         match read_map(endpoints, pool, credentials.as_ref()).await {
-            Ok((topology, version)) => {
-                if direct.send((topology, version.epoch)).is_ok() {
+            Ok((read, _)) => {
+                if direct.send(read).is_ok() {
                     let deadline = tokio::time::Instant::now() + WATCH_GRACE;
                     return self.wait_epoch(at_least, deadline).await;
                 }

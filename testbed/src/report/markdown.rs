@@ -237,6 +237,19 @@ pub fn markdown(report: &RunReport) -> String {
         }
     }
 
+    if let Some(replicas) = &report.replicas {
+        let _ = writeln!(out, "\n## Replicas\n");
+        let _ = writeln!(
+            out,
+            "Serving copies of every replicated region, compared byte for byte after the run: \
+             {}.",
+            prose(&replicas.summary())
+        );
+        for line in replicas.differences.iter().chain(&replicas.not_compared) {
+            let _ = writeln!(out, "- {}", prose(line));
+        }
+    }
+
     let _ = writeln!(out, "\n## Parameters\n");
     replay_section(&mut out, report);
 

@@ -106,6 +106,10 @@ pub struct RunReport {
     /// The linearizability check of a register workload's history.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub linearizability: Option<crate::linearizability::LinearizabilityReport>,
+    /// The serving copies of replicated regions compared after the run
+    /// (replicated topologies only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<crate::replica_copies::ReplicaComparison>,
 }
 
 /// What a run was asked to do beyond its workload, topology and clients

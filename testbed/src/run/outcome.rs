@@ -72,6 +72,12 @@ impl RunOutcome {
                 let _ = writeln!(out, "    {line}");
             }
         }
+        if let Some(replicas) = &report.replicas {
+            let _ = writeln!(out, "  replicas        {}", replicas.summary());
+            for line in replicas.differences.iter().chain(&replicas.not_compared) {
+                let _ = writeln!(out, "    {line}");
+            }
+        }
         let _ = writeln!(out, "\n{}", crate::report::summary_table(report));
         let _ = writeln!(
             out,

@@ -75,6 +75,9 @@ pub fn command_line(program: &str, options: &RunOptions) -> String {
     flag("keys", options.keys.to_string());
     flag("seed", options.seed.to_string());
     flag("net", net_name(options.net).to_owned());
+    if let Some(copies) = options.replicas {
+        flag("replicas", copies.to_string());
+    }
     if let crate::etcd::Control::Etcd { members } = options.control {
         flag("control", "etcd".to_owned());
         flag("etcd-members", members.to_string());
