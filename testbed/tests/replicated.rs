@@ -65,6 +65,9 @@ fn more_copies_than_servers_are_refused_naming_the_problem() {
     assert!(out.contains("failure domain"), "{out}");
 }
 
+/// On etcd, so the map records the killed server's copies `offline` (the
+/// owner device marks them): those are not compared, since a copy that
+/// missed writes serves again only after a resync; every serving copy is.
 #[test]
 #[ignore = "needs the owner fan-out"]
 fn chaos_kill_server_with_two_copies_is_invisible_and_the_copies_stay_identical() {
@@ -78,20 +81,28 @@ fn chaos_kill_server_with_two_copies_is_invisible_and_the_copies_stay_identical(
         "6",
         "--replicas",
         "2",
+        "--control",
+        "etcd",
     ]);
     let out = text(&output);
     assert!(output.status.success(), "{out}");
     assert!(out.contains("verification    PASSED"), "{out}");
     assert!(out.contains("errors seen     0"), "{out}");
-    assert!(
-        out.contains("replicas        identical: 4 regions"),
-        "{out}"
-    );
+    assert!(out.contains("replicas        identical: "), "{out}");
     let report = report(dir.path());
     assert_eq!(report["faults"][0]["kind"], "kill-server");
     assert_eq!(report["faults"][0]["errors_seen"], 0);
-    assert_eq!(report["replicas"]["identical"], 4);
     assert_eq!(report["replicas"]["differences"], serde_json::json!([]));
+    let identical = report["replicas"]["identical"].as_u64().expect("identical");
+    let compared = report["replicas"]["regions_compared"]
+        .as_u64()
+        .expect("compared");
+    let skipped = report["replicas"]["not_compared"]
+        .as_array()
+        .expect("not compared")
+        .len() as u64;
+    assert_eq!(identical, compared, "{out}");
+    assert_eq!(compared + skipped, 4, "{out}");
     assert!(
         report["replay"]
             .as_str()

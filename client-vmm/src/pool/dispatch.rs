@@ -603,9 +603,13 @@ impl Inner {
 
     /// A device answered NOT_OWNER for a replicated region: nothing ran.
     /// When the device is the owner by the client's map, the map is behind:
-    /// a newer epoch is fetched (on etcd) before the next attempt, which
-    /// goes to the owner's paths. An error when the client has no path to
-    /// the owner at all, or after [`MAX_NOT_OWNER`] such answers.
+    /// a newer epoch is fetched (on etcd) before the next attempt, and
+    /// [`MAX_NOT_OWNER`] such answers end the request with an error. When
+    /// another device answered (the owner's paths were down or behind on
+    /// the map), the request waits briefly for an owner path to come back
+    /// (the prober restores it) before the next attempt, until the
+    /// operation's deadline. An error at once when the client has no path
+    /// to the owner at all.
     async fn not_owner(
         &self,
         attempts: &mut Attempts,
@@ -619,55 +623,63 @@ impl Inner {
         if was_owner {
             self.ensure_epoch(self.epoch().number + 1).await;
         }
-        let table = lock(&self.table);
-        let region = attempts.region();
-        let region_name = table
-            .region_id(region)
-            .map_or_else(|| format!("#{}", region.0), ToString::to_string);
-        let owner = table.owner_of(region).map(ToString::to_string);
-        let Some(owner) = owner else {
-            // The map says the region has one copy now: any path serves it.
-            return Ok(());
+        let op_deadline = {
+            let table = lock(&self.table);
+            let region = attempts.region();
+            let region_name = table
+                .region_id(region)
+                .map_or_else(|| format!("#{}", region.0), ToString::to_string);
+            let owner = table.owner_of(region).map(ToString::to_string);
+            let Some(owner) = owner else {
+                // The map says the region has one copy now: any path serves it.
+                return Ok(());
+            };
+            if !table.reaches_owner(region) {
+                let mut devices: Vec<String> = table
+                    .paths()
+                    .iter()
+                    .filter(|p| !table.is_retired(p.id))
+                    .map(|p| p.device.to_string())
+                    .collect();
+                devices.sort();
+                devices.dedup();
+                return Err(PoolError::NoPathToOwner(Box::new(NoPathToOwner {
+                    at: piece.at,
+                    region: region_name,
+                    owner,
+                    client: self.client.to_string(),
+                    devices: devices.join(", "),
+                })));
+            }
+            let times = not_owner_answers(attempts.tried(), |p| table.via_owner(region, p));
+            if times >= MAX_NOT_OWNER {
+                let tried = attempts
+                    .tried()
+                    .iter()
+                    .map(|&(p, failure)| {
+                        let info = &table.paths()[p.0];
+                        TriedPath {
+                            rnic: info.rnic.to_string(),
+                            device: info.device.to_string(),
+                            failure,
+                        }
+                    })
+                    .collect();
+                return Err(PoolError::OwnerNotFound(Box::new(OwnerNotFound {
+                    at: piece.at,
+                    region: region_name,
+                    owner,
+                    epoch: self.epoch().number,
+                    times,
+                    tried: Tried(tried),
+                })));
+            }
+            attempts.op_deadline(&table)
         };
-        if !table.reaches_owner(region) {
-            let mut devices: Vec<String> = table
-                .paths()
-                .iter()
-                .filter(|p| !table.is_retired(p.id))
-                .map(|p| p.device.to_string())
-                .collect();
-            devices.sort();
-            devices.dedup();
-            return Err(PoolError::NoPathToOwner(Box::new(NoPathToOwner {
-                at: piece.at,
-                region: region_name,
-                owner,
-                client: self.client.to_string(),
-                devices: devices.join(", "),
-            })));
-        }
-        let times = not_owner_answers(attempts.tried());
-        if times >= MAX_NOT_OWNER {
-            let tried = attempts
-                .tried()
-                .iter()
-                .map(|&(p, failure)| {
-                    let info = &table.paths()[p.0];
-                    TriedPath {
-                        rnic: info.rnic.to_string(),
-                        device: info.device.to_string(),
-                        failure,
-                    }
-                })
-                .collect();
-            return Err(PoolError::OwnerNotFound(Box::new(OwnerNotFound {
-                at: piece.at,
-                region: region_name,
-                owner,
-                epoch: self.epoch().number,
-                times,
-                tried: Tried(tried),
-            })));
+        if !was_owner {
+            let recheck = Instant::now() + self.options.paths.probe_interval;
+            let restored = self.restored.notified();
+            let _ = tokio::time::timeout_at(recheck.min(op_deadline).into(), restored).await;
         }
         Ok(())
     }
@@ -812,15 +824,20 @@ impl StaleMap {
     }
 }
 
-/// How many NOT_OWNER answers one request takes before it fails: enough
-/// for a stale map to be refreshed and every path to be tried.
+/// How many NOT_OWNER answers from the owner's own paths (by the client's
+/// map) one request takes before it fails: enough for a stale map to be
+/// refreshed and the new owner tried.
 pub(super) const MAX_NOT_OWNER: usize = 4;
 
-/// How many of the failed attempts `tried` were NOT_OWNER answers.
-pub(super) fn not_owner_answers(tried: &[(PathId, Failure)]) -> usize {
+/// How many of the failed attempts `tried` were NOT_OWNER answers on paths
+/// `via_owner` says lead to the owner.
+pub(super) fn not_owner_answers(
+    tried: &[(PathId, Failure)],
+    via_owner: impl Fn(PathId) -> bool,
+) -> usize {
     tried
         .iter()
-        .filter(|(_, f)| *f == Failure::NotOwner)
+        .filter(|&&(p, f)| f == Failure::NotOwner && via_owner(p))
         .count()
 }
 
@@ -898,7 +915,10 @@ mod tests {
             (q, Failure::ConnectionLost),
             (p, Failure::NotOwner),
         ];
-        assert_eq!(not_owner_answers(&tried), 2);
+        assert_eq!(not_owner_answers(&tried, |_| true), 2);
+        // Another device's NOT_OWNER (the owner's paths were down) does
+        // not count: the request waits for the owner instead.
+        assert_eq!(not_owner_answers(&tried, |path| path == q), 0);
         assert!(!server_is_down(&[(p, Failure::NotOwner)]));
         assert!(!server_unreachable(Status::NotOwner));
     }
