@@ -69,7 +69,6 @@ fn more_copies_than_servers_are_refused_naming_the_problem() {
 /// owner device marks them): those are not compared, since a copy that
 /// missed writes serves again only after a resync; every serving copy is.
 #[test]
-#[ignore = "needs the owner fan-out"]
 fn chaos_kill_server_with_two_copies_is_invisible_and_the_copies_stay_identical() {
     let (output, dir) = testbed(&[
         "chaos",
@@ -112,7 +111,6 @@ fn chaos_kill_server_with_two_copies_is_invisible_and_the_copies_stay_identical(
 }
 
 #[test]
-#[ignore = "needs the owner fan-out"]
 fn a_run_with_two_copies_leaves_every_copy_identical() {
     let (output, dir) = testbed(&["run", "--duration", "2", "--replicas", "2"]);
     let out = text(&output);

@@ -34,7 +34,14 @@ impl Forwarder {
             let reached = policy.is_some_and(|p| p.grants.overlaps(entry.start, entry.len));
             if !reached {
                 entry.key = AccessKey::NONE;
-            } else if entry.key.is_none() && unknown.is_none() {
+                continue;
+            }
+            if entry.key.is_none()
+                && let Some(key) = self.serving_copy_key(entry.region.0)
+            {
+                entry.key = key;
+            }
+            if entry.key.is_none() && unknown.is_none() {
                 unknown = Some(entry.region.0);
             }
         }

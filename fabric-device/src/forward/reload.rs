@@ -76,6 +76,29 @@ impl Forwarder {
                 .take()
                 .and_then(|(name, _)| map.clients.get(&name).map(|p| (name, p.clone())));
         }
+        // Keys of regions that stay where they were carry over: a server
+        // that is down now cannot tell them again.
+        let kept_keys: HashMap<_, _> = self
+            .map
+            .layout
+            .entries()
+            .iter()
+            .filter(|e| !e.key.is_none())
+            .map(|e| ((e.region, e.start, e.len, e.server.clone()), e.key))
+            .collect();
+        let mut map = map;
+        let carried: Vec<_> = map
+            .layout
+            .entries()
+            .iter()
+            .filter_map(|e| {
+                let key = kept_keys.get(&(e.region, e.start, e.len, e.server.clone()))?;
+                e.key.is_none().then_some((e.region, *key))
+            })
+            .collect();
+        for (region, key) in carried {
+            map.layout.set_key(region, key);
+        }
         self.link_ids = link_ids;
         self.map = map;
         self.replication_from_map();

@@ -424,12 +424,7 @@ impl Forwarder {
     /// sent the region's (the primary's) key; any other key as it is (an
     /// extent's key is in the region's data, the same on every copy).
     fn copy_key(&self, region: u32, server: &ServerId, client_key: AccessKey) -> AccessKey {
-        let region_key = self
-            .map
-            .layout
-            .entry(RegionIndex(region))
-            .map_or(AccessKey::NONE, |e| e.key);
-        if region_key.is_none() || client_key != region_key {
+        if client_key.is_none() || !self.is_copy_key(region, client_key) {
             return client_key;
         }
         self.replication
@@ -437,6 +432,41 @@ impl Forwarder {
             .get(&(region, server.clone()))
             .copied()
             .unwrap_or(client_key)
+    }
+
+    /// Whether `key` is the key of one of `region`'s copies: the one the
+    /// client's MAP gave (the primary's, or another copy's while the
+    /// primary's is unknown) or one learnt from a copy's server.
+    fn is_copy_key(&self, region: u32, key: AccessKey) -> bool {
+        let primary = self
+            .map
+            .layout
+            .entry(RegionIndex(region))
+            .map_or(AccessKey::NONE, |e| e.key);
+        key == primary
+            || self
+                .replication
+                .keys
+                .iter()
+                .any(|(&(r, _), &k)| r == region && k == key)
+    }
+
+    /// A key a client may use for replicated `region` while its primary's
+    /// key is unknown (its server down since this device started): the
+    /// key of a copy that serves, which [`Self::copy_key`] translates for
+    /// every other copy.
+    pub(super) fn serving_copy_key(&self, region: u32) -> Option<AccessKey> {
+        let state = self.region_state(region)?;
+        state
+            .copies
+            .iter()
+            .filter(|c| c.state == ReplicaState::Serving)
+            .find_map(|c| {
+                self.replication
+                    .keys
+                    .get(&(region, c.server.clone()))
+                    .copied()
+            })
     }
 
     fn copy_server(&self, region: u32, copy: usize) -> Option<ServerId> {

@@ -578,3 +578,84 @@ fn a_server_never_reached_loses_nothing_until_a_write_needs_it() {
     assert_eq!(lost, [(index(&core, "PA.1"), "B".to_owned())]);
     assert_eq!(sent.len(), 1, "written on server A alone");
 }
+
+/// The links of `server`'s NICs.
+fn links_of(core: &Forwarder, server: &str) -> Vec<LinkId> {
+    core.links()
+        .filter(|(_, k)| k.server.as_str() == server)
+        .map(|(id, _)| id)
+        .collect()
+}
+
+#[test]
+fn a_new_map_while_the_primary_is_down_keeps_the_clients_key_working_on_the_backup() {
+    let topology = testkit::default_topology_with("replicas = 2");
+    let mut core = replicated();
+    let pa1 = index(&core, "PA.1");
+    let client_key = key(&core, "PA.1");
+    assert_eq!(client_key, key_on("A", pa1));
+    for link in links_of(&core, "A") {
+        core.link_down(link);
+    }
+    core.copy_marked(pa1, &"A".into(), Instant::now());
+    core.take_outbox();
+    // The map moves on (the copy marked offline there): the device cannot
+    // ask server A for its keys again.
+    let mut records = control::replica_state::initial(&topology);
+    let record = records.iter_mut().find(|r| r.region == "PA.1").unwrap();
+    record.version = 2;
+    record.copies[0].state = control::ReplicaState::Offline;
+    core.reload(
+        DeviceMap::new(&topology, &"A".into())
+            .unwrap()
+            .with_replica_states(&records),
+    );
+    assert_eq!(key(&core, "PA.1"), client_key, "the primary's key is kept");
+    send(
+        &mut core,
+        |c| Repr::write(pmem(c, "PA.1", 0), client_key, &[7; 8]),
+        3,
+    );
+    let (sent, _, _) = split(core.take_outbox());
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].link, link(&core, "B", "n0"));
+    assert_eq!(sent[0].key, key_on("B", pa1), "the backup's own key");
+}
+
+#[test]
+fn a_device_that_never_learnt_the_primarys_key_gives_clients_a_serving_copys() {
+    let topology = testkit::default_topology_with("replicas = 2");
+    let mut core = core_with(&topology, ForwarderConfig::default());
+    let pa1 = index(&core, "PA.1");
+    // Server A never answers; the map says its copy of PA.1 is offline.
+    let mut records = control::replica_state::initial(&topology);
+    let record = records.iter_mut().find(|r| r.region == "PA.1").unwrap();
+    record.version = 2;
+    record.copies[0].state = control::ReplicaState::Offline;
+    core.reload(
+        DeviceMap::new(&topology, &"A".into())
+            .unwrap()
+            .with_replica_states(&records),
+    );
+    for link in links_of(&core, "B") {
+        bring_up_with_server_keys(&mut core, link);
+    }
+    hello(&mut core, 1, "c1");
+    let frame = Message::MapRequest.encode_to_vec(9).unwrap();
+    let ClientAction::Reply(reply) = core.client_frame(1, &frame, Instant::now()) else {
+        panic!("the MAP is answered");
+    };
+    let (Message::Map(map), _) = proto::parse_frame(reply.as_bytes()).unwrap() else {
+        panic!("a MAP");
+    };
+    let given = map.entries.iter().find(|e| e.region == pa1).unwrap().key;
+    assert_eq!(given, key_on("B", pa1));
+    send(
+        &mut core,
+        |c| Repr::write(pmem(c, "PA.1", 0), given, &[7; 8]),
+        4,
+    );
+    let (sent, _, _) = split(core.take_outbox());
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].key, key_on("B", pa1));
+}
