@@ -502,18 +502,20 @@ fn a_device_takes_its_clients_keys_from_each_new_map() {
     let refused = c1.call(write_at(r1.start, c1_region_key, b"c1 at epoch 2"));
     assert_eq!(refused.status, Status::UnknownClient, "{refused:?}");
 
-    // Epoch 3 names a client whose key file is not a key: the device
-    // refuses the whole map, naming the client and the file, and keeps
-    // epoch 2 with its keys.
+    // Epoch 3 adds c3, whose key file is not a key: the device leaves c3
+    // out, saying why and naming the file, and applies the rest of the map
+    // (staying on epoch 2 would have the server answer STALE_MAP to every
+    // request it forwards).
     put_map(&etcd, 3, &three);
-    wait_for_log(&device, "map epoch=3 refused, keeping the old map and keys");
+    wait_for_log(&device, "map epoch=3 applied");
     let log = device.stderr_so_far();
     let c3_file = secrets.join(Principal::Client("c3").file_name());
     assert!(
-        log.contains("client c3's key cannot be used")
+        log.contains("map epoch=3: client c3 cannot connect")
             && log.contains(&format!("{}: not a key", c3_file.display())),
         "{log}"
     );
-    assert_eq!(metric(&device, "fabric_device_map_epoch"), 2.0);
-    assert_eq!(write(&mut c2, b"c2 still at epoch 2"), Status::Ok);
+    assert!(proven("c3", [0xC3; 32]).is_err(), "c3 has no usable key");
+    wait_for_log(&server, "map epoch=3 applied");
+    assert_eq!(write(&mut c2, b"c2 at epoch 3"), Status::Ok);
 }

@@ -3,6 +3,13 @@
 //! again for every new map (a SIGHUP reload or a new epoch from etcd), so
 //! a client the map adds may prove its key at once and one it removes may
 //! not. The map says who exists; the keys come only from the folder.
+//!
+//! At start, a key file that exists and cannot be used stops the device.
+//! With a new map, that client is left out (it cannot connect, and the log
+//! says why, naming the file) and the rest of the map is applied with the
+//! keys read for it, in one step: refusing the whole map would leave the
+//! device on an old epoch, where the servers answer all its requests
+//! STALE_MAP, for one client's file.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -11,8 +18,7 @@ use proto::auth::Key;
 use topology::Topology;
 use topology::secrets::{Principal, SecretError, read_key};
 
-/// A client's key file exists but cannot be used: the whole map it came
-/// with is refused, so keys and map never disagree.
+/// A client's key file exists but cannot be used (at start).
 #[derive(Debug, thiserror::Error)]
 #[error("client {client}'s key cannot be used")]
 pub struct ClientKeyError {
@@ -31,14 +37,15 @@ pub struct ClientKeys {
     /// Clients of the map without a key file, and the file looked for: they
     /// cannot connect to this device, the others can.
     pub missing: Vec<(String, PathBuf)>,
+    /// Clients whose key file exists and cannot be used (unreadable, open
+    /// to others, not a key), and why (naming the file).
+    pub unusable: Vec<ClientKeyError>,
 }
 
 impl ClientKeys {
-    /// Reads the key of every client of `topology` from `dir`. A missing
-    /// file leaves that client out (listed in [`ClientKeys::missing`]); a
-    /// file that exists but cannot be read, is open to others or is not a
-    /// key fails the whole read.
-    pub fn read(dir: &Path, topology: &Topology) -> Result<Self, ClientKeyError> {
+    /// Reads the key of every client of `topology` from `dir`; a client
+    /// whose file is missing or unusable is left out and listed.
+    pub fn read(dir: &Path, topology: &Topology) -> Self {
         let mut read = Self::default();
         for client in &topology.clients {
             let id = client.id.as_str();
@@ -47,15 +54,21 @@ impl ClientKeys {
                     read.keys.insert(id.to_owned(), Key::new(key));
                 }
                 Err(SecretError::Missing { path }) => read.missing.push((id.to_owned(), path)),
-                Err(source) => {
-                    return Err(ClientKeyError {
-                        client: id.to_owned(),
-                        source,
-                    });
-                }
+                Err(source) => read.unusable.push(ClientKeyError {
+                    client: id.to_owned(),
+                    source,
+                }),
             }
         }
-        Ok(read)
+        read
+    }
+
+    /// The keys, unless a file exists and cannot be used (the first such).
+    pub fn all_usable(mut self) -> Result<Self, ClientKeyError> {
+        match self.unusable.is_empty() {
+            true => Ok(self),
+            false => Err(self.unusable.swap_remove(0)),
+        }
     }
 
     /// The clients with a key here and not in `before` (came), and those
@@ -89,10 +102,10 @@ mod tests {
     }
 
     #[test]
-    fn missing_keys_leave_their_client_out_and_a_bad_one_fails_the_read() {
+    fn missing_and_bad_keys_leave_their_client_out_and_are_listed() {
         let dir = tempfile::tempdir().expect("temp dir");
         write_key(dir.path(), Principal::Client("c1"), &[1; 32]).expect("key");
-        let keys = ClientKeys::read(dir.path(), &topology(&["c1", "c2"])).expect("read");
+        let keys = ClientKeys::read(dir.path(), &topology(&["c1", "c2"]));
         assert_eq!(keys.keys.len(), 1);
         assert!(keys.keys.contains_key("c1"));
         assert_eq!(keys.missing.len(), 1);
@@ -102,7 +115,10 @@ mod tests {
         write_key(dir.path(), Principal::Client("c2"), &[2; 32]).expect("key");
         std::fs::write(dir.path().join(Principal::Client("c2").file_name()), "zz")
             .expect("spoil");
-        let err = ClientKeys::read(dir.path(), &topology(&["c1", "c2"])).expect_err("bad key");
+        let keys = ClientKeys::read(dir.path(), &topology(&["c1", "c2"]));
+        assert!(keys.keys.contains_key("c1") && !keys.keys.contains_key("c2"));
+        assert!(keys.missing.is_empty());
+        let err = keys.all_usable().expect_err("c2's key is not a key");
         assert_eq!(err.client, "c2");
         assert!(matches!(err.source, SecretError::Malformed { .. }), "{err:?}");
     }
@@ -113,8 +129,8 @@ mod tests {
         for c in ["c1", "c2", "c3"] {
             write_key(dir.path(), Principal::Client(c), &[7; 32]).expect("key");
         }
-        let before = ClientKeys::read(dir.path(), &topology(&["c1", "c2"])).expect("read");
-        let after = ClientKeys::read(dir.path(), &topology(&["c2", "c3"])).expect("read");
+        let before = ClientKeys::read(dir.path(), &topology(&["c1", "c2"]));
+        let after = ClientKeys::read(dir.path(), &topology(&["c2", "c3"]));
         assert_eq!(
             after.changes_from(&before.keys),
             (vec!["c3".to_owned()], vec!["c1".to_owned()])

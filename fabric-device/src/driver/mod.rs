@@ -372,7 +372,7 @@ impl Device {
                 topology::secrets::Principal::Device(config.device.as_str()),
             )?;
             core.set_link_key(proto::auth::Key::new(key));
-            let clients = ClientKeys::read(dir, &config.topology)?;
+            let clients = ClientKeys::read(dir, &config.topology).all_usable()?;
             info!(
                 "authentication on: links prove this device's key, clients prove theirs ({} keys from {})",
                 clients.keys.len(),

@@ -49,9 +49,7 @@ impl Device {
                 return;
             }
         };
-        let Ok(keys) = self.client_keys_for(&topology, "reload") else {
-            return;
-        };
+        let keys = self.client_keys_for(&topology);
         let regions = self.replace_map(map);
         self.take_client_keys(keys, "reload");
         info!("reloaded {}: {regions} regions", path.display());
@@ -78,9 +76,7 @@ impl Device {
             }
         };
         let when = format!("map epoch={epoch}");
-        let Ok(keys) = self.client_keys_for(&update.topology, &when) else {
-            return;
-        };
+        let keys = self.client_keys_for(&update.topology);
         let regions = self.replace_map(map);
         self.take_client_keys(keys, &when);
         let said = self.core.set_epoch(epoch);
@@ -97,29 +93,16 @@ impl Device {
     }
 
     /// With `--secrets`, the keys of `topology`'s clients, read again from
-    /// the keys' folder (`None` without). A key file that exists and cannot
-    /// be used refuses the whole map, logged with the client and the file
-    /// (`when` says which map), so the map and the keys never disagree.
-    fn client_keys_for(
-        &self,
-        topology: &Topology,
-        when: &str,
-    ) -> Result<Option<ClientKeys>, ClientKeyError> {
-        let Some(dir) = &self.config.secrets else {
-            return Ok(None);
-        };
-        ClientKeys::read(dir, topology).map(Some).map_err(|e| {
-            warn!(
-                "{when} refused, keeping the old map and keys: {}",
-                error_chain(&e)
-            );
-            self.metrics.reloads.with(&["refused"]).inc();
-            e
-        })
+    /// the keys' folder (`None` without).
+    fn client_keys_for(&self, topology: &Topology) -> Option<ClientKeys> {
+        let dir = self.config.secrets.as_ref()?;
+        Some(ClientKeys::read(dir, topology))
     }
 
     /// Puts the keys of the new map's clients in place (with `--secrets`),
-    /// logging who may now prove a key and who may no longer.
+    /// in the same turn as the map, logging who may now prove a key, who may
+    /// no longer, and who cannot (no key file, or one that cannot be used:
+    /// that client is left out, the rest of the map applies).
     fn take_client_keys(&mut self, keys: Option<ClientKeys>, when: &str) {
         let Some(keys) = keys else {
             return;
@@ -137,6 +120,13 @@ impl Device {
         }
         for (client, file) in &keys.missing {
             warn!("{when}: client {client} cannot connect: no key file {}", file.display());
+        }
+        for unusable in &keys.unusable {
+            warn!(
+                "{when}: client {} cannot connect: {}",
+                unusable.client,
+                error_chain(unusable)
+            );
         }
         self.core.require_client_keys(keys.keys);
     }
