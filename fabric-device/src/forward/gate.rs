@@ -74,7 +74,9 @@ impl Forwarder {
                 let ours = Message::Hello(hello::Repr {
                     version: PROTOCOL_VERSION,
                     role: Role::FabricDevice,
-                    capabilities: Capabilities::PIPELINING | Capabilities::EXACTLY_ONCE,
+                    capabilities: Capabilities::PIPELINING
+                        | Capabilities::EXACTLY_ONCE
+                        | Capabilities::QP_EPOCH,
                     name: self.map.device.as_str(),
                 });
                 if ours.encode_into(tag, &mut bytes).is_err()
