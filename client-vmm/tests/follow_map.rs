@@ -273,7 +273,14 @@ fn a_client_wired_to_a_device_the_map_adds_uses_it_when_its_first_device_dies() 
     // each map names.
     let _s = Daemon::spawn(
         DaemonSpec::new(testkit::binary("pmem-server"))
-            .args(["--etcd", &etcd.endpoint(), "--pool", "test", "--server", "S"])
+            .args([
+                "--etcd",
+                &etcd.endpoint(),
+                "--pool",
+                "test",
+                "--server",
+                "S",
+            ])
             .args(["--admin", "127.0.0.1:0", "--insecure", "--data-dir"])
             .arg(dir.path().join("data-S")),
     )
@@ -302,7 +309,11 @@ fn a_client_wired_to_a_device_the_map_adds_uses_it_when_its_first_device_dies() 
         work.wait_for_ops(300);
         work.stop.store(true, Ordering::Relaxed);
     });
-    assert_eq!(work.errors.load(Ordering::Relaxed), 0, "errors across F's death");
+    assert_eq!(
+        work.errors.load(Ordering::Relaxed),
+        0,
+        "errors across F's death"
+    );
     for n in 1..=20 {
         assert_eq!(pool.fetch_add(counter, 1).expect("through G"), n);
     }

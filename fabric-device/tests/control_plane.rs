@@ -457,11 +457,19 @@ fn a_device_takes_its_clients_keys_from_each_new_map() {
     write_key(&secrets, Principal::Client("c1"), &c1_key).expect("key");
     write_key(&secrets, Principal::Client("c2"), &c2_key).expect("key");
     write_key(&secrets, Principal::Client("c3"), &[0xC3; 32]).expect("key");
-    std::fs::write(secrets.join(Principal::Client("c3").file_name()), "not a key\n")
-        .expect("spoil c3's key");
+    std::fs::write(
+        secrets.join(Principal::Client("c3").file_name()),
+        "not a key\n",
+    )
+    .expect("spoil c3's key");
     put_map(&etcd, 1, &one);
 
-    let server = keyed_on_etcd(&etcd, &testkit::binary("pmem-server"), ["--server", "S"], &secrets);
+    let server = keyed_on_etcd(
+        &etcd,
+        &testkit::binary("pmem-server"),
+        ["--server", "S"],
+        &secrets,
+    );
     let device = keyed_on_etcd(
         &etcd,
         std::path::Path::new(FABRIC_DEVICE),
@@ -495,7 +503,10 @@ fn a_device_takes_its_clients_keys_from_each_new_map() {
     wait_for_log(&device, "map epoch=2 applied");
     let log = device.stderr_so_far();
     assert!(log.contains("map epoch=2: client c2 may connect"), "{log}");
-    assert!(log.contains("map epoch=2: client c1 is no longer in the map"), "{log}");
+    assert!(
+        log.contains("map epoch=2: client c1 is no longer in the map"),
+        "{log}"
+    );
     let mut c2 = proven("c2", c2_key).expect("c2 is in epoch 2");
     assert_eq!(write(&mut c2, b"c2 at epoch 2"), Status::Ok);
     assert!(proven("c1", c1_key).is_err(), "c1 left the map at epoch 2");

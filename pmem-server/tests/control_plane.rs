@@ -403,10 +403,19 @@ fn a_map_that_wires_a_client_to_an_added_device_brings_its_exactly_once_lane() {
     let at = |offset: u64| Target::Pmem(proto::PmemAddr(r1.start.0 + offset));
     // c1 (number 0) on lane 2, its RNIC on G; c2 (number 1) on lane 0.
     let identity = |lane: u8, number: u32| ExactlyOnce::on_lane(lane, 0).stamped(number).client;
-    let add = |offset: u64, client: u32| Repr::fetch_add(at(offset), key, 1).with_exactly_once(client, 7);
+    let add =
+        |offset: u64, client: u32| Repr::fetch_add(at(offset), key, 1).with_exactly_once(client, 7);
     let (on_g, c2) = (add(64, identity(2, 0)), add(128, identity(0, 1)));
-    assert_eq!(conn.call(on_g).status, Status::UnknownClient, "no lane 2 at epoch 1");
-    assert_eq!(conn.call(c2).status, Status::UnknownClient, "no c2 at epoch 1");
+    assert_eq!(
+        conn.call(on_g).status,
+        Status::UnknownClient,
+        "no lane 2 at epoch 1"
+    );
+    assert_eq!(
+        conn.call(c2).status,
+        Status::UnknownClient,
+        "no c2 at epoch 1"
+    );
 
     put_map(&etcd, 2, std::fs::read_to_string(&two).expect("topology"));
     wait_for_log(&server, "map epoch=2 applied");
@@ -422,7 +431,11 @@ fn a_map_that_wires_a_client_to_an_added_device_brings_its_exactly_once_lane() {
     }
     for offset in [64, 128] {
         let read = conn.call(Repr::read(at(offset), key, 8));
-        assert_eq!(read.data, 1u64.to_le_bytes(), "the word at {offset}, added to once");
+        assert_eq!(
+            read.data,
+            1u64.to_le_bytes(),
+            "the word at {offset}, added to once"
+        );
     }
     assert!(
         !server.stderr_so_far().contains("exactly-once identities"),

@@ -486,10 +486,16 @@ mod tests {
             let mut body = vec![0u8; connect.buffer_len()];
             connect.emit(&mut body);
             assert_eq!(body.len(), len);
-            assert_eq!(body[len - 8..], [0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11]);
+            assert_eq!(
+                body[len - 8..],
+                [0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11]
+            );
             assert_eq!(Connect::parse(&body), Ok(connect));
             // The same without the epoch is the older form, byte for byte.
-            let older = Connect { epoch: None, ..connect };
+            let older = Connect {
+                epoch: None,
+                ..connect
+            };
             let mut old_body = vec![0u8; older.buffer_len()];
             older.emit(&mut old_body);
             assert_eq!(old_body, body[..len - 8]);

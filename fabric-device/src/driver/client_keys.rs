@@ -113,14 +113,16 @@ mod tests {
 
         // Created with mode 600 by write_key, then spoiled.
         write_key(dir.path(), Principal::Client("c2"), &[2; 32]).expect("key");
-        std::fs::write(dir.path().join(Principal::Client("c2").file_name()), "zz")
-            .expect("spoil");
+        std::fs::write(dir.path().join(Principal::Client("c2").file_name()), "zz").expect("spoil");
         let keys = ClientKeys::read(dir.path(), &topology(&["c1", "c2"]));
         assert!(keys.keys.contains_key("c1") && !keys.keys.contains_key("c2"));
         assert!(keys.missing.is_empty());
         let err = keys.all_usable().expect_err("c2's key is not a key");
         assert_eq!(err.client, "c2");
-        assert!(matches!(err.source, SecretError::Malformed { .. }), "{err:?}");
+        assert!(
+            matches!(err.source, SecretError::Malformed { .. }),
+            "{err:?}"
+        );
     }
 
     #[test]

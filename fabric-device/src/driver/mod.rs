@@ -43,10 +43,10 @@ use crate::reconnect::{Backoff, Reconnects};
 use crate::roce_metrics::RoceMetrics;
 use crate::uplink::{QP_CONNECT_TAG, Uplinks};
 use admission::{Admission, Verdict};
-use client_keys::ClientKeys;
-pub use client_keys::ClientKeyError;
 use backend::uring::{self, Completion, Op};
 use backend::{Backend, IoConfig, Selected};
+pub use client_keys::ClientKeyError;
+use client_keys::ClientKeys;
 use clients::deliver_answer;
 use endpoint::{Endpoint, Fill};
 use links::send_to_link;
@@ -379,7 +379,10 @@ impl Device {
                 dir.display()
             );
             for (client, file) in &clients.missing {
-                info!("client {client} cannot connect: no key file {}", file.display());
+                info!(
+                    "client {client} cannot connect: no key file {}",
+                    file.display()
+                );
             }
             core.require_client_keys(clients.keys);
         }

@@ -107,7 +107,12 @@ impl Device {
         let Some(keys) = keys else {
             return;
         };
-        let dir = self.config.secrets.as_deref().unwrap_or(Path::new("")).display();
+        let dir = self
+            .config
+            .secrets
+            .as_deref()
+            .unwrap_or(Path::new(""))
+            .display();
         let (added, dropped) = match self.core.client_keys() {
             Some(before) => keys.changes_from(before),
             None => (Vec::new(), Vec::new()),
@@ -119,7 +124,10 @@ impl Device {
             info!("{when}: client {client} is no longer in the map: it may not connect");
         }
         for (client, file) in &keys.missing {
-            warn!("{when}: client {client} cannot connect: no key file {}", file.display());
+            warn!(
+                "{when}: client {client} cannot connect: no key file {}",
+                file.display()
+            );
         }
         for unusable in &keys.unusable {
             warn!(

@@ -279,7 +279,11 @@ fn a_queue_pair_asked_for_at_an_older_epoch_is_refused_stale_map() {
     let mut core = core_at(5, 1);
     let now = Instant::now();
     let refused = answer(core.client_frame(1, &qp_connect(Some(4)), now));
-    assert_eq!(refused, (Status::StaleMap, 5), "the device's epoch in the value");
+    assert_eq!(
+        refused,
+        (Status::StaleMap, 5),
+        "the device's epoch in the value"
+    );
     for epoch in [Some(5), Some(6), None, Some(0)] {
         let frame = qp_connect(epoch);
         let action = core.client_frame(1, &frame, now);
@@ -293,7 +297,11 @@ fn a_queue_pair_asked_for_at_an_older_epoch_is_refused_stale_map() {
     let frame = qp_connect(Some(5));
     let action = core.client_frame(1, &frame, now);
     assert!(sets_up(&action, Some(5)), "{action:?}");
-    assert_eq!(core.metrics.stale_map.get(), 2, "the two refused QP_CONNECTs");
+    assert_eq!(
+        core.metrics.stale_map.get(),
+        2,
+        "the two refused QP_CONNECTs"
+    );
     // A device on a topology file (epoch 0) fences no queue pair.
     let mut on_file = core_at(0, 2);
     let frame = qp_connect(Some(3));
