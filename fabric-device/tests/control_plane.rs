@@ -417,17 +417,17 @@ fn a_client_on_an_older_epoch_is_refused_stale_map_until_it_says_the_new_one() {
 }
 
 /// A daemon on etcd pool `test` with the keys in `secrets`: `binary` with
-/// its `--server S` or `--device F` flags.
+/// its own flags (`--server S --data-dir DIR` or `--device F`).
 fn keyed_on_etcd(
     etcd: &Etcd,
     binary: &std::path::Path,
-    role: [&str; 2],
+    own: &[&str],
     secrets: &std::path::Path,
 ) -> Daemon {
     Daemon::spawn(
         DaemonSpec::new(binary)
             .args(["--etcd", &etcd.endpoint(), "--pool", "test"])
-            .args(role)
+            .args(own)
             .args(["--admin", "127.0.0.1:0", "--secrets"])
             .arg(secrets),
     )
@@ -464,16 +464,22 @@ fn a_device_takes_its_clients_keys_from_each_new_map() {
     .expect("spoil c3's key");
     put_map(&etcd, 1, &one);
 
+    let data = dir.path().join("data");
     let server = keyed_on_etcd(
         &etcd,
         &testkit::binary("pmem-server"),
-        ["--server", "S"],
+        &[
+            "--server",
+            "S",
+            "--data-dir",
+            data.to_str().expect("a UTF-8 path"),
+        ],
         &secrets,
     );
     let device = keyed_on_etcd(
         &etcd,
         std::path::Path::new(FABRIC_DEVICE),
-        ["--device", "F"],
+        &["--device", "F"],
         &secrets,
     );
     device.wait_links_up(1);
