@@ -49,6 +49,8 @@ fn after_secure_only_the_operators_credentials_change_the_map() {
         "operator.etcd",
         "server.A.etcd",
         "device.B.etcd",
+        "client.c1.etcd",
+        "client.c2.etcd",
     ] {
         assert!(out.contains(file), "{file} in {out}");
         assert!(creds.join(file).is_file(), "{file}");
@@ -102,6 +104,27 @@ fn after_secure_only_the_operators_credentials_change_the_map() {
         err.contains("pmem-fabric.default.server.A") && err.contains("may not"),
         "{err}"
     );
+
+    // Client c1's user reads the map and nothing else, and writes nothing.
+    let c1 = std::fs::read_to_string(creds.join("client.c1.etcd")).expect("read");
+    let c1 = c1.trim();
+    assert!(c1.starts_with("pmem-fabric.default.client.c1:"), "{c1}");
+    let as_c1 = |args: &[&str]| {
+        let user = format!("--user={c1}");
+        let mut all = vec![user.as_str()];
+        all.extend_from_slice(args);
+        etcd.ctl(&all)
+    };
+    let map = as_c1(&["get", "/pmem-fabric/default/map", "--print-value-only"]).expect("c1 reads");
+    assert!(map.contains("\"epoch\":1"), "{map}");
+    for refused in [
+        vec!["get", "/pmem-fabric/default/intent/", "--prefix"],
+        vec!["put", "/pmem-fabric/default/map", "{}"],
+        vec!["put", "/pmem-fabric/default/members/client/c1", "{}"],
+    ] {
+        let err = as_c1(&refused).expect_err("c1 may read the map only");
+        assert!(err.contains("permission denied"), "{refused:?}: {err}");
+    }
 
     // A credentials file others may read is refused, naming the fix.
     std::fs::set_permissions(

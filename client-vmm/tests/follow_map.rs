@@ -255,6 +255,74 @@ fn a_client_leaves_a_device_the_map_removes_for_its_other_path() {
 }
 
 #[test]
+fn a_client_wired_to_a_device_the_map_adds_uses_it_when_its_first_device_dies() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let etcd = Etcd::start(dir.path()).unwrap_or_else(|e| panic!("etcd: {e}"));
+    let mut ports = Ports::new();
+    // Epoch 1: c has one RNIC, on F. Epoch 2 adds device G and wires an
+    // RNIC of c to it (FabricSpec wires each client to every device).
+    let one = FabricSpec::new()
+        .server("S", &[("R1", "4MiB")])
+        .device("F")
+        .client("c");
+    let two = one.clone().device("G");
+    let one = one.write(dir.path(), "one.toml", &mut ports);
+    let two = two.write(dir.path(), "two.toml", &mut ports);
+    put_map(&etcd, 1, &text(&one));
+    // The server follows the map too: it keeps windows for the identities
+    // each map names.
+    let _s = Daemon::spawn(
+        DaemonSpec::new(testkit::binary("pmem-server"))
+            .args([
+                "--etcd",
+                &etcd.endpoint(),
+                "--pool",
+                "test",
+                "--server",
+                "S",
+            ])
+            .args(["--admin", "127.0.0.1:0", "--insecure", "--data-dir"])
+            .arg(dir.path().join("data-S")),
+    )
+    .unwrap_or_else(|e| panic!("pmem-server S: {e}"));
+    let f = device_on_etcd(&etcd, "F");
+    f.wait_links_up(1);
+    let pool = client_on_etcd(&etcd);
+    let counter = VirtAddr(VIRT_BASE + (1 << 20));
+    assert_eq!(pool.fetch_add(counter, 1).expect("on F"), 0);
+
+    put_map(&etcd, 2, &text(&two));
+    let g = device_on_etcd(&etcd, "G");
+    g.wait_links_up(1);
+    wait_until("the client on epoch 2", || pool.map_epoch() == 2);
+    wait_until("the client's path to G", || {
+        pool.paths().iter().any(|p| p.device == "G" && p.up)
+    });
+
+    // F dies: the client's writes, reads and exactly-once atomics go
+    // through G, with no error.
+    let work = Loop::new(&pool, VirtAddr(VIRT_BASE));
+    std::thread::scope(|scope| {
+        scope.spawn(|| work.run());
+        work.wait_for_ops(100);
+        f.kill9();
+        work.wait_for_ops(300);
+        work.stop.store(true, Ordering::Relaxed);
+    });
+    assert_eq!(
+        work.errors.load(Ordering::Relaxed),
+        0,
+        "errors across F's death"
+    );
+    for n in 1..=20 {
+        assert_eq!(pool.fetch_add(counter, 1).expect("through G"), n);
+    }
+    let f_path = pool.paths().into_iter().find(|p| p.device == "F");
+    assert!(f_path.is_some_and(|p| !p.up), "{:?}", pool.paths());
+    drop(g);
+}
+
+#[test]
 fn a_map_that_moves_a_region_is_refused_and_the_client_stays_on_its_epoch() {
     let dir = tempfile::tempdir().expect("temp dir");
     let etcd = Etcd::start(dir.path()).unwrap_or_else(|e| panic!("etcd: {e}"));

@@ -185,6 +185,7 @@ impl Uplinks {
         let connect = Connect {
             endpoint: local,
             atomics: None,
+            epoch: None,
         };
         Message::QpConnect(connect)
             .encode_to_vec(QP_CONNECT_TAG)

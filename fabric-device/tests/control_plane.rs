@@ -415,3 +415,124 @@ fn a_client_on_an_older_epoch_is_refused_stale_map_until_it_says_the_new_one() {
     unfenced.hello("c");
     assert_eq!(unfenced.call(read).status, Status::Ok);
 }
+
+/// A daemon on etcd pool `test` with the keys in `secrets`: `binary` with
+/// its own flags (`--server S --data-dir DIR` or `--device F`).
+fn keyed_on_etcd(
+    etcd: &Etcd,
+    binary: &std::path::Path,
+    own: &[&str],
+    secrets: &std::path::Path,
+) -> Daemon {
+    Daemon::spawn(
+        DaemonSpec::new(binary)
+            .args(["--etcd", &etcd.endpoint(), "--pool", "test"])
+            .args(own)
+            .args(["--admin", "127.0.0.1:0", "--secrets"])
+            .arg(secrets),
+    )
+    .unwrap_or_else(|e| panic!("{}: {e}", binary.display()))
+}
+
+#[test]
+fn a_device_takes_its_clients_keys_from_each_new_map() {
+    use proto::hello::Role;
+    use topology::secrets::{Principal, write_key};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let etcd = Etcd::start(dir.path()).unwrap_or_else(|e| panic!("etcd: {e}"));
+    let mut ports = Ports::new();
+    let base = FabricSpec::new().server("S", &[("R1", "4MiB")]).device("F");
+    let mut text = |spec: FabricSpec, name: &str| {
+        let path = spec.write(dir.path(), name, &mut ports);
+        std::fs::read_to_string(&path).expect("topology")
+    };
+    // Epoch 1 names c1; epoch 2 replaces it by c2; epoch 3 adds c3, whose
+    // key file is not a key.
+    let one = text(base.clone().client("c1"), "one.toml");
+    let two = text(base.clone().client("c2"), "two.toml");
+    let three = text(base.clone().client("c2").client("c3"), "three.toml");
+    let secrets = dir.path().join("secrets");
+    let (c1_key, c2_key) = ([0xC1; 32], [0xC2; 32]);
+    write_key(&secrets, Principal::Device("F"), &[0x11; 32]).expect("key");
+    write_key(&secrets, Principal::Client("c1"), &c1_key).expect("key");
+    write_key(&secrets, Principal::Client("c2"), &c2_key).expect("key");
+    write_key(&secrets, Principal::Client("c3"), &[0xC3; 32]).expect("key");
+    std::fs::write(
+        secrets.join(Principal::Client("c3").file_name()),
+        "not a key\n",
+    )
+    .expect("spoil c3's key");
+    put_map(&etcd, 1, &one);
+
+    let data = dir.path().join("data");
+    let server = keyed_on_etcd(
+        &etcd,
+        &testkit::binary("pmem-server"),
+        &[
+            "--server",
+            "S",
+            "--data-dir",
+            data.to_str().expect("a UTF-8 path"),
+        ],
+        &secrets,
+    );
+    let device = keyed_on_etcd(
+        &etcd,
+        std::path::Path::new(FABRIC_DEVICE),
+        &["--device", "F"],
+        &secrets,
+    );
+    device.wait_links_up(1);
+    let r1 = testkit::layout(&dir.path().join("one.toml")).entries()[0].clone();
+    let port = device.addr("port.p0");
+    let proven = |client: &str, key: [u8; 32]| {
+        let mut conn = Conn::connect(port);
+        conn.authenticate(Role::Client, client, key).map(|()| conn)
+    };
+    let write = |conn: &mut Conn, what: &[u8]| {
+        let key = conn.region_key(r1.region.0);
+        conn.call(write_at(r1.start, key, what)).status
+    };
+
+    let mut c1 = proven("c1", c1_key).expect("c1 is in epoch 1");
+    let c1_region_key = c1.region_key(r1.region.0);
+    assert_eq!(write(&mut c1, b"c1 at epoch 1"), Status::Ok);
+    assert!(
+        proven("c2", c2_key).is_err(),
+        "c2 is not in epoch 1: refused although its key is in the folder"
+    );
+
+    // Epoch 2: c2 may prove its key without a restart; c1 may not, and its
+    // open connection is refused at its next request.
+    put_map(&etcd, 2, &two);
+    wait_for_log(&server, "map epoch=2 applied");
+    wait_for_log(&device, "map epoch=2 applied");
+    let log = device.stderr_so_far();
+    assert!(log.contains("map epoch=2: client c2 may connect"), "{log}");
+    assert!(
+        log.contains("map epoch=2: client c1 is no longer in the map"),
+        "{log}"
+    );
+    let mut c2 = proven("c2", c2_key).expect("c2 is in epoch 2");
+    assert_eq!(write(&mut c2, b"c2 at epoch 2"), Status::Ok);
+    assert!(proven("c1", c1_key).is_err(), "c1 left the map at epoch 2");
+    let refused = c1.call(write_at(r1.start, c1_region_key, b"c1 at epoch 2"));
+    assert_eq!(refused.status, Status::UnknownClient, "{refused:?}");
+
+    // Epoch 3 adds c3, whose key file is not a key: the device leaves c3
+    // out, saying why and naming the file, and applies the rest of the map
+    // (staying on epoch 2 would have the server answer STALE_MAP to every
+    // request it forwards).
+    put_map(&etcd, 3, &three);
+    wait_for_log(&device, "map epoch=3 applied");
+    let log = device.stderr_so_far();
+    let c3_file = secrets.join(Principal::Client("c3").file_name());
+    assert!(
+        log.contains("map epoch=3: client c3 cannot connect")
+            && log.contains(&format!("{}: not a key", c3_file.display())),
+        "{log}"
+    );
+    assert!(proven("c3", [0xC3; 32]).is_err(), "c3 has no usable key");
+    wait_for_log(&server, "map epoch=3 applied");
+    assert_eq!(write(&mut c2, b"c2 at epoch 3"), Status::Ok);
+}

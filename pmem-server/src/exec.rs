@@ -276,6 +276,15 @@ impl Executor {
         }))
     }
 
+    /// Keeps exactly-once windows for the identities of `topology`'s
+    /// clients from the next atomic on (a client's new RNIC brings a lane,
+    /// a new client its number). Returns how many identities the map names
+    /// and how many the window file has room for (`None`: no limit).
+    pub fn follow_identities(&self, topology: &topology::Topology) -> (usize, Option<usize>) {
+        let named = self.dedup.rebound(crate::identities::lanes_of(topology));
+        (named, self.dedup.capacity())
+    }
+
     /// A new connection's standing with the gate.
     pub fn new_session(&self) -> Session {
         if self.gate.is_some() {

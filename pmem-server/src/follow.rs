@@ -10,6 +10,9 @@
 //! it removes no longer may, and each client's grants and wiring are the
 //! map's. Secrets never come from etcd, only who exists.
 //!
+//! Each new map also bounds the exactly-once windows: a client's RNIC wired
+//! to an added device brings its lane, a client the map adds its number.
+//!
 //! Regions a new map adds to this server are not served until it restarts
 //! (their files are created at start).
 
@@ -119,11 +122,25 @@ fn apply(server: &ServerId, executor: &Executor, update: &MapUpdate, running: u6
         }
     }
     follow_principals(executor, &update.topology, epoch);
+    follow_identities(executor, &update.topology, epoch);
     // Connections are judged against the new epoch once its regions and
     // principals are.
     executor.set_epoch(epoch);
     executor.metrics().map.applied(update);
     info!("map epoch={epoch} applied (was epoch={running})");
+}
+
+/// Keeps exactly-once windows for the identities the map at `epoch` names,
+/// and says when the window file has no room for all of them.
+fn follow_identities(executor: &Executor, topology: &Topology, epoch: u64) {
+    let (named, room) = executor.follow_identities(topology);
+    if let Some(room) = room.filter(|&room| named > room) {
+        warn!(
+            "map epoch={epoch} names {named} exactly-once identities (clients and their \
+             RNICs); the window file has room for {room}: atomics of identities beyond it are \
+             refused until this server restarts, which grows the file"
+        );
+    }
 }
 
 /// With `--secrets`: admits the principals of the map at `epoch` (see

@@ -12,7 +12,8 @@
 //!   file, current key); fencing connections by the map epoch they said.
 //! - `dedup`: the exactly-once window for retried atomics, bound to the
 //!   request that recorded each result and kept in a self-checking mapped
-//!   file so it survives a restart.
+//!   file so it survives a restart; `identities`: which identities a map
+//!   names and the room the file keeps for them.
 //! - [`block_sums`] and `scrub`: checksums of the regions' blocks, recorded
 //!   and verified when an operator asks (`pmemctl scrub --checksums`);
 //!   [`sums_file`] keeps them across a clean restart.
@@ -45,6 +46,7 @@ pub(crate) mod exec;
 pub(crate) mod follow;
 pub(crate) mod gate;
 pub mod held;
+pub(crate) mod identities;
 pub(crate) mod live;
 pub(crate) mod metrics;
 pub mod missing;

@@ -21,6 +21,7 @@ use crate::devices::{DeviceError, ServerDevices, SysRoots};
 use crate::exec::Executor;
 use crate::gate::Gatekeeper;
 use crate::held::{self, CopyRole};
+use crate::identities;
 use crate::live::{Limits, LiveConnections, Refusal};
 use crate::metrics::ServerMetrics;
 use crate::missing::{self, MissingError};
@@ -419,13 +420,10 @@ impl OpenedServer {
         telemetry::register_process_metrics(&registry)?;
         let metrics = Arc::new(ServerMetrics::new(Arc::clone(&registry))?);
         register_region_metrics(&registry, &regions)?;
-        // One window per lane a client can use: lane 0, and one per RNIC.
-        let lanes: Vec<u8> = topology
-            .clients
-            .iter()
-            .map(|c| u8::try_from(c.rnics.len()).unwrap_or(u8::MAX))
-            .collect();
-        let identities = lanes.iter().map(|&l| usize::from(l) + 1).sum();
+        // One window per lane a client can use: lane 0, and one per RNIC;
+        // with room for identities later maps add.
+        let lanes = identities::lanes_of(topology);
+        let slots = identities::window_slots(&lanes);
         // Regions kept from an earlier start kept their window beside them:
         // if it is gone, retried atomics could apply twice.
         let expect = if config.format || config.reset_exactly_once {
@@ -436,7 +434,7 @@ impl OpenedServer {
             Expect::New
         };
         let (store, loaded) =
-            WindowStore::open(&config.data_dir, &config.persistence, expect, identities)?;
+            WindowStore::open(&config.data_dir, &config.persistence, expect, slots)?;
         let dedup = DedupTable::with_store(store, loaded.windows).bounded_by(lanes);
         let gate = match &config.secrets {
             Some(dir) => Some((dir, Gatekeeper::load(dir, topology, &layout)?)),

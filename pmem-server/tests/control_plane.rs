@@ -373,3 +373,73 @@ fn a_device_the_map_adds_may_connect_and_one_it_removes_is_cut_off() {
         "{metrics}"
     );
 }
+
+#[test]
+fn a_map_that_wires_a_client_to_an_added_device_brings_its_exactly_once_lane() {
+    use proto::Status;
+    use proto::request::{ExactlyOnce, Repr, Target};
+    use testkit::{FabricSpec, Ports};
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let etcd = Etcd::start(dir.path()).unwrap_or_else(|e| panic!("etcd: {e}"));
+    let mut ports = Ports::new();
+    // Epoch 1: c1 has one RNIC (on F). Epoch 2 adds device G, wires an
+    // RNIC of c1 to it (FabricSpec wires each client to every device) and
+    // adds client c2.
+    let one = FabricSpec::new()
+        .server("S", &[("R1", "4MiB")])
+        .device("F")
+        .client("c1");
+    let two = one.clone().device("G").client("c2");
+    let one = one.write(dir.path(), "one.toml", &mut ports);
+    let two = two.write(dir.path(), "two.toml", &mut ports);
+    let layout = testkit::layout(&one);
+    let r1 = &layout.entries()[0];
+    load_map(&etcd, std::fs::read_to_string(&one).expect("topology"));
+    let server = server_on(&etcd.endpoint(), &dir.path().join("data")).expect("server");
+    let mut conn = Conn::connect(server.addr("nic.n0"));
+    conn.hello("c1");
+    let key = conn.region_key(r1.region.0);
+    let at = |offset: u64| Target::Pmem(proto::PmemAddr(r1.start.0 + offset));
+    // c1 (number 0) on lane 2, its RNIC on G; c2 (number 1) on lane 0.
+    let identity = |lane: u8, number: u32| ExactlyOnce::on_lane(lane, 0).stamped(number).client;
+    let add =
+        |offset: u64, client: u32| Repr::fetch_add(at(offset), key, 1).with_exactly_once(client, 7);
+    let (on_g, c2) = (add(64, identity(2, 0)), add(128, identity(0, 1)));
+    assert_eq!(
+        conn.call(on_g).status,
+        Status::UnknownClient,
+        "no lane 2 at epoch 1"
+    );
+    assert_eq!(
+        conn.call(c2).status,
+        Status::UnknownClient,
+        "no c2 at epoch 1"
+    );
+
+    put_map(&etcd, 2, std::fs::read_to_string(&two).expect("topology"));
+    wait_for_log(&server, "map epoch=2 applied");
+    for request in [on_g, c2] {
+        for attempt in 0..2 {
+            let reply = conn.call(request);
+            assert_eq!(
+                (reply.status, reply.value),
+                (Status::Ok, 0),
+                "{request:?}, try {attempt}: applied once, then answered from the window"
+            );
+        }
+    }
+    for offset in [64, 128] {
+        let read = conn.call(Repr::read(at(offset), key, 8));
+        assert_eq!(
+            read.data,
+            1u64.to_le_bytes(),
+            "the word at {offset}, added to once"
+        );
+    }
+    assert!(
+        !server.stderr_so_far().contains("exactly-once identities"),
+        "the window file had room:\n{}",
+        server.stderr_so_far()
+    );
+}

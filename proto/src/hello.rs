@@ -190,13 +190,17 @@ impl Capabilities {
     pub const ZERO_COPY: Capabilities = Capabilities(1 << 3);
     /// Executes ATOMIC_WRITE and FLUSH.
     pub const PERSISTENT_ATOMICS: Capabilities = Capabilities(1 << 4);
+    /// Takes the sender's map epoch at the end of QP_CONNECT (`qp`), and
+    /// fences the queue pair by it.
+    pub const QP_EPOCH: Capabilities = Capabilities(1 << 5);
 
-    const NAMED: [(Capabilities, &'static str); 5] = [
+    const NAMED: [(Capabilities, &'static str); 6] = [
         (Self::PIPELINING, "PIPELINING"),
         (Self::EXACTLY_ONCE, "EXACTLY_ONCE"),
         (Self::REGION_ADDRESSING, "REGION_ADDRESSING"),
         (Self::ZERO_COPY, "ZERO_COPY"),
         (Self::PERSISTENT_ATOMICS, "PERSISTENT_ATOMICS"),
+        (Self::QP_EPOCH, "QP_EPOCH"),
     ];
 
     /// The raw bits.

@@ -22,6 +22,21 @@
 //! 24..32  first     u64, sequence number of the queue pair's first atomic
 //! ```
 //!
+//! Either form may end with 8 more bytes, the sender's map epoch (so the
+//! body is 16, 24, 32 or 40 bytes long):
+//!
+//! ```text
+//! last 8  epoch     u64, the map epoch the client runs (0: it follows none)
+//! ```
+//!
+//! A device that knows a newer epoch refuses the queue pair with STALE_MAP
+//! and its own epoch in the response's value, as it refuses a request of a
+//! connection at an older epoch (`fence`); without the epoch, the epoch
+//! the control connection said is the one judged. A device takes the epoch
+//! here only if its HELLO says [`crate::hello::Capabilities::QP_EPOCH`]:
+//! an older device refuses a 24- or 40-byte body as malformed, so a client
+//! sends it only to a device that says it takes it.
+//!
 //! An RDMA atomic carries no sequence number of its own. With a lane, the
 //! device numbers the COMPARE_SWAP and FETCH_ADD requests of the queue pair
 //! in the order they arrive (`first`, `first + 1`, …; a retransmission is
@@ -65,6 +80,9 @@ pub mod field {
     /// First atomic's sequence number (QP_CONNECT).
     pub const FIRST: Field = 24..32;
 }
+
+/// Length of the optional map epoch at the end of a QP_CONNECT body.
+pub const CONNECT_EPOCH_LEN: usize = 8;
 
 /// Length of an [`Endpoint`] (the whole QP_CONNECT body).
 pub const ENDPOINT_LEN: usize = 16;
@@ -167,22 +185,48 @@ pub struct AtomicSeq {
 }
 
 /// A QP_CONNECT: the client's end and, optionally, how its atomics are
-/// numbered.
+/// numbered and the map epoch it runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Connect {
     /// The client's end.
     pub endpoint: Endpoint,
     /// `None`: the queue pair's atomics are not exactly-once.
     pub atomics: Option<AtomicSeq>,
+    /// The map epoch the client runs; `None`: not said (the control
+    /// connection's is judged).
+    pub epoch: Option<u64>,
 }
 
 impl Connect {
-    /// Parses a QP_CONNECT body: an endpoint, with or without a lane.
+    /// Parses a QP_CONNECT body: an endpoint, with or without a lane, with
+    /// or without an epoch.
     pub fn parse(body: &[u8]) -> Result<Connect> {
         let endpoint = Endpoint::parse(body)?;
-        let atomics = match body.len() {
-            ENDPOINT_LEN => None,
-            CONNECT_WITH_LANE_LEN => {
+        let (lane, epoch) = match body.len() {
+            ENDPOINT_LEN => (false, false),
+            len if len == ENDPOINT_LEN + CONNECT_EPOCH_LEN => (false, true),
+            CONNECT_WITH_LANE_LEN => (true, false),
+            len if len == CONNECT_WITH_LANE_LEN + CONNECT_EPOCH_LEN => (true, true),
+            got => {
+                let expected = [
+                    ENDPOINT_LEN,
+                    ENDPOINT_LEN + CONNECT_EPOCH_LEN,
+                    CONNECT_WITH_LANE_LEN,
+                    CONNECT_WITH_LANE_LEN + CONNECT_EPOCH_LEN,
+                ]
+                .into_iter()
+                .rfind(|&len| len < got)
+                .unwrap_or(ENDPOINT_LEN);
+                return Err(Error::LengthMismatch {
+                    what: "qp connect body",
+                    expected,
+                    got,
+                });
+            }
+        };
+        let atomics = match lane {
+            false => None,
+            true => {
                 let lane = body[field::LANE];
                 if lane == 0 {
                     return Err(Error::ReservedBits {
@@ -202,27 +246,22 @@ impl Connect {
                     first: le::u64_at(&body[field::FIRST]),
                 })
             }
-            got => {
-                return Err(Error::LengthMismatch {
-                    what: "qp connect body",
-                    expected: if got < CONNECT_WITH_LANE_LEN {
-                        ENDPOINT_LEN
-                    } else {
-                        CONNECT_WITH_LANE_LEN
-                    },
-                    got,
-                });
-            }
         };
-        Ok(Connect { endpoint, atomics })
+        let epoch = epoch.then(|| le::u64_at(&body[body.len() - CONNECT_EPOCH_LEN..]));
+        Ok(Connect {
+            endpoint,
+            atomics,
+            epoch,
+        })
     }
 
     /// Length of the body.
     pub fn buffer_len(&self) -> usize {
-        match self.atomics {
+        let base = match self.atomics {
             None => ENDPOINT_LEN,
             Some(_) => CONNECT_WITH_LANE_LEN,
-        }
+        };
+        base + self.epoch.map_or(0, |_| CONNECT_EPOCH_LEN)
     }
 
     /// Writes the body into a buffer of [`Connect::buffer_len`] bytes.
@@ -232,6 +271,10 @@ impl Connect {
             body[field::LANE] = atomics.lane;
             body[field::LANE_RESERVED].fill(0);
             le::put_u64(&mut body[field::FIRST], atomics.first);
+        }
+        if let Some(epoch) = self.epoch {
+            let at = self.buffer_len() - CONNECT_EPOCH_LEN;
+            le::put_u64(&mut body[at..at + CONNECT_EPOCH_LEN], epoch);
         }
     }
 }
@@ -375,7 +418,8 @@ mod tests {
             Connect::parse(&body),
             Ok(Connect {
                 endpoint: END,
-                atomics: None
+                atomics: None,
+                epoch: None,
             })
         );
         body[3] = 1;
@@ -401,6 +445,7 @@ mod tests {
                 lane: 3,
                 first: 0x0102_0304_0506_0708,
             }),
+            epoch: None,
         };
         let mut body = vec![0u8; connect.buffer_len()];
         connect.emit(&mut body);
@@ -424,8 +469,57 @@ mod tests {
             Err(Error::ReservedBits { .. })
         ));
         assert!(matches!(
-            Connect::parse(&body[..24]),
+            Connect::parse(&body[..28]),
             Err(Error::LengthMismatch { .. })
+        ));
+    }
+
+    #[test]
+    fn connect_says_its_epoch_last_with_or_without_a_lane() {
+        let lane = Some(AtomicSeq { lane: 2, first: 9 });
+        for (atomics, len) in [(None, 24), (lane, 40)] {
+            let connect = Connect {
+                endpoint: END,
+                atomics,
+                epoch: Some(0x1122_3344_5566_7788),
+            };
+            let mut body = vec![0u8; connect.buffer_len()];
+            connect.emit(&mut body);
+            assert_eq!(body.len(), len);
+            assert_eq!(
+                body[len - 8..],
+                [0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11]
+            );
+            assert_eq!(Connect::parse(&body), Ok(connect));
+            // The same without the epoch is the older form, byte for byte.
+            let older = Connect {
+                epoch: None,
+                ..connect
+            };
+            let mut old_body = vec![0u8; older.buffer_len()];
+            older.emit(&mut old_body);
+            assert_eq!(old_body, body[..len - 8]);
+        }
+        // Lengths between the forms are refused, naming the shorter one.
+        for (got, expected) in [(20, 16), (28, 24), (36, 32), (48, 40)] {
+            assert_eq!(
+                Connect::parse(&vec![0u8; got]),
+                Err(Error::LengthMismatch {
+                    what: "qp connect body",
+                    expected,
+                    got
+                })
+            );
+        }
+        // A 40-byte body's lane is checked as a 32-byte one's.
+        let mut zero_lane = vec![0u8; 40];
+        END.emit(&mut zero_lane);
+        assert!(matches!(
+            Connect::parse(&zero_lane),
+            Err(Error::ReservedBits {
+                what: "qp lane 0",
+                ..
+            })
         ));
     }
 

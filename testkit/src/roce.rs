@@ -105,6 +105,7 @@ impl RawRoceClient {
         control.send(&Message::QpConnect(qp::Connect {
             endpoint: end,
             atomics,
+            epoch: None,
         }));
         let reply = control.recv();
         if reply.opcode != proto::Opcode::QpAccept {

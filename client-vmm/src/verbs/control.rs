@@ -310,6 +310,7 @@ mod tests {
     const CONNECT: Connect = Connect {
         endpoint: END,
         atomics: Some(proto::qp::AtomicSeq { lane: 1, first: 77 }),
+        epoch: None,
     };
 
     #[test]

@@ -272,6 +272,9 @@ impl VerbsQp {
             .qp_connect(Connect {
                 endpoint: local,
                 atomics: options.atomics,
+                // The verbs client does not say its map epoch here yet: the
+                // device judges the epoch its control connection said.
+                epoch: None,
             })
             .map_err(VerbsError::Control)?;
         let remote = accept.endpoint;

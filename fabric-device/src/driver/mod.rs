@@ -8,6 +8,7 @@
 
 mod admission;
 pub mod backend;
+mod client_keys;
 mod clients;
 mod endpoint;
 mod links;
@@ -45,6 +46,8 @@ use crate::uplink::{QP_CONNECT_TAG, Uplinks};
 use admission::{Admission, Verdict};
 use backend::uring::{self, Completion, Op};
 use backend::{Backend, IoConfig, Selected};
+pub use client_keys::ClientKeyError;
+use client_keys::ClientKeys;
 use clients::deliver_answer;
 use endpoint::{Endpoint, Fill};
 use links::send_to_link;
@@ -157,6 +160,9 @@ pub enum DeviceError {
     /// This device's key file (with `--secrets`) cannot be used.
     #[error("--secrets")]
     Secrets(#[from] topology::secrets::SecretError),
+    /// A client's key file exists and cannot be used.
+    #[error("--secrets")]
+    ClientKey(#[from] ClientKeyError),
     /// A client-facing port cannot be bound.
     #[error("port {port}: cannot listen on {addr}")]
     Bind {
@@ -369,24 +375,19 @@ impl Device {
                 topology::secrets::Principal::Device(config.device.as_str()),
             )?;
             core.set_link_key(proto::auth::Key::new(key));
-            let mut client_keys = std::collections::HashMap::new();
-            for client in &config.topology.clients {
-                let id = client.id.as_str();
-                match topology::secrets::read_key(dir, topology::secrets::Principal::Client(id)) {
-                    Ok(key) => {
-                        client_keys.insert(id.to_owned(), proto::auth::Key::new(key));
-                    }
-                    // That client cannot connect; the others can.
-                    Err(topology::secrets::SecretError::Missing { .. }) => {}
-                    Err(e) => return Err(e.into()),
-                }
-            }
+            let clients = ClientKeys::read(dir, &config.topology).all_usable()?;
             info!(
                 "authentication on: links prove this device's key, clients prove theirs ({} keys from {})",
-                client_keys.len(),
+                clients.keys.len(),
                 dir.display()
             );
-            core.require_client_keys(client_keys);
+            for (client, file) in &clients.missing {
+                info!(
+                    "client {client} cannot connect: no key file {}",
+                    file.display()
+                );
+            }
+            core.require_client_keys(clients.keys);
         }
         let now = Instant::now();
         let mut reconnects = Reconnects::new(ReconnectPolicy {

@@ -1,6 +1,8 @@
 //! Signals and new maps: draining on SIGTERM/SIGINT, SIGHUP reloads, maps
 //! followed in etcd, and what a new map does to links.
 
+use std::path::Path;
+
 use super::*;
 
 impl Device {
@@ -24,8 +26,9 @@ impl Device {
         }
     }
 
-    /// Re-reads the topology; a valid one replaces the map without touching
-    /// client connections, an invalid one is refused and logged.
+    /// Re-reads the topology (and, with `--secrets`, the keys of its
+    /// clients); a valid one replaces the map without touching client
+    /// connections, an invalid one is refused and logged.
     pub(super) fn reload(&mut self) {
         let device = self.config.device.clone();
         let Some(path) = self.config.topology_path.clone() else {
@@ -34,16 +37,21 @@ impl Device {
         };
         let loaded = Topology::load(&path)
             .map_err(|e| error_chain(&e))
-            .and_then(|t| DeviceMap::new(&t, &device).map_err(|e| error_chain(&e)));
-        let map = match loaded {
-            Ok(map) => map,
+            .and_then(|t| match DeviceMap::new(&t, &device) {
+                Ok(map) => Ok((t, map)),
+                Err(e) => Err(error_chain(&e)),
+            });
+        let (topology, map) = match loaded {
+            Ok(loaded) => loaded,
             Err(why) => {
                 warn!("reload refused, keeping the old map: {why}");
                 self.metrics.reloads.with(&["refused"]).inc();
                 return;
             }
         };
+        let keys = self.client_keys_for(&topology);
         let regions = self.replace_map(map);
+        self.take_client_keys(keys, "reload");
         info!("reloaded {}: {regions} regions", path.display());
     }
 
@@ -67,7 +75,10 @@ impl Device {
                 return;
             }
         };
+        let when = format!("map epoch={epoch}");
+        let keys = self.client_keys_for(&update.topology);
         let regions = self.replace_map(map);
+        self.take_client_keys(keys, &when);
         let said = self.core.set_epoch(epoch);
         self.say_epoch(said);
         self.config.topology = update.topology.clone();
@@ -79,6 +90,53 @@ impl Device {
             }
         }
         info!("map epoch={epoch} applied (was epoch={running}): {regions} regions");
+    }
+
+    /// With `--secrets`, the keys of `topology`'s clients, read again from
+    /// the keys' folder (`None` without).
+    fn client_keys_for(&self, topology: &Topology) -> Option<ClientKeys> {
+        let dir = self.config.secrets.as_ref()?;
+        Some(ClientKeys::read(dir, topology))
+    }
+
+    /// Puts the keys of the new map's clients in place (with `--secrets`),
+    /// in the same turn as the map, logging who may now prove a key, who may
+    /// no longer, and who cannot (no key file, or one that cannot be used:
+    /// that client is left out, the rest of the map applies).
+    fn take_client_keys(&mut self, keys: Option<ClientKeys>, when: &str) {
+        let Some(keys) = keys else {
+            return;
+        };
+        let dir = self
+            .config
+            .secrets
+            .as_deref()
+            .unwrap_or(Path::new(""))
+            .display();
+        let (added, dropped) = match self.core.client_keys() {
+            Some(before) => keys.changes_from(before),
+            None => (Vec::new(), Vec::new()),
+        };
+        for client in added {
+            info!("{when}: client {client} may connect (its key from {dir})");
+        }
+        for client in dropped {
+            info!("{when}: client {client} is no longer in the map: it may not connect");
+        }
+        for (client, file) in &keys.missing {
+            warn!(
+                "{when}: client {client} cannot connect: no key file {}",
+                file.display()
+            );
+        }
+        for unusable in &keys.unusable {
+            warn!(
+                "{when}: client {} cannot connect: {}",
+                unusable.client,
+                error_chain(unusable)
+            );
+        }
+        self.core.require_client_keys(keys.keys);
     }
 
     /// Sends the device's MAP_EPOCH on the links the core named; a link

@@ -109,7 +109,10 @@ impl Forwarder {
             Message::MapEpoch(epoch) => self.map_epoch(conn, epoch, tag),
             Message::Ping(token) => ClientAction::Reply(frame_reply(&Message::Pong(token), tag)),
             Message::QpConnect(connect) if self.session_client(conn).is_some() => {
-                ClientAction::ConnectQp { connect, tag }
+                match self.fence_qp(conn, connect.epoch, tag) {
+                    Ok(()) => ClientAction::ConnectQp { connect, tag },
+                    Err(stale) => ClientAction::Reply(stale),
+                }
             }
             Message::QpConnect(_) => {
                 ClientAction::Reply(error_reply(Opcode::QpConnect, tag, Status::UnknownClient))
@@ -182,7 +185,9 @@ impl Forwarder {
             version: PROTOCOL_VERSION,
             role: Role::FabricDevice,
             // Not ZERO_COPY: the device copies every payload it forwards.
-            capabilities: Capabilities::PIPELINING | Capabilities::EXACTLY_ONCE,
+            capabilities: Capabilities::PIPELINING
+                | Capabilities::EXACTLY_ONCE
+                | Capabilities::QP_EPOCH,
             name: self.map.device.as_str(),
         });
         ClientAction::Reply(frame_reply(&reply, tag))

@@ -1,6 +1,7 @@
 //! The map epoch in the forwarding core: the epoch the device runs, the
-//! one each client connection said (fenced as `proto::fence` rules), and
-//! the device's own MAP_EPOCH on its links to servers.
+//! one each client connection said (fenced as `proto::fence` rules), the
+//! one a QP_CONNECT says for its queue pair, and the device's own
+//! MAP_EPOCH on its links to servers.
 //!
 //! The device says its epoch on a link once the link's opening is done
 //! and again on every link that is up when it applies a new epoch (on a
@@ -104,6 +105,24 @@ impl Forwarder {
         match said.verdict(self.epoch.epoch) {
             Verdict::Stale => Err(self.stale_map(opcode, tag)),
             verdict => Ok(verdict),
+        }
+    }
+
+    /// Whether the queue pair a QP_CONNECT on `conn` asks for may be set
+    /// up: judged by the epoch the QP_CONNECT says, or else by the one the
+    /// control connection said; STALE_MAP with the device's epoch when it
+    /// is older than the device's (the client catches up and asks again).
+    pub(super) fn fence_qp(&self, conn: ConnId, said: Option<u64>, tag: u64) -> Result<(), Reply> {
+        let mut epoch = self
+            .sessions
+            .get(&conn)
+            .map_or(ConnEpoch::default(), |s| s.epoch);
+        if let Some(said) = said {
+            epoch.said(said);
+        }
+        match epoch.verdict(self.epoch.epoch) {
+            Verdict::Stale => Err(self.stale_map(Opcode::QpConnect, tag)),
+            _ => Ok(()),
         }
     }
 

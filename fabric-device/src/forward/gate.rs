@@ -13,9 +13,20 @@ use crate::metrics::DeviceMetrics;
 
 impl Forwarder {
     /// Requires every client to prove its key (from `keys`, by client id)
-    /// after HELLO; a client without a key is refused.
-    pub fn require_client_keys(&mut self, keys: HashMap<String, proto::auth::Key>) {
-        self.client_keys = Some(keys);
+    /// after HELLO; a client without a key is refused. Returns the keys it
+    /// replaces (none the first time). Connections already proven stay;
+    /// one whose client the map no longer names is refused at its next
+    /// frame.
+    pub fn require_client_keys(
+        &mut self,
+        keys: HashMap<String, proto::auth::Key>,
+    ) -> Option<HashMap<String, proto::auth::Key>> {
+        self.client_keys.replace(keys)
+    }
+
+    /// The clients' keys proofs are checked against (with authentication).
+    pub fn client_keys(&self) -> Option<&HashMap<String, proto::auth::Key>> {
+        self.client_keys.as_ref()
     }
 
     /// A frame from a client that has not proven its key (client
@@ -63,7 +74,9 @@ impl Forwarder {
                 let ours = Message::Hello(hello::Repr {
                     version: PROTOCOL_VERSION,
                     role: Role::FabricDevice,
-                    capabilities: Capabilities::PIPELINING | Capabilities::EXACTLY_ONCE,
+                    capabilities: Capabilities::PIPELINING
+                        | Capabilities::EXACTLY_ONCE
+                        | Capabilities::QP_EPOCH,
                     name: self.map.device.as_str(),
                 });
                 if ours.encode_into(tag, &mut bytes).is_err()

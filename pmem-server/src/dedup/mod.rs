@@ -25,7 +25,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError, RwLock};
 
 mod marks;
 mod record;
@@ -108,8 +108,9 @@ impl Refusal {
 #[derive(Debug)]
 pub struct DedupTable {
     shards: Vec<Mutex<HashMap<u32, ClientWindow>>>,
-    /// The highest lane of each client number; `None`: any identity.
-    lanes: Option<Vec<u8>>,
+    /// The highest lane of each client number; `None`: any identity. A new
+    /// map replaces it while atomics run.
+    lanes: RwLock<Option<Vec<u8>>>,
     store: Option<WindowStore>,
     /// Serialises exactly-once atomics per stripe of words.
     stripes: Vec<Mutex<()>>,
@@ -119,7 +120,7 @@ impl Default for DedupTable {
     fn default() -> Self {
         Self {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
-            lanes: None,
+            lanes: RwLock::new(None),
             store: None,
             stripes: (0..INTENTS).map(|_| Mutex::default()).collect(),
         }
@@ -146,9 +147,26 @@ impl DedupTable {
     /// client number `n` (its position) with lanes `0..=lanes[n]`. Anything
     /// else is refused before it creates state, which bounds the table by
     /// the topology.
-    pub fn bounded_by(mut self, lanes: Vec<u8>) -> Self {
-        self.lanes = Some(lanes);
+    pub fn bounded_by(self, lanes: Vec<u8>) -> Self {
+        self.rebound(lanes);
         self
+    }
+
+    /// Bounds the table by a new map's clients (see
+    /// [`DedupTable::bounded_by`]) from the next atomic on: a client's new
+    /// RNIC brings its lane, a client the map adds its number. Windows
+    /// already kept stay (a lane the map takes away is refused, its record
+    /// is not dropped). Returns the identities the new bound names.
+    pub fn rebound(&self, lanes: Vec<u8>) -> usize {
+        let identities = lanes.iter().map(|&l| usize::from(l) + 1).sum();
+        *self.lanes.write().unwrap_or_else(PoisonError::into_inner) = Some(lanes);
+        identities
+    }
+
+    /// How many identities the window file has slots for (`None`: no file,
+    /// no limit).
+    pub fn capacity(&self) -> Option<usize> {
+        self.store.as_ref().map(WindowStore::capacity)
     }
 
     /// Whether (`client`, `seq`) may have a window entry.
@@ -156,7 +174,8 @@ impl DedupTable {
         if seq == u64::MAX {
             return Err(Refusal::ReservedSeq);
         }
-        let Some(lanes) = &self.lanes else {
+        let lanes = self.lanes.read().unwrap_or_else(PoisonError::into_inner);
+        let Some(lanes) = lanes.as_ref() else {
             return Ok(());
         };
         let number = (client & proto::request::CLIENT_NUMBER_MASK) as usize;

@@ -416,7 +416,15 @@ impl WindowStore {
         let mut slot_of = HashMap::new();
         let mut next_free = self.slot_count;
         let mut slot_bytes = vec![0u8; SLOT_BYTES];
+        let mut head = [0u8; 8];
         for slot in 0..self.slot_count {
+            // A free slot is judged by its first 8 bytes, so the room kept
+            // for identities not used yet costs one page each to check.
+            self.read(SLOTS_AT + slot * SLOT_BYTES, &mut head)?;
+            if u32_at(&head, 4) == 0 {
+                next_free = next_free.min(slot);
+                continue;
+            }
             self.read(SLOTS_AT + slot * SLOT_BYTES, &mut slot_bytes)?;
             let Some((client, window)) = self.check_slot(slot, &slot_bytes)? else {
                 next_free = next_free.min(slot);
@@ -514,6 +522,11 @@ impl WindowStore {
 
     fn entry_at(slot_base: usize, index: u64) -> usize {
         slot_base + SLOT_HEAD + (index % RING as u64) as usize * ENTRY_BYTES
+    }
+
+    /// How many identities the file has slots for.
+    pub fn capacity(&self) -> usize {
+        self.slot_count
     }
 
     /// The slot of `client`, claiming a free one on first use;

@@ -54,9 +54,10 @@ enum ClusterAction {
     },
     /// Turns etcd's authentication on for the topology's pool: a root user
     /// (unless --etcd-credentials names root's file), the pool's operator,
-    /// and a user per server and device of the topology that may read the
-    /// map and intents and write its own liveness key only, each with a
-    /// fresh password written to DIR (owner-only files).
+    /// a user per server and device of the topology that may read the
+    /// map and intents and write its own liveness key only, and a user per
+    /// client that may read the map only, each with a fresh password
+    /// written to DIR (owner-only files).
     Secure {
         /// The topology file (its pool, servers and devices).
         #[arg(long, value_name = "TOPOLOGY")]
@@ -355,8 +356,8 @@ async fn edit_map(
     Ok((written.map.epoch, edited.subject, notes))
 }
 
-/// `secure`: the pool's etcd users and roles, authentication on, and the
-/// credentials files.
+/// `secure`: the pool's etcd users and roles (operator, each daemon, each
+/// client), authentication on, and the credentials files.
 async fn secure(
     etcd: &Endpoints,
     from: &PathBuf,
@@ -377,7 +378,17 @@ async fn secure(
     );
     let pool = &topology.pool.name;
     let made = control::access::secure(etcd, pool, &daemons, root).await?;
-    let files = made.write_to(out)?;
+    let mut files = made.write_to(out)?;
+    // Clients: users that may read the map only, made as root once
+    // authentication is on (the root just made, or the one given).
+    let clients: Vec<String> = topology.clients.iter().map(|c| c.id.to_string()).collect();
+    if let Some(root) = made.root.as_ref().or(root) {
+        for (client, creds) in control::access::secure_clients(etcd, pool, &clients, root).await? {
+            let file = control::access::client_file(out, &client);
+            creds.write(&file).map_err(ControlError::from)?;
+            files.push(file);
+        }
+    }
     let mut text = format!(
         "pool {pool}: etcd authentication on at {etcd}; {} credentials files in {}:\n",
         files.len(),

@@ -253,3 +253,58 @@ fn a_servers_stale_map_is_relayed_with_its_epoch() {
         "not the device's own refusal"
     );
 }
+
+/// A QP_CONNECT saying `epoch` (or none).
+fn qp_connect(epoch: Option<u64>) -> Vec<u8> {
+    let connect = proto::qp::Connect {
+        endpoint: proto::qp::Endpoint {
+            qpn: 0x42,
+            psn: 0x100,
+            ip: std::net::Ipv4Addr::new(10, 66, 0, 2),
+            mtu: 1024,
+        },
+        atomics: None,
+        epoch,
+    };
+    Message::QpConnect(connect).encode_to_vec(7).unwrap()
+}
+
+/// Whether `action` sets up a queue pair for a QP_CONNECT saying `epoch`.
+fn sets_up(action: &ClientAction<'_>, epoch: Option<u64>) -> bool {
+    matches!(action, ClientAction::ConnectQp { connect, tag: 7 } if connect.epoch == epoch)
+}
+
+#[test]
+fn a_queue_pair_asked_for_at_an_older_epoch_is_refused_stale_map() {
+    let mut core = core_at(5, 1);
+    let now = Instant::now();
+    let refused = answer(core.client_frame(1, &qp_connect(Some(4)), now));
+    assert_eq!(
+        refused,
+        (Status::StaleMap, 5),
+        "the device's epoch in the value"
+    );
+    for epoch in [Some(5), Some(6), None, Some(0)] {
+        let frame = qp_connect(epoch);
+        let action = core.client_frame(1, &frame, now);
+        assert!(sets_up(&action, epoch), "{epoch:?}: {action:?}");
+    }
+    // Without an epoch of its own, the control connection's is judged; one
+    // said in the QP_CONNECT is the queue pair's.
+    assert_eq!(say_epoch(&mut core, 1, 4), (Status::StaleMap, 5));
+    let refused = answer(core.client_frame(1, &qp_connect(None), now));
+    assert_eq!(refused, (Status::StaleMap, 5));
+    let frame = qp_connect(Some(5));
+    let action = core.client_frame(1, &frame, now);
+    assert!(sets_up(&action, Some(5)), "{action:?}");
+    assert_eq!(
+        core.metrics.stale_map.get(),
+        2,
+        "the two refused QP_CONNECTs"
+    );
+    // A device on a topology file (epoch 0) fences no queue pair.
+    let mut on_file = core_at(0, 2);
+    let frame = qp_connect(Some(3));
+    let action = on_file.client_frame(2, &frame, now);
+    assert!(sets_up(&action, Some(3)), "{action:?}");
+}
