@@ -263,6 +263,97 @@ impl AsRawFd for Wire {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::driver::packet::{interface_info, roce_filter};
+    use std::net::Ipv4Addr;
+    use std::time::{Duration, Instant};
+
+    /// An address on loopback nothing else uses, for frames the tests send
+    /// to themselves.
+    const TEST_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 77);
+
+    /// A packet socket on loopback that receives ARP and RoCEv2 to
+    /// [`TEST_IP`] (needs root, as the RoCE tests do).
+    fn loopback_socket() -> PacketSocket {
+        let lo = interface_info("lo").expect("loopback");
+        PacketSocket::open(lo.index, &roce_filter(TEST_IP)).expect("packet socket (root needed)")
+    }
+
+    /// An Ethernet + IPv4 + UDP frame to [`TEST_IP`] port 4791 on loopback
+    /// (zero MAC addresses), with `payload`.
+    fn roce_frame(payload: &[u8]) -> Vec<u8> {
+        let mut f = vec![0u8; 12];
+        f.extend_from_slice(&0x0800u16.to_be_bytes());
+        f.extend_from_slice(&[0x45, 0]);
+        f.extend_from_slice(&((28 + payload.len()) as u16).to_be_bytes());
+        f.extend_from_slice(&[0, 0, 0x40, 0, 64, 17, 0, 0, 127, 0, 0, 1]);
+        f.extend_from_slice(&TEST_IP.octets());
+        f.extend_from_slice(&0xC000u16.to_be_bytes());
+        f.extend_from_slice(&4791u16.to_be_bytes());
+        f.extend_from_slice(&((8 + payload.len()) as u16).to_be_bytes());
+        f.extend_from_slice(&[0, 0]);
+        f.extend_from_slice(payload);
+        f
+    }
+
+    #[test]
+    fn a_frame_sent_through_the_transmit_ring_comes_back_through_the_receive_ring() {
+        let config = RoceIoConfig {
+            path: RoceIo::PacketRing,
+            ring_frames: 16,
+        };
+        let (mut wire, fallback) =
+            Wire::open(loopback_socket(), 1518, &config, || Ok(loopback_socket())).expect("open");
+        assert!(fallback.is_none(), "{fallback:?}");
+        assert_eq!(wire.path(), RoceIo::PacketRing);
+        let frames: Vec<Vec<u8>> = (0..3u8).map(|i| roce_frame(&[i; 40])).collect();
+        for frame in &frames {
+            wire.slot(frame.len())
+                .expect("a free slot")
+                .copy_from_slice(frame);
+        }
+        assert_eq!(wire.flush(), 3);
+        let mut got = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while got.len() < frames.len() && Instant::now() < deadline {
+            wire.drain(|frame, _| got.push(frame.to_vec()))
+                .expect("drain");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(got, frames);
+        assert_eq!(wire.ring_faults(), (0, 0));
+    }
+
+    #[test]
+    fn a_socket_the_kernel_refuses_rings_on_falls_back_to_socket_calls() {
+        // A socket that already has a receive ring: the kernel refuses to
+        // change its version (EBUSY), as it refuses rings where they are
+        // not allowed.
+        let socket = loopback_socket();
+        let req = libc::tpacket_req {
+            tp_block_size: 4096,
+            tp_block_nr: 1,
+            tp_frame_size: 2048,
+            tp_frame_nr: 2,
+        };
+        // SAFETY: the option value is a live tpacket_req of the size passed.
+        let rc = unsafe {
+            libc::setsockopt(
+                socket.as_raw_fd(),
+                libc::SOL_PACKET,
+                libc::PACKET_RX_RING,
+                (&raw const req).cast(),
+                size_of::<libc::tpacket_req>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(rc, 0, "{}", io::Error::last_os_error());
+        let (wire, fallback) = Wire::open(socket, 1518, &RoceIoConfig::default(), || {
+            Ok(loopback_socket())
+        })
+        .expect("open");
+        assert_eq!(wire.path(), RoceIo::Socket);
+        let why = super::super::error_chain(&fallback.expect("a fallback").0);
+        assert!(why.contains("PACKET_VERSION"), "{why}");
+    }
 
     #[test]
     fn names_parse_both_ways() {
