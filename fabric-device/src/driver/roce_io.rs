@@ -86,9 +86,9 @@ pub enum Wire {
         /// The socket.
         socket: PacketSocket,
         /// Received frames.
-        rx: RxBatch,
+        rx: Box<RxBatch>,
         /// Frames to send.
-        tx: TxBatch,
+        tx: Box<TxBatch>,
     },
     /// Rings shared with the kernel.
     Ring(Box<PacketRing>),
@@ -136,8 +136,8 @@ impl Wire {
     ) -> io::Result<(Wire, Option<RingFallback>)> {
         let socket_path = |socket| Wire::Socket {
             socket,
-            rx: RxBatch::new(frame_cap),
-            tx: TxBatch::new(frame_cap),
+            rx: Box::new(RxBatch::new(frame_cap)),
+            tx: Box::new(TxBatch::new(frame_cap)),
         };
         match config.path {
             RoceIo::Socket => Ok((socket_path(socket), None)),
@@ -188,10 +188,7 @@ impl Wire {
                             break;
                         }
                     }
-                    let mut sink = SocketSink {
-                        socket,
-                        tx: &mut *tx,
-                    };
+                    let mut sink = SocketSink { socket, tx };
                     for frame in rx.frames() {
                         each(frame, &mut sink);
                     }
