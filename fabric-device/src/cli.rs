@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use crate::driver::backend::{Backend, IoConfig};
+use crate::driver::roce_io::{DEFAULT_RING_FRAMES, RoceIo, RoceIoConfig};
 use crate::driver::{Device, DeviceConfig, error_chain};
 use crate::forward::ForwarderConfig;
 use clap::Parser;
@@ -116,6 +117,28 @@ struct Args {
     /// core of its own).
     #[arg(long, env = "PMEM_FABRIC_IO_SQPOLL")]
     io_sqpoll: bool,
+    /// How the RoCEv2 ports move frames: `packet-ring` (receive and
+    /// transmit rings shared with the kernel, PACKET_MMAP TPACKET_V2: no
+    /// system call per received frame, one per batch sent) or `socket`
+    /// (recvmmsg/sendmmsg, up to 64 frames per call). The rings fall back
+    /// to the socket where the kernel refuses them, and say why at start.
+    #[arg(
+        long = "roce-io",
+        env = "PMEM_FABRIC_ROCE_IO",
+        value_name = "packet-ring|socket",
+        default_value = "packet-ring"
+    )]
+    roce_io: RoceIo,
+    /// Slots of each RoCEv2 ring (receive and transmit), 16 to 32768; a
+    /// slot is one frame of the interface's MTU rounded up to a power of
+    /// two (2 KiB at MTU 1500: the default takes 4 MiB per port).
+    #[arg(
+        long,
+        env = "PMEM_FABRIC_ROCE_RING_FRAMES",
+        default_value_t = DEFAULT_RING_FRAMES as u32,
+        value_parser = clap::value_parser!(u32).range(16..=32768)
+    )]
+    roce_ring_frames: u32,
     /// Log lines on stderr as text or json (levels from RUST_LOG, default info).
     #[arg(long, value_name = "text|json", default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -191,6 +214,10 @@ where
         io: IoConfig {
             backend: args.io,
             sqpoll: args.io_sqpoll,
+        },
+        roce_io: RoceIoConfig {
+            path: args.roce_io,
+            ring_frames: args.roce_ring_frames as usize,
         },
         topology,
     };

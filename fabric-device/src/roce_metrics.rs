@@ -25,6 +25,12 @@ pub struct PortSnapshot {
     pub arp_replies: u64,
     /// Datagrams not sent for want of the peer's MAC address.
     pub no_neighbor: u64,
+    /// Frames whose Ethernet, IPv4 or UDP header does not hold together.
+    pub bad_headers: u64,
+    /// Receive-ring slots whose descriptor pointed outside the slot.
+    pub ring_malformed: u64,
+    /// Frames longer than a receive-ring slot.
+    pub ring_truncated: u64,
     /// Each live queue pair's number and counters.
     pub qps: Vec<(u32, Counters)>,
     /// Counters summed over every queue pair, closed ones included.
@@ -160,6 +166,9 @@ impl RoceMetrics {
                         ("bad_rkey", p.gateway.bad_rkeys),
                         ("rx_overflow", p.rx_overflow),
                         ("no_neighbor", p.no_neighbor),
+                        ("bad_headers", p.bad_headers),
+                        ("ring_malformed", p.ring_malformed),
+                        ("ring_truncated", p.ring_truncated),
                     ] {
                         out.push((vec![p.port.clone(), reason.into()], n as f64));
                     }

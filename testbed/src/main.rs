@@ -172,7 +172,15 @@ enum Command {
     /// The fabric device's CPU per operation on its RoCEv2 port next to its
     /// TCP port, in interleaved rounds (needs root: a network namespace and
     /// raw sockets).
-    BenchRoce(BenchArgs),
+    BenchRoce {
+        #[command(flatten)]
+        bench: BenchArgs,
+        /// The frame path of the device's RoCEv2 port: packet-ring (rings
+        /// shared with the kernel, the device's default) or socket
+        /// (recvmmsg/sendmmsg).
+        #[arg(long, value_name = "packet-ring|socket", default_value = "packet-ring")]
+        roce_io: testbed::roce_bench::RocePath,
+    },
     /// A PMEM server's own CPU per operation over RDMA (a verbs NIC, device
     /// DAX) next to TCP, in the RDMA lab (root): interleaved rounds.
     BenchVerbs(BenchArgs),
@@ -726,7 +734,7 @@ fn log_id(command: &Command) -> Option<String> {
         Command::Demo { .. } => "demo",
         Command::Chaos(_) => "chaos",
         Command::Bench(_) => "bench",
-        Command::BenchRoce(_) => "bench-roce",
+        Command::BenchRoce { .. } => "bench-roce",
         Command::BenchVerbs(_) => "bench-verbs",
         Command::BenchPersist { .. } => "bench-persist",
         Command::BenchPersistGuest { .. } => "bench-persist-guest",
@@ -778,7 +786,7 @@ fn main() -> ExitCode {
             reports,
         } => outcome(map_follow(file, net, etcd_members, changes, reports)),
         Command::Demo { duration, reports } => outcome(demo(duration, reports)),
-        Command::BenchRoce(args) => outcome(bench_roce(args)),
+        Command::BenchRoce { bench, roce_io } => outcome(bench_roce(bench, roce_io)),
         Command::BenchVerbs(args) => outcome(bench_verbs(args)),
         Command::BenchPersist { bench, size } => outcome(bench_persist(bench, size)),
         Command::BenchPersistGuest {
@@ -949,9 +957,13 @@ fn report_dir(out: Option<PathBuf>, kind: &str) -> PathBuf {
 }
 
 /// `testbed bench-roce`.
-fn bench_roce(BenchArgs { quick, rounds, out }: BenchArgs) -> anyhow::Result<bool> {
+fn bench_roce(
+    BenchArgs { quick, rounds, out }: BenchArgs,
+    roce_io: testbed::roce_bench::RocePath,
+) -> anyhow::Result<bool> {
     let out = report_dir(out, "bench-roce");
-    let plan = testbed::roce_bench::RocePlan::new(quick, rounds);
+    let mut plan = testbed::roce_bench::RocePlan::new(quick, rounds);
+    plan.roce_io = roce_io;
     let report = testbed::roce_bench::run(plan, &out)?;
     print!("{}", testbed::roce_bench::markdown(&report));
     println!("\nreport: {}", out.display());

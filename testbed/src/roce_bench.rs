@@ -41,6 +41,44 @@ pub struct RocePlan {
     pub depth: usize,
     /// Operations timed one at a time for latency, per system and operation.
     pub samples: usize,
+    /// The frame path of the device's RoCEv2 port.
+    #[serde(default)]
+    pub roce_io: RocePath,
+}
+
+/// The frame path of the device's RoCEv2 port (`fabric-device --roce-io`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RocePath {
+    /// Rings shared with the kernel (PACKET_MMAP), the device's default.
+    #[default]
+    PacketRing,
+    /// recvmmsg/sendmmsg on the packet socket.
+    Socket,
+}
+
+impl RocePath {
+    /// The name `fabric-device --roce-io` takes.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RocePath::PacketRing => "packet-ring",
+            RocePath::Socket => "socket",
+        }
+    }
+}
+
+impl std::str::FromStr for RocePath {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "packet-ring" => Ok(RocePath::PacketRing),
+            "socket" => Ok(RocePath::Socket),
+            _ => Err(format!(
+                "unknown RoCE frame path {s:?}: use packet-ring or socket"
+            )),
+        }
+    }
 }
 
 impl RocePlan {
@@ -56,6 +94,7 @@ impl RocePlan {
             rounds: rounds.unwrap_or(default_rounds).max(1),
             depth: 16,
             samples,
+            roce_io: RocePath::default(),
         }
     }
 }
@@ -170,7 +209,7 @@ struct Setup {
 }
 
 impl Setup {
-    fn start() -> anyhow::Result<Setup> {
+    fn start(roce_io: RocePath) -> anyhow::Result<Setup> {
         let veth = VethNamespace::create("pfbench", SUBNET)
             .context("creating the network namespace (bench-roce needs root)")?;
         let dir = tempfile::tempdir().context("temp dir")?;
@@ -194,12 +233,13 @@ impl Setup {
         let client_key = read_key(&secrets, Principal::Client("c0"))?;
         let secrets_arg = secrets.to_str().context("a UTF-8 keys' path")?;
         let with_keys = ["--secrets", secrets_arg];
+        let device_args = ["--secrets", secrets_arg, "--roce-io", roce_io.as_str()];
         // The daemons run from this very binary (`testbed daemon …`), so
         // the bench works from a copy of it outside the source tree.
         let exe = std::env::current_exe().context("find the testbed executable")?;
         let data = dir.path().join("A");
         let server_spec = testkit::pmem_server_spec(&exe, &config, "A", &data, &with_keys);
-        let device_spec = testkit::fabric_device_spec(&exe, &config, "F", &with_keys);
+        let device_spec = testkit::fabric_device_spec(&exe, &config, "F", &device_args);
         let server = vec![
             Daemon::spawn(own_daemon(server_spec, DaemonKind::PmemServer))
                 .map_err(|e| anyhow::anyhow!("pmem-server did not start:\n{e}"))?,
@@ -360,7 +400,7 @@ fn latencies(
 
 /// Runs the whole comparison.
 pub fn run(plan: RocePlan, out: &Path) -> anyhow::Result<RoceBenchReport> {
-    let setup = Setup::start()?;
+    let setup = Setup::start(plan.roce_io)?;
     let data = vec![0xA5u8; 4096];
     let mut rounds = Vec::new();
     for _ in 0..plan.rounds {
@@ -419,10 +459,14 @@ pub fn run(plan: RocePlan, out: &Path) -> anyhow::Result<RoceBenchReport> {
 pub fn markdown(report: &RoceBenchReport) -> String {
     let mut text = format!(
         "# Fabric device: RoCEv2 port vs TCP port\n\n{} interleaved rounds of {:.1} s per \
-         system and operation, batches of {}; device CPU from /proc. Medians, (min–max).\n\n\
+         system and operation, batches of {}; RoCE frame path `{}`; device CPU from /proc. \
+         Medians, (min–max).\n\n\
          | operation | device µs/op TCP | device µs/op RoCE | RoCE ÷ TCP | ops/s TCP | ops/s RoCE | p50/p99 µs TCP | p50/p99 µs RoCE |\n\
          |---|---:|---:|---:|---:|---:|---:|---:|\n",
-        report.plan.rounds, report.plan.seconds, report.plan.depth
+        report.plan.rounds,
+        report.plan.seconds,
+        report.plan.depth,
+        report.plan.roce_io.as_str()
     );
     for s in &report.summary {
         let f = |x: &Spread, digits: usize| {

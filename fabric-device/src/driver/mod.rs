@@ -13,9 +13,11 @@ mod clients;
 mod endpoint;
 mod links;
 mod packet;
+mod packet_ring;
 mod reload;
 mod replication;
 mod ring_events;
+pub mod roce_io;
 mod roce_port;
 mod uplinks;
 
@@ -126,6 +128,8 @@ pub struct DeviceConfig {
     pub busy_poll: Duration,
     /// How the TCP ports and server links move bytes.
     pub io: IoConfig,
+    /// How the RoCEv2 ports move frames.
+    pub roce_io: roce_io::RoceIoConfig,
 }
 
 /// The event loop's back end for the TCP ports and server links.
@@ -327,15 +331,51 @@ impl Device {
                 file: config.topology.source.clone(),
                 device: config.device.to_string(),
             })?;
+        let roce_paths = registry.gauge_family(
+            "fabric_device_roce_io",
+            "1 for the frame path each RoCEv2 port runs (packet-ring: PACKET_MMAP rings; \
+             socket: recvmmsg/sendmmsg); fallback says why the rings were asked for and do not \
+             run (none).",
+            &["port", "path", "fallback"],
+        )?;
         let mut listeners = Vec::new();
         let mut roce = Vec::new();
         for (i, port) in spec.ports.iter().enumerate() {
             roce.push(match &port.roce {
                 Some(r) => {
-                    let endpoint = RoceEndpoint::open(r).map_err(|source| DeviceError::Roce {
-                        port: port.id.clone(),
-                        source,
-                    })?;
+                    let (endpoint, fallback) =
+                        RoceEndpoint::open(r, &config.roce_io).map_err(|source| {
+                            DeviceError::Roce {
+                                port: port.id.clone(),
+                                source,
+                            }
+                        })?;
+                    match &fallback {
+                        Some(why) => warn!(
+                            "RoCE port {} on {}: frame path socket (packet-ring was asked for \
+                             and cannot run: {}; `--roce-io socket` says so without this line)",
+                            port.id,
+                            r.interface,
+                            error_chain(&why.0)
+                        ),
+                        None => info!(
+                            "RoCE port {} on {}: frame path {}",
+                            port.id,
+                            r.interface,
+                            endpoint.io_description()
+                        ),
+                    }
+                    roce_paths
+                        .with(&[
+                            port.id.as_str(),
+                            endpoint.io_path().as_str(),
+                            if fallback.is_some() {
+                                "ring_refused"
+                            } else {
+                                "none"
+                            },
+                        ])
+                        .set(1);
                     poll.registry()
                         .register(
                             &mut mio::unix::SourceFd(&endpoint.source()),

@@ -4,9 +4,10 @@
 //!
 //! Frames move through a [`PacketSocket`] that the event loop polls itself:
 //! the kernel's filter passes only ARP and IPv4/UDP to port 4791 for this
-//! port's address, the loop reads them in batches with one system call and
-//! sends what the queue pairs have ready in batches too. All protocol work
-//! runs on the event loop thread.
+//! port's address. The loop takes them from rings shared with the kernel,
+//! or reads them in batches with one system call ([`Wire`]), and sends what
+//! the queue pairs have ready in batches too. All protocol work runs on the
+//! event loop thread.
 
 use std::collections::HashMap;
 use std::io;
@@ -22,7 +23,8 @@ use smoltcp::wire::{
 };
 use topology::RocePort;
 
-use super::packet::{PacketSocket, RxBatch, TxBatch, interface_info, roce_filter};
+use super::packet::{PacketSocket, interface_info, roce_filter};
+use super::roce_io::{FrameSink, RingFallback, RoceIo, RoceIoConfig, Wire};
 use crate::forward::{ConnId, Forwarder, LinkId};
 use crate::roce::{QpSetup, RoceGateway, random_u32};
 use crate::roce_metrics::PortSnapshot;
@@ -78,6 +80,12 @@ pub struct PortCounters {
     pub arp_requests: u64,
     /// Malformed datagrams for the device's queue pairs toward servers.
     pub uplink_drops: u64,
+    /// Frames whose Ethernet, IPv4 or UDP header does not hold together.
+    pub bad_headers: u64,
+    /// Receive-ring slots whose descriptor pointed outside the slot.
+    pub ring_malformed: u64,
+    /// Frames longer than a receive-ring slot, dropped.
+    pub ring_truncated: u64,
 }
 
 /// The RoCEv2 side of one port.
@@ -87,9 +95,7 @@ pub struct RoceEndpoint {
     ip: Ipv4Addr,
     mac: EthernetAddress,
     mtu: u16,
-    socket: PacketSocket,
-    rx: RxBatch,
-    tx: TxBatch,
+    wire: Wire,
     neighbors: HashMap<Ipv4Addr, EthernetAddress>,
     /// When each unresolved address was last asked for.
     arp_asked: HashMap<Ipv4Addr, Instant>,
@@ -102,9 +108,14 @@ pub struct RoceEndpoint {
 }
 
 impl RoceEndpoint {
-    /// Opens the interface's packet socket; register it with the event
-    /// loop ([`RoceEndpoint::source`]) to hear of frames.
-    pub fn open(spec: &RocePort) -> Result<Self, RocePortError> {
+    /// Opens the interface's packet socket with the frame path `io` asks
+    /// for; register it with the event loop ([`RoceEndpoint::source`]) to
+    /// hear of frames. Also returns why the rings were asked for and do
+    /// not run, if so.
+    pub fn open(
+        spec: &RocePort,
+        io: &RoceIoConfig,
+    ) -> Result<(Self, Option<RingFallback>), RocePortError> {
         let ip: Ipv4Addr = spec
             .ip
             .parse()
@@ -113,34 +124,46 @@ impl RoceEndpoint {
             interface: spec.interface.clone(),
             source,
         })?;
-        let socket = PacketSocket::open(info.index, &roce_filter(ip)).map_err(|source| {
-            RocePortError::Socket {
-                interface: spec.interface.clone(),
-                source,
-            }
-        })?;
+        let filter = roce_filter(ip);
+        let open_socket = || PacketSocket::open(info.index, &filter);
+        let socket_error = |source| RocePortError::Socket {
+            interface: spec.interface.clone(),
+            source,
+        };
+        let socket = open_socket().map_err(socket_error)?;
         let frame_cap = info.mtu + FRAME_SLACK;
-        Ok(RoceEndpoint {
+        let (wire, fallback) =
+            Wire::open(socket, frame_cap, io, open_socket).map_err(socket_error)?;
+        let endpoint = RoceEndpoint {
             interface: spec.interface.clone(),
             ip,
             mac: EthernetAddress(info.mac),
             mtu: spec.mtu,
-            socket,
-            rx: RxBatch::new(frame_cap),
-            tx: TxBatch::new(frame_cap),
+            wire,
             neighbors: HashMap::new(),
             arp_asked: HashMap::new(),
             gateway: RoceGateway::new(),
             owners: HashMap::new(),
             counters: PortCounters::default(),
             datagram: Vec::new(),
-        })
+        };
+        Ok((endpoint, fallback))
     }
 
     /// The packet socket, to register with the event loop (readable).
     pub fn source(&self) -> std::os::fd::RawFd {
         use std::os::fd::AsRawFd;
-        self.socket.as_raw_fd()
+        self.wire.as_raw_fd()
+    }
+
+    /// The frame path the port runs.
+    pub fn io_path(&self) -> RoceIo {
+        self.wire.path()
+    }
+
+    /// The frame path in words, for the start-up line.
+    pub fn io_description(&self) -> String {
+        self.wire.describe()
     }
 
     /// The port's address.
@@ -151,7 +174,8 @@ impl RoceEndpoint {
     /// The port's counters.
     pub fn counters(&mut self) -> PortCounters {
         let mut c = self.counters;
-        c.rx_overflow = self.socket.drops() + self.tx.dropped;
+        c.rx_overflow = self.wire.overflow();
+        (c.ring_malformed, c.ring_truncated) = self.wire.ring_faults();
         c
     }
 
@@ -164,6 +188,9 @@ impl RoceEndpoint {
             rx_overflow: c.rx_overflow,
             arp_replies: c.arp_replies,
             no_neighbor: c.no_neighbor,
+            bad_headers: c.bad_headers,
+            ring_malformed: c.ring_malformed,
+            ring_truncated: c.ring_truncated,
             qps: self.gateway.qp_counters().map(|(n, c)| (n, *c)).collect(),
             totals: self.gateway.totals(),
         }
@@ -180,59 +207,62 @@ impl RoceEndpoint {
         uplinks: &mut Uplinks,
         mut send: impl FnMut(&mut Uplinks, LinkId, &[u8], &[u8]),
     ) {
-        loop {
-            match self.rx.receive(&self.socket) {
-                Ok(0) => break,
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!("RoCE port on {}: receive failed: {e}", self.interface);
-                    break;
+        let Self {
+            wire,
+            ip,
+            mac,
+            neighbors,
+            gateway,
+            counters,
+            ..
+        } = self;
+        let drained = wire.drain(|frame, sink| {
+            counters.frames_in += 1;
+            // The kernel's filter chose these; checked again in case a
+            // frame was queued before the filter was attached.
+            match classify(frame, *ip) {
+                Verdict::Wanted => {}
+                Verdict::Other => return,
+                Verdict::BadHeaders => {
+                    counters.bad_headers += 1;
+                    return;
                 }
             }
-            for frame in self.rx.frames() {
-                self.counters.frames_in += 1;
-                // The kernel's filter chose these; checked again in case a
-                // frame was queued before the filter was attached.
-                if !wanted(frame, self.ip) {
-                    continue;
+            let Ok(eth) = EthernetFrame::new_checked(frame) else {
+                return;
+            };
+            match eth.ethertype() {
+                EthernetProtocol::Arp => {
+                    let mut port = ArpPort {
+                        ip: *ip,
+                        mac: *mac,
+                        neighbors,
+                        sink,
+                        counters,
+                    };
+                    port.answer(&eth);
                 }
-                let Ok(eth) = EthernetFrame::new_checked(frame) else {
-                    continue;
-                };
-                match eth.ethertype() {
-                    EthernetProtocol::Arp => {
-                        let mut port = ArpPort {
-                            ip: self.ip,
-                            mac: self.mac,
-                            neighbors: &mut self.neighbors,
-                            socket: &self.socket,
-                            tx: &mut self.tx,
-                            counters: &mut self.counters,
-                        };
-                        port.answer(&eth);
+                EthernetProtocol::Ipv4 => {
+                    let payload = eth.payload();
+                    if let Ok(packet) = Ipv4Packet::new_checked(payload) {
+                        neighbors.insert(packet.src_addr(), eth.src_addr());
                     }
-                    EthernetProtocol::Ipv4 => {
-                        let payload = eth.payload();
-                        if let Ok(ip) = Ipv4Packet::new_checked(payload) {
-                            self.neighbors.insert(ip.src_addr(), eth.src_addr());
+                    if dest_qpn(payload).is_some_and(|qpn| uplinks.owns(qpn)) {
+                        match proto::roce::Datagram::new_checked(payload) {
+                            Ok(d) => uplinks.handle_datagram(now, &d),
+                            Err(_) => counters.uplink_drops += 1,
                         }
-                        if dest_qpn(payload).is_some_and(|qpn| uplinks.owns(qpn)) {
-                            match proto::roce::Datagram::new_checked(payload) {
-                                Ok(d) => uplinks.handle_datagram(now, &d),
-                                Err(_) => self.counters.uplink_drops += 1,
-                            }
-                        } else {
-                            self.gateway.handle_datagram(now, payload, core, |l, h, p| {
-                                send(uplinks, l, h, p)
-                            });
-                        }
+                    } else {
+                        gateway
+                            .handle_datagram(now, payload, core, |l, h, p| send(uplinks, l, h, p));
                     }
-                    _ => {}
                 }
+                _ => {}
             }
-        }
-        if !self.tx.is_empty() {
-            self.counters.frames_out += self.tx.flush(&self.socket) as u64;
+        });
+        match drained {
+            Ok(sent) => self.counters.frames_out += sent,
+            Err(e) => tracing::warn!("RoCE port on {}: receive failed: {e}", self.interface),
         }
     }
 
@@ -258,10 +288,7 @@ impl RoceEndpoint {
                 self.ask_for(dst, now);
                 continue;
             };
-            let Some(slot) = self
-                .tx
-                .slot(&self.socket, ETH_HEADER_LEN + self.datagram.len())
-            else {
+            let Some(slot) = self.wire.slot(ETH_HEADER_LEN + self.datagram.len()) else {
                 continue;
             };
             let mut frame = EthernetFrame::new_unchecked(slot);
@@ -273,9 +300,7 @@ impl RoceEndpoint {
             .emit(&mut frame);
             frame.payload_mut().copy_from_slice(&self.datagram);
         }
-        if !self.tx.is_empty() {
-            self.counters.frames_out += self.tx.flush(&self.socket) as u64;
-        }
+        self.counters.frames_out += self.wire.flush();
         any
     }
 
@@ -296,10 +321,7 @@ impl RoceEndpoint {
             target_hardware_addr: EthernetAddress([0; 6]),
             target_protocol_addr: ip,
         };
-        let Some(slot) = self
-            .tx
-            .slot(&self.socket, ETH_HEADER_LEN + request.buffer_len())
-        else {
+        let Some(slot) = self.wire.slot(ETH_HEADER_LEN + request.buffer_len()) else {
             return;
         };
         let mut frame = EthernetFrame::new_unchecked(slot);
@@ -407,23 +429,40 @@ fn dest_qpn(ip_datagram: &[u8]) -> Option<u32> {
     Some(u32::from_be_bytes([0, bth[1], bth[2], bth[3]]))
 }
 
+/// What the port makes of a frame the kernel handed it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    /// ARP, or IPv4/UDP to 4791 for the port's address.
+    Wanted,
+    /// Well formed and not for the port (queued before the filter was
+    /// attached).
+    Other,
+    /// Its Ethernet, IPv4 or UDP header does not hold together (a length
+    /// past the end of the frame, or below the header's own).
+    BadHeaders,
+}
+
 /// Whether the port wants a frame: ARP, or IPv4/UDP to 4791 for `ip`.
-fn wanted(frame: &[u8], ip: Ipv4Addr) -> bool {
+fn classify(frame: &[u8], ip: Ipv4Addr) -> Verdict {
     let Ok(eth) = EthernetFrame::new_checked(frame) else {
-        return false;
+        return Verdict::BadHeaders;
     };
     match eth.ethertype() {
-        EthernetProtocol::Arp => true,
+        EthernetProtocol::Arp => Verdict::Wanted,
         EthernetProtocol::Ipv4 => {
             let Ok(packet) = Ipv4Packet::new_checked(eth.payload()) else {
-                return false;
+                return Verdict::BadHeaders;
             };
-            packet.dst_addr() == ip
-                && packet.next_header() == IpProtocol::Udp
-                && UdpPacket::new_checked(packet.payload())
-                    .is_ok_and(|u| u.dst_port() == proto::roce::UDP_PORT)
+            if packet.dst_addr() != ip || packet.next_header() != IpProtocol::Udp {
+                return Verdict::Other;
+            }
+            match UdpPacket::new_checked(packet.payload()) {
+                Err(_) => Verdict::BadHeaders,
+                Ok(u) if u.dst_port() == proto::roce::UDP_PORT => Verdict::Wanted,
+                Ok(_) => Verdict::Other,
+            }
         }
-        _ => false,
+        _ => Verdict::Other,
     }
 }
 
@@ -433,8 +472,7 @@ struct ArpPort<'a> {
     ip: Ipv4Addr,
     mac: EthernetAddress,
     neighbors: &'a mut HashMap<Ipv4Addr, EthernetAddress>,
-    socket: &'a PacketSocket,
-    tx: &'a mut TxBatch,
+    sink: &'a mut dyn FrameSink,
     counters: &'a mut PortCounters,
 }
 
@@ -467,10 +505,7 @@ impl ArpPort<'_> {
             target_hardware_addr: source_hardware_addr,
             target_protocol_addr: source_protocol_addr,
         };
-        let Some(slot) = self
-            .tx
-            .slot(self.socket, ETH_HEADER_LEN + reply.buffer_len())
-        else {
+        let Some(slot) = self.sink.slot(ETH_HEADER_LEN + reply.buffer_len()) else {
             return;
         };
         let mut frame = EthernetFrame::new_unchecked(slot);
