@@ -11,7 +11,7 @@ use proto::opening::{Credentials, Opening, OpeningTags, Progress};
 use proto::{Opcode, Status, map, response};
 use telemetry::Gauge;
 
-use super::replication::CopyTicket;
+use super::copy_ticket::CopyTicket;
 use super::{ConnId, Forwarder, LinkAction, REPLY_HEAD_LEN, Reply, fresh_nonce};
 use crate::deadline::Deadline;
 use crate::idmap::IdMap;

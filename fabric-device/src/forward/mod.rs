@@ -26,6 +26,8 @@
 //! - `links`: server links, their opening, the responses they bring
 //!   ([`Forwarder::link_frame`]) and a link going down.
 //! - `timeouts`: request deadlines and TIMEOUT answers.
+//! - `copy_ticket`: what a request to one copy of a replicated region is
+//!   part of, as its link remembers it.
 //! - `reload`: a new map applied.
 //! - `replication`: regions with several copies: the owner's fan-out,
 //!   atomics decided at one copy, reads, and copies lost.
@@ -48,6 +50,7 @@ use crate::request_budget::RequestBudget;
 
 mod budget;
 mod clients;
+mod copy_ticket;
 mod epoch;
 mod gate;
 mod keys;

@@ -5,9 +5,9 @@ use std::time::Instant;
 
 use proto::Status;
 
+use super::copy_ticket::CopyTicket;
 use super::links::{Pending, is_pending};
 use super::parking::Parked;
-use super::replication::CopyTicket;
 use super::{ConnId, Forwarder, Reply, error_reply};
 use crate::deadline::Deadline;
 use crate::ids::LinkId;

@@ -46,6 +46,8 @@ use crate::idmap::IdMap;
 use crate::ids::{Lane, LinkId};
 use crate::link_tags::CONTROL_TAG;
 
+pub(super) use super::copy_ticket::{CopyTicket, ReadAgain};
+
 mod answers;
 mod atomics;
 mod failures;
@@ -83,28 +85,6 @@ pub enum Outgoing {
         /// The server holding the copy.
         server: ServerId,
     },
-}
-
-/// What a request to one copy is part of.
-#[derive(Debug)]
-pub(super) enum CopyTicket {
-    /// Replicated operation number `0`.
-    Op(u64),
-    /// A read of one copy, sent again to another if that copy fails.
-    Read(Box<ReadAgain>),
-}
-
-/// What a read of a copy needs to be sent to another copy.
-#[derive(Debug)]
-pub(super) struct ReadAgain {
-    /// The rewritten head.
-    head: [u8; FORWARD_HEAD_LEN],
-    /// The key the client sent.
-    client_key: AccessKey,
-    region: u32,
-    copy: usize,
-    start: u64,
-    end: u64,
 }
 
 /// The replication state of the core.
