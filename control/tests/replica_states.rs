@@ -161,3 +161,53 @@ async fn a_replicated_map_without_states_put_by_hand_is_refused() {
         "{text}"
     );
 }
+
+/// A daemon without an async loop marks a copy offline, then syncing when
+/// its server is back, then serving once it is up to date; an offline copy
+/// is never marked serving without the sync.
+#[test]
+fn a_copy_goes_offline_syncing_and_serving_through_the_blocking_marks() {
+    use control::copy_marks::{MarkCopyError, StateMarked, mark_copy_state, read_copy_states};
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let etcd = start_etcd(dir.path());
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async { plane(&etcd).await.init(&replicated()).await.expect("init") });
+    let endpoints = Endpoints::parse(&etcd.endpoint()).expect("endpoint");
+    let mark = |state| mark_copy_state(&endpoints, "test", None, "PA.1", "B", state);
+    let copy_state = || {
+        let (sets, epoch) = read_copy_states(&endpoints, "test", None).expect("read");
+        let set = sets.iter().find(|s| s.region == "PA.1").expect("PA.1");
+        (set.state_on("B").expect("a copy on B"), set.version, epoch)
+    };
+
+    assert_eq!(
+        mark(ReplicaState::Offline).expect("offline"),
+        StateMarked::Written { epoch: 2 }
+    );
+    let refused = mark(ReplicaState::Serving).expect_err("offline to serving");
+    assert!(matches!(refused, MarkCopyError::Edit { .. }), "{refused}");
+    assert!(
+        refused.to_string().contains("PA.1 on server B serving"),
+        "{refused}"
+    );
+    assert_eq!(
+        copy_state(),
+        (ReplicaState::Offline, 2, 2),
+        "nothing written"
+    );
+
+    assert_eq!(
+        mark(ReplicaState::Syncing).expect("syncing"),
+        StateMarked::Written { epoch: 3 }
+    );
+    assert_eq!(
+        mark(ReplicaState::Syncing).expect("again"),
+        StateMarked::Already
+    );
+    assert_eq!(
+        mark(ReplicaState::Serving).expect("serving"),
+        StateMarked::Written { epoch: 4 }
+    );
+    assert_eq!(copy_state(), (ReplicaState::Serving, 4, 4));
+}

@@ -28,6 +28,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
+use proto::block_sums::Report as CurrentSums;
 use proto::scrub::Report;
 
 use crate::persist::{PersistError, PmemMap};
@@ -230,6 +231,41 @@ impl BlockSums {
         }
     }
 
+    /// The checksums of `blocks` blocks from block `first` of the region
+    /// mapped by `map` (data after the header) as their bytes are now,
+    /// reported as region `region`. Nothing is recorded: two copies of a
+    /// region compare these to find the blocks that differ, whether or not
+    /// the server sees the writes.
+    pub fn current(
+        &self,
+        map: &PmemMap,
+        region: u32,
+        first: u64,
+        blocks: u32,
+    ) -> Result<CurrentSums, ScrubFault> {
+        let total = self.blocks();
+        let end = first.saturating_add(u64::from(blocks));
+        if end > total {
+            return Err(ScrubFault::OutOfRange { first, end, total });
+        }
+        let mut buf = vec![0u8; BLOCK_LEN as usize];
+        let mut sums = Vec::with_capacity(blocks as usize);
+        for block in first..end {
+            let start = block * BLOCK_LEN;
+            let bytes = &mut buf[..(self.data_len - start).min(BLOCK_LEN) as usize];
+            map.read((HEADER_LEN + start) as usize, bytes)
+                .map_err(|source| ScrubFault::Read { block, source })?;
+            sums.push(checksum(bytes));
+        }
+        Ok(CurrentSums {
+            region,
+            block_len: BLOCK_LEN as u32,
+            first,
+            total,
+            sums,
+        })
+    }
+
     /// Scrubs `blocks` blocks from block `first` of the region mapped by
     /// `map` (data after the header), and reports them as region `region`.
     pub fn scrub(
@@ -389,6 +425,39 @@ mod tests {
         poke(&map, 0, b"late....");
         drop(writing);
         assert!(scrub_all(&map, &sums).mismatches.is_empty());
+    }
+
+    #[test]
+    fn current_sums_follow_the_bytes_and_record_nothing() {
+        let (_dir, map, sums) = region(3 * BLOCK_LEN + 10);
+        let before = sums.current(&map, 4, 0, 4).unwrap();
+        assert_eq!((before.region, before.first, before.total), (4, 0, 4));
+        assert_eq!(before.block_len as u64, BLOCK_LEN);
+        assert_eq!(before.sums.len(), 4);
+        assert!(before.sums.iter().all(|&s| s != 0));
+        // Zeroed blocks of one length share a checksum; the short last
+        // block has its own.
+        assert_eq!(before.sums[0], before.sums[2]);
+        assert_ne!(before.sums[0], before.sums[3]);
+        // A change behind the server's back shows at once, in its block only.
+        poke(&map, BLOCK_LEN + 1, &[9]);
+        let after = sums.current(&map, 4, 1, 2).unwrap();
+        assert_eq!(after.first, 1);
+        assert_ne!(after.sums[0], before.sums[1]);
+        assert_eq!(after.sums[1], before.sums[2]);
+        // Nothing was recorded: the first scrub still records every block.
+        assert_eq!(scrub_all(&map, &sums).recorded, 4);
+        // An unwatched region is summed all the same.
+        sums.set_unwatched();
+        assert_eq!(sums.current(&map, 4, 1, 1).unwrap().sums, [after.sums[0]]);
+        assert!(matches!(
+            sums.current(&map, 4, 3, 2),
+            Err(ScrubFault::OutOfRange {
+                first: 3,
+                end: 5,
+                total: 4
+            })
+        ));
     }
 
     #[test]

@@ -539,6 +539,7 @@ impl Executor {
                 encode(&proto::error_response(Opcode::RotateKey, status), tag, out);
             }
             Message::Scrub(scrub) => encode(&self.scrub(session, scrub), tag, out),
+            Message::BlockSums(ask) => encode(&self.block_sums(session, ask), tag, out),
             Message::Ping(token) => encode(&Message::Pong(token), tag, out),
             // A server terminates no queue pairs on this transport.
             Message::QpConnect(_) => encode(

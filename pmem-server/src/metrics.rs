@@ -47,6 +47,8 @@ pub struct ServerMetrics {
     /// Blocks scrubbed, by region and result (`verified`, `recorded`,
     /// `unwatched`, `mismatch`).
     pub scrubbed_blocks: Arc<Family<Counter>>,
+    /// Blocks whose current checksum was sent (BLOCK_SUMS), by region.
+    pub summed_blocks: Arc<Family<Counter>>,
     /// Extents zeroed as a key was installed on them (allocations).
     pub extents_zeroed: Arc<Counter>,
     /// WRITE and WRITE_PERSIST requests stored with non-temporal stores
@@ -141,7 +143,8 @@ impl ServerMetrics {
                  else), and with --secrets when the client they are for has no grant for the \
                  range: not_granted, unknown_client, no_client (a device that did not say \
                  whom it forwards for), on_behalf_from_client, operator (operators rotate \
-                 keys, they do not touch data); and changes to the allocator's records: \
+                 keys, they do not touch data), not_operator_or_device (block checksums asked by a \
+                 client); and changes to the allocator's records: \
                  not_owner (another client's record), extent_in_use (a bitmap bit of a \
                  keyed or reserved extent), bad_record (a word that is no record).",
                 &["reason"],
@@ -153,6 +156,12 @@ impl ServerMetrics {
                  scrub since start, or written since), unwatched (written over RDMA, not \
                  checked), mismatch (changed without a write the server saw).",
                 &["region", "result"],
+            )?,
+            summed_blocks: r.counter_family(
+                "pmem_server_summed_blocks_total",
+                "Region blocks whose checksum was computed now and sent to an operator or a \
+                 fabric device comparing copies of a replicated region (BLOCK_SUMS), by region.",
+                &["region"],
             )?,
             extents_zeroed: r.counter(
                 "pmem_server_extents_zeroed_total",

@@ -1,8 +1,10 @@
 //! Answering an operator's SCRUB: check a run of a region's blocks against
 //! their checksums ([`crate::block_sums`]), count the results in the
-//! metrics and log every mismatch.
+//! metrics and log every mismatch. And answering BLOCK_SUMS, from an
+//! operator or a fabric device: the checksums of a run of blocks as they
+//! are now, for comparing two copies of a region.
 
-use proto::{Message, Opcode, RegionIndex, Status, scrub};
+use proto::{Message, Opcode, RegionIndex, Status, block_sums, scrub};
 
 use crate::block_sums::ScrubFault;
 use crate::exec::Executor;
@@ -53,6 +55,49 @@ impl Executor {
                 tracing::error!(
                     region = id,
                     "scrub failed: {}",
+                    telemetry::logging::error_chain(&e)
+                );
+                refuse(Status::IoError)
+            }
+        }
+    }
+
+    /// The answer to BLOCK_SUMS `req` from `session`'s peer: a
+    /// BLOCK_SUMS_REPORT, or an ACKNOWLEDGE with ACCESS_DENIED (neither an
+    /// operator nor a fabric device), UNMAPPED (no such region here),
+    /// OUT_OF_BOUNDS or IO_ERROR.
+    pub(crate) fn block_sums(&self, session: &Session, req: block_sums::Repr) -> Message<'static> {
+        let refuse = |status| proto::error_response(Opcode::BlockSums, status);
+        if !matches!(
+            session,
+            Session::Open | Session::ProvenOperator | Session::ProvenDevice { .. }
+        ) {
+            self.metrics()
+                .denied
+                .with(&["not_operator_or_device"])
+                .inc();
+            return refuse(Status::AccessDenied);
+        }
+        let Some(region) = self.region(RegionIndex(req.region)) else {
+            return refuse(Status::Unmapped);
+        };
+        let file = &region.file;
+        match file
+            .sums
+            .current(&file.map, req.region, req.first, req.blocks)
+        {
+            Ok(report) => {
+                self.metrics()
+                    .summed_blocks
+                    .with(&[region.entry.region_id.as_str()])
+                    .add(report.sums.len() as u64);
+                Message::BlockSumsReport(report)
+            }
+            Err(ScrubFault::OutOfRange { .. }) => refuse(Status::OutOfBounds),
+            Err(e) => {
+                tracing::error!(
+                    region = region.entry.region_id.as_str(),
+                    "block checksums failed: {}",
                     telemetry::logging::error_chain(&e)
                 );
                 refuse(Status::IoError)

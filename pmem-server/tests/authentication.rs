@@ -437,3 +437,34 @@ fn unproven_connections_are_bounded_in_number_and_time() {
     let key = keys(&mut client)[0];
     assert_eq!(client.call(Repr::read(at(0, 0), key, 8)).status, Status::Ok);
 }
+
+/// Asks for the current checksums of R1's first two blocks; the answer's
+/// status, and the checksums when it is a report.
+fn block_sums(conn: &mut Conn) -> (Status, Vec<u64>) {
+    conn.send(&Message::BlockSums(proto::block_sums::Repr {
+        region: 0,
+        first: 0,
+        blocks: 2,
+    }));
+    let reply = conn.recv();
+    if reply.opcode != proto::Opcode::BlockSumsReport {
+        return (reply.status, Vec::new());
+    }
+    let packet = proto::block_sums::ReportPacket::new_checked(&reply.data[..]).expect("a report");
+    let report = proto::block_sums::Report::parse(&packet).expect("a report");
+    (Status::Ok, report.sums)
+}
+
+#[test]
+fn block_checksums_go_to_operators_and_devices_not_to_clients() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let server = keyed_server(dir.path());
+    let mut client = proven(&server, Role::Client, "c", CLIENT_KEY);
+    assert_eq!(block_sums(&mut client), (Status::AccessDenied, Vec::new()));
+    assert_eq!(denied(&server, "not_operator_or_device"), 1);
+    let mut device = proven(&server, Role::FabricDevice, "F", DEVICE_KEY);
+    let (status, sums) = block_sums(&mut device);
+    assert_eq!((status, sums.len()), (Status::Ok, 2));
+    let mut operator = proven(&server, Role::Admin, "ops", OPERATOR_KEY);
+    assert_eq!(block_sums(&mut operator), (Status::Ok, sums));
+}

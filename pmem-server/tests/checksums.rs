@@ -120,3 +120,68 @@ fn regions_written_over_rdma_are_unwatched() {
     assert_eq!(unwatched(None), [false], "a TCP NIC: every write is seen");
     assert_eq!(unwatched(Some(NicTransport::Verbs)), [true]);
 }
+
+/// The current checksums of `blocks` blocks of region `region` from block
+/// `first`, or the status of the refusal.
+fn current(
+    addr: std::net::SocketAddr,
+    region: u32,
+    first: u64,
+    blocks: u32,
+) -> Result<proto::block_sums::Report, proto::Status> {
+    use proto::block_sums;
+    let mut conn = Conn::connect(addr);
+    conn.send(&Message::BlockSums(block_sums::Repr {
+        region,
+        first,
+        blocks,
+    }));
+    let reply = conn.recv();
+    if reply.opcode != Opcode::BlockSumsReport {
+        assert_eq!(reply.opcode, Opcode::Acknowledge, "{reply:?}");
+        return Err(reply.status);
+    }
+    let packet = block_sums::ReportPacket::new_checked(&reply.data[..]).expect("a report");
+    Ok(block_sums::Report::parse(&packet).expect("a report"))
+}
+
+#[test]
+fn block_sums_follow_the_bytes_as_they_are_now() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let config = write_topology(dir.path(), &[("R1", "4MiB")]);
+    let server = pmem_server_with(
+        PMEM_SERVER,
+        &config,
+        "S",
+        &data,
+        &["--persistence", "msync"],
+    )
+    .unwrap();
+    let nic = server.addr("nic.n0");
+    let before = current(nic, 0, 0, 64).expect("sums");
+    assert_eq!(
+        (before.first, before.total, before.block_len),
+        (0, 64, 65536)
+    );
+    assert_eq!(before.sums.len(), 64);
+    assert!(before.sums.iter().all(|&s| s == before.sums[0]), "all zero");
+
+    // A write changes its block's checksum at once, and no other.
+    let reply =
+        Conn::connect(nic).call(Repr::write_persist(at(0, 3 * BLOCK + 7), key(nic, 0), b"x"));
+    assert_eq!(reply.status, proto::Status::Ok);
+    let after = current(nic, 0, 2, 3).expect("sums");
+    assert_eq!(after.first, 2);
+    assert_eq!(after.sums[0], before.sums[2]);
+    assert_ne!(after.sums[1], before.sums[3]);
+    assert_eq!(after.sums[2], before.sums[4]);
+    // So does a byte changed behind the server's back.
+    flip(&data.join("R1.pmem"), 9 * BLOCK);
+    assert_ne!(current(nic, 0, 9, 1).expect("sums").sums[0], before.sums[9]);
+
+    // Runs outside the region or of no region are refused.
+    assert_eq!(current(nic, 0, 63, 2), Err(proto::Status::OutOfBounds));
+    assert_eq!(current(nic, 5, 0, 1), Err(proto::Status::Unmapped));
+    server.terminate();
+}

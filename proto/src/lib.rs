@@ -61,6 +61,8 @@
 //! | SCRUB | 0xEA | [`scrub`] (a run of a region's blocks) |
 //! | SCRUB_REPORT | 0xEB | [`scrub`] (what the scrub found) |
 //! | MAP_EPOCH | 0xEC | one u64: the cluster map's epoch the sender runs |
+//! | BLOCK_SUMS | 0xED | [`block_sums`] (a run of a region copy's blocks) |
+//! | BLOCK_SUMS_REPORT | 0xEE | [`block_sums`] (their checksums now) |
 //!
 //! Request body, 56 bytes then the payload ([`request`]):
 //!
@@ -117,6 +119,7 @@
 //! | [`hello`] | HELLO: version, role, capabilities, name |
 //! | `le` | little-endian field access (private) |
 //! | [`limits`] | the protocol's versions and size limits, each stated once |
+//! | [`block_sums`] | BLOCK_SUMS and BLOCK_SUMS_REPORT |
 //! | [`map`] | MAP: the PMEM address map |
 //! | [`message`] | every message kind in one enum; parsing, emitting, error replies |
 //! | [`opcode`] | the frame opcodes, one line per operation |
@@ -140,6 +143,7 @@
 
 pub mod addr;
 pub mod auth;
+pub mod block_sums;
 mod code;
 pub mod decoder;
 pub mod error;

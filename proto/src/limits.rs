@@ -29,6 +29,9 @@ pub const MAX_NAME_LEN: usize = 255;
 /// The most blocks one SCRUB may ask for.
 pub const MAX_SCRUB_BLOCKS: u32 = 1024;
 
+/// The most blocks one BLOCK_SUMS may ask for (its answer: 8 bytes each).
+pub const MAX_BLOCK_SUMS: u32 = 1024;
+
 /// Most R_Key entries a QP_ACCEPT may carry.
 pub const MAX_RKEYS: usize = 1 << 16;
 

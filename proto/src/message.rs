@@ -7,7 +7,7 @@ use crate::opcode::Opcode;
 use crate::request::{self, Operation};
 use crate::response::{self, ResponseKind};
 use crate::status::Status;
-use crate::{RegionIndex, auth, hello, map, ping, qp, scrub};
+use crate::{RegionIndex, auth, block_sums, hello, map, ping, qp, scrub};
 
 /// Any message of the protocol: the body of one frame, typed by its opcode.
 ///
@@ -50,6 +50,12 @@ pub enum Message<'a> {
     /// the listener's epoch: `OK` when the listener's is not newer,
     /// `STALE_MAP` when it is.
     MapEpoch(u64),
+    /// Ask for the checksums of a run of a region copy's blocks as they are
+    /// now; answered with a BLOCK_SUMS_REPORT (or an ACKNOWLEDGE with an
+    /// error). Only an operator or a fabric device may ask.
+    BlockSums(block_sums::Repr),
+    /// The checksums a BLOCK_SUMS asked for.
+    BlockSumsReport(block_sums::Report),
 }
 
 impl<'a> Message<'a> {
@@ -71,6 +77,8 @@ impl<'a> Message<'a> {
             Message::Scrub(_) => Opcode::Scrub,
             Message::ScrubReport(_) => Opcode::ScrubReport,
             Message::MapEpoch(_) => Opcode::MapEpoch,
+            Message::BlockSums(_) => Opcode::BlockSums,
+            Message::BlockSumsReport(_) => Opcode::BlockSumsReport,
         }
     }
 
@@ -137,6 +145,12 @@ impl<'a> Message<'a> {
             Opcode::MapEpoch => Ok(Message::MapEpoch(
                 ping::Repr::parse(&ping::Packet::new_checked(body)?)?.value,
             )),
+            Opcode::BlockSums => block_sums::Repr::parse(&block_sums::Packet::new_checked(body)?)
+                .map(Message::BlockSums),
+            Opcode::BlockSumsReport => {
+                block_sums::Report::parse(&block_sums::ReportPacket::new_checked(body)?)
+                    .map(Message::BlockSumsReport)
+            }
             other => Err(Error::UnknownOpcode {
                 opcode: other.into(),
                 tag: frame.tag(),
@@ -161,6 +175,8 @@ impl<'a> Message<'a> {
             Message::AuthProof(_) => auth::PROOF_LEN,
             Message::Scrub(s) => s.buffer_len(),
             Message::ScrubReport(r) => r.buffer_len(),
+            Message::BlockSums(b) => b.buffer_len(),
+            Message::BlockSumsReport(r) => r.buffer_len(),
         }
     }
 
@@ -177,6 +193,8 @@ impl<'a> Message<'a> {
             Message::Response(r) => r.check()?,
             Message::Hello(h) => h.check()?,
             Message::Scrub(s) => s.check()?,
+            Message::BlockSums(b) => b.check()?,
+            Message::BlockSumsReport(r) => r.check()?,
             Message::MapRequest
             | Message::Map(_)
             | Message::Ping(_)
@@ -238,6 +256,10 @@ impl<'a> Message<'a> {
             .emit(&mut ping::Packet::new_unchecked(body)),
             Message::Scrub(s) => s.emit(&mut scrub::Packet::new_unchecked(body)),
             Message::ScrubReport(r) => r.emit(&mut scrub::ReportPacket::new_unchecked(body)),
+            Message::BlockSums(b) => b.emit(&mut block_sums::Packet::new_unchecked(body)),
+            Message::BlockSumsReport(r) => {
+                r.emit(&mut block_sums::ReportPacket::new_unchecked(body))
+            }
         }
         Ok(len)
     }
@@ -432,6 +454,40 @@ mod tests {
             blocks: scrub::MAX_BLOCKS + 1,
         });
         assert!(too_many.encode_to_vec(1).is_err());
+    }
+
+    #[test]
+    fn block_sums_and_report_frames_round_trip() {
+        let ask = Message::BlockSums(block_sums::Repr {
+            region: 2,
+            first: 5,
+            blocks: 3,
+        });
+        let frame = ask.encode_to_vec(4).unwrap();
+        assert_eq!(&frame[..4], [0x50, 0x46, 0x01, 0xED]);
+        assert_eq!(parse_frame(&frame), Ok((ask, 4)));
+        let report = Message::BlockSumsReport(block_sums::Report {
+            region: 2,
+            block_len: 65536,
+            first: 5,
+            total: 16,
+            sums: vec![1 << 32, 7 | 1 << 32, 9 | 1 << 32],
+        });
+        let frame = report.encode_to_vec(4).unwrap();
+        assert_eq!(frame[3], 0xEE);
+        assert_eq!(parse_frame(&frame), Ok((report, 4)));
+        // Runs longer than the limit are neither asked for nor answered.
+        let too_many = Message::BlockSums(block_sums::Repr {
+            region: 2,
+            first: 0,
+            blocks: block_sums::MAX_BLOCKS + 1,
+        });
+        assert!(too_many.encode_to_vec(1).is_err());
+        let too_long = Message::BlockSumsReport(block_sums::Report {
+            sums: vec![1; block_sums::MAX_BLOCKS as usize + 1],
+            ..block_sums::Report::default()
+        });
+        assert!(too_long.encode_to_vec(1).is_err());
     }
 
     #[test]

@@ -126,6 +126,11 @@ opcodes! {
     /// The epoch of the cluster map the sender runs from now on on this
     /// connection; answered with an ACKNOWLEDGE carrying the listener's.
     MapEpoch = 0xEC, "MAP_EPOCH", [to_listener];
+    /// An operator's or a fabric device's request for the checksums of a
+    /// run of a region copy's blocks as they are now.
+    BlockSums = 0xED, "BLOCK_SUMS", [to_listener];
+    /// The checksums a [`Opcode::BlockSums`] asked for.
+    BlockSumsReport = 0xEE, "BLOCK_SUMS_REPORT", [];
 }
 
 impl Opcode {
@@ -146,11 +151,12 @@ impl Opcode {
 
     /// Whether a listener (a fabric device or a server) receives this from
     /// the peer that connected to it: the requests, HELLO, MAP_REQUEST,
-    /// PING, QP_CONNECT, AUTH_PROOF, ROTATE_KEY, SCRUB and MAP_EPOCH.
+    /// PING, QP_CONNECT, AUTH_PROOF, ROTATE_KEY, SCRUB, MAP_EPOCH and
+    /// BLOCK_SUMS.
     ///
     /// The rest only a listener sends, as answers (responses, MAP, PONG,
-    /// QP_ACCEPT, AUTH_CHALLENGE, SCRUB_REPORT); a listener that receives one
-    /// has no one to answer and drops it. HELLO and AUTH_PROOF go both ways.
+    /// QP_ACCEPT, AUTH_CHALLENGE, SCRUB_REPORT, BLOCK_SUMS_REPORT); a
+    /// listener that receives one has no one to answer and drops it. HELLO and AUTH_PROOF go both ways.
     /// An unknown opcode is not one a listener receives.
     pub fn listener_receives(self) -> bool {
         self.class().to_listener
@@ -253,7 +259,8 @@ mod tests {
                 "AUTH_PROOF",
                 "ROTATE_KEY",
                 "SCRUB",
-                "MAP_EPOCH"
+                "MAP_EPOCH",
+                "BLOCK_SUMS"
             ]
         );
         assert!(!Opcode::Unknown(0x77).listener_receives());

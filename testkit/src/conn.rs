@@ -71,7 +71,9 @@ impl Reply {
             | Message::AuthProof(_)
             | Message::RotateKey(_)
             | Message::Scrub(_)
-            | Message::ScrubReport(_) => (Status::Ok, 0, body.to_vec()),
+            | Message::ScrubReport(_)
+            | Message::BlockSums(_)
+            | Message::BlockSumsReport(_) => (Status::Ok, 0, body.to_vec()),
         };
         Reply {
             opcode,

@@ -53,6 +53,7 @@ mod atomics;
 mod failures;
 mod reads;
 mod requests;
+mod resync_holds;
 
 /// Something the core asks the driver to do for a replicated region.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -110,6 +111,20 @@ struct RegionState {
     spans: Vec<Span>,
     /// Requests waiting for an atomic's word to be decided, in arrival order.
     queued: VecDeque<Queued>,
+    /// Ranges a resync is copying from the deciding copy to a syncing one:
+    /// overlapping requests wait, as behind an undecided atomic.
+    held: Vec<(u64, u64)>,
+}
+
+impl RegionState {
+    /// Whether a request on `start..end` must wait: it overlaps an
+    /// undecided atomic or a range a resync holds.
+    fn holds(&self, start: u64, end: u64) -> bool {
+        self.spans
+            .iter()
+            .any(|s| s.undecided && s.overlaps(start, end))
+            || self.held.iter().any(|&(s, e)| s < end && start < e)
+    }
 }
 
 #[derive(Debug)]
@@ -286,7 +301,9 @@ impl Forwarder {
                         }
                     })
                     .collect();
-                let (spans, queued) = before.map(|b| (b.spans, b.queued)).unwrap_or_default();
+                let (spans, queued, held) = before
+                    .map(|b| (b.spans, b.queued, b.held))
+                    .unwrap_or_default();
                 Some(RegionState {
                     id: entry.region_id.clone(),
                     owner: set.owner == device,
@@ -294,6 +311,7 @@ impl Forwarder {
                     copies,
                     spans,
                     queued,
+                    held,
                 })
             })
             .collect();

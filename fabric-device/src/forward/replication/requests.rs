@@ -1,6 +1,6 @@
 //! Requests of a replicated region at its owner: NOT_OWNER elsewhere, a
-//! wait behind an undecided atomic, mutations sent to every copy, and the
-//! queue released in order.
+//! wait behind an undecided atomic (or a range a resync holds), mutations
+//! sent to every copy, and the queue released in order.
 
 use super::*;
 
@@ -35,11 +35,8 @@ impl Forwarder {
         let Some(state) = self.region_state_mut(region) else {
             return ClientAction::Reply(self.refuse(verdict, opcode, tag, Status::Unmapped));
         };
-        let waits = state.queued.iter().any(|q| q.start < end && start < q.end)
-            || state
-                .spans
-                .iter()
-                .any(|s| s.undecided && s.overlaps(start, end));
+        let waits =
+            state.queued.iter().any(|q| q.start < end && start < q.end) || state.holds(start, end);
         if waits {
             state.queued.push_back(Queued {
                 conn,
@@ -123,8 +120,8 @@ impl Forwarder {
         Ok(())
     }
 
-    /// Sends the queued requests of `region` that no undecided atomic (nor
-    /// an earlier queued request) overlaps any more, in order.
+    /// Sends the queued requests of `region` that no undecided atomic, held
+    /// range or earlier queued request overlaps any more, in order.
     pub(super) fn release_queue(&mut self, region: u32, now: Instant) {
         let Some(state) = self.region_state_mut(region) else {
             return;
@@ -136,11 +133,9 @@ impl Forwarder {
         let mut kept: VecDeque<Queued> = VecDeque::new();
         for q in waiting {
             let blocked = kept.iter().any(|k| k.start < q.end && q.start < k.end)
-                || self.region_state(region).is_some_and(|s| {
-                    s.spans
-                        .iter()
-                        .any(|sp| sp.undecided && sp.overlaps(q.start, q.end))
-                });
+                || self
+                    .region_state(region)
+                    .is_some_and(|s| s.holds(q.start, q.end));
             if blocked {
                 kept.push_back(q);
                 continue;

@@ -659,3 +659,53 @@ fn a_device_that_never_learnt_the_primarys_key_gives_clients_a_serving_copys() {
     assert_eq!(sent.len(), 1);
     assert_eq!(sent[0].key, key_on("B", pa1));
 }
+
+#[test]
+fn requests_overlapping_a_block_a_resync_holds_wait_until_it_is_released() {
+    let mut core = replicated();
+    let region = index(&core, "PB.1").0;
+    let block = 64 << 10;
+    assert!(core.hold_for_resync(region, 0, block));
+    // Overlapping the held block: waits, the read behind the write.
+    send(
+        &mut core,
+        |c| Repr::write(pmem(c, "PB.1", 60), key(c, "PB.1"), &[1; 8]),
+        4,
+    );
+    send(
+        &mut core,
+        |c| Repr::read(pmem(c, "PB.1", 64), key(c, "PB.1"), 8),
+        5,
+    );
+    assert!(core.take_outbox().is_empty(), "both wait for the hold");
+    // The next block is not held.
+    send(
+        &mut core,
+        |c| Repr::write(pmem(c, "PB.1", block + 8), key(c, "PB.1"), &[2; 8]),
+        6,
+    );
+    let (elsewhere, _, _) = split(core.take_outbox());
+    assert_eq!(elsewhere.len(), 2, "to both copies at once");
+    assert!(elsewhere.iter().all(|s| s.offset == block + 8));
+
+    // Released (the resync's write is queued): the waiting requests go,
+    // in their order.
+    core.release_resync_hold(region, 0, block, Instant::now());
+    let (sent, _, _) = split(core.take_outbox());
+    let a = link(&core, "A", "n0");
+    let b = link(&core, "B", "n0");
+    let order: Vec<(LinkId, Operation, u64)> = sent
+        .iter()
+        .map(|s| (s.link, s.operation, s.offset))
+        .collect();
+    assert_eq!(
+        order,
+        [
+            (b, Operation::Write, 60),
+            (a, Operation::Write, 60),
+            (b, Operation::Read, 64),
+        ]
+    );
+    // A region that is not replicated here holds nothing.
+    assert!(!core.hold_for_resync(u32::MAX, 0, block));
+}
