@@ -1,6 +1,8 @@
 //! Which I/O back end the device runs, decided once at start.
 //!
-//! io_uring is the default where the kernel allows it: the ring must be
+//! epoll is the default: on loopback TCP it forwarded more operations per
+//! second for less CPU than the io_uring back end (`docs/benchmarks.md`).
+//! io_uring runs when asked for and the kernel allows it: the ring must be
 //! set up (`io_uring_setup` may be refused, or disabled by the sysctl
 //! `kernel.io_uring_disabled`), and the kernel must be 6.0 or newer for
 //! multishot receive into a provided-buffer ring. Otherwise the device
@@ -65,7 +67,7 @@ pub struct IoConfig {
 impl Default for IoConfig {
     fn default() -> Self {
         Self {
-            backend: Backend::Uring,
+            backend: Backend::Epoll,
             sqpoll: false,
         }
     }
