@@ -30,6 +30,7 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
+use proto::fence::ConnEpoch;
 use proto::frame;
 use proto::qp::AtomicSeq;
 use proto::request::{self, ExactlyOnce, Target};
@@ -60,6 +61,9 @@ pub struct QpSetup {
     /// How the queue pair's atomics are numbered for exactly-once
     /// execution; `None`: they are not.
     pub atomics: Option<AtomicSeq>,
+    /// The map epoch the queue pair runs ([`Forwarder::qp_epoch`]): its
+    /// requests are fenced by it.
+    pub epoch: ConnEpoch,
 }
 
 /// Why a queue pair could not be set up.
@@ -155,6 +159,7 @@ impl RoceGateway {
         let conn = QP_CONN_BASE + u64::from(qpn);
         fwd.open_session_as(conn, &setup.client)
             .map_err(SetupError::Client)?;
+        fwd.qp_runs_epoch(conn, setup.epoch);
         // Numbers from `QPN_BASE` up belong to the queue pairs toward
         // servers.
         self.next_qpn = if qpn + 1 >= QPN_BASE {

@@ -45,6 +45,8 @@ pub struct Opening {
     name: String,
     credentials: Option<Credentials>,
     state: State,
+    /// What the peer's HELLO said it can do (none until it came).
+    peer_capabilities: Capabilities,
 }
 
 #[derive(Debug, Clone)]
@@ -76,6 +78,8 @@ pub struct Opened {
     pub map: Option<map::Repr>,
     /// Both sides proved they hold the principal's key.
     pub authenticated: bool,
+    /// What the peer's HELLO said it can do.
+    pub capabilities: Capabilities,
 }
 
 /// Where an opening stands after a frame from the peer.
@@ -147,6 +151,7 @@ impl Opening {
             name: name.to_owned(),
             credentials,
             state: State::Hello,
+            peer_capabilities: Capabilities::NONE,
         })
     }
 
@@ -185,6 +190,7 @@ impl Opening {
                 role,
                 map: None,
                 authenticated,
+                capabilities: self.peer_capabilities,
             })
         }
     }
@@ -201,6 +207,7 @@ impl Opening {
         match (message, state) {
             (Message::Hello(h), State::Hello) if tag == self.tags.hello => {
                 let (peer, role) = (h.name.to_owned(), h.role);
+                self.peer_capabilities = h.capabilities;
                 if self.credentials.is_some() {
                     self.state = State::Challenge { peer, role };
                     Ok(Progress::Waiting)
@@ -272,6 +279,7 @@ impl Opening {
                     role,
                     map: Some(map),
                     authenticated,
+                    capabilities: self.peer_capabilities,
                 }))
             }
             (other, _) => Err(OpeningError::Unexpected {
@@ -306,6 +314,33 @@ mod tests {
         })
         .encode_to_vec(tag)
         .expect("map")
+    }
+
+    #[test]
+    fn the_opening_says_what_the_peer_can_do() {
+        let mut out = Vec::new();
+        let mut opening = Opening::start(
+            Role::Client,
+            Capabilities::NONE,
+            "c1",
+            false,
+            OpeningTags::CLIENT,
+            None,
+            &mut out,
+        )
+        .expect("start");
+        let hello = Message::Hello(hello::Repr {
+            version: PROTOCOL_VERSION,
+            role: Role::FabricDevice,
+            capabilities: Capabilities::QP_EPOCH,
+            name: "F",
+        })
+        .encode_to_vec(1)
+        .expect("hello");
+        let Ok(Progress::Opened(opened)) = opening.handle_frame(&hello, &mut Vec::new()) else {
+            panic!("not opened");
+        };
+        assert!(opened.capabilities.contains(Capabilities::QP_EPOCH));
     }
 
     #[test]

@@ -144,13 +144,28 @@ impl Inner {
             key: self.key.clone(),
             local_ip,
             atomics: proto::qp::AtomicSeq { lane, first },
+            map_epoch: if self.etcd.is_some() {
+                self.epoch().number
+            } else {
+                0
+            },
         };
-        let link = tokio::task::spawn_blocking(move || VerbsLink::open(config, on_lost))
+        let opened = tokio::task::spawn_blocking(move || VerbsLink::open(config, on_lost))
             .await
             .map_err(|e| conn::ConnectError::Protocol {
                 addr: info.device_addr.clone(),
                 what: format!("verbs set-up task: {e}"),
-            })??;
+            })?;
+        let link = match opened {
+            Ok(link) => link,
+            // The device runs a newer map: catch up, and the next attempt
+            // sets the queue pair up at that epoch.
+            Err(e @ conn::ConnectError::NewerMap { theirs, .. }) => {
+                self.ensure_epoch(theirs).await;
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+        };
         // Requests that go over the control connection (WRITE_PERSIST,
         // FLUSH, ATOMIC_WRITE, atomics asked again) carry region keys.
         self.epoch().region_keys.learn(&link.map);

@@ -330,8 +330,9 @@ impl Inner {
                 return;
             }
             let Some(link) = self.conn(path) else { return };
-            // A RoCE link does not say its epoch (its opening checks the
-            // layout's digest).
+            // A RoCE link's queue pair runs the epoch it was set up at:
+            // a device on a newer one refuses its requests, which breaks
+            // it, and the pool sets up a new one at its own epoch.
             let Some(conn) = link.tcp() else { return };
             match conn.say_epoch(epoch.number, ASK_TIMEOUT).await {
                 None => return,

@@ -14,10 +14,10 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-use proto::hello::Role;
+use proto::hello::{Capabilities, Role};
 use proto::opening::{Opening, OpeningError, OpeningTags, Progress};
 use proto::qp::{Connect, Endpoint};
-use proto::{FrameDecoder, Message, request};
+use proto::{FrameDecoder, Message, Status, request};
 
 use super::error::ControlError;
 use crate::conn::{CLIENT_CAPABILITIES, ConnectError, Response, check_digest, opening_error};
@@ -45,6 +45,8 @@ pub struct Control {
     /// The device's MAP from the opening, when it was asked for: the
     /// region keys this client may use.
     pub map: Option<proto::map::Repr>,
+    /// What the device's HELLO said it can do.
+    pub capabilities: Capabilities,
 }
 
 impl Control {
@@ -86,6 +88,7 @@ impl Control {
             next_tag: 1,
             device: String::new(),
             map: None,
+            capabilities: Capabilities::NONE,
         };
         let mut out = Vec::new();
         let mut opening = Opening::start(
@@ -113,6 +116,7 @@ impl Control {
                     }
                     control.device = opened.peer;
                     control.map = opened.map;
+                    control.capabilities = opened.capabilities;
                     return Ok(control);
                 }
                 Err(e) => return Err(opening_error(&name, client, e)),
@@ -125,7 +129,16 @@ impl Control {
         &self.addr
     }
 
-    /// Sends QP_CONNECT with this end and waits for QP_ACCEPT.
+    /// The map epoch to say in QP_CONNECT for a client that runs
+    /// `map_epoch` (0: it follows no map): said only to a device whose
+    /// HELLO takes it (an older device refuses the longer body).
+    pub fn epoch_to_say(&self, map_epoch: u64) -> Option<u64> {
+        (map_epoch > 0 && self.capabilities.contains(Capabilities::QP_EPOCH)).then_some(map_epoch)
+    }
+
+    /// Sends QP_CONNECT with this end and waits for QP_ACCEPT. A device
+    /// on a newer map epoch than the one `connect` says refuses it:
+    /// [`ConnectError::NewerMap`] with the device's epoch.
     pub fn qp_connect(&mut self, connect: Connect) -> Result<QpAccept, ControlError> {
         let addr = self.addr.clone();
         let (tag, frame) = self.exchange(&Message::QpConnect(connect))?;
@@ -134,6 +147,14 @@ impl Control {
                 endpoint: a.endpoint,
                 rkeys: a.rkeys().collect(),
             }),
+            Ok((Message::Response(r), t)) if t == tag && r.status == Status::StaleMap => {
+                Err(ControlError::Connect(ConnectError::NewerMap {
+                    addr,
+                    device: self.device.clone(),
+                    ours: connect.epoch.unwrap_or(0),
+                    theirs: r.value,
+                }))
+            }
             Ok((Message::Response(r), t)) if t == tag => Err(ControlError::Refused {
                 addr,
                 status: r.status,
@@ -253,14 +274,22 @@ enum Sent {
 mod tests {
     use std::net::{Ipv4Addr, TcpListener};
 
-    use proto::hello::{self, Capabilities};
-    use proto::{Opcode, PROTOCOL_VERSION, Status};
+    use proto::hello;
+    use proto::{Opcode, PROTOCOL_VERSION};
 
     use super::*;
 
     /// A fake device port: answers HELLO as `F`, then QP_CONNECT with
-    /// `answer(tag, end)`; returns the endpoint it received.
+    /// `answer(tag, end)`; returns the QP_CONNECT it received.
     fn fake_device(
+        answer: fn(u64, Endpoint) -> Vec<u8>,
+    ) -> (SocketAddr, std::thread::JoinHandle<Connect>) {
+        fake_device_with(Capabilities::PIPELINING, answer)
+    }
+
+    /// [`fake_device`] whose HELLO says `capabilities`.
+    fn fake_device_with(
+        capabilities: Capabilities,
         answer: fn(u64, Endpoint) -> Vec<u8>,
     ) -> (SocketAddr, std::thread::JoinHandle<Connect>) {
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
@@ -275,6 +304,7 @@ mod tests {
                 next_tag: 1,
                 device: String::new(),
                 map: None,
+                capabilities: Capabilities::NONE,
             };
             let frame = peer.recv().expect("HELLO");
             let Ok((Message::Hello(h), tag)) = proto::parse_frame(&frame) else {
@@ -284,7 +314,7 @@ mod tests {
             let hello = Message::Hello(hello::Repr {
                 version: PROTOCOL_VERSION,
                 role: Role::FabricDevice,
-                capabilities: Capabilities::PIPELINING,
+                capabilities,
                 name: "F",
             });
             let bytes = hello.encode_to_vec(tag).expect("encode");
@@ -357,6 +387,63 @@ mod tests {
                     status: Status::UnknownClient,
                     ..
                 }
+            ),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn the_epoch_is_said_only_to_a_device_that_takes_it() {
+        let accept = |tag, end: Endpoint| {
+            let table = proto::qp::encode_rkeys(&[]);
+            let accept = proto::qp::Accept::new(end, &table).expect("accept");
+            Message::QpAccept(accept)
+                .encode_to_vec(tag)
+                .expect("encode")
+        };
+        let (addr, device) = fake_device_with(Capabilities::QP_EPOCH, accept);
+        let mut control =
+            Control::connect(addr, "c0", None, Duration::from_secs(5)).expect("connect");
+        assert_eq!(control.epoch_to_say(0), None, "a client on a file");
+        let epoch = control.epoch_to_say(7);
+        assert_eq!(epoch, Some(7));
+        control
+            .qp_connect(Connect { epoch, ..CONNECT })
+            .expect("QP_ACCEPT");
+        assert_eq!(device.join().expect("device").epoch, Some(7));
+
+        let (addr, device) = fake_device_with(Capabilities::PIPELINING, accept);
+        let mut control =
+            Control::connect(addr, "c0", None, Duration::from_secs(5)).expect("connect");
+        let epoch = control.epoch_to_say(7);
+        assert_eq!(epoch, None, "an older device refuses the longer body");
+        control
+            .qp_connect(Connect { epoch, ..CONNECT })
+            .expect("QP_ACCEPT");
+        assert_eq!(device.join().expect("device").epoch, None);
+    }
+
+    #[test]
+    fn a_device_on_a_newer_epoch_refuses_the_queue_pair_and_says_its_epoch() {
+        let (addr, device) = fake_device_with(Capabilities::QP_EPOCH, |tag, _| {
+            proto::fence::epoch_reply(Opcode::QpConnect, tag, Status::StaleMap, 9).to_vec()
+        });
+        let mut control =
+            Control::connect(addr, "c0", None, Duration::from_secs(5)).expect("connect");
+        let connect = Connect {
+            epoch: control.epoch_to_say(8),
+            ..CONNECT
+        };
+        let err = control.qp_connect(connect).expect_err("refused");
+        device.join().expect("device");
+        assert!(
+            matches!(
+                err,
+                ControlError::Connect(ConnectError::NewerMap {
+                    ours: 8,
+                    theirs: 9,
+                    ..
+                })
             ),
             "{err:?}"
         );

@@ -73,6 +73,8 @@ pub(crate) struct LinkConfig {
     pub local_ip: Ipv4Addr,
     /// The exactly-once lane and the number of the first atomic.
     pub atomics: AtomicSeq,
+    /// The map epoch the pool runs (0: it follows none).
+    pub map_epoch: u64,
 }
 
 /// Whether a request may have run already on some path.
@@ -251,6 +253,7 @@ impl VerbsLink {
                 .and_then(|mut control| {
                     let options = VerbsOptions {
                         atomics: Some(config.atomics),
+                        map_epoch: config.map_epoch,
                         buffer_len: 8 << 20,
                         op_timeout: config.timeout,
                         ..VerbsOptions::default()

@@ -57,6 +57,10 @@ pub struct VerbsOptions {
     /// Have the device number this queue pair's atomics for exactly-once
     /// execution on this lane, starting here ([`VerbsQp::next_atomic`]).
     pub atomics: Option<AtomicSeq>,
+    /// The map epoch the client runs (0: it follows none), said in
+    /// QP_CONNECT to a device that takes it: the queue pair runs that
+    /// epoch, and the device refuses its requests once it runs a newer one.
+    pub map_epoch: u64,
 }
 
 impl Default for VerbsOptions {
@@ -70,6 +74,7 @@ impl Default for VerbsOptions {
             rnr_retry: 7,
             op_timeout: Duration::from_secs(10),
             atomics: None,
+            map_epoch: 0,
         }
     }
 }
@@ -272,9 +277,7 @@ impl VerbsQp {
             .qp_connect(Connect {
                 endpoint: local,
                 atomics: options.atomics,
-                // The verbs client does not say its map epoch here yet: the
-                // device judges the epoch its control connection said.
-                epoch: None,
+                epoch: control.epoch_to_say(options.map_epoch),
             })
             .map_err(VerbsError::Control)?;
         let remote = accept.endpoint;

@@ -385,6 +385,7 @@ impl RoceEndpoint {
                 config,
                 rkeys,
                 atomics: connect.atomics,
+                epoch: core.qp_epoch(conn, connect.epoch),
             },
         ) {
             Ok(qpn) => qpn,

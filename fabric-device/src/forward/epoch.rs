@@ -113,16 +113,34 @@ impl Forwarder {
     /// control connection said; STALE_MAP with the device's epoch when it
     /// is older than the device's (the client catches up and asks again).
     pub(super) fn fence_qp(&self, conn: ConnId, said: Option<u64>, tag: u64) -> Result<(), Reply> {
+        match self.qp_epoch(conn, said).verdict(self.epoch.epoch) {
+            Verdict::Stale => Err(self.stale_map(Opcode::QpConnect, tag)),
+            _ => Ok(()),
+        }
+    }
+
+    /// The epoch a queue pair set up by a QP_CONNECT on control connection
+    /// `control` runs: the one the QP_CONNECT said (`said`), or else the
+    /// one the control connection said.
+    pub fn qp_epoch(&self, control: ConnId, said: Option<u64>) -> ConnEpoch {
         let mut epoch = self
             .sessions
-            .get(&conn)
+            .get(&control)
             .map_or(ConnEpoch::default(), |s| s.epoch);
         if let Some(said) = said {
             epoch.said(said);
         }
-        match epoch.verdict(self.epoch.epoch) {
-            Verdict::Stale => Err(self.stale_map(Opcode::QpConnect, tag)),
-            _ => Ok(()),
+        epoch
+    }
+
+    /// Queue pair session `conn` runs `epoch` (from [`Forwarder::qp_epoch`]):
+    /// its requests are fenced as a connection's that said it, so once the
+    /// device moves to a newer epoch every request of a queue pair set up
+    /// before it is refused STALE_MAP (a remote error that breaks the
+    /// queue pair: the client sets up a new one at its new epoch).
+    pub fn qp_runs_epoch(&mut self, conn: ConnId, epoch: ConnEpoch) {
+        if let Some(session) = self.sessions.get_mut(&conn) {
+            session.epoch = epoch;
         }
     }
 

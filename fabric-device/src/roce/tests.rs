@@ -131,6 +131,11 @@ impl Bench {
 
     /// As [`Bench::new`], with the queue pair's atomics numbered as `atomics` says.
     fn with_atomics(grant: bool, atomics: Option<AtomicSeq>) -> Self {
+        Self::with_epoch(grant, atomics, ConnEpoch::default())
+    }
+
+    /// As [`Bench::with_atomics`], the queue pair running map epoch `epoch`.
+    fn with_epoch(grant: bool, atomics: Option<AtomicSeq>, epoch: ConnEpoch) -> Self {
         let topology = topology();
         let map = DeviceMap::new(&topology, &"A".into()).expect("map");
         let entry = map.layout.entries()[0].clone();
@@ -184,6 +189,7 @@ impl Bench {
                     config: device_cfg,
                     rkeys,
                     atomics,
+                    epoch,
                 },
             )
             .expect("open");
@@ -367,6 +373,34 @@ fn an_unknown_rkey_is_a_remote_access_error_that_never_reaches_a_server() {
     assert_eq!(done[0].status, WcStatus::RemoteAccessError);
     assert_eq!(bench.servers.executed, 0);
     assert_eq!(bench.gateway.counters().bad_rkeys, 1);
+}
+
+#[test]
+fn a_queue_pair_set_up_before_the_device_moved_to_a_newer_epoch_is_refused() {
+    let mut epoch = ConnEpoch::default();
+    epoch.said(4);
+    let mut bench = Bench::with_epoch(true, None, epoch);
+    let read = |bench: &mut Bench, id| {
+        let remote = bench.remote(0);
+        bench
+            .client
+            .post(WorkRequest::new(id, WorkOp::Read { remote, len: 8 }))
+            .expect("post");
+        bench.run()
+    };
+    // At the device's own epoch the queue pair is served.
+    let _ = bench.fwd.set_epoch(4);
+    assert_eq!(read(&mut bench, 1)[0].status, WcStatus::Success);
+    assert_eq!(bench.servers.executed, 1);
+    // Once the device runs a newer map, the queue pair's requests are
+    // refused (STALE_MAP in the core, a NAK that breaks the queue pair)
+    // and nothing reaches a server.
+    let _ = bench.fwd.set_epoch(5);
+    assert_eq!(
+        read(&mut bench, 2)[0].status,
+        WcStatus::RemoteOperationalError
+    );
+    assert_eq!(bench.servers.executed, 1);
 }
 
 #[test]
