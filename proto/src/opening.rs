@@ -295,6 +295,20 @@ mod tests {
     use super::*;
     use crate::error_reply;
 
+    /// A client `c1`'s opening without a key, asking for MAP if `with_map`.
+    fn client_opening(with_map: bool, out: &mut Vec<u8>) -> Opening {
+        Opening::start(
+            Role::Client,
+            Capabilities::NONE,
+            "c1",
+            with_map,
+            OpeningTags::CLIENT,
+            None,
+            out,
+        )
+        .expect("start")
+    }
+
     fn hello_from(name: &str, tag: u64) -> Vec<u8> {
         Message::Hello(hello::Repr {
             version: PROTOCOL_VERSION,
@@ -319,16 +333,7 @@ mod tests {
     #[test]
     fn the_opening_says_what_the_peer_can_do() {
         let mut out = Vec::new();
-        let mut opening = Opening::start(
-            Role::Client,
-            Capabilities::NONE,
-            "c1",
-            false,
-            OpeningTags::CLIENT,
-            None,
-            &mut out,
-        )
-        .expect("start");
+        let mut opening = client_opening(false, &mut out);
         let hello = Message::Hello(hello::Repr {
             version: PROTOCOL_VERSION,
             role: Role::FabricDevice,
@@ -346,16 +351,7 @@ mod tests {
     #[test]
     fn a_challenge_without_a_key_is_named() {
         let mut out = Vec::new();
-        let mut opening = Opening::start(
-            Role::Client,
-            Capabilities::NONE,
-            "c1",
-            true,
-            OpeningTags::CLIENT,
-            None,
-            &mut out,
-        )
-        .expect("start");
+        let mut opening = client_opening(true, &mut out);
         assert_eq!(
             opening.handle_frame(&hello_from("F", 1), &mut Vec::new()),
             Ok(Progress::Waiting)
@@ -372,16 +368,7 @@ mod tests {
     #[test]
     fn hello_then_map() {
         let mut out = Vec::new();
-        let mut opening = Opening::start(
-            Role::Client,
-            Capabilities::NONE,
-            "c1",
-            true,
-            OpeningTags::CLIENT,
-            None,
-            &mut out,
-        )
-        .expect("start");
+        let mut opening = client_opening(true, &mut out);
         let (first, tag) = parse_frame(&out[..out.len() - 16]).expect("hello frame");
         assert!(matches!(first, Message::Hello(h) if h.name == "c1"));
         assert_eq!(tag, 1);
@@ -402,18 +389,7 @@ mod tests {
     #[test]
     fn hello_only_refusals_and_surprises() {
         let mut out = Vec::new();
-        let start = |out: &mut Vec<u8>| {
-            Opening::start(
-                Role::Client,
-                Capabilities::NONE,
-                "c1",
-                false,
-                OpeningTags::CLIENT,
-                None,
-                out,
-            )
-            .expect("start")
-        };
+        let start = |out: &mut Vec<u8>| client_opening(false, out);
         let mut opening = start(&mut out);
         assert!(matches!(
             opening.handle_frame(&hello_from("F", 1), &mut Vec::new()),
