@@ -119,6 +119,7 @@
 //! | [`hello`] | HELLO: version, role, capabilities, name |
 //! | `le` | little-endian field access (private) |
 //! | [`limits`] | the protocol's versions and size limits, each stated once |
+//! | [`block_run`] | a run of a region's blocks, the body SCRUB and BLOCK_SUMS share |
 //! | [`block_sums`] | BLOCK_SUMS and BLOCK_SUMS_REPORT |
 //! | [`map`] | MAP: the PMEM address map |
 //! | [`message`] | every message kind in one enum; parsing, emitting, error replies |
@@ -143,6 +144,7 @@
 
 pub mod addr;
 pub mod auth;
+pub mod block_run;
 pub mod block_sums;
 mod code;
 pub mod decoder;

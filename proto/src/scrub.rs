@@ -33,19 +33,11 @@ use crate::error::{Error, Result};
 use crate::le;
 use crate::view::{len_at_least, len_exactly, wire_view};
 
+pub use crate::block_run::{HEADER_LEN, Packet, field};
 pub use crate::limits::MAX_SCRUB_BLOCKS as MAX_BLOCKS;
 
-/// Byte ranges of a SCRUB body.
-pub mod field {
-    use crate::Field;
-
-    /// The region index.
-    pub const REGION: Field = 0..4;
-    /// How many blocks.
-    pub const BLOCKS: Field = 4..8;
-    /// The first block.
-    pub const FIRST: Field = 8..16;
-}
+/// A parsed SCRUB body: a run of at most [`MAX_BLOCKS`] blocks.
+pub type Repr = crate::block_run::Repr<MAX_BLOCKS>;
 
 /// Byte ranges of a SCRUB_REPORT body's fixed part.
 pub mod report_field {
@@ -69,100 +61,8 @@ pub mod report_field {
     pub const COUNT: Field = 36..40;
 }
 
-/// Length of a SCRUB body.
-pub const HEADER_LEN: usize = 16;
 /// Length of a SCRUB_REPORT body's fixed part.
 pub const REPORT_HEADER_LEN: usize = 40;
-
-wire_view! {
-    /// A read/write view of a SCRUB body.
-    pub struct Packet;
-    error: Error;
-    exactly: HEADER_LEN, "scrub body";
-}
-
-impl<T: AsRef<[u8]>> Packet<T> {
-    /// The region index.
-    pub fn region(&self) -> u32 {
-        le::u32_at(&self.buffer.as_ref()[field::REGION])
-    }
-
-    /// How many blocks.
-    pub fn blocks(&self) -> u32 {
-        le::u32_at(&self.buffer.as_ref()[field::BLOCKS])
-    }
-
-    /// The first block.
-    pub fn first(&self) -> u64 {
-        le::u64_at(&self.buffer.as_ref()[field::FIRST])
-    }
-}
-
-impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
-    /// Sets the region index.
-    pub fn set_region(&mut self, value: u32) {
-        le::put_u32(&mut self.buffer.as_mut()[field::REGION], value);
-    }
-
-    /// Sets how many blocks.
-    pub fn set_blocks(&mut self, value: u32) {
-        le::put_u32(&mut self.buffer.as_mut()[field::BLOCKS], value);
-    }
-
-    /// Sets the first block.
-    pub fn set_first(&mut self, value: u64) {
-        le::put_u64(&mut self.buffer.as_mut()[field::FIRST], value);
-    }
-}
-
-/// A parsed SCRUB body.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Repr {
-    /// The region index.
-    pub region: u32,
-    /// The first block.
-    pub first: u64,
-    /// How many blocks, 1..=[`MAX_BLOCKS`].
-    pub blocks: u32,
-}
-
-impl Repr {
-    /// Parses a checked packet; a block count of 0 or above [`MAX_BLOCKS`]
-    /// is refused.
-    pub fn parse<T: AsRef<[u8]>>(packet: &Packet<T>) -> Result<Self> {
-        let repr = Self {
-            region: packet.region(),
-            first: packet.first(),
-            blocks: packet.blocks(),
-        };
-        repr.check()?;
-        Ok(repr)
-    }
-
-    /// Checks the block count.
-    pub fn check(&self) -> Result<()> {
-        if self.blocks == 0 || self.blocks > MAX_BLOCKS {
-            return Err(Error::LengthMismatch {
-                what: "scrub block count",
-                expected: MAX_BLOCKS as usize,
-                got: self.blocks as usize,
-            });
-        }
-        Ok(())
-    }
-
-    /// Length of the body.
-    pub const fn buffer_len(&self) -> usize {
-        HEADER_LEN
-    }
-
-    /// Writes the body into `packet`.
-    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>) {
-        packet.set_region(self.region);
-        packet.set_blocks(self.blocks);
-        packet.set_first(self.first);
-    }
-}
 
 wire_view! {
     /// A read/write view of a SCRUB_REPORT body.
