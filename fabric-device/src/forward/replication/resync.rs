@@ -217,11 +217,7 @@ impl Forwarder {
             return;
         };
         let region_id = region_state.id.clone();
-        let Some(copy) = region_state
-            .copies
-            .iter_mut()
-            .find(|c| &c.server == server)
-        else {
+        let Some(copy) = region_state.copies.iter_mut().find(|c| &c.server == server) else {
             return;
         };
         match (copy.state, state) {
@@ -362,12 +358,12 @@ impl Forwarder {
         let server = state.copies[copy].server.clone();
         let why_not = match self.deciding_copy(region) {
             None => Some("no copy of the region is serving to copy from".to_owned()),
-            Some(source) if self.write_link(&state.copies[source].links).is_none() => Some(
-                format!(
+            Some(source) if self.write_link(&state.copies[source].links).is_none() => {
+                Some(format!(
                     "its source, the copy on server {}, has no link up",
                     state.copies[source].server
-                ),
-            ),
+                ))
+            }
             Some(_) if self.write_link(&state.copies[copy].links).is_none() => {
                 Some("no link to its server is up".to_owned())
             }
@@ -435,7 +431,11 @@ impl Forwarder {
     }
 
     fn sync_mut(&mut self, id: u64) -> Option<&mut Sync> {
-        self.replication.resyncs.runs.iter_mut().find(|s| s.id == id)
+        self.replication
+            .resyncs
+            .runs
+            .iter_mut()
+            .find(|s| s.id == id)
     }
 
     /// Sends what resync `id` may send now: the next block's READ (when the
@@ -451,9 +451,9 @@ impl Forwarder {
         let (region, copy, source) = (sync.region, sync.copy, sync.source);
         let still = self.region_state(region).is_some_and(|s| {
             s.owner
-                && s.copies.get(copy).is_some_and(|c| {
-                    c.server == sync.server && c.state == ReplicaState::Syncing
-                })
+                && s.copies
+                    .get(copy)
+                    .is_some_and(|c| c.server == sync.server && c.state == ReplicaState::Syncing)
         }) && self.deciding_copy(region) == Some(source);
         if !still {
             self.stop_resync(id, "the copies' states changed", now);
@@ -498,18 +498,20 @@ impl Forwarder {
             return;
         };
         sync.sums = [None, None];
-        let sent = [(source, false), (copy, true)].into_iter().all(|(at, syncing)| {
-            let ticket = ResyncTicket {
-                sync: id,
-                part: ResyncPart::Sums { first, syncing },
-            };
-            let ask = Message::BlockSums(block_sums::Repr {
-                region,
-                first,
-                blocks,
+        let sent = [(source, false), (copy, true)]
+            .into_iter()
+            .all(|(at, syncing)| {
+                let ticket = ResyncTicket {
+                    sync: id,
+                    part: ResyncPart::Sums { first, syncing },
+                };
+                let ask = Message::BlockSums(block_sums::Repr {
+                    region,
+                    first,
+                    blocks,
+                });
+                self.send_resync(region, at, &ask, Opcode::BlockSums, ticket, now)
             });
-            self.send_resync(region, at, &ask, Opcode::BlockSums, ticket, now)
-        });
         if !sent {
             self.stop_resync(id, "a copy's link went down", now);
         }
@@ -555,7 +557,10 @@ impl Forwarder {
         let Some(region_id) = self.region_state(region).map(|s| s.id.clone()) else {
             return;
         };
-        self.replication.resyncs.marking.push((region, server.clone()));
+        self.replication
+            .resyncs
+            .marking
+            .push((region, server.clone()));
         self.replication.outbox.push(Outgoing::MarkCopy {
             region: RegionIndex(region),
             region_id,

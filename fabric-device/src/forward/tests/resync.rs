@@ -173,7 +173,11 @@ impl Sim {
 
     fn answer_read(&mut self, link: LinkId, tag: u64, at: RegionOffset, len: u64, server: &str) {
         let data = self.read_of(server, at.region.0, at.offset, len);
-        self.reply(link, Message::Response(response::Repr::read_data(&data)), tag);
+        self.reply(
+            link,
+            Message::Response(response::Repr::read_data(&data)),
+            tag,
+        );
     }
 
     /// Plays one request or mark the core asked for.
@@ -392,7 +396,10 @@ fn only_the_blocks_that_differ_are_copied_and_the_copy_then_serves() {
         [3 * BLOCK, 700 * BLOCK, 900 * BLOCK],
         "each differing block once, nothing else"
     );
-    assert!(sim.sync_writes("A").is_empty(), "the source is never written");
+    assert!(
+        sim.sync_writes("A").is_empty(),
+        "the source is never written"
+    );
     assert!(sim.copies_equal());
     // Two passes: the one that copied and one that found nothing, each
     // asking both copies about all 1024 blocks in runs of 64.
@@ -406,7 +413,15 @@ fn only_the_blocks_that_differ_are_copied_and_the_copy_then_serves() {
     let mark = sim
         .seen
         .iter()
-        .position(|s| matches!(s, Seen::Mark { state: ReplicaState::Serving, .. }))
+        .position(|s| {
+            matches!(
+                s,
+                Seen::Mark {
+                    state: ReplicaState::Serving,
+                    ..
+                }
+            )
+        })
         .unwrap();
     let last_write = sim
         .seen
@@ -430,7 +445,11 @@ fn a_write_to_a_block_being_copied_reaches_the_syncing_copy_after_the_copy() {
     let status = sim.core.resync_status(sim.region, "B").unwrap();
     assert_eq!(status.blocks_copied, 0, "the block is held, its READ out");
     assert_eq!(
-        (status.progress.passes, status.progress.done, status.progress.total),
+        (
+            status.progress.passes,
+            status.progress.done,
+            status.progress.total
+        ),
         (1, 64, BLOCKS),
         "the first run of the first pass compared"
     );
@@ -525,7 +544,10 @@ fn a_copy_lost_during_a_resync_releases_its_hold() {
         sim.core.link_down(link);
     }
     sim.pump();
-    assert_eq!(sim.core.copy_state(sim.region, "B"), Some(ReplicaState::Offline));
+    assert_eq!(
+        sim.core.copy_state(sim.region, "B"),
+        Some(ReplicaState::Offline)
+    );
     assert_eq!(sim.core.resync_status(sim.region, "B"), None, "stopped");
     // The waiting write went out to the serving copy and was answered.
     assert!(sim.seen.contains(&Seen::App {
@@ -578,7 +600,10 @@ fn a_resync_whose_source_lost_its_links_releases_its_hold_and_waits() {
     }
     assert_eq!(sim.seen.len(), before, "{:?}", &sim.seen[before..]);
     assert_eq!(sim.core.resync_status(sim.region, "B"), None);
-    assert_eq!(sim.core.copy_state(sim.region, "B"), Some(ReplicaState::Syncing));
+    assert_eq!(
+        sim.core.copy_state(sim.region, "B"),
+        Some(ReplicaState::Syncing)
+    );
     // The source is back: the resync runs to the end.
     sim.hold_reads = false;
     for link in a_links {
@@ -596,7 +621,10 @@ fn an_offline_copy_whose_server_is_back_is_marked_syncing_and_resynced() {
         sim.core.link_down(link);
     }
     sim.pump();
-    assert_eq!(sim.core.copy_state(sim.region, "B"), Some(ReplicaState::Offline));
+    assert_eq!(
+        sim.core.copy_state(sim.region, "B"),
+        Some(ReplicaState::Offline)
+    );
     // Written while B is down: on A only.
     send(
         &mut sim.core,
