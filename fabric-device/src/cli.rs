@@ -141,9 +141,29 @@ struct Args {
         value_parser = clap::value_parser!(u32).range(16..=32768)
     )]
     roce_ring_frames: u32,
+    /// Bytes per second this device's resyncs copy to a syncing copy of a
+    /// replicated region it owns, all resyncs together (`64MiB`, `10MB`,
+    /// `1048576`; at least 1 byte).
+    #[arg(long, value_name = "BYTES", default_value = "64MiB", value_parser = parse_rate)]
+    resync_rate: u64,
     /// Log lines on stderr as text or json (levels from RUST_LOG, default info).
     #[arg(long, value_name = "text|json", default_value_t = LogFormat::Text)]
     log_format: LogFormat,
+}
+
+/// A `--resync-rate`: a size per second, at least one byte.
+fn parse_rate(text: &str) -> Result<u64, String> {
+    let rate: topology::ByteSize = text.parse().map_err(|e| {
+        format!("{e}; give bytes per second as a size such as 64MiB, 10MB or 1048576")
+    })?;
+    if rate.bytes() == 0 {
+        return Err(
+            "0 bytes per second would never bring a syncing copy up to date; give at least 1 \
+             (for instance 64MiB)"
+                .into(),
+        );
+    }
+    Ok(rate.bytes())
 }
 
 /// Runs the daemon with command-line arguments `args` (the first is the
@@ -203,6 +223,7 @@ where
             max_request_bytes_per_client: args.max_request_mib_per_client << 20,
             max_request_bytes_total: args.max_request_mib_total << 20,
             max_connections_per_client: args.max_connections_per_client,
+            resync_rate: args.resync_rate,
         },
         reconnect_min: Duration::from_millis(args.reconnect_min_ms),
         reconnect_max: Duration::from_millis(args.reconnect_max_ms),
@@ -297,5 +318,28 @@ where
             error!("{}", error_chain(&e));
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_resync_rate_is_a_size_per_second_of_at_least_one_byte() {
+        assert_eq!(parse_rate("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_rate("10MB"), Ok(10_000_000));
+        assert_eq!(parse_rate("1048576"), Ok(1 << 20));
+        let zero = parse_rate("0").unwrap_err();
+        assert!(zero.contains("at least 1"), "{zero}");
+        let unit = parse_rate("5 parsecs").unwrap_err();
+        assert!(unit.contains("64MiB"), "{unit}");
+        let base = ["fabric-device", "--config", "t.toml", "--device", "F"];
+        let args = Args::try_parse_from(base).unwrap();
+        assert_eq!(args.resync_rate, 64 << 20, "the default");
+        let refused = Args::try_parse_from(base.into_iter().chain(["--resync-rate", "0"]))
+            .unwrap_err()
+            .to_string();
+        assert!(refused.contains("--resync-rate"), "{refused}");
     }
 }

@@ -15,7 +15,8 @@
 //!   client and in total.
 //! - `reconnect`: when each server link is (re)connected, sans-IO.
 //! - `resync`: bringing a `syncing` copy of a replicated region up to date,
-//!   sans-IO (the walk over its blocks and the copies' pace).
+//!   sans-IO (the walk over its blocks and the copies' pace), driven by the
+//!   forwarding core's replication.
 //! - `roce`: the RoCEv2 gateway, client queue pairs bridged to the core.
 //! - `uplink`: RC queue pairs toward servers on verbs, which carry READ,
 //!   WRITE, FLUSH and ATOMIC_WRITE to the server's RNIC.
@@ -40,13 +41,6 @@ pub(crate) mod metrics;
 pub(crate) mod qp_numbering;
 pub(crate) mod reconnect;
 pub(crate) mod request_budget;
-#[cfg_attr(
-    not(test),
-    expect(
-        dead_code,
-        reason = "the owner's resync is not wired into the forwarding core yet"
-    )
-)]
 pub(crate) mod resync;
 pub(crate) mod roce;
 pub(crate) mod roce_metrics;

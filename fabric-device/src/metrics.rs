@@ -74,6 +74,20 @@ pub struct DeviceMetrics {
     pub atomics_decided: Arc<Counter>,
     /// Decided words written to the other copies of replicated regions.
     pub atomics_applied: Arc<Counter>,
+    /// Blocks whose checksums a resync compared on two copies.
+    pub resync_blocks_compared: Arc<Counter>,
+    /// Blocks a resync copied to a syncing copy.
+    pub resync_blocks_copied: Arc<Counter>,
+    /// Bytes a resync copied to a syncing copy.
+    pub resync_bytes_copied: Arc<Counter>,
+    /// Copies of regions this device owns that are syncing.
+    pub copies_syncing: Arc<Gauge>,
+    /// Resyncs that ended with their copy serving.
+    pub resyncs_finished: Arc<Counter>,
+    /// Blocks the current pass of a region's resync has compared.
+    pub resync_blocks_done: Arc<Family<Gauge>>,
+    /// Blocks of a region being resynced.
+    pub resync_blocks_total: Arc<Family<Gauge>>,
     /// CPU nanoseconds of event-loop turns that spun (busy polling) and
     /// found no event.
     idle_poll_ns: Arc<AtomicU64>,
@@ -220,6 +234,40 @@ impl DeviceMetrics {
             atomics_applied: r.counter(
                 "fabric_device_replicated_atomics_applied_total",
                 "Decided words of atomics written to the other copies (ATOMIC_WRITE).",
+            )?,
+            resync_blocks_compared: r.counter(
+                "fabric_device_resync_blocks_compared_total",
+                "Blocks (64 KiB) whose checksums a resync compared on the deciding copy and \
+                 a syncing copy (BLOCK_SUMS).",
+            )?,
+            resync_blocks_copied: r.counter(
+                "fabric_device_resync_blocks_copied_total",
+                "Blocks a resync found different and copied from the deciding copy to a \
+                 syncing copy.",
+            )?,
+            resync_bytes_copied: r.counter(
+                "fabric_device_resync_bytes_copied_total",
+                "Bytes a resync copied to syncing copies (paced by --resync-rate).",
+            )?,
+            copies_syncing: r.gauge(
+                "fabric_device_copies_syncing",
+                "Copies of the replicated regions this device owns that are syncing (take \
+                 writes, answer no reads until resynced).",
+            )?,
+            resyncs_finished: r.counter(
+                "fabric_device_resyncs_finished_total",
+                "Resyncs that ended with their copy marked serving.",
+            )?,
+            resync_blocks_done: r.gauge_family(
+                "fabric_device_resync_blocks_done",
+                "Blocks the current pass of a region's resync has compared (progress: this \
+                 over fabric_device_resync_blocks).",
+                &["region"],
+            )?,
+            resync_blocks_total: r.gauge_family(
+                "fabric_device_resync_blocks",
+                "Blocks of a region whose copy this device resyncs.",
+                &["region"],
             )?,
         })
     }

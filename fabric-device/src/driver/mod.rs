@@ -16,6 +16,7 @@ mod packet;
 mod packet_ring;
 mod reload;
 mod replication;
+mod resync;
 mod ring_events;
 pub mod roce_io;
 mod roce_port;

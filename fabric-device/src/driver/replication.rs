@@ -11,6 +11,8 @@ use topology::{RegionId, ServerId};
 use super::*;
 use crate::forward::Outgoing;
 
+use super::resync;
+
 /// Marks lost copies offline in etcd, one thread per loss, and hands the
 /// confirmations back to the event loop.
 #[derive(Debug)]
@@ -20,6 +22,8 @@ pub(super) struct CopyMarker {
     credentials: Option<control::Credentials>,
     done_tx: mpsc::Sender<(RegionIndex, ServerId)>,
     done_rx: mpsc::Receiver<(RegionIndex, ServerId)>,
+    /// Marks of `syncing` and `serving` settled: whether each was written.
+    pub(super) states: resync::StateMarks,
 }
 
 impl CopyMarker {
@@ -40,12 +44,17 @@ impl CopyMarker {
             credentials: credentials.clone(),
             done_tx,
             done_rx,
+            states: resync::StateMarks::default(),
         })
     }
 
     /// Starts marking `region`'s copy on `server` offline; the loop is woken
     /// by `waker` once it is written, or refused (logged: the device goes on
     /// without the copy either way).
+    pub(super) fn endpoints(&self) -> (&control::Endpoints, &str, Option<&control::Credentials>) {
+        (&self.endpoints, &self.pool, self.credentials.as_ref())
+    }
+
     fn start(
         &self,
         region: RegionIndex,
@@ -114,6 +123,8 @@ impl Device {
     /// more).
     pub(super) fn carry_out_replication(&mut self, now: Instant) {
         self.confirm_marked_copies(now);
+        self.confirm_state_marks(now);
+        self.core.run_resyncs(now);
         loop {
             let outbox = self.core.take_outbox();
             if outbox.is_empty() {
@@ -136,6 +147,19 @@ impl Device {
                             failed.push((link, format!("write failed: {e}")));
                         }
                     }
+                    Outgoing::SendFrame { link, frame } => {
+                        if let Some(LinkConn::Connected { endpoint }) = self.links.get_mut(&link)
+                            && let Err(e) = endpoint.send(&frame, &[])
+                        {
+                            failed.push((link, format!("write failed: {e}")));
+                        }
+                    }
+                    Outgoing::MarkCopy {
+                        region,
+                        region_id,
+                        server,
+                        state,
+                    } => self.mark_copy_state(region, region_id, server, state, now),
                     Outgoing::Answer { conn, reply } => deliver_answer(
                         &mut self.roce,
                         &mut self.clients,

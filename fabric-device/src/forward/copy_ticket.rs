@@ -13,6 +13,39 @@ pub(super) enum CopyTicket {
     Op(u64),
     /// A read of one copy, sent again to another if that copy fails.
     Read(Box<ReadAgain>),
+    /// A request of the owner's own resync of a syncing copy.
+    Resync(ResyncTicket),
+}
+
+/// A request a resync sent to one copy, as its link remembers it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct ResyncTicket {
+    /// The resync it belongs to (an answer to one that ended is dropped).
+    pub(super) sync: u64,
+    /// What it asked.
+    pub(super) part: ResyncPart,
+}
+
+/// What a resync asked a copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ResyncPart {
+    /// The checksums of the run from block `first`, of the deciding copy
+    /// or of the syncing one.
+    Sums {
+        /// The first block of the run.
+        first: u64,
+        /// Asked of the syncing copy (else of the deciding one).
+        syncing: bool,
+    },
+    /// The bytes `start..end` of the deciding copy, held meanwhile.
+    Read {
+        /// First byte of the block.
+        start: u64,
+        /// Past its last byte.
+        end: u64,
+    },
+    /// The block written to the syncing copy.
+    Write,
 }
 
 /// What a read of a copy needs to be sent to another copy.

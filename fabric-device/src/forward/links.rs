@@ -217,6 +217,12 @@ impl Forwarder {
             return self.link_control(link_id, frame);
         }
         if !header.opcode.is_response() || frame.len() < REPLY_HEAD_LEN {
+            if header.opcode == Opcode::BlockSumsReport
+                && let Some(ticket) = self.take_resync_pending(link_id, header.tag)
+            {
+                self.resync_answered(ticket, frame, now);
+                return LinkAction::Nothing;
+            }
             return LinkAction::Close(format!("unexpected {} frame from server", header.opcode));
         }
         let Some(link) = self.links.get_mut(&link_id) else {
@@ -226,6 +232,13 @@ impl Forwarder {
             // Answered already (timed out); nobody waits for it.
             return LinkAction::Nothing;
         };
+        if let Some(CopyTicket::Resync(ticket)) = pending.copy {
+            // The owner's own resync request.
+            let links = &self.links;
+            self.deadlines.trim(|d| is_pending(links, d));
+            self.resync_answered(ticket, frame, now);
+            return LinkAction::Nothing;
+        }
         if let Some(CopyTicket::Op(op)) = pending.copy {
             // Part of a replicated operation: answered once all are in.
             let links = &self.links;
@@ -275,6 +288,24 @@ impl Forwarder {
             head,
             payload: &frame[REPLY_HEAD_LEN..],
         }
+    }
+
+    /// Takes the request a resync sent on `link_id` with `tag`, if it is one.
+    fn take_resync_pending(
+        &mut self,
+        link_id: LinkId,
+        tag: u64,
+    ) -> Option<super::copy_ticket::ResyncTicket> {
+        let link = self.links.get_mut(&link_id)?;
+        let Some(CopyTicket::Resync(ticket)) = link.pending.get(&tag).and_then(|p| p.copy.as_ref())
+        else {
+            return None;
+        };
+        let ticket = *ticket;
+        link.pending.remove(&tag);
+        let links = &self.links;
+        self.deadlines.trim(|d| is_pending(links, d));
+        Some(ticket)
     }
 
     /// The server's answers to the device's own HELLO and MAP_REQUEST.
@@ -329,6 +360,7 @@ impl Forwarder {
         link.starting = false;
         link.key_refresh = KeyRefresh::Current;
         link.server_map = Some(theirs);
+        self.resync_link_opened(&server);
         // Ordered before any request the link will carry.
         self.link_opened_epoch()
             .map_or(LinkAction::Nothing, LinkAction::Send)
@@ -368,6 +400,9 @@ impl Forwarder {
                 }
                 Some(CopyTicket::Read(_)) => {
                     replies.extend(self.copy_read_failed(p, Status::ServerUnavailable, now));
+                }
+                Some(CopyTicket::Resync(ticket)) => {
+                    self.resync_failed(ticket, Status::ServerUnavailable, now);
                 }
             }
         }

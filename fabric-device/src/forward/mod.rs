@@ -98,6 +98,9 @@ pub struct ForwarderConfig {
     /// Connections one client may have open at once (HELLOs beyond are
     /// refused BUSY), so one principal cannot fill the connection cap.
     pub max_connections_per_client: usize,
+    /// Bytes per second this device's resyncs copy to syncing copies, all
+    /// together (at least 1).
+    pub resync_rate: u64,
 }
 
 impl Default for ForwarderConfig {
@@ -110,6 +113,7 @@ impl Default for ForwarderConfig {
             max_request_bytes_per_client: 64 << 20,
             max_request_bytes_total: 1 << 30,
             max_connections_per_client: 64,
+            resync_rate: crate::resync::rate::DEFAULT_RATE,
         }
     }
 }
@@ -257,6 +261,7 @@ impl Forwarder {
             metrics,
         };
         core.replication_from_map();
+        core.set_resync_rate(config.resync_rate);
         core.link_ids = (0..core.map.links.len())
             .map(|i| {
                 let key = core.map.links[i].key.clone();

@@ -34,10 +34,10 @@ impl Forwarder {
         let links = &self.links;
         self.deadlines.trim(|d| is_pending(links, d));
         let parked = self.parked.iter().map(|p| p.deadline).min();
-        match (self.deadlines.first(), parked) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [self.deadlines.first(), parked, self.resync_wake()]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Answers TIMEOUT to every request whose deadline has passed. Also
@@ -67,6 +67,10 @@ impl Forwarder {
                     }
                     Some(CopyTicket::Read(_)) => {
                         self.copy_read_failed(pending, Status::Timeout, now)
+                    }
+                    Some(CopyTicket::Resync(ticket)) => {
+                        self.resync_failed(ticket, Status::Timeout, now);
+                        None
                     }
                 };
                 if let Some(reply) = reply {

@@ -34,6 +34,7 @@ impl TokenBucket {
     }
 
     /// Bytes per second.
+    #[cfg(test)]
     pub(crate) fn rate(&self) -> u64 {
         self.rate
     }

@@ -173,6 +173,7 @@ impl Walk {
 
     /// The run asked for is not answered (a copy's link went down): ask
     /// for it again.
+    #[cfg(test)]
     pub(crate) fn forget_asked(&mut self) {
         self.asked = None;
     }

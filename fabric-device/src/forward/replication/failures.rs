@@ -128,6 +128,7 @@ impl Forwarder {
         for id in affected {
             self.progress(id, now);
         }
+        self.resync_copy_lost(region, copy, now);
         true
     }
 

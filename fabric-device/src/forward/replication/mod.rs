@@ -46,13 +46,14 @@ use crate::idmap::IdMap;
 use crate::ids::{Lane, LinkId};
 use crate::link_tags::CONTROL_TAG;
 
-pub(super) use super::copy_ticket::{CopyTicket, ReadAgain};
+pub(super) use super::copy_ticket::{CopyTicket, ReadAgain, ResyncPart, ResyncTicket};
 
 mod answers;
 mod atomics;
 mod failures;
 mod reads;
 mod requests;
+mod resync;
 mod resync_holds;
 
 /// Something the core asks the driver to do for a replicated region.
@@ -86,6 +87,27 @@ pub enum Outgoing {
         /// The server holding the copy.
         server: ServerId,
     },
+    /// Send this whole frame on `link`'s TCP connection (a resync's own
+    /// requests).
+    SendFrame {
+        /// The link.
+        link: LinkId,
+        /// The frame.
+        frame: Vec<u8>,
+    },
+    /// Mark the copy of `region` on `server` with `state` (in etcd, when
+    /// the map lives there), then confirm with
+    /// [`Forwarder::copy_state_marked`].
+    MarkCopy {
+        /// The region's index.
+        region: RegionIndex,
+        /// The region's id.
+        region_id: RegionId,
+        /// The server holding the copy.
+        server: ServerId,
+        /// `syncing` (its server is back) or `serving` (it is up to date).
+        state: ReplicaState,
+    },
 }
 
 /// The replication state of the core.
@@ -98,6 +120,8 @@ pub(super) struct Replication {
     outbox: Vec<Outgoing>,
     /// Each copy's region key, learnt from its own server.
     keys: HashMap<(u32, ServerId), AccessKey>,
+    /// The owner's resyncs of syncing copies.
+    resyncs: resync::Resyncs,
 }
 
 /// One replicated region as its owner (or another device) sees it.

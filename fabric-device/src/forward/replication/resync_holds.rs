@@ -10,10 +10,6 @@ impl Forwarder {
     /// Holds `start..end` of replicated region `region`: requests
     /// overlapping it wait from now on. False when the region is not
     /// replicated here.
-    #[cfg_attr(
-        not(test),
-        expect(dead_code, reason = "the owner's resync does not call it yet")
-    )]
     pub(crate) fn hold_for_resync(&mut self, region: u32, start: u64, end: u64) -> bool {
         let Some(state) = self.region_state_mut(region) else {
             return false;
@@ -25,10 +21,6 @@ impl Forwarder {
     /// Ends the hold of `start..end` on `region` (once the block's write is
     /// queued on the syncing copy's link): the requests that waited for it
     /// go out, in order, behind that write.
-    #[cfg_attr(
-        not(test),
-        expect(dead_code, reason = "the owner's resync does not call it yet")
-    )]
     pub(crate) fn release_resync_hold(&mut self, region: u32, start: u64, end: u64, now: Instant) {
         let Some(state) = self.region_state_mut(region) else {
             return;

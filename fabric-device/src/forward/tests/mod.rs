@@ -21,6 +21,7 @@ mod keys;
 mod links;
 mod parking;
 mod replication;
+mod resync;
 mod routing;
 
 pub(super) fn topology() -> Topology {

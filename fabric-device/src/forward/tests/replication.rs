@@ -7,7 +7,7 @@ use proto::request::{ExactlyOnce, Operation};
 use super::*;
 use crate::forward::Outgoing;
 
-fn replicated() -> Forwarder {
+pub(super) fn replicated() -> Forwarder {
     let topology = testkit::default_topology_with("replicas = 2");
     let mut core = core_with(&topology, ForwarderConfig::default());
     let ids: Vec<LinkId> = core.links().map(|(id, _)| id).collect();
@@ -20,12 +20,12 @@ fn replicated() -> Forwarder {
 
 /// The key server `server` gives region `region`: each server its own, so
 /// a backup's key differs from its primary's.
-fn key_on(server: &str, region: RegionIndex) -> AccessKey {
+pub(super) fn key_on(server: &str, region: RegionIndex) -> AccessKey {
     server_key(region, if server == "A" { 0 } else { 1 })
 }
 
 /// Completes a link's handshake with a MAP whose keys are the server's own.
-fn bring_up_with_server_keys(core: &mut Forwarder, link: LinkId) {
+pub(super) fn bring_up_with_server_keys(core: &mut Forwarder, link: LinkId) {
     let server = core.link_key(link).unwrap().server.to_string();
     core.link_connected(link);
     let hello = Message::Hello(hello::Repr {
@@ -94,12 +94,13 @@ fn split(out: Vec<Outgoing>) -> Split {
             }
             Outgoing::Answer { conn, reply } => answers.push((conn, reply)),
             Outgoing::CopyLost { region, server, .. } => lost.push((region, server.to_string())),
+            other => panic!("no resync runs here: {other:?}"),
         }
     }
     (sent, answers, lost)
 }
 
-fn index(core: &Forwarder, region: &str) -> RegionIndex {
+pub(super) fn index(core: &Forwarder, region: &str) -> RegionIndex {
     core.map()
         .layout
         .entry_by_id(&region.into())
@@ -107,7 +108,7 @@ fn index(core: &Forwarder, region: &str) -> RegionIndex {
         .region
 }
 
-fn send<'d>(
+pub(super) fn send<'d>(
     core: &mut Forwarder,
     build: impl FnOnce(&Forwarder) -> Repr<'d>,
     tag: u64,
@@ -147,7 +148,7 @@ fn answer(core: &mut Forwarder, sent: &Sent, status: Status, value: u64) {
 }
 
 /// The status, value and tag of an answer.
-fn answered(reply: &Reply) -> (Status, u64, u64) {
+pub(super) fn answered(reply: &Reply) -> (Status, u64, u64) {
     let (message, tag) = proto::parse_frame(reply.as_bytes()).unwrap();
     match message {
         Message::Response(r) => (r.status, r.value, tag),
@@ -580,7 +581,7 @@ fn a_server_never_reached_loses_nothing_until_a_write_needs_it() {
 }
 
 /// The links of `server`'s NICs.
-fn links_of(core: &Forwarder, server: &str) -> Vec<LinkId> {
+pub(super) fn links_of(core: &Forwarder, server: &str) -> Vec<LinkId> {
     core.links()
         .filter(|(_, k)| k.server.as_str() == server)
         .map(|(id, _)| id)

@@ -1,0 +1,661 @@
+//! The owner's resync on a virtual clock. Device A owns PA.1 (primary on
+//! server A, backup on B); simulated servers hold each copy's bytes and
+//! answer BLOCK_SUMS, READ, WRITE and WRITE_PERSIST from them, in the order
+//! the device sent them.
+
+use std::collections::HashMap;
+use std::hash::{DefaultHasher, Hasher};
+use std::time::Duration;
+
+use control::ReplicaState;
+use proto::block_sums;
+use proto::request::Operation;
+
+use super::replication::{answered, bring_up_with_server_keys, index, links_of, send};
+use super::*;
+use crate::forward::Outgoing;
+
+const BLOCK: u64 = 64 << 10;
+/// PA.1 is 64 MiB.
+const BLOCKS: u64 = 1024;
+
+/// What the simulated servers and the client saw, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Seen {
+    /// BLOCK_SUMS from `first`.
+    Sums { server: String, first: u64 },
+    /// The resync's READ of a block.
+    SyncRead { server: String, offset: u64 },
+    /// The resync's WRITE_PERSIST of a block of PA.1.
+    SyncWrite { server: String, offset: u64 },
+    /// The resync's WRITE_PERSIST of a block of another region.
+    OtherSyncWrite,
+    /// An application's request sent to a copy.
+    App {
+        server: String,
+        op: Operation,
+        offset: u64,
+    },
+    /// A copy of PA.1 marked.
+    Mark { server: String, state: ReplicaState },
+    /// A copy of another region marked.
+    OtherMark,
+    /// An answer to the client: its tag and status.
+    Answer { tag: u64, status: Status },
+}
+
+/// The forwarding core with two simulated servers holding PA.1's copies.
+struct Sim {
+    core: Forwarder,
+    region: u32,
+    /// Each server's copy of each region: the blocks written (the others
+    /// are zeros).
+    copies: HashMap<(String, u32), HashMap<u64, Vec<u8>>>,
+    seen: Vec<Seen>,
+    /// When each resync READ was sent.
+    read_times: Vec<Instant>,
+    /// Resync READs not answered yet (while `hold_reads`).
+    held_reads: Vec<(LinkId, u64, RegionOffset, String)>,
+    hold_reads: bool,
+    now: Instant,
+    /// The checksum of a block of zeros.
+    zero_sum: u64,
+}
+
+fn sum(data: &[u8]) -> u64 {
+    let mut h = DefaultHasher::new();
+    h.write(data);
+    h.finish() | 1
+}
+
+impl Sim {
+    /// PA.1 with B's copy in `b_state` (in a map at version 2), every link
+    /// up, client c1 connected as connection 1.
+    fn new(config: ForwarderConfig, b_state: ReplicaState) -> Self {
+        let topology = testkit::default_topology_with("replicas = 2");
+        let mut core = core_with(&topology, config);
+        let ids: Vec<LinkId> = core.links().map(|(id, _)| id).collect();
+        for id in ids {
+            bring_up_with_server_keys(&mut core, id);
+        }
+        hello(&mut core, 1, "c1");
+        let mut records = control::replica_state::initial(&topology);
+        let record = records.iter_mut().find(|r| r.region == "PA.1").unwrap();
+        record.version = 2;
+        record.copies[1].state = b_state;
+        core.reload(
+            DeviceMap::new(&topology, &"A".into())
+                .unwrap()
+                .with_replica_states(&records),
+        );
+        let region = index(&core, "PA.1").0;
+        Self {
+            core,
+            region,
+            copies: HashMap::new(),
+            seen: Vec::new(),
+            read_times: Vec::new(),
+            held_reads: Vec::new(),
+            hold_reads: false,
+            now: Instant::now(),
+            zero_sum: sum(&[0; BLOCK as usize]),
+        }
+    }
+
+    fn syncing() -> Self {
+        Self::new(ForwarderConfig::default(), ReplicaState::Syncing)
+    }
+
+    /// Block `block` of `server`'s copy of `region`, if it was written.
+    fn stored(&self, server: &str, region: u32, block: u64) -> Option<&Vec<u8>> {
+        self.copies
+            .get(&(server.to_owned(), region))
+            .and_then(|c| c.get(&block))
+    }
+
+    /// The checksum of a block as its server would give it.
+    fn block_sum(&self, server: &str, region: u32, block: u64) -> u64 {
+        self.stored(server, region, block)
+            .map_or(self.zero_sum, |data| sum(data))
+    }
+
+    fn read_of(&self, server: &str, region: u32, offset: u64, len: u64) -> Vec<u8> {
+        let mut out = Vec::with_capacity(len as usize);
+        let mut at = offset;
+        while at < offset + len {
+            let within = (at % BLOCK) as usize;
+            let n = (BLOCK - at % BLOCK).min(offset + len - at) as usize;
+            match self.stored(server, region, at / BLOCK) {
+                Some(block) => out.extend_from_slice(&block[within..within + n]),
+                None => out.resize(out.len() + n, 0),
+            }
+            at += n as u64;
+        }
+        out
+    }
+
+    /// `len` bytes of `server`'s copy of PA.1 from `offset`.
+    fn read(&self, server: &str, offset: u64, len: u64) -> Vec<u8> {
+        self.read_of(server, self.region, offset, len)
+    }
+
+    fn write_of(&mut self, server: &str, region: u32, offset: u64, data: &[u8]) {
+        let mut done = 0;
+        while done < data.len() {
+            let at = offset + done as u64;
+            let within = (at % BLOCK) as usize;
+            let n = (BLOCK as usize - within).min(data.len() - done);
+            let block = self
+                .copies
+                .entry((server.to_owned(), region))
+                .or_default()
+                .entry(at / BLOCK)
+                .or_insert_with(|| vec![0; BLOCK as usize]);
+            block[within..within + n].copy_from_slice(&data[done..done + n]);
+            done += n;
+        }
+    }
+
+    /// Writes `data` at `offset` of `server`'s copy of PA.1.
+    fn write(&mut self, server: &str, offset: u64, data: &[u8]) {
+        self.write_of(server, self.region, offset, data);
+    }
+
+    fn server_of(&self, link: LinkId) -> String {
+        self.core.link_key(link).unwrap().server.to_string()
+    }
+
+    fn reply(&mut self, link: LinkId, message: Message<'_>, tag: u64) {
+        let frame = message.encode_to_vec(tag).unwrap();
+        let action = self.core.link_frame(link, &frame, self.now);
+        assert!(matches!(action, LinkAction::Nothing), "{action:?}");
+    }
+
+    fn answer_read(&mut self, link: LinkId, tag: u64, at: RegionOffset, len: u64, server: &str) {
+        let data = self.read_of(server, at.region.0, at.offset, len);
+        self.reply(
+            link,
+            Message::Response(response::Repr::read_data(&data)),
+            tag,
+        );
+    }
+
+    /// Plays one request or mark the core asked for.
+    fn serve(&mut self, item: Outgoing) {
+        match item {
+            Outgoing::SendFrame { link, frame } => {
+                let server = self.server_of(link);
+                let (message, tag) = proto::parse_frame(&frame).unwrap();
+                match message {
+                    Message::BlockSums(ask) => {
+                        self.seen.push(Seen::Sums {
+                            server: server.clone(),
+                            first: ask.first,
+                        });
+                        let sums = (ask.first..ask.first + u64::from(ask.blocks))
+                            .map(|b| self.block_sum(&server, ask.region, b))
+                            .collect();
+                        let report = block_sums::Report {
+                            region: ask.region,
+                            block_len: BLOCK as u32,
+                            first: ask.first,
+                            total: BLOCKS,
+                            sums,
+                        };
+                        self.reply(link, Message::BlockSumsReport(report), tag);
+                    }
+                    Message::Request(req) => {
+                        let Target::Region(at) = req.target else {
+                            panic!("{req:?}")
+                        };
+                        match req.operation {
+                            Operation::Read => {
+                                let len = u64::from(req.length);
+                                if at.region.0 != self.region {
+                                    self.answer_read(link, tag, at, len, &server);
+                                    return;
+                                }
+                                self.seen.push(Seen::SyncRead {
+                                    server: server.clone(),
+                                    offset: at.offset,
+                                });
+                                self.read_times.push(self.now);
+                                if self.hold_reads {
+                                    self.held_reads.push((link, tag, at, server));
+                                } else {
+                                    self.answer_read(link, tag, at, len, &server);
+                                }
+                            }
+                            Operation::WritePersist => {
+                                self.seen.push(if at.region.0 == self.region {
+                                    Seen::SyncWrite {
+                                        server: server.clone(),
+                                        offset: at.offset,
+                                    }
+                                } else {
+                                    Seen::OtherSyncWrite
+                                });
+                                let data = req.payload.to_vec();
+                                self.write_of(&server, at.region.0, at.offset, &data);
+                                self.reply(
+                                    link,
+                                    Message::Response(response::Repr::ack(Status::Ok)),
+                                    tag,
+                                );
+                            }
+                            other => panic!("a resync sends no {other:?}"),
+                        }
+                    }
+                    other => panic!("a resync sends no {other:?}"),
+                }
+            }
+            Outgoing::Send {
+                link,
+                head,
+                payload,
+            } => {
+                let server = self.server_of(link);
+                let mut frame = head.to_vec();
+                frame.extend_from_slice(&payload);
+                let (Message::Request(req), tag) = proto::parse_frame(&frame).unwrap() else {
+                    panic!("not a request");
+                };
+                let Target::Region(at) = req.target else {
+                    panic!("{req:?}")
+                };
+                self.seen.push(Seen::App {
+                    server: server.clone(),
+                    op: req.operation,
+                    offset: at.offset,
+                });
+                if req.operation == Operation::Read {
+                    self.answer_read(link, tag, at, u64::from(req.length), &server);
+                } else {
+                    let data = req.payload.to_vec();
+                    self.write_of(&server, at.region.0, at.offset, &data);
+                    self.reply(
+                        link,
+                        Message::Response(response::Repr::ack(Status::Ok)),
+                        tag,
+                    );
+                }
+            }
+            Outgoing::Answer { reply, .. } => {
+                let (status, _, tag) = answered(&reply);
+                self.seen.push(Seen::Answer { tag, status });
+            }
+            Outgoing::CopyLost { region, server, .. } => {
+                self.core.copy_marked(region, &server, self.now);
+            }
+            Outgoing::MarkCopy {
+                region,
+                server,
+                state,
+                ..
+            } => {
+                self.seen.push(if region.0 == self.region {
+                    Seen::Mark {
+                        server: server.to_string(),
+                        state,
+                    }
+                } else {
+                    Seen::OtherMark
+                });
+                self.core
+                    .copy_state_marked(region, &server, state, true, self.now);
+            }
+        }
+    }
+
+    /// Plays everything the core asks until it asks nothing more.
+    fn pump(&mut self) {
+        loop {
+            let out = self.core.take_outbox();
+            if out.is_empty() {
+                return;
+            }
+            for item in out {
+                self.serve(item);
+            }
+        }
+    }
+
+    /// One turn of the driver's loop.
+    fn turn(&mut self) {
+        self.core.run_resyncs(self.now);
+        self.pump();
+    }
+
+    /// Turns, moving the clock to each wake-up, until `done` holds.
+    fn until(&mut self, mut done: impl FnMut(&Sim) -> bool) {
+        for _ in 0..100_000 {
+            self.turn();
+            if done(self) {
+                return;
+            }
+            if let Some(t) = self.core.poll_timeout()
+                && t > self.now
+            {
+                self.now = t;
+            }
+        }
+        panic!("never done; seen: {:?}", self.seen.last());
+    }
+
+    fn until_serving(&mut self) {
+        let region = self.region;
+        self.until(|s| s.core.copy_state(region, "B") == Some(ReplicaState::Serving));
+    }
+
+    fn answer_held_reads(&mut self) {
+        for (link, tag, at, server) in std::mem::take(&mut self.held_reads) {
+            self.answer_read(link, tag, at, BLOCK, &server);
+        }
+    }
+
+    /// The resync's block writes to `server`, by offset, in order.
+    fn sync_writes(&self, server: &str) -> Vec<u64> {
+        self.seen
+            .iter()
+            .filter_map(|s| match s {
+                Seen::SyncWrite { server: at, offset } if at == server => Some(*offset),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn copies_equal(&self) -> bool {
+        (0..BLOCKS).all(|b| {
+            let (a, b) = (
+                self.stored("A", self.region, b),
+                self.stored("B", self.region, b),
+            );
+            let zeros = |d: &Vec<u8>| d.iter().all(|&x| x == 0);
+            match (a, b) {
+                (Some(a), Some(b)) => a == b,
+                (Some(d), None) | (None, Some(d)) => zeros(d),
+                (None, None) => true,
+            }
+        })
+    }
+}
+
+#[test]
+fn only_the_blocks_that_differ_are_copied_and_the_copy_then_serves() {
+    let mut sim = Sim::syncing();
+    sim.write("A", 3 * BLOCK + 17, &[9; 100]);
+    sim.write("A", 700 * BLOCK, &[4; 5]);
+    sim.write("B", 3 * BLOCK, &[1; 3]);
+    // Data on the syncing copy only: the deciding copy's zeros win.
+    sim.write("B", 900 * BLOCK + 5, &[6; 10]);
+    assert!(!sim.copies_equal());
+    sim.until_serving();
+
+    assert_eq!(
+        sim.sync_writes("B"),
+        [3 * BLOCK, 700 * BLOCK, 900 * BLOCK],
+        "each differing block once, nothing else"
+    );
+    assert!(
+        sim.sync_writes("A").is_empty(),
+        "the source is never written"
+    );
+    assert!(sim.copies_equal());
+    // Two passes: the one that copied and one that found nothing, each
+    // asking both copies about all 1024 blocks in runs of 64.
+    let sums = sim
+        .seen
+        .iter()
+        .filter(|s| matches!(s, Seen::Sums { .. }))
+        .count();
+    assert_eq!(sums, 2 * 2 * 16);
+    // The mark comes after the last copy, and reads may then use the copy.
+    let mark = sim
+        .seen
+        .iter()
+        .position(|s| {
+            matches!(
+                s,
+                Seen::Mark {
+                    state: ReplicaState::Serving,
+                    ..
+                }
+            )
+        })
+        .unwrap();
+    let last_write = sim
+        .seen
+        .iter()
+        .rposition(|s| matches!(s, Seen::SyncWrite { .. }))
+        .unwrap();
+    assert!(mark > last_write);
+    assert_eq!(sim.core.resync_status(sim.region, "B"), None, "ended");
+    assert_eq!(sim.core.metrics.resyncs_finished.get(), 1);
+    assert_eq!(sim.core.metrics.resync_blocks_copied.get(), 3);
+    assert_eq!(sim.core.metrics.resync_bytes_copied.get(), 3 * BLOCK);
+    assert_eq!(sim.core.metrics.resync_blocks_compared.get(), 2 * BLOCKS);
+}
+
+#[test]
+fn a_write_to_a_block_being_copied_reaches_the_syncing_copy_after_the_copy() {
+    let mut sim = Sim::syncing();
+    sim.write("A", 3 * BLOCK, &[9; 64]);
+    sim.hold_reads = true;
+    sim.until(|s| !s.held_reads.is_empty());
+    let status = sim.core.resync_status(sim.region, "B").unwrap();
+    assert_eq!(status.blocks_copied, 0, "the block is held, its READ out");
+    assert_eq!(
+        (
+            status.progress.passes,
+            status.progress.done,
+            status.progress.total
+        ),
+        (1, 64, BLOCKS),
+        "the first run of the first pass compared"
+    );
+    assert!(!status.finishing);
+
+    // The application writes into the held block: it waits.
+    send(
+        &mut sim.core,
+        |c| Repr::write(pmem(c, "PA.1", 3 * BLOCK + 10), key(c, "PA.1"), &[5; 8]),
+        7,
+    );
+    sim.pump();
+    let app = |s: &Seen| matches!(s, Seen::App { .. });
+    assert!(!sim.seen.iter().any(app), "it waits for the hold");
+
+    sim.hold_reads = false;
+    sim.answer_held_reads();
+    sim.pump();
+    let on_b: Vec<Seen> = sim
+        .seen
+        .iter()
+        .filter(|s| {
+            matches!(s, Seen::SyncWrite { server, .. } | Seen::App { server, .. } if server == "B")
+        })
+        .cloned()
+        .collect();
+    assert_eq!(
+        on_b,
+        [
+            Seen::SyncWrite {
+                server: "B".into(),
+                offset: 3 * BLOCK
+            },
+            Seen::App {
+                server: "B".into(),
+                op: Operation::Write,
+                offset: 3 * BLOCK + 10
+            },
+        ],
+        "the copied block first, the application's write after it"
+    );
+    assert!(sim.seen.contains(&Seen::Answer {
+        tag: 7,
+        status: Status::Ok
+    }));
+    sim.until_serving();
+    assert!(sim.copies_equal());
+    assert_eq!(sim.read("B", 3 * BLOCK + 10, 8), [5; 8]);
+}
+
+#[test]
+fn the_rate_spreads_the_copies_over_time() {
+    // One block per second, a burst of one block.
+    let config = ForwarderConfig {
+        resync_rate: BLOCK,
+        ..ForwarderConfig::default()
+    };
+    let mut sim = Sim::new(config, ReplicaState::Syncing);
+    for b in [1, 2, 40, 1000] {
+        sim.write("A", b * BLOCK, &[3; 16]);
+    }
+    let start = sim.now;
+    sim.until_serving();
+    assert_eq!(sim.sync_writes("B").len(), 4);
+    let times = &sim.read_times;
+    assert_eq!(times.len(), 4);
+    for pair in times.windows(2) {
+        assert!(
+            pair[1] - pair[0] >= Duration::from_secs(1),
+            "copies a second apart on the virtual clock: {:?}",
+            pair[1] - pair[0]
+        );
+    }
+    assert!(sim.now - start >= Duration::from_secs(3));
+    assert!(sim.copies_equal());
+}
+
+#[test]
+fn a_copy_lost_during_a_resync_releases_its_hold() {
+    let mut sim = Sim::syncing();
+    sim.write("A", 3 * BLOCK, &[9; 64]);
+    sim.hold_reads = true;
+    sim.until(|s| !s.held_reads.is_empty());
+    send(
+        &mut sim.core,
+        |c| Repr::write(pmem(c, "PA.1", 3 * BLOCK + 10), key(c, "PA.1"), &[5; 8]),
+        7,
+    );
+    sim.pump();
+    // Server B goes away with the block held.
+    for link in links_of(&sim.core, "B") {
+        sim.core.link_down(link);
+    }
+    sim.pump();
+    assert_eq!(
+        sim.core.copy_state(sim.region, "B"),
+        Some(ReplicaState::Offline)
+    );
+    assert_eq!(sim.core.resync_status(sim.region, "B"), None, "stopped");
+    // The waiting write went out to the serving copy and was answered.
+    assert!(sim.seen.contains(&Seen::App {
+        server: "A".into(),
+        op: Operation::Write,
+        offset: 3 * BLOCK + 10
+    }));
+    assert!(sim.seen.contains(&Seen::Answer {
+        tag: 7,
+        status: Status::Ok
+    }));
+    // The READ's late answer copies nothing.
+    sim.hold_reads = false;
+    sim.answer_held_reads();
+    sim.pump();
+    assert!(sim.sync_writes("B").is_empty());
+    assert_eq!(sim.core.requests_in_flight(), 0);
+}
+
+#[test]
+fn a_resync_whose_source_lost_its_links_releases_its_hold_and_waits() {
+    let mut sim = Sim::syncing();
+    sim.write("A", 3 * BLOCK, &[9; 64]);
+    sim.hold_reads = true;
+    sim.until(|s| !s.held_reads.is_empty());
+    send(
+        &mut sim.core,
+        |c| Repr::write(pmem(c, "PA.1", 3 * BLOCK + 10), key(c, "PA.1"), &[5; 8]),
+        7,
+    );
+    sim.pump();
+    let a_links = links_of(&sim.core, "A");
+    for &link in &a_links {
+        sim.core.link_down(link);
+    }
+    sim.held_reads.clear();
+    sim.pump();
+    // The last serving copy cannot be dropped: the write fails, it does
+    // not wait forever.
+    assert!(sim.seen.contains(&Seen::Answer {
+        tag: 7,
+        status: Status::ServerUnavailable
+    }));
+    assert_eq!(sim.core.requests_in_flight(), 0);
+    // No source: nothing is asked or copied, however long it waits.
+    let before = sim.seen.len();
+    for _ in 0..5 {
+        sim.now += Duration::from_secs(2);
+        sim.turn();
+    }
+    assert_eq!(sim.seen.len(), before, "{:?}", &sim.seen[before..]);
+    assert_eq!(sim.core.resync_status(sim.region, "B"), None);
+    assert_eq!(
+        sim.core.copy_state(sim.region, "B"),
+        Some(ReplicaState::Syncing)
+    );
+    // The source is back: the resync runs to the end.
+    sim.hold_reads = false;
+    for link in a_links {
+        bring_up_with_server_keys(&mut sim.core, link);
+    }
+    sim.until_serving();
+    assert!(sim.copies_equal());
+}
+
+#[test]
+fn an_offline_copy_whose_server_is_back_is_marked_syncing_and_resynced() {
+    let mut sim = Sim::new(ForwarderConfig::default(), ReplicaState::Serving);
+    let b_links = links_of(&sim.core, "B");
+    for &link in &b_links {
+        sim.core.link_down(link);
+    }
+    sim.pump();
+    assert_eq!(
+        sim.core.copy_state(sim.region, "B"),
+        Some(ReplicaState::Offline)
+    );
+    // Written while B is down: on A only.
+    send(
+        &mut sim.core,
+        |c| Repr::write(pmem(c, "PA.1", 5 * BLOCK), key(c, "PA.1"), &[8; 32]),
+        3,
+    );
+    sim.turn();
+    assert!(!sim.seen.iter().any(|s| matches!(s, Seen::Mark { .. })));
+    assert!(!sim.copies_equal());
+
+    for link in b_links {
+        bring_up_with_server_keys(&mut sim.core, link);
+    }
+    sim.turn();
+    assert_eq!(
+        sim.seen
+            .iter()
+            .filter(|s| matches!(s, Seen::Mark { .. }))
+            .collect::<Vec<_>>(),
+        [&Seen::Mark {
+            server: "B".into(),
+            state: ReplicaState::Syncing
+        }]
+    );
+    sim.until_serving();
+    assert_eq!(sim.sync_writes("B"), [5 * BLOCK]);
+    assert!(sim.copies_equal());
+    let marks: Vec<&Seen> = sim
+        .seen
+        .iter()
+        .filter(|s| matches!(s, Seen::Mark { .. }))
+        .collect();
+    assert_eq!(marks.len(), 2, "syncing, then serving: {marks:?}");
+}
