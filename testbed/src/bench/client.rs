@@ -256,7 +256,7 @@ impl BenchConn {
                     if e.kind() == io::ErrorKind::WouldBlock && self.waiting == Waiting::Spin =>
                 {
                     spins = spins.wrapping_add(1);
-                    if spins % 4096 == 0 && started.elapsed() > RECV_TIMEOUT {
+                    if spins.is_multiple_of(4096) && started.elapsed() > RECV_TIMEOUT {
                         return Err(io::Error::new(
                             io::ErrorKind::TimedOut,
                             format!("no response within {RECV_TIMEOUT:?} (spinning)"),
