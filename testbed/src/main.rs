@@ -168,7 +168,16 @@ enum Command {
     Chaos(ChaosArgs),
     /// Measure pmem-fabric against the network floor (sockperf, iperf3) and
     /// redis, and write the ratios with plots.
-    Bench(BenchArgs),
+    Bench {
+        #[command(flatten)]
+        bench: BenchArgs,
+        /// Idle client connections (each proves its key) held open to
+        /// measure the fabric device's memory per connection (default
+        /// 10000, 100 with --quick). The bench raises its open-file limit
+        /// to fit them; its daemons inherit it.
+        #[arg(long, value_name = "N")]
+        idle_connections: Option<usize>,
+    },
     /// The fabric device's CPU per operation on its RoCEv2 port next to its
     /// TCP port, in interleaved rounds (needs root: a network namespace and
     /// raw sockets).
@@ -733,7 +742,7 @@ fn log_id(command: &Command) -> Option<String> {
         Command::MapFollow { .. } => "map-follow",
         Command::Demo { .. } => "demo",
         Command::Chaos(_) => "chaos",
-        Command::Bench(_) => "bench",
+        Command::Bench { .. } => "bench",
         Command::BenchRoce { .. } => "bench-roce",
         Command::BenchVerbs(_) => "bench-verbs",
         Command::BenchPersist { .. } => "bench-persist",
@@ -811,7 +820,10 @@ fn main() -> ExitCode {
             medium,
             out,
         } => outcome(power_cut(cuts, seed, medium, out)),
-        Command::Bench(args) => outcome(bench(args)),
+        Command::Bench {
+            bench: args,
+            idle_connections,
+        } => outcome(bench(args, idle_connections)),
         Command::Chaos(args) => outcome(chaos(args)),
         Command::Daemon { args } => match args.split_first() {
             Some((name, _)) if name == "pmem-server" => pmem_server::cli::main_with_args(args),
@@ -1011,12 +1023,19 @@ fn power_cut(
 }
 
 /// `testbed bench`.
-fn bench(BenchArgs { quick, rounds, out }: BenchArgs) -> anyhow::Result<bool> {
+fn bench(
+    BenchArgs { quick, rounds, out }: BenchArgs,
+    idle_connections: Option<usize>,
+) -> anyhow::Result<bool> {
     let out = report_dir(out, "bench");
-    let (report, files) = testbed::bench::run(quick, rounds, &out)?;
-    println!("ratio                               value");
+    let overrides = testbed::bench::Overrides {
+        rounds,
+        idle_connections,
+    };
+    let (report, files) = testbed::bench::run(quick, overrides, &out)?;
+    println!("ratio                                       value");
     for (name, value) in &report.ratios {
-        println!("{name:<35} {value:>6.2}");
+        println!("{name:<43} {value:>6.2}");
     }
     println!(
         "\nreport: {}\nraw figures: {}",

@@ -41,6 +41,15 @@ fn quick_bench_writes_a_complete_report() {
         "device_cpu_us_per_op",
         "device_busy_cpu_us_per_op",
         "fabric_cpu_per_op_over_redis",
+        "direct_p99_over_floor_p99",
+        "fabric_p50_over_spinning_floor",
+        "fabric_p99_over_spinning_floor_p99",
+        "direct_p50_over_spinning_floor",
+        "direct_p99_over_spinning_floor_p99",
+        "replicated_persist_p50_over_unreplicated",
+        "replicated_read_tput_over_unreplicated",
+        "cache_auto_over_cached_small_read_p99",
+        "cache_auto_over_cached_small_write_p99",
     ] {
         let value = report["ratios"][key]
             .as_f64()
@@ -139,7 +148,96 @@ fn quick_bench_writes_a_complete_report() {
         before > 0 && after > before,
         "100 client connections must cost the device memory: {memory}"
     );
+    assert!(
+        memory["rss_idle"].as_u64().is_some_and(|idle| idle > 0),
+        "the device's memory with the connections idle: {memory}"
+    );
+    // The spinning floor, and a 64 B READ with the client polling on both
+    // paths.
+    let spinning = &report["floor_rtt_spinning"];
+    assert!(
+        spinning["p50_us"].as_f64().is_some_and(|v| v > 0.0)
+            && spinning["samples"].as_u64().is_some_and(|n| n > 0),
+        "the spinning floor: {spinning}"
+    );
+    for path in ["direct", "fabric"] {
+        assert!(
+            latency.iter().any(|c| c["path"] == path
+                && c["op"] == "READ"
+                && c["size"] == 64
+                && c["client_spins"] == true),
+            "{path} READ 64 B with a polling client missing"
+        );
+    }
+    // The cache policies: the bulk WRITEs ask for non-temporal stores
+    // under auto and not under cached; both measured in every round.
+    let cache = &report["cache_policy"];
+    let policies = cache["policies"].as_array().expect("cache policies");
+    let bulk_non_temporal: Vec<(&str, bool)> = policies
+        .iter()
+        .map(|p| {
+            (
+                p["policy"].as_str().expect("policy"),
+                p["bulk_non_temporal"].as_bool().expect("bulk_non_temporal"),
+            )
+        })
+        .collect();
+    assert_eq!(bulk_non_temporal, [("cached", false), ("auto", true)]);
+    for p in policies {
+        for key in ["read_p99_us", "write_p99_us", "bulk_bytes_per_s"] {
+            assert!(p[key].as_f64().is_some_and(|v| v > 0.0), "{key}: {p}");
+        }
+    }
+    // The replicated fabric: both sides measured.
+    let replication = &report["replication"];
+    assert_eq!(replication["replicas"], 2);
+    for key in [
+        "persist_p50_us_unreplicated",
+        "persist_p50_us_replicated",
+        "read_ops_per_s_unreplicated",
+        "read_ops_per_s_replicated",
+    ] {
+        assert!(
+            replication[key].as_f64().is_some_and(|v| v > 0.0),
+            "{key}: {replication}"
+        );
+    }
     let markdown = std::fs::read_to_string(out.join("report.md")).expect("read report.md");
     assert!(markdown.contains("`fabric_tput_over_redis`"));
     assert!(markdown.contains("per idle client connection"));
+    assert!(markdown.contains("both ends polling"));
+    assert!(markdown.contains("## Server cache policy"));
+    assert!(markdown.contains("## A replicated region"));
+}
+
+#[test]
+fn too_many_idle_connections_for_the_open_file_limit_are_refused_clearly() {
+    // A limit the bench may not raise: an unprivileged process cannot pass
+    // its hard limit, and root cannot pass the kernel's ceiling.
+    let ceiling: usize = std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .expect("read /proc/sys/fs/nr_open")
+        .trim()
+        .parse()
+        .expect("nr_open is a number");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let output = Command::new(env!("CARGO_BIN_EXE_testbed"))
+        .args(["bench", "--quick", "--idle-connections"])
+        .arg((ceiling + 1).to_string())
+        .arg("--out")
+        .arg(dir.path().join("bench"))
+        .output()
+        .expect("run testbed bench");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    for part in [
+        "idle client connections need",
+        "open-file limit (RLIMIT_NOFILE)",
+        "--idle-connections",
+    ] {
+        assert!(stderr.contains(part), "{part:?} missing from:\n{stderr}");
+    }
+    assert!(
+        !dir.path().join("bench").join("report.json").exists(),
+        "nothing measured"
+    );
 }

@@ -14,7 +14,7 @@ use testbed::bench::peers::{
     self, PeerError, Quantiles, RedisConfig, RedisServer, TOOLS, cpu_seconds, iperf3_bandwidth,
     listening_inodes, missing_tools, parse_iperf3_json, parse_proc_stat, parse_redis_benchmark,
     parse_sockperf, parse_sockperf_full_log, parse_vm_rss, redis_benchmark, require_tools,
-    resident_bytes, sockperf_rtt, sockperf_rtt_pinned, sockperf_rtt_run,
+    resident_bytes, sockperf_rtt, sockperf_rtt_pinned, sockperf_rtt_run, sockperf_rtt_spinning,
 };
 use testbed::report::LatencyHistogram;
 
@@ -117,6 +117,58 @@ fn sockperf_64_byte_round_trips() {
         (p50 - q.p50_us).abs() <= q.p50_us * 0.05 + 1.0,
         "{p50} vs {q:?}"
     );
+    assert_no_tool_left();
+}
+
+/// The command lines of this process's sockperf children now.
+fn sockperf_command_lines() -> Vec<String> {
+    let me = std::process::id().to_string();
+    std::fs::read_dir("/proc")
+        .expect("read /proc")
+        .filter_map(Result::ok)
+        .filter(|e| {
+            std::fs::read_to_string(e.path().join("stat")).is_ok_and(|stat| {
+                stat.contains("(sockperf)")
+                    && stat
+                        .rsplit_once(')')
+                        .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                        == Some(me.as_str())
+            })
+        })
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|bytes| String::from_utf8_lossy(&bytes).replace('\0', " "))
+        .collect()
+}
+
+#[test]
+fn sockperf_with_both_ends_polling() {
+    let _tools = tools();
+    // Watch the tool's processes while it runs: both ends get --nonblocked.
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let (run, seen) = std::thread::scope(|s| {
+        let watcher = s.spawn(|| {
+            let mut seen = std::collections::BTreeSet::new();
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                seen.extend(sockperf_command_lines());
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            seen
+        });
+        let run = sockperf_rtt_spinning(64, Duration::from_secs(1));
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        (run, watcher.join().expect("watcher"))
+    });
+    let run = run.expect("sockperf --nonblocked");
+    eprintln!("sockperf 64 B, both ends polling: {:?}", run.quantiles);
+    sane(&run.quantiles, "spinning sockperf");
+    assert_eq!(run.histogram.count(), run.quantiles.samples);
+    for end in ["sockperf server", "sockperf ping-pong"] {
+        assert!(
+            seen.iter()
+                .any(|line| line.starts_with(end) && line.contains("--nonblocked")),
+            "{end} without --nonblocked: {seen:?}"
+        );
+    }
     assert_no_tool_left();
 }
 

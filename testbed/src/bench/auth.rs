@@ -87,12 +87,7 @@ impl Side {
             fabric,
             port,
             key,
-            shape: Shape {
-                op: BenchOp::Read,
-                target: Target::Pmem(region.start),
-                key: region_key,
-                size: 64,
-            },
+            shape: Shape::new(BenchOp::Read, Target::Pmem(region.start), region_key, 64),
         })
     }
 

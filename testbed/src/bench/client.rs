@@ -11,6 +11,7 @@ use proto::hello::{Capabilities, Role};
 use proto::request::{Repr, Target};
 use proto::{AccessKey, FrameDecoder, Message, RegionIndex, Status};
 
+use super::waiting::Waiting;
 use crate::report::LatencyHistogram;
 
 /// One request shape, repeated.
@@ -24,6 +25,43 @@ pub struct Shape {
     pub key: AccessKey,
     /// Bytes read or written.
     pub size: u32,
+    /// Bytes from `target` over which a connection's successive requests
+    /// walk, `size` further each time and back to `target` at the end
+    /// (0 or at most `size`: every request at `target`).
+    pub spread: u64,
+    /// Whether writes ask the server for non-temporal stores (the
+    /// request's NON_TEMPORAL flag).
+    pub non_temporal: bool,
+}
+
+impl Shape {
+    /// `op` of `size` bytes at `target` with `key`, every request at the
+    /// same place, no NON_TEMPORAL flag.
+    pub fn new(op: BenchOp, target: Target, key: AccessKey, size: u32) -> Self {
+        Self {
+            op,
+            target,
+            key,
+            size,
+            spread: 0,
+            non_temporal: false,
+        }
+    }
+
+    /// The target of the `n`th request of a connection (see
+    /// [`Shape::spread`]).
+    fn target_of(&self, n: u64) -> Target {
+        let size = u64::from(self.size).max(1);
+        let slots = self.spread / size;
+        let offset = if slots > 1 { n % slots * size } else { 0 };
+        match self.target {
+            Target::Pmem(addr) => Target::Pmem(addr + offset),
+            Target::Region(at) => Target::Region(proto::RegionOffset {
+                offset: at.offset + offset,
+                ..at
+            }),
+        }
+    }
 }
 
 /// The operations the bench measures.
@@ -58,7 +96,14 @@ pub struct BenchConn {
     decoder: FrameDecoder,
     frame: Vec<u8>,
     next_tag: u64,
+    /// Requests encoded so far (where [`Shape::spread`] walks to).
+    sent: u64,
+    /// How a receive waits for the peer's bytes.
+    waiting: Waiting,
 }
+
+/// How long a receive waits for the peer, sleeping or spinning.
+const RECV_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn other(what: String) -> io::Error {
     io::Error::other(what)
@@ -73,12 +118,14 @@ impl BenchConn {
         }
         let stream = TcpStream::connect(addr)?;
         stream.set_nodelay(true)?;
-        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+        stream.set_read_timeout(Some(RECV_TIMEOUT))?;
         Ok(Self {
             stream,
             decoder: FrameDecoder::new(),
             frame: Vec::with_capacity(2 << 20),
             next_tag: 1,
+            sent: 0,
+            waiting: Waiting::Sleep,
         })
     }
 
@@ -88,7 +135,7 @@ impl BenchConn {
     pub fn open(addr: SocketAddr, client: &str, key: Option<[u8; 32]>) -> io::Result<Self> {
         let stream = TcpStream::connect(addr)?;
         stream.set_nodelay(true)?;
-        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+        stream.set_read_timeout(Some(RECV_TIMEOUT))?;
         Self::opened(stream, client, key)
     }
 
@@ -111,6 +158,8 @@ impl BenchConn {
             decoder: FrameDecoder::new(),
             frame: Vec::with_capacity(2 << 20),
             next_tag: 3,
+            sent: 0,
+            waiting: Waiting::Sleep,
         };
         let credentials = match key {
             Some(key) => {
@@ -148,6 +197,13 @@ impl BenchConn {
         }
     }
 
+    /// Makes the connection's receives wait as `waiting` says.
+    pub fn set_waiting(&mut self, waiting: Waiting) -> io::Result<()> {
+        self.stream.set_nonblocking(waiting == Waiting::Spin)?;
+        self.waiting = waiting;
+        Ok(())
+    }
+
     /// The key of region `index`, from the peer's MAP (servers make the
     /// keys; a device gives those its client may use).
     pub fn region_key(&mut self, index: RegionIndex) -> io::Result<AccessKey> {
@@ -183,9 +239,31 @@ impl BenchConn {
             {
                 return Ok(frame.to_vec());
             }
+            self.fill()?;
+        }
+    }
+
+    /// Reads what the peer sent into the decoder: a blocking read, or
+    /// with [`Waiting::Spin`] non-blocking reads until bytes come.
+    fn fill(&mut self) -> io::Result<()> {
+        let started = Instant::now();
+        let mut spins = 0u32;
+        loop {
             match self.decoder.read_from(&mut self.stream, 4 << 20) {
-                Ok(ReadOutcome::Data(_) | ReadOutcome::Full) => {}
+                Ok(ReadOutcome::Data(_) | ReadOutcome::Full) => return Ok(()),
                 Ok(ReadOutcome::Eof) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Err(ReadError::Io(e))
+                    if e.kind() == io::ErrorKind::WouldBlock && self.waiting == Waiting::Spin =>
+                {
+                    spins = spins.wrapping_add(1);
+                    if spins.is_multiple_of(4096) && started.elapsed() > RECV_TIMEOUT {
+                        return Err(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            format!("no response within {RECV_TIMEOUT:?} (spinning)"),
+                        ));
+                    }
+                    std::hint::spin_loop();
+                }
                 Err(ReadError::Io(e)) => return Err(e),
                 Err(ReadError::Framing(e)) => return Err(other(e.to_string())),
             }
@@ -198,12 +276,17 @@ impl BenchConn {
         let tag = self.next_tag;
         self.next_tag += 1;
         let payload = &data[..shape.size as usize];
-        let repr = match shape.op {
-            BenchOp::Read => Repr::read(shape.target, shape.key, shape.size),
-            BenchOp::Write => Repr::write(shape.target, shape.key, payload),
-            BenchOp::WritePersist => Repr::write_persist(shape.target, shape.key, payload),
-            BenchOp::CompareSwap => Repr::compare_swap(shape.target, shape.key, u64::MAX, 1),
+        let target = shape.target_of(self.sent);
+        self.sent += 1;
+        let mut repr = match shape.op {
+            BenchOp::Read => Repr::read(target, shape.key, shape.size),
+            BenchOp::Write => Repr::write(target, shape.key, payload),
+            BenchOp::WritePersist => Repr::write_persist(target, shape.key, payload),
+            BenchOp::CompareSwap => Repr::compare_swap(target, shape.key, u64::MAX, 1),
         };
+        if shape.non_temporal {
+            repr = repr.with_non_temporal();
+        }
         Message::Request(repr)
             .encode_into(tag, &mut self.frame)
             .map_err(|e| other(e.to_string()))
@@ -233,12 +316,7 @@ impl BenchConn {
                 };
                 return Ok((message.opcode(), status));
             }
-            match self.decoder.read_from(&mut self.stream, 4 << 20) {
-                Ok(ReadOutcome::Data(_) | ReadOutcome::Full) => {}
-                Ok(ReadOutcome::Eof) => return Err(io::ErrorKind::UnexpectedEof.into()),
-                Err(ReadError::Io(e)) => return Err(e),
-                Err(ReadError::Framing(e)) => return Err(other(e.to_string())),
-            }
+            self.fill()?;
         }
     }
 
@@ -299,13 +377,26 @@ pub fn pipelined(
     how: Pipelining,
     duration: Duration,
 ) -> io::Result<(u64, Duration)> {
+    let started = Instant::now();
+    pipelined_while(conn, shape, depth, how, &|| started.elapsed() < duration)
+}
+
+/// [`pipelined`] for as long as `go_on` says yes (asked before each batch
+/// or refill).
+pub fn pipelined_while(
+    conn: &mut BenchConn,
+    shape: &Shape,
+    depth: usize,
+    how: Pipelining,
+    go_on: &dyn Fn() -> bool,
+) -> io::Result<(u64, Duration)> {
     let data = vec![0x5a; shape.size as usize];
     let depth = depth.max(1);
     let started = Instant::now();
     let completed = match how {
         Pipelining::Batches => {
             let mut completed = 0u64;
-            while started.elapsed() < duration {
+            while go_on() {
                 conn.send(shape, &data, depth)?;
                 for _ in 0..depth {
                     conn.recv_ok()?;
@@ -314,18 +405,19 @@ pub fn pipelined(
             }
             completed
         }
-        Pipelining::Window => window(conn, shape, &data, depth, started + duration)?,
+        Pipelining::Window => window(conn, shape, &data, depth, go_on)?,
     };
     Ok((completed, started.elapsed()))
 }
 
-/// [`Pipelining::Window`] until `deadline`; returns the completed count.
+/// [`Pipelining::Window`] while `go_on` says yes; returns the completed
+/// count.
 fn window(
     conn: &mut BenchConn,
     shape: &Shape,
     data: &[u8],
     depth: usize,
-    deadline: Instant,
+    go_on: &dyn Fn() -> bool,
 ) -> io::Result<u64> {
     conn.send(shape, data, depth)?;
     let mut outstanding = depth;
@@ -337,11 +429,90 @@ fn window(
         outstanding -= 1;
         completed += 1;
         done_since_refill += 1;
-        if Instant::now() < deadline && done_since_refill >= refill {
+        if done_since_refill >= refill && go_on() {
             conn.send(shape, data, done_since_refill)?;
             outstanding += done_since_refill;
             done_since_refill = 0;
         }
     }
     Ok(completed)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+    use std::net::TcpListener;
+
+    use proto::PmemAddr;
+
+    use super::*;
+
+    /// The requests `send` puts on the wire for `shape`, `count` of them,
+    /// as the peer parses them: (target, NON_TEMPORAL flag).
+    fn on_the_wire(shape: &Shape, count: usize) -> Vec<(Target, bool)> {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("listen");
+        let addr = listener.local_addr().expect("address");
+        let mut conn = BenchConn::connect(addr, None).expect("connect");
+        let (mut peer, _) = listener.accept().expect("accept");
+        conn.send(shape, &vec![1u8; shape.size as usize], count)
+            .expect("send");
+        drop(conn);
+        let mut bytes = Vec::new();
+        peer.read_to_end(&mut bytes).expect("read what was sent");
+        let mut decoder = FrameDecoder::new();
+        decoder.feed(&bytes).expect("frames");
+        let mut seen = Vec::new();
+        while let Some(frame) = decoder.next_frame().expect("a whole frame") {
+            match proto::parse_frame(frame).expect("a valid frame") {
+                (Message::Request(r), _) => seen.push((r.target, r.non_temporal)),
+                (other, _) => panic!("expected a request, got {}", other.opcode()),
+            }
+        }
+        seen
+    }
+
+    fn write(size: u32) -> Shape {
+        Shape::new(
+            BenchOp::Write,
+            Target::Pmem(PmemAddr(1 << 40)),
+            AccessKey(7),
+            size,
+        )
+    }
+
+    #[test]
+    fn the_non_temporal_flag_goes_on_the_wire_when_the_shape_asks() {
+        let plain = on_the_wire(&write(64), 2);
+        assert_eq!(plain.len(), 2);
+        assert!(plain.iter().all(|(_, nt)| !nt), "{plain:?}");
+        let bulk = Shape {
+            non_temporal: true,
+            ..write(4096)
+        };
+        let streamed = on_the_wire(&bulk, 2);
+        assert_eq!(streamed.len(), 2);
+        assert!(streamed.iter().all(|(_, nt)| *nt), "{streamed:?}");
+    }
+
+    #[test]
+    fn a_spread_walks_the_range_and_wraps() {
+        let base = 1u64 << 40;
+        let walking = Shape {
+            spread: 3 * 64,
+            ..write(64)
+        };
+        let targets: Vec<u64> = on_the_wire(&walking, 5)
+            .into_iter()
+            .map(|(t, _)| match t {
+                Target::Pmem(a) => a.0 - base,
+                other => panic!("{other}"),
+            })
+            .collect();
+        assert_eq!(targets, [0, 64, 128, 0, 64]);
+        let fixed: Vec<Target> = on_the_wire(&write(64), 3)
+            .into_iter()
+            .map(|(t, _)| t)
+            .collect();
+        assert_eq!(fixed, [Target::Pmem(PmemAddr(base)); 3]);
+    }
 }

@@ -3,10 +3,14 @@
 //! figure that matters is a ratio of two numbers taken by the same command.
 
 pub mod auth;
+pub mod cache_policy;
 pub mod client;
+pub mod open_files;
 pub mod peers;
+pub mod replicated;
 pub mod rounds;
 mod summary;
+pub mod waiting;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -24,6 +28,7 @@ use crate::report::{LatencyHistogram, OpStats, RunReport};
 use client::{BenchConn, BenchOp, Pipelining, Shape};
 use peers::{Quantiles, RedisConfig, RedisResult, RedisServer};
 pub use summary::markdown;
+use waiting::Waiting;
 
 /// How long and how hard each measurement runs.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
@@ -47,8 +52,8 @@ pub struct Plan {
     /// sleeping vCPU on this VM takes tens of microseconds to wake.
     #[serde(default)]
     pub device_busy_poll_us: u64,
-    /// Idle client connections opened to measure the device's memory per
-    /// connection.
+    /// Idle client connections opened, with their key proven, to measure
+    /// the device's memory per connection (`--idle-connections`).
     #[serde(default)]
     pub idle_connections: usize,
     /// Rounds of every tracked ratio, the main pass included (see
@@ -86,7 +91,7 @@ impl Plan {
                 client_steps: [1, 2, 4],
                 redis_requests: 400_000,
                 device_busy_poll_us: Self::DEVICE_BUSY_POLL_US,
-                idle_connections: 1_000,
+                idle_connections: 10_000,
                 rounds: 5,
             }
         }
@@ -95,6 +100,30 @@ impl Plan {
     fn duration(&self) -> Duration {
         Duration::from_secs_f64(self.seconds)
     }
+
+    /// The flags of every bench fabric device: busy polling, and room for
+    /// the idle connections, all opened as one client.
+    fn device_args(&self) -> Vec<String> {
+        let connections = (self.idle_connections + 16).to_string();
+        vec![
+            "--busy-poll-us".into(),
+            self.device_busy_poll_us.to_string(),
+            "--max-clients".into(),
+            connections.clone(),
+            "--max-connections-per-client".into(),
+            connections,
+        ]
+    }
+}
+
+/// What the command line changes in the plan.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Overrides {
+    /// Rounds of every ratio (`--rounds`).
+    pub rounds: Option<usize>,
+    /// Idle client connections for the memory figure
+    /// (`--idle-connections`).
+    pub idle_connections: Option<usize>,
 }
 
 /// One pmem-fabric latency case.
@@ -108,6 +137,10 @@ pub struct LatencyCase {
     pub size: u32,
     /// The round trips.
     pub quantiles: Quantiles,
+    /// Whether the bench client polled its socket for the responses
+    /// ([`Waiting::Spin`]) instead of sleeping in a blocking read.
+    #[serde(default)]
+    pub client_spins: bool,
     /// pmem-server CPU seconds per million operations.
     #[serde(default)]
     pub server_cpu_s_per_million: Option<f64>,
@@ -162,6 +195,10 @@ pub struct BenchReport {
     /// floor without a cross-CPU wake-up (for context; on this VM a wake-up
     /// of an idle CPU costs tens of microseconds).
     pub floor_rtt_same_cpu: Quantiles,
+    /// sockperf 64 B with both ends polling their sockets
+    /// (`--nonblocked`): the floor without wake-ups, for the device spins.
+    #[serde(default)]
+    pub floor_rtt_spinning: Option<Quantiles>,
     /// iperf3, one stream, bytes per second.
     pub floor_bw_bytes_per_s: f64,
     /// pmem-fabric round trips at queue depth 1.
@@ -177,6 +214,13 @@ pub struct BenchReport {
     /// request.
     #[serde(default)]
     pub authentication: Option<auth::AuthCost>,
+    /// Small hot operations beside bulk writes, the bulk writes asking
+    /// for the server's cache or not.
+    #[serde(default)]
+    pub cache_policy: Option<cache_policy::CachePolicyCost>,
+    /// A region with two copies against one.
+    #[serde(default)]
+    pub replication: Option<replicated::ReplicationCost>,
     /// The tracked ratios, by name: each the median over the rounds.
     pub ratios: BTreeMap<String, f64>,
     /// Each tracked ratio over the rounds: median, spread, every round.
@@ -196,7 +240,19 @@ pub struct ConnectionMemory {
     pub rss_after: u64,
     /// (after − before) ÷ connections.
     pub bytes_per_connection: f64,
+    /// With the connections open and idle for [`IDLE_SETTLE`] (a device
+    /// gives an idle connection's buffers back), bytes.
+    #[serde(default)]
+    pub rss_idle: u64,
+    /// (idle − before) ÷ connections.
+    #[serde(default)]
+    pub idle_bytes_per_connection: f64,
 }
+
+/// How long the idle connections stay idle before the device's memory is
+/// read again: past the second after which a device gives an idle
+/// connection's buffers back.
+pub const IDLE_SETTLE: Duration = Duration::from_millis(2500);
 
 /// Where a bench run's files went.
 #[derive(Debug, Clone)]
@@ -260,15 +316,20 @@ impl Paths {
 /// Runs the whole bench and writes its report into `out`.
 pub fn run(
     quick: bool,
-    rounds: Option<usize>,
+    overrides: Overrides,
     out: &Path,
 ) -> anyhow::Result<(BenchReport, BenchFiles)> {
     let mut plan = Plan::new(quick);
-    if let Some(rounds) = rounds {
+    if let Some(rounds) = overrides.rounds {
         plan.rounds = rounds.max(1);
+    }
+    if let Some(connections) = overrides.idle_connections {
+        plan.idle_connections = connections.max(1);
     }
     std::fs::create_dir_all(out).with_context(|| format!("create {}", out.display()))?;
     peers::require_tools(peers::TOOLS)?;
+    // Before any daemon starts: they inherit the limit.
+    open_files::allow_connections(plan.idle_connections)?;
     let floors = Floors::measure(&plan)?;
 
     // pmem-fabric: region files and redis files share the filesystem of `out`.
@@ -283,12 +344,7 @@ pub fn run(
         None => None,
     };
     let key = paths.connect("fabric")?.region_key(region.region)?;
-    let shape = |op, size: u32| Shape {
-        op,
-        target: Target::Pmem(region.start),
-        key,
-        size,
-    };
+    let shape = |op, size: u32| Shape::new(op, Target::Pmem(region.start), key, size);
     let (latency, histograms) = latencies(&plan, &paths, pids, &shape)?;
     let mut steps: Vec<usize> = plan.client_steps.to_vec();
     steps.dedup();
@@ -316,7 +372,24 @@ pub fn run(
         plan.rounds.saturating_sub(1),
     )
     .context("the ratios' rounds")?;
-    drop((aof, server, fabric));
+    drop((aof, server));
+    let cache_policy = Some(
+        cache_policy::measure(&plan, &paths, &shape, region.len)
+            .context("the server cache policy's case")?,
+    );
+    let replication = Some(
+        replicated::measure(
+            &plan,
+            replicated::Unreplicated {
+                paths: &paths,
+                pids,
+                shape: &shape,
+            },
+            out,
+        )
+        .context("the replicated region's case")?,
+    );
+    drop(fabric);
     let authentication = Some(auth::measure(&plan, out).context("authentication cost")?);
 
     let mut report = BenchReport {
@@ -325,12 +398,15 @@ pub fn run(
         cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
         floor_rtt: floors.rtt,
         floor_rtt_same_cpu: floors.rtt_same_cpu,
+        floor_rtt_spinning: Some(floors.rtt_spinning),
         floor_bw_bytes_per_s: floors.bw_bytes_per_s,
         latency,
         rates,
         redis,
         device_memory,
         authentication,
+        cache_policy,
+        replication,
         ratios: BTreeMap::new(),
         ratio_spread: BTreeMap::new(),
     };
@@ -339,11 +415,12 @@ pub fn run(
     Ok((report, files))
 }
 
-/// The network floors: sockperf round trips (64 B and 4 KiB, and 64 B on
-/// one CPU) and one iperf3 stream.
+/// The network floors: sockperf round trips (64 B and 4 KiB, 64 B on one
+/// CPU, 64 B with both ends polling) and one iperf3 stream.
 struct Floors {
     rtt: BTreeMap<u32, Quantiles>,
     rtt_same_cpu: Quantiles,
+    rtt_spinning: Quantiles,
     bw_bytes_per_s: f64,
 }
 
@@ -356,6 +433,7 @@ impl Floors {
         Ok(Floors {
             rtt,
             rtt_same_cpu: peers::sockperf_rtt_pinned(64, plan.duration(), 0, 0)?.quantiles,
+            rtt_spinning: peers::sockperf_rtt_spinning(64, plan.duration())?.quantiles,
             bw_bytes_per_s: peers::iperf3_bandwidth(plan.duration())?,
         })
     }
@@ -369,14 +447,15 @@ fn start_fabric(
     out: &Path,
 ) -> anyhow::Result<(Fabric, Paths, Pids)> {
     let mut launch = LaunchOptions::new(out.join("data"), out.join("run"))?;
-    launch.device_args = vec![
-        "--busy-poll-us".into(),
-        plan.device_busy_poll_us.to_string(),
-        // The memory figure opens many idle connections as one client.
-        "--max-connections-per-client".into(),
-        (plan.idle_connections + 16).to_string(),
-    ];
+    launch.device_args = plan.device_args();
     let fabric = Fabric::start(topology, launch).context("bring the bench fabric up")?;
+    let (paths, pids) = ways_in(&fabric)?;
+    Ok((fabric, paths, pids))
+}
+
+/// A bench fabric's ways in (server `S`'s NIC `n0`, device `F`'s port
+/// `p0`, as client `c`) and the pids of `S` and `F`.
+fn ways_in(fabric: &Fabric) -> anyhow::Result<(Paths, Pids)> {
     let addr = |kind, id, field| -> anyhow::Result<SocketAddr> {
         fabric
             .ready_field(kind, id, field)
@@ -396,7 +475,7 @@ fn start_fabric(
         fabric.pid(DaemonKind::PmemServer, "S"),
         fabric.pid(DaemonKind::FabricDevice, "F"),
     );
-    Ok((fabric, paths, pids))
+    Ok((paths, pids))
 }
 
 /// Round trips at queue depth 1 of every operation on both paths, with
@@ -435,11 +514,34 @@ fn latencies(
                 op: op.name().to_owned(),
                 size,
                 quantiles: Quantiles::from_histogram(&h),
+                client_spins: false,
                 server_cpu_s_per_million: cpu.server,
                 device_cpu_s_per_million: cpu.device,
             });
             histograms.insert(format!("{path} {} {size} B", op.name()), h);
         }
+        // The same 64 B READ with the client polling for its response:
+        // what the client's own wake-up adds to a round trip.
+        conn.set_waiting(Waiting::Spin)?;
+        let meter = CpuMeter::start(path, pids, paths.device_admin);
+        let h = client::latency(
+            &mut conn,
+            &shape(BenchOp::Read, 64),
+            200,
+            plan.duration(),
+            plan.samples,
+        )?;
+        let cpu = meter.per_million(h.count() + 200);
+        latency.push(LatencyCase {
+            path: path.to_owned(),
+            op: BenchOp::Read.name().to_owned(),
+            size: 64,
+            quantiles: Quantiles::from_histogram(&h),
+            client_spins: true,
+            server_cpu_s_per_million: cpu.server,
+            device_cpu_s_per_million: cpu.device,
+        });
+        histograms.insert(format!("{path} READ 64 B, client spinning"), h);
     }
     Ok((latency, histograms))
 }
@@ -530,23 +632,53 @@ fn redis_runs(
 }
 
 /// Each tracked ratio over the rounds: the main pass is the first round,
-/// `more_rounds` the rest (authentication has rounds of its own); the
-/// tracked value is the median.
+/// `more_rounds` the rest, except for the ratios with rounds of their own
+/// ([`own_rounds`]); the tracked value is the median.
 fn set_ratios(report: &mut BenchReport, more_rounds: &BTreeMap<String, Vec<f64>>) {
+    let own = own_rounds(report);
     for (name, first) in ratios(report) {
-        let mut values = vec![first];
-        values.extend(more_rounds.get(&name).into_iter().flatten().copied());
-        if let Some(a) = report
-            .authentication
-            .as_ref()
-            .filter(|_| name == "authenticated_read_p50_over_plain")
-        {
-            values.clone_from(&a.read_ratio_per_round);
-        }
+        let values = match own.get(&name) {
+            Some(values) => values.clone(),
+            None => std::iter::once(first)
+                .chain(more_rounds.get(&name).into_iter().flatten().copied())
+                .collect(),
+        };
         let spread = rounds::RatioSpread::of(values);
         report.ratios.insert(name.clone(), spread.median);
         report.ratio_spread.insert(name, spread);
     }
+}
+
+/// The ratios whose cases run interleaved rounds of their own (two
+/// fabrics side by side, or two policies on one), each round's value in
+/// round order; empty for a case that was not measured.
+fn own_rounds(report: &BenchReport) -> BTreeMap<String, Vec<f64>> {
+    let auth = report.authentication.as_ref();
+    let cache = report.cache_policy.as_ref();
+    let replication = report.replication.as_ref();
+    let rounds = |values: Option<&Vec<f64>>| values.cloned().unwrap_or_default();
+    BTreeMap::from([
+        (
+            "authenticated_read_p50_over_plain".to_owned(),
+            rounds(auth.map(|a| &a.read_ratio_per_round)),
+        ),
+        (
+            cache_policy::READ_P99_RATIO.to_owned(),
+            rounds(cache.map(|c| &c.read_p99_ratio_per_round)),
+        ),
+        (
+            cache_policy::WRITE_P99_RATIO.to_owned(),
+            rounds(cache.map(|c| &c.write_p99_ratio_per_round)),
+        ),
+        (
+            replicated::PERSIST_RATIO.to_owned(),
+            rounds(replication.map(|r| &r.persist_p50_ratio_per_round)),
+        ),
+        (
+            replicated::READ_RATIO.to_owned(),
+            rounds(replication.map(|r| &r.read_tput_ratio_per_round)),
+        ),
+    ])
 }
 
 /// Operations per second of `clients` connections with `depth` in flight
@@ -602,26 +734,42 @@ fn rate(
 }
 
 /// Opens `count` client connections to the fabric device (each says
-/// HELLO and waits for the answer, so the device has set it up), and
-/// measures the device's resident memory before and with them open.
+/// HELLO, proves the client's key and waits for the answer, so the device
+/// has set it up), and measures the device's resident memory before, with
+/// them just open, and once they have been idle for [`IDLE_SETTLE`].
 fn connection_memory(paths: &Paths, device: u32, count: usize) -> anyhow::Result<ConnectionMemory> {
     let count = count.max(1);
     let rss_before = peers::resident_bytes(device)?;
+    // Only the sockets are kept: the bench's own buffers of 10,000
+    // connections would be gigabytes of address space for nothing.
     let mut conns = Vec::with_capacity(count);
+    let open = || -> std::io::Result<std::net::TcpStream> {
+        let stream = std::net::TcpStream::connect(paths.fabric)?;
+        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+        BenchConn::open_stream(stream, "c", paths.key)
+    };
     for i in 0..count {
-        conns.push(
-            paths
-                .connect("fabric")
-                .with_context(|| format!("idle client connection {} of {count}", i + 1))?,
-        );
+        let conn = open().with_context(|| {
+            format!(
+                "open idle client connection {} of {count} to the fabric device at {}",
+                i + 1,
+                paths.fabric
+            )
+        })?;
+        conns.push(conn);
     }
     let rss_after = peers::resident_bytes(device)?;
+    std::thread::sleep(IDLE_SETTLE);
+    let rss_idle = peers::resident_bytes(device)?;
     drop(conns);
+    let per_connection = |rss: u64| rss.saturating_sub(rss_before) as f64 / count as f64;
     Ok(ConnectionMemory {
         connections: count,
         rss_before,
         rss_after,
-        bytes_per_connection: rss_after.saturating_sub(rss_before) as f64 / count as f64,
+        bytes_per_connection: per_connection(rss_after),
+        rss_idle,
+        idle_bytes_per_connection: per_connection(rss_idle),
     })
 }
 
@@ -695,12 +843,15 @@ fn device_cpu_split(admin: SocketAddr) -> Option<(f64, f64)> {
 
 /// The ratios the project tracks, each a measurement over a floor or a peer.
 pub fn ratios(report: &BenchReport) -> BTreeMap<String, f64> {
-    let p50 = |path: &str, op: &str, size: u32| {
+    // The cases with a sleeping client, as every floor's client sleeps.
+    let case = |path: &str, op: &str, size: u32| {
         report
             .latency
             .iter()
-            .find(|c| c.path == path && c.op == op && c.size == size)
-            .map_or(f64::NAN, |c| c.quantiles.p50_us)
+            .find(|c| c.path == path && c.op == op && c.size == size && !c.client_spins)
+    };
+    let p50 = |path: &str, op: &str, size: u32| {
+        case(path, op, size).map_or(f64::NAN, |c| c.quantiles.p50_us)
     };
     let rate = |system: &str, op: &str, size: u64, clients: usize| {
         report
@@ -717,17 +868,12 @@ pub fn ratios(report: &BenchReport) -> BTreeMap<String, f64> {
         .find(|r| r.test == "SET" && r.value_size == 4096 && r.clients == 1)
         .map_or(f64::NAN, |r| r.latency.p50_us);
     let mib = (1u64 << 20) as f64;
-    let auth_read = report.authentication.as_ref().map_or(f64::NAN, |a| {
-        rounds::RatioSpread::of(a.read_ratio_per_round.clone()).median
-    });
     let p99 = |path: &str, op: &str, size: u32| {
-        report
-            .latency
-            .iter()
-            .find(|c| c.path == path && c.op == op && c.size == size)
-            .map_or(f64::NAN, |c| c.quantiles.p99_us)
+        case(path, op, size).map_or(f64::NAN, |c| c.quantiles.p99_us)
     };
     let floor_p99 = report.floor_rtt.get(&64).map_or(f64::NAN, |q| q.p99_us);
+    let spinning = report.floor_rtt_spinning;
+    let (spin_p50, spin_p99) = spinning.map_or((f64::NAN, f64::NAN), |q| (q.p50_us, q.p99_us));
     let read_rate = |system: &str| {
         report
             .rates
@@ -743,11 +889,30 @@ pub fn ratios(report: &BenchReport) -> BTreeMap<String, f64> {
         .unwrap_or(f64::NAN)
     };
     let fabric_read = read_rate("fabric");
-    BTreeMap::from([
-        ("authenticated_read_p50_over_plain".into(), auth_read),
+    let mut ratios = BTreeMap::from([
         (
             "fabric_p99_over_floor_p99".into(),
             p99("fabric", "READ", 64) / floor_p99,
+        ),
+        (
+            "direct_p99_over_floor_p99".into(),
+            p99("direct", "READ", 64) / floor_p99,
+        ),
+        (
+            "fabric_p50_over_spinning_floor".into(),
+            p50("fabric", "READ", 64) / spin_p50,
+        ),
+        (
+            "fabric_p99_over_spinning_floor_p99".into(),
+            p99("fabric", "READ", 64) / spin_p99,
+        ),
+        (
+            "direct_p50_over_spinning_floor".into(),
+            p50("direct", "READ", 64) / spin_p50,
+        ),
+        (
+            "direct_p99_over_spinning_floor_p99".into(),
+            p99("direct", "READ", 64) / spin_p99,
         ),
         // CPU seconds per million operations are CPU µs per operation.
         ("device_cpu_us_per_op".into(), cpu(fabric_read, true)),
@@ -785,7 +950,11 @@ pub fn ratios(report: &BenchReport) -> BTreeMap<String, f64> {
             "fabric_persist_p50_over_redis_aof".into(),
             p50("fabric", "WRITE_PERSIST", 4096) / redis_aof,
         ),
-    ])
+    ]);
+    for (name, values) in own_rounds(report) {
+        ratios.insert(name, rounds::RatioSpread::of(values).median);
+    }
+    ratios
 }
 
 /// Writes report.json, report.md and the plots.

@@ -68,8 +68,9 @@ pub(super) fn measure(
     Ok(values)
 }
 
-/// Both sides of `measure`'s pair, ours first unless `flip`.
-fn pair<A, B>(
+/// Both sides of a ratio, measured back to back: ours first unless
+/// `flip`.
+pub(super) fn pair<A, B>(
     flip: bool,
     ours: impl FnOnce() -> anyhow::Result<A>,
     theirs: impl FnOnce() -> anyhow::Result<B>,
@@ -97,6 +98,7 @@ fn one_round(
         Ok((h.quantile(0.5) as f64, h.quantile(0.99) as f64))
     };
     let p50 = |path: &str, op, size| Ok(quantiles(path, op, size)?.0);
+    let read_64 = |path: &str| quantiles(path, BenchOp::Read, 64);
     let rate_of = |path: &str, op, size, clients, window| {
         rate(
             s.paths,
@@ -111,23 +113,35 @@ fn one_round(
     let ops = |path: &str, op, size, clients, window| -> anyhow::Result<f64> {
         Ok(rate_of(path, op, size, clients, window)?.ops_per_s)
     };
-    let floor = || {
-        let q = peers::sockperf_rtt(64, duration)?;
+    // A sockperf floor's 64 B (p50, p99).
+    type Sockperf = fn(usize, Duration) -> Result<peers::SockperfRun, peers::PeerError>;
+    let floor = |run: Sockperf| -> anyhow::Result<(f64, f64)> {
+        let q = run(64, duration)?.quantiles;
         Ok((q.p50_us, q.p99_us))
     };
     let mut out = Vec::new();
 
-    let (fabric, floor_rtt) = pair(flip, || quantiles("fabric", BenchOp::Read, 64), floor)?;
-    out.push((
-        "fabric_p50_over_floor_rtt".to_owned(),
-        fabric.0 / floor_rtt.0,
-    ));
-    out.push((
-        "fabric_p99_over_floor_p99".to_owned(),
-        fabric.1 / floor_rtt.1,
-    ));
-    let (direct, floor_rtt) = pair(flip, || p50("direct", BenchOp::Read, 64), floor)?;
-    out.push(("direct_p50_over_floor_rtt".to_owned(), direct / floor_rtt.0));
+    // Both paths' 64 B READ round trips and both floors (sleeping and
+    // spinning), all four back to back.
+    let ((fabric, direct), (sleeping, spinning)) = pair(
+        flip,
+        || Ok((read_64("fabric")?, read_64("direct")?)),
+        || {
+            Ok((
+                floor(peers::sockperf_rtt_run)?,
+                floor(peers::sockperf_rtt_spinning)?,
+            ))
+        },
+    )?;
+    for (path, (p50, p99)) in [("fabric", fabric), ("direct", direct)] {
+        out.push((format!("{path}_p50_over_floor_rtt"), p50 / sleeping.0));
+        out.push((format!("{path}_p99_over_floor_p99"), p99 / sleeping.1));
+        out.push((format!("{path}_p50_over_spinning_floor"), p50 / spinning.0));
+        out.push((
+            format!("{path}_p99_over_spinning_floor_p99"),
+            p99 / spinning.1,
+        ));
+    }
 
     let batches = (plan.depth, Pipelining::Batches);
     let requests = plan.redis_requests / 2;

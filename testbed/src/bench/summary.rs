@@ -3,10 +3,10 @@
 
 use std::fmt::Write as _;
 
-use super::BenchReport;
+use super::{BenchReport, cache_policy, replicated};
 
 /// Each tracked ratio with the target it is held to.
-const TARGETS: [(&str, &str); 11] = [
+const TARGETS: &[(&str, &str)] = &[
     ("fabric_p50_over_floor_rtt", "≤ 2.3"),
     ("direct_p50_over_floor_rtt", "≤ 1.2"),
     ("fabric_tput_over_redis", "≥ 1.0"),
@@ -18,6 +18,15 @@ const TARGETS: [(&str, &str); 11] = [
     ("device_cpu_us_per_op", "≤ 0.5"),
     ("device_busy_cpu_us_per_op", "(for information)"),
     ("fabric_cpu_per_op_over_redis", "(for information)"),
+    ("direct_p99_over_floor_p99", "(for information)"),
+    ("fabric_p50_over_spinning_floor", "(for information)"),
+    ("fabric_p99_over_spinning_floor_p99", "(for information)"),
+    ("direct_p50_over_spinning_floor", "(for information)"),
+    ("direct_p99_over_spinning_floor_p99", "(for information)"),
+    (replicated::PERSIST_RATIO, "≤ 1.5"),
+    (replicated::READ_RATIO, "≥ 1.0"),
+    (cache_policy::READ_P99_RATIO, "(for information)"),
+    (cache_policy::WRITE_P99_RATIO, "(for information)"),
 ];
 
 /// The report's readable summary.
@@ -28,6 +37,8 @@ pub fn markdown(report: &BenchReport) -> String {
     floors(&mut md, report);
     latency(&mut md, report);
     rates(&mut md, report);
+    cache_policy(&mut md, report);
+    replication(&mut md, report);
     authentication(&mut md, report);
     redis(&mut md, report);
     md
@@ -61,7 +72,7 @@ fn ratios(md: &mut String, report: &BenchReport) {
          round.\n\n| ratio | median | min | max | target |\n|---|---:|---:|---:|---|",
         report.plan.rounds.max(1)
     );
-    for (name, target) in TARGETS {
+    for &(name, target) in TARGETS {
         let value = report.ratios.get(name).copied().unwrap_or(f64::NAN);
         let (min, max) = report
             .ratio_spread
@@ -92,10 +103,21 @@ fn floors(md: &mut String, report: &BenchReport) {
         "| sockperf ping-pong 64 B, both on CPU 0 (context only) | {:.1} | {:.1} | {:.1} |",
         q.p50_us, q.p99_us, q.p999_us
     );
+    if let Some(q) = &report.floor_rtt_spinning {
+        let _ = writeln!(
+            md,
+            "| sockperf ping-pong 64 B, both ends polling (`--nonblocked`) | {:.1} | {:.1} | {:.1} |",
+            q.p50_us, q.p99_us, q.p999_us
+        );
+    }
     let _ = writeln!(
         md,
-        "\nThe ratios use the unpinned floor: pmem-fabric's client, device and server are \
-         not pinned either.\n\niperf3, one stream: {:.2} GB/s\n",
+        "\nThe ratios use the unpinned floors: pmem-fabric's client, device and server are \
+         not pinned either. The sleeping floor's ends wait in a blocking read and pay a \
+         wake-up per message, as the bench client and the server do; the spinning floor's \
+         ends poll, as the device does (`*_over_spinning_floor*`, for information: on two \
+         vCPUs three polling processes cannot each have a CPU).\n\n\
+         iperf3, one stream: {:.2} GB/s\n",
         report.floor_bw_bytes_per_s / 1e9
     );
 }
@@ -103,16 +125,17 @@ fn floors(md: &mut String, report: &BenchReport) {
 fn latency(md: &mut String, report: &BenchReport) {
     let _ = writeln!(
         md,
-        "## pmem-fabric latency, queue depth 1\n\n| path | op | size B | p50 µs | p99 µs | p99.9 µs | samples | server CPU s / M ops | device CPU s / M ops |\n|---|---|---:|---:|---:|---:|---:|---:|---:|"
+        "## pmem-fabric latency, queue depth 1\n\n| path | op | size B | client | p50 µs | p99 µs | p99.9 µs | samples | server CPU s / M ops | device CPU s / M ops |\n|---|---|---:|---|---:|---:|---:|---:|---:|---:|"
     );
     for c in &report.latency {
         let q = &c.quantiles;
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {:.1} | {:.1} | {:.1} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {:.1} | {:.1} | {:.1} | {} | {} | {} |",
             c.path,
             c.op,
             c.size,
+            if c.client_spins { "polls" } else { "sleeps" },
             q.p50_us,
             q.p99_us,
             q.p999_us,
@@ -153,16 +176,93 @@ fn rates(md: &mut String, report: &BenchReport) {
          and found no event (`fabric_device_idle_poll_seconds_total`)."
     );
     if let Some(m) = &report.device_memory {
+        let mib = |bytes: u64| bytes as f64 / (1 << 20) as f64;
         let _ = writeln!(
             md,
-            "\nFabric device memory: {:.1} KiB resident per idle client connection \
-             ({} connections opened with their key proven; {:.1} → {:.1} MiB).",
-            m.bytes_per_connection / 1024.0,
+            "\nFabric device memory: {:.1} KiB resident per idle client connection, \
+             {:.1} MB in all with {} connections open, their key proven and idle for {:.1} s \
+             ({:.1} → {:.1} MiB; {:.1} KiB per connection just after opening, {:.1} MiB).",
+            m.idle_bytes_per_connection / 1024.0,
+            m.rss_idle as f64 / 1e6,
             m.connections,
-            m.rss_before as f64 / (1 << 20) as f64,
-            m.rss_after as f64 / (1 << 20) as f64
+            super::IDLE_SETTLE.as_secs_f64(),
+            mib(m.rss_before),
+            mib(m.rss_idle),
+            m.bytes_per_connection / 1024.0,
+            mib(m.rss_after)
         );
     }
+}
+
+fn cache_policy(md: &mut String, report: &BenchReport) {
+    let Some(c) = &report.cache_policy else {
+        return;
+    };
+    let _ = writeln!(
+        md,
+        "\n## Server cache policy, small operations beside bulk writes\n\n\
+         {} B READs and WRITEs at queue depth 1 over a {} B hot range, beside {} KiB \
+         WRITEs ({} in flight, over {} MiB of the region) on another connection, all \
+         through the device; medians of {} interleaved rounds. `cached`: no request asks \
+         for non-temporal stores; `auto`: the bulk WRITEs do (the pool's default policy).\n\n\
+         | policy | bulk non-temporal | READ p50 µs | READ p99 µs | WRITE p50 µs | WRITE p99 µs | bulk MB/s |\n\
+         |---|---|---:|---:|---:|---:|---:|",
+        c.small_size,
+        c.hot_span,
+        c.bulk_size / 1024,
+        c.bulk_depth,
+        c.bulk_span >> 20,
+        c.rounds
+    );
+    for p in &c.policies {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0} |",
+            p.policy,
+            if p.bulk_non_temporal { "yes" } else { "no" },
+            p.read_p50_us,
+            p.read_p99_us,
+            p.write_p50_us,
+            p.write_p99_us,
+            p.bulk_bytes_per_s / 1e6
+        );
+    }
+}
+
+fn replication(md: &mut String, report: &BenchReport) {
+    let Some(r) = &report.replication else {
+        return;
+    };
+    let per_round = |values: &[f64]| {
+        values
+            .iter()
+            .map(|v| format!("{v:.2}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let _ = writeln!(
+        md,
+        "\n## A replicated region ({} copies) against one copy\n\n\
+         A second bench fabric whose region has {} copies on two servers, its owner \
+         device writing every copy and spreading reads over them; medians of {} \
+         interleaved rounds.\n\n\
+         | | one copy | {} copies |\n|---|---:|---:|\n\
+         | 4 KiB WRITE_PERSIST p50 µs, queue depth 1 | {:.1} | {:.1} |\n\
+         | 64 B READ ops/s, {} clients × {} pipelined | {:.0} | {:.0} |\n\n\
+         Per round, replicated ÷ unreplicated: WRITE_PERSIST p50 {}; READ throughput {}.",
+        r.replicas,
+        r.replicas,
+        r.rounds,
+        r.replicas,
+        r.persist_p50_us_unreplicated,
+        r.persist_p50_us_replicated,
+        report.plan.clients,
+        report.plan.depth,
+        r.read_ops_per_s_unreplicated,
+        r.read_ops_per_s_replicated,
+        per_round(&r.persist_p50_ratio_per_round),
+        per_round(&r.read_tput_ratio_per_round)
+    );
 }
 
 fn authentication(md: &mut String, report: &BenchReport) {

@@ -2,7 +2,9 @@
 //! run from the distribution's packages on this machine, over loopback:
 //!
 //! - [`sockperf_rtt`]: the network floor of one hop, `sockperf ping-pong`
-//!   over TCP with `--full-rtt` (round trips, not half round trips);
+//!   over TCP with `--full-rtt` (round trips, not half round trips), and
+//!   [`sockperf_rtt_spinning`], the same with both ends polling
+//!   (`--nonblocked`), the floor without wake-ups;
 //! - [`iperf3_bandwidth`]: the byte-moving floor, one `iperf3` TCP stream;
 //! - [`RedisServer`] and [`redis_benchmark`]: what a user would pick
 //!   instead, `redis-server` measured by `redis-benchmark`, in memory or with
@@ -46,7 +48,7 @@ pub use redis::{
 };
 pub use sockperf::{
     SockperfRun, SockperfStats, parse_sockperf, parse_sockperf_full_log, sockperf_rtt,
-    sockperf_rtt_pinned, sockperf_rtt_run,
+    sockperf_rtt_pinned, sockperf_rtt_run, sockperf_rtt_spinning,
 };
 
 pub const TOOLS: &[(&str, &str)] = &[

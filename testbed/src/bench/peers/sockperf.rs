@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::bench::waiting::Waiting;
 use crate::report::LatencyHistogram;
 
 use super::output::{strip_ansi, tail};
@@ -44,7 +45,17 @@ pub fn sockperf_rtt(msg_size: usize, duration: Duration) -> Result<Quantiles, Pe
 
 /// [`sockperf_rtt`] with the mean and every round trip, as a histogram.
 pub fn sockperf_rtt_run(msg_size: usize, duration: Duration) -> Result<SockperfRun, PeerError> {
-    sockperf(msg_size, duration, None)
+    sockperf(msg_size, duration, Waiting::Sleep, None)
+}
+
+/// [`sockperf_rtt_run`] with both ends polling their sockets
+/// ([`Waiting::Spin`]): the round trip without the wake-ups a sleeping
+/// end pays. Each end keeps a CPU busy while it runs.
+pub fn sockperf_rtt_spinning(
+    msg_size: usize,
+    duration: Duration,
+) -> Result<SockperfRun, PeerError> {
+    sockperf(msg_size, duration, Waiting::Spin, None)
 }
 
 /// [`sockperf_rtt_run`] with the server pinned to CPU `server_cpu` and the
@@ -60,7 +71,12 @@ pub fn sockperf_rtt_pinned(
     server_cpu: usize,
     client_cpu: usize,
 ) -> Result<SockperfRun, PeerError> {
-    sockperf(msg_size, duration, Some((server_cpu, client_cpu)))
+    sockperf(
+        msg_size,
+        duration,
+        Waiting::Sleep,
+        Some((server_cpu, client_cpu)),
+    )
 }
 
 /// `program args`, or `taskset -c CPU program args` when pinned.
@@ -82,13 +98,14 @@ pub(super) fn pinned(
 pub(super) fn sockperf(
     msg_size: usize,
     duration: Duration,
+    waiting: Waiting,
     cpus: Option<(usize, usize)>,
 ) -> Result<SockperfRun, PeerError> {
     let secs = whole_seconds(duration);
     let server_cpu = cpus.map(|(server, _)| server);
     let (server_program, _) = pinned(server_cpu, "sockperf", Vec::new());
     let (_server, port) = start_server(&server_program, READY_TIMEOUT, &|port| {
-        let args = strings(&[
+        let mut args = strings(&[
             "server",
             "--tcp",
             "-i",
@@ -96,6 +113,7 @@ pub(super) fn sockperf(
             "-p",
             &port.to_string(),
         ]);
+        args.extend(waiting_flags(waiting));
         pinned(server_cpu, "sockperf", args).1
     })?;
     // Removed when dropped; sockperf writes it by name.
@@ -104,7 +122,7 @@ pub(super) fn sockperf(
         .suffix(".csv")
         .tempfile()?
         .into_temp_path();
-    let args = strings(&[
+    let mut args = strings(&[
         "ping-pong",
         "--tcp",
         "-i",
@@ -119,6 +137,7 @@ pub(super) fn sockperf(
         "--full-log",
         &log.to_string_lossy(),
     ]);
+    args.extend(waiting_flags(waiting));
     let (program, args) = pinned(cpus.map(|(_, client)| client), "sockperf", args);
     let timeout = Duration::from_secs(secs) + SOCKPERF_SETTLE + OVERSHOOT;
     let done = run(&program, &args, timeout)?;
@@ -148,6 +167,15 @@ pub(super) fn sockperf(
         avg_us: stats.avg_us,
         histogram,
     })
+}
+
+/// The flags that make one end of sockperf wait as `waiting` says
+/// (sockperf's default is blocking sockets; `--nonblocked` polls).
+fn waiting_flags(waiting: Waiting) -> Vec<String> {
+    match waiting {
+        Waiting::Sleep => Vec::new(),
+        Waiting::Spin => strings(&["--nonblocked"]),
+    }
 }
 
 /// Reads the summary of `sockperf ping-pong --full-rtt` (3.7): the
