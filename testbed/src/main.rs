@@ -7,13 +7,14 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use client_vmm::ServerCache;
-use testbed::advice::Starter;
-use testbed::launch::{DaemonKind, Fabric, LaunchOptions, NetMode};
-use testbed::prometheus::{PrometheusServer, ScrapeTarget};
+use testbed::fabric::advice::Starter;
+use testbed::fabric::launch::{DaemonKind, Fabric, LaunchOptions, NetMode};
+use testbed::fabric::prometheus::{PrometheusServer, ScrapeTarget};
+use testbed::fabric::summary;
+use testbed::fabric::supervise::{Supervisor, control};
 use testbed::run::{FaultKind, PlannedFault, RunOptions, Scenario};
-use testbed::supervise::{Supervisor, control};
 use testbed::workload::{Progress, WorkerConfig, Workload};
-use testbed::{load_topology, load_topology_on, summary};
+use testbed::{load_topology, load_topology_on};
 use topology::Layout;
 
 /// Brings pmem-fabric topologies up on one machine, drives and checks them.
@@ -93,7 +94,7 @@ enum Command {
         #[arg(long)]
         format: bool,
         #[command(flatten)]
-        map_from: testbed::etcd::ControlArgs,
+        map_from: testbed::fabric::etcd::ControlArgs,
     },
     /// Start a daemon of a running `testbed up` again (killed first if it
     /// runs) and wait until it is ready; exit status 1 if it is not.
@@ -179,7 +180,7 @@ enum Command {
         /// shared with the kernel, the device's default) or socket
         /// (recvmmsg/sendmmsg).
         #[arg(long, value_name = "packet-ring|socket", default_value = "packet-ring")]
-        roce_io: testbed::roce_bench::RocePath,
+        roce_io: testbed::bench::roce::RocePath,
     },
     /// A PMEM server's own CPU per operation over RDMA (a verbs NIC, device
     /// DAX) next to TCP, in the RDMA lab (root): interleaved rounds.
@@ -223,8 +224,8 @@ enum Command {
         /// Where the server keeps its regions: `disk` (virtio disk, msync),
         /// `fsdax` (emulated NVDIMM, DAX with MAP_SYNC) or `devdax` (emulated
         /// NVDIMM as /dev/dax0.0, device DAX).
-        #[arg(long, value_enum, default_value_t = testbed::power_cut::Medium::Disk)]
-        medium: testbed::power_cut::Medium,
+        #[arg(long, value_enum, default_value_t = testbed::lab::power_cut::Medium::Disk)]
+        medium: testbed::lab::power_cut::Medium,
         /// Where the report goes (reports/<run-id>/ by default).
         #[arg(long)]
         out: Option<PathBuf>,
@@ -336,7 +337,7 @@ struct RunArgs {
     #[arg(long, default_value = "reports")]
     reports: PathBuf,
     #[command(flatten)]
-    control: testbed::etcd::ControlArgs,
+    control: testbed::fabric::etcd::ControlArgs,
 }
 
 /// The options of `testbed chaos`.
@@ -370,7 +371,7 @@ struct ChaosArgs {
     #[arg(long, default_value = "reports")]
     reports: PathBuf,
     #[command(flatten)]
-    control: testbed::etcd::ControlArgs,
+    control: testbed::fabric::etcd::ControlArgs,
 }
 
 /// The options of `testbed worker`.
@@ -475,7 +476,7 @@ struct UpArgs {
     data_dir: PathBuf,
     prometheus: bool,
     format: bool,
-    map_from: testbed::etcd::ControlArgs,
+    map_from: testbed::fabric::etcd::ControlArgs,
 }
 
 fn up(args: UpArgs) -> anyhow::Result<()> {
@@ -498,7 +499,13 @@ fn up(args: UpArgs) -> anyhow::Result<()> {
     let run_dir = options.run_dir.clone();
     let fabric = match Fabric::start(&topology, options) {
         Ok(fabric) => fabric,
-        Err(err) => return Err(testbed::advice::start_error(err, Starter::Up, &data_dir)),
+        Err(err) => {
+            return Err(testbed::fabric::advice::start_error(
+                err,
+                Starter::Up,
+                &data_dir,
+            ));
+        }
     };
     let endpoints = fabric.endpoints();
     println!("{}", summary::endpoints_table(&endpoints));
@@ -554,7 +561,7 @@ fn up(args: UpArgs) -> anyhow::Result<()> {
             None => match status {
                 Some(status) => format!(
                     "did not stop cleanly ({})",
-                    testbed::supervise::exit::describe(status)
+                    testbed::fabric::supervise::exit::describe(status)
                 ),
                 None => "did not stop within its time and was killed".to_owned(),
             },
@@ -579,8 +586,8 @@ fn pmemctl_lines(fabric: &Fabric) -> anyhow::Result<String> {
     let client = first.id.to_string();
     let others: Vec<String> = others.iter().map(|c| c.id.to_string()).collect();
     let namespace = fabric.client_namespace(&client);
-    Ok(testbed::supervise::pmemctl::lines(
-        &testbed::supervise::pmemctl::PmemctlTarget {
+    Ok(testbed::fabric::supervise::pmemctl::lines(
+        &testbed::fabric::supervise::pmemctl::PmemctlTarget {
             config: &config,
             client: &client,
             other_clients: &others,
@@ -694,8 +701,8 @@ fn worker(
         };
         // A pool that follows the map: say when regions a new epoch brings
         // are first served.
-        let prober =
-            (pool.map_epoch() > 0).then(|| testbed::first_use::Prober::start(pool.clone()));
+        let prober = (pool.map_epoch() > 0)
+            .then(|| testbed::workload::first_use::Prober::start(pool.clone()));
         let result = testbed::workload::run(pool, config, space, run_start, progress).await;
         if let Some(prober) = prober {
             prober.finish(Duration::from_secs(30)).await;
@@ -796,14 +803,14 @@ fn main() -> ExitCode {
             warmup,
             size,
         } => {
-            let plan = testbed::persist_bench::PersistPlan {
+            let plan = testbed::lab::persist_bench::PersistPlan {
                 rounds: rounds.clamp(1, 100),
                 ops: ops.max(1),
                 warmup,
                 size: size.clamp(1, 64 << 10),
             };
-            let args = testbed::persist_bench::GuestArgs { work, plan };
-            outcome(testbed::persist_bench::guest_main(&args).map(|()| true))
+            let args = testbed::lab::persist_bench::GuestArgs { work, plan };
+            outcome(testbed::lab::persist_bench::guest_main(&args).map(|()| true))
         }
         Command::PowerCut {
             cuts,
@@ -844,13 +851,13 @@ fn map_follow(
     }
     let topology = load_topology_on(file.as_deref(), net.into())?;
     let run_dir = std::path::absolute(reports.join(testbed::run::run_id("map-follow")))?;
-    let plan = testbed::map_follow::FollowPlan {
+    let plan = testbed::fabric::map_follow::FollowPlan {
         net: net.into(),
         members,
         changes,
         run_dir: run_dir.clone(),
     };
-    let report = testbed::map_follow::measure(&topology, &plan)?;
+    let report = testbed::fabric::map_follow::measure(&topology, &plan)?;
     print!("{}", report.text());
     std::fs::write(run_dir.join("map_follow.txt"), report.text())
         .with_context(|| format!("write {}", run_dir.display()))?;
@@ -874,14 +881,14 @@ fn check_linearizable(dir: &std::path::Path, budget: Duration) -> anyhow::Result
 /// `testbed keygen`.
 fn keygen(file: Option<&std::path::Path>, secrets: &std::path::Path) -> anyhow::Result<bool> {
     let topology = load_topology(file)?;
-    let written = testbed::keys::generate(&topology, secrets)?;
+    let written = testbed::fabric::keys::generate(&topology, secrets)?;
     println!("{} keys written to {}", written.len(), secrets.display());
     Ok(true)
 }
 
 /// `testbed down`.
 fn down(prefix: Option<&str>) -> ExitCode {
-    match testbed::netns::clean_up_crashed_runs(prefix) {
+    match testbed::fabric::netns::clean_up_crashed_runs(prefix) {
         Ok((killed, removed)) => {
             println!(
                 "killed {killed} leftover processes; removed {removed} namespaces and interfaces left by earlier runs"
@@ -959,13 +966,13 @@ fn report_dir(out: Option<PathBuf>, kind: &str) -> PathBuf {
 /// `testbed bench-roce`.
 fn bench_roce(
     BenchArgs { quick, rounds, out }: BenchArgs,
-    roce_io: testbed::roce_bench::RocePath,
+    roce_io: testbed::bench::roce::RocePath,
 ) -> anyhow::Result<bool> {
     let out = report_dir(out, "bench-roce");
-    let mut plan = testbed::roce_bench::RocePlan::new(quick, rounds);
+    let mut plan = testbed::bench::roce::RocePlan::new(quick, rounds);
     plan.roce_io = roce_io;
-    let report = testbed::roce_bench::run(plan, &out)?;
-    print!("{}", testbed::roce_bench::markdown(&report));
+    let report = testbed::bench::roce::run(plan, &out)?;
+    print!("{}", testbed::bench::roce::markdown(&report));
     println!("\nreport: {}", out.display());
     Ok(true)
 }
@@ -973,9 +980,9 @@ fn bench_roce(
 /// `testbed bench-verbs`.
 fn bench_verbs(BenchArgs { quick, rounds, out }: BenchArgs) -> anyhow::Result<bool> {
     let out = report_dir(out, "bench-verbs");
-    let plan = testbed::verbs_bench::VerbsPlan::new(quick, rounds);
-    let report = testbed::verbs_bench::run(plan, &out)?;
-    print!("{}", testbed::verbs_bench::markdown(&report));
+    let plan = testbed::lab::verbs_bench::VerbsPlan::new(quick, rounds);
+    let report = testbed::lab::verbs_bench::run(plan, &out)?;
+    print!("{}", testbed::lab::verbs_bench::markdown(&report));
     println!("\nreport: {}", out.display());
     Ok(true)
 }
@@ -983,9 +990,9 @@ fn bench_verbs(BenchArgs { quick, rounds, out }: BenchArgs) -> anyhow::Result<bo
 /// `testbed bench-persist`.
 fn bench_persist(BenchArgs { quick, rounds, out }: BenchArgs, size: usize) -> anyhow::Result<bool> {
     let out = report_dir(out, "bench-persist");
-    let plan = testbed::persist_bench::PersistPlan::new(quick, rounds, size);
-    let report = testbed::persist_bench::run(plan, &out)?;
-    print!("{}", testbed::persist_bench::markdown(&report));
+    let plan = testbed::lab::persist_bench::PersistPlan::new(quick, rounds, size);
+    let report = testbed::lab::persist_bench::run(plan, &out)?;
+    print!("{}", testbed::lab::persist_bench::markdown(&report));
     println!("\nreport: {}", out.join("report.md").display());
     Ok(true)
 }
@@ -994,18 +1001,18 @@ fn bench_persist(BenchArgs { quick, rounds, out }: BenchArgs, size: usize) -> an
 fn power_cut(
     cuts: usize,
     seed: u64,
-    medium: testbed::power_cut::Medium,
+    medium: testbed::lab::power_cut::Medium,
     out: Option<PathBuf>,
 ) -> anyhow::Result<bool> {
     let out = report_dir(out, "power-cut");
-    let plan = testbed::power_cut::PowerCutPlan {
+    let plan = testbed::lab::power_cut::PowerCutPlan {
         cuts,
         medium,
         seed,
         out: out.clone(),
     };
-    let report = testbed::power_cut::run(&plan)?;
-    print!("{}", testbed::power_cut::markdown(&report));
+    let report = testbed::lab::power_cut::run(&plan)?;
+    print!("{}", testbed::lab::power_cut::markdown(&report));
     println!("\nreport: {}", out.join("report.md").display());
     Ok(report.lost == 0)
 }

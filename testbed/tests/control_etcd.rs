@@ -417,7 +417,7 @@ fn chaos_remove_device_under_the_workload_is_invisible_to_the_application() {
 
 /// Whether network namespaces can be made here; says why not otherwise.
 fn namespaces_usable() -> bool {
-    if let Err(e) = testbed::netns::require_root() {
+    if let Err(e) = testbed::fabric::netns::require_root() {
         eprintln!("skipping: {e}");
         return false;
     }
@@ -501,7 +501,7 @@ fn up_in_network_namespaces_on_three_etcd_members_and_down_again() {
         "{rest:#?}"
     );
     if let Some(prefix) = prefix {
-        let left = testbed::netns::list_namespaces().expect("ip netns list");
+        let left = testbed::fabric::netns::list_namespaces().expect("ip netns list");
         assert!(
             !left.iter().any(|n| n.starts_with(&format!("{prefix}-"))),
             "{left:?}"

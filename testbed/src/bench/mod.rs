@@ -5,6 +5,7 @@
 pub mod auth;
 pub mod client;
 pub mod peers;
+pub mod roce;
 pub mod rounds;
 mod summary;
 
@@ -19,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use topology::secrets::{Principal, read_key};
 use topology::{EnvOverrides, Layout, Topology};
 
-use crate::launch::{DaemonKind, Fabric, LaunchOptions};
+use crate::fabric::launch::{DaemonKind, Fabric, LaunchOptions};
 use crate::report::{LatencyHistogram, OpStats, RunReport};
 use client::{BenchConn, BenchOp, Pipelining, Shape};
 use peers::{Quantiles, RedisConfig, RedisResult, RedisServer};
