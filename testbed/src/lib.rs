@@ -9,8 +9,10 @@
 //! - [`bench`](mod@bench): `testbed bench` (its peers and rounds) and `bench-roce`.
 //! - [`lab`]: the RDMA lab (QEMU guests with a stock RDMA stack) and what runs in it.
 //! - [`stats`]: the one median and quantile of every report.
+//! - [`cli`]: the command line, one function per command (`main.rs` only dispatches).
 
 pub mod bench;
+pub mod cli;
 pub mod fabric;
 pub mod lab;
 pub mod linearizability;
