@@ -3,7 +3,6 @@
 //! should leave it linearizable: the real binary, real daemons.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 mod support;
 
