@@ -114,14 +114,7 @@ impl<'a> Loop<'a> {
 fn a_client_keeps_working_while_a_server_is_added_and_then_uses_its_region() {
     let dir = tempfile::tempdir().expect("temp dir");
     let etcd = Etcd::start(dir.path()).unwrap_or_else(|e| panic!("etcd: {e}"));
-    let mut ports = Ports::new();
-    let one = FabricSpec::new()
-        .server("S1", &[("R1", "4MiB")])
-        .device("F")
-        .client("c");
-    let two = one.clone().server("S2", &[("R2", "4MiB")]);
-    let config_one = one.write(dir.path(), "one.toml", &mut ports);
-    let config_two = two.write(dir.path(), "two.toml", &mut ports);
+    let (config_one, config_two) = testkit::one_then_two_servers(dir.path());
     put_map(&etcd, 1, &text(&config_one));
     let _s1 = server(&config_one, "S1", dir.path());
     // The new server runs before the map names it, as an operator would
@@ -459,14 +452,7 @@ fn a_client_stopped_past_a_change_serves_its_next_requests() {
     use std::io::BufRead;
     let dir = tempfile::tempdir().expect("temp dir");
     let etcd = Etcd::start(dir.path()).unwrap_or_else(|e| panic!("etcd: {e}"));
-    let mut ports = Ports::new();
-    let one = FabricSpec::new()
-        .server("S1", &[("R1", "4MiB")])
-        .device("F")
-        .client("c");
-    let two = one.clone().server("S2", &[("R2", "4MiB")]);
-    let config_one = one.write(dir.path(), "one.toml", &mut ports);
-    let config_two = two.write(dir.path(), "two.toml", &mut ports);
+    let (config_one, config_two) = testkit::one_then_two_servers(dir.path());
     put_map(&etcd, 1, &text(&config_one));
     let _s1 = server(&config_one, "S1", dir.path());
     let _s2 = server(&config_two, "S2", dir.path());

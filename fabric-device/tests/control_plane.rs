@@ -133,14 +133,7 @@ fn write_at(addr: proto::PmemAddr, key: proto::AccessKey, data: &[u8]) -> Repr<'
 fn a_device_follows_epochs_that_add_and_remove_a_server_while_it_serves() {
     let dir = tempfile::tempdir().expect("temp dir");
     let etcd = Etcd::start(dir.path()).unwrap_or_else(|e| panic!("etcd: {e}"));
-    let mut ports = Ports::new();
-    let one = FabricSpec::new()
-        .server("S1", &[("R1", "4MiB")])
-        .device("F")
-        .client("c");
-    let two = one.clone().server("S2", &[("R2", "4MiB")]);
-    let config_one = one.write(dir.path(), "one.toml", &mut ports);
-    let config_two = two.write(dir.path(), "two.toml", &mut ports);
+    let (config_one, config_two) = testkit::one_then_two_servers(dir.path());
     let text = |path: &std::path::Path| std::fs::read_to_string(path).expect("topology");
     put_map(&etcd, 1, &text(&config_one));
 

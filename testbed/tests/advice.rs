@@ -4,9 +4,13 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 
 use testkit::{FabricSpec, Ports};
+
+mod support;
+
+use support::{testbed_in, text};
 
 /// One server, one fabric device, two clients, on free loopback ports.
 fn topology(dir: &Path) -> PathBuf {
@@ -18,28 +22,12 @@ fn topology(dir: &Path) -> PathBuf {
         .write(dir, "topology.toml", &mut Ports::new())
 }
 
-fn testbed(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_testbed"))
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("run testbed")
-}
-
-fn text(output: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
-}
-
 #[test]
 fn run_refuses_more_clients_than_the_topology_has() {
     let dir = tempfile::tempdir().expect("temp dir");
     let config = topology(dir.path());
     let config = config.to_str().expect("utf-8 path");
-    let output = testbed(dir.path(), &["run", config, "--clients", "5"]);
+    let output = testbed_in(dir.path(), &["run", config, "--clients", "5"]);
     let said = text(&output);
     assert!(!output.status.success(), "{said}");
     assert!(said.contains("--clients 5"), "{said}");
@@ -48,7 +36,7 @@ fn run_refuses_more_clients_than_the_topology_has() {
         !dir.path().join("reports").exists(),
         "refused before any fabric started: {said}"
     );
-    let output = testbed(dir.path(), &["run", config, "--clients", "0"]);
+    let output = testbed_in(dir.path(), &["run", config, "--clients", "0"]);
     assert!(!output.status.success(), "{}", text(&output));
 }
 
@@ -65,7 +53,7 @@ fn up_on_unfit_region_files_advises_its_own_format_option() {
         "--data-dir",
         data.to_str().expect("utf-8 path"),
     ];
-    let refused = testbed(dir.path(), &args);
+    let refused = testbed_in(dir.path(), &args);
     let said = text(&refused);
     assert!(!refused.status.success(), "{said}");
     assert!(said.contains("`testbed up --format`"), "{said}");

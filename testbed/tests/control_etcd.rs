@@ -7,38 +7,9 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use testkit::{FabricSpec, Ports};
+mod support;
 
-/// Two servers, two fabric devices, two clients with one RNIC per device,
-/// on free loopback ports.
-fn topology(dir: &Path) -> PathBuf {
-    FabricSpec::new()
-        .server("A", &[("A1", "16MiB"), ("A2", "16MiB")])
-        .server("B", &[("B1", "16MiB"), ("B2", "16MiB")])
-        .device("F1")
-        .device("F2")
-        .client("c1")
-        .client("c2")
-        .write(dir, "topology.toml", &mut Ports::new())
-}
-
-fn text(output: &Output) -> String {
-    format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
-}
-
-/// The single run folder under `dir/reports`.
-fn run_dir(dir: &Path) -> PathBuf {
-    let mut runs: Vec<PathBuf> = std::fs::read_dir(dir.join("reports"))
-        .expect("reports folder")
-        .map(|e| e.expect("entry").path())
-        .collect();
-    assert_eq!(runs.len(), 1, "{runs:?}");
-    runs.remove(0)
-}
+use support::{run_dir, text, two_by_two};
 
 /// A chaos run of `scenario` with one fault on a fresh fabric on etcd;
 /// returns its output, report, run folder and the folder holding it all.
@@ -47,7 +18,7 @@ fn chaos_on_etcd(
     extra: &[&str],
 ) -> (String, serde_json::Value, PathBuf, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("temp dir");
-    let config = topology(dir.path());
+    let config = two_by_two(dir.path(), &["c1", "c2"]);
     let reports = dir.path().join("reports");
     let output = Command::new(env!("CARGO_BIN_EXE_testbed"))
         .args(["chaos", config.to_str().expect("utf-8 path")])
@@ -142,7 +113,7 @@ fn chaos_kill_etcd_leader_of_three_members_is_invisible_to_the_application() {
 #[test]
 fn etcd_scenarios_without_etcd_are_refused_with_the_flags_to_give() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let config = topology(dir.path());
+    let config = two_by_two(dir.path(), &["c1", "c2"]);
     for (args, needle) in [
         (vec!["--scenario", "kill-etcd"], "needs --control etcd"),
         (
@@ -181,7 +152,7 @@ fn pmemctl(args: &[&str]) -> Output {
 #[test]
 fn up_on_etcd_prints_its_endpoint_and_the_operators_cluster_line() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let config = topology(dir.path());
+    let config = two_by_two(dir.path(), &["c1", "c2"]);
     let mut child = Command::new(env!("CARGO_BIN_EXE_testbed"))
         .args(["up", config.to_str().expect("path"), "--control", "etcd"])
         .arg("--data-dir")
@@ -417,7 +388,7 @@ fn chaos_remove_device_under_the_workload_is_invisible_to_the_application() {
 
 /// Whether network namespaces can be made here; says why not otherwise.
 fn namespaces_usable() -> bool {
-    if let Err(e) = testbed::netns::require_root() {
+    if let Err(e) = testbed::fabric::netns::require_root() {
         eprintln!("skipping: {e}");
         return false;
     }
@@ -449,7 +420,7 @@ fn up_in_network_namespaces_on_three_etcd_members_and_down_again() {
         return;
     }
     let dir = tempfile::tempdir().expect("temp dir");
-    let config = topology(dir.path());
+    let config = two_by_two(dir.path(), &["c1", "c2"]);
     let mut child = Command::new(env!("CARGO_BIN_EXE_testbed"))
         .args(["up", config.to_str().expect("path"), "--net", "netns"])
         .args(["--control", "etcd", "--etcd-members", "3"])
@@ -501,7 +472,7 @@ fn up_in_network_namespaces_on_three_etcd_members_and_down_again() {
         "{rest:#?}"
     );
     if let Some(prefix) = prefix {
-        let left = testbed::netns::list_namespaces().expect("ip netns list");
+        let left = testbed::fabric::netns::list_namespaces().expect("ip netns list");
         assert!(
             !left.iter().any(|n| n.starts_with(&format!("{prefix}-"))),
             "{left:?}"

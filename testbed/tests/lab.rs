@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Mutex;
 
-use testbed::launch::{Fabric, LaunchOptions, NetMode};
+use testbed::fabric::launch::{Fabric, LaunchOptions, NetMode};
 
 static LAB: Mutex<()> = Mutex::new(());
 
@@ -403,7 +403,7 @@ fn metric(text: &str, name: &str) -> f64 {
 #[test]
 fn an_rdma_atomic_in_doubt_when_its_device_dies_runs_exactly_once() {
     use std::time::{Duration, Instant};
-    use testbed::launch::DaemonKind;
+    use testbed::fabric::launch::DaemonKind;
 
     let pmemctl = pmemctl();
     let _lab = LAB

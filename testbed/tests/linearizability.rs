@@ -3,43 +3,16 @@
 //! should leave it linearizable: the real binary, real daemons.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
-use testkit::{FabricSpec, Ports};
+mod support;
 
-/// The default topology's shape (two servers with two regions each, two
-/// fabric devices) with three clients, on free loopback ports.
-fn topology(dir: &Path) -> PathBuf {
-    FabricSpec::new()
-        .server("A", &[("A1", "16MiB"), ("A2", "16MiB")])
-        .server("B", &[("B1", "16MiB"), ("B2", "16MiB")])
-        .device("F1")
-        .device("F2")
-        .client("c1")
-        .client("c2")
-        .client("c3")
-        .write(dir, "topology.toml", &mut Ports::new())
-}
-
-fn testbed(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_testbed"))
-        .args(args)
-        .output()
-        .expect("run testbed")
-}
-
-fn text(output: &Output) -> String {
-    format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
-}
+use support::{testbed, text, two_by_two};
 
 /// A register chaos run of `scenario` with one fault, which must pass;
 /// returns the run's folder (inside `dir`) and its report.
 fn register_chaos(dir: &Path, scenario: &str) -> (PathBuf, serde_json::Value) {
-    let config = topology(dir);
+    // The default topology's shape with three clients.
+    let config = two_by_two(dir, &["c1", "c2", "c3"]);
     let reports = dir.join("reports");
     let output = testbed(&[
         "chaos",

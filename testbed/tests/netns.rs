@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use testbed::netns::{
+use testbed::fabric::netns::{
     self, BridgeOf, HostKind, LinkRef, NetPlan, NetnsError, apply, fresh_prefix, in_namespace,
     plan, set_link, teardown_leftovers,
 };

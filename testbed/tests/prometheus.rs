@@ -1,6 +1,6 @@
 //! The Prometheus side of the testbed: the committed scrape config and
 //! Grafana dashboard stay true to the daemons, and a real Prometheus scrapes
-//! real daemons through `testbed::prometheus`.
+//! real daemons through `testbed::fabric::prometheus`.
 
 use std::collections::BTreeSet;
 use std::net::{SocketAddr, TcpListener};
@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use testbed::prometheus::{
+use testbed::fabric::prometheus::{
     DEFAULT_SCRAPE_INTERVAL, FABRIC_DEVICE_JOB, PMEM_SERVER_JOB, PrometheusError,
     PrometheusOptions, PrometheusServer, Sample, ScrapeTarget, scrape_config,
 };

@@ -2,62 +2,22 @@
 //! the real binary, real daemons, every region kept twice (`--replicas 2`),
 //! and every serving copy compared byte for byte after the run.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
 
-use testkit::{FabricSpec, Ports};
+mod support;
 
-/// Two servers (each its own failure domain), two fabric devices, two
-/// clients with one RNIC per device, on free loopback ports.
-fn topology(dir: &Path) -> PathBuf {
-    FabricSpec::new()
-        .server("A", &[("A1", "16MiB"), ("A2", "16MiB")])
-        .server("B", &[("B1", "16MiB"), ("B2", "16MiB")])
-        .device("F1")
-        .device("F2")
-        .client("c1")
-        .client("c2")
-        .write(dir, "topology.toml", &mut Ports::new())
-}
-
-/// Runs testbed on a fresh topology with `args` (the command first);
-/// returns its output and the folder holding topology and reports.
-fn testbed(args: &[&str]) -> (Output, tempfile::TempDir) {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let config = topology(dir.path());
-    let reports = dir.path().join("reports");
-    let mut all: Vec<&str> = args.to_vec();
-    all.insert(1, config.to_str().expect("utf-8 path"));
-    all.extend(["--reports", reports.to_str().expect("utf-8 path")]);
-    let output = Command::new(env!("CARGO_BIN_EXE_testbed"))
-        .args(&all)
-        .output()
-        .expect("run testbed");
-    (output, dir)
-}
-
-fn text(output: &Output) -> String {
-    format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
-}
+// Runs go on a fresh fabric of two servers (each its own failure domain),
+// two devices and two clients.
+use support::{run_dir, run_in_fresh_fabric, text};
 
 /// The report of the single run under `dir/reports`.
 fn report(dir: &Path) -> serde_json::Value {
-    let runs: Vec<PathBuf> = std::fs::read_dir(dir.join("reports"))
-        .expect("reports folder")
-        .map(|e| e.expect("entry").path())
-        .collect();
-    assert_eq!(runs.len(), 1, "{runs:?}");
-    let json = std::fs::read_to_string(runs[0].join("report.json")).expect("report.json");
-    serde_json::from_str(&json).expect("report.json parses")
+    support::report(&run_dir(dir))
 }
 
 #[test]
 fn more_copies_than_servers_are_refused_naming_the_problem() {
-    let (output, _dir) = testbed(&["run", "--replicas", "3", "--duration", "1"]);
+    let (output, _dir) = run_in_fresh_fabric(&["run", "--replicas", "3", "--duration", "1"]);
     let out = text(&output);
     assert!(!output.status.success(), "{out}");
     assert!(out.contains("--replicas 3"), "{out}");
@@ -70,7 +30,7 @@ fn more_copies_than_servers_are_refused_naming_the_problem() {
 /// missed writes serves again only after a resync; every serving copy is.
 #[test]
 fn chaos_kill_server_with_two_copies_is_invisible_and_the_copies_stay_identical() {
-    let (output, dir) = testbed(&[
+    let (output, dir) = run_in_fresh_fabric(&[
         "chaos",
         "--scenario",
         "kill-server",
@@ -112,7 +72,7 @@ fn chaos_kill_server_with_two_copies_is_invisible_and_the_copies_stay_identical(
 
 #[test]
 fn a_run_with_two_copies_leaves_every_copy_identical() {
-    let (output, dir) = testbed(&["run", "--duration", "2", "--replicas", "2"]);
+    let (output, dir) = run_in_fresh_fabric(&["run", "--duration", "2", "--replicas", "2"]);
     let out = text(&output);
     assert!(output.status.success(), "{out}");
     assert!(

@@ -3,63 +3,17 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use testkit::{FabricSpec, Ports};
 
-/// Two servers, two fabric devices, two clients with one RNIC per device,
-/// on free loopback ports.
-fn topology(dir: &Path) -> PathBuf {
-    FabricSpec::new()
-        .server("A", &[("A1", "16MiB"), ("A2", "16MiB")])
-        .server("B", &[("B1", "16MiB"), ("B2", "16MiB")])
-        .device("F1")
-        .device("F2")
-        .client("c1")
-        .client("c2")
-        .write(dir, "topology.toml", &mut Ports::new())
-}
+mod support;
 
-fn testbed(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_testbed"))
-        .args(args)
-        .output()
-        .expect("run testbed")
-}
-
-/// Runs testbed with a fresh topology and report folder; returns its output
-/// and the report folder.
-fn run_in_fresh_fabric(args: &[&str]) -> (Output, tempfile::TempDir) {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let config = topology(dir.path());
-    let reports = dir.path().join("reports");
-    let mut all: Vec<&str> = args.to_vec();
-    all.insert(1, config.to_str().expect("utf-8 path"));
-    all.extend(["--reports", reports.to_str().expect("utf-8 path")]);
-    (testbed(&all), dir)
-}
-
-fn text(output: &Output) -> String {
-    format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
-}
-
-/// The single report folder under `dir/reports`.
-fn report_dir(dir: &Path) -> PathBuf {
-    let mut runs: Vec<PathBuf> = std::fs::read_dir(dir.join("reports"))
-        .expect("reports folder")
-        .map(|e| e.expect("entry").path())
-        .collect();
-    assert_eq!(runs.len(), 1, "{runs:?}");
-    runs.remove(0)
-}
+use support::{run_dir, run_in_fresh_fabric, testbed, text, two_by_two};
 
 fn assert_report(dir: &Path) -> serde_json::Value {
-    let run = report_dir(dir);
+    let run = run_dir(dir);
     for file in [
         "report.json",
         "report.md",
@@ -72,8 +26,7 @@ fn assert_report(dir: &Path) -> serde_json::Value {
             run.display()
         );
     }
-    let json = std::fs::read_to_string(run.join("report.json")).expect("read report.json");
-    serde_json::from_str(&json).expect("report.json parses")
+    support::report(&run)
 }
 
 fn run_workload(workload: &str) {
@@ -132,7 +85,7 @@ fn a_run_authenticates_every_connection_by_default() {
     let out = text(&output);
     assert!(output.status.success(), "{out}");
     assert!(out.contains("verification    PASSED"), "{out}");
-    let run = report_dir(dir.path());
+    let run = run_dir(dir.path());
     let keys: Vec<_> = std::fs::read_dir(run.join("secrets"))
         .expect("the run's keys")
         .map(|e| e.expect("entry").path())
@@ -253,7 +206,7 @@ fn worker_pid(dir: &Path, client: &str) -> Option<i32> {
 #[test]
 fn a_failed_run_keeps_its_region_files_and_says_where() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let config = topology(dir.path());
+    let config = two_by_two(dir.path(), &["c1", "c2"]);
     let reports = dir.path().join("reports");
     let child = Command::new(env!("CARGO_BIN_EXE_testbed"))
         .args(["run", config.to_str().expect("utf-8 path")])
@@ -332,7 +285,7 @@ struct Up {
 
 fn start_up(extra: &[&str]) -> Up {
     let dir = tempfile::tempdir().expect("temp dir");
-    let config = topology(dir.path());
+    let config = two_by_two(dir.path(), &["c1", "c2"]);
     start_up_in(dir, &config, extra)
 }
 
@@ -567,7 +520,7 @@ fn runs_on_an_allocator_pool_keep_their_keys_in_a_named_object() {
 #[test]
 fn a_reused_data_dir_counts_from_what_it_holds() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let config = topology(dir.path());
+    let config = two_by_two(dir.path(), &["c1", "c2"]);
     let (data, reports) = (dir.path().join("data"), dir.path().join("reports"));
     for round in 0..2 {
         let (ok, out) = run_on_data(&config, &data, &reports, &["--workload", "counter"]);

@@ -267,6 +267,27 @@ impl FabricSpec {
         write_checked(&dir.join(file_name), &text)
     }
 
+    /// The topology, every listener on `127.0.0.1:0` (a daemon reports
+    /// the port it got on its ready line), checked valid: for callers that
+    /// set what the spec does not say (addresses, a device's path, the
+    /// pool's name, admin endpoints) and write the file themselves.
+    ///
+    /// # Panics
+    ///
+    /// When the spec makes an invalid topology (naming every problem).
+    pub fn topology(&self) -> Topology {
+        let text = self.render(|_| 0);
+        let topology = Topology::from_toml_str("testkit", &text, &EnvOverrides::None)
+            .unwrap_or_else(|e| {
+                let why = telemetry::logging::error_chain(&e);
+                panic!("testkit made a topology that does not load: {why}\n{text}")
+            });
+        if let Err(errors) = topology.validate() {
+            panic!("testkit made an invalid topology: {errors}\n{text}");
+        }
+        topology
+    }
+
     /// The topology text; `port` gives each listener's port.
     fn render(&self, mut port: impl FnMut(Listener) -> u16) -> String {
         assert!(self.sockets_per_server > 0, "a server needs a socket");
@@ -390,6 +411,26 @@ pub fn write_topology(dir: &Path, regions: &[(&str, &str)]) -> PathBuf {
     write_checked(&dir.join("topology.toml"), &text)
 }
 
+/// A fabric whose map grows by one server between two epochs: server `S1`
+/// with region `R1` (4 MiB), fabric device `F` and client `c`, written to
+/// `dir/one.toml`; the same with server `S2` and its region `R2` added,
+/// written to `dir/two.toml`. Every listener has the same port in both.
+///
+/// # Panics
+///
+/// When a file cannot be written.
+pub fn one_then_two_servers(dir: &Path) -> (PathBuf, PathBuf) {
+    let mut ports = Ports::new();
+    let one = FabricSpec::new()
+        .server("S1", &[("R1", "4MiB")])
+        .device("F")
+        .client("c");
+    let two = one.clone().server("S2", &[("R2", "4MiB")]);
+    let config_one = one.write(dir, "one.toml", &mut ports);
+    let config_two = two.write(dir, "two.toml", &mut ports);
+    (config_one, config_two)
+}
+
 /// The embedded default topology (`configs/default.toml`) with `pool_extra`
 /// added to its `[pool]` table (for instance `replicas = 2`).
 pub fn default_topology_with(pool_extra: &str) -> topology::Topology {
@@ -474,6 +515,41 @@ mod tests {
         let layout = topology::Layout::new(&t).unwrap();
         assert_eq!(layout.entries().len(), 5);
         assert!(layout.entry_by_id(&RegionId::new("PB.2")).is_some());
+    }
+
+    #[test]
+    fn the_topology_in_memory_has_every_listener_on_an_ephemeral_port() {
+        let t = two_by_two().topology();
+        assert_eq!(t.pool.name, "test");
+        let listeners: Vec<&str> = t
+            .servers
+            .iter()
+            .flat_map(|s| s.nics.iter().map(|n| n.listen.as_str()))
+            .chain(
+                t.fabric_devices
+                    .iter()
+                    .flat_map(|d| d.ports.iter().map(|p| p.listen.as_str())),
+            )
+            .collect();
+        assert_eq!(listeners.len(), 6);
+        assert!(
+            listeners.iter().all(|l| *l == "127.0.0.1:0"),
+            "{listeners:?}"
+        );
+        assert_eq!(topology::Layout::new(&t).unwrap().entries().len(), 5);
+    }
+
+    #[test]
+    fn the_second_epoch_adds_a_server_and_keeps_every_port() {
+        let dir = tempfile::tempdir().unwrap();
+        let (one, two) = one_then_two_servers(dir.path());
+        let (one, two) = (load(&one), load(&two));
+        let ids =
+            |t: &Topology| -> Vec<String> { t.servers.iter().map(|s| s.id.to_string()).collect() };
+        assert_eq!(ids(&one), ["S1"]);
+        assert_eq!(ids(&two), ["S1", "S2"]);
+        assert_eq!(two.servers[0], one.servers[0], "S1 unchanged");
+        assert_eq!(two.fabric_devices[0].ports, one.fabric_devices[0].ports);
     }
 
     #[test]

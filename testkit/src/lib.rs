@@ -10,8 +10,9 @@
 //!   `--secrets`.
 //! - [`Conn`]: a raw protocol client, with [`at`], [`key`], [`layout`] and
 //!   [`file_bytes`] to address regions and check their files.
-//! - [`write_topology`] (one server on ephemeral ports) and [`FabricSpec`]
-//!   (several servers, devices and clients on fixed [`Ports`]).
+//! - [`write_topology`] (one server on ephemeral ports), [`FabricSpec`]
+//!   (several servers, devices and clients on fixed [`Ports`]) and
+//!   [`one_then_two_servers`] (a map that grows by a server).
 //! - [`Etcd`]: a real etcd member (or a cluster of several) on ports and a
 //!   data directory of its own, for the control plane; `etcdctl` as root
 //!   once its authentication is on.
@@ -57,8 +58,8 @@ pub use conn::{
 pub use daemon::{Daemon, DaemonSpec, READY_TIMEOUT, TERMINATE_TIMEOUT, parse_ready_line};
 pub use etcd::Etcd;
 pub use fabric::{
-    FabricSpec, Ports, RoceSpec, default_topology_with, free_loopback_port, try_free_loopback_port,
-    write_topology,
+    FabricSpec, Ports, RoceSpec, default_topology_with, free_loopback_port, one_then_two_servers,
+    try_free_loopback_port, write_topology,
 };
 pub use imports::{
     Import, ImportCycle, ImportScanError, assert_no_import_cycles, describe_cycles, import_cycles,

@@ -21,7 +21,7 @@ use topology::{Layout, Topology};
 use super::client::{self, BenchConn, BenchOp, Shape};
 use super::rounds::RatioSpread;
 use super::{Plan, bench_topology};
-use crate::launch::{DaemonKind, Fabric, Keys, LaunchOptions};
+use crate::fabric::launch::{DaemonKind, Fabric, Keys, LaunchOptions};
 
 /// Fewest interleaved rounds of each measurement (more when the plan asks).
 const MIN_ROUNDS: usize = 3;

@@ -8,6 +8,7 @@ pub mod client;
 pub mod open_files;
 pub mod peers;
 pub mod replicated;
+pub mod roce;
 pub mod rounds;
 mod summary;
 pub mod waiting;
@@ -23,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use topology::secrets::{Principal, read_key};
 use topology::{EnvOverrides, Layout, Topology};
 
-use crate::launch::{DaemonKind, Fabric, LaunchOptions};
+use crate::fabric::launch::{DaemonKind, Fabric, LaunchOptions};
 use crate::report::{LatencyHistogram, OpStats, RunReport};
 use client::{BenchConn, BenchOp, Pipelining, Shape};
 use peers::{Quantiles, RedisConfig, RedisResult, RedisServer};

@@ -21,7 +21,7 @@ use topology::{EnvOverrides, Layout, Topology};
 use super::client::{self, BenchOp, Pipelining, Shape};
 use super::rounds::{RatioSpread, pair};
 use super::{Paths, Pids, Plan, rate, ways_in};
-use crate::launch::{Fabric, LaunchOptions};
+use crate::fabric::launch::{Fabric, LaunchOptions};
 
 /// The tracked ratio of WRITE_PERSIST p50, two copies ÷ one.
 pub const PERSIST_RATIO: &str = "replicated_persist_p50_over_unreplicated";

@@ -109,7 +109,7 @@ pub struct RunReport {
     /// The serving copies of replicated regions compared after the run
     /// (replicated topologies only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub replicas: Option<crate::replica_copies::ReplicaComparison>,
+    pub replicas: Option<crate::run::replica_copies::ReplicaComparison>,
 }
 
 /// What a run was asked to do beyond its workload, topology and clients

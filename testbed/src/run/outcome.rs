@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use crate::launch::Endpoint;
+use crate::fabric::launch::Endpoint;
 use crate::report::{ReportFiles, RunReport};
 
 /// What a run produced.

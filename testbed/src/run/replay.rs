@@ -10,7 +10,7 @@ use std::ffi::OsStr;
 use std::path::Path;
 
 use super::{RunOptions, Scenario};
-use crate::launch::NetMode;
+use crate::fabric::launch::NetMode;
 use crate::report::RunParameters;
 
 /// The name a network mode has on the command line.
@@ -38,8 +38,10 @@ pub fn parameters(options: &RunOptions) -> RunParameters {
         scenario: options.scenario.map(|s| s.name().to_owned()),
         faults_planned: options.faults.len(),
         control: match options.control {
-            crate::etcd::Control::File => None,
-            crate::etcd::Control::Etcd { members } => Some(format!("etcd, {members} member(s)")),
+            crate::fabric::etcd::Control::File => None,
+            crate::fabric::etcd::Control::Etcd { members } => {
+                Some(format!("etcd, {members} member(s)"))
+            }
         },
     }
 }
@@ -78,7 +80,7 @@ pub fn command_line(program: &str, options: &RunOptions) -> String {
     if let Some(copies) = options.replicas {
         flag("replicas", copies.to_string());
     }
-    if let crate::etcd::Control::Etcd { members } = options.control {
+    if let crate::fabric::etcd::Control::Etcd { members } = options.control {
         flag("control", "etcd".to_owned());
         flag("etcd-members", members.to_string());
     }

@@ -10,8 +10,15 @@
 //! write of its key may see a mix of versions. The register workload
 //! ([`register`]) is apart: it shares a few hot words between all clients
 //! and records a history for the linearizability check instead.
+//!
+//! - [`keys`]: where the keys live, what a value looks like, how keys are picked.
+//! - [`space`]: where a run's keys and counters live (static space or allocator).
+//! - [`check`]: a worker's model of its keys and its verdict on what it reads.
+//! - [`register`]: the register workload and its history.
+//! - [`first_use`]: a worker on etcd reporting its epoch and new regions' first use.
 
 pub mod check;
+pub mod first_use;
 pub mod keys;
 pub mod register;
 pub mod space;

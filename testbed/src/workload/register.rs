@@ -91,7 +91,7 @@ pub async fn setup(
 
 /// [`setup`] on `fabric` as `client`, the history in `dir`.
 pub fn setup_on(
-    fabric: &crate::launch::Fabric,
+    fabric: &crate::fabric::launch::Fabric,
     client: &str,
     space: Space,
     keys: u64,

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use client_vmm::error_chain;
 use signal_hook::iterator::Signals;
 
-use crate::launch::{DaemonKind, Exited, Fabric, log_tail};
+use crate::fabric::launch::{DaemonKind, Exited, Fabric, log_tail};
 use crate::report::format_utc_time_ms;
 use control::{ControlSocket, Incoming};
 use request::{Request, Target};

@@ -26,7 +26,7 @@ use control::{ControlError, ControlPlane, Credentials, Endpoints, Intent, Role};
 use testkit::Etcd;
 use topology::Topology;
 
-use crate::daemon_kind::DaemonKind;
+use crate::fabric::daemon_kind::DaemonKind;
 
 /// Where a fabric's daemons take their map from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -22,11 +22,11 @@ use client_vmm::AsyncPool;
 use serde::{Deserialize, Serialize};
 use topology::VirtAddr;
 
-use crate::launch::{DaemonKind, Fabric, LaunchOptions, NetMode};
+use crate::fabric::launch::{DaemonKind, Fabric, LaunchOptions, NetMode};
 use crate::stats::median;
 
 /// The lab topology measured, as built into the binary.
-const TOPOLOGY: &str = include_str!("../../configs/lab-verbs.toml");
+const TOPOLOGY: &str = include_str!("../../../configs/lab-verbs.toml");
 /// The client that sends the load.
 const CLIENT: &str = "c1";
 /// Operations in flight.

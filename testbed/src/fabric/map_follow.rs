@@ -13,9 +13,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::Context;
 use topology::Topology;
 
-use crate::epochs::epoch_in;
-use crate::etcd::Control;
-use crate::launch::{Fabric, LaunchOptions, NetMode};
+use crate::fabric::epochs::epoch_in;
+use crate::fabric::etcd::Control;
+use crate::fabric::launch::{Fabric, LaunchOptions, NetMode};
 
 /// How long one daemon may take to reach an epoch before the measurement
 /// gives up.

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use crate::launch::Fabric;
+use crate::fabric::launch::Fabric;
 use crate::report::EpochChange;
 
 /// How often the daemons are asked.

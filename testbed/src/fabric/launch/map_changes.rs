@@ -8,8 +8,8 @@ use control::edit::Edited;
 use topology::{EnvOverrides, Topology};
 
 use super::{DaemonKind, Fabric, LaunchError, terminate, wait_or_kill};
-use crate::etcd::{EtcdControl, role_of};
-use crate::membership::{HeldBack, MembershipError};
+use crate::fabric::etcd::{EtcdControl, role_of};
+use crate::fabric::membership::{HeldBack, MembershipError};
 
 /// What a membership change did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,7 +62,7 @@ impl Fabric {
                 DaemonKind::FabricDevice => control::edit::add_device(map, &snippet),
             },
         )?;
-        let committed_unix_ms = crate::first_use::unix_ms_now();
+        let committed_unix_ms = crate::workload::first_use::unix_ms_now();
         self.follow_edit(&edited)?;
         self.held = None;
         self.spawn(held.kind, &held.id)?;
@@ -83,7 +83,7 @@ impl Fabric {
             id: held.id,
             added: true,
             committed_unix_ms,
-            settled_unix_ms: crate::first_use::unix_ms_now(),
+            settled_unix_ms: crate::workload::first_use::unix_ms_now(),
         };
         self.changes.push(change.clone());
         Ok(change)
@@ -103,7 +103,7 @@ impl Fabric {
             Intent::Removed,
             |map| control::edit::remove_device(map, id),
         )?;
-        let committed_unix_ms = crate::first_use::unix_ms_now();
+        let committed_unix_ms = crate::workload::first_use::unix_ms_now();
         self.follow_edit(&edited)?;
         if let Some(mut daemon) = self
             .daemons
@@ -117,7 +117,7 @@ impl Fabric {
             id: id.to_owned(),
             added: false,
             committed_unix_ms,
-            settled_unix_ms: crate::first_use::unix_ms_now(),
+            settled_unix_ms: crate::workload::first_use::unix_ms_now(),
         };
         self.changes.push(change.clone());
         Ok(change)

@@ -8,32 +8,43 @@
 //!
 //! A topology with `[pool.allocator]` gets its pool formatted once the
 //! daemons are ready, on the first start only ([`Fabric::start`]).
+//!
+//! - `error`: why a fabric could not be brought up or managed ([`LaunchError`]).
+//! - `process`: a daemon's ready line, its log's tail, its stop.
+//! - `faults`: a daemon killed and restarted, a link cut and restored.
+//! - `map_changes`: a held-back daemon added to the map on etcd, a device removed.
+//! - `supervision`: the daemons that exited on their own, for `testbed up`.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::fs::File;
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use client_vmm::{AllocError, Allocator, AsyncPool, error_chain};
 use topology::Topology;
 
-pub use crate::daemon_kind::DaemonKind;
-use crate::etcd::{Control, EtcdControl, EtcdControlError, EtcdReach, Reacher};
-use crate::guest_server::{GuestPaths, GuestServer, GuestServerError, guest_address};
-use crate::lab::{LabError, LabNet};
-use crate::membership::{HeldBack, MembershipError};
-use crate::netns::{self, NetPlan, NetnsGuard};
+pub use crate::fabric::daemon_kind::DaemonKind;
+use crate::fabric::etcd::{Control, EtcdControl, EtcdReach, Reacher};
+use crate::fabric::membership::HeldBack;
+use crate::fabric::netns::{self, NetPlan, NetnsGuard};
+use crate::lab::LabNet;
+use crate::lab::guest_server::{GuestPaths, GuestServer, guest_address};
 
+mod error;
+mod faults;
 mod map_changes;
+mod process;
 mod supervision;
 
+pub use error::LaunchError;
 pub use map_changes::MapChange;
+pub use process::log_tail;
 pub use supervision::Exited;
+
+use process::{terminate, wait_or_kill, wait_ready};
 
 /// How hosts are networked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -84,7 +95,7 @@ pub struct LaunchOptions {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum Keys {
     /// A fresh key for every client and device of the topology and for the
-    /// operator, made at start into `run_dir/secrets` (see [`crate::keys`]).
+    /// operator, made at start into `run_dir/secrets` (see [`crate::fabric::keys`]).
     #[default]
     Fresh,
     /// The keys in this folder.
@@ -116,96 +127,6 @@ impl LaunchOptions {
             hold_back: None,
         })
     }
-}
-
-/// Why a fabric could not be brought up or managed.
-#[derive(Debug, thiserror::Error)]
-pub enum LaunchError {
-    /// The topology has problems.
-    #[error("{0}")]
-    Topology(#[from] topology::ValidationErrors),
-    /// Network namespaces could not be set up.
-    #[error("cannot set up network namespaces")]
-    Netns(#[from] netns::NetnsError),
-    /// The RDMA lab could not be set up.
-    #[error("cannot set up the RDMA lab")]
-    Lab(#[from] LabError),
-    /// A server cannot run in a lab guest.
-    #[error(transparent)]
-    GuestServer(#[from] GuestServerError),
-    /// A file or process operation failed.
-    #[error("I/O failed")]
-    Io(#[source] std::io::Error),
-    /// The effective topology could not be written.
-    #[error("cannot write the effective topology")]
-    Serialize(#[from] toml::ser::Error),
-    /// The control plane (etcd) could not be brought up.
-    #[error("cannot bring the control plane up")]
-    Etcd(#[from] EtcdControlError),
-    /// etcd is not reachable from lab guests.
-    #[error(
-        "--control etcd runs with --net loopback or --net netns (lab guests do not reach the \
-         run's etcd)"
-    )]
-    EtcdNeedsLoopback,
-    /// A daemon can be held back from the first map only on etcd.
-    #[error(
-        "holding a {} back from the first map needs --control etcd (the file map cannot change \
-         under the workload)", .0.program()
-    )]
-    HoldBackNeedsEtcd(DaemonKind),
-    /// The servers refuse a device added to the map under them.
-    #[error(
-        "fabric device {id} was added to the map but the servers refuse its links \
-         (UNKNOWN_CLIENT in {log}): each pmem-server must follow the map (one built before \
-         servers took principals from new maps knows a device only after its restart) and \
-         find the device's key in its --secrets folder (its log says which it could not read)"
-    )]
-    AddedDeviceRefused {
-        /// The device.
-        id: String,
-        /// Its log.
-        log: String,
-    },
-    /// The first map could not be made, or a membership change failed.
-    #[error(transparent)]
-    Membership(#[from] MembershipError),
-    /// The principals' keys could not be made.
-    #[error("cannot make the principals' keys")]
-    Keys(#[from] topology::secrets::SecretError),
-    /// A daemon exited or stayed silent instead of reporting ready.
-    #[error("{kind} {id} did not start: {why} (log: {log})", kind = .kind.program())]
-    NotReady {
-        /// Which daemon.
-        kind: DaemonKind,
-        /// Its id.
-        id: String,
-        /// What happened.
-        why: String,
-        /// Its log file.
-        log: String,
-    },
-    /// No such link in this fabric (or not in netns mode).
-    #[error("no link {0:?} in this fabric (links are cut only with --net netns)")]
-    UnknownLink(String),
-    /// No such daemon in this fabric.
-    #[error("no {kind} {id} in this fabric", kind = .kind.program())]
-    Unknown {
-        /// Which daemon.
-        kind: DaemonKind,
-        /// Its id.
-        id: String,
-    },
-    /// The pool's allocator could not be attached to or formatted.
-    #[error("pool {pool:?}: cannot prepare the allocator as client {client}: {why}")]
-    Allocator {
-        /// The pool's name.
-        pool: String,
-        /// The client that tried.
-        client: String,
-        /// What went wrong, with its causes.
-        why: String,
-    },
 }
 
 /// What [`Fabric::start`] found of the pool's allocator.
@@ -276,47 +197,6 @@ const GUEST_READY_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a server in a lab guest may take to drain and power off.
 const GUEST_STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Reads the `ready key=value …` line a daemon prints on stdout.
-fn wait_ready(child: &mut Child, timeout: Duration) -> Result<BTreeMap<String, String>, String> {
-    let stdout = child.stdout.take().ok_or("no stdout")?;
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut lines = BufReader::new(stdout).lines();
-        for line in lines.by_ref().map_while(Result::ok) {
-            if let Some(rest) = line.strip_prefix("ready ") {
-                let fields = rest
-                    .split_whitespace()
-                    .filter_map(|kv| kv.split_once('='))
-                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                    .collect();
-                let _ = tx.send(fields);
-                break;
-            }
-        }
-        // Keep draining so the daemon never blocks on a full pipe.
-        for _ in lines {}
-    });
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Ok(fields) = rx.recv_timeout(Duration::from_millis(50)) {
-            return Ok(fields);
-        }
-        if let Ok(Some(status)) = child.try_wait() {
-            return Err(format!("exited with {status}"));
-        }
-        if Instant::now() >= deadline {
-            return Err(format!("no ready line within {timeout:?}"));
-        }
-    }
-}
-
-/// The last lines of a log file, for error messages.
-pub fn log_tail(path: &Path, lines: usize) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
-}
-
 impl Fabric {
     /// Starts every server, then every fabric device, and waits until each
     /// reports ready and every device's links are up. A pool with an
@@ -347,7 +227,7 @@ impl Fabric {
                 return Err(LaunchError::HoldBackNeedsEtcd(kind));
             }
             Some(kind) => {
-                let first = crate::membership::hold_back(&topology, kind)?;
+                let first = crate::fabric::membership::hold_back(&topology, kind)?;
                 (topology, first.topology, Some(first.held))
             }
         };
@@ -378,7 +258,7 @@ impl Fabric {
                 let dir = std::path::absolute(options.run_dir.join("secrets"))
                     .map_err(LaunchError::Io)?;
                 // The held-back daemon's key too: it starts later.
-                crate::keys::generate(&whole, &dir)?;
+                crate::fabric::keys::generate(&whole, &dir)?;
                 Some(dir)
             }
             Keys::Folder(dir) => Some(std::path::absolute(dir).map_err(LaunchError::Io)?),
@@ -911,113 +791,6 @@ impl Fabric {
             .collect()
     }
 
-    /// Kills a daemon with SIGKILL; returns when the signal was sent, after
-    /// the process is gone.
-    pub fn kill(&mut self, kind: DaemonKind, id: &str) -> Result<Instant, LaunchError> {
-        let daemon = self.daemon_mut(kind, id)?;
-        let sent = Instant::now();
-        if let Some(guest) = &daemon.guest {
-            guest.power_cut();
-        }
-        let _ = daemon.child.kill();
-        let _ = daemon.child.wait();
-        Ok(sent)
-    }
-
-    /// Starts a killed (or stopped) daemon again with the same arguments
-    /// and waits until it is ready (and, for a device, its links are up).
-    pub fn restart(&mut self, kind: DaemonKind, id: &str) -> Result<(), LaunchError> {
-        let (args, guest) = self
-            .daemons
-            .remove(&(kind, id.to_owned()))
-            .map(|mut d| {
-                if let Some(guest) = &d.guest {
-                    guest.power_cut();
-                }
-                let _ = d.child.kill();
-                let _ = d.child.wait();
-                (d.args, d.guest)
-            })
-            .ok_or_else(|| LaunchError::Unknown {
-                kind,
-                id: id.to_owned(),
-            })?;
-        match guest {
-            Some(guest) => self.launch_guest(id, guest)?,
-            None => self.launch(kind, id, args)?,
-        }
-        self.await_ready(kind, id)
-    }
-
-    /// Takes a topology link down or up (netns mode). `target` names it as
-    /// `CLIENT/RNIC` (a client's RNIC) or `DEVICE>SERVER/NIC` (a fabric
-    /// device's link to a server NIC).
-    pub fn set_link(&self, target: &str, up: bool) -> Result<(), LaunchError> {
-        let unknown = || LaunchError::UnknownLink(target.to_owned());
-        if self.lab.is_some() {
-            return self.set_lab_link(target, up);
-        }
-        let (plan, _) = self.net.as_ref().ok_or_else(unknown)?;
-        let link = match target.split_once('>') {
-            Some((device, rest)) => {
-                let (server, nic) = rest.split_once('/').ok_or_else(unknown)?;
-                netns::LinkRef::ServerLink {
-                    device: device.into(),
-                    server: server.into(),
-                    nic: nic.into(),
-                }
-            }
-            None => {
-                let (client, rnic) = target.split_once('/').ok_or_else(unknown)?;
-                let device = self
-                    .topology
-                    .client(&client.into())
-                    .and_then(|c| c.rnics.iter().find(|r| r.id.as_str() == rnic))
-                    .map(|r| r.fabric_device.clone())
-                    .ok_or_else(unknown)?;
-                netns::LinkRef::Rnic {
-                    client: client.into(),
-                    rnic: rnic.into(),
-                    device,
-                }
-            }
-        };
-        let veth = plan.link(&link).ok_or_else(unknown)?;
-        netns::set_link(veth, up)?;
-        Ok(())
-    }
-
-    /// Lab mode: a client's RNIC `client/rnic` is cut by taking down the
-    /// RoCEv2 interface of the device port it is wired to; the queue pair
-    /// then runs out of retries while the control connection stays up.
-    fn set_lab_link(&self, target: &str, up: bool) -> Result<(), LaunchError> {
-        let unknown = || LaunchError::UnknownLink(target.to_owned());
-        let (client, rnic) = target.split_once('/').ok_or_else(unknown)?;
-        let rnic = self
-            .topology
-            .client(&client.into())
-            .and_then(|c| c.rnics.iter().find(|r| r.id.as_str() == rnic))
-            .ok_or_else(unknown)?;
-        let interface = self
-            .topology
-            .fabric_device(&rnic.fabric_device)
-            .and_then(|d| rnic.port_on(d))
-            .and_then(|p| p.roce.as_ref())
-            .map(|r| r.interface.clone())
-            .ok_or_else(unknown)?;
-        let state = if up { "up" } else { "down" };
-        let status = Command::new("ip")
-            .args(["link", "set", &interface, state])
-            .status()
-            .map_err(LaunchError::Io)?;
-        if !status.success() {
-            return Err(LaunchError::Io(std::io::Error::other(format!(
-                "ip link set {interface} {state}: {status}"
-            ))));
-        }
-        Ok(())
-    }
-
     /// The network plan (netns mode).
     pub fn net_plan(&self) -> Option<&NetPlan> {
         self.net.as_ref().map(|(plan, _)| plan)
@@ -1091,31 +864,6 @@ fn etcd_reach(plan: &NetPlan) -> EtcdReach {
             _ => None,
         })
         .collect()
-}
-
-/// Sends SIGTERM to a child.
-fn terminate(child: &Child) {
-    if let Ok(pid) = i32::try_from(child.id()) {
-        // SAFETY: kill(2) on our own child's pid; no memory is involved.
-        unsafe {
-            libc::kill(pid, libc::SIGTERM);
-        }
-    }
-}
-
-/// Waits for a child to exit, killing it after `limit`.
-fn wait_or_kill(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
-    let deadline = Instant::now() + limit;
-    loop {
-        match child.try_wait() {
-            Ok(Some(status)) => return Some(status),
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
-            _ => {
-                let _ = child.kill();
-                return child.wait().ok().filter(|_| false);
-            }
-        }
-    }
 }
 
 impl Drop for Fabric {

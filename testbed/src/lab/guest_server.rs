@@ -23,6 +23,7 @@ use std::process::Command;
 
 use topology::{Server, Topology};
 
+use crate::lab::guest;
 use crate::lab::{GuestStorage, LabNet};
 
 /// The host's address on the lab bridge (the devices' control ports).
@@ -59,6 +60,15 @@ pub enum GuestServerError {
     NoStateDevice {
         /// The server.
         server: String,
+    },
+    /// Its boot script or an NVDIMM file cannot be made.
+    #[error("server {server}: cannot prepare its guest")]
+    Guest {
+        /// The server.
+        server: String,
+        /// Why.
+        #[source]
+        source: guest::GuestError,
     },
     /// Its files cannot be written.
     #[error("server {server}: cannot prepare its guest in {dir}")]
@@ -163,9 +173,10 @@ impl GuestServer {
                 .max(MIN_NVDIMM)
                 .next_multiple_of(NVDIMM_ALIGN);
             if !file.exists() {
-                std::fs::File::create(&file)
-                    .and_then(|f| f.set_len(size))
-                    .map_err(io)?;
+                guest::make_nvdimm(&file, size).map_err(|source| GuestServerError::Guest {
+                    server: id.clone(),
+                    source,
+                })?;
             }
             nvdimms.push(file);
             if path.starts_with("/dev/dax") {
@@ -201,9 +212,8 @@ impl GuestServer {
         let pidfile = dir.join("qemu.pid");
         let script = dir.join("boot.sh");
         let quoted: Vec<String> = args.iter().map(|a| format!("'{a}'")).collect();
-        let text = format!(
-            "#!/bin/sh\n\
-             # Written by testbed: server {id}'s lab guest ({name}).\n\
+        let body = format!(
+            "# Written by testbed: server {id}'s lab guest ({name}).\n\
              set -e\n\
              wait_for() {{ i=0; while [ ! -e \"$1\" ] && [ ! -e \"$2\" ] && [ $i -lt 100 ]; do \
              sleep 0.1; i=$((i+1)); done; }}\n\
@@ -222,9 +232,10 @@ impl GuestServer {
             topology = topology_path.display(),
             args = quoted.join(" "),
         );
-        std::fs::write(&script, text).map_err(io)?;
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).map_err(io)?;
+        guest::write_script(&script, &body).map_err(|source| GuestServerError::Guest {
+            server: id.clone(),
+            source,
+        })?;
         let mut shares = vec![run_dir.to_owned()];
         shares.extend(program.parent().map(Path::to_owned));
         shares.extend(topology_path.parent().map(Path::to_owned));
@@ -278,16 +289,9 @@ impl GuestServer {
 
     /// Cuts the guest's power: SIGKILL to its QEMU.
     pub fn power_cut(&self) {
-        let pid = std::fs::read_to_string(&self.pidfile)
-            .ok()
-            .and_then(|t| t.trim().parse::<i32>().ok());
-        if let Some(pid) = pid {
-            // SAFETY: kill(2) on a process id; no memory is involved. The
-            // pid file is QEMU's own, written for this guest.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-            }
-        }
+        // No pid file: the guest is not running, so there is no power to
+        // cut.
+        let _ = guest::power_off(&self.pidfile);
     }
 
     /// Asks the server in the guest to drain and exit; the guest then

@@ -11,7 +11,7 @@
 
 use topology::{EnvOverrides, Topology};
 
-use crate::daemon_kind::DaemonKind;
+use crate::fabric::daemon_kind::DaemonKind;
 
 /// Why a daemon cannot be held back or removed.
 #[derive(Debug, thiserror::Error)]

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use crate::launch::{DaemonKind, LaunchError};
+use crate::fabric::launch::{DaemonKind, LaunchError};
 
 /// Which testbed command brought the fabric up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

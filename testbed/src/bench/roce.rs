@@ -27,7 +27,7 @@ use topology::secrets::{Principal, read_key};
 use topology::{LayoutEntry, PmemAddr};
 
 use crate::bench::peers::cpu_seconds;
-use crate::launch::DaemonKind;
+use crate::fabric::launch::DaemonKind;
 use crate::report::LatencyHistogram;
 
 /// How long and how hard each measurement runs.
@@ -229,7 +229,7 @@ impl Setup {
         // Keys as on every testbed fabric: the control connection proves c0's.
         let secrets = dir.path().join("secrets");
         let topology = topology::Topology::load(&config).context("the bench's topology")?;
-        crate::keys::generate(&topology, &secrets).context("make the keys")?;
+        crate::fabric::keys::generate(&topology, &secrets).context("make the keys")?;
         let client_key = read_key(&secrets, Principal::Client("c0"))?;
         let secrets_arg = secrets.to_str().context("a UTF-8 keys' path")?;
         let with_keys = ["--secrets", secrets_arg];

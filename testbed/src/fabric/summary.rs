@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use topology::{ByteSize, Layout, Topology};
 
-use crate::launch::Endpoint;
+use crate::fabric::launch::Endpoint;
 
 /// A table of text cells printed with aligned columns.
 #[derive(Debug, Default)]

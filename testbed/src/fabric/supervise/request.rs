@@ -1,7 +1,7 @@
 //! The commands a supervised fabric takes, on its console or its control
 //! socket: what they are and how a line of text names one.
 
-use crate::launch::DaemonKind;
+use crate::fabric::launch::DaemonKind;
 
 /// What `help` prints.
 pub const HELP: &str = "\

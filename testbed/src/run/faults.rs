@@ -1,0 +1,353 @@
+//! The faults a run injects: what each does and undoes, the chaos
+//! scenarios, and the seeded plan of when and where.
+
+use std::time::{Duration, Instant};
+
+use topology::Topology;
+
+use crate::fabric::etcd::{Control, EtcdControl};
+use crate::fabric::launch::{DaemonKind, Fabric, NetMode};
+
+/// A fault to inject during a run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlannedFault {
+    /// When, from the start of the workload.
+    pub at: Duration,
+    /// What.
+    pub kind: FaultKind,
+    /// Which daemon.
+    pub target: String,
+    /// How long until the target is restarted.
+    pub restore_after: Duration,
+}
+
+/// The faults the testbed injects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultKind {
+    /// SIGKILL a fabric device, restart it later.
+    KillFabric,
+    /// SIGKILL a pmem-server, restart it later.
+    KillServer,
+    /// Take a link down, bring it back later (netns only).
+    CutLink,
+    /// SIGKILL every daemon, restart them all later.
+    RestartAll,
+    /// SIGKILL every etcd member (`--control etcd`), restart them later.
+    KillEtcd,
+    /// SIGKILL the etcd member that leads, restart it later.
+    KillEtcdLeader,
+    /// Add the server held back from the first map (`add-server` on etcd),
+    /// then start it; the devices link to it.
+    AddServer,
+    /// Add the fabric device held back from the first map (`add-device`),
+    /// then start it.
+    AddDevice,
+    /// Remove a fabric device every client has another path than
+    /// (`remove-device`), then stop it.
+    RemoveDevice,
+}
+
+/// Every daemon kind, devices first: the order faults kill them in.
+const ALL_DAEMONS: [DaemonKind; 2] = [DaemonKind::FabricDevice, DaemonKind::PmemServer];
+
+impl FaultKind {
+    /// The name reports use.
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultKind::KillFabric => "kill-fabric",
+            FaultKind::KillServer => "kill-server",
+            FaultKind::CutLink => "cut-link",
+            FaultKind::RestartAll => "restart-all",
+            FaultKind::KillEtcd => "kill-etcd",
+            FaultKind::KillEtcdLeader => "kill-etcd-leader",
+            FaultKind::AddServer => "add-server",
+            FaultKind::AddDevice => "add-device",
+            FaultKind::RemoveDevice => "remove-device",
+        }
+    }
+
+    /// Whether it changes the map's membership (not undone later).
+    pub(super) fn changes_membership(self) -> bool {
+        matches!(
+            self,
+            FaultKind::AddServer | FaultKind::AddDevice | FaultKind::RemoveDevice
+        )
+    }
+
+    /// The daemon kind a fabric must hold back from its first map for it.
+    pub(super) fn held_back(self) -> Option<DaemonKind> {
+        match self {
+            FaultKind::AddServer => Some(DaemonKind::PmemServer),
+            FaultKind::AddDevice => Some(DaemonKind::FabricDevice),
+            _ => None,
+        }
+    }
+
+    /// Whether the application must not see it: another path exists, or
+    /// only the control plane is hit and the data path serves on.
+    pub(super) fn invisible(self) -> bool {
+        matches!(
+            self,
+            FaultKind::KillFabric
+                | FaultKind::CutLink
+                | FaultKind::KillEtcd
+                | FaultKind::KillEtcdLeader
+                | FaultKind::AddServer
+                | FaultKind::AddDevice
+                | FaultKind::RemoveDevice
+        )
+    }
+
+    pub(super) fn from_name(name: &str) -> Option<Self> {
+        [
+            FaultKind::KillFabric,
+            FaultKind::KillServer,
+            FaultKind::CutLink,
+            FaultKind::RestartAll,
+            FaultKind::KillEtcd,
+            FaultKind::KillEtcdLeader,
+            FaultKind::AddServer,
+            FaultKind::AddDevice,
+            FaultKind::RemoveDevice,
+        ]
+        .into_iter()
+        .find(|k| k.name() == name)
+    }
+
+    /// Injects the fault; returns when it took effect, and what it hit
+    /// when the plan named it only by its role (the etcd leader).
+    pub(super) fn inject(
+        self,
+        fabric: &mut Fabric,
+        target: &str,
+    ) -> anyhow::Result<(Instant, String)> {
+        fn etcd(fabric: &mut Fabric, kind: FaultKind) -> anyhow::Result<&mut EtcdControl> {
+            fabric
+                .etcd_mut()
+                .ok_or_else(|| anyhow::anyhow!("{} needs --control etcd", kind.name()))
+        }
+        Ok(match self {
+            FaultKind::KillEtcd => (etcd(fabric, self)?.kill_all(), target.to_owned()),
+            FaultKind::KillEtcdLeader => {
+                let (at, leader) = etcd(fabric, self)?.kill_leader()?;
+                (at, format!("{target} {leader}"))
+            }
+            FaultKind::AddServer | FaultKind::AddDevice => {
+                let at = Instant::now();
+                let change = fabric.admit_held()?;
+                (at, format!("{} at epoch {}", change.id, change.epoch))
+            }
+            FaultKind::RemoveDevice => {
+                let device = crate::fabric::membership::spare_device(&fabric.topology)?;
+                let at = Instant::now();
+                let change = fabric.remove_device(&device)?;
+                (at, format!("{} at epoch {}", change.id, change.epoch))
+            }
+            other => (other.inject_daemon(fabric, target)?, target.to_owned()),
+        })
+    }
+
+    /// Injects a fault on the daemons or links.
+    fn inject_daemon(self, fabric: &mut Fabric, target: &str) -> anyhow::Result<Instant> {
+        Ok(match self {
+            FaultKind::KillFabric => fabric.kill(DaemonKind::FabricDevice, target)?,
+            FaultKind::KillServer => fabric.kill(DaemonKind::PmemServer, target)?,
+            FaultKind::CutLink => {
+                let at = Instant::now();
+                fabric.set_link(target, false)?;
+                at
+            }
+            FaultKind::RestartAll => {
+                let at = Instant::now();
+                for kind in ALL_DAEMONS {
+                    for id in fabric.daemon_ids(kind) {
+                        fabric.kill(kind, &id)?;
+                    }
+                }
+                at
+            }
+            FaultKind::KillEtcd
+            | FaultKind::KillEtcdLeader
+            | FaultKind::AddServer
+            | FaultKind::AddDevice
+            | FaultKind::RemoveDevice => Instant::now(),
+        })
+    }
+
+    /// Undoes the fault.
+    pub(super) fn restore(self, fabric: &mut Fabric, target: &str) -> anyhow::Result<()> {
+        match self {
+            FaultKind::KillFabric => fabric.restart(DaemonKind::FabricDevice, target)?,
+            FaultKind::KillServer => fabric.restart(DaemonKind::PmemServer, target)?,
+            FaultKind::CutLink => fabric.set_link(target, true)?,
+            FaultKind::RestartAll => {
+                // Servers first, so the devices' links come up at once.
+                for kind in ALL_DAEMONS.into_iter().rev() {
+                    for id in fabric.daemon_ids(kind) {
+                        fabric.restart(kind, &id)?;
+                    }
+                }
+            }
+            FaultKind::KillEtcd | FaultKind::KillEtcdLeader => {
+                if let Some(etcd) = fabric.etcd_mut() {
+                    etcd.restart_killed()?;
+                }
+            }
+            // A membership change stays: the map moved on.
+            FaultKind::AddServer | FaultKind::AddDevice | FaultKind::RemoveDevice => {}
+        }
+        Ok(())
+    }
+}
+
+/// The chaos scenarios.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scenario {
+    /// SIGKILL fabric devices and restart them.
+    KillFabric,
+    /// SIGKILL pmem-servers and restart them.
+    KillServer,
+    /// Take client RNIC links and device-to-server links down and up
+    /// (netns only).
+    CutLink,
+    /// Kill every daemon and restart them all.
+    RestartAll,
+    /// Kill every etcd member under the workload and restart them
+    /// (`--control etcd`).
+    KillEtcd,
+    /// Kill the etcd member that leads and restart it (`--control etcd
+    /// --etcd-members 3`).
+    KillEtcdLeader,
+    /// Start with the last server held back from the map, add it under the
+    /// workload (`--control etcd`).
+    AddServer,
+    /// Start with a fabric device held back from the map, add it under the
+    /// workload (`--control etcd`).
+    AddDevice,
+    /// Remove a fabric device every client has another path than, under
+    /// the workload (`--control etcd`).
+    RemoveDevice,
+}
+
+impl Scenario {
+    /// Whether the scenario can run on a fabric with `control`; why not
+    /// otherwise.
+    pub fn check_control(self, control: Control) -> Result<(), String> {
+        match (self, control) {
+            (
+                Scenario::KillEtcd
+                | Scenario::KillEtcdLeader
+                | Scenario::AddServer
+                | Scenario::AddDevice
+                | Scenario::RemoveDevice,
+                Control::File,
+            ) => Err(format!("--scenario {} needs --control etcd", self.name())),
+            (Scenario::KillEtcdLeader, Control::Etcd { members }) if members < 3 => Err(format!(
+                "--scenario kill-etcd-leader needs --etcd-members 3 or more (with {members}, \
+                 killing the leader takes etcd down: that is kill-etcd)"
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl std::str::FromStr for Scenario {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "kill-fabric" => Ok(Scenario::KillFabric),
+            "kill-server" => Ok(Scenario::KillServer),
+            "cut-link" => Ok(Scenario::CutLink),
+            "restart-all" => Ok(Scenario::RestartAll),
+            "kill-etcd" => Ok(Scenario::KillEtcd),
+            "kill-etcd-leader" => Ok(Scenario::KillEtcdLeader),
+            "add-server" => Ok(Scenario::AddServer),
+            "add-device" => Ok(Scenario::AddDevice),
+            "remove-device" => Ok(Scenario::RemoveDevice),
+            other => Err(format!(
+                "unknown scenario {other:?} (kill-fabric, kill-server, cut-link, restart-all, \
+                 kill-etcd, kill-etcd-leader, add-server, add-device, remove-device)"
+            )),
+        }
+    }
+}
+
+/// `count` faults of `scenario` at seeded random times in the middle of a
+/// run of `duration`, each target restarted after a tenth of the run (etcd
+/// after three tenths). A membership scenario changes the map once,
+/// whatever `count` says: one daemon is held back, and removing a second
+/// device could leave a client without a path.
+pub fn plan_faults(
+    topology: &Topology,
+    net: NetMode,
+    scenario: Scenario,
+    duration: Duration,
+    count: usize,
+    seed: u64,
+) -> Vec<PlannedFault> {
+    let mut rng = crate::workload::keys::Rng::new(seed);
+    let (kind, targets): (FaultKind, Vec<String>) = match scenario {
+        Scenario::KillFabric => (
+            FaultKind::KillFabric,
+            topology
+                .fabric_devices
+                .iter()
+                .map(|d| d.id.to_string())
+                .collect(),
+        ),
+        Scenario::KillServer => (
+            FaultKind::KillServer,
+            topology.servers.iter().map(|s| s.id.to_string()).collect(),
+        ),
+        Scenario::CutLink => {
+            let rnics = topology
+                .clients
+                .iter()
+                .flat_map(|c| c.rnics.iter().map(move |r| format!("{}/{}", c.id, r.id)));
+            let server_links = topology.fabric_devices.iter().flat_map(|d| {
+                d.links
+                    .iter()
+                    .map(move |l| format!("{}>{}/{}", d.id, l.server, l.nic))
+            });
+            // In the lab only the RNICs' RoCE side can be cut: the device
+            // links are on the namespace's loopback.
+            let targets = match net {
+                NetMode::Lab => rnics.collect(),
+                _ => rnics.chain(server_links).collect(),
+            };
+            (FaultKind::CutLink, targets)
+        }
+        Scenario::RestartAll => (FaultKind::RestartAll, vec!["all".to_owned()]),
+        Scenario::KillEtcd => (FaultKind::KillEtcd, vec!["etcd".to_owned()]),
+        Scenario::KillEtcdLeader => (FaultKind::KillEtcdLeader, vec!["leader".to_owned()]),
+        Scenario::AddServer => (FaultKind::AddServer, vec!["held".to_owned()]),
+        Scenario::AddDevice => (FaultKind::AddDevice, vec!["held".to_owned()]),
+        Scenario::RemoveDevice => (FaultKind::RemoveDevice, vec!["spare".to_owned()]),
+    };
+    let count = if kind.changes_membership() {
+        count.min(1)
+    } else {
+        count
+    };
+    // etcd stays down longer: the workload must run on through the outage.
+    let share = match kind {
+        FaultKind::KillEtcd | FaultKind::KillEtcdLeader => 0.3,
+        _ => 0.1,
+    };
+    let restore_after = duration.mul_f64(share).max(Duration::from_millis(500));
+    let window = duration.mul_f64(0.6);
+    (0..count)
+        .map(|i| {
+            let slot = window.mul_f64(1.0 / count.max(1) as f64);
+            let at =
+                duration.mul_f64(0.2) + slot.mul_f64(i as f64) + slot.mul_f64(rng.unit() * 0.5);
+            PlannedFault {
+                at,
+                kind,
+                target: targets[rng.below(targets.len() as u64) as usize].clone(),
+                restore_after,
+            }
+        })
+        .collect()
+}
