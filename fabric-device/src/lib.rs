@@ -16,6 +16,8 @@
 //! - `reconnect`: when each server link is (re)connected, sans-IO.
 //! - `resync`: bringing a `syncing` copy of a replicated region up to date,
 //!   sans-IO (the walk over its blocks and the copies' pace).
+//! - `succession`: who takes over a dead owner's replicated regions, and
+//!   when a probed device counts as dead, sans-IO.
 //! - `roce`: the RoCEv2 gateway, client queue pairs bridged to the core.
 //! - `uplink`: RC queue pairs toward servers on verbs, which carry READ,
 //!   WRITE, FLUSH and ATOMIC_WRITE to the server's RNIC.
@@ -50,4 +52,5 @@ pub(crate) mod request_budget;
 pub(crate) mod resync;
 pub(crate) mod roce;
 pub(crate) mod roce_metrics;
+pub(crate) mod succession;
 pub(crate) mod uplink;

@@ -19,6 +19,7 @@ mod replication;
 mod ring_events;
 pub mod roce_io;
 mod roce_port;
+mod takeover;
 mod uplinks;
 
 use std::io;
@@ -282,6 +283,8 @@ pub struct Device {
     follow: Option<Following>,
     /// On etcd: marks the copies of replicated regions this device lost.
     copy_marker: Option<replication::CopyMarker>,
+    /// Probes of suspected owners, and takeovers of their regions.
+    takeovers: takeover::Takeovers,
 }
 
 /// Following the map in etcd.
@@ -485,6 +488,7 @@ impl Device {
             waker,
             follow: None,
             copy_marker: None,
+            takeovers: takeover::Takeovers::new(),
         })
     }
 

@@ -66,7 +66,7 @@ use epoch::DeviceEpoch;
 pub use links::LinkStatus;
 use links::{Lanes, Link};
 use parking::Parked;
-pub use replication::Outgoing;
+pub use replication::{OwnedRegion, Outgoing};
 use replication::Replication;
 
 /// The protocol version this device speaks.

@@ -34,10 +34,10 @@ impl Forwarder {
         let links = &self.links;
         self.deadlines.trim(|d| is_pending(links, d));
         let parked = self.parked.iter().map(|p| p.deadline).min();
-        match (self.deadlines.first(), parked) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [self.deadlines.first(), parked, self.fence_poll_timeout()]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Answers TIMEOUT to every request whose deadline has passed. Also

@@ -22,6 +22,7 @@ mod links;
 mod parking;
 mod replication;
 mod routing;
+mod takeover;
 
 pub(super) fn topology() -> Topology {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/default.toml");

@@ -7,7 +7,7 @@ use proto::request::{ExactlyOnce, Operation};
 use super::*;
 use crate::forward::Outgoing;
 
-fn replicated() -> Forwarder {
+pub(super) fn replicated() -> Forwarder {
     let topology = testkit::default_topology_with("replicas = 2");
     let mut core = core_with(&topology, ForwarderConfig::default());
     let ids: Vec<LinkId> = core.links().map(|(id, _)| id).collect();
@@ -48,11 +48,11 @@ fn bring_up_with_server_keys(core: &mut Forwarder, link: LinkId) {
 
 /// A request sent to a copy, as the outbox has it.
 #[derive(Debug)]
-struct Sent {
-    link: LinkId,
+pub(super) struct Sent {
+    pub(super) link: LinkId,
     tag: u64,
-    operation: Operation,
-    offset: u64,
+    pub(super) operation: Operation,
+    pub(super) offset: u64,
     key: AccessKey,
     operand: u64,
     identity: Option<ExactlyOnce>,
@@ -60,10 +60,10 @@ struct Sent {
 }
 
 /// An outbox split: the requests sent, the answers and the copies lost.
-type Split = (Vec<Sent>, Vec<(ConnId, Reply)>, Vec<(RegionIndex, String)>);
+pub(super) type Split = (Vec<Sent>, Vec<(ConnId, Reply)>, Vec<(RegionIndex, String)>);
 
 /// Splits an outbox into the requests sent, the answers and the copies lost.
-fn split(out: Vec<Outgoing>) -> Split {
+pub(super) fn split(out: Vec<Outgoing>) -> Split {
     let (mut sent, mut answers, mut lost) = (Vec::new(), Vec::new(), Vec::new());
     for item in out {
         match item {
@@ -94,12 +94,13 @@ fn split(out: Vec<Outgoing>) -> Split {
             }
             Outgoing::Answer { conn, reply } => answers.push((conn, reply)),
             Outgoing::CopyLost { region, server, .. } => lost.push((region, server.to_string())),
+            Outgoing::OwnerSuspected { .. } => {}
         }
     }
     (sent, answers, lost)
 }
 
-fn index(core: &Forwarder, region: &str) -> RegionIndex {
+pub(super) fn index(core: &Forwarder, region: &str) -> RegionIndex {
     core.map()
         .layout
         .entry_by_id(&region.into())
@@ -107,7 +108,7 @@ fn index(core: &Forwarder, region: &str) -> RegionIndex {
         .region
 }
 
-fn send<'d>(
+pub(super) fn send<'d>(
     core: &mut Forwarder,
     build: impl FnOnce(&Forwarder) -> Repr<'d>,
     tag: u64,
@@ -122,7 +123,7 @@ fn send<'d>(
 
 /// The server's answer to `sent`: OK with `value` (8 bytes of data for
 /// READ).
-fn answer(core: &mut Forwarder, sent: &Sent, status: Status, value: u64) {
+pub(super) fn answer(core: &mut Forwarder, sent: &Sent, status: Status, value: u64) {
     let repr = match sent.operation {
         Operation::Read if status == Status::Ok => {
             let data = value.to_le_bytes();
@@ -147,7 +148,7 @@ fn answer(core: &mut Forwarder, sent: &Sent, status: Status, value: u64) {
 }
 
 /// The status, value and tag of an answer.
-fn answered(reply: &Reply) -> (Status, u64, u64) {
+pub(super) fn answered(reply: &Reply) -> (Status, u64, u64) {
     let (message, tag) = proto::parse_frame(reply.as_bytes()).unwrap();
     match message {
         Message::Response(r) => (r.status, r.value, tag),
@@ -208,7 +209,11 @@ fn a_device_that_does_not_own_the_region_answers_not_owner() {
         5,
     );
     assert_eq!(refused(read), Status::NotOwner);
-    assert!(core.take_outbox().is_empty(), "nothing forwarded");
+    let (sent, answers, lost) = split(core.take_outbox());
+    assert!(
+        sent.is_empty() && answers.is_empty() && lost.is_empty(),
+        "nothing forwarded"
+    );
     assert_eq!(core.metrics.not_owner.get(), 2);
 }
 
