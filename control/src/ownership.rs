@@ -362,7 +362,10 @@ mod tests {
         assert_eq!(after.version, before.version + 1);
         assert_eq!(after.state_on("A"), Some(ReplicaState::Serving));
         assert_eq!(after.state_on("B"), Some(ReplicaState::Syncing));
-        assert_eq!((taken.previous.as_str(), taken.deciding.as_str()), ("A", "A"));
+        assert_eq!(
+            (taken.previous.as_str(), taken.deciding.as_str()),
+            ("A", "A")
+        );
         assert_eq!(taken.syncing, ["B"]);
         assert!(taken.note.contains("owner A -> B"), "{}", taken.note);
         // Nothing else of the map changed.
@@ -370,7 +373,11 @@ mod tests {
             assert_eq!(taken.map.replica_set(other), map.replica_set(other));
         }
         assert_eq!(
-            taken.map.topology_at("/k").map(|_| ()).map_err(|e| e.to_string()),
+            taken
+                .map
+                .topology_at("/k")
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
             Ok(())
         );
     }

@@ -80,8 +80,8 @@ async fn a_device_takes_a_region_over_in_one_transaction_and_a_stale_version_los
     // An operator's mark moves the record first: B decided on version 1
     // and loses, nothing written.
     let read = operator.read_map().await.expect("read");
-    let marked = control::edit::mark_replica(&read.map, "PA.1", "B", ReplicaState::Syncing)
-        .expect("mark");
+    let marked =
+        control::edit::mark_replica(&read.map, "PA.1", "B", ReplicaState::Syncing).expect("mark");
     operator
         .replace_map(&read, marked.map)
         .await
@@ -131,7 +131,10 @@ async fn a_device_takes_a_region_over_in_one_transaction_and_a_stale_version_los
     // A region whose every serving copy but the deciding one resyncs: the
     // takeover of PB.1 (owner A) by B turns A's serving copy syncing.
     let taken = take(&endpoints, &b, "B", "PB.1", 1).await;
-    assert!(matches!(taken, Takeover::Taken { epoch: 4, .. }), "{taken:?}");
+    assert!(
+        matches!(taken, Takeover::Taken { epoch: 4, .. }),
+        "{taken:?}"
+    );
     let pb1 = operator.read_map().await.expect("read");
     let pb1 = pb1.map.replica_set("PB.1").expect("PB.1");
     assert_eq!(pb1.owner, "B");

@@ -28,7 +28,14 @@ fn data_dir(dir: &Path, server: &str) -> PathBuf {
 fn server_on(etcd: &Etcd, server: &str, dir: &Path) -> Daemon {
     Daemon::spawn(
         DaemonSpec::new(testkit::binary("pmem-server"))
-            .args(["--etcd", &etcd.endpoint(), "--pool", "test", "--server", server])
+            .args([
+                "--etcd",
+                &etcd.endpoint(),
+                "--pool",
+                "test",
+                "--server",
+                server,
+            ])
             .args(["--admin", "127.0.0.1:0", "--insecure", "--data-dir"])
             .arg(data_dir(dir, server)),
     )
@@ -38,7 +45,14 @@ fn server_on(etcd: &Etcd, server: &str, dir: &Path) -> Daemon {
 fn device_on(etcd: &Etcd, device: &str) -> Daemon {
     Daemon::spawn(
         DaemonSpec::new(FABRIC_DEVICE)
-            .args(["--etcd", &etcd.endpoint(), "--pool", "test", "--device", device])
+            .args([
+                "--etcd",
+                &etcd.endpoint(),
+                "--pool",
+                "test",
+                "--device",
+                device,
+            ])
             .args(["--admin", "127.0.0.1:0", "--insecure"])
             .args(["--request-timeout-ms", "2000", "--reconnect-min-ms", "20"])
             .args(["--reconnect-max-ms", "200"]),
@@ -87,7 +101,10 @@ impl Fabric {
             .write(dir.path(), "topology.toml", &mut Ports::new());
         let text = std::fs::read_to_string(&config).expect("topology");
         let replicated = text.replacen("name = \"test\"", "name = \"test\"\nreplicas = 2", 1);
-        assert_ne!(text, replicated, "the [pool] table is where testkit writes it");
+        assert_ne!(
+            text, replicated,
+            "the [pool] table is where testkit writes it"
+        );
         let map = ClusterMap::new(1, replicated);
         assert_eq!(
             (owner(&map, "A1").as_str(), owner(&map, "B1").as_str()),
@@ -96,7 +113,10 @@ impl Fabric {
         etcd.put(&Keys::of("test").map(), &map.to_json())
             .expect("etcdctl put");
         let layout = testkit::layout(&config);
-        let servers = [server_on(&etcd, "A", dir.path()), server_on(&etcd, "B", dir.path())];
+        let servers = [
+            server_on(&etcd, "A", dir.path()),
+            server_on(&etcd, "B", dir.path()),
+        ];
         let f1 = device_on(&etcd, "F1");
         let f2 = device_on(&etcd, "F2");
         f1.wait_links_up(2);
@@ -203,7 +223,11 @@ fn a_dead_owners_region_is_taken_over_and_its_atomics_stay_exactly_once() {
     assert_eq!(via_f2.call(write).status, Status::Ok);
     for server in ["A", "B"] {
         assert_eq!(fabric.a1_copy(server, 0, 5), b"after", "{server}'s copy");
-        assert_eq!(fabric.a1_copy(server, 64, 8), 1u64.to_le_bytes(), "{server}'s copy");
+        assert_eq!(
+            fabric.a1_copy(server, 64, 8),
+            1u64.to_le_bytes(),
+            "{server}'s copy"
+        );
     }
 }
 
@@ -218,7 +242,9 @@ fn a_frozen_owner_is_taken_over_past_its_lease_and_changes_nothing_when_thawed()
     let key = fabric.a1_key(&mut via_f1);
     let mut via_f2 = client(&fabric.f2);
     assert_eq!(
-        via_f1.call(Repr::write(fabric.at("A1", 0), key, b"first")).status,
+        via_f1
+            .call(Repr::write(fabric.at("A1", 0), key, b"first"))
+            .status,
         Status::Ok
     );
     fabric.f1().signal(libc::SIGSTOP);
@@ -228,10 +254,8 @@ fn a_frozen_owner_is_taken_over_past_its_lease_and_changes_nothing_when_thawed()
         key,
         b"stale",
     )));
-    let fresh = fabric.through_f2_once_it_owns(
-        &mut via_f2,
-        Repr::write(fabric.at("A1", 0), key, b"fresh"),
-    );
+    let fresh =
+        fabric.through_f2_once_it_owns(&mut via_f2, Repr::write(fabric.at("A1", 0), key, b"fresh"));
     assert_eq!(fresh.status, Status::Ok);
     fabric.assert_f2_owns_a1();
 

@@ -54,7 +54,10 @@ fn a_deposed_owner_is_refused_by_the_copies_and_the_new_owner_served() {
         .write(dir.path(), "fabric.toml", &mut testkit::Ports::new());
     let text = std::fs::read_to_string(config).expect("topology");
     let replicated = text.replacen("name = \"test\"", "name = \"test\"\nreplicas = 2", 1);
-    assert_ne!(text, replicated, "the [pool] table is where testkit writes it");
+    assert_ne!(
+        text, replicated,
+        "the [pool] table is where testkit writes it"
+    );
     let map = ClusterMap::new(1, replicated);
     let owner = |region: &str| map.replica_set(region).expect("replicated").owner.clone();
     assert_eq!((owner("A1").as_str(), owner("B1").as_str()), ("F", "G"));
@@ -67,7 +70,14 @@ fn a_deposed_owner_is_refused_by_the_copies_and_the_new_owner_served() {
     write_key(&secrets, Principal::Device("G"), &g_key).expect("G's key");
     let server = Daemon::spawn(
         DaemonSpec::new(PMEM_SERVER)
-            .args(["--etcd", &etcd.endpoint(), "--pool", "test", "--server", "A"])
+            .args([
+                "--etcd",
+                &etcd.endpoint(),
+                "--pool",
+                "test",
+                "--server",
+                "A",
+            ])
             .args(["--admin", "127.0.0.1:0", "--secrets"])
             .arg(&secrets)
             .arg("--data-dir")
@@ -107,8 +117,15 @@ fn a_deposed_owner_is_refused_by_the_copies_and_the_new_owner_served() {
     let refused = write(&mut g, a1, b"G, not A1's owner");
     assert_eq!((refused.status, refused.value), (Status::NotOwner, 1));
     assert_eq!(counter(&server, "pmem_server_not_owner_total"), 1.0);
-    assert_eq!(read(&mut g, a1), Status::Ok, "reads are not judged by owner");
-    assert_eq!(testkit::file_bytes(&dir.path().join("data"), "A1", 0, 4), b"by F");
+    assert_eq!(
+        read(&mut g, a1),
+        Status::Ok,
+        "reads are not judged by owner"
+    );
+    assert_eq!(
+        testkit::file_bytes(&dir.path().join("data"), "A1", 0, 4),
+        b"by F"
+    );
 
     // G takes A1 over (F is deemed dead), one transaction at epoch 2.
     let endpoints = Endpoints::parse(&etcd.endpoint()).expect("endpoint");
@@ -116,7 +133,10 @@ fn a_deposed_owner_is_refused_by_the_copies_and_the_new_owner_served() {
         .expect("etcd answers")
         .remove(0)
         .expect("decided");
-    assert!(matches!(taken, Takeover::Taken { epoch: 2, .. }), "{taken:?}");
+    assert!(
+        matches!(taken, Takeover::Taken { epoch: 2, .. }),
+        "{taken:?}"
+    );
     wait_for_log(&server, "map epoch=2 applied");
 
     // F comes back, still taking itself for the owner: refused, nothing
@@ -125,13 +145,19 @@ fn a_deposed_owner_is_refused_by_the_copies_and_the_new_owner_served() {
     assert_eq!((refused.status, refused.value), (Status::NotOwner, 2));
     assert_eq!(counter(&server, "pmem_server_not_owner_total"), 2.0);
     assert_eq!(write(&mut g, a1, b"by G").status, Status::Ok);
-    assert_eq!(testkit::file_bytes(&dir.path().join("data"), "A1", 0, 4), b"by G");
+    assert_eq!(
+        testkit::file_bytes(&dir.path().join("data"), "A1", 0, 4),
+        b"by G"
+    );
     // Said on its connection, F's old epoch is refused before any owner
     // is looked at.
     f.send(&proto::Message::MapEpoch(1));
     let said = f.recv();
     assert_eq!(said.status, Status::StaleMap);
     assert_eq!(write(&mut f, a1, b"F, epoch 1").status, Status::StaleMap);
-    assert_eq!(testkit::file_bytes(&dir.path().join("data"), "A1", 0, 4), b"by G");
+    assert_eq!(
+        testkit::file_bytes(&dir.path().join("data"), "A1", 0, 4),
+        b"by G"
+    );
     drop(server);
 }

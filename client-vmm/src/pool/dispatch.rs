@@ -940,7 +940,11 @@ mod tests {
         // Another device's NOT_OWNER (the owner's paths were down) does
         // not count, even when that device owns the region by a later map
         // (it took the region over): the request waits for the new map.
-        let away = [(q, Failure::OwnerAway), (q, Failure::OwnerAway), (q, Failure::NotOwner)];
+        let away = [
+            (q, Failure::OwnerAway),
+            (q, Failure::OwnerAway),
+            (q, Failure::NotOwner),
+        ];
         assert_eq!(not_owner_answers(&away), 1);
         assert!(!server_is_down(&[(q, Failure::OwnerAway)]));
         assert!(!server_is_down(&[(p, Failure::NotOwner)]));

@@ -124,7 +124,12 @@ impl Job {
     /// Judges `device`: its ports first; its lease only when they do not
     /// refuse (a frozen process still accepts connections).
     fn probe(&self, device: &FabricDeviceId) -> Liveness {
-        let reach = connect_probe(self.ports.get(device).map(Vec::as_slice).unwrap_or_default());
+        let reach = connect_probe(
+            self.ports
+                .get(device)
+                .map(Vec::as_slice)
+                .unwrap_or_default(),
+        );
         if reach == Reach::Refused {
             return Liveness::Dead;
         }
@@ -221,7 +226,10 @@ impl Job {
                         format!("took region {id} over from dead fabric device {owner}: {note}"),
                     )
                 }
-                Ok(control::ownership::Takeover::Lost { owner: now, version }) => (
+                Ok(control::ownership::Takeover::Lost {
+                    owner: now,
+                    version,
+                }) => (
                     false,
                     format!(
                         "region {id}: its record moved on before this device took it over \
@@ -339,6 +347,9 @@ mod tests {
         assert_eq!(connect_probe(std::slice::from_ref(&closed)), Reach::Refused);
         assert_eq!(connect_probe(&[closed.clone(), open]), Reach::Accepted);
         assert_eq!(connect_probe(&[]), Reach::Unknown);
-        assert_eq!(connect_probe(&["not an address".to_owned()]), Reach::Unknown);
+        assert_eq!(
+            connect_probe(&["not an address".to_owned()]),
+            Reach::Unknown
+        );
     }
 }

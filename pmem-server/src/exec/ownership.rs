@@ -16,10 +16,10 @@
 use std::sync::PoisonError;
 
 use control::ReplicaSetRecord;
+use proto::Status;
 use proto::fence::Verdict;
 use proto::request;
 use proto::response::ResponseKind;
-use proto::Status;
 
 use super::{Executor, push_response};
 use crate::gate::Session;

@@ -326,10 +326,8 @@ impl Forwarder {
                     })
                     .collect();
                 let owner = set.owner == device;
-                let fence = takeover::Fence::after_map(
-                    before.as_ref().map(|b| (b.owner, b.fence)),
-                    owner,
-                );
+                let fence =
+                    takeover::Fence::after_map(before.as_ref().map(|b| (b.owner, b.fence)), owner);
                 let (spans, mut queued, held) = before
                     .map(|b| (b.spans, b.queued, b.held))
                     .unwrap_or_default();

@@ -25,9 +25,13 @@ fn suspected(out: &[Outgoing]) -> Vec<String> {
 }
 
 fn write_at(core: &mut Forwarder, region: &str, tag: u64, now: Instant) -> ClientAction<'static> {
-    let frame = Message::Request(Repr::write(pmem(core, region, 0), key(core, region), &[3; 8]))
-        .encode_to_vec(tag)
-        .unwrap();
+    let frame = Message::Request(Repr::write(
+        pmem(core, region, 0),
+        key(core, region),
+        &[3; 8],
+    ))
+    .encode_to_vec(tag)
+    .unwrap();
     match core.client_frame(1, &frame, now) {
         ClientAction::Nothing => ClientAction::Nothing,
         ClientAction::Reply(r) => ClientAction::Reply(r),
@@ -66,14 +70,23 @@ fn server_runs(core: &mut Forwarder, link: LinkId, epoch: u64, now: Instant) {
 fn a_request_for_another_owners_region_reports_the_owner_once_per_window() {
     let mut core = replicated();
     let t0 = Instant::now();
-    assert_eq!(refused(write_at(&mut core, "PA.2", 1, t0)), Status::NotOwner);
+    assert_eq!(
+        refused(write_at(&mut core, "PA.2", 1, t0)),
+        Status::NotOwner
+    );
     assert_eq!(suspected(&core.take_outbox()), ["B"]);
     // Within the window: answered, not reported again.
     let soon = t0 + Duration::from_millis(1);
-    assert_eq!(refused(write_at(&mut core, "PB.2", 2, soon)), Status::NotOwner);
+    assert_eq!(
+        refused(write_at(&mut core, "PB.2", 2, soon)),
+        Status::NotOwner
+    );
     assert!(suspected(&core.take_outbox()).is_empty());
     let later = t0 + crate::forward::replication::SUSPECT_EVERY;
-    assert_eq!(refused(write_at(&mut core, "PA.2", 3, later)), Status::NotOwner);
+    assert_eq!(
+        refused(write_at(&mut core, "PA.2", 3, later)),
+        Status::NotOwner
+    );
     assert_eq!(suspected(&core.take_outbox()), ["B"]);
     // Its own regions are nobody's suspicion.
     write_at(&mut core, "PA.1", 4, later);
@@ -120,7 +133,10 @@ fn a_new_owner_sends_nothing_until_every_copys_server_runs_its_epoch() {
     core.reload(map_with_owner("PA.2", "A", 2));
     let said = core.set_epoch(5);
     assert!(!said.is_empty(), "MAP_EPOCH on every link that is up");
-    assert!(matches!(write_at(&mut core, "PA.2", 7, now), ClientAction::Nothing));
+    assert!(matches!(
+        write_at(&mut core, "PA.2", 7, now),
+        ClientAction::Nothing
+    ));
     let (sent, answers, _) = split(core.take_outbox());
     assert!(sent.is_empty() && answers.is_empty(), "it waits: {sent:?}");
     // Server A is behind: still waiting; MAP_EPOCH is said to both again,
@@ -130,7 +146,10 @@ fn a_new_owner_sends_nothing_until_every_copys_server_runs_its_epoch() {
     let again = core.fence_resends(now);
     let to: Vec<LinkId> = again.iter().map(|(l, _)| *l).collect();
     assert_eq!(to, [a, b]);
-    assert!(core.fence_resends(now).is_empty(), "not before the next period");
+    assert!(
+        core.fence_resends(now).is_empty(),
+        "not before the next period"
+    );
     assert!(split(core.take_outbox()).0.is_empty());
     server_runs(&mut core, a, 5, now);
     assert!(split(core.take_outbox()).0.is_empty(), "B has not said");
@@ -183,7 +202,10 @@ fn a_deposed_owner_answers_what_it_had_queued_not_owner() {
     let pa1 = index(&core, "PA.1").0;
     let now = Instant::now();
     assert!(core.hold_for_resync(pa1, 0, 4096));
-    assert!(matches!(write_at(&mut core, "PA.1", 5, now), ClientAction::Nothing));
+    assert!(matches!(
+        write_at(&mut core, "PA.1", 5, now),
+        ClientAction::Nothing
+    ));
     assert!(split(core.take_outbox()).0.is_empty());
     // The map gives PA.1 to B.
     core.reload(map_with_owner("PA.1", "B", 2));
@@ -194,7 +216,10 @@ fn a_deposed_owner_answers_what_it_had_queued_not_owner() {
     assert_eq!(answered(&answers[0].1).2, 5);
     assert_eq!(core.requests_in_flight(), 0);
     // New requests too, with B suspected only if a client keeps coming.
-    assert_eq!(refused(write_at(&mut core, "PA.1", 6, now)), Status::NotOwner);
+    assert_eq!(
+        refused(write_at(&mut core, "PA.1", 6, now)),
+        Status::NotOwner
+    );
 }
 
 #[test]
