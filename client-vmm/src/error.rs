@@ -38,6 +38,7 @@ impl fmt::Display for Tried {
                 Failure::ServerUnavailable => "server unavailable",
                 Failure::Behind => "device behind on the map",
                 Failure::NotOwner => "not the region's owner device",
+                Failure::OwnerAway => "not the region's owner (whose paths were down)",
             };
             write!(f, "{} via {}: {failure}", t.rnic, t.device)?;
         }

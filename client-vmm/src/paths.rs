@@ -14,7 +14,8 @@
 //! requests (the map's replica records, or the topology's default turn
 //! order when the map comes from a file): paths through the owner come
 //! first, and only they are chosen while one of them is usable. Another
-//! device may relay to the owner or answer `NOT_OWNER`.
+//! device answers `NOT_OWNER` and, when the owner is dead, takes the region
+//! over: the next map names it, and its paths come first.
 //!
 //! Everything that is down is probed again with exponential backoff
 //! ([`PathTable::probes_due`], [`PathTable::poll_timeout`]), and comes back when
@@ -100,6 +101,12 @@ pub enum Failure {
     /// `NOT_OWNER`): nothing ran; the request goes to the region's owner.
     /// The path stays healthy.
     NotOwner,
+    /// A device other than the region's owner answered `NOT_OWNER`: the
+    /// request went there because no path to the owner was usable. Nothing
+    /// ran; the device takes the region over if the owner is dead (a new
+    /// map names it), or the owner's path comes back. The path stays
+    /// healthy.
+    OwnerAway,
 }
 
 impl fmt::Display for Failure {
@@ -110,6 +117,7 @@ impl fmt::Display for Failure {
             Self::ServerUnavailable => "server unavailable",
             Self::Behind => "device behind on the map",
             Self::NotOwner => "not the region's owner device",
+            Self::OwnerAway => "not the region's owner (whose paths were down)",
         })
     }
 }
@@ -638,7 +646,7 @@ impl PathTable {
                     .or_insert_with(|| ProbeSchedule::start(&config, now));
             }
             // The device and its server are fine; the owner is elsewhere.
-            Failure::NotOwner => {}
+            Failure::NotOwner | Failure::OwnerAway => {}
         }
     }
 

@@ -9,7 +9,9 @@
 //!   `members/<role>/<name>`; a **fabric device** may also write the map
 //!   key (and nothing else of the operator's), which its code uses only to
 //!   mark copies of replicated regions
-//!   ([`crate::ControlPlane::mark_copy`]); etcd cannot limit a write to a
+//!   ([`crate::ControlPlane::mark_copy`]) and take over the regions of
+//!   a dead owner ([`crate::ownership`]), and read the liveness records;
+//!   etcd cannot limit a write to a
 //!   part of a document, so this is trust in the device, said in
 //!   `docs/security.md`;
 //! - anyone else, nothing (etcd refuses requests without a user once
@@ -117,17 +119,25 @@ fn already_exists(err: &etcd_client::Error) -> bool {
 
 /// What a daemon's role may touch: read the map and the intents, write its
 /// own liveness key; a fabric device may also write the map, to mark the
-/// copies of the regions it orders ([`crate::ControlPlane::mark_copy`]).
+/// copies of the regions it orders ([`crate::ControlPlane::mark_copy`])
+/// and to take over a dead owner's regions ([`crate::ownership`]), and
+/// read the liveness records (whether that owner's lease is gone).
 fn daemon_permissions(keys: &Keys, role: Role, name: &str) -> Vec<Permission> {
     let map = match role {
         Role::Device => Permission::read_write(keys.map()),
         Role::Server => Permission::read(keys.map()),
     };
-    vec![
+    let mut permissions = vec![
         map,
         Permission::read(keys.intents()).with_prefix(),
         Permission::read_write(keys.member(role, name)),
-    ]
+    ];
+    if role == Role::Device {
+        // Whether a region's owner still holds its lease, before taking
+        // the region over (`crate::ownership`).
+        permissions.push(Permission::read(keys.members()).with_prefix());
+    }
+    permissions
 }
 
 /// Makes (or refreshes) the users and roles of pool `pool` for its

@@ -33,7 +33,8 @@
 //! map, registering liveness), [`registration`] (the same for daemons
 //! without async code: the map at start, liveness from a thread),
 //! [`replica_state`] (the states of replicated regions' copies, their
-//! owner and version),
+//! owner and version), [`ownership`] (a region's owner taken over by a
+//! surviving fabric device),
 //! [`watch`] (following the map while a daemon runs), [`follow_metrics`]
 //! (what a daemon following the map exports), [`error`].
 
@@ -49,6 +50,7 @@ pub mod map;
 #[cfg(feature = "clap")]
 pub mod map_flags;
 pub mod member;
+pub mod ownership;
 pub mod plane;
 pub mod registration;
 pub mod replica_state;

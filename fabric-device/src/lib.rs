@@ -17,6 +17,8 @@
 //! - `resync`: bringing a `syncing` copy of a replicated region up to date,
 //!   sans-IO (the walk over its blocks and the copies' pace), driven by the
 //!   forwarding core's replication.
+//! - `succession`: who takes over a dead owner's replicated regions, and
+//!   when a probed device counts as dead, sans-IO.
 //! - `roce`: the RoCEv2 gateway, client queue pairs bridged to the core.
 //! - `uplink`: RC queue pairs toward servers on verbs, which carry READ,
 //!   WRITE, FLUSH and ATOMIC_WRITE to the server's RNIC.
@@ -44,4 +46,5 @@ pub(crate) mod request_budget;
 pub(crate) mod resync;
 pub(crate) mod roce;
 pub(crate) mod roce_metrics;
+pub(crate) mod succession;
 pub(crate) mod uplink;

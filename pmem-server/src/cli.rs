@@ -249,6 +249,22 @@ where
     };
     // Fenced connections are judged against the epoch from the start.
     server.executor().set_epoch(version.map_or(0, |v| v.epoch));
+    // On etcd, copies take changes from their region's owner only.
+    if let MapSource::Etcd {
+        endpoints,
+        pool,
+        credentials,
+    } = &source
+    {
+        match control::copy_marks::read_copy_states(endpoints, pool, credentials.as_ref()) {
+            Ok((records, _)) => server.executor().follow_owners(&records),
+            Err(e) => warn!(
+                "cannot read the owners of replicated regions ({}); changes are not judged by \
+                 owner until the next map",
+                telemetry::logging::error_chain(&e)
+            ),
+        }
+    }
     let mode = server.mode().map_or("none", |m| m.as_str());
     info!("persistence mode {mode}, data in {}", data_dir.display());
     let mut ready = format!(

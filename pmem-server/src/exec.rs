@@ -27,6 +27,7 @@ use crate::served_region::ServedRegion;
 use crate::tenancy::{Asker, Tenancy};
 
 mod fencing;
+mod ownership;
 mod revocation;
 
 /// The protocol version this server speaks.
@@ -133,6 +134,9 @@ pub struct Executor {
     tenancy: Tenancy,
     /// The epoch of the cluster map the server runs; 0 on a topology file.
     epoch: AtomicU64,
+    /// By region index: the fabric device the map names as the owner of a
+    /// replicated region (empty until a map in etcd says).
+    owners: RwLock<Vec<Option<String>>>,
 }
 
 /// What the connection does after a frame.
@@ -228,6 +232,7 @@ impl Executor {
             gate: None,
             tenancy,
             epoch: AtomicU64::new(0),
+            owners: RwLock::new(Vec::new()),
         }
     }
 
@@ -360,6 +365,9 @@ impl Executor {
                 };
                 match refused {
                     None if self.lacks_ahead(verdict, &req) => self.stale_map(&req, tag, out),
+                    None if self.deposed_owner(session, verdict, &req).is_some() => {
+                        self.not_owner(&req, tag, out)
+                    }
                     None => self.execute(Asker::of(session, req.on_behalf), &req, tag, out),
                     Some((counter, reason)) => {
                         counter.with(&[reason]).inc();

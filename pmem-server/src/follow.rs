@@ -11,7 +11,9 @@
 //! map's. Secrets never come from etcd, only who exists.
 //!
 //! Each new map also bounds the exactly-once windows: a client's RNIC wired
-//! to an added device brings its lane, a client the map adds its number.
+//! to an added device brings its lane, a client the map adds its number;
+//! and names the owner device of each replicated region, the only device
+//! whose changes a copy takes.
 //!
 //! Regions a new map adds to this server are not served until it restarts
 //! (their files are created at start).
@@ -123,6 +125,7 @@ fn apply(server: &ServerId, executor: &Executor, update: &MapUpdate, running: u6
     }
     follow_principals(executor, &update.topology, epoch);
     follow_identities(executor, &update.topology, epoch);
+    executor.follow_owners(&update.replica_sets);
     // Connections are judged against the new epoch once its regions and
     // principals are.
     executor.set_epoch(epoch);

@@ -62,6 +62,9 @@ pub struct ServerMetrics {
     pub withdrawn_refused: Arc<Counter>,
     /// Requests refused STALE_MAP: their connection runs another map epoch.
     pub stale_map: Arc<Counter>,
+    /// Changes of a replicated region refused NOT_OWNER: the fabric device
+    /// is not the region's owner in the server's map.
+    pub not_owner: Arc<Counter>,
 }
 
 impl ServerMetrics {
@@ -191,6 +194,12 @@ impl ServerMetrics {
                 "Requests refused STALE_MAP, not executed: their connection said an older map \
                  epoch than the server's, or a newer one and the server does not serve the \
                  region.",
+            )?,
+            not_owner: r.counter(
+                "pmem_server_not_owner_total",
+                "Changes of a copy of a replicated region refused NOT_OWNER, not executed: the \
+                 fabric device that sent them (proven by its key) is not the region's owner in \
+                 the server's map (an owner another device has taken over from).",
             )?,
             latency,
             ops: CounterTable::new(ops),

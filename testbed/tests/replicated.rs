@@ -70,6 +70,45 @@ fn chaos_kill_server_with_two_copies_is_invisible_and_the_copies_stay_identical(
     );
 }
 
+/// On etcd, killing a fabric device that owns replicated regions under
+/// the mixed workload: the application sees no error (the other device
+/// takes the regions over, or the killed one is back first: which one
+/// wins depends on the machine's load, so the owners are only reported;
+/// `fabric-device/tests/takeover.rs` checks the takeover itself), and the
+/// copies that still serve are equal.
+#[test]
+fn chaos_kill_fabric_with_two_copies_is_invisible() {
+    let (output, dir) = testbed(&[
+        "chaos",
+        "--scenario",
+        "kill-fabric",
+        "--faults",
+        "1",
+        "--duration",
+        "6",
+        "--replicas",
+        "2",
+        "--control",
+        "etcd",
+    ]);
+    let out = text(&output);
+    assert!(output.status.success(), "{out}");
+    assert!(out.contains("verification    PASSED"), "{out}");
+    assert!(out.contains("errors seen     0"), "{out}");
+    let report = report(dir.path());
+    assert_eq!(report["faults"][0]["kind"], "kill-fabric");
+    assert_eq!(report["faults"][0]["errors_seen"], 0);
+    let notes = report["notes"].as_array().expect("notes");
+    assert!(
+        notes
+            .iter()
+            .filter_map(|n| n.as_str())
+            .any(|n| n.starts_with("replica sets at the end: ")),
+        "{report}"
+    );
+    assert_eq!(report["replicas"]["differences"], serde_json::json!([]));
+}
+
 #[test]
 fn a_run_with_two_copies_leaves_every_copy_identical() {
     let (output, dir) = run_in_fresh_fabric(&["run", "--duration", "2", "--replicas", "2"]);

@@ -550,7 +550,8 @@ impl Inner {
                         .await;
                 }
                 Ok((response, _)) if response.status == Status::NotOwner => {
-                    self.not_owner(&mut attempts, path, server, piece).await?;
+                    self.not_owner(&mut attempts, path, server, piece, response.value)
+                        .await?;
                 }
                 Ok((response, current)) if !server_unreachable(response.status) => {
                     if current {
@@ -616,27 +617,40 @@ impl Inner {
         }
     }
 
-    /// A device answered NOT_OWNER for a replicated region: nothing ran.
-    /// When the device is the owner by the client's map, the map is behind:
-    /// a newer epoch is fetched (on etcd) before the next attempt, and
-    /// [`MAX_NOT_OWNER`] such answers end the request with an error. When
-    /// another device answered (the owner's paths were down or behind on
-    /// the map), the request waits briefly for an owner path to come back
-    /// (the prober restores it) before the next attempt, until the
-    /// operation's deadline. An error at once when the client has no path
-    /// to the owner at all.
+    /// A device answered NOT_OWNER for a replicated region (`theirs`: the
+    /// epoch it runs, 0 when it did not say): nothing ran. When the device
+    /// is the owner by the client's map and does not run an older map than
+    /// the client, the client's map is behind: a newer epoch is fetched
+    /// (on etcd) before the next attempt, and [`MAX_NOT_OWNER`] such
+    /// answers end the request with an error. When another device answered
+    /// (the owner's paths were down or behind on the map), or the owner by
+    /// the client's map has not applied that map yet (it took the region
+    /// over and its watch is a moment behind the client's), the request
+    /// waits briefly for an owner path to come back (the prober restores
+    /// it) or a new map (another device took the region over from a dead
+    /// owner) before the next attempt, until the operation's deadline; the
+    /// next attempt keeps the request's exactly-once identity. An error at
+    /// once when the client has no path to the owner at all.
     async fn not_owner(
         &self,
         attempts: &mut Attempts,
         path: PathId,
         server: u16,
         piece: Piece,
+        theirs: u64,
     ) -> Result<(), PoolError> {
-        self.attempt_failed(attempts, path, server, Failure::NotOwner, Instant::now());
         let region = attempts.region();
-        let was_owner = lock(&self.table).via_owner(region, path);
+        let ours = self.epoch().number;
+        let behind_us = theirs != 0 && theirs < ours;
+        let was_owner = lock(&self.table).via_owner(region, path) && !behind_us;
+        let failure = if was_owner {
+            Failure::NotOwner
+        } else {
+            Failure::OwnerAway
+        };
+        self.attempt_failed(attempts, path, server, failure, Instant::now());
         if was_owner {
-            self.ensure_epoch(self.epoch().number + 1).await;
+            self.ensure_epoch(theirs.max(ours + 1)).await;
         }
         let op_deadline = {
             let table = lock(&self.table);
@@ -666,7 +680,7 @@ impl Inner {
                     devices: devices.join(", "),
                 })));
             }
-            let times = not_owner_answers(attempts.tried(), |p| table.via_owner(region, p));
+            let times = not_owner_answers(attempts.tried());
             if times >= MAX_NOT_OWNER {
                 let tried = attempts
                     .tried()
@@ -694,7 +708,14 @@ impl Inner {
         if !was_owner {
             let recheck = Instant::now() + self.options.paths.probe_interval;
             let restored = self.restored.notified();
-            let _ = tokio::time::timeout_at(recheck.min(op_deadline).into(), restored).await;
+            let applied = self.applied.notified();
+            let woken = async {
+                tokio::select! {
+                    () = restored => {}
+                    () = applied => {}
+                }
+            };
+            let _ = tokio::time::timeout_at(recheck.min(op_deadline).into(), woken).await;
         }
         Ok(())
     }
@@ -844,15 +865,15 @@ impl StaleMap {
 /// refreshed and the new owner tried.
 pub(super) const MAX_NOT_OWNER: usize = 4;
 
-/// How many of the failed attempts `tried` were NOT_OWNER answers on paths
-/// `via_owner` says lead to the owner.
-pub(super) fn not_owner_answers(
-    tried: &[(PathId, Failure)],
-    via_owner: impl Fn(PathId) -> bool,
-) -> usize {
+/// How many of the failed attempts `tried` were NOT_OWNER answers of the
+/// owner by the client's map when they came ([`Failure::NotOwner`]);
+/// another device's while the owner's paths were down
+/// ([`Failure::OwnerAway`]) do not count, even once a new map makes that
+/// device the owner.
+pub(super) fn not_owner_answers(tried: &[(PathId, Failure)]) -> usize {
     tried
         .iter()
-        .filter(|&&(p, f)| f == Failure::NotOwner && via_owner(p))
+        .filter(|&&(_, f)| f == Failure::NotOwner)
         .count()
 }
 
@@ -930,10 +951,17 @@ mod tests {
             (q, Failure::ConnectionLost),
             (p, Failure::NotOwner),
         ];
-        assert_eq!(not_owner_answers(&tried, |_| true), 2);
+        assert_eq!(not_owner_answers(&tried), 2);
         // Another device's NOT_OWNER (the owner's paths were down) does
-        // not count: the request waits for the owner instead.
-        assert_eq!(not_owner_answers(&tried, |path| path == q), 0);
+        // not count, even when that device owns the region by a later map
+        // (it took the region over): the request waits for the new map.
+        let away = [
+            (q, Failure::OwnerAway),
+            (q, Failure::OwnerAway),
+            (q, Failure::NotOwner),
+        ];
+        assert_eq!(not_owner_answers(&away), 1);
+        assert!(!server_is_down(&[(q, Failure::OwnerAway)]));
         assert!(!server_is_down(&[(p, Failure::NotOwner)]));
         assert!(!server_unreachable(Status::NotOwner));
     }

@@ -20,6 +20,7 @@ mod resync;
 mod ring_events;
 pub mod roce_io;
 mod roce_port;
+mod takeover;
 mod uplinks;
 
 use std::io;
@@ -283,6 +284,8 @@ pub struct Device {
     follow: Option<Following>,
     /// On etcd: marks the copies of replicated regions this device lost.
     copy_marker: Option<replication::CopyMarker>,
+    /// Probes of suspected owners, and takeovers of their regions.
+    takeovers: takeover::Takeovers,
 }
 
 /// Following the map in etcd.
@@ -486,6 +489,7 @@ impl Device {
             waker,
             follow: None,
             copy_marker: None,
+            takeovers: takeover::Takeovers::new(),
         })
     }
 

@@ -1,7 +1,8 @@
 //! What the core asks for replicated regions: requests to copies written on
-//! the links' TCP connections, answers delivered, and lost copies marked
+//! the links' TCP connections, answers delivered, lost copies marked
 //! offline (in etcd when the device follows the map there) and confirmed
-//! back to the core.
+//! back to the core, suspected owners probed (`takeover`), and MAP_EPOCH
+//! said again to the servers a new owner waits for.
 
 use std::sync::mpsc;
 
@@ -105,9 +106,11 @@ impl CopyMarker {
 
 impl Device {
     /// Marks lost copies in the etcd map of `source` from now on (a file's
-    /// map is not written: the loss is confirmed at once).
+    /// map is not written: the loss is confirmed at once), and takes the
+    /// regions of dead owners over there.
     pub fn mark_copies_in(&mut self, source: &control::MapSource) {
         self.copy_marker = CopyMarker::for_source(source);
+        self.takeovers.use_map_in(source);
     }
 
     /// Uses the copies' states, owners and versions of `records` (the map's
@@ -125,6 +128,9 @@ impl Device {
         self.confirm_marked_copies(now);
         self.confirm_state_marks(now);
         self.core.run_resyncs(now);
+        self.takeovers_done(now);
+        let said = self.core.fence_resends(now);
+        self.say_epoch(said);
         loop {
             let outbox = self.core.take_outbox();
             if outbox.is_empty() {
@@ -176,6 +182,7 @@ impl Device {
                         Some(marker) => marker.start(region, region_id, server, self.waker()),
                         None => self.core.copy_marked(region, &server, now),
                     },
+                    Outgoing::OwnerSuspected { owner } => self.owner_suspected(owner, now),
                 }
             }
             for (link, why) in failed {

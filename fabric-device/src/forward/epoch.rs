@@ -50,6 +50,7 @@ impl Forwarder {
     /// send, by link).
     pub fn set_epoch(&mut self, epoch: u64) -> Vec<(LinkId, Vec<u8>)> {
         self.epoch.epoch = epoch;
+        self.fence_new_owners(epoch);
         let Some(message) = self.epoch.link_message() else {
             return Vec::new();
         };
@@ -163,8 +164,22 @@ impl Forwarder {
         }
     }
 
+    /// NOT_OWNER with the device's epoch, counted: a client on a newer
+    /// map sees the device is behind it (and may own the region once it
+    /// catches up), one on an older map that its map is behind.
+    pub(super) fn not_owner_reply(&self, opcode: Opcode, tag: u64) -> Reply {
+        self.metrics.not_owner.inc();
+        self.metrics.record(opcode, Status::NotOwner);
+        Reply::Error(fence::epoch_reply(
+            opcode,
+            tag,
+            Status::NotOwner,
+            self.epoch.epoch,
+        ))
+    }
+
     /// STALE_MAP with the device's epoch, counted.
-    fn stale_map(&self, opcode: Opcode, tag: u64) -> Reply {
+    pub(super) fn stale_map(&self, opcode: Opcode, tag: u64) -> Reply {
         self.metrics.stale_map.inc();
         self.metrics.record(opcode, Status::StaleMap);
         Reply::Error(fence::epoch_reply(
@@ -176,8 +191,9 @@ impl Forwarder {
     }
 
     /// Notes a server's response (relayed, or the answer to the device's
-    /// own MAP_EPOCH): STALE_MAP with a newer epoch than the device's asks
-    /// for the map to be read again.
+    /// own MAP_EPOCH): STALE_MAP with a newer epoch than the device's, or
+    /// NOT_OWNER (the server's map names another owner of a region this
+    /// device orders), asks for the map to be read again.
     pub(super) fn server_response(&mut self, frame: &[u8]) {
         let Some(body) = frame.get(frame::HEADER_LEN..) else {
             return;
@@ -185,8 +201,10 @@ impl Forwarder {
         let Ok(response) = response::Packet::new_checked(body) else {
             return;
         };
-        if response.status() == Status::StaleMap {
-            self.epoch.server_runs(response.value());
+        match response.status() {
+            Status::StaleMap => self.epoch.server_runs(response.value()),
+            Status::NotOwner => self.epoch.reread_wanted = true,
+            _ => {}
         }
     }
 }

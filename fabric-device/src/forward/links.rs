@@ -211,6 +211,12 @@ impl Forwarder {
         }
         if header.tag == MAP_EPOCH_TAG {
             self.server_response(frame);
+            // Its value is the epoch the server runs.
+            if let Some(body) = frame.get(frame::HEADER_LEN..)
+                && let Ok(answer) = response::Packet::new_checked(body)
+            {
+                self.server_said_epoch(link_id, answer.value(), now);
+            }
             return LinkAction::Nothing;
         }
         if header.tag & CONTROL_TAG != 0 {

@@ -66,8 +66,8 @@ use epoch::DeviceEpoch;
 pub use links::LinkStatus;
 use links::{Lanes, Link};
 use parking::Parked;
-pub use replication::Outgoing;
 use replication::Replication;
+pub use replication::{Outgoing, OwnedRegion};
 
 /// The protocol version this device speaks.
 pub use proto::PROTOCOL_VERSION;

@@ -34,10 +34,15 @@ impl Forwarder {
         let links = &self.links;
         self.deadlines.trim(|d| is_pending(links, d));
         let parked = self.parked.iter().map(|p| p.deadline).min();
-        [self.deadlines.first(), parked, self.resync_wake()]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            self.deadlines.first(),
+            parked,
+            self.resync_wake(),
+            self.fence_poll_timeout(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Answers TIMEOUT to every request whose deadline has passed. Also

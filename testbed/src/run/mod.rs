@@ -330,7 +330,10 @@ fn execute_in(
     // Which copies serve, as the map says at the end (on a file: all).
     let records = match fabric.etcd_mut() {
         Some(etcd) if topology.is_replicated() => match etcd.replica_sets() {
-            Ok(records) => Some(records),
+            Ok(records) => {
+                report.notes.push(replica_copies::owners_note(&records));
+                Some(records)
+            }
             Err(e) => {
                 report.notes.push(format!(
                     "the copies' states could not be read from etcd ({e}); every copy is \

@@ -79,6 +79,31 @@ fn copy_file(
     region_path(&folder, region).ok()
 }
 
+/// One line for the report: each replicated region's owner device, record
+/// version and copies' states as the map says at the end of a run
+/// (`replica sets at the end: PA.1 owner B version 2 (A serving, B
+/// syncing); ...`), so a takeover shows.
+pub fn owners_note(records: &[control::ReplicaSetRecord]) -> String {
+    let sets: Vec<String> = records
+        .iter()
+        .map(|r| {
+            let copies: Vec<String> = r
+                .copies
+                .iter()
+                .map(|c| format!("{} {}", c.server, c.state))
+                .collect();
+            format!(
+                "{} owner {} version {} ({})",
+                r.region,
+                r.owner,
+                r.version,
+                copies.join(", ")
+            )
+        })
+        .collect();
+    format!("replica sets at the end: {}", sets.join("; "))
+}
+
 /// How two copies differ: the first offset (into the region's data) and
 /// how many bytes differ; `None` when they are identical.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -35,8 +35,9 @@ impl Forwarder {
             _ => response.value(),
         };
         send.answer = Some((status, value));
-        if status == Status::StaleMap {
-            // The copy's server runs a newer map: read it now.
+        if matches!(status, Status::StaleMap | Status::NotOwner) {
+            // The copy's server runs a newer map (one that names another
+            // owner, for NOT_OWNER): read it now.
             self.server_response(frame);
         }
         self.progress(op_id, now);
@@ -101,7 +102,9 @@ impl Forwarder {
             self.replication.ops.insert(id, op);
             return;
         }
-        // Copies that disagree with a serving copy's OK missed the change.
+        // Copies that disagree with a serving copy's OK missed the change;
+        // a server that says this device is not the owner (it runs a map
+        // that deposed it) refused it for that, not for a fault.
         let serving = |s: &Forwarder, copy: usize| {
             s.region_state(op.region)
                 .and_then(|st| st.copies.get(copy))
@@ -117,7 +120,11 @@ impl Forwarder {
             let disagree: Vec<usize> = op
                 .sends
                 .iter()
-                .filter(|s| writes(s.purpose) && s.answer.is_some_and(|(st, _)| st != Status::Ok))
+                .filter(|s| {
+                    writes(s.purpose)
+                        && s.answer
+                            .is_some_and(|(st, _)| st != Status::Ok && st != Status::NotOwner)
+                })
                 .map(|s| s.copy)
                 .collect();
             for copy in disagree {

@@ -20,6 +20,9 @@
 //!   reported ([`Outgoing::CopyLost`]) and the answers that waited on it
 //!   are held until the driver confirms it ([`Forwarder::copy_marked`]).
 //!   The last `serving` copy is never dropped: its failures fail requests.
+//! - A device that does not own a region answers its requests NOT_OWNER and
+//!   reports the owner suspected; a device that becomes an owner waits for
+//!   its copies' servers to run the new map first (`takeover`).
 //!
 //! Everything for a replicated region goes out through the outbox
 //! ([`Forwarder::take_outbox`]) and is sent on the links' TCP connections,
@@ -55,6 +58,11 @@ mod reads;
 mod requests;
 mod resync;
 mod resync_holds;
+mod takeover;
+
+pub use takeover::OwnedRegion;
+#[cfg(test)]
+pub(super) use takeover::{RESAY_EVERY, SUSPECT_EVERY};
 
 /// Something the core asks the driver to do for a replicated region.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -108,6 +116,13 @@ pub enum Outgoing {
         /// `syncing` (its server is back) or `serving` (it is up to date).
         state: ReplicaState,
     },
+    /// A client sent this device a request for a region `owner` orders:
+    /// probe the owner and, when it is dead and this device is next in
+    /// turn, take its regions over in the map.
+    OwnerSuspected {
+        /// The region's owner by this device's map.
+        owner: topology::FabricDeviceId,
+    },
 }
 
 /// The replication state of the core.
@@ -122,6 +137,8 @@ pub(super) struct Replication {
     keys: HashMap<(u32, ServerId), AccessKey>,
     /// The owner's resyncs of syncing copies.
     resyncs: resync::Resyncs,
+    /// Suspected owners and the epochs servers confirmed.
+    takeovers: takeover::Takeovers,
 }
 
 /// One replicated region as its owner (or another device) sees it.
@@ -138,15 +155,20 @@ struct RegionState {
     /// Ranges a resync is copying from the deciding copy to a syncing one:
     /// overlapping requests wait, as behind an undecided atomic.
     held: Vec<(u64, u64)>,
+    /// A new owner's wait for its copies' servers to run its map.
+    fence: takeover::Fence,
 }
 
 impl RegionState {
     /// Whether a request on `start..end` must wait: it overlaps an
-    /// undecided atomic or a range a resync holds.
+    /// undecided atomic or a range a resync holds, or the region's new
+    /// owner waits for its copies' servers.
     fn holds(&self, start: u64, end: u64) -> bool {
-        self.spans
-            .iter()
-            .any(|s| s.undecided && s.overlaps(start, end))
+        self.fence.waiting()
+            || self
+                .spans
+                .iter()
+                .any(|s| s.undecided && s.overlaps(start, end))
             || self.held.iter().any(|&(s, e)| s < end && start < e)
     }
 }
@@ -289,10 +311,12 @@ impl Forwarder {
 
     /// Builds the replication state from the map, keeping what is in
     /// flight and the copies this device lost while the map's record has
-    /// not moved past the version it lost them at.
+    /// not moved past the version it lost them at. Requests queued for a
+    /// region the map gives to another owner are answered NOT_OWNER.
     pub(super) fn replication_from_map(&mut self) {
         let mut old = std::mem::take(&mut self.replication.regions);
         let device = self.map.device.clone();
+        let mut deposed = Vec::new();
         self.replication.regions = self
             .map
             .layout
@@ -325,20 +349,28 @@ impl Forwarder {
                         }
                     })
                     .collect();
-                let (spans, queued, held) = before
+                let owner = set.owner == device;
+                let fence =
+                    takeover::Fence::after_map(before.as_ref().map(|b| (b.owner, b.fence)), owner);
+                let (spans, mut queued, held) = before
                     .map(|b| (b.spans, b.queued, b.held))
                     .unwrap_or_default();
+                if !owner {
+                    deposed.extend(queued.drain(..));
+                }
                 Some(RegionState {
                     id: entry.region_id.clone(),
-                    owner: set.owner == device,
+                    owner,
                     version: set.version,
                     copies,
                     spans,
                     queued,
                     held,
+                    fence,
                 })
             })
             .collect();
+        self.answer_deposed(deposed);
     }
 
     /// Records the key `server` gives for its copy of a replicated region.

@@ -6,8 +6,10 @@ use super::*;
 
 impl Forwarder {
     /// A request for a replicated region: refused NOT_OWNER here unless
-    /// this device owns the region; queued behind an undecided atomic it
-    /// overlaps; otherwise sent.
+    /// this device owns the region (its owner then suspected), or STALE_MAP
+    /// when the client runs a newer map (which may name this device the
+    /// owner: the client tries again once the device has it); queued
+    /// behind an undecided atomic it overlaps; otherwise sent.
     #[allow(clippy::too_many_arguments)]
     pub(in crate::forward) fn forward_replicated<'a>(
         &mut self,
@@ -22,8 +24,11 @@ impl Forwarder {
         let opcode = req.operation.opcode();
         let region = at.at.region.0;
         if !self.region_state(region).is_some_and(|s| s.owner) {
-            self.metrics.not_owner.inc();
-            return ClientAction::Reply(self.refuse(verdict, opcode, tag, Status::NotOwner));
+            if verdict == proto::fence::Verdict::ServeAhead {
+                return ClientAction::Reply(self.stale_map(opcode, tag));
+            }
+            self.suspect_owner(region, now);
+            return ClientAction::Reply(self.not_owner_reply(opcode, tag));
         }
         if self.copies_starting(region) == Some(true)
             && self.park(conn, frame, region, opcode, tag, now)
@@ -161,6 +166,17 @@ impl Forwarder {
         };
         let opcode = req.operation.opcode();
         let sent = match self.route(q.conn, &req) {
+            // The map gave the region to another owner meanwhile.
+            Ok(Routed::Replicated(at))
+                if !self.region_state(at.at.region.0).is_some_and(|s| s.owner) =>
+            {
+                let reply = self.not_owner_reply(opcode, tag);
+                self.replication.outbox.push(Outgoing::Answer {
+                    conn: q.conn,
+                    reply,
+                });
+                return;
+            }
             Ok(Routed::Replicated(at)) => self.dispatch(q.conn, &q.frame, &req, tag, at, now),
             Ok(Routed::Single(_)) => Err(Status::StaleMap),
             Err(status) => Err(status),

@@ -23,6 +23,7 @@ mod parking;
 mod replication;
 mod resync;
 mod routing;
+mod takeover;
 
 pub(super) fn topology() -> Topology {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/default.toml");

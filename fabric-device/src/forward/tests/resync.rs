@@ -287,6 +287,8 @@ impl Sim {
             Outgoing::CopyLost { region, server, .. } => {
                 self.core.copy_marked(region, &server, self.now);
             }
+            // Every device of these tests is alive.
+            Outgoing::OwnerSuspected { .. } => {}
             Outgoing::MarkCopy {
                 region,
                 server,

@@ -1,0 +1,355 @@
+//! Taking over a dead owner's replicated regions: the core reports an
+//! owner suspected; a thread probes it (a TCP connect to its client ports
+//! from the topology, and its liveness record in etcd) and, when it is
+//! dead and this device is next in turn ([`crate::succession`]), writes
+//! this device into the map as the owner of each of its regions, one
+//! transaction per region against the version this device runs
+//! ([`control::ownership`]). The map watch then brings the new owners.
+//!
+//! With a topology file there is no place to record a new owner that
+//! every device and client would agree on, so nothing is taken over: the
+//! region's requests wait for its owner to come back (said once per
+//! owner).
+
+use std::collections::{HashMap, HashSet};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::mpsc;
+
+use topology::FabricDeviceId;
+
+use super::*;
+use crate::forward::OwnedRegion;
+use crate::succession::{Decision, Liveness, Reach, decide, judge};
+
+/// How long one connect of a probe may take.
+const PROBE_CONNECT: Duration = Duration::from_millis(300);
+/// After a probe, the same owner is not probed again for this long.
+const PROBE_QUIET: Duration = Duration::from_millis(500);
+
+/// Where the map lives, for the takeover threads.
+#[derive(Debug, Clone)]
+struct Etcd {
+    endpoints: control::Endpoints,
+    pool: String,
+    credentials: Option<control::Credentials>,
+}
+
+/// What one probe (and takeover) thread found, for the event loop.
+#[derive(Debug)]
+struct Report {
+    owner: FabricDeviceId,
+    /// Log lines: (is a warning, text).
+    lines: Vec<(bool, String)>,
+    /// Some region was taken over: the map is to be read now.
+    taken: bool,
+}
+
+/// The device's takeovers: probes in flight and recently done.
+#[derive(Debug)]
+pub(super) struct Takeovers {
+    etcd: Option<Etcd>,
+    probing: HashSet<FabricDeviceId>,
+    quiet_until: HashMap<FabricDeviceId, Instant>,
+    /// Owners already said to wait for (with a topology file).
+    waited_for: HashSet<FabricDeviceId>,
+    done_tx: mpsc::Sender<Report>,
+    done_rx: mpsc::Receiver<Report>,
+}
+
+impl Takeovers {
+    /// No takeover until [`Takeovers::use_map_in`] names an etcd.
+    pub(super) fn new() -> Self {
+        let (done_tx, done_rx) = mpsc::channel();
+        Self {
+            etcd: None,
+            probing: HashSet::new(),
+            quiet_until: HashMap::new(),
+            waited_for: HashSet::new(),
+            done_tx,
+            done_rx,
+        }
+    }
+
+    /// Takes regions over in the etcd map of `source` from now on.
+    pub(super) fn use_map_in(&mut self, source: &control::MapSource) {
+        if let control::MapSource::Etcd {
+            endpoints,
+            pool,
+            credentials,
+        } = source
+        {
+            self.etcd = Some(Etcd {
+                endpoints: endpoints.clone(),
+                pool: pool.clone(),
+                credentials: credentials.clone(),
+            });
+        }
+    }
+}
+
+/// Everything a probe thread needs, taken from the loop's state.
+struct Job {
+    me: FabricDeviceId,
+    owner: FabricDeviceId,
+    /// Every fabric device, in the topology's order.
+    devices: Vec<FabricDeviceId>,
+    /// Each device's client ports.
+    ports: HashMap<FabricDeviceId, Vec<String>>,
+    regions: Vec<OwnedRegion>,
+    etcd: Etcd,
+}
+
+/// A TCP connect to each of `addrs`: accepted by one, refused by all, or
+/// neither.
+fn connect_probe(addrs: &[String]) -> Reach {
+    let mut refused = 0;
+    for addr in addrs {
+        let Ok(addr) = addr.parse::<SocketAddr>() else {
+            continue;
+        };
+        match TcpStream::connect_timeout(&addr, PROBE_CONNECT) {
+            Ok(_) => return Reach::Accepted,
+            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => refused += 1,
+            Err(_) => {}
+        }
+    }
+    if refused > 0 && refused == addrs.len() {
+        Reach::Refused
+    } else {
+        Reach::Unknown
+    }
+}
+
+impl Job {
+    /// Judges `device`: its ports first; its lease only when they do not
+    /// refuse (a frozen process still accepts connections).
+    fn probe(&self, device: &FabricDeviceId) -> Liveness {
+        let reach = connect_probe(
+            self.ports
+                .get(device)
+                .map(Vec::as_slice)
+                .unwrap_or_default(),
+        );
+        if reach == Reach::Refused {
+            return Liveness::Dead;
+        }
+        let lease = control::ownership::device_registered(
+            &self.etcd.endpoints,
+            &self.etcd.pool,
+            self.etcd.credentials.as_ref(),
+            device.as_str(),
+        );
+        let lease = match lease {
+            Ok(present) => Some(present),
+            Err(e) => {
+                debug!(
+                    "cannot read fabric device {device}'s liveness record: {}",
+                    error_chain(&e)
+                );
+                None
+            }
+        };
+        judge(reach, lease)
+    }
+
+    /// Probes, decides and takes over; what happened, for the loop.
+    fn run(self) -> Report {
+        let mut report = Report {
+            owner: self.owner.clone(),
+            lines: Vec::new(),
+            taken: false,
+        };
+        let (me, owner) = (&self.me, &self.owner);
+        match decide(&self.devices, me, owner, |d| self.probe(d)) {
+            Decision::OwnerAlive | Decision::NotASuccessor => {}
+            Decision::Defer(next) => report.lines.push((
+                false,
+                format!(
+                    "fabric device {owner} is dead; {next} is before this device in turn to take \
+                     its regions over"
+                ),
+            )),
+            Decision::TakeOver => self.take_all(&mut report),
+        }
+        report
+    }
+
+    /// Takes every region of the owner over that this device reaches a
+    /// serving copy of, one transaction each, over one etcd connection.
+    fn take_all(&self, report: &mut Report) {
+        let (me, owner) = (&self.me, &self.owner);
+        let mut regions = Vec::new();
+        for region in &self.regions {
+            if region.reachable {
+                regions.push((region.region.as_str(), region.version));
+            } else {
+                report.lines.push((
+                    true,
+                    format!(
+                        "region {}: its owner {owner} is dead, and this device has no link up \
+                         to a serving copy: it does not take the region over",
+                        region.region
+                    ),
+                ));
+            }
+        }
+        if regions.is_empty() {
+            return;
+        }
+        let outcomes = control::ownership::take_over_blocking(
+            &self.etcd.endpoints,
+            &self.etcd.pool,
+            self.etcd.credentials.as_ref(),
+            me.as_str(),
+            &regions,
+        );
+        let outcomes = match outcomes {
+            Ok(outcomes) => outcomes,
+            Err(e) => {
+                report.lines.push((
+                    true,
+                    format!(
+                        "cannot take fabric device {owner}'s regions over: {}; their requests \
+                         wait for it or another device",
+                        error_chain(&e)
+                    ),
+                ));
+                return;
+            }
+        };
+        for (&(id, _), outcome) in regions.iter().zip(outcomes) {
+            report.lines.push(match outcome {
+                Ok(control::ownership::Takeover::Taken { note, .. }) => {
+                    report.taken = true;
+                    (
+                        false,
+                        format!("took region {id} over from dead fabric device {owner}: {note}"),
+                    )
+                }
+                Ok(control::ownership::Takeover::Lost {
+                    owner: now,
+                    version,
+                }) => (
+                    false,
+                    format!(
+                        "region {id}: its record moved on before this device took it over \
+                         (owner {now}, version {version}); following the map"
+                    ),
+                ),
+                Err(e) => (
+                    true,
+                    format!(
+                        "{}; the region's requests wait for its owner or another device",
+                        error_chain(&e)
+                    ),
+                ),
+            });
+        }
+    }
+}
+
+impl Device {
+    /// The core suspects `owner`: probe it (unless a probe is out or was
+    /// just made) and take its regions over when it is dead.
+    pub(super) fn owner_suspected(&mut self, owner: FabricDeviceId, now: Instant) {
+        let Some(etcd) = self.takeovers.etcd.clone() else {
+            if self.takeovers.waited_for.insert(owner.clone()) {
+                info!(
+                    "clients send this device requests for regions fabric device {owner} owns \
+                     (their paths to it are down, or their map is behind); with a topology \
+                     file no device takes a region over: they wait for {owner}"
+                );
+            }
+            return;
+        };
+        let quiet = self
+            .takeovers
+            .quiet_until
+            .get(&owner)
+            .is_some_and(|&until| now < until);
+        if quiet || self.takeovers.probing.contains(&owner) {
+            return;
+        }
+        let topology = &self.config.topology;
+        let job = Job {
+            me: self.config.device.clone(),
+            owner: owner.clone(),
+            devices: topology
+                .fabric_devices
+                .iter()
+                .map(|d| d.id.clone())
+                .collect(),
+            ports: topology
+                .fabric_devices
+                .iter()
+                .map(|d| {
+                    let listens = d.ports.iter().map(|p| p.listen.clone()).collect();
+                    (d.id.clone(), listens)
+                })
+                .collect(),
+            regions: self.core.owned_by(&owner),
+            etcd,
+        };
+        let done = self.takeovers.done_tx.clone();
+        let waker = self.waker();
+        let spawned = std::thread::Builder::new()
+            .name("takeover".into())
+            .spawn(move || {
+                let _ = done.send(job.run());
+                let _ = waker.wake();
+            });
+        match spawned {
+            Ok(_) => {
+                self.takeovers.probing.insert(owner);
+            }
+            Err(e) => warn!("cannot start probing fabric device {owner}: {e}"),
+        }
+    }
+
+    /// Takes what the probe threads found: logs it, and reads the map now
+    /// after a takeover.
+    pub(super) fn takeovers_done(&mut self, now: Instant) {
+        let reports: Vec<Report> = self.takeovers.done_rx.try_iter().collect();
+        for report in reports {
+            for (warning, line) in &report.lines {
+                if *warning {
+                    warn!("{line}");
+                } else {
+                    info!("{line}");
+                }
+            }
+            self.takeovers.probing.remove(&report.owner);
+            self.takeovers
+                .quiet_until
+                .insert(report.owner, now + PROBE_QUIET);
+            if report.taken
+                && let Some(follow) = &self.follow
+            {
+                follow.watch.reread_now();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_port_nobody_listens_on_refuses_one_that_listens_accepts() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let open = listener.local_addr().expect("addr").to_string();
+        let closed = {
+            let gone = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            gone.local_addr().expect("addr").to_string()
+        };
+        assert_eq!(connect_probe(std::slice::from_ref(&open)), Reach::Accepted);
+        assert_eq!(connect_probe(std::slice::from_ref(&closed)), Reach::Refused);
+        assert_eq!(connect_probe(&[closed.clone(), open]), Reach::Accepted);
+        assert_eq!(connect_probe(&[]), Reach::Unknown);
+        assert_eq!(
+            connect_probe(&["not an address".to_owned()]),
+            Reach::Unknown
+        );
+    }
+}

@@ -1,0 +1,280 @@
+//! Owner failover between real fabric devices on a real etcd: servers A and
+//! B hold two copies of regions A1 and B1; device F1 owns A1, F2 owns B1.
+//! While F1 lives, F2 refuses A1's requests NOT_OWNER; once F1 is killed,
+//! F2 takes A1 over in the map (owner, version, B's copy syncing) and
+//! serves it, and an atomic F1 had applied is answered from the deciding
+//! copy's exactly-once window, not applied twice. A frozen F1 is taken
+//! over once its lease is gone, and changes nothing when it thaws.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use control::{ClusterMap, Keys, ReplicaState};
+use proto::Status;
+use proto::request::{Repr, Target};
+use testkit::{Conn, Daemon, DaemonSpec, Etcd, FabricSpec, Ports, file_bytes};
+use topology::{Layout, PmemAddr};
+
+const FABRIC_DEVICE: &str = env!("CARGO_BIN_EXE_fabric-device");
+
+/// How long the test waits for something that should happen soon (a bound
+/// on a wait, not a measurement).
+const PATIENCE: Duration = Duration::from_secs(60);
+
+fn data_dir(dir: &Path, server: &str) -> PathBuf {
+    dir.join("data").join(server)
+}
+
+fn server_on(etcd: &Etcd, server: &str, dir: &Path) -> Daemon {
+    Daemon::spawn(
+        DaemonSpec::new(testkit::binary("pmem-server"))
+            .args([
+                "--etcd",
+                &etcd.endpoint(),
+                "--pool",
+                "test",
+                "--server",
+                server,
+            ])
+            .args(["--admin", "127.0.0.1:0", "--insecure", "--data-dir"])
+            .arg(data_dir(dir, server)),
+    )
+    .unwrap_or_else(|e| panic!("pmem-server {server}: {e}"))
+}
+
+fn device_on(etcd: &Etcd, device: &str) -> Daemon {
+    Daemon::spawn(
+        DaemonSpec::new(FABRIC_DEVICE)
+            .args([
+                "--etcd",
+                &etcd.endpoint(),
+                "--pool",
+                "test",
+                "--device",
+                device,
+            ])
+            .args(["--admin", "127.0.0.1:0", "--insecure"])
+            .args(["--request-timeout-ms", "2000", "--reconnect-min-ms", "20"])
+            .args(["--reconnect-max-ms", "200"]),
+    )
+    .unwrap_or_else(|e| panic!("fabric-device {device}: {e}"))
+}
+
+/// The map pool `test` holds in etcd now.
+fn map_now(etcd: &Etcd) -> ClusterMap {
+    let records = etcd
+        .get_prefix(&Keys::of("test").map())
+        .expect("etcdctl get");
+    let (_, json) = records.first().expect("a map");
+    serde_json::from_str(json).expect("a map document")
+}
+
+fn client(device: &Daemon) -> Conn {
+    let mut conn = Conn::connect(device.addr("port.p0"));
+    assert_eq!(conn.hello("c").status, Status::Ok);
+    conn
+}
+
+/// The fabric of these tests: etcd, servers A and B, devices F1 and F2,
+/// the map at epoch 1 (A1 owned by F1, B1 by F2).
+struct Fabric {
+    dir: tempfile::TempDir,
+    etcd: Etcd,
+    layout: Layout,
+    map: ClusterMap,
+    _servers: [Daemon; 2],
+    /// `None` once killed.
+    f1: Option<Daemon>,
+    f2: Daemon,
+}
+
+impl Fabric {
+    fn start() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let etcd = Etcd::start(dir.path()).unwrap_or_else(|e| panic!("etcd: {e}"));
+        let config = FabricSpec::new()
+            .server("A", &[("A1", "4MiB")])
+            .server("B", &[("B1", "4MiB")])
+            .device("F1")
+            .device("F2")
+            .client("c")
+            .write(dir.path(), "topology.toml", &mut Ports::new());
+        let text = std::fs::read_to_string(&config).expect("topology");
+        let replicated = text.replacen("name = \"test\"", "name = \"test\"\nreplicas = 2", 1);
+        assert_ne!(
+            text, replicated,
+            "the [pool] table is where testkit writes it"
+        );
+        let map = ClusterMap::new(1, replicated);
+        assert_eq!(
+            (owner(&map, "A1").as_str(), owner(&map, "B1").as_str()),
+            ("F1", "F2")
+        );
+        etcd.put(&Keys::of("test").map(), &map.to_json())
+            .expect("etcdctl put");
+        let layout = testkit::layout(&config);
+        let servers = [
+            server_on(&etcd, "A", dir.path()),
+            server_on(&etcd, "B", dir.path()),
+        ];
+        let f1 = device_on(&etcd, "F1");
+        let f2 = device_on(&etcd, "F2");
+        f1.wait_links_up(2);
+        f2.wait_links_up(2);
+        Self {
+            dir,
+            etcd,
+            layout,
+            map,
+            _servers: servers,
+            f1: Some(f1),
+            f2,
+        }
+    }
+
+    fn f1(&self) -> &Daemon {
+        self.f1.as_ref().expect("F1 runs")
+    }
+
+    fn at(&self, region: &str, offset: u64) -> Target {
+        let entry = self.layout.entry_by_id(&region.into()).expect("region");
+        Target::Pmem(PmemAddr(entry.start.get() + offset))
+    }
+
+    /// The region key of A1, as `conn`'s device gives it.
+    fn a1_key(&self, conn: &mut Conn) -> proto::AccessKey {
+        conn.region_key(self.layout.entry_by_id(&"A1".into()).expect("A1").region.0)
+    }
+
+    /// `len` bytes at `offset` of server `server`'s copy of A1.
+    fn a1_copy(&self, server: &str, offset: u64, len: usize) -> Vec<u8> {
+        file_bytes(&data_dir(self.dir.path(), server), "A1", offset, len)
+    }
+
+    /// Sends `req` through F2 until it is answered otherwise than NOT_OWNER
+    /// or STALE_MAP (F2 takes A1 over meanwhile).
+    fn through_f2_once_it_owns(&self, conn: &mut Conn, req: Repr<'_>) -> testkit::Reply {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let reply = conn.call(req);
+            if !matches!(reply.status, Status::NotOwner | Status::StaleMap) {
+                return reply;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "A1 was never taken over:\n{}",
+                self.f2.stderr_so_far()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The map names F2 as A1's owner, one version on, with A's copy (the
+    /// deciding one) serving and B's syncing; B1's record is untouched.
+    fn assert_f2_owns_a1(&self) {
+        let now = map_now(&self.etcd);
+        let a1 = now.replica_set("A1").expect("A1");
+        assert_eq!((a1.owner.as_str(), a1.version), ("F2", 2));
+        assert_eq!(a1.state_on("A"), Some(ReplicaState::Serving));
+        assert_eq!(a1.state_on("B"), Some(ReplicaState::Syncing));
+        assert_eq!(now.replica_set("B1"), self.map.replica_set("B1"));
+        assert!(
+            self.f2
+                .stderr_so_far()
+                .contains("took region A1 over from dead fabric device F1"),
+            "{}",
+            self.f2.stderr_so_far()
+        );
+    }
+}
+
+fn owner(map: &ClusterMap, region: &str) -> String {
+    map.replica_set(region).expect("replicated").owner.clone()
+}
+
+#[test]
+fn a_dead_owners_region_is_taken_over_and_its_atomics_stay_exactly_once() {
+    let mut fabric = Fabric::start();
+
+    // F1 owns A1: a counter bumped once there, exactly once.
+    let mut via_f1 = client(fabric.f1());
+    let key = fabric.a1_key(&mut via_f1);
+    let bump = Repr::fetch_add(fabric.at("A1", 64), key, 1).with_exactly_once(0, 7);
+    let first = via_f1.call(bump);
+    assert_eq!((first.status, first.value), (Status::Ok, 0));
+    // F2 does not order A1 while F1 lives.
+    let mut via_f2 = client(&fabric.f2);
+    let write = Repr::write(fabric.at("A1", 0), key, b"after");
+    assert_eq!(via_f2.call(write).status, Status::NotOwner);
+    assert_eq!(owner(&map_now(&fabric.etcd), "A1"), "F1");
+
+    // F1 dies. The retry of its atomic through F2 is answered, once F2
+    // owns A1, from the deciding copy's window: the old value it first
+    // gave, not applied again.
+    fabric.f1.take().expect("F1 runs").kill9();
+    let again = fabric.through_f2_once_it_owns(&mut via_f2, bump);
+    assert_eq!((again.status, again.value), (Status::Ok, 0));
+    let read = via_f2.call(Repr::read(fabric.at("A1", 64), key, 8));
+    assert_eq!(read.status, Status::Ok);
+    assert_eq!(read.data, 1u64.to_le_bytes(), "applied once");
+    fabric.assert_f2_owns_a1();
+
+    // Writes reach both copies again: the syncing one takes every write.
+    assert_eq!(via_f2.call(write).status, Status::Ok);
+    for server in ["A", "B"] {
+        assert_eq!(fabric.a1_copy(server, 0, 5), b"after", "{server}'s copy");
+        assert_eq!(
+            fabric.a1_copy(server, 64, 8),
+            1u64.to_le_bytes(),
+            "{server}'s copy"
+        );
+    }
+}
+
+/// A frozen owner accepts connections (the kernel does it for it), so only
+/// its lease, gone after its time to live, tells it is dead. Thawed, it
+/// changes nothing: servers refuse its old epoch, and once it has the map
+/// it refuses the region's requests itself.
+#[test]
+fn a_frozen_owner_is_taken_over_past_its_lease_and_changes_nothing_when_thawed() {
+    let fabric = Fabric::start();
+    let mut via_f1 = client(fabric.f1());
+    let key = fabric.a1_key(&mut via_f1);
+    let mut via_f2 = client(&fabric.f2);
+    assert_eq!(
+        via_f1
+            .call(Repr::write(fabric.at("A1", 0), key, b"first"))
+            .status,
+        Status::Ok
+    );
+    fabric.f1().signal(libc::SIGSTOP);
+    // Sent to the frozen owner: it reads it only once thawed.
+    via_f1.send(&proto::Message::Request(Repr::write(
+        fabric.at("A1", 0),
+        key,
+        b"stale",
+    )));
+    let fresh =
+        fabric.through_f2_once_it_owns(&mut via_f2, Repr::write(fabric.at("A1", 0), key, b"fresh"));
+    assert_eq!(fresh.status, Status::Ok);
+    fabric.assert_f2_owns_a1();
+
+    fabric.f1().signal(libc::SIGCONT);
+    let stale = via_f1.recv();
+    assert_ne!(stale.status, Status::Ok, "the deposed owner changed a copy");
+    for server in ["A", "B"] {
+        assert_eq!(fabric.a1_copy(server, 0, 5), b"fresh", "{server}'s copy");
+    }
+    // Once it runs the new map, it refuses A1 itself, saying that epoch.
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let reply = via_f1.call(Repr::write(fabric.at("A1", 0), key, b"again"));
+        assert_ne!(reply.status, Status::Ok, "the deposed owner changed a copy");
+        if reply.status == Status::NotOwner && reply.value == 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "F1 never learnt it was deposed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(fabric.a1_copy("A", 0, 5), b"fresh");
+}
