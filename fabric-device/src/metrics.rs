@@ -74,6 +74,9 @@ pub struct DeviceMetrics {
     pub atomics_decided: Arc<Counter>,
     /// Decided words written to the other copies of replicated regions.
     pub atomics_applied: Arc<Counter>,
+    /// Client requests refused because they carried an atomic's record,
+    /// which only devices send.
+    pub records_refused: Arc<Counter>,
     /// CPU nanoseconds of event-loop turns that spun (busy polling) and
     /// found no event.
     idle_poll_ns: Arc<AtomicU64>,
@@ -220,6 +223,11 @@ impl DeviceMetrics {
             atomics_applied: r.counter(
                 "fabric_device_replicated_atomics_applied_total",
                 "Decided words of atomics written to the other copies (ATOMIC_WRITE).",
+            )?,
+            records_refused: r.counter(
+                "fabric_device_recorded_atomics_refused_total",
+                "Client ATOMIC_WRITEs refused ACCESS_DENIED because they carried an atomic's \
+                 record (RECORDED): only a fabric device records an atomic at a copy.",
             )?,
         })
     }
