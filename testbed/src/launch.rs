@@ -924,6 +924,29 @@ impl Fabric {
         Ok(sent)
     }
 
+    /// Sends `signal` (`libc::SIGSTOP`, `libc::SIGCONT`) to a running
+    /// daemon's process (a lab guest's emulator for a server in a guest);
+    /// returns when it was sent.
+    pub fn signal(
+        &mut self,
+        kind: DaemonKind,
+        id: &str,
+        signal: libc::c_int,
+    ) -> Result<Instant, LaunchError> {
+        let daemon = self.daemon_mut(kind, id)?;
+        let pid = libc::pid_t::try_from(daemon.child.id()).map_err(|_| LaunchError::Unknown {
+            kind,
+            id: id.to_owned(),
+        })?;
+        let sent = Instant::now();
+        // SAFETY: kill(2) on the pid of a child this fabric started and has
+        // not reaped (it is still in `daemons`), so the pid is not reused.
+        if unsafe { libc::kill(pid, signal) } != 0 {
+            return Err(LaunchError::Io(std::io::Error::last_os_error()));
+        }
+        Ok(sent)
+    }
+
     /// Starts a killed (or stopped) daemon again with the same arguments
     /// and waits until it is ready (and, for a device, its links are up).
     pub fn restart(&mut self, kind: DaemonKind, id: &str) -> Result<(), LaunchError> {

@@ -5,6 +5,10 @@
 //!   one network namespace per host, [`netns`]), its map from the topology
 //!   file or from a real etcd ([`etcd`]).
 //! - [`daemon_kind`]: which daemon a process is (pmem-server, fabric-device).
+//! - [`demo`]: `testbed demo`'s topology (one server's regions kept twice)
+//!   and its faults (a device's death, then a server's).
+//! - [`freeze`]: the `freeze-server` fault: a server stopped past its
+//!   lease, let go once its copies are out of service.
 //! - [`membership`]: a daemon held back from the first map on etcd, to
 //!   add under the workload; the device that can be removed.
 //! - [`epochs`]: each daemon's (and worker's) map epoch sampled over a run.
@@ -39,9 +43,11 @@
 pub mod advice;
 pub mod bench;
 pub mod daemon_kind;
+pub mod demo;
 pub mod epochs;
 pub mod etcd;
 pub mod first_use;
+pub mod freeze;
 pub mod guest_server;
 pub mod keys;
 pub mod lab;

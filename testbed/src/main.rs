@@ -10,7 +10,7 @@ use client_vmm::ServerCache;
 use testbed::advice::Starter;
 use testbed::launch::{DaemonKind, Fabric, LaunchOptions, NetMode};
 use testbed::prometheus::{PrometheusServer, ScrapeTarget};
-use testbed::run::{FaultKind, PlannedFault, RunOptions, Scenario};
+use testbed::run::{RunOptions, Scenario};
 use testbed::supervise::{Supervisor, control};
 use testbed::workload::{Progress, WorkerConfig, Workload};
 use testbed::{load_topology, load_topology_on, summary};
@@ -344,8 +344,9 @@ struct RunArgs {
 struct ChaosArgs {
     /// The topology file; the embedded default topology when absent.
     file: Option<PathBuf>,
-    /// kill-fabric, kill-server, cut-link (needs --net netns or lab),
-    /// restart-all, kill-etcd (needs --control etcd), kill-etcd-leader
+    /// kill-fabric, kill-server, freeze-server (SIGSTOP a server past its
+    /// liveness lease, SIGCONT it once the map took one of its copies out
+    /// of service), cut-link (needs --net netns or lab), restart-all, kill-etcd (needs --control etcd), kill-etcd-leader
     /// (needs --control etcd --etcd-members 3), or a membership change on
     /// the map (needs --control etcd; one change whatever --faults says):
     /// add-server (the last server held back from the first map, added
@@ -634,17 +635,15 @@ fn demo(duration: f64, reports: PathBuf) -> anyhow::Result<bool> {
     let mut options = RunOptions::new("demo", Workload::Mixed);
     options.duration = Duration::from_secs_f64(duration);
     options.reports = reports;
-    options.faults = vec![PlannedFault {
-        at: Duration::from_secs_f64(duration / 2.0),
-        kind: FaultKind::KillFabric,
-        target: "A".to_owned(),
-        restore_after: Duration::from_secs_f64((duration / 6.0).max(0.5)),
-    }];
+    options.faults = testbed::demo::faults(options.duration);
+    let topology = testbed::demo::topology()?;
     println!(
-        "pmem-fabric demo: default topology (2 PMEM servers, 2 fabric devices, 2 clients x 2 RNICs), \
-         mixed workload for {duration:.0} s, fabric device A killed half way and restarted"
+        "pmem-fabric demo: default topology (2 PMEM servers, 2 fabric devices, 2 clients x 2 \
+         RNICs) with server B's regions kept twice (on B and A), mixed workload for \
+         {duration:.0} s; fabric device B killed at 30% and PMEM server B at 65%, each \
+         restarted"
     );
-    run(&options, None)
+    run_on(&options, &topology)
 }
 
 fn worker(

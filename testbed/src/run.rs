@@ -47,6 +47,9 @@ pub enum FaultKind {
     KillFabric,
     /// SIGKILL a pmem-server, restart it later.
     KillServer,
+    /// SIGSTOP a pmem-server past its liveness lease, SIGCONT it once a
+    /// copy it holds is out of service (see [`crate::freeze`]).
+    FreezeServer,
     /// Take a link down, bring it back later (netns only).
     CutLink,
     /// SIGKILL every daemon, restart them all later.
@@ -75,6 +78,7 @@ impl FaultKind {
         match self {
             FaultKind::KillFabric => "kill-fabric",
             FaultKind::KillServer => "kill-server",
+            FaultKind::FreezeServer => "freeze-server",
             FaultKind::CutLink => "cut-link",
             FaultKind::RestartAll => "restart-all",
             FaultKind::KillEtcd => "kill-etcd",
@@ -121,6 +125,7 @@ impl FaultKind {
         [
             FaultKind::KillFabric,
             FaultKind::KillServer,
+            FaultKind::FreezeServer,
             FaultKind::CutLink,
             FaultKind::RestartAll,
             FaultKind::KillEtcd,
@@ -167,6 +172,7 @@ impl FaultKind {
         Ok(match self {
             FaultKind::KillFabric => fabric.kill(DaemonKind::FabricDevice, target)?,
             FaultKind::KillServer => fabric.kill(DaemonKind::PmemServer, target)?,
+            FaultKind::FreezeServer => crate::freeze::freeze(fabric, target)?,
             FaultKind::CutLink => {
                 let at = Instant::now();
                 fabric.set_link(target, false)?;
@@ -194,6 +200,7 @@ impl FaultKind {
         match self {
             FaultKind::KillFabric => fabric.restart(DaemonKind::FabricDevice, target)?,
             FaultKind::KillServer => fabric.restart(DaemonKind::PmemServer, target)?,
+            FaultKind::FreezeServer => crate::freeze::thaw(fabric, target)?,
             FaultKind::CutLink => fabric.set_link(target, true)?,
             FaultKind::RestartAll => {
                 // Servers first, so the devices' links come up at once.
@@ -296,6 +303,8 @@ pub enum Scenario {
     KillFabric,
     /// SIGKILL pmem-servers and restart them.
     KillServer,
+    /// SIGSTOP pmem-servers past their liveness lease, then SIGCONT them.
+    FreezeServer,
     /// Take client RNIC links and device-to-server links down and up
     /// (netns only).
     CutLink,
@@ -347,6 +356,7 @@ impl std::str::FromStr for Scenario {
         match s {
             "kill-fabric" => Ok(Scenario::KillFabric),
             "kill-server" => Ok(Scenario::KillServer),
+            "freeze-server" => Ok(Scenario::FreezeServer),
             "cut-link" => Ok(Scenario::CutLink),
             "restart-all" => Ok(Scenario::RestartAll),
             "kill-etcd" => Ok(Scenario::KillEtcd),
@@ -355,7 +365,8 @@ impl std::str::FromStr for Scenario {
             "add-device" => Ok(Scenario::AddDevice),
             "remove-device" => Ok(Scenario::RemoveDevice),
             other => Err(format!(
-                "unknown scenario {other:?} (kill-fabric, kill-server, cut-link, restart-all, \
+                "unknown scenario {other:?} (kill-fabric, kill-server, freeze-server, cut-link, \
+                 restart-all, \
                  kill-etcd, kill-etcd-leader, add-server, add-device, remove-device)"
             )),
         }
@@ -387,6 +398,10 @@ pub fn plan_faults(
         ),
         Scenario::KillServer => (
             FaultKind::KillServer,
+            topology.servers.iter().map(|s| s.id.to_string()).collect(),
+        ),
+        Scenario::FreezeServer => (
+            FaultKind::FreezeServer,
             topology.servers.iter().map(|s| s.id.to_string()).collect(),
         ),
         Scenario::CutLink => {
@@ -424,7 +439,12 @@ pub fn plan_faults(
         FaultKind::KillEtcd | FaultKind::KillEtcdLeader => 0.3,
         _ => 0.1,
     };
-    let restore_after = duration.mul_f64(share).max(Duration::from_millis(500));
+    let least = match kind {
+        // A frozen server stays frozen past its liveness lease.
+        FaultKind::FreezeServer => crate::freeze::least_freeze(),
+        _ => Duration::from_millis(500),
+    };
+    let restore_after = duration.mul_f64(share).max(least);
     let window = duration.mul_f64(0.6);
     (0..count)
         .map(|i| {
@@ -757,14 +777,24 @@ fn execute_in(
     }
     // The daemons have stopped: the region files hold what they wrote.
     if topology.is_replicated() {
+        let missed = servers_that_missed_writes(options, &report.faults);
+        if !missed.is_empty() {
+            report.notes.push(format!(
+                "the copies on server {} are not compared: on a topology file nothing records \
+                 that they missed writes while their server was down or frozen; their owners \
+                 stopped using them, and nothing brings them up to date yet (resync)",
+                missed.join(", ")
+            ));
+        }
         let serving = |region: &str, server: &str| {
-            records.as_ref().is_none_or(|records| {
-                records
-                    .iter()
-                    .find(|r| r.region == region)
-                    .and_then(|r| r.state_on(server))
-                    .is_none_or(|state| state == control::ReplicaState::Serving)
-            })
+            !missed.iter().any(|m| m == server)
+                && records.as_ref().is_none_or(|records| {
+                    records
+                        .iter()
+                        .find(|r| r.region == region)
+                        .and_then(|r| r.state_on(server))
+                        .is_none_or(|state| state == control::ReplicaState::Serving)
+                })
         };
         report.replicas = Some(crate::replica_copies::compare_copies(
             topology, data_dir, &serving,
@@ -786,6 +816,29 @@ fn execute_in(
         endpoints,
         unclean_exits,
     })
+}
+
+/// On a topology file, the servers a run killed or froze: their copies
+/// missed writes (their owners stopped using them when a link broke or a
+/// request went unanswered) and no map says so. None on etcd, whose map
+/// records which copies serve.
+fn servers_that_missed_writes(options: &RunOptions, faults: &[FaultRecord]) -> Vec<String> {
+    if options.control != Control::File {
+        return Vec::new();
+    }
+    let mut servers: Vec<String> = faults
+        .iter()
+        .filter(|f| {
+            matches!(
+                FaultKind::from_name(&f.kind),
+                Some(FaultKind::KillServer | FaultKind::FreezeServer)
+            )
+        })
+        .map(|f| f.target.clone())
+        .collect();
+    servers.sort();
+    servers.dedup();
+    servers
 }
 
 /// Runs the workers to their end while injecting the planned faults at
