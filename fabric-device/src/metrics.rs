@@ -88,6 +88,9 @@ pub struct DeviceMetrics {
     pub resync_blocks_done: Arc<Family<Gauge>>,
     /// Blocks of a region being resynced.
     pub resync_blocks_total: Arc<Family<Gauge>>,
+    /// Client requests refused because they carried an atomic's record,
+    /// which only devices send.
+    pub records_refused: Arc<Counter>,
     /// CPU nanoseconds of event-loop turns that spun (busy polling) and
     /// found no event.
     idle_poll_ns: Arc<AtomicU64>,
@@ -268,6 +271,11 @@ impl DeviceMetrics {
                 "fabric_device_resync_blocks",
                 "Blocks of a region whose copy this device resyncs.",
                 &["region"],
+            )?,
+            records_refused: r.counter(
+                "fabric_device_recorded_atomics_refused_total",
+                "Client ATOMIC_WRITEs refused ACCESS_DENIED because they carried an atomic's \
+                 record (RECORDED): only a fabric device records an atomic at a copy.",
             )?,
         })
     }

@@ -28,6 +28,7 @@ use crate::tenancy::{Asker, Tenancy};
 
 mod fencing;
 mod ownership;
+mod recorded;
 mod revocation;
 
 /// The protocol version this server speaks.
@@ -359,9 +360,12 @@ impl Executor {
                 };
                 let refused = match self.authorize(session, &req) {
                     Some(reason) => Some((&self.metrics.denied, reason)),
-                    None => self
-                        .foreign_identity(session, &req)
-                        .map(|reason| (&self.metrics.exactly_once_refused, reason)),
+                    None => match recorded::record_from_client(session, &req) {
+                        Some(reason) => Some((&self.metrics.denied, reason)),
+                        None => self
+                            .foreign_identity(session, &req)
+                            .map(|reason| (&self.metrics.exactly_once_refused, reason)),
+                    },
                 };
                 match refused {
                     None if self.lacks_ahead(verdict, &req) => self.stale_map(&req, tag, out),
@@ -744,6 +748,14 @@ impl Executor {
                 }
                 let at = region.span(offset, 8)?;
                 let word = map.atomic_u64(at).map_err(|_| Status::BadRequest)?;
+                let target = Word {
+                    word,
+                    region: region.entry.region.0,
+                    offset,
+                };
+                if let Some(done) = self.carry_record(req, target, || map.persist(at, 8)) {
+                    return done;
+                }
                 let once = req.exactly_once.filter(|_| {
                     matches!(req.operation, Operation::CompareSwap | Operation::FetchAdd)
                 });
@@ -775,22 +787,11 @@ impl Executor {
                     Operation::CompareSwap => old,
                     _ => old.wrapping_add(req.operand),
                 };
-                let target = Word {
-                    word,
-                    region: region.entry.region.0,
-                    offset,
-                };
-                // A FETCH_ADD's compare field means nothing: a retry may
-                // carry another one (a RoCE atomic retried over TCP).
-                let compare = match req.operation {
-                    Operation::CompareSwap => req.compare,
-                    _ => 0,
-                };
-                let digest = RequestDigest::of(
+                let digest = atomic_digest(
                     req.operation.opcode().into(),
                     target.region,
                     offset,
-                    compare,
+                    req.compare,
                     req.operand,
                 );
                 let attempt = Attempt {
@@ -801,33 +802,39 @@ impl Executor {
                 let ran = self
                     .dedup
                     .run(attempt, target, change, req.persist, || map.persist(at, 8));
-                match ran {
-                    Ok(Dedup::Applied(old)) => Ok(Done::ok(old)),
-                    Ok(Dedup::Replayed(old)) => {
-                        self.metrics.replays.inc();
-                        Ok(Done::ok(old))
-                    }
-                    Ok(Dedup::Stale) => Err(Status::BadRequest),
-                    Ok(Dedup::Conflict) => {
-                        self.metrics.exactly_once_refused.with(&["conflict"]).inc();
-                        Err(Status::ExactlyOnceConflict)
-                    }
-                    Ok(Dedup::Refused(refusal)) => {
-                        self.metrics
-                            .exactly_once_refused
-                            .with(&[refusal.reason()])
-                            .inc();
-                        Err(match refusal {
-                            Refusal::UnknownIdentity => Status::UnknownClient,
-                            Refusal::ReservedSeq => Status::BadRequest,
-                            Refusal::WindowFull => Status::IoError,
-                        })
-                    }
-                    Err(e) => {
-                        self.report_store_failure(&e);
-                        Err(Status::IoError)
-                    }
-                }
+                self.exactly_once_done(ran)
+            }
+        }
+    }
+
+    /// The answer to an exactly-once atomic (or an ATOMIC_WRITE carrying
+    /// one's record) from what its window said, counted.
+    fn exactly_once_done(&self, ran: Result<Dedup, DedupError>) -> Result<Done, Status> {
+        match ran {
+            Ok(Dedup::Applied(old)) => Ok(Done::ok(old)),
+            Ok(Dedup::Replayed(old)) => {
+                self.metrics.replays.inc();
+                Ok(Done::ok(old))
+            }
+            Ok(Dedup::Stale) => Err(Status::BadRequest),
+            Ok(Dedup::Conflict) => {
+                self.metrics.exactly_once_refused.with(&["conflict"]).inc();
+                Err(Status::ExactlyOnceConflict)
+            }
+            Ok(Dedup::Refused(refusal)) => {
+                self.metrics
+                    .exactly_once_refused
+                    .with(&[refusal.reason()])
+                    .inc();
+                Err(match refusal {
+                    Refusal::UnknownIdentity => Status::UnknownClient,
+                    Refusal::ReservedSeq => Status::BadRequest,
+                    Refusal::WindowFull => Status::IoError,
+                })
+            }
+            Err(e) => {
+                self.report_store_failure(&e);
+                Err(Status::IoError)
             }
         }
     }
@@ -907,6 +914,24 @@ impl Executor {
     pub fn region(&self, index: RegionIndex) -> Option<&ServedRegion> {
         self.regions.get(index.0 as usize).and_then(Option::as_ref)
     }
+}
+
+/// The window digest of a COMPARE_SWAP (opcode 0x13) or FETCH_ADD (0x14)
+/// on `offset` of region `region`. A FETCH_ADD's compare field means
+/// nothing: a retry may carry another one (a RoCE atomic retried over TCP),
+/// so it is left out.
+fn atomic_digest(
+    opcode: u8,
+    region: u32,
+    offset: u64,
+    compare: u64,
+    operand: u64,
+) -> RequestDigest {
+    let compare = match Opcode::from(opcode) {
+        Opcode::CompareSwap => compare,
+        _ => 0,
+    };
+    RequestDigest::of(opcode, region, offset, compare, operand)
 }
 
 /// Appends `message` as a frame; messages built here always fit a frame.

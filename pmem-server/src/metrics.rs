@@ -147,7 +147,8 @@ impl ServerMetrics {
                  range: not_granted, unknown_client, no_client (a device that did not say \
                  whom it forwards for), on_behalf_from_client, operator (operators rotate \
                  keys, they do not touch data), not_operator_or_device (block checksums asked by a \
-                 client); and changes to the allocator's records: \
+                 client), record_from_client (an ATOMIC_WRITE carrying an atomic's record, \
+                 which only fabric devices send); and changes to the allocator's records: \
                  not_owner (another client's record), extent_in_use (a bitmap bit of a \
                  keyed or reserved extent), bad_record (a word that is no record).",
                 &["reason"],

@@ -1,17 +1,20 @@
 //! The exactly-once window belongs to the clients it numbers: a client
 //! holding its own key cannot record a result under another client's
 //! identity, a device acts only for the clients wired to it, a recorded
-//! identity answers only the request that recorded it, and a window that
-//! was lost or damaged stops the server instead of applying retries twice.
+//! identity answers only the request that recorded it, an atomic decided at
+//! another copy and recorded here by a device answers its retry here (a
+//! client cannot plant such a record), and a window that was lost or
+//! damaged stops the server instead of applying retries twice.
 //! The real daemon, attacked over its data port.
 
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use proto::atomic_record::AtomicRecord;
 use proto::hello::Role;
 use proto::request::{LANE_SHIFT, Repr};
-use proto::{AccessKey, Status};
+use proto::{AccessKey, Opcode, Status};
 use testkit::{Conn, Daemon, FabricSpec, Ports, at, pmem_server_with};
 use topology::secrets::{Principal, write_key};
 
@@ -179,6 +182,92 @@ fn a_recorded_identity_answers_only_the_request_that_recorded_it() {
         ),
         3
     );
+}
+
+/// A request device `F` sends for client `c1` (number 0).
+fn for_c1(req: Repr<'_>) -> Repr<'_> {
+    Repr {
+        on_behalf: Some(0),
+        ..req
+    }
+}
+
+#[test]
+fn an_atomic_recorded_at_a_backup_answers_its_retry_there() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (config, secrets) = fabric(dir.path());
+    let server = start(&config, &secrets, &dir.path().join("data"), &[]).expect("server");
+    let mut device = proven(&server, Role::FabricDevice, "F");
+    let key = device.map().entries[0].key;
+
+    // c1's FETCH_ADD of 5 (seq 31) was decided at another copy, where the
+    // word went from 10 to 15: the device writes 15 here with the record.
+    let add = AtomicRecord::new(Opcode::FetchAdd, 0, 5, 10).to_bytes();
+    let carried = for_c1(
+        Repr::atomic_write(at(0, 64), key, 15)
+            .with_exactly_once(0, 31)
+            .recording(&add),
+    );
+    let reply = device.call(carried);
+    assert_eq!((reply.status, reply.value), (Status::Ok, 10));
+    assert_eq!(word(&mut device, key, 64), 15);
+    // That copy died; the client's retry reaches this one: answered with
+    // the first result, never applied a second time.
+    let retry = for_c1(Repr::fetch_add(at(0, 64), key, 5).with_exactly_once(0, 31));
+    for attempt in 0..2 {
+        let reply = device.call(retry);
+        assert_eq!(
+            (reply.status, reply.value),
+            (Status::Ok, 10),
+            "try {attempt}"
+        );
+    }
+    assert_eq!(word(&mut device, key, 64), 15, "not added again");
+
+    // A COMPARE_SWAP 15 -> 20 decided elsewhere (it returned 15): its
+    // retry is answered, another request under its identity is refused.
+    let cas = AtomicRecord::new(Opcode::CompareSwap, 15, 20, 15).to_bytes();
+    let carried = for_c1(
+        Repr::atomic_write(at(0, 64), key, 20)
+            .with_exactly_once(0, 32)
+            .recording(&cas),
+    );
+    assert_eq!(device.call(carried).status, Status::Ok);
+    let retry = for_c1(Repr::compare_swap(at(0, 64), key, 15, 20).with_exactly_once(0, 32));
+    let reply = device.call(retry);
+    assert_eq!((reply.status, reply.value), (Status::Ok, 15));
+    let other = for_c1(Repr::compare_swap(at(0, 64), key, 20, 7).with_exactly_once(0, 32));
+    let reply = device.call(other);
+    assert_eq!(reply.status, Status::ExactlyOnceConflict);
+    assert_eq!(word(&mut device, key, 64), 20);
+}
+
+#[test]
+fn a_client_cannot_plant_an_atomics_record() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (config, secrets) = fabric(dir.path());
+    let server = start(&config, &secrets, &dir.path().join("data"), &[]).expect("server");
+    let mut c1 = proven(&server, Role::Client, "c1");
+    let key = c1.map().entries[0].key;
+    // c1 claims its own FETCH_ADD (seq 40) already ran and returned 500.
+    let claim = AtomicRecord::new(Opcode::FetchAdd, 0, 1, 500).to_bytes();
+    let forged = Repr::atomic_write(at(0, 128), key, 999)
+        .with_exactly_once(0, 40)
+        .recording(&claim);
+    assert_eq!(c1.call(forged).status, Status::AccessDenied);
+    assert_eq!(
+        refused(
+            &server,
+            "pmem_server_denied_requests_total",
+            "record_from_client"
+        ),
+        1
+    );
+    // Nothing was stored or recorded: the real atomic runs.
+    let real = c1.call(Repr::fetch_add(at(0, 128), key, 1).with_exactly_once(0, 40));
+    assert_eq!((real.status, real.value), (Status::Ok, 0));
+    let mut device = proven(&server, Role::FabricDevice, "F");
+    assert_eq!(word(&mut device, key, 128), 1);
 }
 
 /// What is done to the window file while the server is down.

@@ -46,7 +46,7 @@
 //! | COMPARE_SWAP | 0x13 | [`request`] |
 //! | FETCH_ADD | 0x14 | [`request`] |
 //! | FLUSH | 0x1C | [`request`] |
-//! | ATOMIC_WRITE | 0x1D | [`request`] |
+//! | ATOMIC_WRITE | 0x1D | [`request`] (+ an [`atomic_record`] with RECORDED, from a fabric device) |
 //! | WRITE_PERSIST | 0xC0 | [`request`] + data |
 //! | HELLO | 0xE0 | [`hello`] |
 //! | MAP_REQUEST | 0xE1 | empty |
@@ -68,7 +68,7 @@
 //!
 //! ```text
 //! 0      flags    u8: bit0 PERSIST, bit1 REGION_ADDRESSED, bit2 EXACTLY_ONCE,
-//!                 bit3 NON_TEMPORAL; other bits zero
+//!                 bit3 NON_TEMPORAL, bit4 ON_BEHALF, bit5 RECORDED; other bits zero
 //! 1..4   reserved zero
 //! 4..8   region   u32 (REGION_ADDRESSED; else zero and addr is a PmemAddr)
 //! 8..16  addr     u64
@@ -78,7 +78,8 @@
 //! 32..40 seq      u64 (EXACTLY_ONCE; else zero)
 //! 40..48 operand  u64 swap / add / store value
 //! 48..56 compare  u64 compare value of COMPARE_SWAP
-//! 56..   payload  WRITE / WRITE_PERSIST: exactly `length` bytes; others none
+//! 56..   payload  WRITE / WRITE_PERSIST: exactly `length` bytes; an ATOMIC_WRITE
+//!                 with RECORDED: a 32-byte [`atomic_record`]; others none
 //! ```
 //!
 //! Response body, 16 bytes then the payload ([`response`]):
@@ -110,6 +111,7 @@
 //! | module | what it holds |
 //! |---|---|
 //! | [`addr`] | the address newtypes: virtual, PMEM, region offset, access key |
+//! | [`atomic_record`] | the record of a decided atomic an ATOMIC_WRITE may carry (RECORDED) |
 //! | [`auth`] | the challenge–response that proves who is at the other end |
 //! | `code` | what the one-byte opcodes share: conversions and `Display` (private) |
 //! | [`decoder`] | the sans-IO frame decoder that splits a byte stream into frames |
@@ -143,6 +145,7 @@
 //! [`error_reply`]) and the connection carries on.
 
 pub mod addr;
+pub mod atomic_record;
 pub mod auth;
 pub mod block_run;
 pub mod block_sums;

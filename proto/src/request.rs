@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! 0      flags    u8: PERSIST | REGION_ADDRESSED | EXACTLY_ONCE | NON_TEMPORAL | ON_BEHALF
+//!                 | RECORDED
 //! 1..4   reserved zero
 //! 4..8   region   u32 (zero unless REGION_ADDRESSED)
 //! 8..16  addr     u64 PmemAddr, or the offset inside `region`
@@ -12,7 +13,9 @@
 //! 32..40 seq      u64 (zero unless EXACTLY_ONCE)
 //! 40..48 operand  u64 swap / add / store value
 //! 48..56 compare  u64 compare value of COMPARE_SWAP
-//! 56..   payload  WRITE / WRITE_PERSIST: exactly `length` bytes; others: none
+//! 56..   payload  WRITE / WRITE_PERSIST: exactly `length` bytes; an ATOMIC_WRITE
+//!                 with RECORDED: the record of the atomic it stores the outcome
+//!                 of ([`crate::atomic_record`]); others: none
 //! ```
 //!
 //! `length` is the number of bytes to read, write or flush; for the atomics it
@@ -20,6 +23,7 @@
 
 use core::fmt;
 
+use crate::atomic_record::{AtomicRecord, RECORD_LEN};
 use crate::error::{Error, Result};
 use crate::le;
 use crate::limits::MAX_DATA_LEN;
@@ -68,8 +72,14 @@ pub mod flags {
     /// A fabric device forwards this request for the client whose number
     /// it stamped in bits 0..24 of `client`.
     pub const ON_BEHALF: u8 = 1 << 4;
+    /// An ATOMIC_WRITE carrying the record of the COMPARE_SWAP or
+    /// FETCH_ADD whose outcome it stores, under its EXACTLY_ONCE identity
+    /// (see [`crate::atomic_record`]); only with ATOMIC_WRITE and
+    /// EXACTLY_ONCE.
+    pub const RECORDED: u8 = 1 << 5;
     /// Every defined bit; the others must be zero.
-    pub const ALL: u8 = PERSIST | REGION_ADDRESSED | EXACTLY_ONCE | NON_TEMPORAL | ON_BEHALF;
+    pub const ALL: u8 =
+        PERSIST | REGION_ADDRESSED | EXACTLY_ONCE | NON_TEMPORAL | ON_BEHALF | RECORDED;
 }
 
 /// Length of the fixed part of a request body.
@@ -452,6 +462,33 @@ impl<'a> Repr<'a> {
         }
     }
 
+    /// This ATOMIC_WRITE carrying `record` (its bytes, from
+    /// [`AtomicRecord::to_bytes`]): the RECORDED flag is set on the wire
+    /// and the record is the payload. It needs an exactly-once identity
+    /// ([`Repr::check`]).
+    pub fn recording(self, record: &'a [u8; RECORD_LEN]) -> Self {
+        Repr {
+            payload: record,
+            ..self
+        }
+    }
+
+    /// The record an ATOMIC_WRITE carries (RECORDED), if it carries one
+    /// that parses.
+    pub fn record(&self) -> Option<AtomicRecord> {
+        match self.operation {
+            Operation::AtomicWrite if !self.payload.is_empty() => {
+                AtomicRecord::parse(self.payload).ok()
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether this is an ATOMIC_WRITE with a record (the RECORDED flag).
+    pub fn carries_record(&self) -> bool {
+        self.operation == Operation::AtomicWrite && !self.payload.is_empty()
+    }
+
     /// This request, marked for exactly-once execution.
     pub fn with_exactly_once(self, client: u32, seq: u64) -> Self {
         Repr {
@@ -537,6 +574,25 @@ impl<'a> Repr<'a> {
         } else {
             None
         };
+        let recorded = flags & flags::RECORDED != 0;
+        if recorded && operation != Operation::AtomicWrite {
+            return Err(Error::ReservedBits {
+                what: "RECORDED flag of a request other than ATOMIC_WRITE",
+                value: flags.into(),
+            });
+        }
+        let payload_len = packet.payload().len();
+        if operation == Operation::AtomicWrite && recorded != (payload_len != 0) {
+            return Err(Error::LengthMismatch {
+                what: if recorded {
+                    "atomic record of an ATOMIC_WRITE with RECORDED"
+                } else {
+                    "payload of a request without data"
+                },
+                expected: if recorded { RECORD_LEN } else { 0 },
+                got: payload_len,
+            });
+        }
         let repr = Repr {
             operation,
             target,
@@ -562,21 +618,31 @@ impl<'a> Repr<'a> {
                 len: self.payload.len() as u64,
             });
         }
-        let expected_payload = if self.operation.carries_payload() {
-            self.length as usize
+        if self.carries_record() {
+            AtomicRecord::parse(self.payload)?;
+            if self.exactly_once.is_none() {
+                return Err(Error::ReservedBits {
+                    what: "RECORDED flag of an ATOMIC_WRITE without EXACTLY_ONCE",
+                    value: flags::RECORDED.into(),
+                });
+            }
         } else {
-            0
-        };
-        if self.payload.len() != expected_payload {
-            return Err(Error::LengthMismatch {
-                what: if self.operation.carries_payload() {
-                    "write payload"
-                } else {
-                    "payload of a request without data"
-                },
-                expected: expected_payload,
-                got: self.payload.len(),
-            });
+            let expected_payload = if self.operation.carries_payload() {
+                self.length as usize
+            } else {
+                0
+            };
+            if self.payload.len() != expected_payload {
+                return Err(Error::LengthMismatch {
+                    what: if self.operation.carries_payload() {
+                        "write payload"
+                    } else {
+                        "payload of a request without data"
+                    },
+                    expected: expected_payload,
+                    got: self.payload.len(),
+                });
+            }
         }
         match self.operation {
             Operation::Read | Operation::Write | Operation::WritePersist
@@ -624,6 +690,9 @@ impl<'a> Repr<'a> {
         }
         if self.on_behalf.is_some() {
             bits |= flags::ON_BEHALF;
+        }
+        if self.carries_record() {
+            bits |= flags::RECORDED;
         }
         bits
     }
@@ -884,7 +953,7 @@ mod tests {
 
     #[test]
     fn rejects_reserved_bits() {
-        for bit in 5..8 {
+        for bit in 6..8 {
             let mut bytes = BYTES;
             bytes[0] |= 1 << bit;
             assert_eq!(
@@ -895,6 +964,16 @@ mod tests {
                 })
             );
         }
+        // RECORDED belongs to ATOMIC_WRITE alone.
+        let mut bytes = BYTES;
+        bytes[0] |= flags::RECORDED;
+        assert!(matches!(
+            parse_bytes(&bytes, Operation::WritePersist),
+            Err(Error::ReservedBits {
+                what: "RECORDED flag of a request other than ATOMIC_WRITE",
+                ..
+            })
+        ));
         for at in 1..4 {
             let mut bytes = BYTES;
             bytes[at] = 1;
@@ -956,5 +1035,90 @@ mod tests {
         }
         assert_eq!(Operation::from_opcode(Opcode::Ping), None);
         assert_eq!(Operation::WritePersist.to_string(), "WRITE_PERSIST");
+    }
+
+    /// An ATOMIC_WRITE of 6 at offset 64 of region 2 for client 3's
+    /// identity (lane 0, seq 41), recording the COMPARE_SWAP 5 -> 6 that
+    /// returned 5.
+    fn recorded_write(record: &[u8; RECORD_LEN]) -> Repr<'_> {
+        Repr {
+            on_behalf: Some(3),
+            ..Repr::atomic_write(
+                Target::Region(RegionOffset::new(RegionIndex(2), 64)),
+                AccessKey(1),
+                6,
+            )
+            .with_exactly_once(3, 41)
+            .recording(record)
+        }
+    }
+
+    fn emitted(repr: &Repr<'_>) -> Vec<u8> {
+        let mut body = vec![0u8; repr.buffer_len()];
+        repr.emit(&mut Packet::new_unchecked(&mut body[..]));
+        body
+    }
+
+    #[test]
+    fn an_atomic_write_carries_a_record_with_the_recorded_flag() {
+        let record = AtomicRecord::new(Opcode::CompareSwap, 5, 6, 5).to_bytes();
+        let write = recorded_write(&record);
+        assert_eq!(write.check(), Ok(()));
+        let body = emitted(&write);
+        assert_eq!(body.len(), HEADER_LEN + RECORD_LEN);
+        assert_eq!(body[0] & flags::RECORDED, flags::RECORDED);
+        assert_eq!(&body[HEADER_LEN..], &record[..]);
+        let parsed = parse_bytes(&body, Operation::AtomicWrite).unwrap();
+        assert_eq!(parsed, write);
+        assert_eq!(
+            parsed.record(),
+            Some(AtomicRecord::new(Opcode::CompareSwap, 5, 6, 5))
+        );
+        // A plain ATOMIC_WRITE has neither flag nor record.
+        let plain = Repr::atomic_write(Target::Pmem(PmemAddr(64)), AccessKey(1), 6);
+        assert_eq!(plain.flags() & flags::RECORDED, 0);
+        assert_eq!(plain.record(), None);
+    }
+
+    #[test]
+    fn a_record_must_match_its_flag_and_have_an_identity() {
+        let record = AtomicRecord::new(Opcode::FetchAdd, 0, 1, 9).to_bytes();
+        let body = emitted(&recorded_write(&record));
+        // The flag without the record, the record without the flag.
+        let mut bare = body[..HEADER_LEN].to_vec();
+        assert!(matches!(
+            parse_bytes(&bare, Operation::AtomicWrite),
+            Err(Error::LengthMismatch {
+                expected: RECORD_LEN,
+                got: 0,
+                ..
+            })
+        ));
+        bare.extend_from_slice(&record);
+        bare[0] &= !flags::RECORDED;
+        assert!(matches!(
+            parse_bytes(&bare, Operation::AtomicWrite),
+            Err(Error::LengthMismatch {
+                expected: 0,
+                got: RECORD_LEN,
+                ..
+            })
+        ));
+        // A record with a bad operation, or no exactly-once identity.
+        let mut bad = body.clone();
+        bad[HEADER_LEN] = Opcode::AtomicWrite.into();
+        assert!(matches!(
+            parse_bytes(&bad, Operation::AtomicWrite),
+            Err(Error::ReservedBits { .. })
+        ));
+        let anonymous = Repr {
+            exactly_once: None,
+            on_behalf: None,
+            ..recorded_write(&record)
+        };
+        assert!(anonymous.check().is_err());
+        let mut anonymous = emitted(&anonymous);
+        anonymous[0] &= !flags::EXACTLY_ONCE;
+        assert!(parse_bytes(&anonymous, Operation::AtomicWrite).is_err());
     }
 }

@@ -1,6 +1,7 @@
 //! The register workload's history, checked for linearizability by
 //! stateright's tester, on today's unreplicated fabric under faults that
-//! should leave it linearizable: the real binary, real daemons.
+//! should leave it linearizable, and with every region kept twice while a
+//! server dies: the real binary, real daemons.
 
 use std::path::{Path, PathBuf};
 
@@ -8,13 +9,14 @@ mod support;
 
 use support::{testbed, text, two_by_two};
 
-/// A register chaos run of `scenario` with one fault, which must pass;
-/// returns the run's folder (inside `dir`) and its report.
-fn register_chaos(dir: &Path, scenario: &str) -> (PathBuf, serde_json::Value) {
+/// A register chaos run of `scenario` with one fault (and `extra`
+/// arguments), which must pass; returns the run's folder (inside `dir`)
+/// and its report.
+fn register_chaos(dir: &Path, scenario: &str, extra: &[&str]) -> (PathBuf, serde_json::Value) {
     // The default topology's shape with three clients.
     let config = two_by_two(dir, &["c1", "c2", "c3"]);
     let reports = dir.join("reports");
-    let output = testbed(&[
+    let mut args = vec![
         "chaos",
         config.to_str().expect("utf-8 path"),
         "--scenario",
@@ -31,7 +33,9 @@ fn register_chaos(dir: &Path, scenario: &str) -> (PathBuf, serde_json::Value) {
         "5",
         "--reports",
         reports.to_str().expect("utf-8 path"),
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    let output = testbed(&args);
     let out = text(&output);
     assert!(output.status.success(), "{out}");
     assert!(out.contains("  linearizability PASSED ("), "{out}");
@@ -81,7 +85,7 @@ fn tamper_with_a_read(run: &Path) -> u64 {
 #[test]
 fn register_under_kill_fabric_is_linearizable_and_a_forged_read_is_caught() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let (run, report) = register_chaos(dir.path(), "kill-fabric");
+    let (run, report) = register_chaos(dir.path(), "kill-fabric", &[]);
     // A fabric device's death stays invisible to the application.
     assert_eq!(report["faults"][0]["errors_seen"], 0);
     // The recorded history checks again on its own, then fails once one
@@ -108,7 +112,7 @@ fn register_under_kill_fabric_is_linearizable_and_a_forged_read_is_caught() {
 #[test]
 fn register_under_restart_all_is_linearizable() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let (_, report) = register_chaos(dir.path(), "restart-all");
+    let (_, report) = register_chaos(dir.path(), "restart-all", &[]);
     assert_eq!(report["faults"][0]["target"], "all");
 }
 
@@ -122,4 +126,21 @@ fn check_linearizable_names_a_folder_without_history() {
         out.contains("no *.history.jsonl file here or in workers/"),
         "{out}"
     );
+}
+
+/// Two copies of every region on etcd, a server killed and restarted under
+/// the register workload: the application sees no error, and the history
+/// of reads, writes, compare-and-swaps and fetch-and-adds on the hot words
+/// (atomics decided at one copy, their words and records carried to the
+/// other) is linearizable.
+#[test]
+fn register_with_two_copies_under_kill_server_is_linearizable() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (_, report) = register_chaos(
+        dir.path(),
+        "kill-server",
+        &["--replicas", "2", "--control", "etcd"],
+    );
+    assert_eq!(report["faults"][0]["errors_seen"], 0);
+    assert_eq!(report["replicas"]["differences"], serde_json::json!([]));
 }

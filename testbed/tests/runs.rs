@@ -266,7 +266,9 @@ fn demo_runs_the_default_fabric_and_passes() {
     for needle in [
         "verification    PASSED",
         "errors seen     0",
-        "kill-fabric A",
+        "kill-fabric B",
+        "kill-server B",
+        "replicas        ",
         "report.md",
         "http://127.0.2.1:9200/metrics",
     ] {

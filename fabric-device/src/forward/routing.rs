@@ -118,6 +118,14 @@ impl Forwarder {
         now: Instant,
     ) -> ClientAction<'a> {
         let opcode = req.operation.opcode();
+        if req.carries_record() {
+            // Only a device records an atomic decided at one copy at the
+            // others: forwarded, a client's would reach a server as the
+            // device's.
+            self.metrics.records_refused.inc();
+            self.metrics.record(opcode, Status::AccessDenied);
+            return ClientAction::Reply(error_reply(opcode, tag, Status::AccessDenied));
+        }
         let verdict = match self.fence(conn, opcode, tag) {
             Ok(verdict) => verdict,
             Err(stale) => return ClientAction::Reply(stale),

@@ -277,6 +277,83 @@ impl DedupTable {
         Ok(Dedup::Applied(old))
     }
 
+    /// Records, under `attempt`'s identity, an atomic decided at another
+    /// copy of the region, and stores `new_word`, the word it left: the copy a fabric device
+    /// writes a decided COMPARE_SWAP or FETCH_ADD's word to remembers it,
+    /// so a retry of that atomic reaching this copy is answered from the
+    /// window. `attempt`'s digest is the atomic's own; `result` is what it
+    /// returned where it was decided.
+    ///
+    /// Already recorded with the same digest: the word is stored and the
+    /// recorded result returned ([`Dedup::Replayed`]). Recorded with
+    /// another digest: nothing is stored ([`Dedup::Conflict`]). Too old to
+    /// record: the word is stored, nothing recorded ([`Dedup::Stale`]).
+    /// Otherwise the result is recorded (durably when `persist`) before
+    /// the word is stored and made durable, so a crash between the two
+    /// leaves the record without the word; the copy was lost with that
+    /// crash (its device saw the write unanswered) and is brought up to
+    /// date before it serves again, which a word without its record could
+    /// not undo.
+    pub fn carry(
+        &self,
+        attempt: Attempt,
+        word: Word<'_>,
+        (new_word, result): (u64, u64),
+        persist: bool,
+        persist_word: impl FnOnce() -> Result<(), PersistError>,
+    ) -> Result<Dedup, DedupError> {
+        let Attempt {
+            client,
+            seq,
+            digest,
+        } = attempt;
+        if let Err(refusal) = self.admits(client, seq) {
+            return Ok(Dedup::Refused(refusal));
+        }
+        let shard = &self.shards[client as usize % SHARDS];
+        let mut clients = shard.lock().unwrap_or_else(PoisonError::into_inner);
+        let known = clients.get(&client).and_then(|window| {
+            if let Some(recorded) = window.results.get(&seq) {
+                return Some(if recorded.digest == digest {
+                    Dedup::Replayed(recorded.value)
+                } else {
+                    Dedup::Conflict
+                });
+            }
+            window.marks.is_stale(seq).then_some(Dedup::Stale)
+        });
+        let outcome = match known {
+            Some(Dedup::Conflict) => return Ok(Dedup::Conflict),
+            Some(known) => known,
+            None => {
+                if let Some(store) = &self.store {
+                    match store.slot(client) {
+                        Ok(_) => {}
+                        Err(StoreError::Full { .. }) => {
+                            return Ok(Dedup::Refused(Refusal::WindowFull));
+                        }
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                let recorded = Recorded {
+                    value: result,
+                    digest,
+                };
+                let window = clients.entry(client).or_default();
+                let (head, mark) = window.remember(seq, recorded);
+                if let Some(store) = &self.store {
+                    store.record(client, head, (seq, recorded), mark, persist)?;
+                }
+                Dedup::Applied(result)
+            }
+        };
+        word.word.store(new_word, Ordering::SeqCst);
+        if persist {
+            persist_word().map_err(DedupError::Persist)?;
+        }
+        Ok(outcome)
+    }
+
     /// Settles an atomic whose intent was found without a result after a
     /// crash, given the value its word holds now: if the word changed, the
     /// atomic happened and its result is recorded durably (the caller has
@@ -628,6 +705,79 @@ mod tests {
             Dedup::Refused(Refusal::WindowFull)
         );
         assert_eq!(counter.load(Ordering::SeqCst), 1);
+    }
+
+    /// Carries FETCH_ADD of 1 on offset 64 as (`client`, `seq`), decided
+    /// elsewhere with result `result`, storing `new_word` into `counter`.
+    fn carry(
+        table: &DedupTable,
+        counter: &AtomicU64,
+        (client, seq): (u32, u64),
+        (new_word, result): (u64, u64),
+    ) -> Dedup {
+        let word = Word {
+            word: counter,
+            region: 0,
+            offset: 64,
+        };
+        table
+            .carry(
+                attempt(client, seq, add_one()),
+                word,
+                (new_word, result),
+                false,
+                || Ok(()),
+            )
+            .unwrap()
+    }
+
+    #[test]
+    fn a_carried_atomic_answers_its_retry_from_the_window() {
+        let table = DedupTable::default();
+        let counter = AtomicU64::new(0);
+        // Decided elsewhere: the word went from 10 to 11.
+        assert_eq!(
+            carry(&table, &counter, (4, 7), (11, 10)),
+            Dedup::Applied(10)
+        );
+        assert_eq!(counter.load(Ordering::SeqCst), 11);
+        // The retry here: answered with the first result, not applied.
+        assert_eq!(add(&table, &counter, 4, 7), Dedup::Replayed(10));
+        assert_eq!(counter.load(Ordering::SeqCst), 11);
+        // Carried again (a new owner resending): the word is stored, the
+        // record kept.
+        assert_eq!(
+            carry(&table, &counter, (4, 7), (12, 99)),
+            Dedup::Replayed(10)
+        );
+        assert_eq!(counter.load(Ordering::SeqCst), 12);
+        // Another request under the identity is refused and stores nothing.
+        let word = Word {
+            word: &counter,
+            region: 0,
+            offset: 64,
+        };
+        let other = RequestDigest::of(0x13, 0, 64, 12, 1);
+        let carried = table
+            .carry(attempt(4, 7, other), word, (1, 12), false, || Ok(()))
+            .unwrap();
+        assert_eq!(carried, Dedup::Conflict);
+        assert_eq!(counter.load(Ordering::SeqCst), 12);
+    }
+
+    #[test]
+    fn a_carried_atomic_survives_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let open = || {
+            let (store, loaded) =
+                WindowStore::open(dir.path(), &PersistPolicy::Msync, Expect::New, 8).unwrap();
+            DedupTable::with_store(store, loaded.windows)
+        };
+        let counter = AtomicU64::new(0);
+        assert_eq!(carry(&open(), &counter, (2, 3), (6, 5)), Dedup::Applied(5));
+        let table = open();
+        assert_eq!(add(&table, &counter, 2, 3), Dedup::Replayed(5));
+        assert_eq!(counter.load(Ordering::SeqCst), 6, "never applied here");
     }
 
     #[test]

@@ -348,8 +348,10 @@ pub struct RunArgs {
 pub struct ChaosArgs {
     /// The topology file; the embedded default topology when absent.
     pub file: Option<PathBuf>,
-    /// kill-fabric, kill-server, cut-link (needs --net netns or lab),
-    /// restart-all, kill-etcd (needs --control etcd), kill-etcd-leader
+    /// kill-fabric, kill-server, freeze-server (SIGSTOP a server past its
+    /// liveness lease, SIGCONT it once the map took one of its copies out
+    /// of service), cut-link (needs --net netns or lab), restart-all,
+    /// kill-etcd (needs --control etcd), kill-etcd-leader
     /// (needs --control etcd --etcd-members 3), or a membership change on
     /// the map (needs --control etcd; one change whatever --faults says):
     /// add-server (the last server held back from the first map, added

@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::args::*;
 use crate::fabric::launch::NetMode;
 use crate::load_topology_on;
-use crate::run::{FaultKind, PlannedFault, RunOptions};
+use crate::run::RunOptions;
 use crate::workload::Workload;
 
 /// `testbed run`.
@@ -98,17 +98,15 @@ pub fn demo(duration: f64, reports: PathBuf) -> anyhow::Result<bool> {
     let mut options = RunOptions::new("demo", Workload::Mixed);
     options.duration = Duration::from_secs_f64(duration);
     options.reports = reports;
-    options.faults = vec![PlannedFault {
-        at: Duration::from_secs_f64(duration / 2.0),
-        kind: FaultKind::KillFabric,
-        target: "A".to_owned(),
-        restore_after: Duration::from_secs_f64((duration / 6.0).max(0.5)),
-    }];
+    options.faults = crate::run::demo::faults(options.duration);
+    let topology = crate::run::demo::topology()?;
     println!(
-        "pmem-fabric demo: default topology (2 PMEM servers, 2 fabric devices, 2 clients x 2 RNICs), \
-         mixed workload for {duration:.0} s, fabric device A killed half way and restarted"
+        "pmem-fabric demo: default topology (2 PMEM servers, 2 fabric devices, 2 clients x 2 \
+         RNICs) with server B's regions kept twice (on B and A), mixed workload for \
+         {duration:.0} s; fabric device B killed at 30% and PMEM server B at 65%, each \
+         restarted"
     );
-    run(&options, None)
+    run_on(&options, &topology)
 }
 
 /// `testbed check-linearizable`: true when every word's history is

@@ -28,6 +28,9 @@ pub enum FaultKind {
     KillFabric,
     /// SIGKILL a pmem-server, restart it later.
     KillServer,
+    /// SIGSTOP a pmem-server past its liveness lease, SIGCONT it once a
+    /// copy it holds is out of service (see [`crate::run::freeze`]).
+    FreezeServer,
     /// Take a link down, bring it back later (netns only).
     CutLink,
     /// SIGKILL every daemon, restart them all later.
@@ -56,6 +59,7 @@ impl FaultKind {
         match self {
             FaultKind::KillFabric => "kill-fabric",
             FaultKind::KillServer => "kill-server",
+            FaultKind::FreezeServer => "freeze-server",
             FaultKind::CutLink => "cut-link",
             FaultKind::RestartAll => "restart-all",
             FaultKind::KillEtcd => "kill-etcd",
@@ -102,6 +106,7 @@ impl FaultKind {
         [
             FaultKind::KillFabric,
             FaultKind::KillServer,
+            FaultKind::FreezeServer,
             FaultKind::CutLink,
             FaultKind::RestartAll,
             FaultKind::KillEtcd,
@@ -152,6 +157,7 @@ impl FaultKind {
         Ok(match self {
             FaultKind::KillFabric => fabric.kill(DaemonKind::FabricDevice, target)?,
             FaultKind::KillServer => fabric.kill(DaemonKind::PmemServer, target)?,
+            FaultKind::FreezeServer => crate::run::freeze::freeze(fabric, target)?,
             FaultKind::CutLink => {
                 let at = Instant::now();
                 fabric.set_link(target, false)?;
@@ -179,6 +185,7 @@ impl FaultKind {
         match self {
             FaultKind::KillFabric => fabric.restart(DaemonKind::FabricDevice, target)?,
             FaultKind::KillServer => fabric.restart(DaemonKind::PmemServer, target)?,
+            FaultKind::FreezeServer => crate::run::freeze::thaw(fabric, target)?,
             FaultKind::CutLink => fabric.set_link(target, true)?,
             FaultKind::RestartAll => {
                 // Servers first, so the devices' links come up at once.
@@ -207,6 +214,8 @@ pub enum Scenario {
     KillFabric,
     /// SIGKILL pmem-servers and restart them.
     KillServer,
+    /// SIGSTOP pmem-servers past their liveness lease, then SIGCONT them.
+    FreezeServer,
     /// Take client RNIC links and device-to-server links down and up
     /// (netns only).
     CutLink,
@@ -258,6 +267,7 @@ impl std::str::FromStr for Scenario {
         match s {
             "kill-fabric" => Ok(Scenario::KillFabric),
             "kill-server" => Ok(Scenario::KillServer),
+            "freeze-server" => Ok(Scenario::FreezeServer),
             "cut-link" => Ok(Scenario::CutLink),
             "restart-all" => Ok(Scenario::RestartAll),
             "kill-etcd" => Ok(Scenario::KillEtcd),
@@ -266,7 +276,8 @@ impl std::str::FromStr for Scenario {
             "add-device" => Ok(Scenario::AddDevice),
             "remove-device" => Ok(Scenario::RemoveDevice),
             other => Err(format!(
-                "unknown scenario {other:?} (kill-fabric, kill-server, cut-link, restart-all, \
+                "unknown scenario {other:?} (kill-fabric, kill-server, freeze-server, cut-link, \
+                 restart-all, \
                  kill-etcd, kill-etcd-leader, add-server, add-device, remove-device)"
             )),
         }
@@ -298,6 +309,10 @@ pub fn plan_faults(
         ),
         Scenario::KillServer => (
             FaultKind::KillServer,
+            topology.servers.iter().map(|s| s.id.to_string()).collect(),
+        ),
+        Scenario::FreezeServer => (
+            FaultKind::FreezeServer,
             topology.servers.iter().map(|s| s.id.to_string()).collect(),
         ),
         Scenario::CutLink => {
@@ -335,7 +350,12 @@ pub fn plan_faults(
         FaultKind::KillEtcd | FaultKind::KillEtcdLeader => 0.3,
         _ => 0.1,
     };
-    let restore_after = duration.mul_f64(share).max(Duration::from_millis(500));
+    let least = match kind {
+        // A frozen server stays frozen past its liveness lease.
+        FaultKind::FreezeServer => crate::run::freeze::least_freeze(),
+        _ => Duration::from_millis(500),
+    };
+    let restore_after = duration.mul_f64(share).max(least);
     let window = duration.mul_f64(0.6);
     (0..count)
         .map(|i| {

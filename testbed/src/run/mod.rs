@@ -2,7 +2,11 @@
 //! process per client, inject the planned faults, then verify, report and
 //! stop everything.
 //!
+//! - [`demo`]: `testbed demo`'s topology (one server's regions kept twice)
+//!   and its faults (a device's death, then a server's).
 //! - [`faults`]: the faults, the chaos scenarios and their seeded plan.
+//! - [`freeze`]: the `freeze-server` fault: a server stopped past its
+//!   lease, let go once its copies are out of service.
 //! - `worker`: the worker processes, started and watched.
 //! - `contract`: what a run must hold, and the shared counters checked after it.
 //! - `notes`: the report's notes (faults' effects, lab counters, first use).
@@ -11,7 +15,9 @@
 //! - [`replica_copies`]: every serving copy of a replicated region compared.
 
 mod contract;
+pub mod demo;
 pub mod faults;
+pub mod freeze;
 mod notes;
 mod outcome;
 pub mod replay;
@@ -355,14 +361,24 @@ fn execute_in(
     }
     // The daemons have stopped: the region files hold what they wrote.
     if topology.is_replicated() {
+        let missed = servers_that_missed_writes(options, &report.faults);
+        if !missed.is_empty() {
+            report.notes.push(format!(
+                "the copies on server {} are not compared: on a topology file nothing records \
+                 that they missed writes while their server was down or frozen; their owners \
+                 stopped using them, and nothing brings them up to date yet (resync)",
+                missed.join(", ")
+            ));
+        }
         let serving = |region: &str, server: &str| {
-            records.as_ref().is_none_or(|records| {
-                records
-                    .iter()
-                    .find(|r| r.region == region)
-                    .and_then(|r| r.state_on(server))
-                    .is_none_or(|state| state == control::ReplicaState::Serving)
-            })
+            !missed.iter().any(|m| m == server)
+                && records.as_ref().is_none_or(|records| {
+                    records
+                        .iter()
+                        .find(|r| r.region == region)
+                        .and_then(|r| r.state_on(server))
+                        .is_none_or(|state| state == control::ReplicaState::Serving)
+                })
         };
         report.replicas = Some(crate::run::replica_copies::compare_copies(
             topology, data_dir, &serving,
@@ -384,6 +400,29 @@ fn execute_in(
         endpoints,
         unclean_exits,
     })
+}
+
+/// On a topology file, the servers a run killed or froze: their copies
+/// missed writes (their owners stopped using them when a link broke or a
+/// request went unanswered) and no map says so. None on etcd, whose map
+/// records which copies serve.
+fn servers_that_missed_writes(options: &RunOptions, faults: &[FaultRecord]) -> Vec<String> {
+    if options.control != Control::File {
+        return Vec::new();
+    }
+    let mut servers: Vec<String> = faults
+        .iter()
+        .filter(|f| {
+            matches!(
+                FaultKind::from_name(&f.kind),
+                Some(FaultKind::KillServer | FaultKind::FreezeServer)
+            )
+        })
+        .map(|f| f.target.clone())
+        .collect();
+    servers.sort();
+    servers.dedup();
+    servers
 }
 
 /// Runs the workers to their end while injecting the planned faults at

@@ -140,6 +140,7 @@ impl Scenario {
         match self {
             Scenario::KillFabric => "kill-fabric",
             Scenario::KillServer => "kill-server",
+            Scenario::FreezeServer => "freeze-server",
             Scenario::CutLink => "cut-link",
             Scenario::RestartAll => "restart-all",
             Scenario::KillEtcd => "kill-etcd",

@@ -1,6 +1,9 @@
 //! COMPARE_SWAP and FETCH_ADD of a replicated region: decided at the
 //! deciding copy (its word read back on the same link), then the word
-//! written to the other copies under the client's identity.
+//! written to the other copies under the client's identity, with the
+//! atomic's record so that each copy's exactly-once window remembers it.
+
+use proto::atomic_record::AtomicRecord;
 
 use super::*;
 
@@ -120,7 +123,11 @@ impl Forwarder {
     }
 
     /// The decided word goes to every other copy that takes writes, as
-    /// ATOMIC_WRITE under the client's identity.
+    /// ATOMIC_WRITE under the client's identity; with an identity, it
+    /// carries the atomic's record (operation, operands and the deciding
+    /// copy's result), so a retry of the atomic that reaches one of those
+    /// copies once it decides is answered from its window, not applied
+    /// again.
     pub(super) fn apply_word(&mut self, op: &mut Op, id: u64, word: u64, now: Instant) {
         let region = op.region;
         let Some(atomic) = op.atomic.as_mut() else {
@@ -134,6 +141,18 @@ impl Forwarder {
             atomic.client_number,
             atomic.persist,
         );
+        let record: Option<Arc<[u8]>> = match (identity, atomic.decided) {
+            (Some(_), Some((_, result))) => {
+                let record = AtomicRecord::new(
+                    atomic.operation.opcode(),
+                    atomic.compare,
+                    atomic.operand,
+                    result,
+                );
+                Some(Arc::from(&record.to_bytes()[..]))
+            }
+            _ => None,
+        };
         let decider = op
             .sends
             .iter()
@@ -162,6 +181,7 @@ impl Forwarder {
                 exactly_once: identity,
                 on_behalf: Some(number),
                 persist,
+                payload: record.as_deref().unwrap_or_default(),
                 ..request::Repr::read(Target::Region(at), key, 0)
             };
             let Some(head) = own_head(&write) else {
@@ -173,7 +193,7 @@ impl Forwarder {
                 copy,
                 link,
                 head,
-                Arc::clone(&none),
+                record.clone().unwrap_or_else(|| Arc::clone(&none)),
                 key,
                 Purpose::ApplyWord,
                 now,

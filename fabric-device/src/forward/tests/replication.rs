@@ -2,6 +2,7 @@
 //! `replicas = 2`: A owns PA.1 (primary on server A, backup on B) and PB.1
 //! (primary on B, backup on A); B owns PA.2 and PB.2.
 
+use proto::atomic_record::AtomicRecord;
 use proto::request::{ExactlyOnce, Operation};
 
 use super::*;
@@ -262,7 +263,13 @@ fn an_atomic_is_decided_at_one_copy_and_its_word_written_to_the_other() {
     assert_eq!((write.offset, write.operand), (64, 6));
     assert_eq!(write.identity, Some(identity), "the client's identity");
     assert_eq!(write.key, key_on("A", pb1));
-    answer(&mut core, write, Status::Ok, 0);
+    // The atomic's record, so the backup's window remembers it: the
+    // COMPARE_SWAP 5 -> 6 and the deciding copy's result.
+    assert_eq!(
+        AtomicRecord::parse(&write.payload),
+        Ok(AtomicRecord::new(Opcode::CompareSwap, 5, 6, 5))
+    );
+    answer(&mut core, write, Status::Ok, 5);
     let (_, answers, _) = split(core.take_outbox());
     assert_eq!(answers.len(), 1);
     assert_eq!(
@@ -272,6 +279,64 @@ fn an_atomic_is_decided_at_one_copy_and_its_word_written_to_the_other() {
     );
     assert_eq!(core.metrics.atomics_decided.get(), 1);
     assert_eq!(core.metrics.atomics_applied.get(), 1);
+}
+
+#[test]
+fn a_fetch_add_without_an_identity_writes_its_word_without_a_record() {
+    let mut core = replicated();
+    send(
+        &mut core,
+        |c| Repr::fetch_add(pmem(c, "PB.1", 128), key(c, "PB.1"), 3),
+        3,
+    );
+    let (sent, _, _) = split(core.take_outbox());
+    answer(&mut core, &sent[0], Status::Ok, 10);
+    answer(&mut core, &sent[1], Status::Ok, 13);
+    let (sent, _, _) = split(core.take_outbox());
+    assert_eq!(sent.len(), 1);
+    assert_eq!(
+        (sent[0].operation, sent[0].operand),
+        (Operation::AtomicWrite, 13)
+    );
+    assert_eq!(sent[0].identity, None);
+    assert!(sent[0].payload.is_empty(), "no identity to record it under");
+
+    // With one, the record is a FETCH_ADD of 3 that returned 10.
+    let add = |c: &Forwarder| Repr {
+        exactly_once: Some(ExactlyOnce::on_lane(0, 77)),
+        ..Repr::fetch_add(pmem(c, "PB.1", 256), key(c, "PB.1"), 3)
+    };
+    send(&mut core, add, 4);
+    let (sent, _, _) = split(core.take_outbox());
+    answer(&mut core, &sent[0], Status::Ok, 10);
+    answer(&mut core, &sent[1], Status::Ok, 13);
+    let (sent, _, _) = split(core.take_outbox());
+    assert_eq!(
+        AtomicRecord::parse(&sent[0].payload),
+        Ok(AtomicRecord::new(Opcode::FetchAdd, 0, 3, 10))
+    );
+}
+
+#[test]
+fn a_client_cannot_send_an_atomics_record() {
+    let mut core = replicated();
+    let record = AtomicRecord::new(Opcode::FetchAdd, 0, 1, 0).to_bytes();
+    // To a region this device owns and to one it does not: refused before
+    // anything else, never forwarded.
+    for (region, tag) in [("PB.1", 5), ("PA.2", 6)] {
+        let action = send(
+            &mut core,
+            |c| {
+                Repr::atomic_write(pmem(c, region, 64), key(c, region), 1)
+                    .with_exactly_once(0, 9)
+                    .recording(&record)
+            },
+            tag,
+        );
+        assert_eq!(refused(action), Status::AccessDenied, "{region}");
+    }
+    assert!(core.take_outbox().is_empty(), "nothing forwarded");
+    assert_eq!(core.metrics.records_refused.get(), 2);
 }
 
 #[test]

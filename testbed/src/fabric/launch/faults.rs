@@ -1,5 +1,6 @@
 //! Faults a run injects into a running fabric: a daemon killed (a lab
-//! guest server's power cut) and restarted, a link cut and restored.
+//! guest server's power cut), stopped and let go (signals), and
+//! restarted; a link cut and restored.
 
 use std::process::Command;
 use std::time::Instant;
@@ -18,6 +19,29 @@ impl Fabric {
         }
         let _ = daemon.child.kill();
         let _ = daemon.child.wait();
+        Ok(sent)
+    }
+
+    /// Sends `signal` (`libc::SIGSTOP`, `libc::SIGCONT`) to a running
+    /// daemon's process (a lab guest's emulator for a server in a guest);
+    /// returns when it was sent.
+    pub fn signal(
+        &mut self,
+        kind: DaemonKind,
+        id: &str,
+        signal: libc::c_int,
+    ) -> Result<Instant, LaunchError> {
+        let daemon = self.daemon_mut(kind, id)?;
+        let pid = libc::pid_t::try_from(daemon.child.id()).map_err(|_| LaunchError::Unknown {
+            kind,
+            id: id.to_owned(),
+        })?;
+        let sent = Instant::now();
+        // SAFETY: kill(2) on the pid of a child this fabric started and has
+        // not reaped (it is still in `daemons`), so the pid is not reused.
+        if unsafe { libc::kill(pid, signal) } != 0 {
+            return Err(LaunchError::Io(std::io::Error::last_os_error()));
+        }
         Ok(sent)
     }
 
