@@ -416,6 +416,10 @@ impl Executor {
                 number
             }
             (Session::ProvenDevice { .. }, Some(_)) => return Some("unwired_client"),
+            // A replicated region's owner resyncing a copy, in its own name.
+            (Session::ProvenDevice { device }, None) if self.owner_asks(device, req) => {
+                return None;
+            }
             (Session::ProvenDevice { .. }, None) => return Some("no_client"),
             (Session::ProvenClient { number }, None) => *number,
             (Session::ProvenClient { .. }, Some(_)) => return Some("on_behalf_from_client"),

@@ -441,6 +441,7 @@ impl OpenedServer {
             None => None,
         };
         let mut exec = Executor::new(server.id.clone(), layout, regions, dedup, metrics);
+        exec.owners_by_turn(&topology.default_owners());
         if !loaded.unfinished.is_empty() {
             let recovery = exec.recover_exactly_once(&loaded.unfinished)?;
             info!(

@@ -126,6 +126,25 @@ fn a_deposed_owner_is_refused_by_the_copies_and_the_new_owner_served() {
         testkit::file_bytes(&dir.path().join("data"), "A1", 0, 4),
         b"by F"
     );
+    // In its own name, for no client (a resync), only a region's owner
+    // reads and writes its copy.
+    let own = |conn: &mut Conn, region: usize, write: bool| {
+        let entry = conn.map().entries[region];
+        let at = Target::Pmem(entry.start);
+        let req = if write {
+            Repr::write_persist(at, entry.key, b"by F")
+        } else {
+            Repr::read(at, entry.key, 4)
+        };
+        conn.call(req).status
+    };
+    assert_eq!(own(&mut f, a1, false), Status::Ok, "the owner reads");
+    assert_eq!(own(&mut f, a1, true), Status::Ok, "the owner writes");
+    assert_eq!(
+        own(&mut g, a1, false),
+        Status::AccessDenied,
+        "not the owner, for no client"
+    );
 
     // G takes A1 over (F is deemed dead), one transaction at epoch 2.
     let endpoints = Endpoints::parse(&etcd.endpoint()).expect("endpoint");
@@ -138,6 +157,7 @@ fn a_deposed_owner_is_refused_by_the_copies_and_the_new_owner_served() {
         "{taken:?}"
     );
     wait_for_log(&server, "map epoch=2 applied");
+    assert_eq!(own(&mut g, a1, false), Status::Ok, "the new owner reads");
 
     // F comes back, still taking itself for the owner: refused, nothing
     // written; G is served.

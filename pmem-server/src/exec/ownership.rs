@@ -64,6 +64,47 @@ impl Executor {
         (owner != device).then(|| owner.clone())
     }
 
+    /// Whether fabric device `device` owns `req`'s region by the server's
+    /// map: a replicated region's owner reads and writes its copies in its
+    /// own name, for no client, when it resyncs a copy (READ from one copy,
+    /// WRITE_PERSIST to another).
+    pub(super) fn owner_asks(&self, device: &str, req: &request::Repr<'_>) -> bool {
+        if !matches!(
+            req.operation,
+            request::Operation::Read | request::Operation::Write | request::Operation::WritePersist
+        ) || req.exactly_once.is_some()
+        {
+            return false;
+        }
+        let Some((region, _, _)) = self.locate(req.target) else {
+            return false;
+        };
+        let owners = self.owners.read().unwrap_or_else(PoisonError::into_inner);
+        owners
+            .get(region.entry.region.0 as usize)
+            .and_then(Option::as_ref)
+            .is_some_and(|owner| owner == device)
+    }
+
+    /// Takes the owners of replicated regions from the topology's turn
+    /// order (`owners`: region, device), as every daemon does on a
+    /// topology file; a map in etcd replaces them
+    /// ([`Executor::follow_owners`]).
+    pub fn owners_by_turn(&self, owners: &[(topology::RegionId, topology::FabricDeviceId)]) {
+        let by_region = self
+            .layout
+            .entries()
+            .iter()
+            .map(|entry| {
+                owners
+                    .iter()
+                    .find(|(region, _)| *region == entry.region_id)
+                    .map(|(_, device)| device.to_string())
+            })
+            .collect();
+        *self.owners.write().unwrap_or_else(PoisonError::into_inner) = by_region;
+    }
+
     /// Answers `req` NOT_OWNER with the server's epoch, counted.
     pub(super) fn not_owner(&self, req: &request::Repr<'_>, tag: u64, out: &mut Vec<u8>) {
         self.metrics.not_owner.inc();
