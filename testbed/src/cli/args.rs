@@ -1,5 +1,8 @@
 //! The command line's types: the commands, their options and the option
-//! groups several commands share, as clap reads them.
+//! groups several commands share, as clap reads them. Their doc comments
+//! are the command line's help, written for a terminal: placeholders such
+//! as `DIR/<run-id>` are plain text there, not HTML.
+#![allow(rustdoc::invalid_html_tags)]
 
 use std::path::PathBuf;
 use std::time::Duration;
