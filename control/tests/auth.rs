@@ -10,38 +10,18 @@ use control::{
 };
 use testkit::Etcd;
 
+mod support;
+
+use support::{config, daemon};
+
 fn default_topology() -> String {
-    std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../configs/default.toml"
-    ))
-    .expect("configs/default.toml")
+    config("default.toml")
 }
 
 /// An etcd with pool `test` set up for servers A, B and device F1, and
 /// authentication on.
 async fn secured(dir: &std::path::Path) -> (Etcd, Endpoints, PoolCredentials) {
-    let mut etcd = Etcd::start(dir).unwrap_or_else(|e| panic!("etcd: {e}"));
-    let endpoints = Endpoints::parse(&etcd.endpoint()).expect("endpoint");
-    let daemons = [
-        (Role::Server, "A".to_owned()),
-        (Role::Server, "B".to_owned()),
-        (Role::Device, "F1".to_owned()),
-    ];
-    let made = access::secure(&endpoints, "test", &daemons, None)
-        .await
-        .expect("secure");
-    let root = made.root.as_ref().expect("a root was made");
-    etcd.set_root(root.user(), root.password());
-    (etcd, endpoints, made)
-}
-
-fn daemon<'c>(made: &'c PoolCredentials, role: Role, name: &str) -> &'c Credentials {
-    made.daemons
-        .iter()
-        .find(|(r, n, _)| *r == role && n == name)
-        .map(|(_, _, c)| c)
-        .expect("a user per daemon")
+    support::secured(dir, &["F1"]).await
 }
 
 #[tokio::test]
@@ -170,11 +150,7 @@ async fn a_client_reads_the_map_and_changes_nothing() {
 }
 
 fn replicated_topology() -> String {
-    std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../configs/replicated.toml"
-    ))
-    .expect("configs/replicated.toml")
+    config("replicated.toml")
 }
 
 #[tokio::test]

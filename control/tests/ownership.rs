@@ -4,43 +4,20 @@
 //! and the others syncing, and the liveness record a device looks at
 //! before it takes over.
 
-use control::access::{self, PoolCredentials};
+use control::access::PoolCredentials;
 use control::ownership::{Takeover, device_registered, take_over_blocking};
 use control::{ControlPlane, Credentials, Endpoints, Member, ReplicaState, Role};
-use testkit::Etcd;
+
+mod support;
+
+use support::{config, secured};
 
 fn replicated_topology() -> String {
-    std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../configs/replicated.toml"
-    ))
-    .expect("configs/replicated.toml")
-}
-
-/// An etcd with pool `test` secured for servers A, B and devices A, B.
-async fn secured(dir: &std::path::Path) -> (Etcd, Endpoints, PoolCredentials) {
-    let mut etcd = Etcd::start(dir).unwrap_or_else(|e| panic!("etcd: {e}"));
-    let endpoints = Endpoints::parse(&etcd.endpoint()).expect("endpoint");
-    let daemons = [
-        (Role::Server, "A".to_owned()),
-        (Role::Server, "B".to_owned()),
-        (Role::Device, "A".to_owned()),
-        (Role::Device, "B".to_owned()),
-    ];
-    let made = access::secure(&endpoints, "test", &daemons, None)
-        .await
-        .expect("secure");
-    let root = made.root.as_ref().expect("a root was made");
-    etcd.set_root(root.user(), root.password());
-    (etcd, endpoints, made)
+    config("replicated.toml")
 }
 
 fn device(made: &PoolCredentials, name: &str) -> Credentials {
-    made.daemons
-        .iter()
-        .find(|(r, n, _)| *r == Role::Device && n == name)
-        .map(|(_, _, c)| c.clone())
-        .expect("a user per device")
+    support::daemon(made, Role::Device, name).clone()
 }
 
 /// Runs a blocking control call off the async test's thread.
@@ -68,7 +45,7 @@ async fn take(
 #[tokio::test]
 async fn a_device_takes_a_region_over_in_one_transaction_and_a_stale_version_loses() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let (_etcd, endpoints, made) = secured(dir.path()).await;
+    let (_etcd, endpoints, made) = secured(dir.path(), &["A", "B"]).await;
     let mut operator = ControlPlane::connect(&endpoints, "test", Some(&made.operator))
         .await
         .expect("operator connects");
@@ -145,7 +122,7 @@ async fn a_device_takes_a_region_over_in_one_transaction_and_a_stale_version_los
 #[tokio::test]
 async fn a_device_sees_whether_another_device_holds_its_liveness_lease() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let (_etcd, endpoints, made) = secured(dir.path()).await;
+    let (_etcd, endpoints, made) = secured(dir.path(), &["A", "B"]).await;
     let mut operator = ControlPlane::connect(&endpoints, "test", Some(&made.operator))
         .await
         .expect("operator connects");
