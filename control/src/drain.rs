@@ -20,7 +20,11 @@
 //!    owner device resyncs it. All adds come before any wait, so a server
 //!    taking several copies opens them in one restart (a server opens the
 //!    copies a map adds to it at its next start).
-//! 3. **Wait** while another copy of such a region is `syncing`.
+//! 3. **Wait** while another copy of such a region is `syncing` or
+//!    `offline`; an `offline` copy whose server is live (it may have been
+//!    taken out for a refused request) is **revived**: marked `syncing`,
+//!    so that its owner resyncs it. A copy is dropped only when every other
+//!    copy serves.
 //! 4. **Drop** the drained server's copy, once another copy serves (every
 //!    serving copy holds every acknowledged write): from the backup list,
 //!    or, when it is the primary, by moving the region's table to a
@@ -67,6 +71,13 @@ pub enum Step {
         /// The region.
         region: String,
         /// The server of its syncing copy.
+        server: String,
+    },
+    /// Mark `region`'s offline copy on live `server` syncing.
+    Revive {
+        /// The region.
+        region: String,
+        /// The server of the offline copy.
         server: String,
     },
     /// Drop the drained server's copy of `region`.
@@ -167,12 +178,14 @@ pub enum DrainError {
 }
 
 /// The next step of draining `server` off `map` (read from etcd `key`);
-/// servers in `avoid` (draining or removed ones) take no copy.
+/// servers in `avoid` (draining or removed ones) take no copy; servers in
+/// `live` have a liveness record (an offline copy of theirs is revived).
 pub fn next_step(
     map: &ClusterMap,
     key: &str,
     server: &str,
     avoid: &[String],
+    live: &[String],
 ) -> Result<Planned, DrainError> {
     let topology = map.topology_at(key)?;
     let Some(drained) = topology.servers.iter().find(|s| s.id.as_str() == server) else {
@@ -221,7 +234,37 @@ pub fn next_step(
         }
     }
     for set in &sets {
-        if let Some(copy) = drain.syncing(set) {
+        if let Some(copy) = drain.in_state(set, ReplicaState::Offline) {
+            let region = set.region.as_str();
+            if live.contains(&copy) {
+                let marked = crate::edit::mark_replica(map, region, &copy, ReplicaState::Syncing)?;
+                return Ok(Planned {
+                    step: Step::Revive {
+                        region: region.to_owned(),
+                        server: copy.clone(),
+                    },
+                    map: Some(marked.map),
+                    note: format!(
+                        "region {region}: the copy on {copy} is offline and its server is live: \
+                         marked syncing, so that the owner device resyncs it"
+                    ),
+                });
+            }
+            let note = format!(
+                "region {region}: waiting for the copy on {copy} (offline: its owner device \
+                 marks it syncing once server {copy} runs and connects; a server opens copies \
+                 added to it at its start)"
+            );
+            return Ok(Planned {
+                step: Step::Wait {
+                    region: region.to_owned(),
+                    server: copy,
+                },
+                map: None,
+                note,
+            });
+        }
+        if let Some(copy) = drain.in_state(set, ReplicaState::Syncing) {
             let note = format!(
                 "region {}: waiting for the copy on {copy} to serve (syncing; the owner device \
                  copies it)",
@@ -294,13 +337,13 @@ impl Drain<'_> {
             .and_then(|r| r.state_on(server))
     }
 
-    /// The server of a syncing copy of `set` other than the drained one.
-    fn syncing(&self, set: &ReplicaSet) -> Option<String> {
+    /// The server of a copy of `set` in `state`, other than the drained one.
+    fn in_state(&self, set: &ReplicaSet, state: ReplicaState) -> Option<String> {
         set.replicas
             .iter()
             .map(|r| r.server.as_str())
             .filter(|s| *s != self.server)
-            .find(|s| self.state(set, s) == Some(ReplicaState::Syncing))
+            .find(|s| self.state(set, s) == Some(state))
             .map(str::to_owned)
     }
 
@@ -622,10 +665,7 @@ fn remove(map: &ClusterMap, key: &str, server: &str) -> Result<Planned, DrainErr
     let (next, _) = map.next(key, &edited.topology)?;
     Ok(Planned {
         step: Step::Remove,
-        note: format!(
-            "server {server} holds no copy: removed from the map at epoch {}",
-            next.epoch
-        ),
+        note: format!("server {server} holds no copy: removed from the map"),
         map: Some(next),
     })
 }
@@ -756,7 +796,7 @@ mod tests {
     fn drain(mut map: ClusterMap, server: &str) -> (ClusterMap, Vec<Step>) {
         let mut steps = Vec::new();
         for _ in 0..40 {
-            let planned = next_step(&map, KEY, server, &[]).unwrap_or_else(|e| panic!("{e}"));
+            let planned = next_step(&map, KEY, server, &[], &[]).unwrap_or_else(|e| panic!("{e}"));
             steps.push(planned.step.clone());
             match planned.step {
                 Step::Wait { region, server } => {
@@ -838,13 +878,13 @@ mod tests {
         let mut map = three_servers();
         // Up to the first wait, as if the command stopped there.
         loop {
-            let planned = next_step(&map, KEY, "B", &[]).unwrap();
+            let planned = next_step(&map, KEY, "B", &[], &[]).unwrap();
             match planned.map {
                 Some(next) => map = next,
                 None => break,
             }
         }
-        let again = next_step(&map, KEY, "B", &[]).unwrap();
+        let again = next_step(&map, KEY, "B", &[], &[]).unwrap();
         assert_eq!(
             again.step,
             Step::Wait {
@@ -864,11 +904,11 @@ mod tests {
     #[test]
     fn a_drain_refuses_what_it_cannot_do_safely_and_changes_nothing() {
         let mut map = three_servers();
-        while let Step::Pin { .. } = next_step(&map, KEY, "B", &[]).unwrap().step {
-            map = next_step(&map, KEY, "B", &[]).unwrap().map.unwrap();
+        while let Step::Pin { .. } = next_step(&map, KEY, "B", &[], &[]).unwrap().step {
+            map = next_step(&map, KEY, "B", &[], &[]).unwrap().map.unwrap();
         }
         // No server outside the copies' domains but C, which is draining.
-        let err = next_step(&map, KEY, "B", &["C".to_owned()]).unwrap_err();
+        let err = next_step(&map, KEY, "B", &["C".to_owned()], &[]).unwrap_err();
         let err = match err {
             DrainError::NoPlace { .. } => err.to_string(),
             other => panic!("{other}"),
@@ -882,7 +922,7 @@ mod tests {
         // A copy that cannot serve yet is waited for; once the only other
         // copy is offline, the drained copy is not dropped.
         let mut map = three_servers();
-        while let Some(next) = next_step(&map, KEY, "B", &[]).unwrap().map {
+        while let Some(next) = next_step(&map, KEY, "B", &[], &[]).unwrap().map {
             map = next;
         }
         let offline = mark_replica(&map, "A1", "C", ReplicaState::Offline)
@@ -894,21 +934,38 @@ mod tests {
         let offline = mark_replica(&offline, "A1", "A", ReplicaState::Offline)
             .unwrap()
             .map;
-        let err = next_step(&offline, KEY, "B", &[]).unwrap_err().to_string();
-        assert!(
-            err.starts_with(
-                "region A1: no copy but B's serves (copies: A offline, B serving, C offline)"
-            ),
-            "{err}"
+        // Neither offline copy's server is live: the drain waits, B's copy
+        // stays; A is live: its copy is marked syncing.
+        let waits = next_step(&offline, KEY, "B", &[], &[]).unwrap();
+        assert_eq!(
+            waits.step,
+            Step::Wait {
+                region: "A1".into(),
+                server: "A".into()
+            }
         );
+        assert!(waits.note.contains("offline"), "{}", waits.note);
+        let revived = next_step(&offline, KEY, "B", &[], &["A".to_owned()]).unwrap();
+        assert_eq!(
+            revived.step,
+            Step::Revive {
+                region: "A1".into(),
+                server: "A".into()
+            }
+        );
+        let record = revived.map.unwrap().replica_set("A1").cloned().unwrap();
+        assert_eq!(record.state_on("A"), Some(ReplicaState::Syncing));
+        assert_eq!(record.state_on("B"), Some(ReplicaState::Serving));
 
-        let err = next_step(&three_servers(), KEY, "Z", &[])
+        let err = next_step(&three_servers(), KEY, "Z", &[], &[])
             .unwrap_err()
             .to_string();
         assert_eq!(err, "the map (epoch 1) has no server Z");
         let single = ClusterMap::new(1, three_servers().topology.replace("replicas = 2\n", ""));
         let single = ClusterMap::new(1, single.topology.replace("replicas = [\"A:0\"]\n", ""));
-        let err = next_step(&single, KEY, "B", &[]).unwrap_err().to_string();
+        let err = next_step(&single, KEY, "B", &[], &[])
+            .unwrap_err()
+            .to_string();
         assert!(
             err.starts_with("region B1 has a single copy, on B"),
             "{err}"
