@@ -25,9 +25,9 @@ use std::time::Duration;
 use proto::decoder::{ReadError, ReadOutcome};
 use proto::hello::{Capabilities, Role};
 use proto::opening::{Opening, OpeningError, OpeningTags, Progress};
-use proto::{FrameDecoder, Message, Status, scrub};
+use proto::{FrameDecoder, Message, Status, block_sums, scrub};
 use topology::secrets::{Principal, SecretError, read_key};
-use topology::{Layout, LayoutEntry, LayoutError, RegionId, Topology};
+use topology::{Layout, LayoutEntry, LayoutError, RegionId, ServerId, Topology};
 
 /// Why an operator's action on a server did not happen.
 #[derive(Debug, thiserror::Error)]
@@ -112,6 +112,14 @@ pub enum OperatorError {
         status: Status,
         /// What to do about it, if anything helps.
         hint: &'static str,
+    },
+    /// The server holds no copy of the region.
+    #[error("server {server} holds no copy of region {region} in the topology")]
+    NoCopy {
+        /// The region.
+        region: String,
+        /// The server named.
+        server: String,
     },
     /// The server sent something that is not an answer to the order.
     #[error("server {server} answered the {action} order with {what}")]
@@ -239,6 +247,81 @@ pub fn scrub_checksums(
         found.push(sessions[at].scrub_region(entry)?);
     }
     Ok(found)
+}
+
+/// The checksums of every block of one copy of a region, as its bytes
+/// were when its server read them (BLOCK_SUMS: computed on request,
+/// nothing recorded).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CopySums {
+    /// The region.
+    pub region: RegionId,
+    /// The server holding the copy.
+    pub server: String,
+    /// Bytes per block.
+    pub block_len: u64,
+    /// One checksum per block, in block order.
+    pub sums: Vec<u64>,
+}
+
+/// The layout entry of `region`'s copy on `server`: the region's entry with
+/// the copy's server and socket (the primary's own for the primary).
+fn copy_entry(
+    topology: &Topology,
+    layout: &Layout,
+    region: &RegionId,
+    server: &ServerId,
+) -> Result<LayoutEntry, OperatorError> {
+    let mut entry = layout
+        .entry_by_id(region)
+        .ok_or_else(|| OperatorError::UnknownRegion(region.to_string()))?
+        .clone();
+    let sets = topology.replica_sets();
+    let copy = sets
+        .iter()
+        .find(|s| &s.region == region)
+        .and_then(|s| s.on(server))
+        .ok_or_else(|| OperatorError::NoCopy {
+            region: region.to_string(),
+            server: server.to_string(),
+        })?;
+    entry.server = copy.server.clone();
+    entry.server_index = copy.server_index;
+    entry.socket = copy.socket.clone();
+    entry.socket_index = copy.socket_index;
+    entry.device = copy.device.clone();
+    Ok(entry)
+}
+
+/// Asks the server of `region`'s copy on `server` for the checksum of
+/// every block of that copy as it is now, as operator `operator` (see
+/// [`rotate_key`] for `secrets`).
+pub fn copy_sums(
+    topology: &Topology,
+    region: &RegionId,
+    server: &ServerId,
+    operator: &str,
+    secrets: Option<&Path>,
+    timeout: Duration,
+) -> Result<CopySums, OperatorError> {
+    let layout = Layout::new(topology)?;
+    let entry = copy_entry(topology, &layout, region, server)?;
+    OperatorSession::open(topology, &entry, operator, secrets, timeout)?.sum_region(&entry)
+}
+
+/// Asks the server of `region`'s copy on `server` to check the copy's
+/// blocks against the checksums it recorded (see [`scrub_checksums`]).
+pub fn scrub_copy(
+    topology: &Topology,
+    region: &RegionId,
+    server: &ServerId,
+    operator: &str,
+    secrets: Option<&Path>,
+    timeout: Duration,
+) -> Result<RegionScrub, OperatorError> {
+    let layout = Layout::new(topology)?;
+    let entry = copy_entry(topology, &layout, region, server)?;
+    OperatorSession::open(topology, &entry, operator, secrets, timeout)?.scrub_region(&entry)
 }
 
 /// A connection to a region's server, opened as an operator.
@@ -385,6 +468,74 @@ impl OperatorSession {
             });
         }
         Ok(frame)
+    }
+
+    /// The checksum of every block of `entry`'s copy, a run at a time.
+    fn sum_region(&mut self, entry: &LayoutEntry) -> Result<CopySums, OperatorError> {
+        let mut found = CopySums {
+            region: entry.region_id.clone(),
+            server: self.server.clone(),
+            block_len: 0,
+            sums: Vec::new(),
+        };
+        // The first run is one block: its report gives the region's count.
+        let (mut first, mut blocks) = (0u64, 1u32);
+        loop {
+            self.tag += 1;
+            let tag = self.tag;
+            let ask = block_sums::Repr {
+                region: entry.region.0,
+                first,
+                blocks,
+            };
+            let frame = self.ask(&Message::BlockSums(ask), tag, "block sums")?;
+            let report = match proto::parse_frame(&frame) {
+                Ok((Message::BlockSumsReport(r), t)) if t == tag => r,
+                Ok((Message::Response(r), t)) if t == tag => {
+                    return Err(OperatorError::Refused {
+                        server: self.server.clone(),
+                        action: "sum the blocks of",
+                        region: entry.region_id.to_string(),
+                        status: r.status,
+                        hint: refusal_hint(r.status),
+                    });
+                }
+                Ok((other, t)) => {
+                    return Err(OperatorError::Protocol {
+                        server: self.server.clone(),
+                        action: "block sums",
+                        what: format!("{} with tag {t}", other.opcode()),
+                    });
+                }
+                Err(e) => {
+                    return Err(OperatorError::Protocol {
+                        server: self.server.clone(),
+                        action: "block sums",
+                        what: format!("a frame that does not parse: {e}"),
+                    });
+                }
+            };
+            if report.first != first || report.sums.is_empty() {
+                return Err(OperatorError::Protocol {
+                    server: self.server.clone(),
+                    action: "block sums",
+                    what: format!(
+                        "{} sums from block {} for a run from block {first}",
+                        report.sums.len(),
+                        report.first
+                    ),
+                });
+            }
+            found.block_len = report.block_len.into();
+            first += report.sums.len() as u64;
+            found.sums.extend(report.sums);
+            if first >= report.total {
+                return Ok(found);
+            }
+            blocks = u32::try_from(report.total - first)
+                .unwrap_or(u32::MAX)
+                .min(block_sums::MAX_BLOCKS);
+        }
     }
 
     /// Scrubs every block of `entry`'s region, a run of blocks at a time.

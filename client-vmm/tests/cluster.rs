@@ -70,7 +70,19 @@ fn an_operator_loads_shows_changes_and_drains_through_etcd() {
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("epoch 1 -> 2"), "{out}");
 
-    let (code, out, err) = cluster(&e, &["--pool", "default", "drain-server", "A"]);
+    // Its regions have one copy each: refused before anything is written.
+    let (code, _, err) = cluster(&e, &["--pool", "default", "drain-server", "A"]);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("region PA.1 has a single copy, on A") && err.contains("nothing was changed"),
+        "{err}"
+    );
+    let (_, out, _) = cluster(&e, &["--pool", "default", "show"]);
+    assert!(out.contains("  A            active    not live"), "{out}");
+    let (code, out, err) = cluster(
+        &e,
+        &["--pool", "default", "drain-server", "A", "--intent-only"],
+    );
     assert_eq!(code, 0, "{err}");
     assert!(
         out.contains("server A: intent recorded as draining"),
@@ -321,6 +333,19 @@ fn an_operator_sees_and_marks_the_copies_of_replicated_regions() {
     assert_ne!(code, 0);
     assert!(
         err.contains("expected serving, syncing or offline"),
+        "{err}"
+    );
+    let (_, out, _) = cluster(&e, &["--pool", "default", "show"]);
+    assert!(out.starts_with("pool default: map epoch 2"), "{out}");
+
+    // No server of A's is live: nothing could resync B's copy from it.
+    let (code, _, err) = mark(&["PA.1", "B", "syncing"]);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains(
+            "region PA.1: marking the copy on B syncing needs a serving copy to resync it \
+             from, but server A (serving) is not live in etcd; nothing was changed"
+        ),
         "{err}"
     );
     let (_, out, _) = cluster(&e, &["--pool", "default", "show"]);

@@ -25,6 +25,8 @@ mod cluster;
 mod ctl;
 #[path = "pmemctl/num.rs"]
 mod num;
+#[path = "pmemctl/replicas.rs"]
+mod replicas;
 #[path = "pmemctl/show.rs"]
 mod show;
 
@@ -48,6 +50,10 @@ are rotated, so using its address afterwards fails with a use-after-free error;
 `scrub --checksums` is an operator's check of the PMEM itself: each server
 records a checksum per 64 KiB block on the first run and verifies it on the
 next, naming any block that changed without a write (exit status 1).
+`scrub --replicas` compares the copies of replicated regions block by block,
+names each block that differs and the damaged copy where the majority or the
+checksums recorded at rest decide; `--repair` (map in etcd) has the region's
+owner device resync that copy.
 
 Examples:
   pmemctl --config configs/default.toml --client c1 write 1TiB+64 hello --persist
@@ -62,7 +68,8 @@ Examples:
   pmemctl --config configs/alloc.toml --client c1 rm orders
   pmemctl --config configs/alloc.toml --client c1 scrub
   pmemctl --config configs/default.toml --secrets keys scrub --checksums --operator admin
-  pmemctl --config configs/default.toml --secrets keys rotate-key PA.1 --operator admin";
+  pmemctl --config configs/default.toml --secrets keys rotate-key PA.1 --operator admin
+  pmemctl --etcd http://127.0.0.1:2379 --pool default scrub --replicas --repair";
 
 /// Reads, writes and runs atomics on a pmem-fabric pool as one client of it.
 #[derive(Debug, Parser)]
@@ -286,25 +293,203 @@ enum PoolCommand {
     /// checksum they recorded for it, recording it on the first scrub after
     /// a server starts and for blocks written since. Names the region and
     /// block of every mismatch and exits non-zero if there is one.
+    ///
+    /// With --replicas instead (an operator's action): compares every copy
+    /// of each replicated region block by block (the checksums of the bytes
+    /// as they are, from each copy's server) and names each block that
+    /// differs with each copy's checksum and which copy is damaged: the
+    /// majority of three copies decides, else the checksums recorded at
+    /// rest (--checksums), else nothing. With --repair (the map in etcd)
+    /// each damaged copy is marked syncing: its owner device rewrites what
+    /// differs from a serving copy, held against the application's writes.
+    /// Exits non-zero while a difference is left unrepaired.
     #[command(
-        override_usage = "pmemctl --config TOPOLOGY --client ID [--secrets DIR] scrub\n       pmemctl --config TOPOLOGY [--secrets DIR] scrub --checksums [--region REGION]... [--operator NAME]"
+        override_usage = "pmemctl --config TOPOLOGY --client ID [--secrets DIR] scrub\n       pmemctl --config TOPOLOGY [--secrets DIR] scrub --checksums [--region REGION]... [--operator NAME]\n       pmemctl --etcd URLS --pool NAME [--secrets DIR] scrub --replicas [--region REGION]... [--repair] [--operator NAME]",
+        group(clap::ArgGroup::new("operator_scrub").args(["checksums", "replicas"]))
     )]
     Scrub {
         /// Check the regions' blocks against their checksums.
         #[arg(long)]
         checksums: bool,
-        /// With --checksums: only this region (repeatable; default: all).
-        #[arg(long, value_name = "REGION", requires = "checksums")]
+        /// Compare the copies of replicated regions block by block.
+        #[arg(long)]
+        replicas: bool,
+        /// With --replicas: mark each copy found damaged syncing (needs
+        /// the map in etcd: --etcd), so that its owner device repairs it.
+        #[arg(long, requires = "replicas")]
+        repair: bool,
+        /// With --checksums or --replicas: only this region (repeatable;
+        /// default: all).
+        #[arg(long, value_name = "REGION", requires = "operator_scrub")]
         region: Vec<String>,
-        /// With --checksums: the operator to act as (see rotate-key).
+        /// With --checksums or --replicas: the operator to act as (see
+        /// rotate-key).
         #[arg(
             long,
             value_name = "NAME",
             default_value = "admin",
-            requires = "checksums"
+            requires = "operator_scrub"
         )]
         operator: String,
     },
+}
+
+/// `scrub --replicas`: what it needs to reach the copies and the map.
+struct ReplicaScrub<'a> {
+    topology: &'a Topology,
+    source: &'a MapSource,
+    operator: &'a str,
+    secrets: Option<&'a std::path::Path>,
+    timeout: Duration,
+}
+
+impl ReplicaScrub<'_> {
+    /// Compares the copies of `regions` (every replicated one when empty),
+    /// judges each difference and, with `repair`, marks the damaged copies
+    /// syncing; the report goes to `text`, and an error says when a
+    /// difference is left.
+    fn run(&self, regions: &[String], repair: bool, text: &mut String) -> Result<(), CliError> {
+        let map = match self.source {
+            MapSource::Etcd {
+                endpoints,
+                pool,
+                credentials,
+            } => Some(cluster::read_map(endpoints, pool, credentials.as_ref())?),
+            MapSource::File(_) => None,
+        };
+        let sets: Vec<topology::ReplicaSet> = self
+            .topology
+            .replica_sets()
+            .into_iter()
+            .filter(|s| s.is_replicated())
+            .filter(|s| regions.is_empty() || regions.iter().any(|r| r == s.region.as_str()))
+            .collect();
+        if let Some(unknown) = regions
+            .iter()
+            .find(|r| !sets.iter().any(|s| s.region.as_str() == r.as_str()))
+        {
+            return Err(CliError::NotReplicated(unknown.clone()));
+        }
+        let mut compared = Vec::new();
+        let mut found = Vec::new();
+        for set in &sets {
+            // Only serving copies hold every acknowledged write; a syncing
+            // one is being brought up to date already.
+            let servers: Vec<&ServerId> = set
+                .replicas
+                .iter()
+                .map(|r| &r.server)
+                .filter(|server| {
+                    map.as_ref()
+                        .and_then(|m| m.replica_set(set.region.as_str()))
+                        .and_then(|r| r.state_on(server.as_str()))
+                        .is_none_or(|state| state == control::ReplicaState::Serving)
+                })
+                .collect();
+            if servers.len() < 2 {
+                continue;
+            }
+            // Each copy's server checks the checksums it recorded at rest
+            // (recording them the first time): the blocks it finds changed
+            // without a write.
+            let mut recorded: Vec<(String, Vec<u64>)> = Vec::new();
+            let mut copies = Vec::new();
+            for server in &servers {
+                let scrub = operator::scrub_copy(
+                    self.topology,
+                    &set.region,
+                    server,
+                    self.operator,
+                    self.secrets,
+                    self.timeout,
+                )?;
+                recorded.push((server.to_string(), scrub.mismatches));
+                copies.push(operator::copy_sums(
+                    self.topology,
+                    &set.region,
+                    server,
+                    self.operator,
+                    self.secrets,
+                    self.timeout,
+                )?);
+            }
+            let blocks = replicas::differing(&copies);
+            for block in blocks {
+                let sums: Vec<(String, u64)> = copies
+                    .iter()
+                    .map(|c| {
+                        let sum = c.sums.get(block as usize).copied().unwrap_or(0);
+                        (c.server.clone(), sum)
+                    })
+                    .collect();
+                let bad: Vec<String> = recorded
+                    .iter()
+                    .filter(|(_, mismatches)| mismatches.contains(&block))
+                    .map(|(server, _)| server.clone())
+                    .collect();
+                found.push(replicas::Difference {
+                    region: set.region.to_string(),
+                    block,
+                    block_len: copies[0].block_len,
+                    verdict: replicas::judge(&sums, &bad),
+                    sums,
+                });
+            }
+            compared.push((
+                set.region.to_string(),
+                servers.iter().map(|s| s.to_string()).collect(),
+                copies
+                    .iter()
+                    .map(|c| c.sums.len() as u64)
+                    .max()
+                    .unwrap_or(0),
+            ));
+        }
+        text.push_str(&replicas::render(&compared, &found));
+        if found.is_empty() {
+            return Ok(());
+        }
+        let mut damaged: Vec<(String, String)> = Vec::new();
+        for d in &found {
+            if let replicas::Verdict::Damaged { servers, .. } = &d.verdict {
+                for server in servers {
+                    let copy = (d.region.clone(), server.clone());
+                    if !damaged.contains(&copy) {
+                        damaged.push(copy);
+                    }
+                }
+            }
+        }
+        let undecided = found
+            .iter()
+            .filter(|d| matches!(d.verdict, replicas::Verdict::Undecided(_)))
+            .count();
+        if repair && !damaged.is_empty() {
+            let MapSource::Etcd {
+                endpoints,
+                pool,
+                credentials,
+            } = self.source
+            else {
+                return Err(CliError::RepairNeedsEtcd);
+            };
+            let notes = cluster::mark_syncing(endpoints, pool, credentials.as_ref(), &damaged)?;
+            for note in notes {
+                text.push_str(&format!(
+                    "repair: {note}; its owner device rewrites the blocks that differ from a \
+                     serving copy\n"
+                ));
+            }
+            if undecided == 0 {
+                return Ok(());
+            }
+        }
+        Err(CliError::CopiesDiffer {
+            blocks: found.len(),
+            undecided,
+            repair,
+        })
+    }
 }
 
 fn main() -> ExitCode {
@@ -368,9 +553,34 @@ fn run(cli: Cli) -> Result<(), CliError> {
         // Answered before the topology is read.
         Command::Cluster(_) => return Ok(()),
         Command::Pool(PoolCommand::Scrub {
+            replicas: true,
+            region,
+            operator,
+            repair,
+            ..
+        }) => {
+            let timeout = Duration::from_millis(cli.connect_timeout_ms.unwrap_or(5_000));
+            let scrub = ReplicaScrub {
+                topology: &topology,
+                source: &source,
+                operator: &operator,
+                secrets: secrets.as_deref(),
+                timeout,
+            };
+            let mut text = String::new();
+            let done = scrub.run(&region, repair, &mut text);
+            let mut stdout = io::stdout().lock();
+            stdout
+                .write_all(text.as_bytes())
+                .and_then(|()| stdout.flush())
+                .map_err(CliError::Stdout)?;
+            return done;
+        }
+        Command::Pool(PoolCommand::Scrub {
             checksums: true,
             region,
             operator,
+            ..
         }) => {
             let timeout = Duration::from_millis(cli.connect_timeout_ms.unwrap_or(5_000));
             let regions: Vec<RegionId> = region.iter().map(|r| RegionId::new(r.as_str())).collect();

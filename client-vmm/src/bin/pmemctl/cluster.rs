@@ -5,6 +5,7 @@
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 use clap::{Args, Subcommand};
 use control::{ControlError, ControlPlane, Credentials, Endpoints, Intent, ReplicaState, Role};
@@ -66,11 +67,23 @@ enum ClusterAction {
         #[arg(long, value_name = "DIR")]
         credentials_out: PathBuf,
     },
-    /// Records the operator's intent that SERVER drain (shown by `show`;
-    /// allocators and replication act on it once they follow the map).
+    /// Drains SERVER: records the intent, then moves every copy it holds
+    /// to other servers, one map change per step against the map's
+    /// revision: pins each region's address, adds a copy on a server of
+    /// another failure domain (`syncing`: the region's owner device copies
+    /// it), waits until it serves, drops SERVER's copy, and removes SERVER
+    /// from the map once it holds nothing. Interrupted and run again, it
+    /// goes on from where the map is. A server opens copies added to it at
+    /// its next start. Regions with a single copy are refused.
     DrainServer {
         /// The server's id.
         server: String,
+        /// How long to wait for one new copy to serve, in seconds.
+        #[arg(long, value_name = "SECONDS", default_value_t = 600)]
+        timeout: u64,
+        /// Record the intent only (shown by `show`), move nothing.
+        #[arg(long)]
+        intent_only: bool,
     },
     /// Adds the server of a TOML snippet (one `[[servers]]` table, and
     /// optionally `[[links]]` with `device` and `nic`; without links every
@@ -160,6 +173,56 @@ pub enum ClusterError {
     /// The edit cannot be made.
     #[error(transparent)]
     Edit(#[from] control::edit::EditError),
+    /// A drain step cannot be made.
+    #[error(transparent)]
+    Drain(#[from] control::drain::DrainError),
+    /// The map kept changing under the drain.
+    #[error(
+        "the map changed while draining {server} (the step was planned at epoch {expected}, \
+         the map is at epoch {current}) {tries} times in a row; nothing of that step was \
+         written. Run drain-server again: it goes on from the map as it is"
+    )]
+    DrainConflict {
+        /// The drained server.
+        server: String,
+        /// The epoch the last step was planned at.
+        expected: u64,
+        /// The map's epoch then.
+        current: u64,
+        /// Attempts made.
+        tries: u32,
+    },
+    /// A new copy did not serve in time.
+    #[error(
+        "region {region}: the copy on {copy} is still syncing after {seconds} s, so {server}'s \
+         copy is kept; the steps made so far stay in the map. Is pmem-server {copy} running \
+         with the map (it opens copies added to it at its next start) and does the region's \
+         owner device reach it? Run drain-server again to go on"
+    )]
+    DrainTimeout {
+        /// The region.
+        region: String,
+        /// The server of the syncing copy.
+        copy: String,
+        /// The drained server.
+        server: String,
+        /// How long it waited.
+        seconds: u64,
+    },
+    /// A copy cannot be marked syncing: nothing could resync it.
+    #[error(
+        "region {region}: marking the copy on {server} syncing needs a serving copy to resync \
+         it from, but {}; nothing was changed. Start the serving copy's server first",
+        sources.join(", ")
+    )]
+    NoResyncSource {
+        /// The region.
+        region: String,
+        /// The server of the copy.
+        server: String,
+        /// Each serving copy and why it cannot be the source.
+        sources: Vec<String>,
+    },
     /// A server the map does not have.
     #[error("the map (epoch {epoch}) has no server {server}")]
     UnknownServer {
@@ -305,10 +368,18 @@ async fn run_async(args: ClusterArgs) -> Result<String, ClusterError> {
         } => {
             let current = plane.read_map().await?;
             let marked = control::edit::mark_replica(&current.map, &region, &server, state)?;
+            if state == ReplicaState::Syncing {
+                resync_source(&mut plane, &current.map, &region, &server).await?;
+            }
             plane.replace_map(&current, marked.map).await?;
             Ok(format!("pool {pool}: {}\n", marked.note))
         }
-        ClusterAction::DrainServer { server } => {
+        ClusterAction::DrainServer {
+            server,
+            timeout,
+            intent_only: false,
+        } => drain_server(&mut plane, &server, Duration::from_secs(timeout)).await,
+        ClusterAction::DrainServer { server, .. } => {
             let current = plane.read_map().await?;
             let topology = current.map.topology_at(&plane.keys().map())?;
             if !topology.servers.iter().any(|s| s.id.as_str() == server) {
@@ -326,6 +397,239 @@ async fn run_async(args: ClusterArgs) -> Result<String, ClusterError> {
             ))
         }
     }
+}
+
+/// How often a drain looks at the map while a new copy syncs.
+const DRAIN_POLL: Duration = Duration::from_millis(500);
+/// How often a drain says what it waits for.
+const DRAIN_REPORT: Duration = Duration::from_secs(5);
+/// How long a drain leaves the owner device after reviving an offline
+/// copy before it plans again.
+const DRAIN_REVIVE: Duration = Duration::from_secs(2);
+/// Map changes by others (owner devices marking copies) a drain step
+/// plans again after, before giving up.
+const DRAIN_RETRIES: u32 = 5;
+
+/// `drain-server`: the intent, then every step of
+/// [`control::drain::next_step`] until the server is removed; each step
+/// printed as it is made.
+async fn drain_server(
+    plane: &mut ControlPlane,
+    server: &str,
+    timeout: Duration,
+) -> Result<String, ClusterError> {
+    let current = plane.read_map().await?;
+    let topology = current.map.topology_at(&plane.keys().map())?;
+    if !topology.servers.iter().any(|s| s.id.as_str() == server) {
+        return Err(ClusterError::UnknownServer {
+            server: server.to_owned(),
+            epoch: current.map.epoch,
+        });
+    }
+    // What cannot be done is refused before anything is written.
+    plan_drain(plane, server).await?;
+    plane
+        .set_intent(Role::Server, server, Intent::Draining)
+        .await?;
+    println!("server {server}: intent recorded as draining");
+    let mut waiting: Option<(control::drain::Step, Instant, Instant)> = None;
+    let mut conflicts = 0;
+    loop {
+        let (current, planned) = plan_drain(plane, server).await?;
+        let Some(map) = planned.map else {
+            let now = Instant::now();
+            let (step, since, reported) = match waiting.take() {
+                Some((step, since, reported)) if step == planned.step => (step, since, reported),
+                _ => {
+                    println!("{}", planned.note);
+                    (planned.step, now, now)
+                }
+            };
+            let reported = if now.duration_since(reported) >= DRAIN_REPORT {
+                println!(
+                    "  still syncing after {} s (map epoch {})",
+                    now.duration_since(since).as_secs(),
+                    current.map.epoch
+                );
+                now
+            } else {
+                reported
+            };
+            if now.duration_since(since) > timeout {
+                let control::drain::Step::Wait {
+                    region,
+                    server: copy,
+                } = step
+                else {
+                    unreachable!("only a wait comes without a map");
+                };
+                return Err(ClusterError::DrainTimeout {
+                    region,
+                    copy,
+                    server: server.to_owned(),
+                    seconds: timeout.as_secs(),
+                });
+            }
+            waiting = Some((step, since, reported));
+            tokio::time::sleep(DRAIN_POLL).await;
+            continue;
+        };
+        waiting = None;
+        match plane.replace_map(&current, map).await {
+            Ok(written) => {
+                conflicts = 0;
+                println!("{} (map epoch {})", planned.note, written.map.epoch);
+            }
+            Err(ControlError::Conflict { expected, current }) => {
+                conflicts += 1;
+                if conflicts >= DRAIN_RETRIES {
+                    return Err(ClusterError::DrainConflict {
+                        server: server.to_owned(),
+                        expected,
+                        current,
+                        tries: conflicts,
+                    });
+                }
+                println!(
+                    "  the map changed meanwhile (epoch {expected} -> {current}): planning again"
+                );
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        }
+        if let control::drain::Step::Revive { .. } = planned.step {
+            // Give the owner device time to take the copy up before the
+            // map is looked at again.
+            tokio::time::sleep(DRAIN_REVIVE).await;
+        }
+        if planned.step == control::drain::Step::Remove {
+            plane
+                .set_intent(Role::Server, server, Intent::Removed)
+                .await?;
+            return Ok(format!(
+                "server {server}: drained, every copy it held serves elsewhere; removed from \
+                 the map (its files stay on its PMEM; its daemon may be stopped)\n"
+            ));
+        }
+    }
+}
+
+/// The map and the drain's next step on it; servers draining or removed
+/// take no copy.
+async fn plan_drain(
+    plane: &mut ControlPlane,
+    server: &str,
+) -> Result<(control::VersionedMap, control::drain::Planned), ClusterError> {
+    let current = plane.read_map().await?;
+    let avoid: Vec<String> = plane
+        .intents()
+        .await?
+        .into_iter()
+        .filter(|(role, name, intent)| {
+            *role == Role::Server
+                && name != server
+                && matches!(intent, Intent::Draining | Intent::Removed)
+        })
+        .map(|(_, name, _)| name)
+        .collect();
+    let live: Vec<String> = plane
+        .members()
+        .await?
+        .into_iter()
+        .filter(|m| m.role == Role::Server)
+        .map(|m| m.name)
+        .collect();
+    let planned =
+        control::drain::next_step(&current.map, &plane.keys().map(), server, &avoid, &live)?;
+    Ok((current, planned))
+}
+
+/// The map in etcd of pool `pool` (its copies' states), for a command
+/// that is not a `cluster` one.
+pub fn read_map(
+    endpoints: &Endpoints,
+    pool: &str,
+    credentials: Option<&Credentials>,
+) -> Result<control::ClusterMap, ClusterError> {
+    block_on(async {
+        let mut plane = ControlPlane::connect(endpoints, pool, credentials).await?;
+        Ok(plane.read_map().await?.map)
+    })
+}
+
+/// Marks each (region, server) copy `syncing` in pool `pool`'s map, one
+/// transaction each against the map read just before; what changed, one
+/// line each.
+pub fn mark_syncing(
+    endpoints: &Endpoints,
+    pool: &str,
+    credentials: Option<&Credentials>,
+    copies: &[(String, String)],
+) -> Result<Vec<String>, ClusterError> {
+    block_on(async {
+        let mut plane = ControlPlane::connect(endpoints, pool, credentials).await?;
+        let mut notes = Vec::new();
+        for (region, server) in copies {
+            let current = plane.read_map().await?;
+            let marked =
+                control::edit::mark_replica(&current.map, region, server, ReplicaState::Syncing)?;
+            resync_source(&mut plane, &current.map, region, server).await?;
+            plane.replace_map(&current, marked.map).await?;
+            notes.push(marked.note);
+        }
+        Ok(notes)
+    })
+}
+
+/// Runs `work` on a runtime of its own.
+fn block_on<T>(
+    work: impl std::future::Future<Output = Result<T, ClusterError>>,
+) -> Result<T, ClusterError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(ClusterError::Runtime)?
+        .block_on(work)
+}
+
+/// Refuses to mark `region`'s copy on `server` syncing when no serving
+/// copy's server is live (registered in etcd): nothing could resync it.
+async fn resync_source(
+    plane: &mut ControlPlane,
+    map: &control::ClusterMap,
+    region: &str,
+    server: &str,
+) -> Result<(), ClusterError> {
+    let Some(record) = map.replica_set(region) else {
+        return Ok(());
+    };
+    let members = plane.members().await?;
+    let live = |name: &str| {
+        members
+            .iter()
+            .any(|m| m.role == Role::Server && m.name == name)
+    };
+    let sources: Vec<&str> = record
+        .copies
+        .iter()
+        .filter(|c| c.server != server && c.state == ReplicaState::Serving)
+        .map(|c| c.server.as_str())
+        .collect();
+    if sources.iter().any(|s| live(s)) {
+        return Ok(());
+    }
+    Err(ClusterError::NoResyncSource {
+        region: region.to_owned(),
+        server: server.to_owned(),
+        sources: if sources.is_empty() {
+            vec!["no other copy serves".to_owned()]
+        } else {
+            sources
+                .iter()
+                .map(|s| format!("server {s} (serving) is not live in etcd"))
+                .collect()
+        },
+    })
 }
 
 /// A file's text.

@@ -68,6 +68,32 @@ pub enum CliError {
          without a write the server executed"
     )]
     Damaged { blocks: usize, regions: usize },
+    /// `scrub --replicas --region R` for a region with one copy.
+    #[error("region {0} is not replicated in the map (or not in it): it has no copies to compare")]
+    NotReplicated(String),
+    /// Copies differ and were not repaired.
+    #[error(
+        "{blocks} block(s) differ between copies{}; {}",
+        if *undecided > 0 { format!(", {undecided} with no way to decide which copy is damaged") } else { String::new() },
+        if *undecided > 0 {
+            "those were not repaired, nothing of them overwritten"
+        } else if *repair {
+            "nothing was repaired"
+        } else {
+            "--repair (with --etcd) marks the damaged copies syncing"
+        }
+    )]
+    CopiesDiffer {
+        blocks: usize,
+        undecided: usize,
+        repair: bool,
+    },
+    /// `--repair` with a topology file.
+    #[error(
+        "--repair needs the map in etcd (--etcd URLS): a repair marks the damaged copy \
+         syncing there; nothing was repaired"
+    )]
+    RepairNeedsEtcd,
     #[error("--client ID is needed for this command (one of the topology's clients)")]
     NoClient,
     #[error(
