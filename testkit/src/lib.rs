@@ -1,7 +1,8 @@
 //! Test support for pmem-fabric: tests that run the real daemons.
 //!
 //! - [`binary`]: the path of a workspace binary, built on demand, for tests
-//!   of one package that run another package's daemon.
+//!   of one package that run another package's daemon (taken as built when
+//!   [`PREBUILT_VAR`] says the caller built them all).
 //! - [`Daemon`]: a spawned daemon, ready once it printed its
 //!   `ready key=value …` line; signalled, terminated, killed when dropped,
 //!   its stderr always collected and waited on, its metrics read.
@@ -53,7 +54,7 @@ mod launch;
 pub mod netns;
 pub mod roce;
 
-pub use binaries::{binary, binary_in};
+pub use binaries::{PREBUILT_VAR, binary, binary_in};
 pub use conn::{
     Conn, IO_TIMEOUT, PROTOCOL_VERSION, REGION_FILE_HEADER_LEN, Reply, at, file_bytes, key, layout,
 };
