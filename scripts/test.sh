@@ -64,8 +64,8 @@ cargo clippy --locked -p pmem-server -p client-vmm -p testbed \
   --features pmem-server/libpmem,testbed/verbs --all-targets -- -D warnings
 echo "== cargo doc (no warnings)"
 RUSTDOCFLAGS="-D warnings" cargo doc --locked --workspace --no-deps --quiet
-RUSTDOCFLAGS="-D warnings" cargo doc --locked -p testbed --features verbs --no-deps --quiet
-RUSTDOCFLAGS="-D warnings" cargo doc --locked -p pmem-server --features verbs --no-deps --quiet
+RUSTDOCFLAGS="-D warnings" cargo doc --locked -p testbed -p pmem-server --features testbed/verbs \
+  --no-deps --quiet
 echo "== cargo test"
 # `cargo test --workspace` builds every workspace binary (its packages'
 # integration tests run them) before any test runs, and nothing below
