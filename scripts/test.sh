@@ -55,23 +55,49 @@ cargo fmt --all -- --check
 shellcheck lab/*.sh
 echo "== cargo clippy"
 cargo clippy --locked --workspace --all-targets -- -D warnings
-cargo clippy --locked -p pmem-server --features libpmem --all-targets -- -D warnings
-cargo clippy --locked -p client-vmm --features verbs --all-targets -- -D warnings
-cargo clippy --locked -p pmem-server --features verbs --all-targets -- -D warnings
-cargo clippy --locked -p testbed --features verbs --all-targets -- -D warnings
+# The optional features in one check: pmem-server's libpmem mapping and the
+# verbs transport of client-vmm, pmem-server and testbed (testbed's `verbs`
+# turns on the other two's). No code depends on one being on while another
+# is off (what is compiled only without a feature is checked above), so one
+# check covers them all, and what they share is checked once.
+cargo clippy --locked -p pmem-server -p client-vmm -p testbed \
+  --features pmem-server/libpmem,testbed/verbs --all-targets -- -D warnings
 echo "== cargo doc (no warnings)"
 RUSTDOCFLAGS="-D warnings" cargo doc --locked --workspace --no-deps --quiet
-RUSTDOCFLAGS="-D warnings" cargo doc --locked -p testbed --features verbs --no-deps --quiet
-RUSTDOCFLAGS="-D warnings" cargo doc --locked -p pmem-server --features verbs --no-deps --quiet
+RUSTDOCFLAGS="-D warnings" cargo doc --locked -p testbed -p pmem-server --features testbed/verbs \
+  --no-deps --quiet
 echo "== cargo test"
+# `cargo test --workspace` builds every workspace binary (its packages'
+# integration tests run them) before any test runs, and nothing below
+# changes the sources: testkit takes the binaries as built
+# (testkit::PREBUILT_VAR) instead of running cargo again from every test
+# process that starts another package's daemon.
+export TESTKIT_PREBUILT_BINARIES=1
 cargo test --locked --workspace
 echo "== fabric-device's forwarding and authentication tests again, on the io_uring back end"
 # The device runs on epoll by default (measured faster here); io_uring is
-# its opt-in back end and stays tested (about a minute more).
-PMEM_FABRIC_IO=uring cargo test --locked -p fabric-device --test forwarding --test authentication
-echo "== cargo test -p pmem-server --features libpmem, daemons on libpmem"
+# its opt-in back end and stays tested by the two test files that drive the
+# device's I/O (the other device tests are about maps, owners and RoCE).
+# Selected from the whole workspace, as above, they are the binaries
+# already built: `-p fabric-device` would resolve the dependencies'
+# features for that package alone, and build a good part of the
+# dependency tree again. (pmem-server's `authentication` comes along: a few
+# seconds, no device in it.)
+PMEM_FABRIC_IO=uring cargo test --locked --workspace --test forwarding --test authentication
+echo "== pmem-server's daemon tests again, on libpmem (--features libpmem)"
+# The test files that start the daemon through testkit, which gives it
+# --persistence $PMEM_SERVER_TEST_PERSISTENCE, and the library's own tests
+# (libpmem's mapping among them). The others never map a region through
+# libpmem (maps from etcd, the in-process power-loss test): the first pass
+# ran them, on the same code.
+mapfile -t libpmem_tests < <(grep -l -E 'pmem_server(s|_with|_spec)?\(' pmem-server/tests/*.rs |
+  sed -E 's|^.*/([^/]+)\.rs$|--test=\1|')
+if ((${#libpmem_tests[@]} == 0)); then
+  echo "no pmem-server test file starts the daemon through testkit" >&2
+  exit 1
+fi
 PMEM_IS_PMEM_FORCE=1 PMEM_SERVER_TEST_PERSISTENCE=libpmem \
-  cargo test --locked -p pmem-server --features libpmem
+  cargo test --locked -p pmem-server --features libpmem --lib "${libpmem_tests[@]}"
 echo "== cargo test -p client-vmm --features verbs (verbs unit tests; no RDMA device needed)"
 cargo test --locked -p client-vmm --features verbs --lib verbs
 echo "== the RDMA lab: a QEMU guest's kernel RDMA stack runs the workload through the devices"

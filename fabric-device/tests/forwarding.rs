@@ -853,32 +853,28 @@ fn links_to_servers_that_ask_for_proof_open_only_with_the_devices_key() {
     flags.extend_from_slice(&["--secrets", impostor.to_str().expect("path")]);
     let device = testkit::fabric_device(&config, "F", &flags)
         .unwrap_or_else(|e| panic!("fabric-device did not start:\n{e}"));
-    std::thread::sleep(Duration::from_millis(1500));
-    let metrics = telemetry::http_get(device.addr("admin"), "/metrics", Duration::from_secs(5))
-        .expect("metrics")
-        .1;
+    // Both servers refuse its proof (each counts it), and no link comes up.
+    let refused = || -> u64 {
+        servers
+            .iter()
+            .map(|s| {
+                s.metric("pmem_server_auth_failures_total", "reason=\"bad_proof\"")
+                    .map_or(0, |n| n as u64)
+            })
+            .sum()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while refused() < 2 {
+        assert!(Instant::now() < deadline, "both servers refused the proof");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let metrics = device.metrics();
     assert!(
         !metrics
             .lines()
             .any(|l| l.starts_with("fabric_device_link_up{") && l.ends_with(" 1")),
         "no link up: {metrics}"
     );
-    let refused: u64 = servers
-        .iter()
-        .map(|s| {
-            let text = telemetry::http_get(s.addr("admin"), "/metrics", Duration::from_secs(5))
-                .expect("server metrics")
-                .1;
-            text.lines()
-                .find_map(|l| {
-                    l.strip_prefix("pmem_server_auth_failures_total{reason=\"bad_proof\"} ")?
-                        .parse::<u64>()
-                        .ok()
-                })
-                .unwrap_or(0)
-        })
-        .sum();
-    assert!(refused >= 2, "both servers refused the proof");
 }
 
 /// A client streaming 16 MiB WRITE_PERSISTs to server A (64 in flight,

@@ -9,64 +9,36 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use control::{ClusterMap, Keys, ReplicaState};
+use control::{ClusterMap, ReplicaState};
 use proto::Status;
 use proto::request::{Repr, Target};
-use testkit::{Conn, Daemon, DaemonSpec, Etcd, FabricSpec, Ports, file_bytes};
+use testkit::{Conn, Daemon, Etcd, FabricSpec, Ports, file_bytes};
 use topology::{Layout, PmemAddr};
 
-const FABRIC_DEVICE: &str = env!("CARGO_BIN_EXE_fabric-device");
+mod support;
 
-/// How long the test waits for something that should happen soon (a bound
-/// on a wait, not a measurement).
-const PATIENCE: Duration = Duration::from_secs(60);
+use support::{PATIENCE, device_on_etcd, map_now, put_cluster_map, server_on_etcd};
 
 fn data_dir(dir: &Path, server: &str) -> PathBuf {
     dir.join("data").join(server)
 }
 
 fn server_on(etcd: &Etcd, server: &str, dir: &Path) -> Daemon {
-    Daemon::spawn(
-        DaemonSpec::new(testkit::binary("pmem-server"))
-            .args([
-                "--etcd",
-                &etcd.endpoint(),
-                "--pool",
-                "test",
-                "--server",
-                server,
-            ])
-            .args(["--admin", "127.0.0.1:0", "--insecure", "--data-dir"])
-            .arg(data_dir(dir, server)),
-    )
-    .unwrap_or_else(|e| panic!("pmem-server {server}: {e}"))
+    server_on_etcd(&etcd.endpoint(), server, &data_dir(dir, server), &[])
 }
 
 fn device_on(etcd: &Etcd, device: &str) -> Daemon {
-    Daemon::spawn(
-        DaemonSpec::new(FABRIC_DEVICE)
-            .args([
-                "--etcd",
-                &etcd.endpoint(),
-                "--pool",
-                "test",
-                "--device",
-                device,
-            ])
-            .args(["--admin", "127.0.0.1:0", "--insecure"])
-            .args(["--request-timeout-ms", "2000", "--reconnect-min-ms", "20"])
-            .args(["--reconnect-max-ms", "200"]),
-    )
-    .unwrap_or_else(|e| panic!("fabric-device {device}: {e}"))
-}
-
-/// The map pool `test` holds in etcd now.
-fn map_now(etcd: &Etcd) -> ClusterMap {
-    let records = etcd
-        .get_prefix(&Keys::of("test").map())
-        .expect("etcdctl get");
-    let (_, json) = records.first().expect("a map");
-    serde_json::from_str(json).expect("a map document")
+    // Quick to give up on a request and to reconnect.
+    let quick = [
+        "--request-timeout-ms",
+        "2000",
+        "--reconnect-min-ms",
+        "20",
+        "--reconnect-max-ms",
+        "200",
+    ];
+    device_on_etcd(&etcd.endpoint(), device, &quick)
+        .unwrap_or_else(|e| panic!("fabric-device {device}: {e}"))
 }
 
 fn client(device: &Daemon) -> Conn {
@@ -110,8 +82,7 @@ impl Fabric {
             (owner(&map, "A1").as_str(), owner(&map, "B1").as_str()),
             ("F1", "F2")
         );
-        etcd.put(&Keys::of("test").map(), &map.to_json())
-            .expect("etcdctl put");
+        put_cluster_map(&etcd, &map);
         let layout = testkit::layout(&config);
         let servers = [
             server_on(&etcd, "A", dir.path()),
