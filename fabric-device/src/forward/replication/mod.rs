@@ -62,6 +62,8 @@ mod takeover;
 
 pub use takeover::OwnedRegion;
 #[cfg(test)]
+pub(super) use reads::READ_SPREAD;
+#[cfg(test)]
 pub(super) use takeover::{RESAY_EVERY, SUSPECT_EVERY};
 
 /// Something the core asks the driver to do for a replicated region.
@@ -135,6 +137,9 @@ pub(super) struct Replication {
     outbox: Vec<Outgoing>,
     /// Each copy's region key, learnt from its own server.
     keys: HashMap<(u32, ServerId), AccessKey>,
+    /// The empty payload of the requests without data (reads, atomics),
+    /// shared so that sending one allocates nothing.
+    no_payload: Arc<[u8]>,
     /// The owner's resyncs of syncing copies.
     resyncs: resync::Resyncs,
     /// Suspected owners and the epochs servers confirmed.
@@ -481,11 +486,14 @@ impl Forwarder {
         if client_key.is_none() || !self.is_copy_key(region, client_key) {
             return client_key;
         }
+        // A few entries (one per copy of each replicated region): compared
+        // in place rather than hashed under a cloned server id, since every
+        // request to a copy asks.
         self.replication
             .keys
-            .get(&(region, server.clone()))
-            .copied()
-            .unwrap_or(client_key)
+            .iter()
+            .find(|((r, s), _)| *r == region && s == server)
+            .map_or(client_key, |(_, &key)| key)
     }
 
     /// Whether `key` is the key of one of `region`'s copies: the one the
