@@ -314,9 +314,6 @@ impl Device {
         let poll = Poll::new().map_err(DeviceError::Poll)?;
         let (io, selected) = start_io(config.io, !config.busy_poll.is_zero());
         info!("{}", selected.log_line(config.io.sqpoll));
-        if let Io::Uring(ring) = &io {
-            info!("io_uring: {}", ring.task_work().describe());
-        }
         let backends = registry.gauge_family(
             "fabric_device_io_backend",
             "1 for the I/O back end the TCP ports and server links run on (io_uring or \

@@ -210,105 +210,44 @@ impl Drop for BufRing {
     }
 }
 
-/// When the kernel finishes the work behind a completion (the receive
-/// into a buffer, posting the entry), as the ring was set up.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TaskWork {
-    /// Deferred to the loop's next `io_uring_enter` (`SINGLE_ISSUER |
-    /// DEFER_TASKRUN`, with `TASKRUN_FLAG` saying some is waiting): no
-    /// interrupt of the loop per completion, and a turn's completions
-    /// are finished together in one system call.
-    Deferred,
-    /// Run at the loop's next system call (`COOP_TASKRUN`, with
-    /// `TASKRUN_FLAG`): a kernel without `DEFER_TASKRUN` and a loop
-    /// that sleeps.
-    Cooperative,
-    /// Run at once, interrupting the loop (a kernel without either, a
-    /// loop that spins without them, or SQPOLL).
-    Interrupting,
-}
-
-impl TaskWork {
-    /// How the log line says it.
-    pub fn describe(self) -> &'static str {
-        match self {
-            TaskWork::Deferred => "task work deferred to the loop (SINGLE_ISSUER, DEFER_TASKRUN)",
-            TaskWork::Cooperative => "task work at the loop's system calls (COOP_TASKRUN)",
-            TaskWork::Interrupting => "task work run at once (the kernel interrupts the loop)",
-        }
-    }
-}
-
 /// The device's io_uring.
 pub struct Ring {
     ring: IoUring,
     bufs: BufRing,
     shared: Rc<Shared>,
     sqpoll: bool,
-    task_work: TaskWork,
 }
 
 impl std::fmt::Debug for Ring {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Ring")
             .field("sqpoll", &self.sqpoll)
-            .field("task_work", &self.task_work)
             .field("bufs", &self.bufs)
             .finish()
     }
 }
 
-/// The ring itself: with SQPOLL a kernel thread takes the submissions;
-/// else the task work is deferred to the loop where the kernel has
-/// `DEFER_TASKRUN` (6.1), cooperative where it has `COOP_TASKRUN` (5.19)
-/// and the loop sleeps, and plain otherwise (a flag the kernel does not
-/// know fails the set-up with `EINVAL`, and the next choice is tried).
-fn build_ring(sqpoll: bool, spins: bool) -> io::Result<(IoUring, TaskWork)> {
-    let mut builder = IoUring::builder();
-    builder.setup_cqsize(CQ_ENTRIES);
-    if sqpoll {
-        builder.setup_sqpoll(SQPOLL_IDLE_MS);
-        return Ok((builder.build(SQ_ENTRIES)?, TaskWork::Interrupting));
-    }
-    let refused = |e: &io::Error| e.raw_os_error() == Some(libc::EINVAL);
-    let mut deferred = IoUring::builder();
-    deferred
-        .setup_cqsize(CQ_ENTRIES)
-        .setup_single_issuer()
-        .setup_defer_taskrun()
-        .setup_coop_taskrun()
-        .setup_taskrun_flag();
-    match deferred.build(SQ_ENTRIES) {
-        Ok(ring) => return Ok((ring, TaskWork::Deferred)),
-        Err(e) if refused(&e) => {}
-        Err(e) => return Err(e),
-    }
-    if !spins {
-        let mut cooperative = IoUring::builder();
-        cooperative
-            .setup_cqsize(CQ_ENTRIES)
-            .setup_coop_taskrun()
-            .setup_taskrun_flag();
-        match cooperative.build(SQ_ENTRIES) {
-            Ok(ring) => return Ok((ring, TaskWork::Cooperative)),
-            Err(e) if refused(&e) => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok((builder.build(SQ_ENTRIES)?, TaskWork::Interrupting))
-}
-
 impl Ring {
     /// Sets the ring up with its provided buffers. `sqpoll`: a kernel
-    /// thread polls the submission queue. `spins`: the loop busy-polls;
-    /// where the kernel cannot defer the task work to the loop, it then
-    /// runs at once (with an interrupt) so completions appear while the
-    /// loop spins, rather than at its next system call.
-    ///
-    /// The ring must be used from the thread that set it up (with
-    /// `SINGLE_ISSUER` the kernel refuses any other's submissions).
+    /// thread polls the submission queue. `spins`: the loop busy-polls, so
+    /// completions are posted at once (with an interrupt) rather than at
+    /// the loop's next system call.
     pub fn new(sqpoll: bool, spins: bool) -> io::Result<Self> {
-        let (ring, task_work) = build_ring(sqpoll, spins)?;
+        let mut builder = IoUring::builder();
+        builder.setup_cqsize(CQ_ENTRIES);
+        if sqpoll {
+            builder.setup_sqpoll(SQPOLL_IDLE_MS);
+        } else if !spins {
+            builder.setup_coop_taskrun().setup_taskrun_flag();
+        }
+        let ring = match builder.build(SQ_ENTRIES) {
+            Ok(ring) => ring,
+            // An older kernel without the optional flags.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) && !sqpoll => IoUring::builder()
+                .setup_cqsize(CQ_ENTRIES)
+                .build(SQ_ENTRIES)?,
+            Err(e) => return Err(e),
+        };
         let mut bufs = BufRing::new()?;
         // SAFETY: the entries stay allocated until `bufs` drops, after
         // the ring (which unregisters them as it closes).
@@ -328,13 +267,7 @@ impl Ring {
             bufs,
             shared: Rc::new(Shared::default()),
             sqpoll,
-            task_work,
         })
-    }
-
-    /// When the kernel runs the work behind completions on this ring.
-    pub fn task_work(&self) -> TaskWork {
-        self.task_work
     }
 
     /// What sockets queue their entries in.
@@ -372,10 +305,7 @@ impl Ring {
     /// completions are already waiting, waits up to `timeout` for one.
     ///
     /// A spinning loop (`timeout` zero) with nothing to submit makes no
-    /// system call unless the kernel flags task work waiting for it
-    /// (`TASKRUN_FLAG`; with deferred task work that is how completions
-    /// are finished); otherwise completions appear in the shared queue by
-    /// themselves.
+    /// system call: completions appear in the shared queue by themselves.
     pub fn wait(&mut self, timeout: Duration) -> io::Result<()> {
         let pushed = self.drain_outbox()?;
         let ready = !self.ring.completion().is_empty();
