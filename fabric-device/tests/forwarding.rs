@@ -496,7 +496,9 @@ fn a_spinning_device_on_io_uring_answers_every_pipelined_read() {
     for _ in 0..wanted.len() {
         let reply = conn.recv();
         assert_eq!(reply.status, Status::Ok, "{reply:?}");
-        let data = wanted.remove(&reply.tag).expect("an answer to a request sent");
+        let data = wanted
+            .remove(&reply.tag)
+            .expect("an answer to a request sent");
         assert!(reply.data == data, "tag {}: another read's data", reply.tag);
     }
     assert!(wanted.is_empty());

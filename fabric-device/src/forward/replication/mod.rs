@@ -60,9 +60,9 @@ mod resync;
 mod resync_holds;
 mod takeover;
 
-pub use takeover::OwnedRegion;
 #[cfg(test)]
 pub(super) use reads::READ_SPREAD;
+pub use takeover::OwnedRegion;
 #[cfg(test)]
 pub(super) use takeover::{RESAY_EVERY, SUSPECT_EVERY};
 
