@@ -12,9 +12,11 @@
 //!   retry from its exactly-once window); the word then goes to every other
 //!   copy as ATOMIC_WRITE under the client's identity. Until the word is
 //!   queued for the others, requests overlapping it wait here, in order.
-//! - READ goes to any `serving` copy (same socket first, then the link with
-//!   the fewest requests pending); a read overlapping a mutation in flight
-//!   goes to the deciding copy, behind the mutation on the same link.
+//! - READ goes to a `serving` copy (same socket first, then the link with
+//!   the fewest requests pending in steps of a batch, then set order: one
+//!   copy takes reads until it has a batch pending); a read overlapping a
+//!   mutation in flight goes to the deciding copy, behind the mutation on
+//!   the same link.
 //! - A copy that fails (its links down, a request timed out, an answer that
 //!   disagrees with the other copies') stops being used; its loss is
 //!   reported ([`Outgoing::CopyLost`]) and the answers that waited on it
