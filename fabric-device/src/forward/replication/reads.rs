@@ -12,7 +12,7 @@ use super::*;
 /// vCPUs, reads spread one by one forwarded about a third fewer per second
 /// than reads of a region with one copy (`docs/benchmarks.md`). Past this
 /// many requests waiting at one server, the others share them.
-pub(super) const READ_SPREAD: usize = 64;
+pub(in crate::forward) const READ_SPREAD: usize = 64;
 
 impl Forwarder {
     /// READ: to a serving copy; to the deciding one, behind the mutation,
