@@ -88,7 +88,7 @@ impl Forwarder {
             return false;
         };
         let key = self.copy_key(region, &server, client_key);
-        let none: Arc<[u8]> = Arc::from(&[][..]);
+        let none = Arc::clone(&self.replication.no_payload);
         self.send_op_part(
             op,
             id,
@@ -165,7 +165,7 @@ impl Forwarder {
         }
         // No copy left to write to: the deciding copy has the word.
         let copies = self.reach_copies(region, now).unwrap_or_default();
-        let none: Arc<[u8]> = Arc::from(&[][..]);
+        let none = Arc::clone(&self.replication.no_payload);
         for (copy, link) in copies {
             if Some(copy) == decider {
                 continue;

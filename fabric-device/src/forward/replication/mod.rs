@@ -12,9 +12,11 @@
 //!   retry from its exactly-once window); the word then goes to every other
 //!   copy as ATOMIC_WRITE under the client's identity. Until the word is
 //!   queued for the others, requests overlapping it wait here, in order.
-//! - READ goes to any `serving` copy (same socket first, then the link with
-//!   the fewest requests pending); a read overlapping a mutation in flight
-//!   goes to the deciding copy, behind the mutation on the same link.
+//! - READ goes to a `serving` copy (same socket first, then the link with
+//!   the fewest requests pending in steps of a batch, then set order: one
+//!   copy takes reads until it has a batch pending); a read overlapping a
+//!   mutation in flight goes to the deciding copy, behind the mutation on
+//!   the same link.
 //! - A copy that fails (its links down, a request timed out, an answer that
 //!   disagrees with the other copies') stops being used; its loss is
 //!   reported ([`Outgoing::CopyLost`]) and the answers that waited on it
@@ -60,6 +62,8 @@ mod resync;
 mod resync_holds;
 mod takeover;
 
+#[cfg(test)]
+pub(super) use reads::READ_SPREAD;
 pub use takeover::OwnedRegion;
 #[cfg(test)]
 pub(super) use takeover::{RESAY_EVERY, SUSPECT_EVERY};
@@ -135,6 +139,9 @@ pub(super) struct Replication {
     outbox: Vec<Outgoing>,
     /// Each copy's region key, learnt from its own server.
     keys: HashMap<(u32, ServerId), AccessKey>,
+    /// The empty payload of the requests without data (reads, atomics),
+    /// shared so that sending one allocates nothing.
+    no_payload: Arc<[u8]>,
     /// The owner's resyncs of syncing copies.
     resyncs: resync::Resyncs,
     /// Suspected owners and the epochs servers confirmed.
@@ -481,11 +488,14 @@ impl Forwarder {
         if client_key.is_none() || !self.is_copy_key(region, client_key) {
             return client_key;
         }
+        // A few entries (one per copy of each replicated region): compared
+        // in place rather than hashed under a cloned server id, since every
+        // request to a copy asks.
         self.replication
             .keys
-            .get(&(region, server.clone()))
-            .copied()
-            .unwrap_or(client_key)
+            .iter()
+            .find(|((r, s), _)| *r == region && s == server)
+            .map_or(client_key, |(_, &key)| key)
     }
 
     /// Whether `key` is the key of one of `region`'s copies: the one the

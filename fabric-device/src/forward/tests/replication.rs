@@ -445,6 +445,35 @@ fn a_read_during_a_write_goes_behind_it_at_the_deciding_copy() {
 }
 
 #[test]
+fn reads_stay_on_one_copy_until_it_has_a_batch_pending_then_spread() {
+    use crate::forward::replication::READ_SPREAD;
+    let mut core = replicated();
+    let a = link(&core, "A", "n0");
+    let mut targets = Vec::new();
+    for tag in 0..READ_SPREAD as u64 + 1 {
+        send(
+            &mut core,
+            |c| Repr::read(pmem(c, "PA.1", 64 * tag), key(c, "PA.1"), 64),
+            tag + 1,
+        );
+        let (reads, _, _) = split(core.take_outbox());
+        assert_eq!(reads.len(), 1);
+        targets.push(reads[0].link);
+    }
+    // PA.1's copies in set order: its primary on A, its backup on B.
+    assert!(
+        targets[..READ_SPREAD].iter().all(|&l| l == a),
+        "a batch of reads goes to one copy: {targets:?}"
+    );
+    let next = core.link_key(targets[READ_SPREAD]).unwrap();
+    assert_eq!(
+        next.server.as_str(),
+        "B",
+        "past a batch pending there, the other copy takes reads"
+    );
+}
+
+#[test]
 fn a_lost_copy_holds_the_answer_until_it_is_marked_then_answers_ok() {
     let mut core = replicated();
     let pa1 = index(&core, "PA.1");
