@@ -49,8 +49,8 @@ pub enum FaultKind {
     /// Remove a fabric device every client has another path than
     /// (`remove-device`), then stop it.
     RemoveDevice,
-    /// SIGKILL a replicated region's owner device and the server of its
-    /// deciding copy together, restart both later (see
+    /// SIGKILL the server of a replicated region's deciding copy and then
+    /// at once the region's owner device, restart both later (see
     /// [`crate::run::copies_down`]).
     KillOwnerAndDecider,
     /// SIGKILL a server once every copy in the map serves again (after an
@@ -284,7 +284,7 @@ pub enum Scenario {
     /// the workload (`--control etcd`).
     RemoveDevice,
     /// SIGKILL a replicated region's owner device and the server of its
-    /// deciding copy at one moment, restart both (`--control etcd`,
+    /// deciding copy a moment apart, restart both (`--control etcd`,
     /// replicated regions).
     KillOwnerAndDecider,
     /// SIGKILL a server, restart it; once its copies are resynced (every
