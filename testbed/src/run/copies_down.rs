@@ -55,7 +55,7 @@ pub fn other_server(topology: &Topology, first: &str) -> Option<String> {
         .servers
         .iter()
         .map(|s| &s.id)
-        .find(|id| id.as_str() != first && shared(*id))
+        .find(|id| id.as_str() != first && shared(id))
         .map(ToString::to_string)
 }
 
