@@ -4,7 +4,9 @@
 //! F2 takes A1 over in the map (owner, version, B's copy syncing) and
 //! serves it, and an atomic F1 had applied is answered from the deciding
 //! copy's exactly-once window, not applied twice. A frozen F1 is taken
-//! over once its lease is gone, and changes nothing when it thaws.
+//! over once its lease is gone, and changes nothing when it thaws. F1
+//! killed together with server A, A1's deciding copy: F2 takes A1 over
+//! with B's copy deciding.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -54,7 +56,8 @@ struct Fabric {
     etcd: Etcd,
     layout: Layout,
     map: ClusterMap,
-    _servers: [Daemon; 2],
+    /// A and B; `None` once killed.
+    servers: [Option<Daemon>; 2],
     /// `None` once killed.
     f1: Option<Daemon>,
     f2: Daemon,
@@ -97,7 +100,7 @@ impl Fabric {
             etcd,
             layout,
             map,
-            _servers: servers,
+            servers: servers.map(Some),
             f1: Some(f1),
             f2,
         }
@@ -254,4 +257,43 @@ fn a_frozen_owner_is_taken_over_past_its_lease_and_changes_nothing_when_thawed()
         std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(fabric.a1_copy("A", 0, 5), b"fresh");
+}
+
+/// The owner and the server of its region's deciding copy die at one
+/// moment: the surviving device takes the region over with the surviving
+/// copy deciding (the dead one is passed over and no longer serves), so
+/// the region serves at once; an atomic the old owner completed is
+/// answered from the surviving copy's window (its record came with the
+/// word), not applied again.
+#[test]
+fn the_owner_killed_with_the_deciding_copy_leaves_the_other_copy_deciding() {
+    let mut fabric = Fabric::start();
+    let mut via_f1 = client(fabric.f1());
+    let key = fabric.a1_key(&mut via_f1);
+    let bump = Repr::fetch_add(fabric.at("A1", 64), key, 1).with_exactly_once(0, 7);
+    let first = via_f1.call(bump);
+    assert_eq!((first.status, first.value), (Status::Ok, 0));
+    let mut via_f2 = client(&fabric.f2);
+
+    // Server A (A1's first copy, the deciding one) and F1 die together.
+    fabric.servers[0].take().expect("A runs").kill9();
+    fabric.f1.take().expect("F1 runs").kill9();
+    let again = fabric.through_f2_once_it_owns(&mut via_f2, bump);
+    assert_eq!(
+        (again.status, again.value),
+        (Status::Ok, 0),
+        "answered from B's window:\n{}",
+        fabric.f2.stderr_so_far()
+    );
+    let read = via_f2.call(Repr::read(fabric.at("A1", 64), key, 8));
+    assert_eq!(read.status, Status::Ok);
+    assert_eq!(read.data, 1u64.to_le_bytes(), "applied once");
+    let write = via_f2.call(Repr::write(fabric.at("A1", 0), key, b"after"));
+    assert_eq!(write.status, Status::Ok);
+    assert_eq!(fabric.a1_copy("B", 0, 5), b"after");
+    let now = map_now(&fabric.etcd);
+    let a1 = now.replica_set("A1").expect("A1");
+    assert_eq!(a1.owner.as_str(), "F2");
+    assert_eq!(a1.state_on("B"), Some(ReplicaState::Serving));
+    assert_ne!(a1.state_on("A"), Some(ReplicaState::Serving), "{a1:?}");
 }

@@ -114,7 +114,7 @@ fn a_deposed_owner_is_refused_by_the_copies_and_the_new_owner_served() {
 
     // G takes A1 over (F is deemed dead), one transaction at epoch 2.
     let endpoints = Endpoints::parse(&etcd.endpoint()).expect("endpoint");
-    let taken = take_over_blocking(&endpoints, "test", None, "G", &[("A1", 1)])
+    let taken = take_over_blocking(&endpoints, "test", None, "G", &[("A1", 1)], &[])
         .expect("etcd answers")
         .remove(0)
         .expect("decided");

@@ -148,6 +148,8 @@ impl Scenario {
             Scenario::AddServer => "add-server",
             Scenario::AddDevice => "add-device",
             Scenario::RemoveDevice => "remove-device",
+            Scenario::KillOwnerAndDecider => "kill-owner-and-decider",
+            Scenario::KillServerThenOther => "kill-server-then-other",
         }
     }
 }

@@ -95,6 +95,9 @@ pub struct OwnedRegion {
     pub version: u64,
     /// This device has a link up to a serving copy's server.
     pub reachable: bool,
+    /// Each serving copy's server, in set order, and whether this device
+    /// has a link up to it.
+    pub serving: Vec<(ServerId, bool)>,
 }
 
 impl Forwarder {
@@ -128,8 +131,8 @@ impl Forwarder {
     }
 
     /// The replicated regions `owner` orders by this device's map, with
-    /// the versions of their records and whether this device reaches a
-    /// serving copy.
+    /// the versions of their records and which serving copies this device
+    /// reaches.
     pub fn owned_by(&self, owner: &FabricDeviceId) -> Vec<OwnedRegion> {
         self.map
             .layout
@@ -139,13 +142,17 @@ impl Forwarder {
             .filter_map(|(entry, set)| {
                 let set = set.as_ref().filter(|s| &s.owner == owner)?;
                 let state = self.region_state(entry.region.0)?;
-                let reachable = state.copies.iter().any(|c| {
-                    c.state == ReplicaState::Serving && self.write_link(&c.links).is_some()
-                });
+                let serving: Vec<(ServerId, bool)> = state
+                    .copies
+                    .iter()
+                    .filter(|c| c.state == ReplicaState::Serving)
+                    .map(|c| (c.server.clone(), self.write_link(&c.links).is_some()))
+                    .collect();
                 Some(OwnedRegion {
                     region: entry.region_id.clone(),
                     version: set.version,
-                    reachable,
+                    reachable: serving.iter().any(|(_, up)| *up),
+                    serving,
                 })
             })
             .collect()

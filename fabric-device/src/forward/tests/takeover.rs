@@ -118,6 +118,27 @@ fn the_regions_of_an_owner_are_listed_with_their_versions_for_a_takeover() {
             .iter()
             .all(|r: &OwnedRegion| !r.reachable)
     );
+    // With server A's links down, A's copies are listed as not reached:
+    // a takeover passes them over as the deciding copy.
+    let mut half = replicated();
+    let to_a: Vec<LinkId> = half
+        .links()
+        .filter(|(_, key)| key.server.as_str() == "A")
+        .map(|(id, _)| id)
+        .collect();
+    for link in to_a {
+        half.link_down(link);
+    }
+    for region in half.owned_by(&"B".into()) {
+        assert!(region.reachable, "{region:?}");
+        let reached: Vec<(&str, bool)> = region
+            .serving
+            .iter()
+            .map(|(s, up)| (s.as_str(), *up))
+            .collect();
+        assert!(reached.contains(&("A", false)), "{region:?}");
+        assert!(reached.contains(&("B", true)), "{region:?}");
+    }
 }
 
 #[test]
