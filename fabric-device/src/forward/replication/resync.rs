@@ -136,6 +136,11 @@ impl Forwarder {
         for id in ids {
             self.advance_resync(id, now);
         }
+        self.count_syncing();
+    }
+
+    /// Sets the gauge of this device's owned copies in `syncing`.
+    fn count_syncing(&self) {
         let syncing = self
             .replication
             .regions
@@ -248,6 +253,8 @@ impl Forwarder {
             _ => {}
         }
         self.forget_missed_if_all_serve(region);
+        // Counted at once: the resync's end and the gauge agree.
+        self.count_syncing();
     }
 
     /// A link to `server` opened: its copies that are `offline` in regions
