@@ -8,45 +8,19 @@
 //! killed together with server A, A1's deciding copy: F2 takes A1 over
 //! with B's copy deciding.
 
-use std::path::{Path, PathBuf};
+mod support;
+
 use std::time::{Duration, Instant};
 
 use control::{ClusterMap, ReplicaState};
 use proto::Status;
 use proto::request::{Repr, Target};
-use testkit::{Conn, Daemon, Etcd, FabricSpec, Ports, file_bytes};
-use topology::{Layout, PmemAddr};
-
-mod support;
-
-use support::{PATIENCE, device_on_etcd, map_now, put_cluster_map, server_on_etcd};
-
-fn data_dir(dir: &Path, server: &str) -> PathBuf {
-    dir.join("data").join(server)
-}
-
-fn server_on(etcd: &Etcd, server: &str, dir: &Path) -> Daemon {
-    server_on_etcd(&etcd.endpoint(), server, &data_dir(dir, server), &[])
-}
-
-fn device_on(etcd: &Etcd, device: &str) -> Daemon {
-    // Quick to give up on a request and to reconnect.
-    let quick = [
-        "--request-timeout-ms",
-        "2000",
-        "--reconnect-min-ms",
-        "20",
-        "--reconnect-max-ms",
-        "200",
-    ];
-    device_on_etcd(&etcd.endpoint(), device, &quick)
-        .unwrap_or_else(|e| panic!("fabric-device {device}: {e}"))
-}
+use support::{DEVICE_FLAGS, PATIENCE, map_now};
+use testkit::{Conn, Daemon, Etcd};
+use topology::Layout;
 
 fn client(device: &Daemon) -> Conn {
-    let mut conn = Conn::connect(device.addr("port.p0"));
-    assert_eq!(conn.hello("c").status, Status::Ok);
-    conn
+    support::client(device, "c")
 }
 
 /// The fabric of these tests: etcd, servers A and B, devices F1 and F2,
@@ -67,32 +41,19 @@ impl Fabric {
     fn start() -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let etcd = Etcd::start(dir.path()).unwrap_or_else(|e| panic!("etcd: {e}"));
-        let config = FabricSpec::new()
-            .server("A", &[("A1", "4MiB")])
-            .server("B", &[("B1", "4MiB")])
-            .device("F1")
-            .device("F2")
-            .client("c")
-            .write(dir.path(), "topology.toml", &mut Ports::new());
-        let text = std::fs::read_to_string(&config).expect("topology");
-        let replicated = text.replacen("name = \"test\"", "name = \"test\"\nreplicas = 2", 1);
-        assert_ne!(
-            text, replicated,
-            "the [pool] table is where testkit writes it"
-        );
-        let map = ClusterMap::new(1, replicated);
+        let (config, replicated) = support::replicated_topology(dir.path(), &["F1", "F2"], "c");
+        let map = support::put_first_map(&etcd, replicated);
         assert_eq!(
             (owner(&map, "A1").as_str(), owner(&map, "B1").as_str()),
             ("F1", "F2")
         );
-        put_cluster_map(&etcd, &map);
         let layout = testkit::layout(&config);
         let servers = [
-            server_on(&etcd, "A", dir.path()),
-            server_on(&etcd, "B", dir.path()),
+            support::server_on(&etcd, "A", dir.path()),
+            support::server_on(&etcd, "B", dir.path()),
         ];
-        let f1 = device_on(&etcd, "F1");
-        let f2 = device_on(&etcd, "F2");
+        let f1 = support::device_on(&etcd, "F1", DEVICE_FLAGS);
+        let f2 = support::device_on(&etcd, "F2", DEVICE_FLAGS);
         f1.wait_links_up(2);
         f2.wait_links_up(2);
         Self {
@@ -111,8 +72,7 @@ impl Fabric {
     }
 
     fn at(&self, region: &str, offset: u64) -> Target {
-        let entry = self.layout.entry_by_id(&region.into()).expect("region");
-        Target::Pmem(PmemAddr(entry.start.get() + offset))
+        support::pmem(&self.layout, region, offset)
     }
 
     /// The region key of A1, as `conn`'s device gives it.
@@ -122,7 +82,7 @@ impl Fabric {
 
     /// `len` bytes at `offset` of server `server`'s copy of A1.
     fn a1_copy(&self, server: &str, offset: u64, len: usize) -> Vec<u8> {
-        file_bytes(&data_dir(self.dir.path(), server), "A1", offset, len)
+        support::copy_bytes(self.dir.path(), server, "A1", offset, len)
     }
 
     /// Sends `req` through F2 until it is answered otherwise than NOT_OWNER

@@ -255,6 +255,19 @@ impl Forwarder {
             self.copy_answered(link_id, header.tag, op, frame, now);
             return LinkAction::Nothing;
         }
+        if matches!(pending.copy, Some(CopyTicket::Read(_)))
+            && let Some(body) = frame.get(frame::HEADER_LEN..)
+            && let Ok(answer) = response::Packet::new_checked(body)
+            && answer.status() == Status::StaleMap
+        {
+            // A read of a replicated region's copy: read again once the
+            // server runs the device's epoch, not failed.
+            let links = &self.links;
+            self.deadlines.trim(|d| is_pending(links, d));
+            self.server_response(frame);
+            self.copy_read_stale(pending, answer.value(), now);
+            return LinkAction::Nothing;
+        }
         let links = &self.links;
         self.deadlines.trim(|d| is_pending(links, d));
         self.metrics.in_flight.dec();

@@ -42,6 +42,7 @@ impl Forwarder {
             client_number: at.client_number,
             at: at.at,
             decided: None,
+            word: None,
             applying: false,
         });
         if !self.decide(&mut op, id, now) {
@@ -134,6 +135,7 @@ impl Forwarder {
             return;
         };
         atomic.applying = true;
+        atomic.word = Some(word);
         let (at, client_key, identity, number, persist) = (
             atomic.at,
             atomic.client_key,

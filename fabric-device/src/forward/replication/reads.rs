@@ -37,6 +37,7 @@ impl Forwarder {
             copy: 0,
             start,
             end,
+            stale_refusals: 0,
         };
         let reply_bytes = REPLY_HEAD_LEN as u64 + u64::from(req.length);
         if let Some(session) = self.sessions.get_mut(&conn) {

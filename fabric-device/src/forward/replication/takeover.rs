@@ -48,6 +48,14 @@ pub(super) struct Takeovers {
     resay_at: Option<Instant>,
 }
 
+impl Takeovers {
+    /// The newest epoch `server` said it runs (0: it follows no map), if
+    /// it said one.
+    pub(super) fn said_epoch(&self, server: &ServerId) -> Option<u64> {
+        self.server_epochs.get(server).copied()
+    }
+}
+
 /// A region's fence: the epoch its copies' servers must confirm before
 /// this device, its new owner, sends its requests.
 #[derive(Debug, Default, Clone, Copy)]
@@ -213,6 +221,7 @@ impl Forwarder {
         // A server that follows no map says 0 and cannot be fenced.
         *known = if epoch == 0 { 0 } else { (*known).max(epoch) };
         self.release_fences(now);
+        self.resend_stale(now);
     }
 
     /// Whether every copy of `region` that takes writes has confirmed the
@@ -262,11 +271,26 @@ impl Forwarder {
             .any(|s| s.fence.waiting);
     }
 
-    /// What the driver sends for fenced regions: MAP_EPOCH again on a main
-    /// link to each server not confirmed yet, every [`RESAY_EVERY`]. A copy
-    /// still unconfirmed after the request timeout is lost, and its region
+    /// What the driver sends for fenced regions and for parts of requests
+    /// refused STALE_MAP: MAP_EPOCH again on a main link to each server
+    /// not confirmed yet, every [`RESAY_EVERY`]. A copy still unconfirmed
+    /// after the request timeout is lost, and its region (or request)
     /// stops waiting for it.
     pub fn fence_resends(&mut self, now: Instant) -> Vec<(LinkId, Vec<u8>)> {
+        let mut said = self.fence_resays(now);
+        let stale = self.stale_resays(now);
+        if let Some(message) = self.link_opened_epoch() {
+            for link in stale {
+                if !said.iter().any(|(l, _)| *l == link) {
+                    said.push((link, message.clone()));
+                }
+            }
+        }
+        said
+    }
+
+    /// [`Self::fence_resends`] for fenced regions.
+    fn fence_resays(&mut self, now: Instant) -> Vec<(LinkId, Vec<u8>)> {
         // A server whose links went down meanwhile is waited for no more.
         self.release_fences(now);
         if !self.replication.takeovers.any_waiting {
@@ -352,8 +376,18 @@ impl Forwarder {
         self.end_fence(region, now);
     }
 
-    /// When [`Forwarder::fence_resends`] next has work, if a region waits.
+    /// When [`Forwarder::fence_resends`] next has work, if a region or a
+    /// part refused STALE_MAP waits.
     pub(in crate::forward) fn fence_poll_timeout(&self) -> Option<Instant> {
+        let fenced = self.fenced_poll_timeout();
+        let stale = self.stale_poll_timeout();
+        match (fenced, stale) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn fenced_poll_timeout(&self) -> Option<Instant> {
         let takeovers = &self.replication.takeovers;
         if !takeovers.any_waiting {
             return None;

@@ -23,6 +23,7 @@ mod parking;
 mod replication;
 mod resync;
 mod routing;
+mod stale;
 mod takeover;
 
 pub(super) fn topology() -> Topology {

@@ -51,13 +51,13 @@ pub(super) fn bring_up_with_server_keys(core: &mut Forwarder, link: LinkId) {
 #[derive(Debug)]
 pub(super) struct Sent {
     pub(super) link: LinkId,
-    tag: u64,
+    pub(super) tag: u64,
     pub(super) operation: Operation,
     pub(super) offset: u64,
     key: AccessKey,
-    operand: u64,
-    identity: Option<ExactlyOnce>,
-    payload: Vec<u8>,
+    pub(super) operand: u64,
+    pub(super) identity: Option<ExactlyOnce>,
+    pub(super) payload: Vec<u8>,
 }
 
 /// An outbox split: the requests sent, the answers and the copies lost.

@@ -58,7 +58,7 @@ fn map_with_owner(region: &str, owner: &str, version: u64) -> DeviceMap {
 }
 
 /// A server's answer to the device's MAP_EPOCH on `link`: it runs `epoch`.
-fn server_runs(core: &mut Forwarder, link: LinkId, epoch: u64, now: Instant) {
+pub(super) fn server_runs(core: &mut Forwarder, link: LinkId, epoch: u64, now: Instant) {
     let reply = proto::fence::epoch_reply(Opcode::MapEpoch, MAP_EPOCH_TAG, Status::Ok, epoch);
     assert!(matches!(
         core.link_frame(link, &reply, now),
