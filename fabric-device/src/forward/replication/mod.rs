@@ -72,6 +72,7 @@ mod takeover;
 
 #[cfg(test)]
 pub(super) use reads::READ_SPREAD;
+#[cfg(test)]
 pub(super) use stale::STALE_RESENDS;
 pub use takeover::OwnedRegion;
 #[cfg(test)]

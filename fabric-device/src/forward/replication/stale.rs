@@ -15,6 +15,11 @@
 //! back STALE_MAP), waits behind it: on every copy's link, one range's
 //! requests keep the owner's order.
 //!
+//! A device whose newer map gives the region to another owner sends
+//! nothing again: the operation is answered NOT_OWNER and the client takes
+//! it to the new owner (a deposed owner's resend would apply a change the
+//! servers were right to refuse).
+//!
 //! Bounded: a part refused more than [`STALE_RESENDS`] times, or waiting
 //! longer than the request timeout for its server to confirm the epoch,
 //! loses its copy (logged with the reason); when that is the last serving
@@ -158,12 +163,21 @@ impl Forwarder {
         }
         let epoch = self.current_epoch();
         let mut ready = Vec::new();
+        let mut deposed = Vec::new();
         let mut waiting = false;
         for (id, op) in self.replication.ops.iter() {
+            let owner = self.region_state(op.region).is_some_and(|s| s.owner);
             for (i, send) in op.sends.iter().enumerate() {
                 let Some(w) = send.waiting.filter(|_| !send.dropped) else {
                     continue;
                 };
+                if !owner {
+                    // The map this device now runs gives the region to
+                    // another owner: sending again would apply a deposed
+                    // owner's change. The client goes to the new owner.
+                    deposed.push(*id);
+                    break;
+                }
                 waiting = true;
                 let confirmed = self
                     .copy_server(op.region, send.copy)
@@ -174,6 +188,9 @@ impl Forwarder {
             }
         }
         self.replication.stale.any = waiting;
+        for id in deposed {
+            self.end_op(id, Status::NotOwner, epoch, now);
+        }
         ready.sort_unstable();
         let ids: Vec<u64> = ready.iter().map(|&(_, id, _)| id).collect();
         for (_, id, index) in ready {
@@ -202,6 +219,18 @@ impl Forwarder {
             let behind = self
                 .region_state(read.again.region)
                 .is_some_and(|s| s.behind_over(read.again.start, read.again.end));
+            if !self
+                .region_state(read.again.region)
+                .is_some_and(|s| s.owner)
+            {
+                // Deposed meanwhile: the new owner answers it.
+                if let Some((conn, reply)) = self.answer(read.pending, Status::NotOwner) {
+                    self.replication
+                        .outbox
+                        .push(Outgoing::Answer { conn, reply });
+                }
+                continue;
+            }
             if epoch < read.waiting.theirs || !confirmed || behind {
                 kept.push(read);
                 continue;

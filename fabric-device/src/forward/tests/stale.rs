@@ -10,7 +10,7 @@ use std::time::Duration;
 use proto::request::{ExactlyOnce, Operation};
 
 use super::replication::{Sent, answer, answered, index, replicated, send, split};
-use super::takeover::server_runs;
+use super::takeover::{map_with_owner, server_runs};
 use super::*;
 use crate::forward::replication::STALE_RESENDS;
 
@@ -313,4 +313,33 @@ fn a_read_refused_stale_map_is_read_again_once_the_server_runs_the_epoch() {
         }
         other => panic!("{other:?}"),
     }
+}
+
+#[test]
+fn a_deposed_owner_sends_no_refused_part_again_its_client_is_told_not_owner() {
+    let mut core = at_epoch(4);
+    let (a, b) = links_ab(&core);
+    send(&mut core, write("PA.1", 0, &[5; 64]), 11);
+    let (sent, _, _) = split(core.take_outbox());
+    // Both servers run the takeover's epoch 5 already (this device was
+    // frozen past its lease): nothing ran.
+    answer(&mut core, &sent[0], Status::StaleMap, 5);
+    answer(&mut core, &sent[1], Status::StaleMap, 5);
+    assert!(core.take_map_reread());
+    // The map it reads gives PA.1 to B; both servers confirm epoch 5.
+    core.reload(map_with_owner("PA.1", "B", 2));
+    core.set_epoch(5);
+    let now = Instant::now();
+    server_runs(&mut core, a, 5, now);
+    server_runs(&mut core, b, 5, now);
+    let (again, answers, lost) = split(core.take_outbox());
+    assert!(
+        again.is_empty(),
+        "a deposed owner sends nothing again: {again:?}"
+    );
+    assert!(lost.is_empty(), "{lost:?}");
+    assert_eq!(answers.len(), 1);
+    assert_eq!(answered(&answers[0].1).0, Status::NotOwner);
+    assert_eq!(answered(&answers[0].1).2, 11);
+    assert_eq!(core.requests_in_flight(), 0);
 }

@@ -41,7 +41,7 @@ fn write_at(core: &mut Forwarder, region: &str, tag: u64, now: Instant) -> Clien
 
 /// The map of device A where `region`'s record says owner `owner`, version
 /// `version`, and B's copy syncing (as a takeover leaves it).
-fn map_with_owner(region: &str, owner: &str, version: u64) -> DeviceMap {
+pub(super) fn map_with_owner(region: &str, owner: &str, version: u64) -> DeviceMap {
     let topology = testkit::default_topology_with("replicas = 2");
     let mut records = control::replica_state::initial(&topology);
     let record = records.iter_mut().find(|r| r.region == region).unwrap();
