@@ -147,7 +147,7 @@ impl Forwarder {
     /// an older one hold overlapping requests until those are answered,
     /// and waiting parts whose servers run this epoch go again.
     pub(in crate::forward) fn stale_after_epoch(&mut self, now: Instant) {
-        let ids: Vec<u64> = self.replication.ops.iter().map(|(id, _)| *id).collect();
+        let ids: Vec<u64> = self.replication.ops.keys().copied().collect();
         for id in ids {
             self.refresh_behind(id, now);
         }
@@ -412,8 +412,8 @@ impl Forwarder {
         let give_up = self
             .replication
             .ops
-            .iter()
-            .flat_map(|(_, op)| op.sends.iter())
+            .values()
+            .flat_map(|op| op.sends.iter())
             .filter(|s| !s.dropped)
             .filter_map(|s| s.waiting.map(|w| w.since))
             .chain(self.replication.stale.reads.iter().map(|r| r.waiting.since))
