@@ -470,6 +470,41 @@ impl OperatorSession {
         Ok(frame)
     }
 
+    /// `frame` read as the answer to order `tag` about `entry`: the report
+    /// `pick` takes from it, or the server's refusal to `refuse` the region,
+    /// or a protocol error naming the `action` order.
+    fn report_for<'f, T>(
+        &self,
+        frame: &'f [u8],
+        tag: u64,
+        entry: &LayoutEntry,
+        refuse: &'static str,
+        action: &'static str,
+        pick: impl FnOnce(Message<'f>) -> Result<T, Message<'f>>,
+    ) -> Result<T, OperatorError> {
+        let protocol = |what: String| OperatorError::Protocol {
+            server: self.server.clone(),
+            action,
+            what,
+        };
+        let (message, t) = proto::parse_frame(frame)
+            .map_err(|e| protocol(format!("a frame that does not parse: {e}")))?;
+        if t != tag {
+            return Err(protocol(format!("{} with tag {t}", message.opcode())));
+        }
+        match pick(message) {
+            Ok(report) => Ok(report),
+            Err(Message::Response(r)) => Err(OperatorError::Refused {
+                server: self.server.clone(),
+                action: refuse,
+                region: entry.region_id.to_string(),
+                status: r.status,
+                hint: refusal_hint(r.status),
+            }),
+            Err(other) => Err(protocol(format!("{} with tag {t}", other.opcode()))),
+        }
+    }
+
     /// The checksum of every block of `entry`'s copy, a run at a time.
     fn sum_region(&mut self, entry: &LayoutEntry) -> Result<CopySums, OperatorError> {
         let mut found = CopySums {
@@ -489,32 +524,17 @@ impl OperatorSession {
                 blocks,
             };
             let frame = self.ask(&Message::BlockSums(ask), tag, "block sums")?;
-            let report = match proto::parse_frame(&frame) {
-                Ok((Message::BlockSumsReport(r), t)) if t == tag => r,
-                Ok((Message::Response(r), t)) if t == tag => {
-                    return Err(OperatorError::Refused {
-                        server: self.server.clone(),
-                        action: "sum the blocks of",
-                        region: entry.region_id.to_string(),
-                        status: r.status,
-                        hint: refusal_hint(r.status),
-                    });
-                }
-                Ok((other, t)) => {
-                    return Err(OperatorError::Protocol {
-                        server: self.server.clone(),
-                        action: "block sums",
-                        what: format!("{} with tag {t}", other.opcode()),
-                    });
-                }
-                Err(e) => {
-                    return Err(OperatorError::Protocol {
-                        server: self.server.clone(),
-                        action: "block sums",
-                        what: format!("a frame that does not parse: {e}"),
-                    });
-                }
-            };
+            let report = self.report_for(
+                &frame,
+                tag,
+                entry,
+                "sum the blocks of",
+                "block sums",
+                |m| match m {
+                    Message::BlockSumsReport(r) => Ok(r),
+                    other => Err(other),
+                },
+            )?;
             if report.first != first || report.sums.is_empty() {
                 return Err(OperatorError::Protocol {
                     server: self.server.clone(),
@@ -561,32 +581,10 @@ impl OperatorSession {
                 blocks,
             };
             let frame = self.ask(&Message::Scrub(ask), tag, "scrub")?;
-            let report = match proto::parse_frame(&frame) {
-                Ok((Message::ScrubReport(r), t)) if t == tag => r,
-                Ok((Message::Response(r), t)) if t == tag => {
-                    return Err(OperatorError::Refused {
-                        server: self.server.clone(),
-                        action: "scrub",
-                        region: entry.region_id.to_string(),
-                        status: r.status,
-                        hint: refusal_hint(r.status),
-                    });
-                }
-                Ok((other, t)) => {
-                    return Err(OperatorError::Protocol {
-                        server: self.server.clone(),
-                        action: "scrub",
-                        what: format!("{} with tag {t}", other.opcode()),
-                    });
-                }
-                Err(e) => {
-                    return Err(OperatorError::Protocol {
-                        server: self.server.clone(),
-                        action: "scrub",
-                        what: format!("a frame that does not parse: {e}"),
-                    });
-                }
-            };
+            let report = self.report_for(&frame, tag, entry, "scrub", "scrub", |m| match m {
+                Message::ScrubReport(r) => Ok(r),
+                other => Err(other),
+            })?;
             found.block_len = report.block_len.into();
             found.blocks = report.total;
             found.verified += u64::from(report.verified);
