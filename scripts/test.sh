@@ -48,6 +48,9 @@ scripts/ensure-packages.sh \
 python3 -c 'import scapy.contrib.roce' 2>/dev/null || python3 -m pip install --quiet scapy
 
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
+# One build from a clean clone: incremental state would only cost disk
+# (several GB) and time.
+export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 export PROPTEST_CASES=${PROPTEST_CASES:-256}
 
 echo "== cargo fmt --check, shellcheck"
