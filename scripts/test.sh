@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 # fabric; libpmem backs pmem-server's `libpmem` feature; ip (iproute2) builds
 # the testbed's network namespaces; sockperf, iperf3 and redis are the floors
 # and the peer `testbed bench --quick` measures against; cmake and libclang
-# build the verbs bindings of the `rnic` crate, which client-vmm's and
+# build the verbs bindings of the `rnic` crate, which pmem-client's and
 # pmem-server's `verbs` features use (libibverbs itself is loaded at run time
 # and not needed here); tshark dissects the RoCEv2
 # packets proto emits (proto/tests/roce_interop.rs); shellcheck checks the
@@ -59,11 +59,11 @@ shellcheck lab/*.sh
 echo "== cargo clippy"
 cargo clippy --locked --workspace --all-targets -- -D warnings
 # The optional features in one check: pmem-server's libpmem mapping and the
-# verbs transport of client-vmm, pmem-server and testbed (testbed's `verbs`
+# verbs transport of pmem-client, pmem-server and testbed (testbed's `verbs`
 # turns on the other two's). No code depends on one being on while another
 # is off (what is compiled only without a feature is checked above), so one
 # check covers them all, and what they share is checked once.
-cargo clippy --locked -p pmem-server -p client-vmm -p testbed \
+cargo clippy --locked -p pmem-server -p pmem-client -p testbed \
   --features pmem-server/libpmem,testbed/verbs --all-targets -- -D warnings
 echo "== cargo doc (no warnings)"
 RUSTDOCFLAGS="-D warnings" cargo doc --locked --workspace --no-deps --quiet
@@ -101,10 +101,10 @@ if ((${#libpmem_tests[@]} == 0)); then
 fi
 PMEM_IS_PMEM_FORCE=1 PMEM_SERVER_TEST_PERSISTENCE=libpmem \
   cargo test --locked -p pmem-server --features libpmem --lib "${libpmem_tests[@]}"
-echo "== cargo test -p client-vmm --features verbs (verbs unit tests; no RDMA device needed)"
-cargo test --locked -p client-vmm --features verbs --lib verbs
+echo "== cargo test -p pmem-client --features verbs (verbs unit tests; no RDMA device needed)"
+cargo test --locked -p pmem-client --features verbs --lib verbs
 echo "== the RDMA lab: a QEMU guest's kernel RDMA stack runs the workload through the devices"
-cargo build --locked -p client-vmm --features verbs --bins
+cargo build --locked -p pmem-client --features verbs --bins
 cargo test --locked -p testbed --features verbs --test lab
 echo "== fuzz every parser of untrusted bytes, 20 s per target (installs cargo-fuzz)"
 scripts/fuzz.sh 20

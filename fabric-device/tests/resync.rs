@@ -167,7 +167,7 @@ impl Written {
             ));
             // While the map's epoch moves (each mark bumps it), a server
             // or the device may answer STALE_MAP (nothing ran); a client
-            // takes the newer map and sends again, as client-vmm does.
+            // takes the newer map and sends again, as pmem-client does.
             for _ in 0..50 {
                 if reply.status != Status::StaleMap {
                     break;

@@ -141,7 +141,7 @@ fn etcd_scenarios_without_etcd_are_refused_with_the_flags_to_give() {
 
 /// Runs `pmemctl ARGS…` with no etcd variables from the environment.
 fn pmemctl(args: &[&str]) -> Output {
-    Command::new(testkit::binary_in("client-vmm", "pmemctl"))
+    Command::new(testkit::binary_in("pmem-client", "pmemctl"))
         .args(args)
         .env_remove("PMEM_FABRIC_ETCD")
         .env_remove("PMEM_FABRIC_ETCD_CREDENTIALS")

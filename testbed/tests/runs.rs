@@ -310,15 +310,15 @@ fn up_serves_every_daemon_until_sigterm() {
 
 /// Connects `client` with its key from `up`'s folder and attaches to the
 /// pool's allocator.
-fn attach(up: &Up, config: &Path, client: &str) -> (client_vmm::Pool, client_vmm::Allocator) {
+fn attach(up: &Up, config: &Path, client: &str) -> (pmem_client::Pool, pmem_client::Allocator) {
     let topology = topology::Topology::load(config).expect("topology");
-    let pool = client_vmm::Pool::builder(topology, client)
+    let pool = pmem_client::Pool::builder(topology, client)
         .secrets(up.keys())
         .connect()
         .expect("connect");
     let allocator = pool
-        .block_on(client_vmm::Allocator::attach(pool.handle().clone()))
-        .unwrap_or_else(|e| panic!("attach: {}", client_vmm::error_chain(&e)));
+        .block_on(pmem_client::Allocator::attach(pool.handle().clone()))
+        .unwrap_or_else(|e| panic!("attach: {}", pmem_client::error_chain(&e)));
     (pool, allocator)
 }
 

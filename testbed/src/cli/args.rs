@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use client_vmm::ServerCache;
+use pmem_client::ServerCache;
 
 use crate::fabric::launch::NetMode;
 use crate::run::{RunOptions, Scenario};

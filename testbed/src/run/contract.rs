@@ -94,7 +94,7 @@ pub(super) fn check_counters(
             let value = pool
                 .fetch_add(counter_word(base, w), 0)
                 .await
-                .map_err(|e| client_vmm::error_chain(&e))?;
+                .map_err(|e| pmem_client::error_chain(&e))?;
             out.push((w, tally, value));
         }
         Ok(out)

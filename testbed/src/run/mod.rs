@@ -93,7 +93,7 @@ pub struct RunOptions {
     pub progress: bool,
     /// Whether the workers' writes ask the servers to bypass their CPU
     /// cache.
-    pub server_cache: client_vmm::ServerCache,
+    pub server_cache: pmem_client::ServerCache,
     /// `--replicas`: the copies of every region the run set in the
     /// topology's `[pool]`, for the replay command line.
     pub replicas: Option<u64>,
@@ -120,7 +120,7 @@ impl RunOptions {
             faults: Vec::new(),
             control: Control::File,
             progress: true,
-            server_cache: client_vmm::ServerCache::Auto,
+            server_cache: pmem_client::ServerCache::Auto,
             replicas: None,
         }
     }
@@ -263,7 +263,7 @@ fn execute_in(
             let before = pool
                 .read(VirtAddr(space.base), COUNTER_AREA)
                 .await
-                .map_err(|e| format!("read the counters: {}", client_vmm::error_chain(&e)))?;
+                .map_err(|e| format!("read the counters: {}", pmem_client::error_chain(&e)))?;
             Ok((space, counter_values(&before)))
         })
         .map_err(|why| anyhow::anyhow!("{topology_name}: where the keys live: {why}"))?;

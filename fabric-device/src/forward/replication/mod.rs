@@ -54,7 +54,7 @@ use super::{
 };
 use crate::deadline::Deadline;
 use crate::idmap::IdMap;
-use crate::ids::{Lane, LinkId};
+use crate::ids::{LinkClass, LinkId};
 use crate::link_tags::CONTROL_TAG;
 
 pub(super) use super::copy_ticket::{CopyTicket, ReadAgain, ResyncPart, ResyncTicket};

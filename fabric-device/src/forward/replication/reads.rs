@@ -109,9 +109,9 @@ impl Forwarder {
             return Some((copy, self.write_link(&state.copies[copy].links)?));
         }
         let lane = if end - start >= BULK_MIN_BYTES {
-            Lane::Bulk
+            LinkClass::Bulk
         } else {
-            Lane::Main
+            LinkClass::Main
         };
         let mut best: Option<((bool, usize), usize, LinkId)> = None;
         for (i, copy) in state.copies.iter().enumerate() {

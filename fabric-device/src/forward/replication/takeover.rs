@@ -209,7 +209,7 @@ impl Forwarder {
     /// regions whose copies' servers have now all confirmed their fence
     /// send what waited.
     pub(in crate::forward) fn server_said_epoch(&mut self, link: LinkId, epoch: u64, now: Instant) {
-        let Some(server) = self.links.get(&link).map(|l| l.key.server.clone()) else {
+        let Some(server) = self.links.get(&link).map(|l| l.target.server.clone()) else {
             return;
         };
         let known = self

@@ -27,7 +27,7 @@ pub(super) fn key_on(server: &str, region: RegionIndex) -> AccessKey {
 
 /// Completes a link's handshake with a MAP whose keys are the server's own.
 pub(super) fn bring_up_with_server_keys(core: &mut Forwarder, link: LinkId) {
-    let server = core.link_key(link).unwrap().server.to_string();
+    let server = core.link_target(link).unwrap().server.to_string();
     core.link_connected(link);
     let hello = Message::Hello(hello::Repr {
         version: PROTOCOL_VERSION,
@@ -465,7 +465,7 @@ fn reads_stay_on_one_copy_until_it_has_a_batch_pending_then_spread() {
         targets[..READ_SPREAD].iter().all(|&l| l == a),
         "a batch of reads goes to one copy: {targets:?}"
     );
-    let next = core.link_key(targets[READ_SPREAD]).unwrap();
+    let next = core.link_target(targets[READ_SPREAD]).unwrap();
     assert_eq!(
         next.server.as_str(),
         "B",
@@ -657,7 +657,7 @@ fn a_server_never_reached_loses_nothing_until_a_write_needs_it() {
     let mut core = core_with(&topology, ForwarderConfig::default());
     let ids: Vec<LinkId> = core.links().map(|(id, _)| id).collect();
     for id in ids {
-        match core.link_key(id).unwrap().server.as_str() {
+        match core.link_target(id).unwrap().server.as_str() {
             "A" => bring_up_with_server_keys(&mut core, id),
             _ => {
                 core.link_down(id);

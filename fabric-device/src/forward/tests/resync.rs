@@ -170,7 +170,7 @@ impl Sim {
     }
 
     fn server_of(&self, link: LinkId) -> String {
-        self.core.link_key(link).unwrap().server.to_string()
+        self.core.link_target(link).unwrap().server.to_string()
     }
 
     fn reply(&mut self, link: LinkId, message: Message<'_>, tag: u64) {

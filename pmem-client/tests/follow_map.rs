@@ -7,8 +7,8 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use client_vmm::{AsyncPool, Pool, VIRT_BASE};
 use control::{ClusterMap, Endpoints, Keys};
+use pmem_client::{AsyncPool, Pool, VIRT_BASE};
 use testkit::{Daemon, DaemonSpec, Etcd, FabricSpec, Ports, pmem_server_with};
 use topology::VirtAddr;
 
@@ -400,7 +400,7 @@ fn client_process() {
                     match pool.write_u64(at, value).and_then(|()| pool.read_u64(at)) {
                         Ok(read) if read == value => "ok".to_owned(),
                         Ok(read) => format!("error read {read}, wrote {value}"),
-                        Err(e) => format!("error {}", client_vmm::error_chain(&e)),
+                        Err(e) => format!("error {}", pmem_client::error_chain(&e)),
                     }
                 }
             },

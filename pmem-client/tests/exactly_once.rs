@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use client_vmm::{Pool, VIRT_BASE};
+use pmem_client::{Pool, VIRT_BASE};
 use testkit::{Daemon, FabricSpec, Ports};
 use topology::{EnvOverrides, Topology, VirtAddr};
 
@@ -52,7 +52,7 @@ fn pool(config: &Path) -> Pool {
     Pool::builder(topology, "c0")
         .op_timeout(Duration::from_secs(20))
         .connect()
-        .unwrap_or_else(|e| panic!("{}", client_vmm::error_chain(&e)))
+        .unwrap_or_else(|e| panic!("{}", pmem_client::error_chain(&e)))
 }
 
 /// One client process of client `c0`: `EO_WORKER_ADDS` exactly-once
@@ -70,7 +70,7 @@ fn worker() {
     let pool = pool(Path::new(&config));
     for i in 0..adds {
         pool.fetch_add(COUNTER, 1)
-            .unwrap_or_else(|e| panic!("FETCH_ADD {i}: {}", client_vmm::error_chain(&e)));
+            .unwrap_or_else(|e| panic!("FETCH_ADD {i}: {}", pmem_client::error_chain(&e)));
     }
     println!("done");
 }

@@ -93,7 +93,7 @@ pub enum ConnectError {
     /// The topology gives an RNIC the `roce` transport but this build has
     /// no verbs support.
     #[error(
-        "{addr}: RNIC {rnic} uses transport \"roce\", but client-vmm was built without \
+        "{addr}: RNIC {rnic} uses transport \"roce\", but pmem-client was built without \
          the `verbs` feature"
     )]
     NoVerbs {

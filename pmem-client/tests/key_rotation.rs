@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use client_vmm::{Pool, VIRT_BASE};
+use pmem_client::{Pool, VIRT_BASE};
 use testkit::{Daemon, FabricSpec, Ports};
 use topology::secrets::{Principal, write_key};
 use topology::{Topology, VirtAddr};

@@ -1,12 +1,12 @@
 //! What one 2 MiB extent costs to allocate and to free through the fabric,
 //! on an authenticated fabric of real daemons (one server, one device, one
 //! client, 2 MiB extents, region files on tmpfs). A measurement, not a check: run it with
-//! `cargo test --release -p client-vmm --test extent_cost -- --ignored --nocapture`
+//! `cargo test --release -p pmem-client --test extent_cost -- --ignored --nocapture`
 //! and compare builds by running their binaries in alternation.
 
 use std::time::{Duration, Instant};
 
-use client_vmm::{Allocator, Pool};
+use pmem_client::{Allocator, Pool};
 use testkit::{FabricSpec, Ports};
 use topology::Topology;
 use topology::secrets::{Principal, write_key};

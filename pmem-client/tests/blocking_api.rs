@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use client_vmm::{
+use pmem_client::{
     AllocError, Batch, BlockingAllocator, Completion, Placement, Pool, PoolError, error_chain,
 };
 use testkit::{Daemon, FabricSpec, Ports};

@@ -15,8 +15,8 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use client_vmm::error_chain;
-use client_vmm::verbs::{
+use pmem_client::error_chain;
+use pmem_client::verbs::{
     Control, Op, VerbsError, VerbsOptions, VerbsQp, device_names, hw_counters,
 };
 use topology::{Layout, Topology};
@@ -110,7 +110,7 @@ fn run(cli: &Cli) -> Result<usize, Failure> {
     let devices = device_names().map_err(|e| error_chain(&e))?;
     if devices.is_empty() {
         return Err(error_chain(&VerbsError::Rnic(
-            client_vmm::verbs::RnicError::NoDevice,
+            pmem_client::verbs::RnicError::NoDevice,
         )));
     }
     println!("rdma devices: {}", devices.join(", "));
@@ -118,7 +118,7 @@ fn run(cli: &Cli) -> Result<usize, Failure> {
     let secrets = cli
         .secrets
         .clone()
-        .or_else(|| std::env::var_os(client_vmm::pool::SECRETS_ENV).map(PathBuf::from));
+        .or_else(|| std::env::var_os(pmem_client::pool::SECRETS_ENV).map(PathBuf::from));
     let key = match secrets {
         Some(dir) => Some(proto::auth::Key::new(
             topology::secrets::read_key(&dir, topology::secrets::Principal::Client(&cli.client))
@@ -301,7 +301,7 @@ fn run(cli: &Cli) -> Result<usize, Failure> {
     drop(qp);
     drop(control);
 
-    let counters = hw_counters(Path::new(client_vmm::verbs::SYSFS_INFINIBAND));
+    let counters = hw_counters(Path::new(pmem_client::verbs::SYSFS_INFINIBAND));
     if counters.is_empty() {
         println!("hw_counters: none (no /sys/class/infiniband/*/ports/*/hw_counters)");
     }

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use client_vmm::{StaticTranslator, VIRT_BASE};
+use pmem_client::{StaticTranslator, VIRT_BASE};
 use testkit::{Daemon, FabricSpec, Ports};
 use topology::{EnvOverrides, Layout, Topology};
 

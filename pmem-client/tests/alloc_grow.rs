@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use client_vmm::{AllocError, Allocator, Growth, Placement, Pool};
+use pmem_client::{AllocError, Allocator, Growth, Placement, Pool};
 use proto::Status;
 use proto::request::{Repr, Target};
 use testkit::{Conn, Daemon, FabricSpec, Ports};
@@ -68,7 +68,7 @@ fn pool(config: &Path, client: &str) -> Pool {
         {
             Ok(pool) => return pool,
             Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
-            Err(e) => panic!("{}", client_vmm::error_chain(&e)),
+            Err(e) => panic!("{}", pmem_client::error_chain(&e)),
         }
     }
 }
@@ -78,7 +78,7 @@ fn attach(pool: &Pool) -> Result<Allocator, AllocError> {
 }
 
 fn must<T>(what: &str, result: Result<T, AllocError>) -> T {
-    result.unwrap_or_else(|e| panic!("{what}: {}", client_vmm::error_chain(&e)))
+    result.unwrap_or_else(|e| panic!("{what}: {}", pmem_client::error_chain(&e)))
 }
 
 /// An allocation's contents: its address, then its tag.
@@ -100,7 +100,7 @@ fn fill(pool: &Pool, alloc: &Allocator, tag: u8) -> Vec<VirtAddr> {
                 out.push(vaddr);
             }
             Err(AllocError::OutOfMemory { .. }) => return out,
-            Err(e) => panic!("alloc: {}", client_vmm::error_chain(&e)),
+            Err(e) => panic!("alloc: {}", pmem_client::error_chain(&e)),
         }
     }
 }

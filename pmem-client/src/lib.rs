@@ -1,4 +1,4 @@
-//! client-vmm: the client side of pmem-fabric. Applications read, write and run atomics on one shared virtual
+//! pmem-client: the client side of pmem-fabric. Applications read, write and run atomics on one shared virtual
 //! address space; the library translates virtual addresses to PMEM
 //! addresses, picks the RNIC and fabric device for each request, and fails
 //! over when a path dies.
@@ -22,7 +22,7 @@
 //! why the API looks as it does; its example is compiled as a doctest.
 //!
 //! ```no_run
-//! use client_vmm::{Pool, VIRT_BASE};
+//! use pmem_client::{Pool, VIRT_BASE};
 //! use topology::{Topology, VirtAddr};
 //!
 //! let topology = Topology::load("configs/default.toml")?;

@@ -19,7 +19,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use client_vmm::operator::CopySums;
+use pmem_client::operator::CopySums;
 
 /// Why a block's copies differ, as far as can be told.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use client_vmm::{Batch, Completion, OpenError, Pool, PoolError, VIRT_BASE};
+use pmem_client::{Batch, Completion, OpenError, Pool, PoolError, VIRT_BASE};
 use testkit::{Daemon, FabricSpec, Ports};
 use topology::{EnvOverrides, Topology, VirtAddr};
 
@@ -80,7 +80,7 @@ impl Fabric {
             .attempt_timeout(Duration::from_secs(1))
             .op_timeout(Duration::from_secs(15))
             .connect()
-            .unwrap_or_else(|e| panic!("{}", client_vmm::error_chain(&e)))
+            .unwrap_or_else(|e| panic!("{}", pmem_client::error_chain(&e)))
     }
 
     /// Kills a device with SIGKILL; returns when the signal was sent, after
@@ -261,7 +261,7 @@ fn fetch_add_from_three_clients_is_exact_across_a_device_kill() {
             s.spawn(move || {
                 for _ in 0..PER_CLIENT {
                     pool.fetch_add(word, 1)
-                        .unwrap_or_else(|e| panic!("{}", client_vmm::error_chain(&e)));
+                        .unwrap_or_else(|e| panic!("{}", pmem_client::error_chain(&e)));
                     done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
             });
@@ -302,7 +302,7 @@ fn layout_mismatch_is_refused_at_connect() {
         .expect("the client's view is valid on its own");
     let err = Pool::connect(topology, "c1").expect_err("must refuse");
     assert!(matches!(err, OpenError::Refused { .. }), "{err:?}");
-    let text = client_vmm::error_chain(&err);
+    let text = pmem_client::error_chain(&err);
     assert!(text.contains("serves layout"), "{text}");
     assert!(text.contains("same topology"), "{text}");
 }
@@ -311,12 +311,12 @@ fn layout_mismatch_is_refused_at_connect() {
 fn unknown_client_and_unmapped_addresses_are_clear_errors() {
     let fabric = Fabric::start();
     let err = Pool::connect(fabric.topology(), "nobody").expect_err("unknown client");
-    assert!(client_vmm::error_chain(&err).contains("nobody"), "{err}");
+    assert!(pmem_client::error_chain(&err).contains("nobody"), "{err}");
 
     let pool = fabric.pool("c2");
     match pool.read(VirtAddr(VIRT_BASE - 8), 8) {
         Err(PoolError::Unmapped { at }) => {
-            assert_eq!(at, client_vmm::Address::Virtual(VirtAddr(VIRT_BASE - 8)))
+            assert_eq!(at, pmem_client::Address::Virtual(VirtAddr(VIRT_BASE - 8)))
         }
         other => panic!("{other:?}"),
     }
@@ -340,7 +340,7 @@ fn async_batches_and_fence() {
         .build()
         .expect("runtime");
     runtime.block_on(async move {
-        let pool = client_vmm::AsyncPool::connect(topology, "c3")
+        let pool = pmem_client::AsyncPool::connect(topology, "c3")
             .await
             .expect("connect");
         let mut batch = Batch::new();

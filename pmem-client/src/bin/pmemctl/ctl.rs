@@ -3,7 +3,7 @@
 use std::io;
 use std::path::PathBuf;
 
-use client_vmm::{AllocError, OpenError, Pool, PoolError, ServerCache, VIRT_BASE, error_chain};
+use pmem_client::{AllocError, OpenError, Pool, PoolError, ServerCache, VIRT_BASE, error_chain};
 use topology::{ByteSize, LoadError, RegionId, VirtAddr};
 
 use crate::show;
@@ -62,7 +62,7 @@ pub enum CliError {
     #[error("cannot write to stdout")]
     Stdout(#[source] io::Error),
     #[error(transparent)]
-    Operator(#[from] client_vmm::operator::OperatorError),
+    Operator(#[from] pmem_client::operator::OperatorError),
     #[error(
         "{blocks} block(s) in {regions} region(s) no longer match their checksums: changed \
          without a write the server executed"

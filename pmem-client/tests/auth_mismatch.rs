@@ -52,7 +52,7 @@ impl Fabric {
     fn fails(&self, with_key: bool, args: &[&str]) -> String {
         let mut command = Command::new(env!("CARGO_BIN_EXE_pmemctl"));
         command
-            .env_remove(client_vmm::pool::SECRETS_ENV)
+            .env_remove(pmem_client::pool::SECRETS_ENV)
             .arg("--config")
             .arg(&self.config)
             .args(["--connect-timeout-ms", "1000"]);

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use client_vmm::records::{self, PtEntry};
+use pmem_client::records::{self, PtEntry};
 use proto::Status;
 use proto::hello::Role;
 use proto::request::{Repr, Target};

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use client_vmm::{AllocError, Allocator, Placement, Pool, PoolError};
+use pmem_client::{AllocError, Allocator, Placement, Pool, PoolError};
 use testkit::{Daemon, FabricSpec, Ports};
 use topology::{EnvOverrides, Topology, VirtAddr};
 
@@ -80,14 +80,14 @@ fn pool(config: &Path, client: &str) -> Pool {
                 let _ = e;
                 std::thread::sleep(Duration::from_millis(50));
             }
-            Err(e) => panic!("{}", client_vmm::error_chain(&e)),
+            Err(e) => panic!("{}", pmem_client::error_chain(&e)),
         }
     }
 }
 
 fn attach(pool: &Pool) -> Allocator {
     pool.block_on(Allocator::attach(pool.handle().clone()))
-        .unwrap_or_else(|e| panic!("{}", client_vmm::error_chain(&e)))
+        .unwrap_or_else(|e| panic!("{}", pmem_client::error_chain(&e)))
 }
 
 /// A small deterministic generator (xorshift64*).
@@ -135,7 +135,7 @@ fn probes(vaddr: VirtAddr, size: u64) -> Vec<(VirtAddr, u64)> {
 fn fill(pool: &Pool, tag: u8, vaddr: VirtAddr, size: u64) {
     for (at, len) in probes(vaddr, size) {
         pool.write_persist(at, &pattern(tag, at, len))
-            .unwrap_or_else(|e| panic!("write {at}: {}", client_vmm::error_chain(&e)));
+            .unwrap_or_else(|e| panic!("write {at}: {}", pmem_client::error_chain(&e)));
     }
 }
 
@@ -143,7 +143,7 @@ fn check(pool: &Pool, tag: u8, vaddr: VirtAddr, size: u64) -> Result<(), String>
     for (at, len) in probes(vaddr, size) {
         let got = pool
             .read(at, len)
-            .map_err(|e| format!("read {at}: {}", client_vmm::error_chain(&e)))?;
+            .map_err(|e| format!("read {at}: {}", pmem_client::error_chain(&e)))?;
         if got != pattern(tag, at, len) {
             return Err(format!(
                 "allocation {vaddr} (+{size}) of client {tag} was overwritten at {at}"
@@ -188,7 +188,7 @@ fn worker() {
             }
             println!("freeing {}", vaddr.get());
             pool.block_on(alloc.free(vaddr))
-                .unwrap_or_else(|e| panic!("free {vaddr}: {}", client_vmm::error_chain(&e)));
+                .unwrap_or_else(|e| panic!("free {vaddr}: {}", pmem_client::error_chain(&e)));
             println!("free {}", vaddr.get());
         } else {
             let size = rng.size();
@@ -200,7 +200,7 @@ fn worker() {
                     live.push((vaddr, size));
                 }
                 Err(AllocError::OutOfMemory { .. }) => {}
-                Err(e) => panic!("alloc {size}: {}", client_vmm::error_chain(&e)),
+                Err(e) => panic!("alloc {size}: {}", pmem_client::error_chain(&e)),
             }
         }
     }
@@ -210,12 +210,12 @@ fn worker() {
         }
         if !keep {
             pool.block_on(alloc.free(vaddr))
-                .unwrap_or_else(|e| panic!("free {vaddr}: {}", client_vmm::error_chain(&e)));
+                .unwrap_or_else(|e| panic!("free {vaddr}: {}", pmem_client::error_chain(&e)));
             println!("free {}", vaddr.get());
         }
     }
     pool.block_on(alloc.trim())
-        .unwrap_or_else(|e| panic!("trim: {}", client_vmm::error_chain(&e)));
+        .unwrap_or_else(|e| panic!("trim: {}", pmem_client::error_chain(&e)));
     println!("done {}", alloc.ops_issued());
 }
 
@@ -409,7 +409,7 @@ fn use_after_free_is_refused_even_once_the_extent_is_reused() {
         assert!(
             err.to_string().contains("use after free"),
             "{}",
-            client_vmm::error_chain(&err)
+            pmem_client::error_chain(&err)
         );
     }
     for y in &taken {
@@ -476,12 +476,12 @@ fn scrub_reclaims_what_a_killed_client_was_allocating() {
     for &(vaddr, _, _) in &kept {
         restarted
             .block_on(owner.free(vaddr))
-            .unwrap_or_else(|e| panic!("free {vaddr}: {}", client_vmm::error_chain(&e)));
+            .unwrap_or_else(|e| panic!("free {vaddr}: {}", pmem_client::error_chain(&e)));
     }
     for vaddr in doubtful {
         match restarted.block_on(owner.free(vaddr)) {
             Ok(()) | Err(AllocError::DoubleFree { .. } | AllocError::InvalidFree { .. }) => {}
-            Err(e) => panic!("free {vaddr}: {}", client_vmm::error_chain(&e)),
+            Err(e) => panic!("free {vaddr}: {}", pmem_client::error_chain(&e)),
         }
     }
     let report = pool.block_on(alloc.scrub()).expect("scrub");
@@ -615,7 +615,7 @@ fn every_persist_step_of_alloc_and_free_survives_a_server_power_cut() {
                     Ok(vaddr) => vaddr,
                     Err(e) => {
                         doubt = Some((what, size, None));
-                        failure = Some((what, client_vmm::error_chain(&e)));
+                        failure = Some((what, pmem_client::error_chain(&e)));
                         break;
                     }
                 };
@@ -626,7 +626,7 @@ fn every_persist_step_of_alloc_and_free_survives_a_server_power_cut() {
                     .try_for_each(|(at, len)| cut_pool.write_persist(at, &pattern(2, at, len)));
                 if let Err(e) = filled {
                     unchecked.push(vaddr);
-                    failure = Some(("fill", client_vmm::error_chain(&e)));
+                    failure = Some(("fill", pmem_client::error_chain(&e)));
                     break;
                 }
                 live.push((vaddr, size, 2));
@@ -640,7 +640,7 @@ fn every_persist_step_of_alloc_and_free_survives_a_server_power_cut() {
                 unchecked.retain(|&a| a != vaddr);
                 if let Err(e) = cut_pool.block_on(alloc.free(vaddr)) {
                     doubt = Some((what, 0, Some(vaddr)));
-                    failure = Some((what, client_vmm::error_chain(&e)));
+                    failure = Some((what, pmem_client::error_chain(&e)));
                     break;
                 }
             }
@@ -697,7 +697,7 @@ fn every_persist_step_of_alloc_and_free_survives_a_server_power_cut() {
         let mut fresh = Vec::new();
         for size in [3 << 20, 100, 700, 1 << 20] {
             let vaddr = pool.block_on(alloc.alloc(size)).unwrap_or_else(|e| {
-                panic!("{what}: alloc {size}: {}", client_vmm::error_chain(&e))
+                panic!("{what}: alloc {size}: {}", pmem_client::error_chain(&e))
             });
             fill(&pool, 3, vaddr, size);
             fresh.push((vaddr, size, 3));
@@ -709,13 +709,13 @@ fn every_persist_step_of_alloc_and_free_survives_a_server_power_cut() {
         let known = live.iter().chain(&fresh).map(|&(a, _, _)| a);
         for vaddr in known.chain(unchecked.iter().copied()) {
             pool.block_on(alloc.free(vaddr)).unwrap_or_else(|e| {
-                panic!("{what}: free {vaddr}: {}", client_vmm::error_chain(&e))
+                panic!("{what}: free {vaddr}: {}", pmem_client::error_chain(&e))
             });
         }
         if let Some((_, _, Some(vaddr))) = doubt {
             match pool.block_on(alloc.free(vaddr)) {
                 Ok(()) | Err(AllocError::DoubleFree { .. } | AllocError::InvalidFree { .. }) => {}
-                Err(e) => panic!("{what}: free {vaddr}: {}", client_vmm::error_chain(&e)),
+                Err(e) => panic!("{what}: free {vaddr}: {}", pmem_client::error_chain(&e)),
             }
         }
         let after = pool.block_on(alloc.scrub()).expect("scrub");
@@ -775,7 +775,7 @@ impl Track {
 
 /// The cost figures of the allocator through the fabric: alloc + free round
 /// time and one-sided operations for 64 B and 4 MiB. Run with
-/// `cargo test --release -p client-vmm --test alloc -- --ignored --nocapture cost`.
+/// `cargo test --release -p pmem-client --test alloc -- --ignored --nocapture cost`.
 #[test]
 #[ignore = "a measurement, not a check"]
 fn alloc_free_cost() {

@@ -20,7 +20,7 @@
 //! to post them, so this transport has neither.
 //!
 //! ```no_run
-//! use client_vmm::verbs::{Control, VerbsQp};
+//! use pmem_client::verbs::{Control, VerbsQp};
 //! use std::time::Duration;
 //!
 //! let mut control = Control::connect(

@@ -19,8 +19,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use client_vmm::{AsyncPool, Pool};
 use control::{ClusterMap, Endpoints, Keys, ReplicaState};
+use pmem_client::{AsyncPool, Pool};
 use testkit::{Daemon, DaemonSpec, Etcd, FabricSpec, Ports, REGION_FILE_HEADER_LEN, file_bytes};
 use topology::VirtAddr;
 
@@ -110,7 +110,7 @@ fn write_until(pool: &Pool, stop: &AtomicBool, done: &AtomicU64) -> Workload {
                 }
                 Err(e) => work.errors.push(format!(
                     "write {i} to {region}: {}",
-                    client_vmm::error_chain(&e)
+                    pmem_client::error_chain(&e)
                 )),
             }
         }
@@ -163,7 +163,7 @@ fn a_server_is_drained_under_writes_its_copies_move_and_nothing_is_lost() {
     let pool = Arc::new(
         AsyncPool::builder_on_etcd(endpoints, "test", "c1")
             .connect()
-            .unwrap_or_else(|e| panic!("pool: {}", client_vmm::error_chain(&e))),
+            .unwrap_or_else(|e| panic!("pool: {}", pmem_client::error_chain(&e))),
     );
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));

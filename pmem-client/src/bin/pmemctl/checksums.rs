@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use client_vmm::operator::RegionScrub;
+use pmem_client::operator::RegionScrub;
 
 /// One line per region, then one per block that no longer matches.
 pub fn render(found: &[RegionScrub]) -> String {

@@ -9,8 +9,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use client_vmm::{AsyncPool, Placement, Pool, ServerCache, operator};
 use control::MapSource;
+use pmem_client::{AsyncPool, Placement, Pool, ServerCache, operator};
 use topology::{RegionId, ServerId, SocketId, Topology};
 
 use crate::ctl::{CliError, Ctl, Output, payload};
@@ -537,7 +537,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
     let secrets = cli
         .secrets
         .clone()
-        .or_else(|| std::env::var_os(client_vmm::pool::SECRETS_ENV).map(PathBuf::from));
+        .or_else(|| std::env::var_os(pmem_client::pool::SECRETS_ENV).map(PathBuf::from));
     let output = match cli.command {
         Command::RotateKey { region, operator } => {
             let timeout = Duration::from_millis(cli.connect_timeout_ms.unwrap_or(5_000));
@@ -714,9 +714,9 @@ mod tests {
 
     #[test]
     fn help_names_the_start_of_the_virtual_space() {
-        assert_eq!(client_vmm::VIRT_BASE, 1 << 40, "the help says 1TiB");
-        assert!(AFTER_HELP.contains(&format!("({:#x})", client_vmm::VIRT_BASE)));
-        assert_eq!(num::parse_number("1TiB"), Ok(client_vmm::VIRT_BASE));
+        assert_eq!(pmem_client::VIRT_BASE, 1 << 40, "the help says 1TiB");
+        assert!(AFTER_HELP.contains(&format!("({:#x})", pmem_client::VIRT_BASE)));
+        assert_eq!(num::parse_number("1TiB"), Ok(pmem_client::VIRT_BASE));
     }
 
     #[test]

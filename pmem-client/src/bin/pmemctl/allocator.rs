@@ -1,8 +1,8 @@
 //! The allocator commands: `format`, `alloc`, `free`, `open`, `rm`, `ls`,
 //! `df` and `scrub`, and how they fail.
 
-use client_vmm::alloc::{NamedObject, ScrubReport, Usage};
-use client_vmm::{AllocError, Allocator, Placement};
+use pmem_client::alloc::{NamedObject, ScrubReport, Usage};
+use pmem_client::{AllocError, Allocator, Placement};
 use topology::{ByteSize, VirtAddr};
 
 use crate::ctl::{CliError, Ctl};
@@ -369,7 +369,7 @@ fn render_scrub(report: &ScrubReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use client_vmm::alloc::RegionUsage;
+    use pmem_client::alloc::RegionUsage;
     use topology::PmemAddr;
 
     #[test]

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use client_vmm::{Pool, ServerCache, VIRT_BASE, error_chain};
+use pmem_client::{Pool, ServerCache, VIRT_BASE, error_chain};
 use testkit::{Daemon, FabricSpec, Ports};
 use topology::{EnvOverrides, Topology, VirtAddr};
 
@@ -72,7 +72,7 @@ fn the_pools_policy_and_each_calls_reach_the_server() {
     let fabric = Fabric::start();
     let at = VirtAddr(VIRT_BASE);
     let small = [7u8; 256];
-    let bulk = vec![9u8; client_vmm::pool::NON_TEMPORAL_FROM as usize];
+    let bulk = vec![9u8; pmem_client::pool::NON_TEMPORAL_FROM as usize];
     assert_eq!(fabric.non_temporal_writes(), 0);
 
     // Auto, the default: small writes use the cache, bulk ones bypass it.
