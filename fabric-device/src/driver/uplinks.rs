@@ -31,7 +31,15 @@ impl Device {
         }
         for entry in layout.entries() {
             if entry.server == server {
-                self.uplinks.set_region(entry.region, entry.key, entry.len);
+                self.uplinks
+                    .set_region(link, entry.region, entry.key, entry.len);
+            }
+        }
+        // The copies of replicated regions this server holds, each with
+        // the key its server gave for it.
+        for (region, key) in self.core.copy_keys_on(&server) {
+            if let Some(entry) = self.core.map().layout.entry(region) {
+                self.uplinks.set_region(link, region, key, entry.len);
             }
         }
         if self.uplinks.has(link) {
@@ -109,6 +117,15 @@ impl Device {
                 now,
                 &format!("its RDMA queue pair to the server failed ({status:?})"),
             );
+        }
+    }
+
+    /// Sends what the queue pairs toward servers have ready.
+    pub(super) fn transmit_uplinks(&mut self, now: Instant) {
+        for (index, port) in self.roce.iter_mut().enumerate() {
+            if let Some(port) = port {
+                self.roce_dirty |= port.transmit(now, &mut self.uplinks, index);
+            }
         }
     }
 

@@ -70,7 +70,7 @@ impl Forwarder {
         again.copy = copy;
         let head = again.head;
         pending.copy = Some(CopyTicket::Read(Box::new(again)));
-        self.send_copy(head, Arc::from(&[][..]), link, pending, key, now)
+        self.send_copy(head, Arc::from(&[][..]), link, pending, key, false, now)
             .map(|_| ())
             .map_err(|mut pending| {
                 pending.copy = None;
