@@ -23,7 +23,7 @@ mkdir -p "$run"
 say() { echo "perftest.sh: $*" >&2; }
 
 (cd "$REPO" && cargo build --release --quiet -p testbed --features verbs &&
-  cargo build --release --quiet -p client-vmm --features verbs --bin roce-probe)
+  cargo build --release --quiet -p pmem-client --features verbs --bin roce-probe)
 bin=$REPO/target/release
 bash "$HERE/image.sh"
 

@@ -147,7 +147,7 @@ pub struct Edited {
     pub notes: Vec<String>,
 }
 
-fn parse(what: &'static str, text: &str) -> Result<Table, EditError> {
+pub(crate) fn parse(what: &'static str, text: &str) -> Result<Table, EditError> {
     text.parse::<Table>()
         .map_err(|source| EditError::Toml { what, source })
 }
@@ -162,7 +162,7 @@ fn write(subject: &str, table: &Table, notes: Vec<String>) -> Result<Edited, Edi
 
 /// The array of tables `key` (created empty when missing; anything else
 /// under that key is replaced, and validation says what was wrong).
-fn array<'t>(table: &'t mut Table, key: &str) -> &'t mut Vec<Value> {
+pub(crate) fn array<'t>(table: &'t mut Table, key: &str) -> &'t mut Vec<Value> {
     let slot = table
         .entry(key.to_owned())
         .or_insert_with(|| Value::Array(Vec::new()));
@@ -175,7 +175,7 @@ fn array<'t>(table: &'t mut Table, key: &str) -> &'t mut Vec<Value> {
     }
 }
 
-fn id_of(value: &Value) -> Option<&str> {
+pub(crate) fn id_of(value: &Value) -> Option<&str> {
     value.get("id").and_then(Value::as_str)
 }
 

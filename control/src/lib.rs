@@ -26,6 +26,7 @@
 //! Modules: [`endpoints`] (the `--etcd` list), [`credentials`] (an etcd
 //! user's credentials file), [`access`] (the pool's etcd users and roles),
 //! [`edit`] (the operator's changes as edits of the map's topology),
+//! [`drain`] (a server's copies moved elsewhere, one map change a step),
 //! [`keys`] (the key layout), `map_flags` (feature `clap`: the daemons'
 //! flags that name the map's source),
 //! [`map`] (the map document and its validation), [`member`] (liveness and
@@ -41,6 +42,7 @@
 pub mod access;
 pub mod copy_marks;
 pub mod credentials;
+pub mod drain;
 pub mod edit;
 pub mod endpoints;
 pub mod error;

@@ -7,12 +7,20 @@
 //!
 //! - `owner` becomes the new device and `version` goes up by one, with the
 //!   map's epoch;
-//! - the **deciding copy** (the first serving one in set order) stays
-//!   serving; every other serving copy becomes `syncing`. The old owner may
-//!   have died with a write applied on one copy and not another, so only
-//!   the deciding copy is known to hold every acknowledged change; the
-//!   others take writes again at once and serve reads only after a resync.
-//!   `syncing` and `offline` copies keep their state.
+//! - the **deciding copy** (the first serving one in set order whose
+//!   server the new owner reaches) stays serving; every other serving copy
+//!   becomes `syncing`. The old owner may have died with a write applied
+//!   on one copy and not another, so only the deciding copy is known to
+//!   hold every acknowledged change; the others take writes again at once
+//!   and serve reads only after a resync. `syncing` and `offline` copies
+//!   keep their state.
+//! - A serving copy whose server the new owner does not reach (it died
+//!   with the old owner) is passed over as the deciding copy: every
+//!   serving copy holds every acknowledged change (an acknowledgement
+//!   waits for each of them), so any reachable one may decide, and the
+//!   one passed over becomes `syncing` like the others. Were it kept as
+//!   the deciding copy, the region would have no copy that decides until
+//!   that server came back.
 //!
 //! A device that read an older version loses: the record moved on (another
 //! device took over first, or a copy was marked), nothing is written, and
@@ -76,6 +84,20 @@ pub enum OwnershipError {
         /// The region.
         region: String,
     },
+    /// Every serving copy is on a server the new owner does not reach.
+    #[error(
+        "fabric device {device} reaches no server of a serving copy of region {region} \
+         (serving on {servers}): it cannot take the region over; its requests wait for a \
+         device that does, or for one of those servers"
+    )]
+    NoReachableServingCopy {
+        /// The region.
+        region: String,
+        /// The device.
+        device: String,
+        /// The servers of the serving copies, comma-separated.
+        servers: String,
+    },
     /// The map's topology does not load (it is refused everywhere anyway).
     #[error("the map's topology does not load: {why}")]
     BadTopology {
@@ -104,11 +126,14 @@ pub struct TakenOver {
 /// `map` with `device` as `region`'s owner, if the region's record is still
 /// at `expected_version`: the owner, the version (+1) and the epoch (+1)
 /// change, and every serving copy but the deciding one becomes syncing.
+/// The deciding copy is the first serving one whose server is not in
+/// `unreachable` (the servers `device` has no link to, or found dead).
 pub fn take_ownership(
     map: &ClusterMap,
     region: &str,
     device: &str,
     expected_version: u64,
+    unreachable: &[&str],
 ) -> Result<TakenOver, OwnershipError> {
     let topology = Topology::from_toml_str("the map", &map.topology, &EnvOverrides::None)
         .map_err(|e| OwnershipError::BadTopology { why: e.to_string() })?;
@@ -143,13 +168,24 @@ pub fn take_ownership(
             device: device.to_owned(),
         });
     }
-    let Some(deciding) = record
+    let serving: Vec<&str> = record
         .copies
         .iter()
-        .position(|c| c.state == ReplicaState::Serving)
-    else {
+        .filter(|c| c.state == ReplicaState::Serving)
+        .map(|c| c.server.as_str())
+        .collect();
+    if serving.is_empty() {
         return Err(OwnershipError::NoServingCopy {
             region: region.to_owned(),
+        });
+    }
+    let Some(deciding) = record.copies.iter().position(|c| {
+        c.state == ReplicaState::Serving && !unreachable.contains(&c.server.as_str())
+    }) else {
+        return Err(OwnershipError::NoReachableServingCopy {
+            region: region.to_owned(),
+            device: device.to_owned(),
+            servers: serving.join(", "),
         });
     };
     let mut syncing = Vec::new();
@@ -235,15 +271,17 @@ const ATTEMPTS: usize = 8;
 
 impl ControlPlane {
     /// Writes `device` as `region`'s owner if the region's record is still
-    /// at `expected_version` ([`take_ownership`]): one transaction against
-    /// the map's revision as read. A change elsewhere in the map meanwhile
-    /// is read again and the takeover decided anew; a change of this
-    /// region's record loses ([`Takeover::Lost`]).
+    /// at `expected_version` ([`take_ownership`], passing over the serving
+    /// copies on the servers in `unreachable` as the deciding copy): one
+    /// transaction against the map's revision as read. A change elsewhere
+    /// in the map meanwhile is read again and the takeover decided anew; a
+    /// change of this region's record loses ([`Takeover::Lost`]).
     pub async fn take_over(
         &mut self,
         region: &str,
         device: &str,
         expected_version: u64,
+        unreachable: &[&str],
     ) -> Result<Takeover, TakeoverError> {
         let control = |source| TakeoverError::Control {
             region: region.to_owned(),
@@ -253,22 +291,23 @@ impl ControlPlane {
         let mut last = None;
         for _ in 0..ATTEMPTS {
             let read = self.read_map().await.map_err(control)?;
-            let taken = match take_ownership(&read.map, region, device, expected_version) {
-                Ok(taken) => taken,
-                Err(OwnershipError::Moved { current, owner, .. }) => {
-                    return Ok(Takeover::Lost {
-                        owner,
-                        version: current,
-                    });
-                }
-                Err(source) => {
-                    return Err(TakeoverError::Refused {
-                        region: region.to_owned(),
-                        device: device.to_owned(),
-                        source,
-                    });
-                }
-            };
+            let taken =
+                match take_ownership(&read.map, region, device, expected_version, unreachable) {
+                    Ok(taken) => taken,
+                    Err(OwnershipError::Moved { current, owner, .. }) => {
+                        return Ok(Takeover::Lost {
+                            owner,
+                            version: current,
+                        });
+                    }
+                    Err(source) => {
+                        return Err(TakeoverError::Refused {
+                            region: region.to_owned(),
+                            device: device.to_owned(),
+                            source,
+                        });
+                    }
+                };
             match self.replace_map(&read, taken.map).await {
                 Ok(written) => {
                     return Ok(Takeover::Taken {
@@ -288,17 +327,19 @@ impl ControlPlane {
 }
 
 /// [`ControlPlane::take_over`] of each of `regions` (a region and the
-/// version of its record the decision was made on) by `device`, one
-/// transaction per region over one connection, for a caller without async
-/// code (the fabric device's takeover thread), as the etcd user of
-/// `credentials` when given. Errs only when etcd cannot be reached at all;
-/// each region's own outcome is in the list, in order.
+/// version of its record the decision was made on) by `device`, which does
+/// not reach the servers in `unreachable`, one transaction per region over
+/// one connection, for a caller without async code (the fabric device's
+/// takeover thread), as the etcd user of `credentials` when given. Errs
+/// only when etcd cannot be reached at all; each region's own outcome is
+/// in the list, in order.
 pub fn take_over_blocking(
     endpoints: &Endpoints,
     pool: &str,
     credentials: Option<&Credentials>,
     device: &str,
     regions: &[(&str, u64)],
+    unreachable: &[&str],
 ) -> Result<Vec<Result<Takeover, TakeoverError>>, ControlError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -308,7 +349,7 @@ pub fn take_over_blocking(
         let mut plane = ControlPlane::connect(endpoints, pool, credentials).await?;
         let mut outcomes = Vec::with_capacity(regions.len());
         for &(region, version) in regions {
-            outcomes.push(plane.take_over(region, device, version).await);
+            outcomes.push(plane.take_over(region, device, version, unreachable).await);
         }
         Ok(outcomes)
     })
@@ -355,7 +396,7 @@ mod tests {
         let map = replicated();
         let before = map.replica_set("PA.1").expect("PA.1").clone();
         assert_eq!(before.owner, "A");
-        let taken = take_ownership(&map, "PA.1", "B", before.version).expect("taken");
+        let taken = take_ownership(&map, "PA.1", "B", before.version, &[]).expect("taken");
         assert_eq!(taken.map.epoch, 5);
         let after = taken.map.replica_set("PA.1").expect("PA.1");
         assert_eq!(after.owner, "B");
@@ -391,7 +432,7 @@ mod tests {
             .find(|r| r.region == "PA.1")
             .expect("PA.1");
         record.copies[0].state = ReplicaState::Offline;
-        let taken = take_ownership(&map, "PA.1", "B", 1).expect("taken");
+        let taken = take_ownership(&map, "PA.1", "B", 1, &[]).expect("taken");
         let after = taken.map.replica_set("PA.1").expect("PA.1");
         assert_eq!(taken.deciding, "B");
         assert_eq!(after.state_on("A"), Some(ReplicaState::Offline));
@@ -403,7 +444,7 @@ mod tests {
     fn a_stale_version_an_owner_already_and_strangers_are_refused() {
         let map = replicated();
         assert_eq!(
-            take_ownership(&map, "PA.1", "B", 7),
+            take_ownership(&map, "PA.1", "B", 7, &[]),
             Err(OwnershipError::Moved {
                 region: "PA.1".into(),
                 expected: 7,
@@ -412,15 +453,15 @@ mod tests {
             })
         );
         assert!(matches!(
-            take_ownership(&map, "PA.1", "A", 1),
+            take_ownership(&map, "PA.1", "A", 1, &[]),
             Err(OwnershipError::AlreadyOwner { .. })
         ));
         assert!(matches!(
-            take_ownership(&map, "PA.1", "Z", 1),
+            take_ownership(&map, "PA.1", "Z", 1, &[]),
             Err(OwnershipError::UnknownDevice { .. })
         ));
         assert!(matches!(
-            take_ownership(&map, "nope", "B", 1),
+            take_ownership(&map, "nope", "B", 1, &[]),
             Err(OwnershipError::NotReplicated { .. })
         ));
         let mut dead = map.clone();
@@ -428,7 +469,32 @@ mod tests {
             copy.state = ReplicaState::Offline;
         }
         let region = dead.replica_sets[0].region.clone();
-        let err = take_ownership(&dead, &region, "B", 1).expect_err("no serving copy");
+        let err = take_ownership(&dead, &region, "B", 1, &[]).expect_err("no serving copy");
         assert!(err.to_string().contains("no serving copy"), "{err}");
+    }
+
+    #[test]
+    fn a_serving_copy_the_new_owner_does_not_reach_is_passed_over_as_the_deciding_one() {
+        let map = replicated();
+        let before = map.replica_set("PA.1").expect("PA.1").clone();
+        // The owner A and server A (PA.1's first copy) died together: B
+        // reaches only server B's copy, which decides; A's syncs later.
+        let taken = take_ownership(&map, "PA.1", "B", before.version, &["A"]).expect("taken");
+        let after = taken.map.replica_set("PA.1").expect("PA.1");
+        assert_eq!(taken.deciding, "B");
+        assert_eq!(taken.syncing, ["A"]);
+        assert_eq!(after.state_on("B"), Some(ReplicaState::Serving));
+        assert_eq!(after.state_on("A"), Some(ReplicaState::Syncing));
+        assert!(taken.note.contains("deciding copy on B"), "{}", taken.note);
+        // Reaching no serving copy at all: refused, naming them.
+        let err = take_ownership(&map, "PA.1", "B", before.version, &["A", "B"])
+            .expect_err("no copy reached");
+        assert!(
+            matches!(err, OwnershipError::NoReachableServingCopy { .. }),
+            "{err:?}"
+        );
+        let text = err.to_string();
+        assert!(text.contains("serving on A, B"), "{text}");
+        assert!(text.contains("region PA.1"), "{text}");
     }
 }

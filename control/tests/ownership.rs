@@ -35,11 +35,13 @@ async fn take(
     version: u64,
 ) -> Takeover {
     let (e, creds) = (endpoints.clone(), creds.clone());
-    blocking(move || take_over_blocking(&e, "test", Some(&creds), device, &[(region, version)]))
-        .await
-        .expect("etcd answers")
-        .remove(0)
-        .expect("decided")
+    blocking(move || {
+        take_over_blocking(&e, "test", Some(&creds), device, &[(region, version)], &[])
+    })
+    .await
+    .expect("etcd answers")
+    .remove(0)
+    .expect("decided")
 }
 
 #[tokio::test]

@@ -4,7 +4,7 @@ each daemon logging that it runs the new epoch, over 22 changes: one fabric
 device and one pmem-server on a real etcd (Debian's etcd-server), on
 loopback, with the default topology's ports made free ones.
 
-Build first (`cargo build -p fabric-device -p pmem-server -p client-vmm
+Build first (`cargo build -p fabric-device -p pmem-server -p pmem-client
 --bins`), then run `control/tools/measure_map_follow.py [TARGET_DIR]`
 (default: $CARGO_TARGET_DIR or target, debug profile). A report, not a
 test: the figures depend on the machine and its load."""

@@ -14,7 +14,7 @@ use topology::{
 
 /// What identifies a link across reloads: the server NIC and its address.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct LinkKey {
+pub struct LinkTarget {
     /// The server at the other end.
     pub server: ServerId,
     /// The server NIC.
@@ -26,8 +26,8 @@ pub struct LinkKey {
 /// One link of this device to a server NIC.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LinkSpec {
-    /// Its identity.
-    pub key: LinkKey,
+    /// The NIC it reaches.
+    pub target: LinkTarget,
     /// The CPU socket the NIC is attached to.
     pub socket: SocketId,
     /// The server's index in the layout (as MAP entries carry it).
@@ -146,7 +146,7 @@ impl DeviceMap {
                 let nic = server.nic(&link.nic)?;
                 let index = topology.servers.iter().position(|s| s.id == server.id)?;
                 Some(LinkSpec {
-                    key: LinkKey {
+                    target: LinkTarget {
                         server: server.id.clone(),
                         nic: nic.id.clone(),
                         addr: nic.listen.clone(),
@@ -161,7 +161,7 @@ impl DeviceMap {
             .collect();
         let reaching = |server: &ServerId, socket: &SocketId| {
             let mut reach: Vec<usize> = (0..links.len())
-                .filter(|&i| &links[i].key.server == server)
+                .filter(|&i| &links[i].target.server == server)
                 .collect();
             reach.sort_by_key(|&i| &links[i].socket != socket);
             reach
@@ -294,7 +294,7 @@ mod tests {
         let pc5 = map.layout.entry_by_id(&"PC.5".into()).unwrap();
         let reach = &map.region_links[pc5.region.0 as usize];
         assert_eq!(reach.len(), 1);
-        assert_eq!(map.links[reach[0]].key.server.as_str(), "C");
+        assert_eq!(map.links[reach[0]].target.server.as_str(), "C");
         assert_eq!(map.links[reach[0]].socket.as_str(), "0");
     }
 
@@ -308,8 +308,8 @@ mod tests {
             .iter()
             .map(|&i| {
                 (
-                    map.links[i].key.server.as_str(),
-                    map.links[i].key.nic.as_str(),
+                    map.links[i].target.server.as_str(),
+                    map.links[i].target.nic.as_str(),
                 )
             })
             .collect();
@@ -335,7 +335,7 @@ mod tests {
         // The backup on A's socket 0: A's NIC n0 first.
         let first = &map.links[set.copies[1].links[0]];
         assert_eq!(
-            (first.key.server.as_str(), first.key.nic.as_str()),
+            (first.target.server.as_str(), first.target.nic.as_str()),
             ("A", "n0")
         );
         assert_eq!(set.copies[1].links.len(), 2);

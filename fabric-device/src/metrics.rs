@@ -8,7 +8,7 @@ use proto::request::Operation;
 use proto::{Opcode, Status};
 use telemetry::{Counter, CounterTable, Family, Gauge, Histogram, Registry, RegistryError};
 
-use crate::ids::Lane;
+use crate::ids::LinkClass;
 /// One frame in this many has its time inside the device measured: two
 /// clock reads and a histogram update per frame cost more than the rest of
 /// the bookkeeping.
@@ -287,10 +287,10 @@ impl DeviceMetrics {
     }
 
     /// The up/down gauge of the `lane` link to `server`'s `nic`.
-    pub fn link_up(&self, server: &str, nic: &str, lane: Lane) -> Arc<Gauge> {
+    pub fn link_up(&self, server: &str, nic: &str, lane: LinkClass) -> Arc<Gauge> {
         match lane {
-            Lane::Main => self.links_up.with(&[server, nic]),
-            Lane::Bulk => self.bulk_links_up.with(&[server, nic]),
+            LinkClass::Main => self.links_up.with(&[server, nic]),
+            LinkClass::Bulk => self.bulk_links_up.with(&[server, nic]),
         }
     }
 

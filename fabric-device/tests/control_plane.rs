@@ -3,35 +3,50 @@
 
 use std::time::{Duration, Instant};
 
-use control::{ClusterMap, Keys, Member, Role};
+use control::Role;
 use proto::Status;
 use proto::request::Repr;
-use testkit::{Conn, Daemon, DaemonSpec, Etcd, FabricSpec, Ports, pmem_server_with};
+use testkit::{Conn, Daemon, Etcd, FabricSpec, Ports, pmem_server_with};
 
-const FABRIC_DEVICE: &str = env!("CARGO_BIN_EXE_fabric-device");
+mod support;
+
+use support::{FABRIC_DEVICE, device_on_etcd, members, put_map, server_on_etcd};
+
+/// Server S (region R1), device F and client c: the topology written to a
+/// fresh folder and put as the map at epoch 1 in a fresh etcd.
+struct OnEtcd {
+    dir: tempfile::TempDir,
+    etcd: Etcd,
+    config: std::path::PathBuf,
+    topology: String,
+}
+
+impl OnEtcd {
+    fn start() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let etcd = Etcd::start(dir.path()).unwrap_or_else(|e| panic!("etcd: {e}"));
+        let config = FabricSpec::new()
+            .server("S", &[("R1", "4MiB")])
+            .device("F")
+            .client("c")
+            .write(dir.path(), "topology.toml", &mut Ports::new());
+        let topology = std::fs::read_to_string(&config).expect("topology");
+        put_map(&etcd, 1, &topology);
+        Self {
+            dir,
+            etcd,
+            config,
+            topology,
+        }
+    }
+}
 
 #[test]
 fn a_device_on_etcd_forwards_by_the_map_and_is_a_member_while_it_runs() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let etcd = Etcd::start(dir.path()).unwrap_or_else(|e| panic!("etcd: {e}"));
-    let config = FabricSpec::new()
-        .server("S", &[("R1", "4MiB")])
-        .device("F")
-        .client("c")
-        .write(dir.path(), "topology.toml", &mut Ports::new());
-    let topology = std::fs::read_to_string(&config).expect("topology");
-    let map = ClusterMap::new(1, topology);
-    etcd.put(&Keys::of("test").map(), &map.to_json())
-        .expect("etcdctl put");
-    let members = || -> Vec<Member> {
-        let records = etcd
-            .get_prefix(&Keys::of("test").members())
-            .expect("etcdctl get");
-        records
-            .iter()
-            .map(|(key, v)| serde_json::from_str(v).unwrap_or_else(|e| panic!("{key}: {e}")))
-            .collect()
-    };
+    let OnEtcd {
+        dir, etcd, config, ..
+    } = OnEtcd::start();
+    let members = || members(&etcd);
 
     // The server reads the same map from its file; the device from etcd.
     let server = pmem_server_with(
@@ -42,19 +57,7 @@ fn a_device_on_etcd_forwards_by_the_map_and_is_a_member_while_it_runs() {
         &[],
     )
     .expect("server");
-    let device = Daemon::spawn(
-        DaemonSpec::new(FABRIC_DEVICE)
-            .args([
-                "--etcd",
-                &etcd.endpoint(),
-                "--pool",
-                "test",
-                "--device",
-                "F",
-            ])
-            .args(["--admin", "127.0.0.1:0", "--insecure"]),
-    )
-    .expect("device");
+    let device = device_on_etcd(&etcd.endpoint(), "F", &[]).expect("device");
     assert_eq!(device.field("epoch"), "1");
     device.wait_links_up(1);
     let mut conn = Conn::connect(device.addr("port.p0"));
@@ -78,51 +81,16 @@ fn a_device_on_etcd_forwards_by_the_map_and_is_a_member_while_it_runs() {
     drop(server);
 }
 
-/// How long a test waits for a daemon to do what it should do soon (a
-/// bound on a wait, not a measurement).
-const PATIENCE: Duration = Duration::from_secs(60);
-
-/// Waits until the daemon's log holds `needle`.
-fn wait_for_log(daemon: &Daemon, needle: &str) {
-    let deadline = Instant::now() + PATIENCE;
-    while !daemon.stderr_so_far().contains(needle) {
-        assert!(
-            Instant::now() < deadline,
-            "no {needle:?} in the log:\n{}",
-            daemon.stderr_so_far()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// A metric of the daemon's `/metrics`.
+/// A metric the daemon must have.
 fn metric(daemon: &Daemon, name: &str) -> f64 {
-    let (_, text) = telemetry::http_get(daemon.addr("admin"), "/metrics", Duration::from_secs(5))
-        .expect("metrics");
-    telemetry::metric_sum(&text, name, "").unwrap_or_else(|| panic!("no {name}:\n{text}"))
+    daemon
+        .metric(name, "")
+        .unwrap_or_else(|| panic!("no {name}:\n{}", daemon.metrics()))
 }
 
-/// Puts `topology` as the map at `epoch`, as an operator's change would.
-fn put_map(etcd: &Etcd, epoch: u64, topology: &str) {
-    let map = ClusterMap::new(epoch, topology);
-    etcd.put(&Keys::of("test").map(), &map.to_json())
-        .expect("etcdctl put");
-}
-
-fn device_on_etcd(etcd: &Etcd) -> Daemon {
-    Daemon::spawn(
-        DaemonSpec::new(FABRIC_DEVICE)
-            .args([
-                "--etcd",
-                &etcd.endpoint(),
-                "--pool",
-                "test",
-                "--device",
-                "F",
-            ])
-            .args(["--admin", "127.0.0.1:0", "--insecure"]),
-    )
-    .expect("device")
+/// Device F on `etcd`, insecure.
+fn device_f(etcd: &Etcd) -> Daemon {
+    device_on_etcd(&etcd.endpoint(), "F", &[]).expect("device")
 }
 
 fn write_at(addr: proto::PmemAddr, key: proto::AccessKey, data: &[u8]) -> Repr<'_> {
@@ -151,7 +119,7 @@ fn a_device_follows_epochs_that_add_and_remove_a_server_while_it_serves() {
     // The new server runs before the map names it, as an operator would
     // start it before adding it.
     let _s2 = server(&config_two, "S2");
-    let device = device_on_etcd(&etcd);
+    let device = device_f(&etcd);
     assert_eq!(device.field("epoch"), "1");
     device.wait_links_up(1);
     assert_eq!(metric(&device, "fabric_device_map_epoch"), 1.0);
@@ -191,7 +159,7 @@ fn a_device_follows_epochs_that_add_and_remove_a_server_while_it_serves() {
         assert_eq!(reply.tag, tag);
         assert_eq!(reply.status, Status::Ok, "{reply:?}");
     }
-    wait_for_log(&device, "map epoch=2 applied");
+    device.wait_for_log("map epoch=2 applied");
     assert_eq!(metric(&device, "fabric_device_map_epoch"), 2.0);
     device.wait_links_up(2);
 
@@ -211,7 +179,7 @@ fn a_device_follows_epochs_that_add_and_remove_a_server_while_it_serves() {
     // Epoch 3 takes the server away again: its region is refused by the
     // device, the other one is still served on the same connection.
     put_map(&etcd, 3, &text(&config_one));
-    wait_for_log(&device, "map epoch=3 applied");
+    device.wait_for_log("map epoch=3 applied");
     assert_eq!(
         conn.call(write_at(r2.start, k2, b"gone")).status,
         Status::Unmapped
@@ -224,16 +192,12 @@ fn a_device_follows_epochs_that_add_and_remove_a_server_while_it_serves() {
 
 #[test]
 fn a_device_keeps_its_map_through_bad_maps_an_etcd_outage_and_a_compaction() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let mut etcd = Etcd::start(dir.path()).unwrap_or_else(|e| panic!("etcd: {e}"));
-    let mut ports = Ports::new();
-    let spec = FabricSpec::new()
-        .server("S", &[("R1", "4MiB")])
-        .device("F")
-        .client("c");
-    let config = spec.write(dir.path(), "topology.toml", &mut ports);
-    let topology = std::fs::read_to_string(&config).expect("topology");
-    put_map(&etcd, 1, &topology);
+    let OnEtcd {
+        dir,
+        mut etcd,
+        config,
+        topology,
+    } = OnEtcd::start();
     let _server = pmem_server_with(
         testkit::binary("pmem-server"),
         &config,
@@ -242,7 +206,7 @@ fn a_device_keeps_its_map_through_bad_maps_an_etcd_outage_and_a_compaction() {
         &[],
     )
     .expect("server");
-    let device = device_on_etcd(&etcd);
+    let device = device_f(&etcd);
     device.wait_links_up(1);
     let layout = testkit::layout(&config);
     let r1 = &layout.entries()[0];
@@ -256,7 +220,7 @@ fn a_device_keeps_its_map_through_bad_maps_an_etcd_outage_and_a_compaction() {
     // An invalid map put by hand is refused, once, naming why; the device
     // keeps epoch 1 and serves.
     put_map(&etcd, 2, &topology.replace("extent_size", "extent_sizes"));
-    wait_for_log(&device, "refusing the map at etcd /pmem-fabric/test/map");
+    device.wait_for_log("refusing the map at etcd /pmem-fabric/test/map");
     let log = device.stderr_so_far();
     assert!(
         log.contains("(epoch 2)") && log.contains("keeping epoch 1"),
@@ -268,7 +232,7 @@ fn a_device_keeps_its_map_through_bad_maps_an_etcd_outage_and_a_compaction() {
 
     // etcd goes away: the device says so once and keeps forwarding.
     etcd.kill();
-    wait_for_log(&device, "lost the map watch on etcd");
+    device.wait_for_log("lost the map watch on etcd");
     served(&mut conn, b"no etcd");
     std::thread::sleep(Duration::from_secs(2));
     served(&mut conn, b"still no etcd");
@@ -282,8 +246,8 @@ fn a_device_keeps_its_map_through_bad_maps_an_etcd_outage_and_a_compaction() {
         3,
         &topology.replace("[pool]\n", "[pool]\n# epoch 3\n"),
     );
-    wait_for_log(&device, "map epoch=3 applied");
-    wait_for_log(&device, "following the map on etcd again");
+    device.wait_for_log("map epoch=3 applied");
+    device.wait_for_log("following the map on etcd again");
     served(&mut conn, b"epoch 3");
     assert!(metric(&device, "fabric_device_map_watch_restarts_total") >= 1.0);
 
@@ -310,7 +274,7 @@ fn a_device_keeps_its_map_through_bad_maps_an_etcd_outage_and_a_compaction() {
         .collect();
     etcd.ctl(&["compact", &revision]).expect("compact");
     device.signal(libc::SIGCONT);
-    wait_for_log(&device, "map epoch=5 applied");
+    device.wait_for_log("map epoch=5 applied");
     served(&mut conn, b"epoch 5");
 }
 
@@ -318,12 +282,7 @@ fn a_device_keeps_its_map_through_bad_maps_an_etcd_outage_and_a_compaction() {
 fn a_device_that_cannot_reach_etcd_says_which_endpoints_it_tried() {
     let port = testkit::free_loopback_port();
     let url = format!("http://127.0.0.1:{port}");
-    let err = Daemon::spawn(
-        DaemonSpec::new(FABRIC_DEVICE)
-            .args(["--etcd", &url, "--pool", "test", "--device", "F"])
-            .args(["--admin", "127.0.0.1:0", "--insecure"]),
-    )
-    .expect_err("no etcd there");
+    let err = device_on_etcd(&url, "F", &[]).expect_err("no etcd there");
     assert!(
         err.contains(&format!("cannot reach etcd at {url}")),
         "{err}"
@@ -341,31 +300,15 @@ fn say_epoch(conn: &mut Conn, epoch: u64) -> (Status, u64) {
 
 #[test]
 fn a_client_on_an_older_epoch_is_refused_stale_map_until_it_says_the_new_one() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let etcd = Etcd::start(dir.path()).unwrap_or_else(|e| panic!("etcd: {e}"));
-    let config = FabricSpec::new()
-        .server("S", &[("R1", "4MiB")])
-        .device("F")
-        .client("c")
-        .write(dir.path(), "topology.toml", &mut Ports::new());
-    let topology = std::fs::read_to_string(&config).expect("topology");
-    put_map(&etcd, 1, &topology);
+    let OnEtcd {
+        dir,
+        etcd,
+        config,
+        topology,
+    } = OnEtcd::start();
     // Both follow the map: the device says its epoch on its link.
-    let _server = Daemon::spawn(
-        DaemonSpec::new(testkit::binary("pmem-server"))
-            .args([
-                "--etcd",
-                &etcd.endpoint(),
-                "--pool",
-                "test",
-                "--server",
-                "S",
-            ])
-            .args(["--admin", "127.0.0.1:0", "--insecure", "--data-dir"])
-            .arg(dir.path().join("data")),
-    )
-    .expect("server");
-    let device = device_on_etcd(&etcd);
+    let _server = server_on_etcd(&etcd.endpoint(), "S", &dir.path().join("data"), &[]);
+    let device = device_f(&etcd);
     device.wait_links_up(1);
     let layout = testkit::layout(&config);
     let r1 = &layout.entries()[0];
@@ -384,7 +327,7 @@ fn a_client_on_an_older_epoch_is_refused_stale_map_until_it_says_the_new_one() {
         2,
         &topology.replace("[pool]\n", "[pool]\n# epoch 2\n"),
     );
-    wait_for_log(&device, "map epoch=2 applied");
+    device.wait_for_log("map epoch=2 applied");
     let stale = conn.call(write_at(r1.start, key, b"epoch 1 again"));
     assert_eq!(
         (stale.status, stale.value),
@@ -407,24 +350,6 @@ fn a_client_on_an_older_epoch_is_refused_stale_map_until_it_says_the_new_one() {
     let mut unfenced = Conn::connect(device.addr("port.p0"));
     unfenced.hello("c");
     assert_eq!(unfenced.call(read).status, Status::Ok);
-}
-
-/// A daemon on etcd pool `test` with the keys in `secrets`: `binary` with
-/// its own flags (`--server S --data-dir DIR` or `--device F`).
-fn keyed_on_etcd(
-    etcd: &Etcd,
-    binary: &std::path::Path,
-    own: &[&str],
-    secrets: &std::path::Path,
-) -> Daemon {
-    Daemon::spawn(
-        DaemonSpec::new(binary)
-            .args(["--etcd", &etcd.endpoint(), "--pool", "test"])
-            .args(own)
-            .args(["--admin", "127.0.0.1:0", "--secrets"])
-            .arg(secrets),
-    )
-    .unwrap_or_else(|e| panic!("{}: {e}", binary.display()))
 }
 
 #[test]
@@ -457,24 +382,11 @@ fn a_device_takes_its_clients_keys_from_each_new_map() {
     .expect("spoil c3's key");
     put_map(&etcd, 1, &one);
 
+    let keyed = ["--secrets", secrets.to_str().expect("a UTF-8 path")];
     let data = dir.path().join("data");
-    let server = keyed_on_etcd(
-        &etcd,
-        &testkit::binary("pmem-server"),
-        &[
-            "--server",
-            "S",
-            "--data-dir",
-            data.to_str().expect("a UTF-8 path"),
-        ],
-        &secrets,
-    );
-    let device = keyed_on_etcd(
-        &etcd,
-        std::path::Path::new(FABRIC_DEVICE),
-        &["--device", "F"],
-        &secrets,
-    );
+    let server = server_on_etcd(&etcd.endpoint(), "S", &data, &keyed);
+    let device = device_on_etcd(&etcd.endpoint(), "F", &keyed)
+        .unwrap_or_else(|e| panic!("{FABRIC_DEVICE}: {e}"));
     device.wait_links_up(1);
     let r1 = testkit::layout(&dir.path().join("one.toml")).entries()[0].clone();
     let port = device.addr("port.p0");
@@ -498,8 +410,8 @@ fn a_device_takes_its_clients_keys_from_each_new_map() {
     // Epoch 2: c2 may prove its key without a restart; c1 may not, and its
     // open connection is refused at its next request.
     put_map(&etcd, 2, &two);
-    wait_for_log(&server, "map epoch=2 applied");
-    wait_for_log(&device, "map epoch=2 applied");
+    server.wait_for_log("map epoch=2 applied");
+    device.wait_for_log("map epoch=2 applied");
     let log = device.stderr_so_far();
     assert!(log.contains("map epoch=2: client c2 may connect"), "{log}");
     assert!(
@@ -517,7 +429,7 @@ fn a_device_takes_its_clients_keys_from_each_new_map() {
     // (staying on epoch 2 would have the server answer STALE_MAP to every
     // request it forwards).
     put_map(&etcd, 3, &three);
-    wait_for_log(&device, "map epoch=3 applied");
+    device.wait_for_log("map epoch=3 applied");
     let log = device.stderr_so_far();
     let c3_file = secrets.join(Principal::Client("c3").file_name());
     assert!(
@@ -526,6 +438,6 @@ fn a_device_takes_its_clients_keys_from_each_new_map() {
         "{log}"
     );
     assert!(proven("c3", [0xC3; 32]).is_err(), "c3 has no usable key");
-    wait_for_log(&server, "map epoch=3 applied");
+    server.wait_for_log("map epoch=3 applied");
     assert_eq!(write(&mut c2, b"c2 at epoch 3"), Status::Ok);
 }

@@ -2,23 +2,15 @@
 //! two servers, `replicas = 2` (each server holds the other's regions as
 //! backups), one device F that owns every region, raw protocol clients.
 
+mod support;
+
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use proto::request::{Repr, Target};
 use proto::{AccessKey, Status};
-use testkit::{Conn, Daemon, FabricSpec, Ports, file_bytes, layout};
-use topology::{Layout, PmemAddr};
-
-const DEVICE_FLAGS: &[&str] = &[
-    "--request-timeout-ms",
-    "2000",
-    "--reconnect-min-ms",
-    "20",
-    "--reconnect-max-ms",
-    "200",
-];
+use support::{DEVICE_FLAGS, data_dir};
+use testkit::{Conn, Daemon, layout};
+use topology::Layout;
 
 struct Fabric {
     dir: tempfile::TempDir,
@@ -27,28 +19,11 @@ struct Fabric {
     device: Daemon,
 }
 
-fn data_dir(dir: &Path, server: &str) -> PathBuf {
-    dir.join("data").join(server)
-}
-
 impl Fabric {
     /// Servers A (region A1) and B (region B1), two copies of each.
     fn start() -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
-        let mut ports = Ports::new();
-        let spec = FabricSpec::new()
-            .server("A", &[("A1", "4MiB")])
-            .server("B", &[("B1", "4MiB")])
-            .device("F")
-            .client("c1");
-        let config = spec.write(dir.path(), "topology.toml", &mut ports);
-        let text = std::fs::read_to_string(&config).expect("read the topology");
-        let replicated = text.replacen("name = \"test\"", "name = \"test\"\nreplicas = 2", 1);
-        assert_ne!(
-            text, replicated,
-            "the [pool] table is where testkit writes it"
-        );
-        std::fs::write(&config, replicated).expect("write the topology");
+        let (config, _) = support::replicated_topology(dir.path(), &["F"], "c1");
         let servers = ["A", "B"]
             .into_iter()
             .map(|id| {
@@ -72,38 +47,24 @@ impl Fabric {
     }
 
     fn client(&self) -> Conn {
-        let mut conn = Conn::connect(self.device.addr("port.p0"));
-        let reply = conn.hello("c1");
-        assert_eq!(reply.status, Status::Ok, "{reply:?}");
-        conn
+        support::client(&self.device, "c1")
     }
 
     fn pmem(&self, region: &str, offset: u64) -> Target {
-        let entry = self.layout.entry_by_id(&region.into()).expect("region");
-        Target::Pmem(PmemAddr(entry.start.get() + offset))
+        support::pmem(&self.layout, region, offset)
     }
 
     fn key(&self, region: &str) -> AccessKey {
-        self.layout.entry_by_id(&region.into()).expect("region").key
+        support::key(&self.layout, region)
     }
 
     /// `len` bytes at `offset` of `server`'s copy of `region`, from its file.
     fn copy_bytes(&self, server: &str, region: &str, offset: u64, len: usize) -> Vec<u8> {
-        file_bytes(&data_dir(self.dir.path(), server), region, offset, len)
+        support::copy_bytes(self.dir.path(), server, region, offset, len)
     }
 
     fn metric(&self, name: &str) -> f64 {
-        let (code, text) = telemetry::http_get(
-            self.device.addr("admin"),
-            "/metrics",
-            Duration::from_secs(5),
-        )
-        .expect("scrape the device");
-        assert_eq!(code, 200);
-        text.lines()
-            .filter(|l| l.starts_with(name))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+        support::metric(&self.device, name)
     }
 }
 

@@ -5,14 +5,17 @@
 //! while the writes go on; then server A is killed and B alone answers
 //! everything.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use control::{ClusterMap, Keys, ReplicaState};
+use control::ReplicaState;
 use proto::request::{Repr, Target};
 use proto::{AccessKey, Status};
-use testkit::{Conn, Daemon, DaemonSpec, FabricSpec, Ports, file_bytes, layout};
-use topology::{Layout, PmemAddr};
+use support::data_dir;
+use testkit::{Conn, Daemon, layout};
+use topology::Layout;
 
 const REGION_LEN: u64 = 4 << 20;
 const REGIONS: [&str; 2] = ["A1", "B1"];
@@ -20,19 +23,11 @@ const REGIONS: [&str; 2] = ["A1", "B1"];
 const ALL_SLOTS: u64 = REGION_LEN / 512;
 /// Slow enough that the resync overlaps the writes that go on meanwhile.
 const RESYNC_RATE: &str = "4MiB";
-const DEVICE_FLAGS: &[&str] = &[
-    "--request-timeout-ms",
-    "2000",
-    "--reconnect-min-ms",
-    "20",
-    "--reconnect-max-ms",
-    "200",
-    "--resync-rate",
-    RESYNC_RATE,
-];
-
-fn data_dir(dir: &Path, server: &str) -> PathBuf {
-    dir.join("data").join(server)
+/// The shared device flags, and the resync's rate.
+fn device_flags() -> Vec<&'static str> {
+    let mut flags = support::DEVICE_FLAGS.to_vec();
+    flags.extend(["--resync-rate", RESYNC_RATE]);
+    flags
 }
 
 /// Where the daemons take the map from.
@@ -57,25 +52,10 @@ struct Fabric {
 impl Fabric {
     fn start(on_etcd: bool) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
-        let mut ports = Ports::new();
-        let spec = FabricSpec::new()
-            .server("A", &[("A1", "4MiB")])
-            .server("B", &[("B1", "4MiB")])
-            .device("F")
-            .client("c1");
-        let config = spec.write(dir.path(), "topology.toml", &mut ports);
-        let text = std::fs::read_to_string(&config).expect("read the topology");
-        let replicated = text.replacen("name = \"test\"", "name = \"test\"\nreplicas = 2", 1);
-        assert_ne!(
-            text, replicated,
-            "the [pool] table is where testkit writes it"
-        );
-        std::fs::write(&config, &replicated).expect("write the topology");
+        let (config, replicated) = support::replicated_topology(dir.path(), &["F"], "c1");
         let control = if on_etcd {
             let etcd = testkit::Etcd::start(dir.path()).unwrap_or_else(|e| panic!("etcd: {e}"));
-            let map = ClusterMap::new(1, replicated);
-            etcd.put(&Keys::of("test").map(), &map.to_json())
-                .expect("etcdctl put");
+            support::put_first_map(&etcd, replicated);
             Control::Etcd(etcd)
         } else {
             Control::File
@@ -99,17 +79,13 @@ impl Fabric {
 
     /// Starts server `id` on its data directory (again, after a kill).
     fn server(&self, id: &str) -> Daemon {
-        let data = data_dir(self.dir.path(), id);
-        let started = match &self.control {
-            Control::File => testkit::pmem_server(&self.config, id, &data, &[]),
-            Control::Etcd(etcd) => Daemon::spawn(
-                DaemonSpec::new(testkit::binary("pmem-server"))
-                    .args(["--etcd", &etcd.endpoint(), "--pool", "test", "--server", id])
-                    .args(["--admin", "127.0.0.1:0", "--insecure", "--data-dir"])
-                    .arg(&data),
-            ),
-        };
-        started.unwrap_or_else(|e| panic!("pmem-server {id} did not start:\n{e}"))
+        match &self.control {
+            Control::File => {
+                testkit::pmem_server(&self.config, id, &data_dir(self.dir.path(), id), &[])
+                    .unwrap_or_else(|e| panic!("pmem-server {id} did not start:\n{e}"))
+            }
+            Control::Etcd(etcd) => support::server_on(etcd, id, self.dir.path()),
+        }
     }
 
     /// The state of `region`'s copy on `server` in the map in etcd.
@@ -117,78 +93,40 @@ impl Fabric {
         let Control::Etcd(etcd) = &self.control else {
             return None;
         };
-        let key = Keys::of("test").map();
-        let records = etcd.get_prefix(&key).expect("etcdctl get");
-        let (_, json) = records
-            .iter()
-            .find(|(k, _)| *k == key)
-            .expect("the map in etcd");
-        let map = ClusterMap::from_json(&key, json.as_bytes()).expect("a map");
-        map.replica_set(region)?.state_on(server)
+        support::map_now(etcd).replica_set(region)?.state_on(server)
     }
 
     fn client(&self) -> Conn {
-        let mut conn = Conn::connect(self.device.addr("port.p0"));
-        let reply = conn.hello("c1");
-        assert_eq!(reply.status, Status::Ok, "{reply:?}");
-        conn
+        support::client(&self.device, "c1")
     }
 
     fn pmem(&self, region: &str, offset: u64) -> Target {
-        let entry = self.layout.entry_by_id(&region.into()).expect("region");
-        Target::Pmem(PmemAddr(entry.start.get() + offset))
+        support::pmem(&self.layout, region, offset)
     }
 
     fn key(&self, region: &str) -> AccessKey {
-        self.layout.entry_by_id(&region.into()).expect("region").key
+        support::key(&self.layout, region)
     }
 
     /// The whole of `server`'s copy of `region`, from its file (past the
     /// region header).
     fn copy(&self, server: &str, region: &str) -> Vec<u8> {
-        file_bytes(
-            &data_dir(self.dir.path(), server),
-            region,
-            0,
-            REGION_LEN as usize,
-        )
+        support::copy_bytes(self.dir.path(), server, region, 0, REGION_LEN as usize)
     }
 
     /// The sum of the device's samples of metric `name`.
     fn metric(&self, name: &str) -> f64 {
-        let (code, text) = telemetry::http_get(
-            self.device.addr("admin"),
-            "/metrics",
-            Duration::from_secs(5),
-        )
-        .expect("scrape the device");
-        assert_eq!(code, 200);
-        text.lines()
-            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+        support::metric(&self.device, name)
     }
 }
 
 /// Fabric device F, with the flags of this test.
 fn device(config: &Path, control: &Control) -> Daemon {
-    let started = match control {
-        Control::File => testkit::fabric_device(config, "F", DEVICE_FLAGS),
-        Control::Etcd(etcd) => Daemon::spawn(
-            DaemonSpec::new(testkit::binary("fabric-device"))
-                .args([
-                    "--etcd",
-                    &etcd.endpoint(),
-                    "--pool",
-                    "test",
-                    "--device",
-                    "F",
-                ])
-                .args(["--admin", "127.0.0.1:0", "--insecure"])
-                .args(DEVICE_FLAGS),
-        ),
-    };
-    started.unwrap_or_else(|e| panic!("fabric-device did not start:\n{e}"))
+    match control {
+        Control::File => testkit::fabric_device(config, "F", &device_flags())
+            .unwrap_or_else(|e| panic!("fabric-device did not start:\n{e}")),
+        Control::Etcd(etcd) => support::device_on(etcd, "F", &device_flags()),
+    }
 }
 
 /// What the application wrote: each region's bytes as they must read.
@@ -229,7 +167,7 @@ impl Written {
             ));
             // While the map's epoch moves (each mark bumps it), a server
             // or the device may answer STALE_MAP (nothing ran); a client
-            // takes the newer map and sends again, as client-vmm does.
+            // takes the newer map and sends again, as pmem-client does.
             for _ in 0..50 {
                 if reply.status != Status::StaleMap {
                     break;
@@ -258,13 +196,11 @@ fn a_restarted_server_is_resynced_while_writes_go_on_and_then_serves_alone() {
     restart_resync_and_serve_alone(false);
 }
 
-/// Fails today, not in the resync: each mark bumps the map's epoch, a
-/// server that has not read the new epoch yet answers the device's
-/// requests STALE_MAP, and the owner's write path takes a STALE_MAP from
-/// one copy next to another copy's OK as a refused change and drops that
-/// copy (seen: server A's copies marked offline right after B's resync).
+/// The same on etcd: each mark bumps the map's epoch, and a server that
+/// read the new epoch before the device answers its requests STALE_MAP
+/// meanwhile; the owner sends those parts again once the server confirms
+/// the device's epoch, and drops no copy for it.
 #[test]
-#[ignore = "the owner drops a copy that answers STALE_MAP while the map's epoch moves; see the comment"]
 fn on_etcd_the_restarted_servers_copies_go_offline_syncing_serving_in_the_map() {
     restart_resync_and_serve_alone(true);
 }
@@ -402,4 +338,68 @@ fn restart_resync_and_serve_alone(on_etcd: bool) {
     }
     written.write_next(&fabric, &mut conn, ALL_SLOTS);
     assert_eq!(written.errors, Vec::<String>::new(), "B alone takes writes");
+}
+
+/// An atomic applied while B was down reaches B's exactly-once window with
+/// B's resync: once A is gone and B decides, the client's retry of it
+/// (same identity, its first answer lost, say) is answered from B's
+/// record, not applied a second time.
+#[test]
+fn an_atomic_applied_while_a_copy_was_down_is_answered_from_its_record_there_once_it_decides() {
+    let mut fabric = Fabric::start(false);
+    let mut conn = fabric.client();
+    let counter = fabric.pmem("A1", 1 << 20);
+    let key = fabric.key("A1");
+    let add =
+        |amount: u64, seq: u64| Repr::fetch_add(counter, key, amount).with_exactly_once(0, seq);
+    let first = conn.call(add(3, 1));
+    assert_eq!((first.status, first.value), (Status::Ok, 0));
+
+    // B holds A1's backup: the next atomic is applied at A (the deciding
+    // copy) only.
+    fabric.b.take().expect("server B").kill9();
+    let missed = conn.call(add(5, 2));
+    assert_eq!((missed.status, missed.value), (Status::Ok, 3));
+
+    // B restarts and is resynced: records first, then the blocks.
+    fabric.b = Some(fabric.server("B"));
+    let deadline = Instant::now() + Duration::from_secs(120);
+    // Both of B's copies (A1's backup, B1's primary) were lost with it.
+    while fabric.metric("fabric_device_resyncs_finished_total") < 2.0 {
+        assert!(
+            Instant::now() < deadline,
+            "B's copies not resynced after 120 s:\n{}",
+            fabric.device.stderr_so_far()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        fabric
+            .device
+            .stderr_so_far()
+            .contains("1 exactly-once records of atomics decided while the copy did not serve"),
+        "{}",
+        fabric.device.stderr_so_far()
+    );
+
+    // A goes: B decides. The retry is answered with what the atomic first
+    // returned, and the counter holds each acknowledged FETCH_ADD once.
+    fabric.a.take().expect("server A").kill9();
+    let again = conn.call(add(5, 2));
+    assert_eq!(
+        (again.status, again.value),
+        (Status::Ok, 3),
+        "answered from B's record; the device's log:\n{}",
+        fabric.device.stderr_so_far()
+    );
+    let read = conn.call(Repr::read(counter, key, 8));
+    assert_eq!(read.status, Status::Ok);
+    assert_eq!(read.data, 8u64.to_le_bytes(), "3 + 5, each applied once");
+    // A new atomic is applied there as usual.
+    let next = conn.call(add(1, 3));
+    assert_eq!((next.status, next.value), (Status::Ok, 8));
+    assert_eq!(
+        conn.call(Repr::read(counter, key, 8)).data,
+        9u64.to_le_bytes()
+    );
 }

@@ -4,75 +4,23 @@
 //! F2 takes A1 over in the map (owner, version, B's copy syncing) and
 //! serves it, and an atomic F1 had applied is answered from the deciding
 //! copy's exactly-once window, not applied twice. A frozen F1 is taken
-//! over once its lease is gone, and changes nothing when it thaws.
+//! over once its lease is gone, and changes nothing when it thaws. F1
+//! killed together with server A, A1's deciding copy: F2 takes A1 over
+//! with B's copy deciding.
 
-use std::path::{Path, PathBuf};
+mod support;
+
 use std::time::{Duration, Instant};
 
-use control::{ClusterMap, Keys, ReplicaState};
+use control::{ClusterMap, ReplicaState};
 use proto::Status;
 use proto::request::{Repr, Target};
-use testkit::{Conn, Daemon, DaemonSpec, Etcd, FabricSpec, Ports, file_bytes};
-use topology::{Layout, PmemAddr};
-
-const FABRIC_DEVICE: &str = env!("CARGO_BIN_EXE_fabric-device");
-
-/// How long the test waits for something that should happen soon (a bound
-/// on a wait, not a measurement).
-const PATIENCE: Duration = Duration::from_secs(60);
-
-fn data_dir(dir: &Path, server: &str) -> PathBuf {
-    dir.join("data").join(server)
-}
-
-fn server_on(etcd: &Etcd, server: &str, dir: &Path) -> Daemon {
-    Daemon::spawn(
-        DaemonSpec::new(testkit::binary("pmem-server"))
-            .args([
-                "--etcd",
-                &etcd.endpoint(),
-                "--pool",
-                "test",
-                "--server",
-                server,
-            ])
-            .args(["--admin", "127.0.0.1:0", "--insecure", "--data-dir"])
-            .arg(data_dir(dir, server)),
-    )
-    .unwrap_or_else(|e| panic!("pmem-server {server}: {e}"))
-}
-
-fn device_on(etcd: &Etcd, device: &str) -> Daemon {
-    Daemon::spawn(
-        DaemonSpec::new(FABRIC_DEVICE)
-            .args([
-                "--etcd",
-                &etcd.endpoint(),
-                "--pool",
-                "test",
-                "--device",
-                device,
-            ])
-            .args(["--admin", "127.0.0.1:0", "--insecure"])
-            .args(["--request-timeout-ms", "2000", "--reconnect-min-ms", "20"])
-            .args(["--reconnect-max-ms", "200"]),
-    )
-    .unwrap_or_else(|e| panic!("fabric-device {device}: {e}"))
-}
-
-/// The map pool `test` holds in etcd now.
-fn map_now(etcd: &Etcd) -> ClusterMap {
-    let records = etcd
-        .get_prefix(&Keys::of("test").map())
-        .expect("etcdctl get");
-    let (_, json) = records.first().expect("a map");
-    serde_json::from_str(json).expect("a map document")
-}
+use support::{DEVICE_FLAGS, PATIENCE, map_now};
+use testkit::{Conn, Daemon, Etcd};
+use topology::Layout;
 
 fn client(device: &Daemon) -> Conn {
-    let mut conn = Conn::connect(device.addr("port.p0"));
-    assert_eq!(conn.hello("c").status, Status::Ok);
-    conn
+    support::client(device, "c")
 }
 
 /// The fabric of these tests: etcd, servers A and B, devices F1 and F2,
@@ -82,7 +30,8 @@ struct Fabric {
     etcd: Etcd,
     layout: Layout,
     map: ClusterMap,
-    _servers: [Daemon; 2],
+    /// A and B; `None` once killed.
+    servers: [Option<Daemon>; 2],
     /// `None` once killed.
     f1: Option<Daemon>,
     f2: Daemon,
@@ -92,33 +41,19 @@ impl Fabric {
     fn start() -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let etcd = Etcd::start(dir.path()).unwrap_or_else(|e| panic!("etcd: {e}"));
-        let config = FabricSpec::new()
-            .server("A", &[("A1", "4MiB")])
-            .server("B", &[("B1", "4MiB")])
-            .device("F1")
-            .device("F2")
-            .client("c")
-            .write(dir.path(), "topology.toml", &mut Ports::new());
-        let text = std::fs::read_to_string(&config).expect("topology");
-        let replicated = text.replacen("name = \"test\"", "name = \"test\"\nreplicas = 2", 1);
-        assert_ne!(
-            text, replicated,
-            "the [pool] table is where testkit writes it"
-        );
-        let map = ClusterMap::new(1, replicated);
+        let (config, replicated) = support::replicated_topology(dir.path(), &["F1", "F2"], "c");
+        let map = support::put_first_map(&etcd, replicated);
         assert_eq!(
             (owner(&map, "A1").as_str(), owner(&map, "B1").as_str()),
             ("F1", "F2")
         );
-        etcd.put(&Keys::of("test").map(), &map.to_json())
-            .expect("etcdctl put");
         let layout = testkit::layout(&config);
         let servers = [
-            server_on(&etcd, "A", dir.path()),
-            server_on(&etcd, "B", dir.path()),
+            support::server_on(&etcd, "A", dir.path()),
+            support::server_on(&etcd, "B", dir.path()),
         ];
-        let f1 = device_on(&etcd, "F1");
-        let f2 = device_on(&etcd, "F2");
+        let f1 = support::device_on(&etcd, "F1", DEVICE_FLAGS);
+        let f2 = support::device_on(&etcd, "F2", DEVICE_FLAGS);
         f1.wait_links_up(2);
         f2.wait_links_up(2);
         Self {
@@ -126,7 +61,7 @@ impl Fabric {
             etcd,
             layout,
             map,
-            _servers: servers,
+            servers: servers.map(Some),
             f1: Some(f1),
             f2,
         }
@@ -137,8 +72,7 @@ impl Fabric {
     }
 
     fn at(&self, region: &str, offset: u64) -> Target {
-        let entry = self.layout.entry_by_id(&region.into()).expect("region");
-        Target::Pmem(PmemAddr(entry.start.get() + offset))
+        support::pmem(&self.layout, region, offset)
     }
 
     /// The region key of A1, as `conn`'s device gives it.
@@ -148,7 +82,7 @@ impl Fabric {
 
     /// `len` bytes at `offset` of server `server`'s copy of A1.
     fn a1_copy(&self, server: &str, offset: u64, len: usize) -> Vec<u8> {
-        file_bytes(&data_dir(self.dir.path(), server), "A1", offset, len)
+        support::copy_bytes(self.dir.path(), server, "A1", offset, len)
     }
 
     /// Sends `req` through F2 until it is answered otherwise than NOT_OWNER
@@ -283,4 +217,43 @@ fn a_frozen_owner_is_taken_over_past_its_lease_and_changes_nothing_when_thawed()
         std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(fabric.a1_copy("A", 0, 5), b"fresh");
+}
+
+/// The owner and the server of its region's deciding copy die at one
+/// moment: the surviving device takes the region over with the surviving
+/// copy deciding (the dead one is passed over and no longer serves), so
+/// the region serves at once; an atomic the old owner completed is
+/// answered from the surviving copy's window (its record came with the
+/// word), not applied again.
+#[test]
+fn the_owner_killed_with_the_deciding_copy_leaves_the_other_copy_deciding() {
+    let mut fabric = Fabric::start();
+    let mut via_f1 = client(fabric.f1());
+    let key = fabric.a1_key(&mut via_f1);
+    let bump = Repr::fetch_add(fabric.at("A1", 64), key, 1).with_exactly_once(0, 7);
+    let first = via_f1.call(bump);
+    assert_eq!((first.status, first.value), (Status::Ok, 0));
+    let mut via_f2 = client(&fabric.f2);
+
+    // Server A (A1's first copy, the deciding one) and F1 die together.
+    fabric.servers[0].take().expect("A runs").kill9();
+    fabric.f1.take().expect("F1 runs").kill9();
+    let again = fabric.through_f2_once_it_owns(&mut via_f2, bump);
+    assert_eq!(
+        (again.status, again.value),
+        (Status::Ok, 0),
+        "answered from B's window:\n{}",
+        fabric.f2.stderr_so_far()
+    );
+    let read = via_f2.call(Repr::read(fabric.at("A1", 64), key, 8));
+    assert_eq!(read.status, Status::Ok);
+    assert_eq!(read.data, 1u64.to_le_bytes(), "applied once");
+    let write = via_f2.call(Repr::write(fabric.at("A1", 0), key, b"after"));
+    assert_eq!(write.status, Status::Ok);
+    assert_eq!(fabric.a1_copy("B", 0, 5), b"after");
+    let now = map_now(&fabric.etcd);
+    let a1 = now.replica_set("A1").expect("A1");
+    assert_eq!(a1.owner.as_str(), "F2");
+    assert_eq!(a1.state_on("B"), Some(ReplicaState::Serving));
+    assert_ne!(a1.state_on("A"), Some(ReplicaState::Serving), "{a1:?}");
 }

@@ -4,37 +4,21 @@
 
 use std::time::{Duration, Instant};
 
-use control::{ClusterMap, Keys, Member, Role};
-use testkit::{Conn, Daemon, DaemonSpec, Etcd, write_topology};
+use control::Role;
+use testkit::{Conn, Daemon, Etcd, write_topology};
 
-const PMEM_SERVER: &str = env!("CARGO_BIN_EXE_pmem-server");
+mod support;
 
-/// The live members of pool `test`, read with etcdctl.
-fn members(etcd: &Etcd) -> Vec<Member> {
-    let records = etcd
-        .get_prefix(&Keys::of("test").members())
-        .expect("etcdctl get");
-    records
-        .iter()
-        .map(|(key, value)| serde_json::from_str(value).unwrap_or_else(|e| panic!("{key}: {e}")))
-        .collect()
-}
+use support::{DeviceKeys, PATIENCE, as_device, members, put_map, server_on_etcd};
 
 /// Loads `topology` into etcd as pool `test`'s map at epoch 1.
 fn load_map(etcd: &Etcd, topology: String) {
-    let map = ClusterMap::new(1, topology);
-    etcd.put(&Keys::of("test").map(), &map.to_json())
-        .expect("etcdctl put");
+    put_map(etcd, 1, topology);
 }
 
 /// Server `S` of the pool's map in etcd, with its data in `data`.
 fn server_on(etcd: &str, data: &std::path::Path) -> Result<Daemon, String> {
-    Daemon::spawn(
-        DaemonSpec::new(PMEM_SERVER)
-            .args(["--etcd", etcd, "--pool", "test", "--server", "S"])
-            .args(["--admin", "127.0.0.1:0", "--insecure", "--data-dir"])
-            .arg(data),
-    )
+    server_on_etcd(etcd, "S", data, &[])
 }
 
 #[test]
@@ -92,31 +76,6 @@ fn a_server_that_cannot_reach_etcd_says_which_endpoints_it_tried() {
     );
 }
 
-/// How long a test waits for the server to do what it should do soon (a
-/// bound on a wait, not a measurement).
-const PATIENCE: Duration = Duration::from_secs(60);
-
-/// Puts `topology` as pool `test`'s map at `epoch`, as an operator's
-/// change would.
-fn put_map(etcd: &Etcd, epoch: u64, topology: String) {
-    let map = ClusterMap::new(epoch, topology);
-    etcd.put(&Keys::of("test").map(), &map.to_json())
-        .expect("etcdctl put");
-}
-
-/// Waits until the server's log holds `needle`.
-fn wait_for_log(daemon: &Daemon, needle: &str) {
-    let deadline = Instant::now() + PATIENCE;
-    while !daemon.stderr_so_far().contains(needle) {
-        assert!(
-            Instant::now() < deadline,
-            "no {needle:?} in the log:\n{}",
-            daemon.stderr_so_far()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 #[test]
 fn a_server_refuses_a_region_the_map_takes_away_and_keeps_its_file() {
     use proto::Status;
@@ -145,7 +104,7 @@ fn a_server_refuses_a_region_the_map_takes_away_and_keeps_its_file() {
     // Epoch 2 no longer places R2 here: its requests are refused, R1's are
     // served, and R2's file keeps its bytes.
     put_map(&etcd, 2, only_r1);
-    wait_for_log(&server, "map epoch=2 applied");
+    server.wait_for_log("map epoch=2 applied");
     assert!(
         server
             .stderr_so_far()
@@ -167,15 +126,13 @@ fn a_server_refuses_a_region_the_map_takes_away_and_keeps_its_file() {
 
     // Epoch 3 places it here again: served, with its data.
     put_map(&etcd, 3, both);
-    wait_for_log(&server, "map epoch=3 applied");
+    server.wait_for_log("map epoch=3 applied");
     let read = conn.call(Repr::read(Target::Pmem(r2.start), k2, 4));
     assert_eq!(
         (read.status, read.data.as_slice()),
         (Status::Ok, &b"kept"[..])
     );
-    let (_, metrics) =
-        telemetry::http_get(server.addr("admin"), "/metrics", Duration::from_secs(5))
-            .expect("metrics");
+    let metrics = server.metrics();
     assert_eq!(
         telemetry::metric_sum(&metrics, "pmem_server_map_epoch", ""),
         Some(3.0)
@@ -218,7 +175,7 @@ fn a_connection_on_an_older_epoch_is_refused_stale_map_and_nothing_runs() {
         2,
         topology.replace("[pool]\n", "[pool]\n# epoch 2\n"),
     );
-    wait_for_log(&server, "map epoch=2 applied");
+    server.wait_for_log("map epoch=2 applied");
     let stale = conn.call(write(b"two"));
     assert_eq!((stale.status, stale.value), (Status::StaleMap, 2));
     assert_eq!(
@@ -226,13 +183,7 @@ fn a_connection_on_an_older_epoch_is_refused_stale_map_and_nothing_runs() {
         b"one",
         "nothing ran"
     );
-    let (_, metrics) =
-        telemetry::http_get(server.addr("admin"), "/metrics", Duration::from_secs(5))
-            .expect("metrics");
-    assert_eq!(
-        telemetry::metric_sum(&metrics, "pmem_server_stale_map_total", ""),
-        Some(1.0)
-    );
+    assert_eq!(server.metric("pmem_server_stale_map_total", ""), Some(1.0));
 
     assert_eq!(say(&mut conn, 2), (Status::Ok, 2));
     assert_eq!(conn.call(write(b"two")).status, Status::Ok);
@@ -242,10 +193,8 @@ fn a_connection_on_an_older_epoch_is_refused_stale_map_and_nothing_runs() {
 #[test]
 fn a_device_the_map_adds_may_connect_and_one_it_removes_is_cut_off() {
     use proto::Status;
-    use proto::hello::Role;
     use proto::opening::OpeningError;
     use proto::request::{Repr, Target};
-    use topology::secrets::{Principal, write_key};
 
     let dir = tempfile::tempdir().expect("temp dir");
     let etcd = Etcd::start(dir.path()).unwrap_or_else(|e| panic!("etcd: {e}"));
@@ -260,35 +209,13 @@ fn a_device_the_map_adds_may_connect_and_one_it_removes_is_cut_off() {
     let both = std::fs::read_to_string(both).expect("topology");
     let only_f = control::edit::remove_device(&both, "G").expect("without G");
     let only_g = control::edit::remove_device(&both, "F").expect("without F");
-    let secrets = dir.path().join("keys");
-    std::fs::create_dir_all(&secrets).expect("keys folder");
-    let (f_key, g_key) = ([0xF1; 32], [0x61; 32]);
-    write_key(&secrets, Principal::Device("F"), &f_key).expect("F's key");
-    write_key(&secrets, Principal::Device("G"), &g_key).expect("G's key");
+    let keys = DeviceKeys::write(dir.path());
+    let (f_key, g_key) = (keys.f, keys.g);
     load_map(&etcd, only_f.topology);
-    let server = Daemon::spawn(
-        DaemonSpec::new(PMEM_SERVER)
-            .args([
-                "--etcd",
-                &etcd.endpoint(),
-                "--pool",
-                "test",
-                "--server",
-                "S",
-            ])
-            .args(["--admin", "127.0.0.1:0", "--secrets"])
-            .arg(&secrets)
-            .arg("--data-dir")
-            .arg(dir.path().join("data")),
-    )
-    .expect("server");
-    let data = server.addr("nic.n0");
     let data_dir = dir.path().join("data");
-    let device = |name: &str, key| {
-        let mut conn = Conn::connect(data);
-        conn.authenticate(Role::FabricDevice, name, key)
-            .map(|()| conn)
-    };
+    let server = server_on_etcd(&etcd.endpoint(), "S", &data_dir, &keys.flags()).expect("server");
+    let data = server.addr("nic.n0");
+    let device = |name: &str, key| as_device(data, name, key);
     // A write for client c (number 0) through a device; its status.
     let write_for_c = |conn: &mut Conn, what: &[u8]| {
         let key = conn.map().entries[0].key;
@@ -311,7 +238,7 @@ fn a_device_the_map_adds_may_connect_and_one_it_removes_is_cut_off() {
     // Epoch 2 adds G: it connects and acts for the client wired to it,
     // without a restart of the server.
     put_map(&etcd, 2, both);
-    wait_for_log(&server, "map epoch=2 applied");
+    server.wait_for_log("map epoch=2 applied");
     assert!(
         server
             .stderr_so_far()
@@ -331,7 +258,7 @@ fn a_device_the_map_adds_may_connect_and_one_it_removes_is_cut_off() {
     // map and another path), it gets no region key, and F cannot connect
     // again; G goes on.
     put_map(&etcd, 3, only_g.topology);
-    wait_for_log(&server, "map epoch=3 applied");
+    server.wait_for_log("map epoch=3 applied");
     assert!(
         server
             .stderr_so_far()
@@ -360,17 +287,11 @@ fn a_device_the_map_adds_may_connect_and_one_it_removes_is_cut_off() {
         Some(OpeningError::Refused(Status::UnknownClient))
     );
     assert_eq!(write_for_c(&mut g, b"by G"), Status::Ok);
-    let (_, metrics) =
-        telemetry::http_get(server.addr("admin"), "/metrics", Duration::from_secs(5))
-            .expect("metrics");
     assert_eq!(
-        telemetry::metric_sum(
-            &metrics,
-            "pmem_server_auth_failures_total",
-            "reason=\"revoked\""
-        ),
+        server.metric("pmem_server_auth_failures_total", "reason=\"revoked\""),
         Some(1.0),
-        "{metrics}"
+        "{}",
+        server.metrics()
     );
 }
 
@@ -418,7 +339,7 @@ fn a_map_that_wires_a_client_to_an_added_device_brings_its_exactly_once_lane() {
     );
 
     put_map(&etcd, 2, std::fs::read_to_string(&two).expect("topology"));
-    wait_for_log(&server, "map epoch=2 applied");
+    server.wait_for_log("map epoch=2 applied");
     for request in [on_g, c2] {
         for attempt in 0..2 {
             let reply = conn.call(request);

@@ -3,20 +3,17 @@
 //! another server's user cannot register it.
 
 use control::access;
-use control::{ClusterMap, Endpoints, Keys, Member, Role};
-use testkit::{Daemon, DaemonSpec, Etcd, write_topology};
+use control::{Endpoints, Role};
+use testkit::{Daemon, Etcd, write_topology};
 
-const PMEM_SERVER: &str = env!("CARGO_BIN_EXE_pmem-server");
+mod support;
 
-/// Server `S` of pool `test`'s map in etcd, with `extra` flags.
+use support::{members, put_map, server_on_etcd};
+
+/// Server `S` of pool `test`'s map in etcd (no fabric keys), with `extra`
+/// flags.
 fn server_on(etcd: &str, data: &std::path::Path, extra: &[&str]) -> Result<Daemon, String> {
-    Daemon::spawn(
-        DaemonSpec::new(PMEM_SERVER)
-            .args(["--etcd", etcd, "--pool", "test", "--server", "S"])
-            .args(["--admin", "127.0.0.1:0", "--insecure", "--data-dir"])
-            .arg(data)
-            .args(extra.iter().copied()),
-    )
+    server_on_etcd(etcd, "S", data, extra)
 }
 
 #[test]
@@ -25,9 +22,7 @@ fn a_server_on_an_etcd_with_authentication_runs_as_its_own_user_only() {
     let mut etcd = Etcd::start(dir.path()).unwrap_or_else(|e| panic!("etcd: {e}"));
     let topology =
         std::fs::read_to_string(write_topology(dir.path(), &[("R1", "4MiB")])).expect("topology");
-    let map = ClusterMap::new(1, topology);
-    etcd.put(&Keys::of("test").map(), &map.to_json())
-        .expect("etcdctl put");
+    put_map(&etcd, 1, topology);
     let endpoints = Endpoints::parse(&etcd.endpoint()).expect("endpoint");
     let daemons = [
         (Role::Server, "S".to_owned()),
@@ -71,15 +66,7 @@ fn a_server_on_an_etcd_with_authentication_runs_as_its_own_user_only() {
     )
     .expect("server with its own credentials");
     assert_eq!(server.field("epoch"), "1");
-    let members = || -> Vec<Member> {
-        etcd.get_prefix(&Keys::of("test").members())
-            .expect("etcdctl as root")
-            .iter()
-            .map(|(key, value)| {
-                serde_json::from_str(value).unwrap_or_else(|e| panic!("{key}: {e}"))
-            })
-            .collect()
-    };
+    let members = || members(&etcd);
     let live = members();
     assert_eq!(live.len(), 1, "{live:?}");
     assert_eq!((live[0].role, live[0].name.as_str()), (Role::Server, "S"));

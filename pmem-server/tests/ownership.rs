@@ -4,38 +4,21 @@
 //! over, the old owner's changes are refused NOT_OWNER (counted), and
 //! STALE_MAP on a connection that says the old epoch.
 
-use std::time::{Duration, Instant};
-
 use control::ownership::{Takeover, take_over_blocking};
-use control::{ClusterMap, Endpoints, Keys};
+use control::{ClusterMap, Endpoints};
 use proto::Status;
-use proto::hello::Role;
 use proto::request::{Repr, Target};
-use testkit::{Conn, Daemon, DaemonSpec, Etcd};
-use topology::secrets::{Principal, write_key};
+use testkit::{Conn, Etcd};
 
-const PMEM_SERVER: &str = env!("CARGO_BIN_EXE_pmem-server");
+mod support;
 
-/// How long the test waits for the server to apply a map (a bound on a
-/// wait, not a measurement).
-const PATIENCE: Duration = Duration::from_secs(60);
+use support::{DeviceKeys, as_device, put_cluster_map, server_on_etcd};
 
-fn wait_for_log(daemon: &Daemon, needle: &str) {
-    let deadline = Instant::now() + PATIENCE;
-    while !daemon.stderr_so_far().contains(needle) {
-        assert!(
-            Instant::now() < deadline,
-            "no {needle:?} in the log:\n{}",
-            daemon.stderr_so_far()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-fn counter(daemon: &Daemon, name: &str) -> f64 {
-    let (_, text) = telemetry::http_get(daemon.addr("admin"), "/metrics", Duration::from_secs(5))
-        .expect("metrics");
-    telemetry::metric_sum(&text, name, "").unwrap_or_else(|| panic!("no {name}:\n{text}"))
+/// A counter the server must have.
+fn counter(server: &testkit::Daemon, name: &str) -> f64 {
+    server
+        .metric(name, "")
+        .unwrap_or_else(|| panic!("no {name}:\n{}", server.metrics()))
 }
 
 #[test]
@@ -61,35 +44,18 @@ fn a_deposed_owner_is_refused_by_the_copies_and_the_new_owner_served() {
     let map = ClusterMap::new(1, replicated);
     let owner = |region: &str| map.replica_set(region).expect("replicated").owner.clone();
     assert_eq!((owner("A1").as_str(), owner("B1").as_str()), ("F", "G"));
-    etcd.put(&Keys::of("test").map(), &map.to_json())
-        .expect("etcdctl put");
-    let secrets = dir.path().join("keys");
-    std::fs::create_dir_all(&secrets).expect("keys folder");
-    let (f_key, g_key) = ([0xF1; 32], [0x61; 32]);
-    write_key(&secrets, Principal::Device("F"), &f_key).expect("F's key");
-    write_key(&secrets, Principal::Device("G"), &g_key).expect("G's key");
-    let server = Daemon::spawn(
-        DaemonSpec::new(PMEM_SERVER)
-            .args([
-                "--etcd",
-                &etcd.endpoint(),
-                "--pool",
-                "test",
-                "--server",
-                "A",
-            ])
-            .args(["--admin", "127.0.0.1:0", "--secrets"])
-            .arg(&secrets)
-            .arg("--data-dir")
-            .arg(dir.path().join("data")),
+    put_cluster_map(&etcd, &map);
+    let keys = DeviceKeys::write(dir.path());
+    let server = server_on_etcd(
+        &etcd.endpoint(),
+        "A",
+        &dir.path().join("data"),
+        &keys.flags(),
     )
     .expect("server");
     let data = server.addr("nic.n0");
     let device = |name: &str, key| {
-        let mut conn = Conn::connect(data);
-        conn.authenticate(Role::FabricDevice, name, key)
-            .unwrap_or_else(|e| panic!("{name} connects: {e:?}"));
-        conn
+        as_device(data, name, key).unwrap_or_else(|e| panic!("{name} connects: {e:?}"))
     };
     // A change of `region`'s copy here, for client c (number 0).
     let write = |conn: &mut Conn, region: usize, what: &[u8]| {
@@ -108,8 +74,8 @@ fn a_deposed_owner_is_refused_by_the_copies_and_the_new_owner_served() {
         .status
     };
     let (a1, b1) = (0, 1);
-    let mut f = device("F", f_key);
-    let mut g = device("G", g_key);
+    let mut f = device("F", keys.f);
+    let mut g = device("G", keys.g);
 
     // Each device changes the region it owns, not the other's.
     assert_eq!(write(&mut f, a1, b"by F").status, Status::Ok);
@@ -148,7 +114,7 @@ fn a_deposed_owner_is_refused_by_the_copies_and_the_new_owner_served() {
 
     // G takes A1 over (F is deemed dead), one transaction at epoch 2.
     let endpoints = Endpoints::parse(&etcd.endpoint()).expect("endpoint");
-    let taken = take_over_blocking(&endpoints, "test", None, "G", &[("A1", 1)])
+    let taken = take_over_blocking(&endpoints, "test", None, "G", &[("A1", 1)], &[])
         .expect("etcd answers")
         .remove(0)
         .expect("decided");
@@ -156,7 +122,7 @@ fn a_deposed_owner_is_refused_by_the_copies_and_the_new_owner_served() {
         matches!(taken, Takeover::Taken { epoch: 2, .. }),
         "{taken:?}"
     );
-    wait_for_log(&server, "map epoch=2 applied");
+    server.wait_for_log("map epoch=2 applied");
     assert_eq!(own(&mut g, a1, false), Status::Ok, "the new owner reads");
 
     // F comes back, still taking itself for the owner: refused, nothing

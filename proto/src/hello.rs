@@ -125,7 +125,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
 /// `Role::from(u8)` never yields `Unknown` for a named value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Role {
-    /// An application host's virtual memory manager (1).
+    /// An application host's client library (1).
     Client,
     /// A fabric device (2).
     FabricDevice,

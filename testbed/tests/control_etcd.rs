@@ -3,13 +3,12 @@
 //! loads the topology, runs every daemon on it; chaos kills etcd (or its
 //! leader) under the workload and the data path keeps serving.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 
 mod support;
 
-use support::{run_dir, text, two_by_two};
+use support::{report, run_dir, run_in_fresh_fabric, start_up, text, two_by_two};
 
 /// A chaos run of `scenario` with one fault on a fresh fabric on etcd;
 /// returns its output, report, run folder and the folder holding it all.
@@ -17,24 +16,14 @@ fn chaos_on_etcd(
     scenario: &str,
     extra: &[&str],
 ) -> (String, serde_json::Value, PathBuf, tempfile::TempDir) {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let config = two_by_two(dir.path(), &["c1", "c2"]);
-    let reports = dir.path().join("reports");
-    let output = Command::new(env!("CARGO_BIN_EXE_testbed"))
-        .args(["chaos", config.to_str().expect("utf-8 path")])
-        .args(["--scenario", scenario, "--faults", "1", "--duration", "4"])
-        .args(["--control", "etcd"])
-        .args(extra)
-        .arg("--reports")
-        .arg(&reports)
-        .output()
-        .expect("run testbed");
+    let mut args = vec!["chaos", "--scenario", scenario, "--faults", "1"];
+    args.extend(["--duration", "4", "--control", "etcd"]);
+    args.extend(extra);
+    let (output, dir) = run_in_fresh_fabric(&args);
     let out = text(&output);
     assert!(output.status.success(), "{out}");
     let run = run_dir(dir.path());
-    let json = std::fs::read_to_string(run.join("report.json")).expect("report.json");
-    let report: serde_json::Value = serde_json::from_str(&json).expect("report.json parses");
-    (out, report, run, dir)
+    (out, report(&run), run, dir)
 }
 
 /// The sum of `field` (`count`, `errors`) over every operation kind in
@@ -48,19 +37,30 @@ fn total(report: &serde_json::Value, field: &str) -> u64 {
         .sum()
 }
 
-/// The common checks of an etcd chaos run: one fault of `scenario`,
-/// restored; no application error; verification passed; every daemon took
-/// its map from etcd as its own user.
-fn assert_served_through(scenario: &str, out: &str, report: &serde_json::Value, run: &Path) {
+/// The checks every etcd chaos run shares: one fault of `scenario`, no
+/// application error, some operations, verification passed; the fault.
+fn assert_one_fault_unseen<'r>(
+    scenario: &str,
+    out: &str,
+    report: &'r serde_json::Value,
+) -> &'r serde_json::Value {
     let faults = report["faults"].as_array().expect("faults");
     assert_eq!(faults.len(), 1, "{out}");
     assert_eq!(faults[0]["kind"], scenario, "{out}");
-    assert!(faults[0]["restored_at_s"].is_number(), "etcd came back");
     assert_eq!(faults[0]["errors_seen"], 0, "{out}");
     assert_eq!(total(report, "errors"), 0, "{out}");
     assert!(total(report, "count") > 0, "{out}");
     assert_eq!(report["verification"]["passed"], true, "{out}");
     assert!(out.contains("verification    PASSED"), "{out}");
+    &faults[0]
+}
+
+/// The common checks of an etcd chaos run: one fault of `scenario`,
+/// restored; no application error; verification passed; every daemon took
+/// its map from etcd as its own user.
+fn assert_served_through(scenario: &str, out: &str, report: &serde_json::Value, run: &Path) {
+    let fault = assert_one_fault_unseen(scenario, out, report);
+    assert!(fault["restored_at_s"].is_number(), "etcd came back");
     let replay = report["replay"].as_str().expect("replay");
     assert!(replay.contains("--control etcd"), "{replay}");
     for log in [
@@ -141,7 +141,7 @@ fn etcd_scenarios_without_etcd_are_refused_with_the_flags_to_give() {
 
 /// Runs `pmemctl ARGS…` with no etcd variables from the environment.
 fn pmemctl(args: &[&str]) -> Output {
-    Command::new(testkit::binary_in("client-vmm", "pmemctl"))
+    Command::new(testkit::binary_in("pmem-client", "pmemctl"))
         .args(args)
         .env_remove("PMEM_FABRIC_ETCD")
         .env_remove("PMEM_FABRIC_ETCD_CREDENTIALS")
@@ -151,26 +151,8 @@ fn pmemctl(args: &[&str]) -> Output {
 
 #[test]
 fn up_on_etcd_prints_its_endpoint_and_the_operators_cluster_line() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let config = two_by_two(dir.path(), &["c1", "c2"]);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_testbed"))
-        .args(["up", config.to_str().expect("path"), "--control", "etcd"])
-        .arg("--data-dir")
-        .arg(dir.path().join("data"))
-        .current_dir(dir.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start testbed up");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let mut printed = Vec::new();
-    for line in lines.by_ref() {
-        let line = line.expect("line");
-        if line.contains("fabric is up") {
-            break;
-        }
-        printed.push(line);
-    }
+    let up = start_up(&["--control", "etcd"]);
+    let printed = &up.table;
     let etcd_line = printed
         .iter()
         .find(|l| l.starts_with("etcd: http://127.0.0.1:"))
@@ -179,12 +161,8 @@ fn up_on_etcd_prints_its_endpoint_and_the_operators_cluster_line() {
         !etcd_line.contains(":2379 "),
         "never the system etcd: {etcd_line}"
     );
-    let cluster_line = printed
-        .iter()
-        .find_map(|l| l.strip_prefix("cluster: "))
-        .unwrap_or_else(|| panic!("no cluster line: {printed:#?}"));
-    let words: Vec<&str> = cluster_line.split_whitespace().collect();
-    assert_eq!(words[..2], ["pmemctl", "cluster"], "{cluster_line}");
+    let words = up.cluster_line();
+    assert_eq!(words[..2], ["pmemctl", "cluster"], "{words:?}");
 
     // The operator's line works as printed: every daemon is live.
     let shown = pmemctl(&words[1..]);
@@ -225,19 +203,7 @@ fn up_on_etcd_prints_its_endpoint_and_the_operators_cluster_line() {
         out.contains("pmem-fabric.") && out.contains("may not") && out.contains("intent"),
         "{out}"
     );
-
-    // SAFETY: kill(2) on our own child's pid.
-    unsafe {
-        libc::kill(i32::try_from(child.id()).expect("pid"), libc::SIGTERM);
-    }
-    let rest: Vec<String> = lines.map_while(Result::ok).collect();
-    let status = child.wait().expect("wait");
-    assert!(status.success(), "{rest:#?}");
-    assert_eq!(
-        rest.iter().filter(|l| l.ends_with(": stopped")).count(),
-        4,
-        "{rest:#?}"
-    );
+    up.stop();
 }
 
 /// The map epochs the report saw `daemon` run, in order.
@@ -257,15 +223,8 @@ fn epochs_of(report: &serde_json::Value, daemon: &str) -> Vec<u64> {
 /// The checks every membership change shares: one change, made at epoch
 /// 2, no application error, verification passed.
 fn assert_changed_under_load(scenario: &str, out: &str, report: &serde_json::Value) -> String {
-    let faults = report["faults"].as_array().expect("faults");
-    assert_eq!(faults.len(), 1, "{out}");
-    assert_eq!(faults[0]["kind"], scenario, "{out}");
-    assert_eq!(faults[0]["errors_seen"], 0, "{out}");
-    assert_eq!(total(report, "errors"), 0, "{out}");
-    assert!(total(report, "count") > 0, "{out}");
-    assert_eq!(report["verification"]["passed"], true, "{out}");
-    assert!(out.contains("verification    PASSED"), "{out}");
-    let target = faults[0]["target"].as_str().expect("target").to_owned();
+    let fault = assert_one_fault_unseen(scenario, out, report);
+    let target = fault["target"].as_str().expect("target").to_owned();
     assert!(target.ends_with(" at epoch 2"), "{target}");
     target
 }
@@ -419,32 +378,8 @@ fn up_in_network_namespaces_on_three_etcd_members_and_down_again() {
     if !namespaces_usable() {
         return;
     }
-    let dir = tempfile::tempdir().expect("temp dir");
-    let config = two_by_two(dir.path(), &["c1", "c2"]);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_testbed"))
-        .args(["up", config.to_str().expect("path"), "--net", "netns"])
-        .args(["--control", "etcd", "--etcd-members", "3"])
-        .arg("--data-dir")
-        .arg(dir.path().join("data"))
-        .current_dir(dir.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start testbed up");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let mut printed = Vec::new();
-    for line in lines.by_ref() {
-        let line = line.expect("line");
-        if line.contains("fabric is up") {
-            break;
-        }
-        printed.push(line);
-    }
-    let cluster_line = printed
-        .iter()
-        .find_map(|l| l.strip_prefix("cluster: "))
-        .unwrap_or_else(|| panic!("no cluster line: {printed:#?}"));
-    let words: Vec<&str> = cluster_line.split_whitespace().collect();
+    let up = start_up(&["--net", "netns", "--control", "etcd", "--etcd-members", "3"]);
+    let words = up.cluster_line();
     // Every daemon, each in its own namespace, reached etcd over its
     // management link and is live there.
     let shown = pmemctl(&words[1..]);
@@ -454,23 +389,12 @@ fn up_in_network_namespaces_on_three_etcd_members_and_down_again() {
     assert_eq!(out.matches("live at").count(), 4, "{out}");
     // Their records carry their management addresses (10.240.0.0/12).
     assert_eq!(out.matches("live at 10.2").count(), 4, "{out}");
-    let prefix = printed
+    let prefix = up
+        .table
         .iter()
         .find_map(|l| l.split_whitespace().find(|w| w.starts_with("pf")))
         .map(|w| w.split('-').next().expect("prefix").to_owned());
-
-    // SAFETY: kill(2) on our own child's pid.
-    unsafe {
-        libc::kill(i32::try_from(child.id()).expect("pid"), libc::SIGTERM);
-    }
-    let rest: Vec<String> = lines.map_while(Result::ok).collect();
-    let status = child.wait().expect("wait");
-    assert!(status.success(), "{rest:#?}");
-    assert_eq!(
-        rest.iter().filter(|l| l.ends_with(": stopped")).count(),
-        4,
-        "{rest:#?}"
-    );
+    up.stop();
     if let Some(prefix) = prefix {
         let left = testbed::fabric::netns::list_namespaces().expect("ip netns list");
         assert!(

@@ -23,7 +23,7 @@ fn pmemctl() -> PathBuf {
         .and_then(|exe| Some(exe.parent()?.parent()?.join("pmemctl")))
         .filter(|p| p.exists())
         .expect(
-            "pmemctl next to the test binaries (cargo build -p client-vmm --features verbs --bins)",
+            "pmemctl next to the test binaries (cargo build -p pmem-client --features verbs --bins)",
         )
 }
 
@@ -310,7 +310,7 @@ fn a_verbs_nic_over_an_fsdax_region_says_to_use_device_dax() {
 /// a lab fabric: every RDMA operation the stock verbs library posts works
 /// through the device, and pmemctl's writes and atomics land where the host
 /// reads them over TCP. Needs `target/<profile>/{pmemctl,roce-probe}` built
-/// with the `verbs` feature (`cargo build -p client-vmm --features verbs --bins`).
+/// with the `verbs` feature (`cargo build -p pmem-client --features verbs --bins`).
 #[test]
 fn pmemctl_in_a_guest_reads_writes_and_adds_over_rdma() {
     let pmemctl = pmemctl();

@@ -11,8 +11,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use testbed::fabric::netns::{
-    self, BridgeOf, HostKind, LinkRef, NetPlan, NetnsError, apply, fresh_prefix, in_namespace,
-    plan, set_link, teardown_leftovers,
+    self, BridgeOf, HostKind, LinkRef, NetPlan, NetnsError, Veth, apply, fresh_prefix,
+    in_namespace, plan, set_link, teardown_leftovers,
 };
 use topology::{EnvOverrides, Topology};
 
@@ -49,6 +49,63 @@ fn kept(listen: &str, default: u16) -> u16 {
         0 => default,
         port => port,
     }
+}
+
+/// The bridge `of` is in namespace `ns`, and the rewritten `listen` address
+/// is on it with the `original` one's port (`default` for port 0).
+fn assert_listens_on_bridge(
+    plan: &NetPlan,
+    of: &BridgeOf,
+    ns: &str,
+    listen: &str,
+    original: &str,
+    default: u16,
+) {
+    let bridge = plan
+        .bridge(of)
+        .unwrap_or_else(|| panic!("no bridge for {of:?}"));
+    assert_eq!(bridge.ns, ns);
+    let listen = sock(listen);
+    assert_eq!(listen.ip(), IpAddr::V4(ip_of(&bridge.addr)));
+    assert_eq!(listen.port(), kept(original, default), "port kept");
+}
+
+/// The admin address of daemon `host` is its management link's far end,
+/// on `port`; that link.
+fn assert_admin_over_mgmt<'p>(
+    plan: &'p NetPlan,
+    kind: HostKind,
+    host: &str,
+    admin: Option<&str>,
+    port: u16,
+) -> &'p Veth {
+    let mgmt = plan
+        .link(&LinkRef::Mgmt {
+            kind,
+            host: host.to_owned(),
+        })
+        .unwrap_or_else(|| panic!("no management link for {kind:?} {host}"));
+    let admin = sock(admin.expect("an admin address"));
+    assert_eq!(
+        admin.ip(),
+        IpAddr::V4(ip_of(mgmt.addr_b.as_deref().expect("a management address")))
+    );
+    assert_eq!(admin.port(), port);
+    mgmt
+}
+
+/// `veth` runs from the bridge `of` (in that bridge's namespace) into
+/// namespace `ns`; its far end's address, in the bridge's /24.
+fn assert_veth_onto_bridge(plan: &NetPlan, veth: &Veth, of: &BridgeOf, ns: &str) -> Ipv4Addr {
+    let bridge = plan
+        .bridge(of)
+        .unwrap_or_else(|| panic!("no bridge for {of:?}"));
+    assert_eq!(veth.ns_a.as_deref(), Some(bridge.ns.as_str()));
+    assert_eq!(veth.bridge_a.as_deref(), Some(bridge.name.as_str()));
+    assert_eq!(veth.ns_b.as_deref(), Some(ns));
+    let end = ip_of(veth.addr_b.as_deref().expect("the far end has an address"));
+    assert_eq!(subnet24(end), subnet24(ip_of(&bridge.addr)), "same /24");
+    end
 }
 
 /// Everything a plan promises, checked against the topology it came from.
@@ -109,31 +166,17 @@ fn check_plan(original: &Topology, plan: &NetPlan, rewritten: &Topology) {
             .namespace_of(HostKind::Server, server.id.as_str())
             .expect("a namespace per server");
         for (orig_nic, nic) in orig.nics.iter().zip(&server.nics) {
-            let bridge = plan
-                .bridge(&BridgeOf::ServerNic {
-                    server: server.id.clone(),
-                    nic: nic.id.clone(),
-                })
-                .expect("a bridge per NIC");
-            assert_eq!(bridge.ns, ns);
-            let listen = sock(&nic.listen);
-            assert_eq!(listen.ip(), IpAddr::V4(ip_of(&bridge.addr)));
-            assert_eq!(listen.port(), kept(&orig_nic.listen, 7000), "port kept");
+            let of = BridgeOf::ServerNic {
+                server: server.id.clone(),
+                nic: nic.id.clone(),
+            };
+            assert_listens_on_bridge(plan, &of, ns, &nic.listen, &orig_nic.listen, 7000);
         }
-        let mgmt = plan
-            .link(&LinkRef::Mgmt {
-                kind: HostKind::Server,
-                host: server.id.to_string(),
-            })
-            .expect("a management link per server");
+        let id = server.id.as_str();
+        let admin = server.admin.as_deref();
+        let mgmt = assert_admin_over_mgmt(plan, HostKind::Server, id, admin, 9100);
         assert_eq!(mgmt.ns_a, None);
         assert_eq!(mgmt.ns_b.as_deref(), Some(ns));
-        let admin = sock(server.admin.as_deref().expect("an admin address"));
-        assert_eq!(
-            admin.ip(),
-            IpAddr::V4(ip_of(mgmt.addr_b.as_deref().expect("a management address")))
-        );
-        assert_eq!(admin.port(), 9100);
         let host = plan
             .host(HostKind::Server, server.id.as_str())
             .expect("a host per server");
@@ -160,46 +203,21 @@ fn check_plan(original: &Topology, plan: &NetPlan, rewritten: &Topology) {
             let veth = plan
                 .server_link(device.id.as_str(), link.server.as_str(), link.nic.as_str())
                 .expect("a veth per server link");
-            let bridge = plan
-                .bridge(&BridgeOf::ServerNic {
-                    server: link.server.clone(),
-                    nic: link.nic.clone(),
-                })
-                .expect("a bridge per NIC");
-            assert_eq!(veth.ns_a.as_deref(), Some(bridge.ns.as_str()));
-            assert_eq!(veth.bridge_a.as_deref(), Some(bridge.name.as_str()));
-            assert_eq!(veth.ns_b.as_deref(), Some(ns));
-            let end = ip_of(
-                veth.addr_b
-                    .as_deref()
-                    .expect("the device end has an address"),
-            );
-            assert_eq!(subnet24(end), subnet24(ip_of(&bridge.addr)), "same /24");
+            let of = BridgeOf::ServerNic {
+                server: link.server.clone(),
+                nic: link.nic.clone(),
+            };
+            assert_veth_onto_bridge(plan, veth, &of, ns);
         }
         for (orig_port, port) in orig.ports.iter().zip(&device.ports) {
-            let bridge = plan
-                .bridge(&BridgeOf::DevicePort {
-                    device: device.id.clone(),
-                    port: port.id.clone(),
-                })
-                .expect("a bridge per port");
-            assert_eq!(bridge.ns, ns);
-            let listen = sock(&port.listen);
-            assert_eq!(listen.ip(), IpAddr::V4(ip_of(&bridge.addr)));
-            assert_eq!(listen.port(), kept(&orig_port.listen, 7100), "port kept");
+            let of = BridgeOf::DevicePort {
+                device: device.id.clone(),
+                port: port.id.clone(),
+            };
+            assert_listens_on_bridge(plan, &of, ns, &port.listen, &orig_port.listen, 7100);
         }
-        let mgmt = plan
-            .link(&LinkRef::Mgmt {
-                kind: HostKind::FabricDevice,
-                host: device.id.to_string(),
-            })
-            .expect("a management link per device");
-        let admin = sock(device.admin.as_deref().expect("an admin address"));
-        assert_eq!(
-            admin.ip(),
-            IpAddr::V4(ip_of(mgmt.addr_b.as_deref().expect("a management address")))
-        );
-        assert_eq!(admin.port(), 9200);
+        let (id, admin) = (device.id.as_str(), device.admin.as_deref());
+        assert_admin_over_mgmt(plan, HostKind::FabricDevice, id, admin, 9200);
     }
 
     // Clients: a veth per RNIC onto its port's bridge, local_addr its end.
@@ -217,22 +235,12 @@ fn check_plan(original: &Topology, plan: &NetPlan, rewritten: &Topology) {
                 .fabric_device(&rnic.fabric_device)
                 .expect("the RNIC's device");
             let port = rnic.port_on(device).expect("the RNIC's port");
-            let bridge = plan
-                .bridge(&BridgeOf::DevicePort {
-                    device: device.id.clone(),
-                    port: port.id.clone(),
-                })
-                .expect("a bridge per port");
-            assert_eq!(veth.ns_a.as_deref(), Some(bridge.ns.as_str()));
-            assert_eq!(veth.bridge_a.as_deref(), Some(bridge.name.as_str()));
-            assert_eq!(veth.ns_b.as_deref(), Some(ns));
-            let end = ip_of(
-                veth.addr_b
-                    .as_deref()
-                    .expect("the client end has an address"),
-            );
+            let of = BridgeOf::DevicePort {
+                device: device.id.clone(),
+                port: port.id.clone(),
+            };
+            let end = assert_veth_onto_bridge(plan, veth, &of, ns);
             assert_eq!(rnic.local_addr.as_deref(), Some(end.to_string().as_str()));
-            assert_eq!(subnet24(end), subnet24(ip_of(&bridge.addr)), "same /24");
         }
     }
     let daemons = original.servers.len() + original.fabric_devices.len();
@@ -574,6 +582,15 @@ fn root_links_with(prefix: &str) -> Vec<String> {
         .collect()
 }
 
+/// Neither a namespace nor a root-namespace link of `prefix` is left.
+fn assert_nothing_left(prefix: &str) {
+    assert!(
+        namespaces_with(prefix).is_empty(),
+        "namespaces of {prefix} left"
+    );
+    assert!(root_links_with(prefix).is_empty(), "links of {prefix} left");
+}
+
 fn ns_cmd(ns: &str, args: &[&str]) -> String {
     let out = std::process::Command::new("ip")
         .args(["-n", ns])
@@ -676,8 +693,7 @@ fn netns_apply_default_connectivity_isolation_and_cut_link() {
     guard.teardown().unwrap();
     let removed = started.elapsed();
     println!("apply of default.toml: {applied:?}; teardown: {removed:?}");
-    assert!(namespaces_with(&prefix).is_empty());
-    assert!(root_links_with(&prefix).is_empty());
+    assert_nothing_left(&prefix);
 }
 
 #[test]
@@ -726,8 +742,7 @@ fn netns_rnics_on_one_port_stay_separate_wires() {
 
     drop(echo);
     drop(guard);
-    assert!(namespaces_with(&prefix).is_empty());
-    assert!(root_links_with(&prefix).is_empty());
+    assert_nothing_left(&prefix);
 }
 
 #[test]
@@ -746,8 +761,7 @@ fn netns_leftovers_of_a_crashed_run_are_removed() {
 
     let removed = teardown_leftovers(Some(&prefix)).unwrap();
     assert_eq!(removed, 6 + 4, "6 namespaces and 4 management links");
-    assert!(namespaces_with(&prefix).is_empty());
-    assert!(root_links_with(&prefix).is_empty());
+    assert_nothing_left(&prefix);
     assert_eq!(teardown_leftovers(Some(&prefix)).unwrap(), 0);
 }
 

@@ -435,22 +435,36 @@ fn parses_iperf3_json() {
     ));
 }
 
+/// Parses `output` as redis-benchmark's run of `test` and checks its
+/// throughput, its latency summary ([p50, p99, p99.9, max] µs and the
+/// number of samples) and that its histogram holds every sample up to the
+/// maximum.
+fn assert_redis_parses(
+    test: &str,
+    output: &str,
+    ops_per_s: f64,
+    [p50_us, p99_us, p999_us, max_us]: [f64; 4],
+    samples: u64,
+) -> peers::RedisFigures {
+    let r = parse_redis_benchmark(test, output).expect("parse");
+    assert_eq!(r.ops_per_s, ops_per_s);
+    let latency = Quantiles {
+        p50_us,
+        p99_us,
+        p999_us,
+        max_us,
+        samples,
+    };
+    assert_eq!(r.latency, latency);
+    assert_eq!(r.histogram.count(), samples);
+    assert_eq!(r.histogram.max() as f64, max_us);
+    r
+}
+
 #[test]
 fn parses_redis_benchmark_get() {
-    let r = parse_redis_benchmark("GET", REDIS_GET).expect("parse");
-    assert_eq!(r.ops_per_s, 367_647.03);
-    assert_eq!(
-        r.latency,
-        Quantiles {
-            p50_us: 1879.0,
-            p99_us: 3895.0,
-            p999_us: 4543.0,
-            max_us: 4943.0,
-            samples: 200_000,
-        }
-    );
-    assert_eq!(r.histogram.count(), 200_000);
-    assert_eq!(r.histogram.max(), 4943);
+    let latency = [1879.0, 3895.0, 4543.0, 4943.0];
+    let r = assert_redis_parses("GET", REDIS_GET, 367_647.03, latency, 200_000);
     assert_eq!(r.histogram.min(), 423);
     let p50 = r.histogram.quantile(0.5) as f64;
     assert!((1850.0..=1920.0).contains(&p50), "{p50}");
@@ -463,20 +477,8 @@ fn parses_redis_benchmark_get() {
 
 #[test]
 fn parses_redis_benchmark_aof_set() {
-    let r = parse_redis_benchmark("set", REDIS_AOF_SET).expect("parse");
-    assert_eq!(r.ops_per_s, 2873.56);
-    assert_eq!(
-        r.latency,
-        Quantiles {
-            p50_us: 319.0,
-            p99_us: 687.0,
-            p999_us: 4799.0,
-            max_us: 5471.0,
-            samples: 2000,
-        }
-    );
-    assert_eq!(r.histogram.count(), 2000);
-    assert_eq!(r.histogram.max(), 5471);
+    let latency = [319.0, 687.0, 4799.0, 5471.0];
+    assert_redis_parses("set", REDIS_AOF_SET, 2873.56, latency, 2000);
     // Cut before the summary: no throughput.
     let cut = &REDIS_AOF_SET[..REDIS_AOF_SET.find("Summary:").expect("summary")];
     let err = parse_redis_benchmark("SET", cut).expect_err("no summary");
@@ -563,301 +565,16 @@ fn quantiles_of_a_histogram() {
 // Captured outputs.
 
 /// sockperf 3.7 `ping-pong --tcp -m 64 -t 2 --full-rtt` on this machine (colours included).
-const SOCKPERF_64: &str = "sockperf: \u{1b}[2;35m== version #3.7-no.git == \u{1b}[0m
-sockperf[CLIENT] send on:sockperf: using recvfrom() to block on socket(s)
-
-[ 0] IP = 127.0.0.1       PORT = 23456 # TCP
-sockperf: Warmup stage (sending a few dummy messages)...
-sockperf: Starting test...
-sockperf: Test end (interrupted by timer)
-sockperf: Test ended
-sockperf: [Total Run] RunTime=2.001 sec; Warm up time=400 msec; SentMessages=28458; ReceivedMessages=28457
-sockperf: ========= Printing statistics for Server No: 0
-sockperf: [Valid Duration] RunTime=1.550 sec; SentMessages=19743; ReceivedMessages=19743
-sockperf: \u{1b}[2;35m====> avg-rtt=78.466 (std-dev=48.271)\u{1b}[0m
-sockperf: # dropped messages = 0; # duplicated messages = 0; # out-of-order messages = 0
-sockperf: Summary: Round trip is 78.466 usec
-sockperf: \u{1b}[2;35mTotal 19743 observations\u{1b}[0m; each percentile contains 197.43 observations
-sockperf: ---> <MAX> observation = 3809.097
-sockperf: ---> percentile 99.999 = 3809.097
-sockperf: ---> percentile 99.990 = 1575.326
-sockperf: ---> percentile 99.900 =  545.538
-sockperf: ---> percentile 99.000 =  151.344
-sockperf: ---> percentile 90.000 =   92.026
-sockperf: ---> percentile 75.000 =   82.932
-sockperf: ---> percentile 50.000 =   74.750
-sockperf: ---> percentile 25.000 =   68.291
-sockperf: ---> <MIN> observation =   22.333
-";
+const SOCKPERF_64: &str = include_str!("captures/sockperf-64.txt");
 
 /// The head of a `--full-log` file of sockperf 3.7 (`-m 64 -t 1 --full-rtt`), cut after 9 samples.
-const SOCKPERF_FULL_LOG: &str = "------------------------------
-test was performed using the following parameters: --mps=600000 --burst=1 --reply-every=1 --msg-size=64 --time=1 --full-rtt
-------------------------------
-sockperf: [Total Run] RunTime=1.001 sec; Warm up time=400 msec; SentMessages=16386; ReceivedMessages=16385
-sockperf: ========= Printing statistics for Server No: 0
-sockperf: [Valid Duration] RunTime=0.550 sec; SentMessages=7259; ReceivedMessages=7259
-sockperf: \u{1b}[2;35m====> avg-rtt=75.780 (std-dev=42.894)\u{1b}[0m
-sockperf: # dropped messages = 0; # duplicated messages = 0; # out-of-order messages = 0
-sockperf: \u{1b}[2;35mTotal 7259 observations\u{1b}[0m; each percentile contains 72.59 observations
-sockperf: ---> <MAX> observation = 2637.762
-sockperf: ---> percentile 99.999 = 2637.762
-sockperf: ---> percentile 99.990 = 1488.676
-sockperf: ---> percentile 99.900 =  419.899
-sockperf: ---> percentile 99.000 =  132.986
-sockperf: ---> percentile 90.000 =   86.918
-sockperf: ---> percentile 75.000 =   78.125
-sockperf: ---> percentile 50.000 =   72.116
-sockperf: ---> percentile 25.000 =   67.920
-sockperf: ---> <MIN> observation =   19.498
-------------------------------
-packet, txTime(sec), rxTime(sec), rtt(usec)
-0, 2.417110156, 2.417171146, 60.990
-1, 2.417171186, 2.417230274, 59.088
-2, 2.417230314, 2.417287298, 56.984
-3, 2.417287338, 2.417345524, 58.186
-4, 2.417345564, 2.417401056, 55.492
-5, 2.417401086, 2.417460093, 59.007
-6, 2.417460123, 2.417516977, 56.854
-7, 2.417517017, 2.417575894, 58.877
-8, 2.417575934, 2.417634640, 58.706
-------------------------------
-";
+const SOCKPERF_FULL_LOG: &str = include_str!("captures/sockperf-full-log.txt");
 
 /// `iperf3 -c 127.0.0.1 -t 1 -J` (3.12) on this machine.
-const IPERF3_JSON: &str = "{
-\t\"start\":\t{
-\t\t\"connected\":\t[{
-\t\t\t\t\"socket\":\t5,
-\t\t\t\t\"local_host\":\t\"127.0.0.1\",
-\t\t\t\t\"local_port\":\t34666,
-\t\t\t\t\"remote_host\":\t\"127.0.0.1\",
-\t\t\t\t\"remote_port\":\t23462
-\t\t\t}],
-\t\t\"version\":\t\"iperf 3.12\",
-\t\t\"system_info\":\t\"Linux vm 6.18.44-fc-v669 #1 SMP PREEMPT_DYNAMIC @0 x86_64\",
-\t\t\"timestamp\":\t{
-\t\t\t\"time\":\t\"Sun, 22 Nov 2026 02:32:36 GMT\",
-\t\t\t\"timesecs\":\t1795314756
-\t\t},
-\t\t\"connecting_to\":\t{
-\t\t\t\"host\":\t\"127.0.0.1\",
-\t\t\t\"port\":\t23462
-\t\t},
-\t\t\"cookie\":\t\"7fd4aconsaejpxjupdcvqvblerm2uckz6ftr\",
-\t\t\"tcp_mss_default\":\t32768,
-\t\t\"target_bitrate\":\t0,
-\t\t\"sock_bufsize\":\t0,
-\t\t\"sndbuf_actual\":\t16384,
-\t\t\"rcvbuf_actual\":\t131072,
-\t\t\"test_start\":\t{
-\t\t\t\"protocol\":\t\"TCP\",
-\t\t\t\"num_streams\":\t1,
-\t\t\t\"blksize\":\t131072,
-\t\t\t\"omit\":\t0,
-\t\t\t\"duration\":\t1,
-\t\t\t\"bytes\":\t0,
-\t\t\t\"blocks\":\t0,
-\t\t\t\"reverse\":\t0,
-\t\t\t\"tos\":\t0,
-\t\t\t\"target_bitrate\":\t0
-\t\t}
-\t},
-\t\"intervals\":\t[{
-\t\t\t\"streams\":\t[{
-\t\t\t\t\t\"socket\":\t5,
-\t\t\t\t\t\"start\":\t0,
-\t\t\t\t\t\"end\":\t1.00394,
-\t\t\t\t\t\"seconds\":\t1.0039399862289429,
-\t\t\t\t\t\"bytes\":\t1966080000,
-\t\t\t\t\t\"bits_per_second\":\t15666912580.184023,
-\t\t\t\t\t\"retransmits\":\t8,
-\t\t\t\t\t\"snd_cwnd\":\t1571592,
-\t\t\t\t\t\"snd_wnd\":\t32900096,
-\t\t\t\t\t\"rtt\":\t139,
-\t\t\t\t\t\"rttvar\":\t70,
-\t\t\t\t\t\"pmtu\":\t65535,
-\t\t\t\t\t\"omitted\":\tfalse,
-\t\t\t\t\t\"sender\":\ttrue
-\t\t\t\t}],
-\t\t\t\"sum\":\t{
-\t\t\t\t\"start\":\t0,
-\t\t\t\t\"end\":\t1.00394,
-\t\t\t\t\"seconds\":\t1.0039399862289429,
-\t\t\t\t\"bytes\":\t1966080000,
-\t\t\t\t\"bits_per_second\":\t15666912580.184023,
-\t\t\t\t\"retransmits\":\t8,
-\t\t\t\t\"omitted\":\tfalse,
-\t\t\t\t\"sender\":\ttrue
-\t\t\t}
-\t\t}],
-\t\"end\":\t{
-\t\t\"streams\":\t[{
-\t\t\t\t\"sender\":\t{
-\t\t\t\t\t\"socket\":\t5,
-\t\t\t\t\t\"start\":\t0,
-\t\t\t\t\t\"end\":\t1.00394,
-\t\t\t\t\t\"seconds\":\t1.00394,
-\t\t\t\t\t\"bytes\":\t1966080000,
-\t\t\t\t\t\"bits_per_second\":\t15666912365.280792,
-\t\t\t\t\t\"retransmits\":\t8,
-\t\t\t\t\t\"max_snd_cwnd\":\t1571592,
-\t\t\t\t\t\"max_snd_wnd\":\t32900096,
-\t\t\t\t\t\"max_rtt\":\t139,
-\t\t\t\t\t\"min_rtt\":\t139,
-\t\t\t\t\t\"mean_rtt\":\t139,
-\t\t\t\t\t\"sender\":\ttrue
-\t\t\t\t},
-\t\t\t\t\"receiver\":\t{
-\t\t\t\t\t\"socket\":\t5,
-\t\t\t\t\t\"start\":\t0,
-\t\t\t\t\t\"end\":\t1.004336,
-\t\t\t\t\t\"seconds\":\t1.00394,
-\t\t\t\t\t\"bytes\":\t1964769280,
-\t\t\t\t\t\"bits_per_second\":\t15650294562.775806,
-\t\t\t\t\t\"sender\":\ttrue
-\t\t\t\t}
-\t\t\t}],
-\t\t\"sum_sent\":\t{
-\t\t\t\"start\":\t0,
-\t\t\t\"end\":\t1.00394,
-\t\t\t\"seconds\":\t1.00394,
-\t\t\t\"bytes\":\t1966080000,
-\t\t\t\"bits_per_second\":\t15666912365.280792,
-\t\t\t\"retransmits\":\t8,
-\t\t\t\"sender\":\ttrue
-\t\t},
-\t\t\"sum_received\":\t{
-\t\t\t\"start\":\t0,
-\t\t\t\"end\":\t1.004336,
-\t\t\t\"seconds\":\t1.004336,
-\t\t\t\"bytes\":\t1964769280,
-\t\t\t\"bits_per_second\":\t15650294562.775806,
-\t\t\t\"sender\":\ttrue
-\t\t},
-\t\t\"cpu_utilization_percent\":\t{
-\t\t\t\"host_total\":\t22.826191742157334,
-\t\t\t\"host_user\":\t0,
-\t\t\t\"host_system\":\t22.826191742157334,
-\t\t\t\"remote_total\":\t67.642086356005947,
-\t\t\t\"remote_user\":\t1.8658759760004937,
-\t\t\t\"remote_system\":\t65.776110813517946
-\t\t},
-\t\t\"sender_tcp_congestion\":\t\"bbr\",
-\t\t\"receiver_tcp_congestion\":\t\"bbr\"
-\t}
-}
-";
+const IPERF3_JSON: &str = include_str!("captures/iperf3.json");
 
 /// `redis-benchmark -t get -d 64 -c 50 -P 16 -n 200000 -r 100000` (7.0.15), progress lines and all.
-const REDIS_GET: &str = " \rGET: rps=0.0 (overall: 0.0) avg_msec=-nan (overall: -nan)\r                                                          \rGET: rps=365269.8 (overall: 363826.1) avg_msec=1.955 (overall: 1.955)\r                                                                      \rGET: rps=375012.0 (overall: 369396.8) avg_msec=1.902 (overall: 1.928)\r                                                                      \r====== GET ======
-  200000 requests completed in 0.54 seconds
-  50 parallel clients
-  64 bytes payload
-  keep alive: 1
-  host configuration \"save\":\x20
-  host configuration \"appendonly\": no
-  multi-thread: no
-
-Latency by percentile distribution:
-0.000% <= 0.423 milliseconds (cumulative count 48)
-50.000% <= 1.879 milliseconds (cumulative count 100512)
-75.000% <= 2.327 milliseconds (cumulative count 150528)
-87.500% <= 2.671 milliseconds (cumulative count 175120)
-93.750% <= 3.023 milliseconds (cumulative count 187504)
-96.875% <= 3.383 milliseconds (cumulative count 193760)
-98.438% <= 3.663 milliseconds (cumulative count 196896)
-99.219% <= 3.991 milliseconds (cumulative count 198448)
-99.609% <= 4.247 milliseconds (cumulative count 199232)
-99.805% <= 4.479 milliseconds (cumulative count 199616)
-99.902% <= 4.543 milliseconds (cumulative count 199808)
-99.951% <= 4.647 milliseconds (cumulative count 199904)
-99.976% <= 4.695 milliseconds (cumulative count 199952)
-99.988% <= 4.735 milliseconds (cumulative count 199984)
-99.994% <= 4.943 milliseconds (cumulative count 200000)
-100.000% <= 4.943 milliseconds (cumulative count 200000)
-
-Cumulative distribution of latencies:
-0.000% <= 0.103 milliseconds (cumulative count 0)
-0.104% <= 0.503 milliseconds (cumulative count 208)
-0.408% <= 0.607 milliseconds (cumulative count 816)
-0.992% <= 0.703 milliseconds (cumulative count 1984)
-1.592% <= 0.807 milliseconds (cumulative count 3184)
-2.768% <= 0.903 milliseconds (cumulative count 5536)
-5.096% <= 1.007 milliseconds (cumulative count 10192)
-8.248% <= 1.103 milliseconds (cumulative count 16496)
-12.392% <= 1.207 milliseconds (cumulative count 24784)
-16.696% <= 1.303 milliseconds (cumulative count 33392)
-21.632% <= 1.407 milliseconds (cumulative count 43264)
-26.928% <= 1.503 milliseconds (cumulative count 53856)
-33.232% <= 1.607 milliseconds (cumulative count 66464)
-39.416% <= 1.703 milliseconds (cumulative count 78832)
-45.896% <= 1.807 milliseconds (cumulative count 91792)
-51.712% <= 1.903 milliseconds (cumulative count 103424)
-57.968% <= 2.007 milliseconds (cumulative count 115936)
-63.592% <= 2.103 milliseconds (cumulative count 127184)
-94.528% <= 3.103 milliseconds (cumulative count 189056)
-99.504% <= 4.103 milliseconds (cumulative count 199008)
-100.000% <= 5.103 milliseconds (cumulative count 200000)
-
-Summary:
-  throughput summary: 367647.03 requests per second
-  latency summary (msec):
-          avg       min       p50       p95       p99       max
-        1.940     0.416     1.879     3.151     3.895     4.943
-
-";
+const REDIS_GET: &str = include_str!("captures/redis-benchmark-get.txt");
 
 /// `redis-benchmark -t set -d 4096 -c 1 -P 1 -n 2000 -r 10000` against `appendfsync always` (7.0.15).
-const REDIS_AOF_SET: &str = " \rSET: rps=0.0 (overall: inf) avg_msec=0.700 (overall: 0.700)\r                                                            \rSET: rps=3274.9 (overall: 3278.9) avg_msec=0.296 (overall: 0.297)\r                                                                  \rSET: rps=2672.0 (overall: 2976.0) avg_msec=0.365 (overall: 0.327)\r                                                                  \r====== SET ======
-  2000 requests completed in 0.70 seconds
-  1 parallel clients
-  4096 bytes payload
-  keep alive: 1
-  host configuration \"save\":\x20
-  host configuration \"appendonly\": yes
-  multi-thread: no
-
-Latency by percentile distribution:
-0.000% <= 0.215 milliseconds (cumulative count 8)
-50.000% <= 0.319 milliseconds (cumulative count 1007)
-75.000% <= 0.359 milliseconds (cumulative count 1541)
-87.500% <= 0.383 milliseconds (cumulative count 1785)
-93.750% <= 0.407 milliseconds (cumulative count 1894)
-96.875% <= 0.431 milliseconds (cumulative count 1940)
-98.438% <= 0.527 milliseconds (cumulative count 1969)
-99.219% <= 0.863 milliseconds (cumulative count 1985)
-99.609% <= 1.599 milliseconds (cumulative count 1993)
-99.805% <= 3.927 milliseconds (cumulative count 1997)
-99.902% <= 4.799 milliseconds (cumulative count 1999)
-99.951% <= 5.471 milliseconds (cumulative count 2000)
-100.000% <= 5.471 milliseconds (cumulative count 2000)
-
-Cumulative distribution of latencies:
-0.000% <= 0.103 milliseconds (cumulative count 0)
-37.500% <= 0.303 milliseconds (cumulative count 750)
-94.700% <= 0.407 milliseconds (cumulative count 1894)
-98.350% <= 0.503 milliseconds (cumulative count 1967)
-98.850% <= 0.607 milliseconds (cumulative count 1977)
-99.050% <= 0.703 milliseconds (cumulative count 1981)
-99.100% <= 0.807 milliseconds (cumulative count 1982)
-99.250% <= 0.903 milliseconds (cumulative count 1985)
-99.300% <= 1.007 milliseconds (cumulative count 1986)
-99.350% <= 1.103 milliseconds (cumulative count 1987)
-99.400% <= 1.207 milliseconds (cumulative count 1988)
-99.450% <= 1.303 milliseconds (cumulative count 1989)
-99.550% <= 1.503 milliseconds (cumulative count 1991)
-99.650% <= 1.607 milliseconds (cumulative count 1993)
-99.750% <= 1.703 milliseconds (cumulative count 1995)
-99.800% <= 3.103 milliseconds (cumulative count 1996)
-99.850% <= 4.103 milliseconds (cumulative count 1997)
-99.950% <= 5.103 milliseconds (cumulative count 1999)
-100.000% <= 6.103 milliseconds (cumulative count 2000)
-
-Summary:
-  throughput summary: 2873.56 requests per second
-  latency summary (msec):
-          avg       min       p50       p95       p99       max
-        0.339     0.208     0.319     0.415     0.687     5.471
-
-";
+const REDIS_AOF_SET: &str = include_str!("captures/redis-benchmark-aof-set.txt");

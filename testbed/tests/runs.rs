@@ -1,8 +1,7 @@
 //! `testbed run`, `chaos`, `demo` and `up` as users run them: the real
 //! binary, real daemons, real reports.
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -10,7 +9,7 @@ use testkit::{FabricSpec, Ports};
 
 mod support;
 
-use support::{run_dir, run_in_fresh_fabric, testbed, text, two_by_two};
+use support::{Up, run_dir, run_in_fresh_fabric, start_up, start_up_in, testbed, text, two_by_two};
 
 fn assert_report(dir: &Path) -> serde_json::Value {
     let run = run_dir(dir);
@@ -277,78 +276,6 @@ fn demo_runs_the_default_fabric_and_passes() {
     assert_report(dir.path());
 }
 
-/// A `testbed up` process and the lines it printed before "fabric is up".
-struct Up {
-    child: std::process::Child,
-    lines: std::io::Lines<BufReader<std::process::ChildStdout>>,
-    table: Vec<String>,
-    dir: tempfile::TempDir,
-}
-
-fn start_up(extra: &[&str]) -> Up {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let config = two_by_two(dir.path(), &["c1", "c2"]);
-    start_up_in(dir, &config, extra)
-}
-
-/// `testbed up CONFIG --data-dir DIR/data` run in `dir`.
-fn start_up_in(dir: tempfile::TempDir, config: &Path, extra: &[&str]) -> Up {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_testbed"))
-        .args(["up", config.to_str().expect("path"), "--data-dir"])
-        .arg(dir.path().join("data"))
-        .args(extra)
-        .current_dir(dir.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start testbed up");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let mut table = Vec::new();
-    for line in lines.by_ref() {
-        let line = line.expect("line");
-        if line.contains("fabric is up") {
-            break;
-        }
-        table.push(line);
-    }
-    assert!(!table.is_empty(), "testbed up printed nothing");
-    Up {
-        child,
-        lines,
-        table,
-        dir,
-    }
-}
-
-impl Up {
-    /// The keys' folder `testbed up` made and printed (`keys: DIR …`).
-    fn keys(&self) -> PathBuf {
-        self.table
-            .iter()
-            .find_map(|l| l.strip_prefix("keys: ")?.split_whitespace().next())
-            .map(PathBuf::from)
-            .unwrap_or_else(|| panic!("no keys line: {:#?}", self.table))
-    }
-
-    /// SIGTERM, then every daemon must report stopped and the exit be 0;
-    /// returns the folder, data included.
-    fn stop(mut self) -> tempfile::TempDir {
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe {
-            libc::kill(i32::try_from(self.child.id()).expect("pid"), libc::SIGTERM);
-        }
-        let rest: Vec<String> = self.lines.map_while(Result::ok).collect();
-        let status = self.child.wait().expect("wait");
-        assert!(status.success(), "{rest:#?}");
-        assert_eq!(
-            rest.iter().filter(|l| l.ends_with(": stopped")).count(),
-            4,
-            "{rest:#?}"
-        );
-        self.dir
-    }
-}
-
 #[test]
 fn up_serves_every_daemon_until_sigterm() {
     let up = start_up(&[]);
@@ -383,15 +310,15 @@ fn up_serves_every_daemon_until_sigterm() {
 
 /// Connects `client` with its key from `up`'s folder and attaches to the
 /// pool's allocator.
-fn attach(up: &Up, config: &Path, client: &str) -> (client_vmm::Pool, client_vmm::Allocator) {
+fn attach(up: &Up, config: &Path, client: &str) -> (pmem_client::Pool, pmem_client::Allocator) {
     let topology = topology::Topology::load(config).expect("topology");
-    let pool = client_vmm::Pool::builder(topology, client)
+    let pool = pmem_client::Pool::builder(topology, client)
         .secrets(up.keys())
         .connect()
         .expect("connect");
     let allocator = pool
-        .block_on(client_vmm::Allocator::attach(pool.handle().clone()))
-        .unwrap_or_else(|e| panic!("attach: {}", client_vmm::error_chain(&e)));
+        .block_on(pmem_client::Allocator::attach(pool.handle().clone()))
+        .unwrap_or_else(|e| panic!("attach: {}", pmem_client::error_chain(&e)));
     (pool, allocator)
 }
 

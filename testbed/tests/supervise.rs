@@ -104,12 +104,12 @@ impl Up {
             .unwrap_or_else(|| panic!("no keys line: {:#?}", self.seen))
     }
 
-    fn pool(&self, client: &str) -> client_vmm::Pool {
+    fn pool(&self, client: &str) -> pmem_client::Pool {
         let topology = topology::Topology::load(&self.config).expect("topology");
-        client_vmm::Pool::builder(topology, client)
+        pmem_client::Pool::builder(topology, client)
             .secrets(self.keys())
             .connect()
-            .unwrap_or_else(|e| panic!("connect: {}", client_vmm::error_chain(&e)))
+            .unwrap_or_else(|e| panic!("connect: {}", pmem_client::error_chain(&e)))
     }
 
     /// SIGTERM; every daemon must report stopped and the exit be 0.
@@ -152,7 +152,7 @@ fn pid_of(status: &str, daemon: &str, id: &str) -> i32 {
 }
 
 /// The virtual address of region `region` as the client sees it.
-fn region_addr(pool: &client_vmm::Pool, region: &str) -> VirtAddr {
+fn region_addr(pool: &pmem_client::Pool, region: &str) -> VirtAddr {
     pool.regions()
         .into_iter()
         .find(|(id, _, _)| id == region)
@@ -187,7 +187,7 @@ fn a_killed_server_is_reported_reaped_and_restarted_from_another_shell() {
     let pool = up.pool("c1");
     let b1 = region_addr(&pool, "B1");
     pool.write_persist(b1, b"before the kill")
-        .unwrap_or_else(|e| panic!("write: {}", client_vmm::error_chain(&e)));
+        .unwrap_or_else(|e| panic!("write: {}", pmem_client::error_chain(&e)));
     drop(pool);
 
     let status = up.testbed(&["status"]);
@@ -240,10 +240,10 @@ fn a_killed_server_is_reported_reaped_and_restarted_from_another_shell() {
     let pool = up.pool("c2");
     let back = pool
         .read(b1, 15)
-        .unwrap_or_else(|e| panic!("read after restart: {}", client_vmm::error_chain(&e)));
+        .unwrap_or_else(|e| panic!("read after restart: {}", pmem_client::error_chain(&e)));
     assert_eq!(&back, b"before the kill");
     pool.write_persist(b1, b"after restart")
-        .unwrap_or_else(|e| panic!("write after restart: {}", client_vmm::error_chain(&e)));
+        .unwrap_or_else(|e| panic!("write after restart: {}", pmem_client::error_chain(&e)));
     drop(pool);
     up.stop();
 }

@@ -3,13 +3,23 @@
 //! An integration test sees `CARGO_BIN_EXE_<name>` only for the binaries of
 //! its own package. To run another package's daemon, [`binary`] asks cargo to
 //! build it into the target directory the test itself was built in, once per
-//! test process and binary.
+//! test process and binary. A caller that has just built every binary there
+//! (`cargo test --workspace` does, for its packages' integration tests) says
+//! so with [`PREBUILT_VAR`], and [`binary`] then takes them as they are.
 
 use std::collections::HashMap;
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Mutex, OnceLock, PoisonError};
+
+/// Set to `1` by a caller whose build has just put every workspace binary,
+/// fresh, into the test's target directory (as `cargo test --workspace`
+/// does): [`binary`] then uses one found there without running cargo, which
+/// saves a cargo run per test process and binary, and a rebuild when the
+/// package alone resolves its dependencies' features otherwise than the
+/// workspace. Unset, or for a binary not found there, [`binary`] builds.
+pub const PREBUILT_VAR: &str = "TESTKIT_PREBUILT_BINARIES";
 
 /// Binaries already built by this process, by (package, binary).
 static BUILT: OnceLock<Mutex<HashMap<(String, String), PathBuf>>> = OnceLock::new();
@@ -45,7 +55,17 @@ pub fn binary_in(package: &str, name: &str) -> PathBuf {
     if let Some(path) = built.get(&key) {
         return path.clone();
     }
-    let path = build(package, name);
+    let prebuilt = std::env::current_exe()
+        .ok()
+        .and_then(|exe| TargetLayout::of_executable(&exe))
+        .and_then(|layout| {
+            prebuilt(
+                &layout.profile_dir,
+                name,
+                std::env::var_os(PREBUILT_VAR).as_deref(),
+            )
+        });
+    let path = prebuilt.unwrap_or_else(|| build(package, name));
     built.insert(key, path.clone());
     path
 }
@@ -87,6 +107,16 @@ impl TargetLayout {
             other => vec!["--profile".to_owned(), other.to_owned()],
         }
     }
+}
+
+/// Binary `name` in `profile_dir`, when `said` (the value of
+/// [`PREBUILT_VAR`]) is `1` and the binary is there.
+fn prebuilt(profile_dir: &Path, name: &str, said: Option<&OsStr>) -> Option<PathBuf> {
+    if said != Some(OsStr::new("1")) {
+        return None;
+    }
+    let path = profile_dir.join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+    path.is_file().then_some(path)
 }
 
 /// Runs `cargo build` for one binary and returns its path.
@@ -147,6 +177,21 @@ mod tests {
         let custom = TargetLayout::of_executable(Path::new("/w/target/ci/examples/x")).unwrap();
         assert_eq!(custom.profile_dir, Path::new("/w/target/ci"));
         assert_eq!(custom.profile_args(), ["--profile", "ci"]);
+    }
+
+    #[test]
+    fn a_prebuilt_binary_is_taken_only_when_said_and_there() {
+        let dir = tempfile::tempdir().unwrap();
+        let daemon = dir
+            .path()
+            .join(format!("daemon{}", std::env::consts::EXE_SUFFIX));
+        std::fs::write(&daemon, b"").unwrap();
+        let yes = Some(OsStr::new("1"));
+        assert_eq!(prebuilt(dir.path(), "daemon", yes), Some(daemon.clone()));
+        assert_eq!(prebuilt(dir.path(), "daemon", None), None, "not said");
+        let no = Some(OsStr::new("0"));
+        assert_eq!(prebuilt(dir.path(), "daemon", no), None, "said otherwise");
+        assert_eq!(prebuilt(dir.path(), "other", yes), None, "not there");
     }
 
     #[test]

@@ -19,6 +19,9 @@ use std::time::{Duration, Instant};
 pub const READY_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long [`Daemon::terminate`] waits for the exit after SIGTERM.
 pub const TERMINATE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long [`Daemon::wait_for_log`] waits for a line (a bound on a wait,
+/// not a measurement).
+pub const LOG_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long to wait for the stderr pipe to close once the process is gone.
 const STDERR_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -402,6 +405,42 @@ impl Daemon {
     /// What the daemon has printed on stderr so far.
     pub fn stderr_so_far(&self) -> String {
         self.stderr.so_far()
+    }
+
+    /// Waits until the daemon's stderr holds `needle`.
+    ///
+    /// # Panics
+    ///
+    /// When it does not within [`LOG_TIMEOUT`], with the log so far.
+    pub fn wait_for_log(&self, needle: &str) {
+        let deadline = Instant::now() + LOG_TIMEOUT;
+        while !self.stderr_so_far().contains(needle) {
+            assert!(
+                Instant::now() < deadline,
+                "{}: no {needle:?} in the log:\n{}",
+                self.program,
+                self.stderr_so_far()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The text of the daemon's `/metrics`, from its `admin` endpoint.
+    ///
+    /// # Panics
+    ///
+    /// When the endpoint does not answer.
+    pub fn metrics(&self) -> String {
+        let admin = self.addr("admin");
+        telemetry::http_get(admin, "/metrics", Duration::from_secs(5))
+            .map(|(_, body)| body)
+            .unwrap_or_else(|e| panic!("{}: GET http://{admin}/metrics: {e}", self.program))
+    }
+
+    /// The sum of the daemon's metric `name` over the series with `labels`
+    /// (`""`: all of them), or `None` when it has no such metric.
+    pub fn metric(&self, name: &str, labels: &str) -> Option<f64> {
+        telemetry::metric_sum(&self.metrics(), name, labels)
     }
 }
 

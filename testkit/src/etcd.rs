@@ -242,6 +242,24 @@ impl Etcd {
             .collect())
     }
 
+    /// Every value under `prefix` parsed as JSON, in key order: the control
+    /// plane's records (its map, its members) as a test reads them back.
+    ///
+    /// # Panics
+    ///
+    /// When etcdctl fails, or a value is not a `T` (naming its key).
+    pub fn get_json_prefix<T: serde::de::DeserializeOwned>(&self, prefix: &str) -> Vec<T> {
+        let records = self
+            .get_prefix(prefix)
+            .unwrap_or_else(|e| panic!("etcdctl get {prefix} --prefix: {e}"));
+        records
+            .iter()
+            .map(|(key, value)| {
+                serde_json::from_str(value).unwrap_or_else(|e| panic!("{key}: {e}"))
+            })
+            .collect()
+    }
+
     /// Whether this member is its cluster's raft leader now (from
     /// `etcdctl endpoint status`).
     pub fn is_leader(&self) -> Result<bool, String> {

@@ -128,6 +128,42 @@ pub fn fabric_device(config: &Path, device: &str, extra: &[&str]) -> Result<Daem
     fabric_device_with(binary("fabric-device"), config, device, extra)
 }
 
+/// `program --etcd ETCD --pool POOL --server SERVER --admin 127.0.0.1:0
+/// --data-dir DATA_DIR EXTRA…`, plus `--insecure` when `extra` gives no
+/// `--secrets`: a server that takes its map from etcd.
+pub fn pmem_server_on_etcd_spec(
+    program: impl Into<PathBuf>,
+    etcd: &str,
+    pool: &str,
+    server: &str,
+    data_dir: &Path,
+    extra: &[&str],
+) -> DaemonSpec {
+    DaemonSpec::new(program)
+        .args(["--etcd", etcd, "--pool", pool, "--server", server])
+        .args(["--admin", "127.0.0.1:0", "--data-dir"])
+        .arg(data_dir)
+        .args(extra)
+        .args(authentication(extra))
+}
+
+/// `program --etcd ETCD --pool POOL --device DEVICE --admin 127.0.0.1:0
+/// EXTRA…`, plus `--insecure` when `extra` gives no `--secrets`: a fabric
+/// device that takes its map from etcd.
+pub fn fabric_device_on_etcd_spec(
+    program: impl Into<PathBuf>,
+    etcd: &str,
+    pool: &str,
+    device: &str,
+    extra: &[&str],
+) -> DaemonSpec {
+    DaemonSpec::new(program)
+        .args(["--etcd", etcd, "--pool", pool, "--device", device])
+        .args(["--admin", "127.0.0.1:0"])
+        .args(extra)
+        .args(authentication(extra))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -150,5 +186,14 @@ mod tests {
         let explicit = fabric_device_spec("fabric-device", config, "F", &["--insecure"]);
         let count = explicit.args.iter().filter(|a| *a == "--insecure").count();
         assert_eq!(count, 1, "{:?}", explicit.args);
+        let etcd = "http://127.0.0.1:2379";
+        let plain = pmem_server_on_etcd_spec("pmem-server", etcd, "p", "S", data, &[]);
+        assert!(has(&plain, "--insecure"), "{:?}", plain.args);
+        let keyed = pmem_server_on_etcd_spec("pmem-server", etcd, "p", "S", data, &["--secrets"]);
+        assert!(!has(&keyed, "--insecure"), "{:?}", keyed.args);
+        let plain = fabric_device_on_etcd_spec("fabric-device", etcd, "p", "F", &[]);
+        assert!(has(&plain, "--insecure"), "{:?}", plain.args);
+        let keyed = fabric_device_on_etcd_spec("fabric-device", etcd, "p", "F", &["--secrets"]);
+        assert!(!has(&keyed, "--insecure"), "{:?}", keyed.args);
     }
 }

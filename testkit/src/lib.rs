@@ -1,13 +1,16 @@
 //! Test support for pmem-fabric: tests that run the real daemons.
 //!
 //! - [`binary`]: the path of a workspace binary, built on demand, for tests
-//!   of one package that run another package's daemon.
+//!   of one package that run another package's daemon (taken as built when
+//!   [`PREBUILT_VAR`] says the caller built them all).
 //! - [`Daemon`]: a spawned daemon, ready once it printed its
 //!   `ready key=value …` line; signalled, terminated, killed when dropped,
-//!   its stderr always collected.
+//!   its stderr always collected and waited on, its metrics read.
 //! - [`pmem_server`], [`fabric_device`]: the daemons' command lines, admin
 //!   endpoints on ephemeral ports, `--insecure` unless the test gives
-//!   `--secrets`.
+//!   `--secrets`; [`pmem_server_on_etcd_spec`] and
+//!   [`fabric_device_on_etcd_spec`] for daemons that take their map from
+//!   etcd.
 //! - [`Conn`]: a raw protocol client, with [`at`], [`key`], [`layout`] and
 //!   [`file_bytes`] to address regions and check their files.
 //! - [`write_topology`] (one server on ephemeral ports), [`FabricSpec`]
@@ -51,11 +54,13 @@ mod launch;
 pub mod netns;
 pub mod roce;
 
-pub use binaries::{binary, binary_in};
+pub use binaries::{PREBUILT_VAR, binary, binary_in};
 pub use conn::{
     Conn, IO_TIMEOUT, PROTOCOL_VERSION, REGION_FILE_HEADER_LEN, Reply, at, file_bytes, key, layout,
 };
-pub use daemon::{Daemon, DaemonSpec, READY_TIMEOUT, TERMINATE_TIMEOUT, parse_ready_line};
+pub use daemon::{
+    Daemon, DaemonSpec, LOG_TIMEOUT, READY_TIMEOUT, TERMINATE_TIMEOUT, parse_ready_line,
+};
 pub use etcd::Etcd;
 pub use fabric::{
     FabricSpec, Ports, RoceSpec, default_topology_with, free_loopback_port, one_then_two_servers,
@@ -65,6 +70,7 @@ pub use imports::{
     Import, ImportCycle, ImportScanError, assert_no_import_cycles, describe_cycles, import_cycles,
 };
 pub use launch::{
-    EMULATED_POWER_CUT_EXIT, PMEM_SERVER_PERSISTENCE_VAR, fabric_device, fabric_device_spec,
-    fabric_device_with, pmem_server, pmem_server_spec, pmem_server_with, pmem_servers,
+    EMULATED_POWER_CUT_EXIT, PMEM_SERVER_PERSISTENCE_VAR, fabric_device,
+    fabric_device_on_etcd_spec, fabric_device_spec, fabric_device_with, pmem_server,
+    pmem_server_on_etcd_spec, pmem_server_spec, pmem_server_with, pmem_servers,
 };

@@ -60,7 +60,7 @@ pub use load::{EnvOverrides, LoadError};
 pub use meta::{MetaError, MetaLayout, RegionMeta};
 pub use model::{
     Access, AllocatorConfig, AllowRange, CachePolicy, Client, FabricDevice, FabricLink, FabricPort,
-    NicTransport, Override, Persistence, PmemDevice, Pool, Region, RegionReplicas, Rnic,
+    NicTransport, Override, Persistence, PmemDevice, PoolSettings, Region, RegionReplicas, Rnic,
     RnicTransport, RocePort, Server, ServerNic, Socket, Topology,
 };
 pub use replicas::{PlacementProblem, Replica, ReplicaSet};

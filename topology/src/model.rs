@@ -18,7 +18,7 @@ use crate::size::{ByteSize, flex_u64, flex_u64_opt};
 pub struct Topology {
     /// Pool-wide settings.
     #[serde(default)]
-    pub pool: Pool,
+    pub pool: PoolSettings,
     /// PMEM servers, in config order.
     #[serde(default)]
     pub servers: Vec<Server>,
@@ -58,15 +58,15 @@ impl Override {
 /// Pool-wide settings that shape the address layout.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub struct Pool {
+pub struct PoolSettings {
     /// A name for the pool, used in default keys and reports.
-    #[serde(default = "Pool::default_name")]
+    #[serde(default = "PoolSettings::default_name")]
     pub name: String,
     /// The unit of allocation and translation; every region size is a multiple.
-    #[serde(default = "Pool::default_extent_size")]
+    #[serde(default = "PoolSettings::default_extent_size")]
     pub extent_size: ByteSize,
     /// Where the first automatically placed region starts in PMEM address space.
-    #[serde(default = "Pool::default_base_address", with = "flex_u64")]
+    #[serde(default = "PoolSettings::default_base_address", with = "flex_u64")]
     pub base_address: u64,
     /// Alignment of automatically placed regions; defaults to the extent size.
     #[serde(default)]
@@ -104,7 +104,7 @@ pub struct AllocatorConfig {
     pub names: Option<u64>,
 }
 
-impl Pool {
+impl PoolSettings {
     /// The default extent size: 2 MiB, the design's default.
     pub const DEFAULT_EXTENT_SIZE: u64 = 2 << 20;
     /// The default base of the PMEM address space (4 GiB), so that small
@@ -127,7 +127,7 @@ impl Pool {
     }
 }
 
-impl Default for Pool {
+impl Default for PoolSettings {
     fn default() -> Self {
         Self {
             name: Self::default_name(),

@@ -4,7 +4,8 @@ use proptest::prelude::*;
 use proto::AccessKey;
 use topology::{
     ByteSize, CachePolicy, Client, FabricDevice, FabricLink, FabricPort, Layout, LayoutEntry,
-    PmemAddr, PmemDevice, Pool, Region, RegionIndex, Rnic, Server, ServerNic, Socket, Topology,
+    PmemAddr, PmemDevice, PoolSettings, Region, RegionIndex, Rnic, Server, ServerNic, Socket,
+    Topology,
 };
 
 const EXTENT: u64 = 2 << 20;
@@ -71,7 +72,7 @@ fn build(spec: &[Vec<Vec<Vec<RegionSpec>>>]) -> Topology {
         })
         .collect();
     Topology {
-        pool: Pool::default(),
+        pool: PoolSettings::default(),
         servers,
         fabric_devices: vec![FabricDevice {
             id: "F".into(),
@@ -270,7 +271,7 @@ fn digest_changes_with_the_layout() {
 fn auto_placement_skips_explicit_regions() {
     let mut t = build(&[vec![vec![vec![(1, false), (1, false), (1, false)]]]]);
     // Pin the third region right where the second would go.
-    let second_start = Pool::DEFAULT_BASE_ADDRESS + EXTENT;
+    let second_start = PoolSettings::DEFAULT_BASE_ADDRESS + EXTENT;
     t.servers[0].sockets[0].devices[0].regions[2].address = Some(second_start);
     assert!(t.validate().is_ok(), "{:?}", t.validate());
     let layout = Layout::new(&t).unwrap();
@@ -278,7 +279,7 @@ fn auto_placement_skips_explicit_regions() {
     assert_eq!(
         starts,
         vec![
-            Pool::DEFAULT_BASE_ADDRESS,
+            PoolSettings::DEFAULT_BASE_ADDRESS,
             second_start + EXTENT,
             second_start
         ]

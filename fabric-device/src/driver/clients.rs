@@ -117,7 +117,7 @@ impl Device {
     /// Reads and handles a client's requests until its socket is drained or
     /// backpressure pauses it.
     pub(super) fn serve_client(&mut self, conn: ConnId, now: Instant) {
-        self.serve_client_frames(conn, now);
+        self.read_requests(conn, now);
         if self.admission.is_unproven(conn)
             && self.core.session_client(conn).is_some()
             && !self.admission.proven(conn)
@@ -138,9 +138,9 @@ impl Device {
 
     /// Hands a client's frames to the core and reads more, until the socket
     /// is drained, the client is paused or the connection closes.
-    pub(super) fn serve_client_frames(&mut self, conn: ConnId, now: Instant) {
+    pub(super) fn read_requests(&mut self, conn: ConnId, now: Instant) {
         loop {
-            let end = self.handle_client_frames(conn, now);
+            let end = self.dispatch_buffered(conn, now);
             let Some(client) = self.clients.get_mut(&conn) else {
                 return;
             };
@@ -173,7 +173,7 @@ impl Device {
                     if client.endpoint.decoder.buffered() == 0 {
                         return;
                     }
-                    match self.handle_client_frames(conn, now) {
+                    match self.dispatch_buffered(conn, now) {
                         FramesEnd::Drained => return,
                         FramesEnd::Paused => {
                             self.pause(conn);
@@ -187,7 +187,7 @@ impl Device {
                 }
                 Fill::Closed => {
                     // Answer what was received before the hang-up, then close.
-                    let _ = self.handle_client_frames(conn, now);
+                    let _ = self.dispatch_buffered(conn, now);
                     self.close_client(conn, "peer closed");
                     return;
                 }
@@ -197,7 +197,7 @@ impl Device {
                         // that has not said who it is.
                         self.metrics.connections_closed.with(&["unframeable"]).inc();
                     }
-                    let _ = self.handle_client_frames(conn, now);
+                    let _ = self.dispatch_buffered(conn, now);
                     self.close_client(conn, &why);
                     return;
                 }
@@ -223,13 +223,17 @@ impl Device {
     }
 
     /// Hands every complete frame a client sent to the core.
-    pub(super) fn handle_client_frames(&mut self, conn: ConnId, now: Instant) -> FramesEnd {
-        let end = self.client_frames(conn, now);
+    pub(super) fn dispatch_buffered(&mut self, conn: ConnId, now: Instant) -> FramesEnd {
+        let end = self.dispatch_each_frame(conn, now);
         self.queue_flush(conn);
         end
     }
 
-    pub(super) fn client_frames(&mut self, conn: ConnId, now: Instant) -> FramesEnd {
+    /// The loop behind [`Device::dispatch_buffered`]: each complete frame to
+    /// the core, and its action carried out (forwarded, answered, a queue
+    /// pair connected), until no frame is left, the client must wait or the
+    /// connection must close.
+    pub(super) fn dispatch_each_frame(&mut self, conn: ConnId, now: Instant) -> FramesEnd {
         let Self {
             core,
             clients,

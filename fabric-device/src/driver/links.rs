@@ -13,7 +13,7 @@ impl Device {
         for link in self.reconnects.due(now) {
             let Some(addr) = self
                 .core
-                .link_key(link)
+                .link_target(link)
                 .and_then(|k| k.addr.parse::<SocketAddr>().ok())
             else {
                 continue;
@@ -40,7 +40,7 @@ impl Device {
 
     /// `link to SERVER/NIC (ADDR, LANE lane)`, for logs.
     pub(super) fn link_name(&self, link: LinkId) -> Option<String> {
-        let key = self.core.link_key(link)?;
+        let key = self.core.link_target(link)?;
         let lane = self.core.link_lane(link)?;
         Some(format!(
             "link to {}/{} ({}, {} lane)",

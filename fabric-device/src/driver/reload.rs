@@ -142,6 +142,10 @@ impl Device {
     /// Sends the device's MAP_EPOCH on the links the core named; a link
     /// that cannot take it is failed (and reconnects, saying it then).
     pub(super) fn say_epoch(&mut self, said: Vec<(LinkId, Vec<u8>)>) {
+        // Called every turn: no clock read when there is nothing to say.
+        if said.is_empty() {
+            return;
+        }
         let now = Instant::now();
         for (link, frame) in said {
             let Some(LinkConn::Connected { endpoint }) = self.links.get_mut(&link) else {

@@ -15,7 +15,7 @@ use std::collections::{HashMap, HashSet};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::mpsc;
 
-use topology::FabricDeviceId;
+use topology::{FabricDeviceId, ServerId};
 
 use super::*;
 use crate::forward::OwnedRegion;
@@ -95,6 +95,8 @@ struct Job {
     devices: Vec<FabricDeviceId>,
     /// Each device's client ports.
     ports: HashMap<FabricDeviceId, Vec<String>>,
+    /// Each server's NIC addresses.
+    server_ports: HashMap<ServerId, Vec<String>>,
     regions: Vec<OwnedRegion>,
     etcd: Etcd,
 }
@@ -174,8 +176,38 @@ impl Job {
         report
     }
 
+    /// The servers of the owner's regions' serving copies that this
+    /// device cannot use to decide: no link up from here, or every NIC
+    /// port refusing a connection now (the server died, perhaps with the
+    /// owner, and this device has not seen its links break yet).
+    fn unreachable_servers(&self) -> Vec<String> {
+        let mut judged: HashMap<&ServerId, bool> = HashMap::new();
+        for (server, link_up) in self.regions.iter().flat_map(|r| &r.serving) {
+            if judged.contains_key(server) {
+                continue;
+            }
+            let dead = !*link_up
+                || connect_probe(
+                    self.server_ports
+                        .get(server)
+                        .map(Vec::as_slice)
+                        .unwrap_or_default(),
+                ) == Reach::Refused;
+            judged.insert(server, dead);
+        }
+        let mut out: Vec<String> = judged
+            .into_iter()
+            .filter(|(_, dead)| *dead)
+            .map(|(server, _)| server.to_string())
+            .collect();
+        out.sort();
+        out
+    }
+
     /// Takes every region of the owner over that this device reaches a
-    /// serving copy of, one transaction each, over one etcd connection.
+    /// serving copy of, one transaction each, over one etcd connection;
+    /// a serving copy on a server it does not reach is passed over as the
+    /// deciding copy.
     fn take_all(&self, report: &mut Report) {
         let (me, owner) = (&self.me, &self.owner);
         let mut regions = Vec::new();
@@ -196,12 +228,25 @@ impl Job {
         if regions.is_empty() {
             return;
         }
+        let unreachable = self.unreachable_servers();
+        if !unreachable.is_empty() {
+            report.lines.push((
+                false,
+                format!(
+                    "fabric device {owner} is dead and this device does not reach server {}: \
+                     no copy there decides for the regions it takes over",
+                    unreachable.join(", ")
+                ),
+            ));
+        }
+        let unreachable: Vec<&str> = unreachable.iter().map(String::as_str).collect();
         let outcomes = control::ownership::take_over_blocking(
             &self.etcd.endpoints,
             &self.etcd.pool,
             self.etcd.credentials.as_ref(),
             me.as_str(),
             &regions,
+            &unreachable,
         );
         let outcomes = match outcomes {
             Ok(outcomes) => outcomes,
@@ -285,6 +330,14 @@ impl Device {
                 .map(|d| {
                     let listens = d.ports.iter().map(|p| p.listen.clone()).collect();
                     (d.id.clone(), listens)
+                })
+                .collect(),
+            server_ports: topology
+                .servers
+                .iter()
+                .map(|s| {
+                    let listens = s.nics.iter().map(|n| n.listen.clone()).collect();
+                    (s.id.clone(), listens)
                 })
                 .collect(),
             regions: self.core.owned_by(&owner),

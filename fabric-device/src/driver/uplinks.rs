@@ -12,7 +12,7 @@ impl Device {
         if self.core.link_status(link) != Some(crate::forward::LinkStatus::Up) {
             return Ok(());
         }
-        let Some(key) = self.core.link_key(link) else {
+        let Some(key) = self.core.link_target(link) else {
             return Ok(());
         };
         let verbs = self

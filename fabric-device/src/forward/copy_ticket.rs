@@ -46,6 +46,8 @@ pub(super) enum ResyncPart {
     },
     /// The block written to the syncing copy.
     Write,
+    /// The record of an atomic the syncing copy missed, written to it.
+    Record,
 }
 
 /// What a read of a copy needs to be sent to another copy.
@@ -59,4 +61,6 @@ pub(super) struct ReadAgain {
     pub(super) copy: usize,
     pub(super) start: u64,
     pub(super) end: u64,
+    /// How many times a copy answered it STALE_MAP.
+    pub(super) stale_refusals: u32,
 }

@@ -54,11 +54,22 @@ impl Forwarder {
         let Some(message) = self.epoch.link_message() else {
             return Vec::new();
         };
-        self.links
+        let said = self
+            .links
             .iter()
             .filter(|(_, link)| link.status == LinkStatus::Up)
             .map(|(id, _)| (*id, message.clone()))
-            .collect()
+            .collect();
+        // Parts in flight may come back STALE_MAP; parts refused so go
+        // again now if their server runs this epoch (behind the MAP_EPOCH
+        // just said: the driver writes it before the outbox).
+        self.stale_after_epoch(std::time::Instant::now());
+        said
+    }
+
+    /// The epoch the device runs (0 on a topology file).
+    pub(super) fn current_epoch(&self) -> u64 {
+        self.epoch.epoch
     }
 
     /// Whether a server said it runs a newer epoch since the last call:

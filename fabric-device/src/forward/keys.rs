@@ -115,7 +115,7 @@ impl Forwarder {
             return LinkAction::Close("key refresh answer on a link that asked none".into());
         }
         link.key_refresh = KeyRefresh::Current;
-        let server = link.key.server.clone();
+        let server = link.target.server.clone();
         let theirs = match proto::parse_frame(frame) {
             Ok((Message::Map(theirs), _)) => theirs,
             // Refused (the server does not answer MAP_REQUEST to this

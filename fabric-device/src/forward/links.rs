@@ -15,9 +15,9 @@ use super::copy_ticket::CopyTicket;
 use super::{ConnId, Forwarder, LinkAction, REPLY_HEAD_LEN, Reply, fresh_nonce};
 use crate::deadline::Deadline;
 use crate::idmap::IdMap;
-use crate::ids::{Lane, LinkId};
+use crate::ids::{LinkClass, LinkId};
 use crate::link_tags::{CONTROL_TAG, KEY_REFRESH_TAG, LINK_HELLO_TAG, LINK_MAP_TAG, MAP_EPOCH_TAG};
-use crate::map::LinkKey;
+use crate::map::LinkTarget;
 
 /// Tags of the device's HELLO and MAP_REQUEST on a link.
 pub(super) const LINK_OPENING: OpeningTags = OpeningTags {
@@ -34,10 +34,10 @@ pub(super) struct Lanes {
 
 impl Lanes {
     /// The link of `lane`.
-    pub(super) fn get(self, lane: Lane) -> LinkId {
+    pub(super) fn get(self, lane: LinkClass) -> LinkId {
         match lane {
-            Lane::Main => self.main,
-            Lane::Bulk => self.bulk,
+            LinkClass::Main => self.main,
+            LinkClass::Bulk => self.bulk,
         }
     }
 }
@@ -69,8 +69,8 @@ pub(super) struct Pending {
 /// A link to a server NIC as the core keeps it.
 #[derive(Debug)]
 pub(super) struct Link {
-    pub(super) key: LinkKey,
-    pub(super) lane: Lane,
+    pub(super) target: LinkTarget,
+    pub(super) lane: LinkClass,
     pub(super) status: LinkStatus,
     /// The link's opening while the server has not answered it.
     pub(super) opening: Option<Opening>,
@@ -109,24 +109,24 @@ pub(super) fn is_pending(links: &IdMap<LinkId, Link>, deadline: &Deadline) -> bo
 }
 
 impl Forwarder {
-    pub(super) fn add_lanes(&mut self, key: &LinkKey) -> Lanes {
+    pub(super) fn add_lanes(&mut self, target: &LinkTarget) -> Lanes {
         Lanes {
-            main: self.add_link(key.clone(), Lane::Main),
-            bulk: self.add_link(key.clone(), Lane::Bulk),
+            main: self.add_link(target.clone(), LinkClass::Main),
+            bulk: self.add_link(target.clone(), LinkClass::Bulk),
         }
     }
 
-    pub(super) fn add_link(&mut self, key: LinkKey, lane: Lane) -> LinkId {
+    pub(super) fn add_link(&mut self, target: LinkTarget, lane: LinkClass) -> LinkId {
         let id = LinkId(self.next_link);
         self.next_link += 1;
         let up_gauge = self
             .metrics
-            .link_up(key.server.as_str(), key.nic.as_str(), lane);
+            .link_up(target.server.as_str(), target.nic.as_str(), lane);
         up_gauge.set(0);
         self.links.insert(
             id,
             Link {
-                key,
+                target,
                 lane,
                 status: LinkStatus::Down,
                 opening: None,
@@ -142,18 +142,18 @@ impl Forwarder {
     }
 
     /// Which of its NIC's connections `link` is.
-    pub fn link_lane(&self, link: LinkId) -> Option<Lane> {
+    pub fn link_lane(&self, link: LinkId) -> Option<LinkClass> {
         self.links.get(&link).map(|l| l.lane)
     }
 
     /// Every link with its identity.
-    pub fn links(&self) -> impl Iterator<Item = (LinkId, &LinkKey)> {
-        self.links.iter().map(|(id, link)| (*id, &link.key))
+    pub fn links(&self) -> impl Iterator<Item = (LinkId, &LinkTarget)> {
+        self.links.iter().map(|(id, link)| (*id, &link.target))
     }
 
     /// A link's identity.
-    pub fn link_key(&self, link: LinkId) -> Option<&LinkKey> {
-        self.links.get(&link).map(|l| &l.key)
+    pub fn link_target(&self, link: LinkId) -> Option<&LinkTarget> {
+        self.links.get(&link).map(|l| &l.target)
     }
 
     /// A link's status.
@@ -255,6 +255,19 @@ impl Forwarder {
             self.copy_answered(link_id, header.tag, op, frame, now);
             return LinkAction::Nothing;
         }
+        if matches!(pending.copy, Some(CopyTicket::Read(_)))
+            && let Some(body) = frame.get(frame::HEADER_LEN..)
+            && let Ok(answer) = response::Packet::new_checked(body)
+            && answer.status() == Status::StaleMap
+        {
+            // A read of a replicated region's copy: read again once the
+            // server runs the device's epoch, not failed.
+            let links = &self.links;
+            self.deadlines.trim(|d| is_pending(links, d));
+            self.server_response(frame);
+            self.copy_read_stale(pending, answer.value(), now);
+            return LinkAction::Nothing;
+        }
         let links = &self.links;
         self.deadlines.trim(|d| is_pending(links, d));
         self.metrics.in_flight.dec();
@@ -319,7 +332,7 @@ impl Forwarder {
         let Some(link) = self.links.get_mut(&link_id) else {
             return LinkAction::Nothing;
         };
-        let server = link.key.server.clone();
+        let server = link.target.server.clone();
         let Some(opening) = link.opening.as_mut() else {
             return LinkAction::Close("handshake answer on a link that sent none".into());
         };
@@ -393,7 +406,7 @@ impl Forwarder {
         link.server_map = None;
         link.key_refresh = KeyRefresh::Current;
         link.up_gauge.set(0);
-        let server = link.key.server.clone();
+        let server = link.target.server.clone();
         let pending: Vec<(u64, Pending)> = link.pending.drain().collect();
         let links = &self.links;
         self.deadlines.trim(|d| is_pending(links, d));

@@ -264,7 +264,7 @@ impl Forwarder {
         core.set_resync_rate(config.resync_rate);
         core.link_ids = (0..core.map.links.len())
             .map(|i| {
-                let key = core.map.links[i].key.clone();
+                let key = core.map.links[i].target.clone();
                 core.add_lanes(&key)
             })
             .collect();

@@ -8,8 +8,8 @@ use proto::map;
 
 use super::links::Lanes;
 use super::{ConnId, Forwarder, Reply};
-use crate::ids::{Lane, LinkId};
-use crate::map::{DeviceMap, LinkKey};
+use crate::ids::{LinkClass, LinkId};
+use crate::map::{DeviceMap, LinkTarget};
 
 /// What a reload changed.
 #[derive(Debug, Default)]
@@ -33,24 +33,24 @@ impl Forwarder {
     /// the new topology no longer names lose their admission.
     pub fn reload(&mut self, map: DeviceMap) -> ReloadOutcome {
         let mut outcome = ReloadOutcome::default();
-        let mut by_key: HashMap<(LinkKey, Lane), LinkId> = self
+        let mut by_key: HashMap<(LinkTarget, LinkClass), LinkId> = self
             .links
             .iter()
-            .map(|(id, l)| ((l.key.clone(), l.lane), *id))
+            .map(|(id, l)| ((l.target.clone(), l.lane), *id))
             .collect();
         let mut link_ids = Vec::with_capacity(map.links.len());
         for spec in &map.links {
-            let mut lane = |lane| match by_key.remove(&(spec.key.clone(), lane)) {
+            let mut lane = |lane| match by_key.remove(&(spec.target.clone(), lane)) {
                 Some(id) => id,
                 None => {
-                    let id = self.add_link(spec.key.clone(), lane);
+                    let id = self.add_link(spec.target.clone(), lane);
                     outcome.connect.push(id);
                     id
                 }
             };
             let lanes = Lanes {
-                main: lane(Lane::Main),
-                bulk: lane(Lane::Bulk),
+                main: lane(LinkClass::Main),
+                bulk: lane(LinkClass::Bulk),
             };
             link_ids.push(lanes);
         }
@@ -63,7 +63,7 @@ impl Forwarder {
             let agrees = self.links.get(&id).is_none_or(|l| {
                 l.server_map
                     .as_ref()
-                    .is_none_or(|theirs| map.server_agrees(&l.key.server, theirs))
+                    .is_none_or(|theirs| map.server_agrees(&l.target.server, theirs))
             });
             if !agrees {
                 outcome.failed.extend(self.link_down(id));
@@ -106,7 +106,7 @@ impl Forwarder {
         let known: Vec<(topology::ServerId, map::Repr)> = self
             .links
             .values()
-            .filter_map(|l| Some((l.key.server.clone(), l.server_map.clone()?)))
+            .filter_map(|l| Some((l.target.server.clone(), l.server_map.clone()?)))
             .collect();
         for (server, theirs) in &known {
             self.learn_keys(server, theirs);

@@ -13,7 +13,7 @@ use super::{
     ClientAction, ConnId, FORWARD_HEAD_LEN, Forwarder, LinkStatus, REPLY_HEAD_LEN, error_reply,
 };
 use crate::deadline::Deadline;
-use crate::ids::{Lane, LinkId};
+use crate::ids::{LinkClass, LinkId};
 use crate::link_tags::CONTROL_TAG;
 
 /// Requests moving at least this many bytes (WRITE data, READ length) go on
@@ -88,8 +88,8 @@ impl Forwarder {
             .ok_or(Status::Unmapped)?;
         // The request's own lane on any NIC, else the other lane.
         let (lane, other) = match len >= BULK_MIN_BYTES {
-            true => (Lane::Bulk, Lane::Main),
-            false => (Lane::Main, Lane::Bulk),
+            true => (LinkClass::Bulk, LinkClass::Main),
+            false => (LinkClass::Main, LinkClass::Bulk),
         };
         let up = |id: &LinkId| {
             self.links

@@ -150,7 +150,7 @@ impl Bench {
         let links: Vec<LinkId> = fwd.links().map(|(id, _)| id).collect();
         for link in links {
             let sent = fwd.link_connected(link);
-            let server = fwd.link_key(link).expect("key").server.to_string();
+            let server = fwd.link_target(link).expect("key").server.to_string();
             let tags: Vec<u64> = split(&sent)
                 .iter()
                 .map(|f| Header::parse(f).expect("hdr").tag)

@@ -15,8 +15,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
-use client_vmm::ServerCache;
-use client_vmm::pool::NON_TEMPORAL_FROM;
+use pmem_client::ServerCache;
+use pmem_client::pool::NON_TEMPORAL_FROM;
 use serde::{Deserialize, Serialize};
 
 use super::client::{self, BenchOp, Pipelining, Shape};

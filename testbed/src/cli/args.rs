@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use client_vmm::ServerCache;
+use pmem_client::ServerCache;
 
 use crate::fabric::launch::NetMode;
 use crate::run::{RunOptions, Scenario};
@@ -360,7 +360,13 @@ pub struct ChaosArgs {
     /// add-server (the last server held back from the first map, added
     /// under the workload), add-device (a device held back, added),
     /// remove-device (a device every client has another path than,
-    /// removed and stopped).
+    /// removed and stopped); with replicated regions (--replicas 2) and
+    /// --control etcd: kill-owner-and-decider (the server of the first
+    /// replicated region's deciding copy killed, and at once the region's
+    /// owner device; both restarted once another device owns the region),
+    /// kill-server-then-other (a server killed
+    /// and restarted, then, once every copy serves again, a server holding
+    /// the other copies; one pair whatever --faults says).
     #[arg(long)]
     pub scenario: Scenario,
     /// How many faults.

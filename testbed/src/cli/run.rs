@@ -52,6 +52,9 @@ pub fn chaos(args: ChaosArgs) -> anyhow::Result<bool> {
     scenario
         .check_control(options.control)
         .map_err(anyhow::Error::msg)?;
+    scenario
+        .check_topology(&topology)
+        .map_err(anyhow::Error::msg)?;
     options.topology_file = file;
     options.scenario = Some(scenario);
     options.reports = reports;

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
-use client_vmm::ServerCache;
+use pmem_client::ServerCache;
 
 use super::args::*;
 use crate::workload::{Progress, WorkerConfig};
@@ -79,7 +79,9 @@ pub fn worker(
         if config.clear {
             crate::workload::clear_slice(&pool, space, &config)
                 .await
-                .map_err(|e| anyhow::anyhow!("clear the slice: {}", client_vmm::error_chain(&e)))?;
+                .map_err(|e| {
+                    anyhow::anyhow!("clear the slice: {}", pmem_client::error_chain(&e))
+                })?;
         }
         let progress = std::sync::Arc::new(Progress::default());
         println!("{}", crate::workload::STARTED_LINE);
@@ -121,18 +123,18 @@ pub async fn open_pool(
     source: ::control::MapSource,
     client: &str,
     server_cache: ServerCache,
-) -> anyhow::Result<client_vmm::AsyncPool> {
+) -> anyhow::Result<pmem_client::AsyncPool> {
     let builder = match source {
         ::control::MapSource::File(path) => {
             let topology = topology::Topology::load(&path)?;
-            client_vmm::AsyncPool::builder(topology, client)
+            pmem_client::AsyncPool::builder(topology, client)
         }
         ::control::MapSource::Etcd {
             endpoints,
             pool,
             credentials,
         } => {
-            let builder = client_vmm::AsyncPool::builder_on_etcd(endpoints, &pool, client);
+            let builder = pmem_client::AsyncPool::builder_on_etcd(endpoints, &pool, client);
             match credentials {
                 Some(credentials) => builder.etcd_credentials(credentials),
                 None => builder,
@@ -143,5 +145,5 @@ pub async fn open_pool(
         .server_cache(server_cache)
         .connect_async()
         .await
-        .map_err(|e| anyhow::anyhow!(client_vmm::error_chain(&e)))
+        .map_err(|e| anyhow::anyhow!(pmem_client::error_chain(&e)))
 }

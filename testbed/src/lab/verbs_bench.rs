@@ -18,7 +18,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use client_vmm::AsyncPool;
+use pmem_client::AsyncPool;
 use serde::{Deserialize, Serialize};
 use topology::VirtAddr;
 
@@ -192,7 +192,7 @@ async fn load(pool: &AsyncPool, at: u64, ops: usize) -> Result<u64, String> {
                         1 => pool.write(addr, &data).await,
                         _ => pool.write_persist(addr, &data).await,
                     }
-                    .map_err(|e| client_vmm::error_chain(&e))?;
+                    .map_err(|e| pmem_client::error_chain(&e))?;
                     done += 1;
                 }
                 Ok::<u64, String>(done)

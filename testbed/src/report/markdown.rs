@@ -346,6 +346,15 @@ fn verification_section(out: &mut String, v: &Verification) {
         v.reads_torn_by_overlap,
         v.during_run_count(),
     );
+    let c = &v.counter_increments;
+    if c.words > 0 {
+        let _ = writeln!(
+            out,
+            "- shared counter words: {} checked; they grew by {}, against {} FETCH_ADDs of 1 \
+             acknowledged and {} of unknown outcome",
+            c.words, c.grew, c.acked, c.uncertain
+        );
+    }
     for (title, lines) in [
         ("During the run", &v.during_run),
         ("At the final verification", &v.mismatches),

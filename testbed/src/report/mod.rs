@@ -615,6 +615,12 @@ pub struct Verification {
     pub keys_checked: u64,
     /// Counters compared with their number of acknowledged increments.
     pub counters_checked: u64,
+    /// The shared counter words' FETCH_ADD tally over every client, and
+    /// how much the words grew (checked word by word: each grew by its
+    /// acknowledged increments, plus at most those of unknown outcome; an
+    /// increment applied twice shows as growth beyond that).
+    #[serde(default)]
+    pub counter_increments: CounterIncrements,
     /// What the final read-back found wrong, one human-readable line each;
     /// at most [`MAX_MISMATCHES`] lines plus a final `... and N more` (see
     /// [`Verification::push_mismatch`]).
@@ -636,6 +642,21 @@ pub struct Verification {
     /// like `mismatches` (see [`Verification::push_during_run`]).
     #[serde(default)]
     pub during_run: Vec<String>,
+}
+
+/// FETCH_ADDs of 1 on the shared counter words, summed over the words a
+/// run checked.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CounterIncrements {
+    /// Shared counter words checked.
+    pub words: u64,
+    /// Increments the clients saw acknowledged.
+    pub acked: u64,
+    /// Increments whose outcome the clients never learned (the operation
+    /// failed or timed out): each may or may not have been applied.
+    pub uncertain: u64,
+    /// How much the words grew from before the workload to the end.
+    pub grew: u64,
 }
 
 impl Verification {

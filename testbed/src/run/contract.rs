@@ -94,7 +94,7 @@ pub(super) fn check_counters(
             let value = pool
                 .fetch_add(counter_word(base, w), 0)
                 .await
-                .map_err(|e| client_vmm::error_chain(&e))?;
+                .map_err(|e| pmem_client::error_chain(&e))?;
             out.push((w, tally, value));
         }
         Ok(out)
@@ -106,6 +106,11 @@ pub(super) fn check_counters(
                 verification.counters_checked += 1;
                 let start = before.get(w as usize).copied().unwrap_or(0);
                 let grew = value.wrapping_sub(start);
+                let sums = &mut verification.counter_increments;
+                sums.words += 1;
+                sums.acked += tally.acked;
+                sums.uncertain += tally.uncertain;
+                sums.grew = sums.grew.wrapping_add(grew);
                 if grew < tally.acked || grew > tally.acked + tally.uncertain {
                     verification.push_mismatch(format!(
                         "counter {w}: grew by {grew} (from {start} to {value}), but {} increments \

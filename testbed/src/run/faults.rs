@@ -7,6 +7,7 @@ use topology::Topology;
 
 use crate::fabric::etcd::{Control, EtcdControl};
 use crate::fabric::launch::{DaemonKind, Fabric, NetMode};
+use crate::run::copies_down;
 
 /// A fault to inject during a run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,6 +49,25 @@ pub enum FaultKind {
     /// Remove a fabric device every client has another path than
     /// (`remove-device`), then stop it.
     RemoveDevice,
+    /// SIGKILL the server of a replicated region's deciding copy and then
+    /// at once the region's owner device, restart both later (see
+    /// [`crate::run::copies_down`]).
+    KillOwnerAndDecider,
+    /// SIGKILL a server once every copy in the map serves again (after an
+    /// earlier kill's copies were resynced), restart it later.
+    KillServerAfterResync,
+}
+
+/// What an injected fault hit, and when.
+#[derive(Debug)]
+pub(super) struct Injected {
+    /// When it took effect.
+    pub at: Instant,
+    /// What it hit, as the report names it (the plan's target, or what a
+    /// target named by its role turned out to be).
+    pub target: String,
+    /// A line for the report's notes, when the fault has more to say.
+    pub note: Option<String>,
 }
 
 /// Every daemon kind, devices first: the order faults kill them in.
@@ -67,6 +87,8 @@ impl FaultKind {
             FaultKind::AddServer => "add-server",
             FaultKind::AddDevice => "add-device",
             FaultKind::RemoveDevice => "remove-device",
+            FaultKind::KillOwnerAndDecider => "kill-owner-and-decider",
+            FaultKind::KillServerAfterResync => "kill-server-after-resync",
         }
     }
 
@@ -88,7 +110,8 @@ impl FaultKind {
     }
 
     /// Whether the application must not see it: another path exists, or
-    /// only the control plane is hit and the data path serves on.
+    /// only the control plane is hit and the data path serves on, or (the
+    /// faults that need replicated regions) another copy serves.
     pub(super) fn invisible(self) -> bool {
         matches!(
             self,
@@ -99,6 +122,8 @@ impl FaultKind {
                 | FaultKind::AddServer
                 | FaultKind::AddDevice
                 | FaultKind::RemoveDevice
+                | FaultKind::KillOwnerAndDecider
+                | FaultKind::KillServerAfterResync
         )
     }
 
@@ -114,41 +139,56 @@ impl FaultKind {
             FaultKind::AddServer,
             FaultKind::AddDevice,
             FaultKind::RemoveDevice,
+            FaultKind::KillOwnerAndDecider,
+            FaultKind::KillServerAfterResync,
         ]
         .into_iter()
         .find(|k| k.name() == name)
     }
 
     /// Injects the fault; returns when it took effect, and what it hit
-    /// when the plan named it only by its role (the etcd leader).
-    pub(super) fn inject(
-        self,
-        fabric: &mut Fabric,
-        target: &str,
-    ) -> anyhow::Result<(Instant, String)> {
+    /// when the plan named it only by its role (the etcd leader) or by a
+    /// region (its owner and deciding copy).
+    pub(super) fn inject(self, fabric: &mut Fabric, target: &str) -> anyhow::Result<Injected> {
+        let plain = |(at, target): (Instant, String)| Injected {
+            at,
+            target,
+            note: None,
+        };
+        let killed = |k: copies_down::Killed| Injected {
+            at: k.at,
+            target: k.target,
+            note: Some(k.note),
+        };
         fn etcd(fabric: &mut Fabric, kind: FaultKind) -> anyhow::Result<&mut EtcdControl> {
             fabric
                 .etcd_mut()
                 .ok_or_else(|| anyhow::anyhow!("{} needs --control etcd", kind.name()))
         }
         Ok(match self {
-            FaultKind::KillEtcd => (etcd(fabric, self)?.kill_all(), target.to_owned()),
+            FaultKind::KillEtcd => plain((etcd(fabric, self)?.kill_all(), target.to_owned())),
             FaultKind::KillEtcdLeader => {
                 let (at, leader) = etcd(fabric, self)?.kill_leader()?;
-                (at, format!("{target} {leader}"))
+                plain((at, format!("{target} {leader}")))
             }
             FaultKind::AddServer | FaultKind::AddDevice => {
                 let at = Instant::now();
                 let change = fabric.admit_held()?;
-                (at, format!("{} at epoch {}", change.id, change.epoch))
+                plain((at, format!("{} at epoch {}", change.id, change.epoch)))
             }
             FaultKind::RemoveDevice => {
                 let device = crate::fabric::membership::spare_device(&fabric.topology)?;
                 let at = Instant::now();
                 let change = fabric.remove_device(&device)?;
-                (at, format!("{} at epoch {}", change.id, change.epoch))
+                plain((at, format!("{} at epoch {}", change.id, change.epoch)))
             }
-            other => (other.inject_daemon(fabric, target)?, target.to_owned()),
+            FaultKind::KillOwnerAndDecider => {
+                killed(copies_down::kill_owner_and_decider(fabric, target)?)
+            }
+            FaultKind::KillServerAfterResync => {
+                killed(copies_down::kill_server_after_resync(fabric, target)?)
+            }
+            other => plain((other.inject_daemon(fabric, target)?, target.to_owned())),
         })
     }
 
@@ -176,7 +216,9 @@ impl FaultKind {
             | FaultKind::KillEtcdLeader
             | FaultKind::AddServer
             | FaultKind::AddDevice
-            | FaultKind::RemoveDevice => Instant::now(),
+            | FaultKind::RemoveDevice
+            | FaultKind::KillOwnerAndDecider
+            | FaultKind::KillServerAfterResync => Instant::now(),
         })
     }
 
@@ -184,7 +226,12 @@ impl FaultKind {
     pub(super) fn restore(self, fabric: &mut Fabric, target: &str) -> anyhow::Result<()> {
         match self {
             FaultKind::KillFabric => fabric.restart(DaemonKind::FabricDevice, target)?,
-            FaultKind::KillServer => fabric.restart(DaemonKind::PmemServer, target)?,
+            FaultKind::KillServer | FaultKind::KillServerAfterResync => {
+                fabric.restart(DaemonKind::PmemServer, target)?
+            }
+            FaultKind::KillOwnerAndDecider => {
+                copies_down::restart_owner_and_decider(fabric, target)?
+            }
             FaultKind::FreezeServer => crate::run::freeze::thaw(fabric, target)?,
             FaultKind::CutLink => fabric.set_link(target, true)?,
             FaultKind::RestartAll => {
@@ -236,6 +283,14 @@ pub enum Scenario {
     /// Remove a fabric device every client has another path than, under
     /// the workload (`--control etcd`).
     RemoveDevice,
+    /// SIGKILL a replicated region's owner device and the server of its
+    /// deciding copy a moment apart, restart both (`--control etcd`,
+    /// replicated regions).
+    KillOwnerAndDecider,
+    /// SIGKILL a server, restart it; once its copies are resynced (every
+    /// copy in the map serves), SIGKILL a server holding the other copies,
+    /// restart it (`--control etcd`, replicated regions).
+    KillServerThenOther,
 }
 
 impl Scenario {
@@ -251,10 +306,36 @@ impl Scenario {
                 | Scenario::RemoveDevice,
                 Control::File,
             ) => Err(format!("--scenario {} needs --control etcd", self.name())),
+            (Scenario::KillOwnerAndDecider | Scenario::KillServerThenOther, Control::File) => {
+                Err(format!(
+                    "--scenario {} needs --control etcd: it reads which copies serve, and who \
+                     owns a region, from the map there (and a dead owner is taken over only \
+                     there)",
+                    self.name()
+                ))
+            }
             (Scenario::KillEtcdLeader, Control::Etcd { members }) if members < 3 => Err(format!(
                 "--scenario kill-etcd-leader needs --etcd-members 3 or more (with {members}, \
                  killing the leader takes etcd down: that is kill-etcd)"
             )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether the scenario can run on `topology`; why not otherwise (the
+    /// scenarios about copies need replicated regions).
+    pub fn check_topology(self, topology: &Topology) -> Result<(), String> {
+        match self {
+            Scenario::KillOwnerAndDecider | Scenario::KillServerThenOther
+                if !topology.is_replicated() =>
+            {
+                Err(format!(
+                    "--scenario {} kills copies of replicated regions, and {} keeps every region \
+                     once: add --replicas 2 (or replicas in the topology's [pool])",
+                    self.name(),
+                    topology.source
+                ))
+            }
             _ => Ok(()),
         }
     }
@@ -275,10 +356,12 @@ impl std::str::FromStr for Scenario {
             "add-server" => Ok(Scenario::AddServer),
             "add-device" => Ok(Scenario::AddDevice),
             "remove-device" => Ok(Scenario::RemoveDevice),
+            "kill-owner-and-decider" => Ok(Scenario::KillOwnerAndDecider),
+            "kill-server-then-other" => Ok(Scenario::KillServerThenOther),
             other => Err(format!(
                 "unknown scenario {other:?} (kill-fabric, kill-server, freeze-server, cut-link, \
-                 restart-all, \
-                 kill-etcd, kill-etcd-leader, add-server, add-device, remove-device)"
+                 restart-all, kill-etcd, kill-etcd-leader, add-server, add-device, \
+                 remove-device, kill-owner-and-decider, kill-server-then-other)"
             )),
         }
     }
@@ -288,7 +371,8 @@ impl std::str::FromStr for Scenario {
 /// run of `duration`, each target restarted after a tenth of the run (etcd
 /// after three tenths). A membership scenario changes the map once,
 /// whatever `count` says: one daemon is held back, and removing a second
-/// device could leave a client without a path.
+/// device could leave a client without a path. `kill-server-then-other`
+/// is one pair of kills whatever `count` says (none for 0).
 pub fn plan_faults(
     topology: &Topology,
     net: NetMode,
@@ -339,7 +423,18 @@ pub fn plan_faults(
         Scenario::AddServer => (FaultKind::AddServer, vec!["held".to_owned()]),
         Scenario::AddDevice => (FaultKind::AddDevice, vec!["held".to_owned()]),
         Scenario::RemoveDevice => (FaultKind::RemoveDevice, vec!["spare".to_owned()]),
+        // Resolved when injected: the region's owner and deciding copy then.
+        Scenario::KillOwnerAndDecider => (
+            FaultKind::KillOwnerAndDecider,
+            copies_down::target_region(topology).into_iter().collect(),
+        ),
+        Scenario::KillServerThenOther => {
+            return plan_server_then_other(topology, duration, count, &mut rng);
+        }
     };
+    if targets.is_empty() {
+        return Vec::new();
+    }
     let count = if kind.changes_membership() {
         count.min(1)
     } else {
@@ -355,7 +450,7 @@ pub fn plan_faults(
         FaultKind::FreezeServer => crate::run::freeze::least_freeze(),
         _ => Duration::from_millis(500),
     };
-    let restore_after = duration.mul_f64(share).max(least);
+    let restore_after = time_down(duration, share, least);
     let window = duration.mul_f64(0.6);
     (0..count)
         .map(|i| {
@@ -370,4 +465,46 @@ pub fn plan_faults(
             }
         })
         .collect()
+}
+
+/// How long a fault's target stays down: `share` of the run, at least
+/// `least`.
+fn time_down(duration: Duration, share: f64, least: Duration) -> Duration {
+    duration.mul_f64(share).max(least)
+}
+
+/// `kill-server-then-other`: a seeded server holding copies killed early
+/// in the run (restarted a tenth of the run later), then, planned at 55 %
+/// of the run and injected only once every copy serves again, the first
+/// other server holding copies of the same regions (restarted likewise).
+fn plan_server_then_other(
+    topology: &Topology,
+    duration: Duration,
+    count: usize,
+    rng: &mut crate::workload::keys::Rng,
+) -> Vec<PlannedFault> {
+    let servers = copies_down::servers_with_copies(topology);
+    if count == 0 || servers.is_empty() {
+        return Vec::new();
+    }
+    let first = servers[rng.below(servers.len() as u64) as usize].clone();
+    let Some(second) = copies_down::other_server(topology, &first) else {
+        return Vec::new();
+    };
+    let restore_after = time_down(duration, 0.1, Duration::from_millis(500));
+    let at = duration.mul_f64(0.2) + duration.mul_f64(0.1 * rng.unit());
+    vec![
+        PlannedFault {
+            at,
+            kind: FaultKind::KillServer,
+            target: first,
+            restore_after,
+        },
+        PlannedFault {
+            at: duration.mul_f64(0.55).max(at + restore_after),
+            kind: FaultKind::KillServerAfterResync,
+            target: second,
+            restore_after,
+        },
+    ]
 }

@@ -7,6 +7,9 @@
 //! - [`faults`]: the faults, the chaos scenarios and their seeded plan.
 //! - [`freeze`]: the `freeze-server` fault: a server stopped past its
 //!   lease, let go once its copies are out of service.
+//! - [`copies_down`]: the faults that kill copies once every copy serves:
+//!   a region's owner with its deciding copy's server, and a server after
+//!   an earlier kill's copies were resynced.
 //! - `worker`: the worker processes, started and watched.
 //! - `contract`: what a run must hold, and the shared counters checked after it.
 //! - `notes`: the report's notes (faults' effects, lab counters, first use).
@@ -15,6 +18,7 @@
 //! - [`replica_copies`]: every serving copy of a replicated region compared.
 
 mod contract;
+pub mod copies_down;
 pub mod demo;
 pub mod faults;
 pub mod freeze;
@@ -89,7 +93,7 @@ pub struct RunOptions {
     pub progress: bool,
     /// Whether the workers' writes ask the servers to bypass their CPU
     /// cache.
-    pub server_cache: client_vmm::ServerCache,
+    pub server_cache: pmem_client::ServerCache,
     /// `--replicas`: the copies of every region the run set in the
     /// topology's `[pool]`, for the replay command line.
     pub replicas: Option<u64>,
@@ -116,7 +120,7 @@ impl RunOptions {
             faults: Vec::new(),
             control: Control::File,
             progress: true,
-            server_cache: client_vmm::ServerCache::Auto,
+            server_cache: pmem_client::ServerCache::Auto,
             replicas: None,
         }
     }
@@ -259,7 +263,7 @@ fn execute_in(
             let before = pool
                 .read(VirtAddr(space.base), COUNTER_AREA)
                 .await
-                .map_err(|e| format!("read the counters: {}", client_vmm::error_chain(&e)))?;
+                .map_err(|e| format!("read the counters: {}", pmem_client::error_chain(&e)))?;
             Ok((space, counter_values(&before)))
         })
         .map_err(|why| anyhow::anyhow!("{topology_name}: where the keys live: {why}"))?;
@@ -284,7 +288,7 @@ fn execute_in(
         )?);
     }
     let mut epochs = crate::fabric::epochs::EpochSampler::new();
-    let faults = drive(&mut fabric, &mut workers, options, start, &mut epochs)?;
+    let (faults, fault_notes) = drive(&mut fabric, &mut workers, options, start, &mut epochs)?;
     let duration_s = start.elapsed().as_secs_f64();
 
     let mut report = RunReport {
@@ -309,6 +313,7 @@ fn execute_in(
         linearizability: None,
         replicas: None,
     };
+    report.notes.extend(fault_notes);
     report.notes.extend(first_use_notes(&fabric, &workers));
     let (counters, mut verification) = collect(&mut workers, run_dir, &mut report)?;
     check_counters(
@@ -427,18 +432,21 @@ fn servers_that_missed_writes(options: &RunOptions, faults: &[FaultRecord]) -> V
 
 /// Runs the workers to their end while injecting the planned faults at
 /// their times into the workload (counted from when every worker's workload
-/// began) and undoing each after its restore delay; shows progress. Returns
-/// what was injected, and when (counted from `start`, like the timeline).
-/// On etcd, `epochs` samples every daemon's map epoch meanwhile.
+/// began) and undoing each after its restore delay (undoing what is due
+/// before injecting: a fault may wait for an earlier one's target to be
+/// back); shows progress. Returns what was injected, and when (counted
+/// from `start`, like the timeline), and the faults' notes. On etcd,
+/// `epochs` samples every daemon's map epoch meanwhile.
 fn drive(
     fabric: &mut Fabric,
     workers: &mut [WorkerProcess],
     options: &RunOptions,
     start: Instant,
     epochs: &mut crate::fabric::epochs::EpochSampler,
-) -> anyhow::Result<Vec<FaultRecord>> {
+) -> anyhow::Result<(Vec<FaultRecord>, Vec<String>)> {
     let bar = progress_bar(options);
     let mut faults: Vec<FaultRecord> = Vec::new();
+    let mut notes: Vec<String> = Vec::new();
     let mut pending: Vec<&PlannedFault> = options.faults.iter().collect();
     let mut restores: Vec<(Instant, usize)> = Vec::new();
     let limit = options.duration + Duration::from_secs(120) + crate::workload::VERIFY_PATIENCE;
@@ -468,31 +476,6 @@ fn drive(
             "{:>9.0} ops/s  {ops} ops  {errors} errors",
             ops as f64 / elapsed.as_secs_f64().max(0.001)
         ));
-        while let Some(i) = pending
-            .iter()
-            .position(|f| began.is_some_and(|began| began + f.at <= elapsed))
-        {
-            let fault = pending.remove(i);
-            let (at, target) = fault
-                .kind
-                .inject(fabric, &fault.target)
-                .with_context(|| format!("{} {}", fault.kind.name(), fault.target))?;
-            bar.println(format!(
-                "  {:>6.2}s  {} {target}",
-                at.duration_since(start).as_secs_f64(),
-                fault.kind.name(),
-            ));
-            restores.push((at + fault.restore_after, faults.len()));
-            faults.push(FaultRecord {
-                at_s: at.duration_since(start).as_secs_f64(),
-                kind: fault.kind.name().to_owned(),
-                target,
-                restored_at_s: None,
-                recovery_ms: None,
-                stall_ms: None,
-                errors_seen: 0,
-            });
-        }
         while let Some(i) = restores
             .iter()
             .position(|(when, _)| *when <= Instant::now())
@@ -514,6 +497,43 @@ fn drive(
                 fault.target
             ));
         }
+        while let Some(i) = pending
+            .iter()
+            .position(|f| began.is_some_and(|began| began + f.at <= elapsed))
+        {
+            let fault = pending.remove(i);
+            let injected = fault
+                .kind
+                .inject(fabric, &fault.target)
+                .with_context(|| format!("{} {}", fault.kind.name(), fault.target))?;
+            let (at, target) = (injected.at, injected.target);
+            notes.extend(injected.note);
+            if workers
+                .iter_mut()
+                .all(|w| matches!(w.child.try_wait(), Ok(Some(_))))
+            {
+                notes.push(format!(
+                    "{} {target} came after the workload had ended: the application saw \
+                     nothing of it (run longer: --duration)",
+                    fault.kind.name()
+                ));
+            }
+            bar.println(format!(
+                "  {:>6.2}s  {} {target}",
+                at.duration_since(start).as_secs_f64(),
+                fault.kind.name(),
+            ));
+            restores.push((at + fault.restore_after, faults.len()));
+            faults.push(FaultRecord {
+                at_s: at.duration_since(start).as_secs_f64(),
+                kind: fault.kind.name().to_owned(),
+                target,
+                restored_at_s: None,
+                recovery_ms: None,
+                stall_ms: None,
+                errors_seen: 0,
+            });
+        }
         let all_done = workers
             .iter_mut()
             .all(|w| matches!(w.child.try_wait(), Ok(Some(_))));
@@ -533,7 +553,7 @@ fn drive(
         epochs.sample_now(fabric, start);
     }
     bar.finish_and_clear();
-    Ok(faults)
+    Ok((faults, notes))
 }
 
 /// Waits for every worker and merges its result into `report`: operation

@@ -54,6 +54,15 @@ impl RunOutcome {
             v.keys_checked,
             v.counters_checked
         );
+        let c = &v.counter_increments;
+        if c.words > 0 {
+            let _ = writeln!(
+                out,
+                "  counters        grew by {} over {} shared words; {} FETCH_ADDs of 1 \
+                 acknowledged, {} of unknown outcome",
+                c.grew, c.words, c.acked, c.uncertain
+            );
+        }
         let _ = writeln!(
             out,
             "  reads checked   {} during the run; {} overlapped a write of their key, {} of them \

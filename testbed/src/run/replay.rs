@@ -88,7 +88,7 @@ pub fn command_line(program: &str, options: &RunOptions) -> String {
         flag("data-dir", path(dir));
     }
     flag("reports", path(&options.reports));
-    if options.server_cache != client_vmm::ServerCache::Auto {
+    if options.server_cache != pmem_client::ServerCache::Auto {
         flag("server-cache", options.server_cache.name().to_owned());
     }
     if options.zipfian {
@@ -148,6 +148,8 @@ impl Scenario {
             Scenario::AddServer => "add-server",
             Scenario::AddDevice => "add-device",
             Scenario::RemoveDevice => "remove-device",
+            Scenario::KillOwnerAndDecider => "kill-owner-and-decider",
+            Scenario::KillServerThenOther => "kill-server-then-other",
         }
     }
 }

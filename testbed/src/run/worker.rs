@@ -68,7 +68,7 @@ pub(super) fn spawn_worker(
     let mut command = fabric.client_command(client, &program, &[run_dir]);
     // The command line alone says where the map comes from.
     command
-        .env_remove(client_vmm::pool::ETCD_ENV)
+        .env_remove(pmem_client::pool::ETCD_ENV)
         .env_remove(control::CREDENTIALS_ENV)
         .arg("worker")
         .args(worker_map_source(fabric, client))

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use client_vmm::AsyncPool;
+use pmem_client::AsyncPool;
 use topology::VirtAddr;
 
 /// How often the pool's epoch is looked at, and how long a probe of a new

@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use client_vmm::AsyncPool;
+use pmem_client::AsyncPool;
 use serde::{Deserialize, Serialize};
 use topology::VirtAddr;
 
@@ -266,7 +266,7 @@ pub async fn clear_slice(
     pool: &AsyncPool,
     space: space::Space,
     config: &WorkerConfig,
-) -> Result<(), client_vmm::PoolError> {
+) -> Result<(), pmem_client::PoolError> {
     const CHUNK: u64 = 1 << 20;
     let keys = key_space(space, config);
     let end = keys.key_addr(keys.keys.saturating_sub(1)).get() + keys.slot;
@@ -381,8 +381,8 @@ fn record_read(shared: &Mutex<Shared>, verdict: ReadVerdict) {
 }
 
 /// Logs an operation the application saw fail (the report counts it).
-fn report_error(op: Op, e: &client_vmm::PoolError) {
-    tracing::warn!("{} failed: {}", op.name(), client_vmm::error_chain(e));
+fn report_error(op: Op, e: &pmem_client::PoolError) {
+    tracing::warn!("{} failed: {}", op.name(), pmem_client::error_chain(e));
 }
 
 /// One operation; `None` when nothing could be issued (every key busy).
@@ -498,14 +498,14 @@ pub const VERIFY_PATIENCE: Duration = Duration::from_secs(120);
 /// Runs `op` again, twice a second, while it fails because no path to its
 /// server works and `until` has not passed; any other outcome is returned
 /// as it is.
-async fn patiently<T, F, Fut>(until: Instant, mut op: F) -> Result<T, client_vmm::PoolError>
+async fn patiently<T, F, Fut>(until: Instant, mut op: F) -> Result<T, pmem_client::PoolError>
 where
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, client_vmm::PoolError>>,
+    Fut: std::future::Future<Output = Result<T, pmem_client::PoolError>>,
 {
     loop {
         match op().await {
-            Err(client_vmm::PoolError::NoPath { .. }) if Instant::now() < until => {
+            Err(pmem_client::PoolError::NoPath { .. }) if Instant::now() < until => {
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
             outcome => return outcome,

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use client_vmm::{AsyncPool, PoolError};
+use pmem_client::{AsyncPool, PoolError};
 use topology::VirtAddr;
 
 use super::keys::Rng;
@@ -72,7 +72,12 @@ pub async fn setup(
         let invoked_ns = monotonic_ns().max(last + 1);
         pool.atomic_write(word_addr(space, words(keys), w), 0)
             .await
-            .map_err(|e| format!("store 0 into hot word {w}: {}", client_vmm::error_chain(&e)))?;
+            .map_err(|e| {
+                format!(
+                    "store 0 into hot word {w}: {}",
+                    pmem_client::error_chain(&e)
+                )
+            })?;
         last = monotonic_ns().max(invoked_ns);
         history
             .append(&Entry {
@@ -282,7 +287,7 @@ impl Process {
                     stats.record_error();
                     timeline.record(at, false);
                     progress.errors.fetch_add(1, Ordering::Relaxed);
-                    let why = client_vmm::error_chain(&e);
+                    let why = pmem_client::error_chain(&e);
                     tracing::warn!("{} on hot word {w} failed: {why}", op_name(op));
                     Outcome::Unknown(why)
                 }

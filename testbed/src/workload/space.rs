@@ -6,7 +6,7 @@
 //! [`NAMED_OBJECT`], big enough for every client's keys, and the workers and
 //! the final counter check open it by name.
 
-use client_vmm::{AllocError, Allocator, AsyncPool, VIRT_BASE, error_chain};
+use pmem_client::{AllocError, Allocator, AsyncPool, VIRT_BASE, error_chain};
 use topology::Layout;
 
 /// The named object holding a run's keys on an allocator pool.

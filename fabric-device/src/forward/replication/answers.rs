@@ -17,16 +17,26 @@ impl Forwarder {
         let Some(op) = self.replication.ops.get_mut(&op_id) else {
             return;
         };
-        let Some(send) = op
+        let Some(index) = op
             .sends
-            .iter_mut()
-            .find(|s| s.link == link && s.tag == link_tag && !s.dropped)
+            .iter()
+            .position(|s| s.link == link && s.tag == link_tag && !s.dropped && s.waiting.is_none())
         else {
             return;
         };
         let body = &frame[proto::frame::HEADER_LEN..];
         let response = response::Packet::new_unchecked(body);
         let status = response.status();
+        if status == Status::StaleMap {
+            // Nothing ran there: not a copy that missed a change, a part
+            // to send again once its server runs this device's epoch (a
+            // newer server epoch makes the device read the map now).
+            let theirs = response.value();
+            self.server_response(frame);
+            self.copy_refused_stale(op_id, index, theirs, now);
+            return;
+        }
+        let send = &mut op.sends[index];
         let value = match send.purpose {
             Purpose::ReadBack => frame
                 .get(REPLY_HEAD_LEN..REPLY_HEAD_LEN + 8)
@@ -35,9 +45,9 @@ impl Forwarder {
             _ => response.value(),
         };
         send.answer = Some((status, value));
-        if matches!(status, Status::StaleMap | Status::NotOwner) {
-            // The copy's server runs a newer map (one that names another
-            // owner, for NOT_OWNER): read it now.
+        if status == Status::NotOwner {
+            // The copy's server runs a newer map, one that names another
+            // owner: read it now.
             self.server_response(frame);
         }
         self.progress(op_id, now);
@@ -46,7 +56,14 @@ impl Forwarder {
     /// Moves operation `id` on as far as its answers allow: an atomic from
     /// its decision to its word written to the others, any operation to its
     /// answer once every copy answered and every lost copy is confirmed.
+    /// Requests it held (a part sent under an older epoch) go once it holds
+    /// them no more.
     pub(super) fn progress(&mut self, id: u64, now: Instant) {
+        self.advance_op(id, now);
+        self.refresh_behind(id, now);
+    }
+
+    fn advance_op(&mut self, id: u64, now: Instant) {
         let Some(mut op) = self.replication.ops.remove(&id) else {
             return;
         };
@@ -164,6 +181,9 @@ impl Forwarder {
         let Some(op) = self.replication.ops.remove(&id) else {
             return;
         };
+        if status == Status::Ok {
+            self.note_missed(&op);
+        }
         if let Some(state) = self.region_state_mut(op.region) {
             state.spans.retain(|s| s.op != id);
         }

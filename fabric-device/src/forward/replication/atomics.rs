@@ -42,6 +42,7 @@ impl Forwarder {
             client_number: at.client_number,
             at: at.at,
             decided: None,
+            word: None,
             applying: false,
         });
         if !self.decide(&mut op, id, now) {
@@ -88,7 +89,7 @@ impl Forwarder {
             return false;
         };
         let key = self.copy_key(region, &server, client_key);
-        let none: Arc<[u8]> = Arc::from(&[][..]);
+        let none = Arc::clone(&self.replication.no_payload);
         self.send_op_part(
             op,
             id,
@@ -134,6 +135,7 @@ impl Forwarder {
             return;
         };
         atomic.applying = true;
+        atomic.word = Some(word);
         let (at, client_key, identity, number, persist) = (
             atomic.at,
             atomic.client_key,
@@ -165,7 +167,7 @@ impl Forwarder {
         }
         // No copy left to write to: the deciding copy has the word.
         let copies = self.reach_copies(region, now).unwrap_or_default();
-        let none: Arc<[u8]> = Arc::from(&[][..]);
+        let none = Arc::clone(&self.replication.no_payload);
         for (copy, link) in copies {
             if Some(copy) == decider {
                 continue;

@@ -12,9 +12,17 @@
 //!   retry from its exactly-once window); the word then goes to every other
 //!   copy as ATOMIC_WRITE under the client's identity. Until the word is
 //!   queued for the others, requests overlapping it wait here, in order.
-//! - READ goes to any `serving` copy (same socket first, then the link with
-//!   the fewest requests pending); a read overlapping a mutation in flight
-//!   goes to the deciding copy, behind the mutation on the same link.
+//! - READ goes to a `serving` copy (same socket first, then the link with
+//!   the fewest requests pending in steps of a batch, then set order: one
+//!   copy takes reads until it has a batch pending); a read overlapping a
+//!   mutation in flight goes to the deciding copy, behind the mutation on
+//!   the same link.
+//! - A copy whose server answers STALE_MAP (it runs a newer map than the
+//!   one this device said on the link, or lacks the region of a newer
+//!   one) did not apply anything and is not lost: that part of the
+//!   request goes again, with the same identity and in its order on the
+//!   link, once the server has confirmed it runs this device's epoch
+//!   (`stale`); overlapping requests wait until then.
 //! - A copy that fails (its links down, a request timed out, an answer that
 //!   disagrees with the other copies') stops being used; its loss is
 //!   reported ([`Outgoing::CopyLost`]) and the answers that waited on it
@@ -48,7 +56,7 @@ use super::{
 };
 use crate::deadline::Deadline;
 use crate::idmap::IdMap;
-use crate::ids::{Lane, LinkId};
+use crate::ids::{LinkClass, LinkId};
 use crate::link_tags::CONTROL_TAG;
 
 pub(super) use super::copy_ticket::{CopyTicket, ReadAgain, ResyncPart, ResyncTicket};
@@ -56,12 +64,18 @@ pub(super) use super::copy_ticket::{CopyTicket, ReadAgain, ResyncPart, ResyncTic
 mod answers;
 mod atomics;
 mod failures;
+mod missed;
 mod reads;
 mod requests;
 mod resync;
 mod resync_holds;
+mod stale;
 mod takeover;
 
+#[cfg(test)]
+pub(super) use reads::READ_SPREAD;
+#[cfg(test)]
+pub(super) use stale::STALE_RESENDS;
 pub use takeover::OwnedRegion;
 #[cfg(test)]
 pub(super) use takeover::{RESAY_EVERY, SUSPECT_EVERY};
@@ -143,10 +157,17 @@ pub(super) struct Replication {
     outbox: Vec<Outgoing>,
     /// Each copy's region key, learnt from its own server.
     keys: HashMap<(u32, ServerId), AccessKey>,
+    /// The empty payload of the requests without data (reads, atomics),
+    /// shared so that sending one allocates nothing.
+    no_payload: Arc<[u8]>,
     /// The owner's resyncs of syncing copies.
     resyncs: resync::Resyncs,
     /// Suspected owners and the epochs servers confirmed.
     takeovers: takeover::Takeovers,
+    /// Parts of requests refused STALE_MAP, waiting to go again.
+    stale: stale::StaleParts,
+    /// The order in which parts were put on links (for resending in it).
+    next_send: u64,
 }
 
 /// One replicated region as its owner (or another device) sees it.
@@ -165,19 +186,31 @@ struct RegionState {
     held: Vec<(u64, u64)>,
     /// A new owner's wait for its copies' servers to run its map.
     fence: takeover::Fence,
+    /// Records of atomics decided while some copy did not serve, for its
+    /// resync.
+    missed: missed::MissedRecords,
 }
 
 impl RegionState {
     /// Whether a request on `start..end` must wait: it overlaps an
-    /// undecided atomic or a range a resync holds, or the region's new
-    /// owner waits for its copies' servers.
+    /// undecided atomic, a mutation with a part to send again (or sent
+    /// under an older epoch and not answered yet), or a range a resync
+    /// holds, or the region's new owner waits for its copies' servers.
     fn holds(&self, start: u64, end: u64) -> bool {
         self.fence.waiting()
             || self
                 .spans
                 .iter()
-                .any(|s| s.undecided && s.overlaps(start, end))
+                .any(|s| (s.undecided || s.behind) && s.overlaps(start, end))
             || self.held.iter().any(|&(s, e)| s < end && start < e)
+    }
+
+    /// Whether a mutation overlapping `start..end` has a part to send again
+    /// after STALE_MAP, or one sent under an older epoch not answered yet.
+    fn behind_over(&self, start: u64, end: u64) -> bool {
+        self.spans
+            .iter()
+            .any(|s| s.behind && s.overlaps(start, end))
     }
 }
 
@@ -208,6 +241,11 @@ struct Span {
     /// An atomic whose word is not decided (or not queued to the other
     /// copies) yet: overlapping requests wait.
     undecided: bool,
+    /// A part of the operation waits to be sent again after STALE_MAP, or
+    /// was sent under an older epoch than the device's and may come back
+    /// STALE_MAP: overlapping requests wait, so that on every copy's link
+    /// they go after it.
+    behind: bool,
 }
 
 impl Span {
@@ -246,6 +284,18 @@ struct CopySend {
     answer: Option<(Status, u64)>,
     /// The copy was lost before it answered.
     dropped: bool,
+    /// The request as it went (its tag is set again when it goes again).
+    head: [u8; FORWARD_HEAD_LEN],
+    payload: Arc<[u8]>,
+    key: AccessKey,
+    /// The device's epoch when it last went.
+    epoch: u64,
+    /// Its place among every part put on a link.
+    order: u64,
+    /// STALE_MAP answers so far.
+    stale_answers: u32,
+    /// Refused STALE_MAP and not sent again yet.
+    waiting: Option<stale::Waiting>,
 }
 
 impl CopySend {
@@ -266,6 +316,15 @@ enum Purpose {
     ApplyWord,
 }
 
+impl Purpose {
+    /// Whether the part must reach the server's CPU (its TCP connection)
+    /// even where the link's queue pair could carry it: the atomic and the
+    /// READ of its word, one behind the other.
+    fn for_cpu(self) -> bool {
+        matches!(self, Purpose::Decide | Purpose::ReadBack)
+    }
+}
+
 /// A COMPARE_SWAP or FETCH_ADD on its way.
 #[derive(Debug)]
 struct Atomic {
@@ -281,6 +340,8 @@ struct Atomic {
     at: RegionOffset,
     /// The deciding copy's answer: status and the word before.
     decided: Option<(Status, u64)>,
+    /// The word it left, written to the other copies.
+    word: Option<u64>,
     /// The word is queued to the other copies.
     applying: bool,
 }
@@ -360,8 +421,8 @@ impl Forwarder {
                 let owner = set.owner == device;
                 let fence =
                     takeover::Fence::after_map(before.as_ref().map(|b| (b.owner, b.fence)), owner);
-                let (spans, mut queued, held) = before
-                    .map(|b| (b.spans, b.queued, b.held))
+                let (spans, mut queued, held, missed) = before
+                    .map(|b| (b.spans, b.queued, b.held, b.missed))
                     .unwrap_or_default();
                 if !owner {
                     deposed.extend(queued.drain(..));
@@ -375,6 +436,7 @@ impl Forwarder {
                     queued,
                     held,
                     fence,
+                    missed,
                 })
             })
             .collect();
@@ -508,11 +570,14 @@ impl Forwarder {
         if client_key.is_none() || !self.is_copy_key(region, client_key) {
             return client_key;
         }
+        // A few entries (one per copy of each replicated region): compared
+        // in place rather than hashed under a cloned server id, since every
+        // request to a copy asks.
         self.replication
             .keys
-            .get(&(region, server.clone()))
-            .copied()
-            .unwrap_or(client_key)
+            .iter()
+            .find(|((r, s), _)| *r == region && s == server)
+            .map_or(client_key, |(_, &key)| key)
     }
 
     /// Whether `key` is the key of one of `region`'s copies: the one the
@@ -619,12 +684,13 @@ impl Forwarder {
             reply_bytes: 0,
             copy: Some(CopyTicket::Op(op_id)),
         };
-        // The atomic and the READ of its word go to the server's CPU, one
-        // behind the other on its connection.
-        let cpu = matches!(purpose, Purpose::Decide | Purpose::ReadBack);
-        let Ok(tag) = self.send_copy(head, payload, link, pending, key, cpu, now) else {
+        let cpu = purpose.for_cpu();
+        let Ok(tag) = self.send_copy(head, Arc::clone(&payload), link, pending, key, cpu, now)
+        else {
             return;
         };
+        let order = self.replication.next_send;
+        self.replication.next_send += 1;
         if matches!(purpose, Purpose::Mutation | Purpose::ApplyWord)
             && let Some(state) = self.region_state(op.region)
             && let Some(c) = state.copies.get(copy)
@@ -642,6 +708,13 @@ impl Forwarder {
             purpose,
             answer: None,
             dropped: false,
+            head,
+            payload,
+            key,
+            epoch: self.current_epoch(),
+            order,
+            stale_answers: 0,
+            waiting: None,
         });
     }
 
@@ -669,6 +742,7 @@ impl Forwarder {
                 start,
                 end,
                 undecided,
+                behind: false,
             });
         }
         let op = Op {

@@ -3,6 +3,17 @@
 
 use super::*;
 
+/// Requests pending on a copy's link below which reads of a replicated
+/// region stay on that copy rather than spread over the copies.
+///
+/// Spreading a burst of small reads over two servers costs the device a
+/// second send and the wake-up of a second server for the same requests,
+/// and gains nothing while one server keeps up: on loopback with two
+/// vCPUs, reads spread one by one forwarded about a third fewer per second
+/// than reads of a region with one copy (`docs/benchmarks.md`). Past this
+/// many requests waiting at one server, the others share them.
+pub(in crate::forward) const READ_SPREAD: usize = 64;
+
 impl Forwarder {
     /// READ: to a serving copy; to the deciding one, behind the mutation,
     /// when it overlaps a mutation in flight.
@@ -26,6 +37,7 @@ impl Forwarder {
             copy: 0,
             start,
             end,
+            stale_refusals: 0,
         };
         let reply_bytes = REPLY_HEAD_LEN as u64 + u64::from(req.length);
         if let Some(session) = self.sessions.get_mut(&conn) {
@@ -63,14 +75,19 @@ impl Forwarder {
         let Some((copy, link)) = self.read_target(again.region, again.start, again.end) else {
             return Err(pending);
         };
-        let Some(server) = self.copy_server(again.region, copy) else {
+        let Some(server) = self
+            .region_state(again.region)
+            .and_then(|s| s.copies.get(copy))
+            .map(|c| &c.server)
+        else {
             return Err(pending);
         };
-        let key = self.copy_key(again.region, &server, again.client_key);
+        let key = self.copy_key(again.region, server, again.client_key);
         again.copy = copy;
         let head = again.head;
         pending.copy = Some(CopyTicket::Read(Box::new(again)));
-        self.send_copy(head, Arc::from(&[][..]), link, pending, key, false, now)
+        let none = Arc::clone(&self.replication.no_payload);
+        self.send_copy(head, none, link, pending, key, false, now)
             .map(|_| ())
             .map_err(|mut pending| {
                 pending.copy = None;
@@ -79,8 +96,12 @@ impl Forwarder {
     }
 
     /// Where a read of `[start, end)` goes: the deciding copy's write link
-    /// when a mutation in flight overlaps it, else the serving copy with a
-    /// link up on its socket first, then the fewest requests pending.
+    /// when a mutation in flight overlaps it, else a serving copy with a
+    /// link up: on its socket first, then the one with the fewest requests
+    /// pending counted in steps of [`READ_SPREAD`], then in set order. So
+    /// reads stay on one copy while it has fewer than [`READ_SPREAD`]
+    /// pending (a client's batch goes out in one send to one server) and
+    /// spread over the copies beyond.
     pub(super) fn read_target(&self, region: u32, start: u64, end: u64) -> Option<(usize, LinkId)> {
         let state = self.region_state(region)?;
         if state.spans.iter().any(|s| s.overlaps(start, end)) {
@@ -88,9 +109,9 @@ impl Forwarder {
             return Some((copy, self.write_link(&state.copies[copy].links)?));
         }
         let lane = if end - start >= BULK_MIN_BYTES {
-            Lane::Bulk
+            LinkClass::Bulk
         } else {
-            Lane::Main
+            LinkClass::Main
         };
         let mut best: Option<((bool, usize), usize, LinkId)> = None;
         for (i, copy) in state.copies.iter().enumerate() {
@@ -107,7 +128,10 @@ impl Forwarder {
                     else {
                         continue;
                     };
-                    let rank = (&self.map.links[pos].socket != home, link.pending.len());
+                    let rank = (
+                        &self.map.links[pos].socket != home,
+                        link.pending.len() / READ_SPREAD,
+                    );
                     if best.as_ref().is_none_or(|(r, _, _)| rank < *r) {
                         best = Some((rank, i, id));
                     }

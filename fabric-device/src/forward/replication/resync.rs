@@ -10,7 +10,9 @@
 //! time, as fast as the device's token bucket lets them. After a pass that
 //! found nothing to copy, and once every copy's write is answered, the copy
 //! is marked `serving` (by the driver: in etcd, or locally with a file)
-//! and reads may use it.
+//! and reads may use it. A block a mutation in flight overlaps, with a
+//! part to send again after STALE_MAP (or one sent under an older epoch),
+//! is copied only once that part went: the READ then follows it.
 //!
 //! A copy whose server opens a link again while the copy is `offline`
 //! (the server restarted, or its power came back) is marked `syncing`
@@ -134,6 +136,11 @@ impl Forwarder {
         for id in ids {
             self.advance_resync(id, now);
         }
+        self.count_syncing();
+    }
+
+    /// Sets the gauge of this device's owned copies in `syncing`.
+    fn count_syncing(&self) {
         let syncing = self
             .replication
             .regions
@@ -245,6 +252,9 @@ impl Forwarder {
             }
             _ => {}
         }
+        self.forget_missed_if_all_serve(region);
+        // Counted at once: the resync's end and the gauge agree.
+        self.count_syncing();
     }
 
     /// A link to `server` opened: its copies that are `offline` in regions
@@ -428,6 +438,18 @@ impl Forwarder {
             started: now,
             blocks_copied: 0,
         });
+        // The records of atomics the copy missed go first, ahead of the
+        // walk on its link.
+        let carried = self.carry_missed(id, region, copy, now);
+        if carried > 0 {
+            if let Some(sync) = self.sync_mut(id) {
+                sync.writing += carried;
+            }
+            tracing::info!(
+                "region {region_id}: {carried} exactly-once records of atomics decided while \
+                 the copy did not serve sent to it"
+            );
+        }
     }
 
     fn sync_mut(&mut self, id: u64) -> Option<&mut Sync> {
@@ -465,6 +487,15 @@ impl Forwarder {
         if let Some(&block) = sync.to_copy.front() {
             let start = block * BLOCK_LEN;
             let end = (start + BLOCK_LEN).min(sync.region_len);
+            if self
+                .region_state(region)
+                .is_some_and(|s| s.behind_over(start, end))
+            {
+                // A mutation of the block has a part to send again after
+                // STALE_MAP: read the block once it went, so that the
+                // block holds it on both copies (its answer wakes this).
+                return;
+            }
             let rate = self.replication.resyncs.rate;
             let bucket = self
                 .replication
@@ -580,7 +611,7 @@ impl Forwarder {
     /// Sends a resync's own request to `region`'s copy `copy` on its write
     /// link (the connection its mutations take, so the request follows
     /// them); false when it has none up.
-    fn send_resync(
+    pub(super) fn send_resync(
         &mut self,
         region: u32,
         copy: usize,
@@ -689,6 +720,22 @@ impl Forwarder {
                 }
                 _ => self.stop_resync(id, "an unreadable WRITE answer", now),
             },
+            ResyncPart::Record => {
+                if let Some(sync) = self.sync_mut(id) {
+                    sync.writing = sync.writing.saturating_sub(1);
+                }
+                match parsed {
+                    Ok(Message::Response(r)) if r.status == Status::Ok => {}
+                    Ok(Message::Response(r)) => {
+                        let why = format!(
+                            "the syncing copy's server refused an atomic's exactly-once record: {}",
+                            r.status
+                        );
+                        self.stop_resync(id, &why, now);
+                    }
+                    _ => self.stop_resync(id, "an unreadable ATOMIC_WRITE answer", now),
+                }
+            }
         }
         self.advance_resync(id, now);
     }

@@ -48,6 +48,14 @@ pub(super) struct Takeovers {
     resay_at: Option<Instant>,
 }
 
+impl Takeovers {
+    /// The newest epoch `server` said it runs (0: it follows no map), if
+    /// it said one.
+    pub(super) fn said_epoch(&self, server: &ServerId) -> Option<u64> {
+        self.server_epochs.get(server).copied()
+    }
+}
+
 /// A region's fence: the epoch its copies' servers must confirm before
 /// this device, its new owner, sends its requests.
 #[derive(Debug, Default, Clone, Copy)]
@@ -95,6 +103,9 @@ pub struct OwnedRegion {
     pub version: u64,
     /// This device has a link up to a serving copy's server.
     pub reachable: bool,
+    /// Each serving copy's server, in set order, and whether this device
+    /// has a link up to it.
+    pub serving: Vec<(ServerId, bool)>,
 }
 
 impl Forwarder {
@@ -128,8 +139,8 @@ impl Forwarder {
     }
 
     /// The replicated regions `owner` orders by this device's map, with
-    /// the versions of their records and whether this device reaches a
-    /// serving copy.
+    /// the versions of their records and which serving copies this device
+    /// reaches.
     pub fn owned_by(&self, owner: &FabricDeviceId) -> Vec<OwnedRegion> {
         self.map
             .layout
@@ -139,13 +150,17 @@ impl Forwarder {
             .filter_map(|(entry, set)| {
                 let set = set.as_ref().filter(|s| &s.owner == owner)?;
                 let state = self.region_state(entry.region.0)?;
-                let reachable = state.copies.iter().any(|c| {
-                    c.state == ReplicaState::Serving && self.write_link(&c.links).is_some()
-                });
+                let serving: Vec<(ServerId, bool)> = state
+                    .copies
+                    .iter()
+                    .filter(|c| c.state == ReplicaState::Serving)
+                    .map(|c| (c.server.clone(), self.write_link(&c.links).is_some()))
+                    .collect();
                 Some(OwnedRegion {
                     region: entry.region_id.clone(),
                     version: set.version,
-                    reachable,
+                    reachable: serving.iter().any(|(_, up)| *up),
+                    serving,
                 })
             })
             .collect()
@@ -194,7 +209,7 @@ impl Forwarder {
     /// regions whose copies' servers have now all confirmed their fence
     /// send what waited.
     pub(in crate::forward) fn server_said_epoch(&mut self, link: LinkId, epoch: u64, now: Instant) {
-        let Some(server) = self.links.get(&link).map(|l| l.key.server.clone()) else {
+        let Some(server) = self.links.get(&link).map(|l| l.target.server.clone()) else {
             return;
         };
         let known = self
@@ -206,6 +221,7 @@ impl Forwarder {
         // A server that follows no map says 0 and cannot be fenced.
         *known = if epoch == 0 { 0 } else { (*known).max(epoch) };
         self.release_fences(now);
+        self.resend_stale(now);
     }
 
     /// Whether every copy of `region` that takes writes has confirmed the
@@ -255,11 +271,26 @@ impl Forwarder {
             .any(|s| s.fence.waiting);
     }
 
-    /// What the driver sends for fenced regions: MAP_EPOCH again on a main
-    /// link to each server not confirmed yet, every [`RESAY_EVERY`]. A copy
-    /// still unconfirmed after the request timeout is lost, and its region
+    /// What the driver sends for fenced regions and for parts of requests
+    /// refused STALE_MAP: MAP_EPOCH again on a main link to each server
+    /// not confirmed yet, every [`RESAY_EVERY`]. A copy still unconfirmed
+    /// after the request timeout is lost, and its region (or request)
     /// stops waiting for it.
     pub fn fence_resends(&mut self, now: Instant) -> Vec<(LinkId, Vec<u8>)> {
+        let mut said = self.fence_resays(now);
+        let stale = self.stale_resays(now);
+        if let Some(message) = self.link_opened_epoch() {
+            for link in stale {
+                if !said.iter().any(|(l, _)| *l == link) {
+                    said.push((link, message.clone()));
+                }
+            }
+        }
+        said
+    }
+
+    /// [`Self::fence_resends`] for fenced regions.
+    fn fence_resays(&mut self, now: Instant) -> Vec<(LinkId, Vec<u8>)> {
         // A server whose links went down meanwhile is waited for no more.
         self.release_fences(now);
         if !self.replication.takeovers.any_waiting {
@@ -345,8 +376,18 @@ impl Forwarder {
         self.end_fence(region, now);
     }
 
-    /// When [`Forwarder::fence_resends`] next has work, if a region waits.
+    /// When [`Forwarder::fence_resends`] next has work, if a region or a
+    /// part refused STALE_MAP waits.
     pub(in crate::forward) fn fence_poll_timeout(&self) -> Option<Instant> {
+        let fenced = self.fenced_poll_timeout();
+        let stale = self.stale_poll_timeout();
+        match (fenced, stale) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn fenced_poll_timeout(&self) -> Option<Instant> {
         let takeovers = &self.replication.takeovers;
         if !takeovers.any_waiting {
             return None;

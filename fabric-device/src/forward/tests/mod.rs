@@ -13,7 +13,7 @@ use topology::{AccessKey, EnvOverrides, PmemAddr, RegionIndex, RegionOffset, Top
 use super::links::LINK_OPENING;
 use super::routing::BULK_MIN_BYTES;
 use super::*;
-use crate::ids::Lane;
+use crate::ids::LinkClass;
 use crate::link_tags::KEY_REFRESH_TAG;
 
 mod clients;
@@ -23,6 +23,7 @@ mod parking;
 mod replication;
 mod resync;
 mod routing;
+mod stale;
 mod takeover;
 
 pub(super) fn topology() -> Topology {
@@ -42,10 +43,10 @@ pub(super) fn core() -> Forwarder {
 
 /// The main lane to `server`'s `nic`.
 pub(super) fn link(core: &Forwarder, server: &str, nic: &str) -> LinkId {
-    lane(core, server, nic, Lane::Main)
+    lane(core, server, nic, LinkClass::Main)
 }
 
-pub(super) fn lane(core: &Forwarder, server: &str, nic: &str, lane: Lane) -> LinkId {
+pub(super) fn lane(core: &Forwarder, server: &str, nic: &str, lane: LinkClass) -> LinkId {
     core.links()
         .find(|&(id, k)| {
             k.server.as_str() == server && k.nic.as_str() == nic && core.link_lane(id) == Some(lane)
@@ -56,7 +57,7 @@ pub(super) fn lane(core: &Forwarder, server: &str, nic: &str, lane: Lane) -> Lin
 
 /// Completes a link's handshake as its server would.
 pub(super) fn bring_up(core: &mut Forwarder, link: LinkId) {
-    let server = core.link_key(link).unwrap().server.to_string();
+    let server = core.link_target(link).unwrap().server.to_string();
     let sent = core.link_connected(link);
     assert!(!sent.is_empty());
     let hello = Message::Hello(hello::Repr {

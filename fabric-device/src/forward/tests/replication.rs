@@ -27,7 +27,7 @@ pub(super) fn key_on(server: &str, region: RegionIndex) -> AccessKey {
 
 /// Completes a link's handshake with a MAP whose keys are the server's own.
 pub(super) fn bring_up_with_server_keys(core: &mut Forwarder, link: LinkId) {
-    let server = core.link_key(link).unwrap().server.to_string();
+    let server = core.link_target(link).unwrap().server.to_string();
     core.link_connected(link);
     let hello = Message::Hello(hello::Repr {
         version: PROTOCOL_VERSION,
@@ -51,13 +51,13 @@ pub(super) fn bring_up_with_server_keys(core: &mut Forwarder, link: LinkId) {
 #[derive(Debug)]
 pub(super) struct Sent {
     pub(super) link: LinkId,
-    tag: u64,
+    pub(super) tag: u64,
     pub(super) operation: Operation,
     pub(super) offset: u64,
     key: AccessKey,
-    operand: u64,
-    identity: Option<ExactlyOnce>,
-    payload: Vec<u8>,
+    pub(super) operand: u64,
+    pub(super) identity: Option<ExactlyOnce>,
+    pub(super) payload: Vec<u8>,
     /// For the server's CPU (TCP) even where RDMA could carry it.
     cpu: bool,
 }
@@ -458,6 +458,35 @@ fn a_read_during_a_write_goes_behind_it_at_the_deciding_copy() {
 }
 
 #[test]
+fn reads_stay_on_one_copy_until_it_has_a_batch_pending_then_spread() {
+    use crate::forward::replication::READ_SPREAD;
+    let mut core = replicated();
+    let a = link(&core, "A", "n0");
+    let mut targets = Vec::new();
+    for tag in 0..READ_SPREAD as u64 + 1 {
+        send(
+            &mut core,
+            |c| Repr::read(pmem(c, "PA.1", 64 * tag), key(c, "PA.1"), 64),
+            tag + 1,
+        );
+        let (reads, _, _) = split(core.take_outbox());
+        assert_eq!(reads.len(), 1);
+        targets.push(reads[0].link);
+    }
+    // PA.1's copies in set order: its primary on A, its backup on B.
+    assert!(
+        targets[..READ_SPREAD].iter().all(|&l| l == a),
+        "a batch of reads goes to one copy: {targets:?}"
+    );
+    let next = core.link_target(targets[READ_SPREAD]).unwrap();
+    assert_eq!(
+        next.server.as_str(),
+        "B",
+        "past a batch pending there, the other copy takes reads"
+    );
+}
+
+#[test]
 fn a_lost_copy_holds_the_answer_until_it_is_marked_then_answers_ok() {
     let mut core = replicated();
     let pa1 = index(&core, "PA.1");
@@ -641,7 +670,7 @@ fn a_server_never_reached_loses_nothing_until_a_write_needs_it() {
     let mut core = core_with(&topology, ForwarderConfig::default());
     let ids: Vec<LinkId> = core.links().map(|(id, _)| id).collect();
     for id in ids {
-        match core.link_key(id).unwrap().server.as_str() {
+        match core.link_target(id).unwrap().server.as_str() {
             "A" => bring_up_with_server_keys(&mut core, id),
             _ => {
                 core.link_down(id);

@@ -8,6 +8,7 @@ use std::hash::{DefaultHasher, Hasher};
 use std::time::Duration;
 
 use control::ReplicaState;
+use proto::atomic_record::AtomicRecord;
 use proto::block_sums;
 use proto::request::Operation;
 
@@ -30,6 +31,13 @@ enum Seen {
     SyncWrite { server: String, offset: u64 },
     /// The resync's WRITE_PERSIST of a block of another region.
     OtherSyncWrite,
+    /// The resync's ATOMIC_WRITE of an atomic's record.
+    SyncRecord {
+        server: String,
+        offset: u64,
+        seq: Option<u64>,
+        record: Option<AtomicRecord>,
+    },
     /// An application's request sent to a copy.
     App {
         server: String,
@@ -162,7 +170,7 @@ impl Sim {
     }
 
     fn server_of(&self, link: LinkId) -> String {
-        self.core.link_key(link).unwrap().server.to_string()
+        self.core.link_target(link).unwrap().server.to_string()
     }
 
     fn reply(&mut self, link: LinkId, message: Message<'_>, tag: u64) {
@@ -237,6 +245,21 @@ impl Sim {
                                 });
                                 let data = req.payload.to_vec();
                                 self.write_of(&server, at.region.0, at.offset, &data);
+                                self.reply(
+                                    link,
+                                    Message::Response(response::Repr::ack(Status::Ok)),
+                                    tag,
+                                );
+                            }
+                            Operation::AtomicWrite => {
+                                self.seen.push(Seen::SyncRecord {
+                                    server: server.clone(),
+                                    offset: at.offset,
+                                    seq: req.exactly_once.map(|e| e.seq),
+                                    record: req.record(),
+                                });
+                                let word = req.operand.to_le_bytes();
+                                self.write_of(&server, at.region.0, at.offset, &word);
                                 self.reply(
                                     link,
                                     Message::Response(response::Repr::ack(Status::Ok)),
@@ -661,4 +684,79 @@ fn an_offline_copy_whose_server_is_back_is_marked_syncing_and_resynced() {
         .filter(|s| matches!(s, Seen::Mark { .. }))
         .collect();
     assert_eq!(marks.len(), 2, "syncing, then serving: {marks:?}");
+}
+
+#[test]
+fn a_copy_back_from_offline_gets_the_records_of_the_atomics_it_missed_before_its_walk() {
+    let mut sim = Sim::new(ForwarderConfig::default(), ReplicaState::Serving);
+    let b_links = links_of(&sim.core, "B");
+    for &link in &b_links {
+        sim.core.link_down(link);
+    }
+    sim.pump();
+    // Decided at A while B is down: neither the word nor the record
+    // reaches B.
+    send(
+        &mut sim.core,
+        |c| Repr::fetch_add(pmem(c, "PA.1", 64), key(c, "PA.1"), 5).with_exactly_once(0, 31),
+        3,
+    );
+    sim.turn();
+    assert!(sim.seen.contains(&Seen::Answer {
+        tag: 3,
+        status: Status::Ok
+    }));
+    assert!(
+        !sim.seen
+            .iter()
+            .any(|s| matches!(s, Seen::SyncRecord { .. }))
+    );
+
+    for link in b_links {
+        bring_up_with_server_keys(&mut sim.core, link);
+    }
+    sim.until_serving();
+    let to_b: Vec<&Seen> = sim
+        .seen
+        .iter()
+        .filter(|s| match s {
+            Seen::SyncRecord { .. } => true,
+            Seen::Sums { server, .. } => server == "B",
+            _ => false,
+        })
+        .collect();
+    // The record first, under the client's identity, then the walk.
+    assert_eq!(
+        to_b[0],
+        &Seen::SyncRecord {
+            server: "B".into(),
+            offset: 64,
+            seq: Some(31),
+            record: Some(AtomicRecord::new(Opcode::FetchAdd, 0, 5, 0)),
+        }
+    );
+    assert!(
+        to_b[1..].iter().all(|s| matches!(s, Seen::Sums { .. })),
+        "one record, before every BLOCK_SUMS: {to_b:?}"
+    );
+    assert!(sim.copies_equal());
+
+    // Every copy serves: the records are forgotten, a later resync of B
+    // carries none.
+    let records = |sim: &Sim| {
+        sim.seen
+            .iter()
+            .filter(|s| matches!(s, Seen::SyncRecord { .. }))
+            .count()
+    };
+    let b_links = links_of(&sim.core, "B");
+    for &link in &b_links {
+        sim.core.link_down(link);
+    }
+    sim.pump();
+    for link in b_links {
+        bring_up_with_server_keys(&mut sim.core, link);
+    }
+    sim.until_serving();
+    assert_eq!(records(&sim), 1);
 }

@@ -105,8 +105,8 @@ fn large_requests_take_the_bulk_lane_and_small_ones_the_main_lane() {
     };
     let (at, k) = (pmem(&core, "PB.2", 0), key(&core, "PB.2"));
     let big = vec![7u8; BULK_MIN_BYTES as usize];
-    let main = lane(&core, "B", "n1", Lane::Main);
-    let bulk = lane(&core, "B", "n1", Lane::Bulk);
+    let main = lane(&core, "B", "n1", LinkClass::Main);
+    let bulk = lane(&core, "B", "n1", LinkClass::Bulk);
     assert_eq!(send(&mut core, Repr::read(at, k, 64)), main);
     assert_eq!(send(&mut core, Repr::write(at, k, &big[1..])), main);
     assert_eq!(send(&mut core, Repr::fetch_add(at, k, 1)), main);
@@ -117,7 +117,7 @@ fn large_requests_take_the_bulk_lane_and_small_ones_the_main_lane() {
     );
     // Without its bulk lane a large request takes the main one.
     core.link_down(bulk);
-    core.link_down(lane(&core, "B", "n0", Lane::Bulk));
+    core.link_down(lane(&core, "B", "n0", LinkClass::Bulk));
     assert_eq!(send(&mut core, Repr::write(at, k, &big)), main);
 }
 
@@ -141,14 +141,14 @@ fn falls_back_to_the_other_socket_then_to_server_unavailable() {
     }
     core.link_down(other_socket);
     // Then the bulk lanes carry small requests too.
-    let bulk = lane(&core, "B", "n1", Lane::Bulk);
+    let bulk = lane(&core, "B", "n1", LinkClass::Bulk);
     let req = read(&core);
     match core.client_frame(1, &req, Instant::now()) {
         ClientAction::Forward { link, .. } => assert_eq!(link, bulk),
         other => panic!("{other:?}"),
     }
     core.link_down(bulk);
-    core.link_down(lane(&core, "B", "n0", Lane::Bulk));
+    core.link_down(lane(&core, "B", "n0", LinkClass::Bulk));
     let req = read(&core);
     assert_eq!(
         refused(core.client_frame(1, &req, Instant::now())),

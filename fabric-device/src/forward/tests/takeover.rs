@@ -41,7 +41,7 @@ fn write_at(core: &mut Forwarder, region: &str, tag: u64, now: Instant) -> Clien
 
 /// The map of device A where `region`'s record says owner `owner`, version
 /// `version`, and B's copy syncing (as a takeover leaves it).
-fn map_with_owner(region: &str, owner: &str, version: u64) -> DeviceMap {
+pub(super) fn map_with_owner(region: &str, owner: &str, version: u64) -> DeviceMap {
     let topology = testkit::default_topology_with("replicas = 2");
     let mut records = control::replica_state::initial(&topology);
     let record = records.iter_mut().find(|r| r.region == region).unwrap();
@@ -58,7 +58,7 @@ fn map_with_owner(region: &str, owner: &str, version: u64) -> DeviceMap {
 }
 
 /// A server's answer to the device's MAP_EPOCH on `link`: it runs `epoch`.
-fn server_runs(core: &mut Forwarder, link: LinkId, epoch: u64, now: Instant) {
+pub(super) fn server_runs(core: &mut Forwarder, link: LinkId, epoch: u64, now: Instant) {
     let reply = proto::fence::epoch_reply(Opcode::MapEpoch, MAP_EPOCH_TAG, Status::Ok, epoch);
     assert!(matches!(
         core.link_frame(link, &reply, now),
@@ -118,6 +118,27 @@ fn the_regions_of_an_owner_are_listed_with_their_versions_for_a_takeover() {
             .iter()
             .all(|r: &OwnedRegion| !r.reachable)
     );
+    // With server A's links down, A's copies are listed as not reached:
+    // a takeover passes them over as the deciding copy.
+    let mut half = replicated();
+    let to_a: Vec<LinkId> = half
+        .links()
+        .filter(|(_, key)| key.server.as_str() == "A")
+        .map(|(id, _)| id)
+        .collect();
+    for link in to_a {
+        half.link_down(link);
+    }
+    for region in half.owned_by(&"B".into()) {
+        assert!(region.reachable, "{region:?}");
+        let reached: Vec<(&str, bool)> = region
+            .serving
+            .iter()
+            .map(|(s, up)| (s.as_str(), *up))
+            .collect();
+        assert!(reached.contains(&("A", false)), "{region:?}");
+        assert!(reached.contains(&("B", true)), "{region:?}");
+    }
 }
 
 #[test]

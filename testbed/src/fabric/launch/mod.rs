@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use client_vmm::{AllocError, Allocator, AsyncPool, error_chain};
+use pmem_client::{AllocError, Allocator, AsyncPool, error_chain};
 use topology::Topology;
 
 pub use crate::fabric::daemon_kind::DaemonKind;
@@ -409,7 +409,7 @@ impl Fabric {
                 None => Command::new(program),
             };
             if let Some(dir) = &self.secrets {
-                command.env(client_vmm::pool::SECRETS_ENV, dir);
+                command.env(pmem_client::pool::SECRETS_ENV, dir);
             }
             return command;
         };
@@ -418,7 +418,7 @@ impl Fabric {
             Ok(Some(dir)) => {
                 let mut all = shares.to_vec();
                 all.push(&dir);
-                let env = [(client_vmm::pool::SECRETS_ENV, dir.as_os_str())];
+                let env = [(pmem_client::pool::SECRETS_ENV, dir.as_os_str())];
                 lab.guest_command_with_env(program, &all, &console, &env)
             }
             Ok(None) => lab.guest_command(program, shares, &console),

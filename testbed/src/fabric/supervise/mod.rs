@@ -20,7 +20,7 @@ use std::path::Path;
 use std::sync::mpsc::{self, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use client_vmm::error_chain;
+use pmem_client::error_chain;
 use signal_hook::iterator::Signals;
 
 use crate::fabric::launch::{DaemonKind, Exited, Fabric, log_tail};

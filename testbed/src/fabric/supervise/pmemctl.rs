@@ -48,7 +48,7 @@ pub fn lines(target: &PmemctlTarget<'_>) -> String {
     }
     let _ = writeln!(
         out,
-        "; `cargo build --release -p client-vmm --bin pmemctl` puts it in target/release/:"
+        "; `cargo build --release -p pmem-client --bin pmemctl` puts it in target/release/:"
     );
     for example in examples {
         let _ = writeln!(out, "  {prefix} {example}");

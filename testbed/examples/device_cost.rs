@@ -1,0 +1,246 @@
+//! The fabric device's CPU and system calls per forwarded 64 B READ, for
+//! comparing two builds of the daemons under the same load.
+//!
+//! Brings up the bench's fabric (one server, one device; or with
+//! `--replicated` the bench's two-copy fabric) from the testbed binary
+//! given with `--daemons`, drives pipelined 64 B READs in batches like
+//! `testbed bench`'s throughput rows, and for each window reads the
+//! device's CPU and idle-polling seconds from its `/metrics` and, with
+//! `--perf`, counts its system calls and context switches with `perf stat`.
+//!
+//! ```sh
+//! cargo build --release -p testbed --example device_cost
+//! target/release/examples/device_cost --daemons target/release/testbed --rounds 3 --perf
+//! ```
+//!
+//! One line per window: ops/s, CPU µs per op (all, and without the turns
+//! that polled and found nothing), and per op what `perf stat` counted.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use proto::request::Target;
+use testbed::bench::client::{self, BenchConn, BenchOp, Pipelining, Shape};
+use testbed::fabric::daemon_kind::DaemonKind;
+use testbed::fabric::launch::{Fabric, LaunchOptions};
+use topology::secrets::{Principal, read_key};
+use topology::{EnvOverrides, Layout, Topology};
+
+/// What `perf stat` counts for the device, by event.
+const EVENTS: &[&str] = &[
+    "task-clock",
+    "context-switches",
+    "raw_syscalls:sys_enter",
+    "syscalls:sys_enter_epoll_wait",
+    "syscalls:sys_enter_recvfrom",
+    "syscalls:sys_enter_sendto",
+    "syscalls:sys_enter_write",
+    "syscalls:sys_enter_writev",
+    "syscalls:sys_enter_io_uring_enter",
+    "syscalls:sys_enter_clock_gettime",
+];
+
+struct Args {
+    daemons: PathBuf,
+    replicated: bool,
+    clients: usize,
+    depth: usize,
+    seconds: f64,
+    rounds: usize,
+    perf: bool,
+    device_args: Vec<String>,
+    out: PathBuf,
+}
+
+fn args() -> anyhow::Result<Args> {
+    let mut args = Args {
+        daemons: PathBuf::new(),
+        replicated: false,
+        clients: 4,
+        depth: 16,
+        seconds: 3.0,
+        rounds: 3,
+        perf: false,
+        device_args: Vec::new(),
+        out: std::env::temp_dir().join(format!("device-cost-{}", std::process::id())),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut value = || it.next().with_context(|| format!("{arg} needs a value"));
+        match arg.as_str() {
+            "--daemons" => args.daemons = value()?.into(),
+            "--replicated" => args.replicated = true,
+            "--clients" => args.clients = value()?.parse()?,
+            "--depth" => args.depth = value()?.parse()?,
+            "--seconds" => args.seconds = value()?.parse()?,
+            "--rounds" => args.rounds = value()?.parse()?,
+            "--perf" => args.perf = true,
+            "--device-arg" => args.device_args.push(value()?),
+            "--out" => args.out = value()?.into(),
+            other => bail!("unknown argument {other:?}"),
+        }
+    }
+    if args.daemons.as_os_str().is_empty() {
+        bail!("--daemons PATH: the testbed binary whose daemons to measure");
+    }
+    Ok(args)
+}
+
+/// The bench's fabric: server `S` (region `R`), device `F`, client `c`;
+/// with `replicated`, a second server `T` and two copies of each region.
+fn topology(replicated: bool) -> anyhow::Result<Topology> {
+    let port = || testkit::try_free_loopback_port().context("no free loopback port");
+    let server = |id: &str, region: &str, size: &str, port: u16| {
+        format!(
+            "[[servers]]\nid = \"{id}\"\n[[servers.sockets]]\nid = \"0\"\n\
+             [[servers.sockets.devices]]\nid = \"pmem0\"\n\
+             [[servers.sockets.devices.regions]]\nid = \"{region}\"\nsize = \"{size}\"\n\
+             [[servers.nics]]\nid = \"n0\"\nsocket = \"0\"\nlisten = \"127.0.0.1:{port}\"\n\n"
+        )
+    };
+    let device = port()?;
+    let (servers, links, replicas) = if replicated {
+        (
+            server("S", "R", "64MiB", port()?) + &server("T", "U", "8MiB", port()?),
+            "{ server = \"S\", nic = \"n0\" }, { server = \"T\", nic = \"n0\" }",
+            "replicas = 2\n",
+        )
+    } else {
+        (
+            server("S", "R", "64MiB", port()?),
+            "{ server = \"S\", nic = \"n0\" }",
+            "",
+        )
+    };
+    let text = format!(
+        "[pool]\nname = \"device-cost\"\nextent_size = \"2MiB\"\n{replicas}\n{servers}\
+         [[fabric_devices]]\nid = \"F\"\nports = [{{ id = \"p0\", listen = \"127.0.0.1:{device}\" }}]\n\
+         links = [{links}]\n\n\
+         [[clients]]\nid = \"c\"\nrnics = [{{ id = \"r0\", fabric_device = \"F\" }}]\n"
+    );
+    Ok(Topology::from_toml_str(
+        "<device-cost topology>",
+        &text,
+        &EnvOverrides::None,
+    )?)
+}
+
+/// The device's (CPU seconds, idle-polling seconds) from its `/metrics`.
+fn cpu_split(admin: SocketAddr) -> anyhow::Result<(f64, f64)> {
+    let (_, text) = telemetry::http_get(admin, "/metrics", Duration::from_secs(2))?;
+    let metric = |name| {
+        telemetry::metric_sum(&text, name, "").with_context(|| format!("no {name} in /metrics"))
+    };
+    Ok((
+        metric("process_cpu_seconds_total")?,
+        metric("fabric_device_idle_poll_seconds_total")?,
+    ))
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = args()?;
+    let topology = topology(args.replicated)?;
+    let layout = Layout::new(&topology)?;
+    let region = &layout.entries()[0];
+    let mut launch = LaunchOptions::new(args.out.join("data"), args.out.join("run"))?;
+    launch.program = args.daemons.clone();
+    launch.device_args = vec!["--busy-poll-us".into(), "1000".into()];
+    launch.device_args.extend(args.device_args.iter().cloned());
+    let fabric = Fabric::start(&topology, launch).context("bring the fabric up")?;
+    let port: SocketAddr = fabric
+        .ready_field(DaemonKind::FabricDevice, "F", "port.p0")
+        .context("no port.p0 in the device's ready line")?
+        .parse()?;
+    let admin = fabric.admin(DaemonKind::FabricDevice, "F")?;
+    let pid = fabric
+        .pid(DaemonKind::FabricDevice, "F")
+        .context("no device pid")?;
+    let key = match fabric.secrets() {
+        Some(dir) => Some(read_key(dir, Principal::Client("c"))?),
+        None => None,
+    };
+    let access = BenchConn::open(port, "c", key)?.region_key(region.region)?;
+    let shape = Shape::new(BenchOp::Read, Target::Pmem(region.start), access, 64);
+    let duration = Duration::from_secs_f64(args.seconds);
+    println!(
+        "device pid {pid}, {} clients x {} in flight, {} s windows, daemons {}",
+        args.clients,
+        args.depth,
+        args.seconds,
+        args.daemons.display()
+    );
+    for round in 0..args.rounds {
+        let mut conns = (0..args.clients)
+            .map(|_| BenchConn::open(port, "c", key))
+            .collect::<std::io::Result<Vec<_>>>()?;
+        let perf = args
+            .perf
+            .then(|| {
+                Command::new("perf")
+                    .args(["stat", "-x,", "-e", &EVENTS.join(","), "-p"])
+                    .arg(pid.to_string())
+                    .args(["--", "sleep", &args.seconds.to_string()])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::piped())
+                    .spawn()
+            })
+            .transpose()?;
+        let (cpu0, idle0) = cpu_split(admin)?;
+        let results: Vec<std::io::Result<(u64, Duration)>> = std::thread::scope(|s| {
+            let handles: Vec<_> = conns
+                .iter_mut()
+                .map(|conn| {
+                    let shape = &shape;
+                    s.spawn(move || {
+                        client::pipelined(conn, shape, args.depth, Pipelining::Batches, duration)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(std::io::Error::other("panicked")))
+                })
+                .collect()
+        });
+        let (cpu1, idle1) = cpu_split(admin)?;
+        let mut ops = 0u64;
+        let mut elapsed = Duration::ZERO;
+        for r in results {
+            let (n, took) = r?;
+            ops += n;
+            elapsed = elapsed.max(took);
+        }
+        let per_op = |x: f64| x / ops.max(1) as f64;
+        let mut line = format!(
+            "round {round}: {:.0} ops/s, cpu {:.2} us/op, busy {:.2} us/op",
+            ops as f64 / elapsed.as_secs_f64(),
+            per_op(cpu1 - cpu0) * 1e6,
+            per_op((cpu1 - cpu0) - (idle1 - idle0)) * 1e6,
+        );
+        if let Some(perf) = perf {
+            let out = perf.wait_with_output()?;
+            let text = String::from_utf8_lossy(&out.stderr);
+            for row in text.lines() {
+                let fields: Vec<&str> = row.split(',').collect();
+                if fields.len() > 2
+                    && let Ok(count) = fields[0].parse::<f64>()
+                {
+                    let name = fields[2].trim_start_matches("syscalls:sys_enter_");
+                    // perf counts task-clock in milliseconds.
+                    let (name, count) = match name {
+                        "task-clock" => ("task-clock us", count * 1e3),
+                        other => (other, count),
+                    };
+                    line.push_str(&format!(", {name} {:.3}", per_op(count)));
+                }
+            }
+        }
+        println!("{line}");
+    }
+    Ok(())
+}
