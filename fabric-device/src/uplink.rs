@@ -196,8 +196,18 @@ impl Uplinks {
     }
 
     /// Starts a queue pair for `link` from RoCE port `port` (address `ip`,
-    /// path MTU `mtu`): returns the QP_CONNECT frame to send on the link.
-    pub fn start(&mut self, link: LinkId, port: usize, ip: Ipv4Addr, mtu: u16) -> Vec<u8> {
+    /// path MTU `mtu`) while the device runs map epoch `epoch` (0: it
+    /// follows none): returns the QP_CONNECT frame to send on the link. The
+    /// frame says the epoch, so a server that fenced queue pairs at a newer
+    /// one (a takeover) refuses it STALE_MAP.
+    pub fn start(
+        &mut self,
+        link: LinkId,
+        port: usize,
+        ip: Ipv4Addr,
+        mtu: u16,
+        epoch: u64,
+    ) -> Vec<u8> {
         self.close(link);
         let qpn = self.fresh_qpn();
         let local = Endpoint {
@@ -217,7 +227,7 @@ impl Uplinks {
         let connect = Connect {
             endpoint: local,
             atomics: None,
-            epoch: None,
+            epoch: (epoch > 0).then_some(epoch),
         };
         Message::QpConnect(connect)
             .encode_to_vec(QP_CONNECT_TAG)

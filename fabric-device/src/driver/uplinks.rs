@@ -53,7 +53,10 @@ impl Device {
         else {
             return Err("the server NIC is on verbs but this device has no RoCEv2 port".into());
         };
-        let connect = self.uplinks.start(link, index, port.ip(), port.mtu());
+        let epoch = self.core.running_epoch();
+        let connect = self
+            .uplinks
+            .start(link, index, port.ip(), port.mtu(), epoch);
         let Some(LinkConn::Connected { endpoint }) = self.links.get_mut(&link) else {
             return Ok(());
         };

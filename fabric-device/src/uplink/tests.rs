@@ -31,12 +31,13 @@ struct Rig {
 impl Rig {
     fn new(caps: u64) -> Rig {
         let mut uplinks = Uplinks::new();
-        let connect = uplinks.start(LINK, 0, DEVICE, 1024);
+        let connect = uplinks.start(LINK, 0, DEVICE, 1024, 0);
         let (message, tag) = proto::parse_frame(&connect).expect("QP_CONNECT parses");
         assert_eq!(tag, QP_CONNECT_TAG);
         let Message::QpConnect(connect) = message else {
             panic!("not a QP_CONNECT: {message:?}");
         };
+        assert_eq!(connect.epoch, None, "on a topology file it says no epoch");
         let device = connect.endpoint;
         let ours = Endpoint {
             qpn: 0x12,
@@ -306,4 +307,17 @@ fn only_a_pool_without_an_allocator_goes_one_sided() {
     assert!(super::one_sided(&plain));
     let with_allocator = topology::Layout::new(&load("alloc.toml")).expect("layout");
     assert!(!super::one_sided(&with_allocator));
+}
+
+#[test]
+fn a_qp_connect_says_the_epoch_the_device_runs() {
+    // A server that fenced queue pairs at a newer epoch (a takeover)
+    // refuses it: a deposed owner gets no new queue pair.
+    let mut uplinks = Uplinks::new();
+    let frame = uplinks.start(LINK, 0, DEVICE, 1024, 7);
+    let (message, _) = proto::parse_frame(&frame).expect("QP_CONNECT parses");
+    let Message::QpConnect(connect) = message else {
+        panic!("not a QP_CONNECT: {message:?}");
+    };
+    assert_eq!(connect.epoch, Some(7));
 }
