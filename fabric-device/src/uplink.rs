@@ -20,11 +20,17 @@
 //! | ATOMIC_WRITE | ATOMIC_WRITE (then FLUSH of its 8 bytes when persistent), where the server's RNIC executes it |
 //!
 //! The server never sees the 64-bit region key on this path, so the device
-//! checks it: only a request whose key is the region key the server gave
-//! in its MAP goes over RDMA. Requests with another key (per-extent keys
+//! checks it: only a request whose key is the region key the link's server
+//! gave in its MAP goes over RDMA (for a copy of a replicated region, the
+//! key of the copy on that server: each copy has its own). Requests with another key (per-extent keys
 //! of the allocator, or a wrong one) go to the server on the control
 //! connection, which checks them; so do exactly-once atomics
 //! (COMPARE_SWAP, FETCH_ADD), whose window the server keeps.
+//!
+//! A replicated region's requests to a copy keep their order across the
+//! queue pair and the control connection: the driver asks
+//! [`Uplinks::would_carry`] and waits for the other way to drain before
+//! changing ways (`driver::copy_streams`).
 //!
 //! Each completion becomes the response frame the server would have sent
 //! ([`Uplinks::poll_answer`]), which the core relays as usual. A queue
@@ -52,6 +58,19 @@ use proto::{AccessKey, Message, RegionIndex, Status, frame};
 use crate::ids::LinkId;
 pub use crate::link_tags::QP_CONNECT_TAG;
 use crate::qp_numbering::{QPN_BASE, random_u32};
+
+/// What became of a request offered to a queue pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Posting {
+    /// Posted as work requests (or, from [`Uplinks::would_carry`], it
+    /// would be).
+    Posted,
+    /// RDMA would carry it, but the send queue is full now.
+    Full,
+    /// RDMA does not carry it (no queue pair up, another key, an
+    /// exactly-once atomic, ...): the server's CPU must.
+    NotCarried,
+}
 
 /// Counters of the queue pairs toward servers.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -123,9 +142,10 @@ pub struct Uplinks {
     links: HashMap<LinkId, Uplink>,
     by_qpn: HashMap<u32, LinkId>,
     next_qpn: u32,
-    /// Each region's key as its server gave it (the core's copy, kept in
-    /// step by the driver) and its length.
-    regions: HashMap<u32, (AccessKey, u64)>,
+    /// Each region's key as the link's server gave it (the core's copy,
+    /// kept in step by the driver) and its length, by link and region: the
+    /// copies of a replicated region have one index and a key per server.
+    regions: HashMap<(LinkId, u32), (AccessKey, u64)>,
     answers: Vec<(LinkId, Vec<u8>)>,
     broken: Vec<(LinkId, WcStatus)>,
     counters: UplinkCounters,
@@ -157,15 +177,37 @@ impl Uplinks {
         self.links.contains_key(&link)
     }
 
-    /// Records the key requests for `region` must carry to go over RDMA,
-    /// and the region's length.
-    pub fn set_region(&mut self, region: RegionIndex, key: AccessKey, len: u64) {
-        self.regions.insert(region.0, (key, len));
+    /// Records the key requests for `region` on `link` must carry to go
+    /// over RDMA (the key of the copy on the link's server), and the
+    /// region's length.
+    pub fn set_region(&mut self, link: LinkId, region: RegionIndex, key: AccessKey, len: u64) {
+        self.regions.insert((link, region.0), (key, len));
+    }
+
+    /// Requests posted on `link`'s queue pair and not completed yet.
+    pub fn in_flight(&self, link: LinkId) -> usize {
+        match self.links.get(&link) {
+            Some(Uplink {
+                state: State::Up(up),
+                ..
+            }) => up.pending.len(),
+            _ => 0,
+        }
     }
 
     /// Starts a queue pair for `link` from RoCE port `port` (address `ip`,
-    /// path MTU `mtu`): returns the QP_CONNECT frame to send on the link.
-    pub fn start(&mut self, link: LinkId, port: usize, ip: Ipv4Addr, mtu: u16) -> Vec<u8> {
+    /// path MTU `mtu`) while the device runs map epoch `epoch` (0: it
+    /// follows none): returns the QP_CONNECT frame to send on the link. The
+    /// frame says the epoch, so a server that fenced queue pairs at a newer
+    /// one (a takeover) refuses it STALE_MAP.
+    pub fn start(
+        &mut self,
+        link: LinkId,
+        port: usize,
+        ip: Ipv4Addr,
+        mtu: u16,
+        epoch: u64,
+    ) -> Vec<u8> {
         self.close(link);
         let qpn = self.fresh_qpn();
         let local = Endpoint {
@@ -185,7 +227,7 @@ impl Uplinks {
         let connect = Connect {
             endpoint: local,
             atomics: None,
-            epoch: None,
+            epoch: (epoch > 0).then_some(epoch),
         };
         Message::QpConnect(connect)
             .encode_to_vec(QP_CONNECT_TAG)
@@ -258,40 +300,127 @@ impl Uplinks {
             // No server on verbs: the common case costs one branch.
             return false;
         }
-        let taken = self.post(link, head, payload);
-        if taken {
+        let posted = self.post(link, head, payload) == Posting::Posted;
+        if posted {
             self.counters.posted += 1;
-        } else if self.links.contains_key(&link) {
-            self.counters.on_control += 1;
+        } else {
+            self.sent_on_control(link);
         }
-        taken
+        posted
     }
 
-    fn post(&mut self, link: LinkId, head: &[u8], payload: &[u8]) -> bool {
+    /// Posts the request as [`Uplinks::try_post`] does, saying why not when
+    /// it does not: with a full send queue ([`Posting::Full`]) a request
+    /// that must keep its place in an ordered stream waits rather than take
+    /// the control connection. Nothing is counted for a request not posted.
+    pub fn post_or_say(&mut self, link: LinkId, head: &[u8], payload: &[u8]) -> Posting {
+        if self.links.is_empty() {
+            return Posting::NotCarried;
+        }
+        let posting = self.post(link, head, payload);
+        if posting == Posting::Posted {
+            self.counters.posted += 1;
+        }
+        posting
+    }
+
+    /// Counts a request for `link` that its control connection carries
+    /// (when the link has a queue pair at all).
+    pub fn sent_on_control(&mut self, link: LinkId) {
+        if self.links.contains_key(&link) {
+            self.counters.on_control += 1;
+        }
+    }
+
+    /// Whether `link`'s queue pair would carry this request now, without
+    /// posting it: [`Posting::Posted`] when it would.
+    pub fn would_carry(&self, link: LinkId, head: &[u8], payload: &[u8]) -> Posting {
+        let Some(Uplink {
+            state: State::Up(up),
+            ..
+        }) = self.links.get(&link)
+        else {
+            return Posting::NotCarried;
+        };
+        match self.work_for(link, up, head, payload) {
+            Ok((_, ops)) if up.qp.outstanding() + ops.len() > up.qp.config().max_send_wr => {
+                Posting::Full
+            }
+            Ok(_) => Posting::Posted,
+            Err(()) => Posting::NotCarried,
+        }
+    }
+
+    fn post(&mut self, link: LinkId, head: &[u8], payload: &[u8]) -> Posting {
+        let Some(Uplink {
+            state: State::Up(up),
+            ..
+        }) = self.links.get(&link)
+        else {
+            return Posting::NotCarried;
+        };
+        let Ok((req, ops)) = self.work_for(link, up, head, payload) else {
+            return Posting::NotCarried;
+        };
         let Some(Uplink {
             state: State::Up(up),
             ..
         }) = self.links.get_mut(&link)
         else {
-            return false;
+            return Posting::NotCarried;
         };
+        if up.qp.outstanding() + ops.len() > up.qp.config().max_send_wr {
+            // The send queue is full: the control connection takes it, or
+            // an ordered stream waits.
+            return Posting::Full;
+        }
+        let first = up.next_wr_id;
+        let parts = ops.len() as u8;
+        for op in ops {
+            let wr_id = up.next_wr_id;
+            up.next_wr_id += 1;
+            up.parts.insert(wr_id, first);
+            if up.qp.post(WorkRequest::new(wr_id, op)).is_err() {
+                // Checked for room above; a queue pair in the error state
+                // refuses everything. Its link is about to go down, and
+                // the core answers the request then.
+                break;
+            }
+        }
+        up.pending.insert(
+            first,
+            Pending {
+                tag: req.tag,
+                operation: req.operation,
+                parts,
+                read: req.operation == Operation::Read,
+            },
+        );
+        Posting::Posted
+    }
+
+    /// The work requests that carry the request the core wrote for `link`
+    /// on its queue pair `up`, or `Err` when RDMA cannot carry it.
+    fn work_for(
+        &self,
+        link: LinkId,
+        up: &Up,
+        head: &[u8],
+        payload: &[u8],
+    ) -> Result<(ForwardedRequest, Vec<WorkOp>), ()> {
         if up.qp.in_error() {
             // Its link is about to reconnect; the server takes it meanwhile.
-            return false;
+            return Err(());
         }
-        let Some(req) = ForwardedRequest::parse(head) else {
-            return false;
-        };
+        let req = ForwardedRequest::parse(head).ok_or(())?;
         if req.flags & (flags::EXACTLY_ONCE | flags::REGION_ADDRESSED) != flags::REGION_ADDRESSED {
-            return false;
+            return Err(());
         }
         // Only what the server's RNIC will take goes to it: a NAK would put
         // the queue pair in the error state and reconnect the link under
         // every other client's requests on it. The server answers the rest
         // on the control connection.
-        let Some(&(key, region_len)) = self.regions.get(&req.region) else {
-            return false;
-        };
+        let &(key, region_len) = self.regions.get(&(link, req.region)).ok_or(())?;
         let len = u64::from(req.operation.span_len(req.length));
         let fits = req
             .offset
@@ -299,11 +428,9 @@ impl Uplinks {
             .is_some_and(|end| end <= region_len);
         let aligned = !req.operation.is_atomic() || req.offset.is_multiple_of(8);
         if key != req.key || key.is_none() || !fits || !aligned {
-            return false;
+            return Err(());
         }
-        let Some(&rkey) = up.rkeys.get(&req.region) else {
-            return false;
-        };
+        let &rkey = up.rkeys.get(&req.region).ok_or(())?;
         let remote = RemoteAddr {
             va: req.offset,
             rkey,
@@ -332,7 +459,7 @@ impl Uplinks {
                 len: req.length,
             }],
             Operation::Write | Operation::WritePersist if payload.len() != req.length as usize => {
-                return false;
+                return Err(());
             }
             Operation::Write if !persistent => vec![WorkOp::Write {
                 remote,
@@ -359,35 +486,9 @@ impl Uplinks {
                     vec![store]
                 }
             }
-            _ => return false,
+            _ => return Err(()),
         };
-        if up.qp.outstanding() + ops.len() > up.qp.config().max_send_wr {
-            // The send queue is full: the control connection takes it.
-            return false;
-        }
-        let first = up.next_wr_id;
-        let parts = ops.len() as u8;
-        for op in ops {
-            let wr_id = up.next_wr_id;
-            up.next_wr_id += 1;
-            up.parts.insert(wr_id, first);
-            if up.qp.post(WorkRequest::new(wr_id, op)).is_err() {
-                // Checked for room above; a queue pair in the error state
-                // refuses everything. Its link is about to go down, and
-                // the core answers the request then.
-                break;
-            }
-        }
-        up.pending.insert(
-            first,
-            Pending {
-                tag: req.tag,
-                operation: req.operation,
-                parts,
-                read: req.operation == Operation::Read,
-            },
-        );
-        true
+        Ok((req, ops))
     }
 
     /// Whether datagrams for `qpn` belong here.

@@ -257,7 +257,10 @@ where
     } = &source
     {
         match control::copy_marks::read_copy_states(endpoints, pool, credentials.as_ref()) {
-            Ok((records, _)) => server.executor().follow_owners(&records),
+            Ok((records, _)) => {
+                // No queue pair exists yet: nobody to fence.
+                server.executor().follow_owners(&records);
+            }
             Err(e) => warn!(
                 "cannot read the owners of replicated regions ({}); changes are not judged by \
                  owner until the next map",

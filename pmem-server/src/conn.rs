@@ -13,21 +13,23 @@ use std::time::{Duration, Instant};
 
 use proto::FrameDecoder;
 use proto::decoder::{ReadError, ReadOutcome};
-use proto::fence::ConnEpoch;
+use proto::fence::{self, ConnEpoch};
 
 use crate::exec::{Executor, Flow};
 use crate::gate::Session;
+use crate::qp_fence::{Binding, HeldQp, Refusal};
 
 /// Sets up RDMA queue pairs for the peers of one NIC (the `verbs` feature's
 /// NICs implement it).
 pub trait QueuePairs: Send + Sync {
     /// Answers a QP_CONNECT body: a queue pair, kept until the connection
-    /// ends, and its QP_ACCEPT frame for `tag`; or the status refusing it.
+    /// ends or a takeover fences it, and its QP_ACCEPT frame for `tag`; or
+    /// the status refusing it.
     fn connect(
         &self,
         connect: &proto::qp::Connect,
         tag: u64,
-    ) -> Result<(Box<dyn Send>, Vec<u8>), proto::Status>;
+    ) -> Result<(HeldQp, Vec<u8>), proto::Status>;
 }
 
 /// Most bytes read from the socket at a time.
@@ -112,11 +114,11 @@ pub fn serve(
     let mut out = Vec::with_capacity(64 * 1024);
     // Proven, and a frame executed: the idle timeout applies from then on.
     let mut settled = false;
-    // Queue pairs set up on this connection live until it ends.
+    // Queue pairs set up on this connection live until it ends or a
+    // takeover fences them.
     let mut link = QpLink {
-        service: qps,
-        held: Vec::new(),
-        gauge: Arc::clone(&exec.metrics().queue_pairs),
+        service: qps.map(|service| (service, exec.qp_fence().bind())),
+        last_said: None,
     };
     loop {
         if shutdown.load(Ordering::Relaxed) {
@@ -219,11 +221,13 @@ fn drain(
     loop {
         match decoder.next_frame() {
             Ok(Some(frame)) => {
-                if link.answer(session, frame, out) {
+                if link.answer(exec, session, *said, frame, out) {
                     executed += 1;
                     continue;
                 }
-                match exec.handle_frame_at(session, said, frame, out) {
+                let result = exec.handle_frame_at(session, said, frame, out);
+                link.note(*said);
+                match result {
                     Ok(Flow::Continue) => executed += 1,
                     Ok(Flow::Close) => return Ok((executed, Some(Stop::Refused))),
                     Err(e) => return Ok((executed, Some(Stop::Malformed(e)))),
@@ -239,20 +243,29 @@ fn drain(
     }
 }
 
-/// The queue pairs a connection set up, and who sets them up.
+/// Who sets up a connection's queue pairs, and its place in the fence
+/// that holds them (`qp_fence`).
 struct QpLink<'a> {
-    service: Option<&'a dyn QueuePairs>,
-    held: Vec<Box<dyn Send>>,
-    /// `pmem_server_queue_pairs`.
-    gauge: Arc<telemetry::Gauge>,
+    service: Option<(&'a dyn QueuePairs, Binding)>,
+    /// The epoch last told to the fence.
+    last_said: Option<u64>,
 }
 
 impl QpLink<'_> {
     /// Answers `frame` if it is a QP_CONNECT this NIC serves, from a peer
     /// that may set up queue pairs (a proven fabric device, or anyone
-    /// without authentication); false leaves it to the executor.
-    fn answer(&mut self, session: &Session, frame: &[u8], out: &mut Vec<u8>) -> bool {
-        let Some(service) = self.service else {
+    /// without authentication) on a connection that said `said`; false
+    /// leaves it to the executor. A connection behind the server's epoch
+    /// (or the fence's) is refused STALE_MAP with that epoch.
+    fn answer(
+        &mut self,
+        exec: &Executor,
+        session: &Session,
+        said: ConnEpoch,
+        frame: &[u8],
+        out: &mut Vec<u8>,
+    ) -> bool {
+        let Some((service, binding)) = &self.service else {
             return false;
         };
         let Ok((proto::Message::QpConnect(connect), tag)) = proto::parse_frame(frame) else {
@@ -261,29 +274,43 @@ impl QpLink<'_> {
         if !session.may_set_up_queue_pairs() {
             return false;
         }
-        match service.connect(&connect, tag) {
-            Ok((qp, accept)) => {
-                self.held.push(qp);
-                self.gauge.inc();
-                out.extend_from_slice(&accept);
+        let device = match session {
+            Session::ProvenDevice { device } => Some(device.as_str()),
+            _ => None,
+        };
+        let epoch = connect.epoch.or(said.get());
+        match binding.admit(device, epoch, exec.epoch(), || {
+            service.connect(&connect, tag)
+        }) {
+            Ok(accept) => out.extend_from_slice(&accept),
+            Err(Refusal::Stale { ours }) => {
+                exec.metrics().stale_map.inc();
+                tracing::info!(
+                    "QP_CONNECT at map epoch {} refused STALE_MAP: this server fences queue \
+                     pairs at epoch {ours}",
+                    epoch.unwrap_or(0)
+                );
+                out.extend_from_slice(&fence::epoch_reply(
+                    proto::Opcode::QpConnect,
+                    tag,
+                    proto::Status::StaleMap,
+                    ours,
+                ));
             }
-            Err(status) => {
+            Err(Refusal::Failed(status)) => {
                 out.extend_from_slice(&proto::error_reply(proto::Opcode::QpConnect, tag, status));
             }
         }
         true
     }
-}
 
-impl Drop for QpLink<'_> {
-    fn drop(&mut self) {
-        if self.held.is_empty() {
-            return;
+    /// Tells the fence the epoch the connection says, when it changed.
+    fn note(&mut self, said: ConnEpoch) {
+        if let Some((_, binding)) = &self.service
+            && said.get() != self.last_said
+        {
+            self.last_said = said.get();
+            binding.said(self.last_said);
         }
-        self.gauge.sub(self.held.len() as i64);
-        tracing::debug!(
-            "{} queue pairs closed with their connection",
-            self.held.len()
-        );
     }
 }

@@ -22,6 +22,7 @@ use crate::dedup::{Attempt, Dedup, DedupError, DedupTable, Intent, Refusal, Requ
 use crate::gate::{self, Followed, FollowedPrincipals, Gatekeeper, Session};
 use crate::metrics::ServerMetrics;
 use crate::persist::PersistError;
+use crate::qp_fence::QpFence;
 use crate::region_file::HEADER_LEN;
 use crate::served_region::ServedRegion;
 use crate::tenancy::{Asker, Tenancy};
@@ -138,6 +139,8 @@ pub struct Executor {
     /// By region index: the fabric device the map names as the owner of a
     /// replicated region (empty until a map in etcd says).
     owners: RwLock<Vec<Option<String>>>,
+    /// The queue pairs of every connection, bound to the epochs they said.
+    qp_fence: Arc<QpFence>,
 }
 
 /// What the connection does after a frame.
@@ -221,6 +224,7 @@ impl Executor {
             .collect();
         let tenancy = Tenancy::new(&layout, Arc::clone(&metrics));
         let withdrawn = by_index.iter().map(|_| AtomicBool::new(false)).collect();
+        let qp_fence = Arc::new(QpFence::new(Arc::clone(&metrics.queue_pairs)));
         Self {
             server,
             layout,
@@ -234,7 +238,13 @@ impl Executor {
             tenancy,
             epoch: AtomicU64::new(0),
             owners: RwLock::new(Vec::new()),
+            qp_fence,
         }
+    }
+
+    /// The queue pairs of every connection (`qp_fence`).
+    pub(crate) fn qp_fence(&self) -> &Arc<QpFence> {
+        &self.qp_fence
     }
 
     /// Requires every connection to prove its principal's key first.

@@ -13,7 +13,8 @@
 //! Each new map also bounds the exactly-once windows: a client's RNIC wired
 //! to an added device brings its lane, a client the map adds its number;
 //! and names the owner device of each replicated region, the only device
-//! whose changes a copy takes.
+//! whose changes a copy takes; a map that deposes an owner destroys its
+//! queue pairs first (`qp_fence`).
 //!
 //! Regions a new map adds to this server are not served until it restarts
 //! (their files are created at start).
@@ -125,7 +126,17 @@ fn apply(server: &ServerId, executor: &Executor, update: &MapUpdate, running: u6
     }
     follow_principals(executor, &update.topology, epoch);
     follow_identities(executor, &update.topology, epoch);
-    executor.follow_owners(&update.replica_sets);
+    let deposed = executor.follow_owners(&update.replica_sets);
+    if !deposed.is_empty() {
+        // Before the server runs the epoch (and so confirms it to the new
+        // owner), nothing of the old owner's may reach memory over RDMA.
+        let closed = executor.qp_fence().fence(epoch, &deposed);
+        info!(
+            "map epoch={epoch} gives regions held here to new owners (deposed: {}): {closed} \
+             queue pairs of connections at older epochs or of the deposed owners destroyed",
+            deposed.join(", ")
+        );
+    }
     // Connections are judged against the new epoch once its regions and
     // principals are.
     executor.set_epoch(epoch);

@@ -31,7 +31,8 @@
 //! - `metrics`: what `/metrics` exports.
 //! - `verbs` (feature `verbs`): regions registered with a NIC's RNIC and
 //!   queue pairs for fabric devices, so they reach memory without this
-//!   process.
+//!   process; `qp_fence`: queue pairs bound to the map epoch their
+//!   connection said, destroyed when a takeover deposes its owner.
 //!
 //! The public API is what a user or a test needs: [`cli`] (the daemon),
 //! [`RunningServer`] and [`OpenedServer`] with their [`ServerConfig`],
@@ -52,6 +53,7 @@ pub(crate) mod metrics;
 pub mod missing;
 pub(crate) mod numa;
 pub mod persist;
+pub(crate) mod qp_fence;
 pub mod region_file;
 mod region_format;
 pub(crate) mod scrub;

@@ -6,7 +6,10 @@
 //! device's READ, WRITE, FLUSH and ATOMIC_WRITE name the region offset
 //! directly, with the region's R_Key. R_Keys are handed out only in the
 //! QP_ACCEPT answering an authenticated device (with `--secrets`) and
-//! change every time the server starts (each start registers anew). The
+//! change every time the server starts (each start registers anew). A
+//! queue pair is bound to the map epoch its connection said: a takeover of
+//! a region held here destroys those of older epochs and of the deposed
+//! owner before the server runs the new epoch (`qp_fence`). The
 //! RNIC executes those operations; this process takes part only in set-up,
 //! in what RDMA cannot carry (exactly-once atomics, requests with
 //! per-extent keys, which stay on the control connection) and in metrics.
@@ -393,7 +396,7 @@ fn say_rdma_device_node(
 }
 
 /// One device's queue pair; destroyed with the control connection that set
-/// it up.
+/// it up, or when a takeover fences it (`qp_fence`).
 #[derive(Debug)]
 pub struct ServerQp {
     _qp: BasicQueuePair,

@@ -261,6 +261,68 @@ fn a_verbs_server_on_emulated_nvdimms_serves_a_roce_client_through_a_power_cut()
     }
 }
 
+/// Every region kept twice, on two server guests on verbs: the copies of
+/// the device DAX regions are written and read by their owner device with
+/// RDMA on each copy's own queue pair. One guest's power is cut under the
+/// mixed workload and it boots again on the same NVDIMMs: nothing
+/// acknowledged is lost (every write and atomic reads back), the
+/// application sees no error, the owners' work went over RDMA, and the
+/// copies that serve at the end and are readable from the host (files,
+/// not device DAX) are identical.
+///
+/// Ignored until it passes every time: run in the lab it passes
+/// verification, the owners' RDMA to the copies, the copy's loss and its
+/// resync, and passed once with 0 errors, but other runs saw the client's
+/// paths to both devices go down after the power cut and 2 to 8 requests
+/// fail (`docs/replication.md`, "On verbs servers": the lab run).
+#[test]
+#[ignore = "flaky in the lab: after the power cut the guest client's paths to both devices go \
+            down and some requests fail (0 errors in 1 of 5 runs)"]
+fn a_power_cut_of_one_of_two_verbs_server_guests_holding_copies_is_invisible() {
+    let topology = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../configs/lab-verbs-replicated.toml"
+    );
+    let (report, text) = lab_run(&[
+        "chaos",
+        topology,
+        "--scenario",
+        "kill-server",
+        "--faults",
+        "1",
+        "--duration",
+        "15",
+        "--seed",
+        "3",
+    ]);
+    assert_eq!(report["verification"]["passed"], true, "{text}");
+    assert_eq!(report["faults"].as_array().map(Vec::len), Some(1), "{text}");
+    let ops = report["ops"].as_object().expect("ops");
+    let count: u64 = ops.values().map(|s| s["count"].as_u64().unwrap_or(0)).sum();
+    let errors: u64 = ops
+        .values()
+        .map(|s| s["errors"].as_u64().unwrap_or(0))
+        .sum();
+    assert!(count > 0, "no operation completed: {text}");
+    assert_eq!(errors, 0, "a copy's power cut is invisible: {text}");
+    let rdma: u64 = ["F1", "F2"]
+        .iter()
+        .map(|d| {
+            report["roce"]["devices"][d]["server_requests_rdma"]
+                .as_u64()
+                .unwrap_or(0)
+        })
+        .sum();
+    assert!(
+        rdma >= 20,
+        "RDMA work requests to the copies: {rdma}\n{text}"
+    );
+    let differences = report["replicas"]["differences"]
+        .as_array()
+        .map_or(0, Vec::len);
+    assert_eq!(differences, 0, "copies diverged: {text}");
+}
+
 /// A region on fsdax behind a `verbs` NIC: the guest's kernel refuses to
 /// pin fsdax pages for the RNIC and rxe has no on-demand paging, so the
 /// server stops at start, naming the region, the reason and what to do.

@@ -76,6 +76,7 @@ impl Device {
             }
         }
         self.uplinks.close(link);
+        self.copy_streams.forget(link);
         let failed = self.core.link_down(link);
         self.deliver_all(failed);
         self.reconnects.failed(link, now);

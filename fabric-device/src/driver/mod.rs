@@ -10,6 +10,7 @@ mod admission;
 pub mod backend;
 mod client_keys;
 mod clients;
+mod copy_streams;
 mod endpoint;
 mod links;
 mod packet;
@@ -252,6 +253,9 @@ pub struct Device {
     roce: Vec<Option<RoceEndpoint>>,
     /// The queue pairs toward servers on verbs (over the first RoCEv2 port).
     uplinks: Uplinks,
+    /// Replicated regions' requests to each copy, one ordered stream per
+    /// link across its queue pair and its TCP connection.
+    copy_streams: copy_streams::CopyStreams,
     roce_metrics: RoceMetrics,
     roce_published: Instant,
     /// RoCE traffic since the last publication: publish within [`ROCE_PUBLISH`].
@@ -470,6 +474,7 @@ impl Device {
             listeners,
             roce,
             uplinks: Uplinks::new(),
+            copy_streams: copy_streams::CopyStreams::default(),
             roce_metrics,
             roce_published: now,
             roce_dirty: true,

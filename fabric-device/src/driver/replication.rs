@@ -1,5 +1,7 @@
-//! What the core asks for replicated regions: requests to copies written on
-//! the links' TCP connections, answers delivered, lost copies marked
+//! What the core asks for replicated regions: requests to copies sent in
+//! order on each link, over its RDMA queue pair where it has one and it can
+//! carry them, else its TCP connection (`copy_streams`), answers delivered,
+//! lost copies marked
 //! offline (in etcd when the device follows the map there) and confirmed
 //! back to the core, suspected owners probed (`takeover`), and MAP_EPOCH
 //! said again to the servers a new owner waits for.
@@ -12,6 +14,7 @@ use topology::{RegionId, ServerId};
 use super::*;
 use crate::forward::Outgoing;
 
+use super::copy_streams::{Carriers, CopyRequest};
 use super::resync;
 
 /// Marks lost copies offline in etcd, one thread per loss, and hands the
@@ -125,6 +128,15 @@ impl Device {
     /// queues nothing more (a failed send fails its link, which may queue
     /// more).
     pub(super) fn carry_out_replication(&mut self, now: Instant) {
+        let posted = self.uplinks.counters().posted;
+        self.carry_out_replication_requests(now);
+        if self.uplinks.counters().posted != posted {
+            // Posted after this turn's transmissions: send them now.
+            self.transmit_uplinks(now);
+        }
+    }
+
+    fn carry_out_replication_requests(&mut self, now: Instant) {
         self.confirm_marked_copies(now);
         self.confirm_state_marks(now);
         self.core.run_resyncs(now);
@@ -132,33 +144,43 @@ impl Device {
         let said = self.core.fence_resends(now);
         self.say_epoch(said);
         loop {
+            // Requests that waited for their link's other way to drain go
+            // first, ahead of anything new for their link.
+            let mut failed = self.copy_streams.release(&mut LinkCarriers {
+                links: &mut self.links,
+                uplinks: &mut self.uplinks,
+                core: &self.core,
+            });
             let outbox = self.core.take_outbox();
-            if outbox.is_empty() {
+            if outbox.is_empty() && failed.is_empty() {
                 return;
             }
-            let mut failed = Vec::new();
             for item in outbox {
                 match item {
                     Outgoing::Send {
                         link,
                         head,
                         payload,
+                        cpu,
                     } => {
-                        // Only the TCP connection: one ordered stream per
-                        // copy. A link not connected answers at the
-                        // request's deadline.
-                        if let Some(LinkConn::Connected { endpoint }) = self.links.get_mut(&link)
-                            && let Err(e) = endpoint.send(&head, &payload)
-                        {
-                            failed.push((link, format!("write failed: {e}")));
-                        }
+                        // One ordered stream per copy. A link not connected
+                        // answers at the request's deadline.
+                        let request = CopyRequest {
+                            head: head.to_vec(),
+                            payload,
+                            cpu,
+                        };
+                        self.send_to_copy(link, request, &mut failed);
                     }
                     Outgoing::SendFrame { link, frame } => {
-                        if let Some(LinkConn::Connected { endpoint }) = self.links.get_mut(&link)
-                            && let Err(e) = endpoint.send(&frame, &[])
-                        {
-                            failed.push((link, format!("write failed: {e}")));
-                        }
+                        // A resync's own requests: for the server's CPU,
+                        // in order with the application's.
+                        let request = CopyRequest {
+                            head: frame,
+                            payload: Arc::from(&[][..]),
+                            cpu: true,
+                        };
+                        self.send_to_copy(link, request, &mut failed);
                     }
                     Outgoing::MarkCopy {
                         region,
@@ -191,6 +213,24 @@ impl Device {
         }
     }
 
+    /// Sends a request to the copy `link` reaches, in its link's order;
+    /// a failed write is noted in `failed`.
+    fn send_to_copy(
+        &mut self,
+        link: LinkId,
+        request: CopyRequest,
+        failed: &mut Vec<(LinkId, String)>,
+    ) {
+        let mut carriers = LinkCarriers {
+            links: &mut self.links,
+            uplinks: &mut self.uplinks,
+            core: &self.core,
+        };
+        if let Err(why) = self.copy_streams.send(link, request, &mut carriers) {
+            failed.push((link, why));
+        }
+    }
+
     /// Hands the core the copies whose loss the marker threads settled.
     fn confirm_marked_copies(&mut self, now: Instant) {
         let Some(marker) = &self.copy_marker else {
@@ -199,6 +239,45 @@ impl Device {
         let done: Vec<(RegionIndex, ServerId)> = marker.done_rx.try_iter().collect();
         for (region, server) in done {
             self.core.copy_marked(region, &server, now);
+        }
+    }
+}
+
+/// A link's queue pair (when it has one) and TCP connection.
+struct LinkCarriers<'a> {
+    links: &'a mut IdMap<LinkId, LinkConn>,
+    uplinks: &'a mut Uplinks,
+    core: &'a Forwarder,
+}
+
+impl Carriers for LinkCarriers<'_> {
+    fn has_queue_pair(&self, link: LinkId) -> bool {
+        self.uplinks.has(link)
+    }
+
+    fn would_carry(&self, link: LinkId, head: &[u8], payload: &[u8]) -> crate::uplink::Posting {
+        self.uplinks.would_carry(link, head, payload)
+    }
+
+    fn post(&mut self, link: LinkId, head: &[u8], payload: &[u8]) -> crate::uplink::Posting {
+        self.uplinks.post_or_say(link, head, payload)
+    }
+
+    fn posted_in_flight(&self, link: LinkId) -> usize {
+        self.uplinks.in_flight(link)
+    }
+
+    fn awaits_answer(&self, link: LinkId, tag: u64) -> bool {
+        self.core.awaits_answer(link, tag)
+    }
+
+    fn send_tcp(&mut self, link: LinkId, head: &[u8], payload: &[u8]) -> Result<(), String> {
+        self.uplinks.sent_on_control(link);
+        match self.links.get_mut(&link) {
+            Some(LinkConn::Connected { endpoint }) => endpoint
+                .send(head, payload)
+                .map_err(|e| format!("write failed: {e}")),
+            _ => Ok(()),
         }
     }
 }

@@ -31,7 +31,15 @@ impl Device {
         }
         for entry in layout.entries() {
             if entry.server == server {
-                self.uplinks.set_region(entry.region, entry.key, entry.len);
+                self.uplinks
+                    .set_region(link, entry.region, entry.key, entry.len);
+            }
+        }
+        // The copies of replicated regions this server holds, each with
+        // the key its server gave for it.
+        for (region, key) in self.core.copy_keys_on(&server) {
+            if let Some(entry) = self.core.map().layout.entry(region) {
+                self.uplinks.set_region(link, region, key, entry.len);
             }
         }
         if self.uplinks.has(link) {
@@ -45,7 +53,10 @@ impl Device {
         else {
             return Err("the server NIC is on verbs but this device has no RoCEv2 port".into());
         };
-        let connect = self.uplinks.start(link, index, port.ip(), port.mtu());
+        let epoch = self.core.running_epoch();
+        let connect = self
+            .uplinks
+            .start(link, index, port.ip(), port.mtu(), epoch);
         let Some(LinkConn::Connected { endpoint }) = self.links.get_mut(&link) else {
             return Ok(());
         };
@@ -109,6 +120,15 @@ impl Device {
                 now,
                 &format!("its RDMA queue pair to the server failed ({status:?})"),
             );
+        }
+    }
+
+    /// Sends what the queue pairs toward servers have ready.
+    pub(super) fn transmit_uplinks(&mut self, now: Instant) {
+        for (index, port) in self.roce.iter_mut().enumerate() {
+            if let Some(port) = port {
+                self.roce_dirty |= port.transmit(now, &mut self.uplinks, index);
+            }
         }
     }
 

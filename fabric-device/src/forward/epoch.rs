@@ -72,6 +72,12 @@ impl Forwarder {
         self.epoch.epoch
     }
 
+    /// The epoch the device runs (0 on a topology file), which its
+    /// QP_CONNECTs to servers say.
+    pub fn running_epoch(&self) -> u64 {
+        self.current_epoch()
+    }
+
     /// Whether a server said it runs a newer epoch since the last call:
     /// the driver then asks its map watcher to read the map now.
     pub fn take_map_reread(&mut self) -> bool {

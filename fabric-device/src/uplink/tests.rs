@@ -31,12 +31,13 @@ struct Rig {
 impl Rig {
     fn new(caps: u64) -> Rig {
         let mut uplinks = Uplinks::new();
-        let connect = uplinks.start(LINK, 0, DEVICE, 1024);
+        let connect = uplinks.start(LINK, 0, DEVICE, 1024, 0);
         let (message, tag) = proto::parse_frame(&connect).expect("QP_CONNECT parses");
         assert_eq!(tag, QP_CONNECT_TAG);
         let Message::QpConnect(connect) = message else {
             panic!("not a QP_CONNECT: {message:?}");
         };
+        assert_eq!(connect.epoch, None, "on a topology file it says no epoch");
         let device = connect.endpoint;
         let ours = Endpoint {
             qpn: 0x12,
@@ -61,7 +62,7 @@ impl Rig {
         let table = qp::encode_rkeys(&[(0, RKEY)]);
         let accept = Accept::new(ours, &table).expect("accept").with_caps(caps);
         uplinks.accepted(LINK, &accept).expect("accepted");
-        uplinks.set_region(RegionIndex(0), KEY, 64 << 10);
+        uplinks.set_region(LINK, RegionIndex(0), KEY, 64 << 10);
         Rig {
             uplinks,
             server,
@@ -205,7 +206,7 @@ fn what_rdma_cannot_check_or_number_stays_on_the_control_connection() {
     // says): its answer, and the queue pair is in the error state, so its
     // link must reconnect; meanwhile requests stay on the control
     // connection.
-    rig.uplinks.set_region(RegionIndex(0), KEY, 1 << 30);
+    rig.uplinks.set_region(LINK, RegionIndex(0), KEY, 1 << 30);
     assert!(rig.uplinks.take_broken().is_empty());
     assert!(rig.offer(request::Repr::read(at(1 << 20), KEY, 8), 5));
     rig.pump();
@@ -215,6 +216,44 @@ fn what_rdma_cannot_check_or_number_stays_on_the_control_connection() {
     assert_eq!(broken[0].0, LINK);
     assert!(!rig.offer(request::Repr::read(at(0), KEY, 8), 6));
     assert!(rig.uplinks.poll_answer().is_none());
+}
+
+/// Each copy of a replicated region has one region index and a key of
+/// its own server's: a link's queue pair carries a request with the key of
+/// the copy on its server, and leaves another copy's key to the server.
+#[test]
+fn a_link_carries_the_key_of_its_own_servers_copy() {
+    let mut rig = Rig::new(caps::FLUSH_PERSISTENT);
+    let elsewhere = LinkId(8);
+    let backup_key = AccessKey(0xBAC);
+    rig.uplinks
+        .set_region(elsewhere, RegionIndex(0), backup_key, 64 << 10);
+    // The key another server gave for its copy does not open this one.
+    assert!(!rig.offer(request::Repr::read(at(0), backup_key, 8), 1));
+    assert!(rig.offer(request::Repr::read(at(0), KEY, 8), 2));
+    rig.pump();
+    assert_eq!(rig.answer().0, 2);
+    // What it would do, asked without posting; and what is in flight.
+    let frame = Message::Request(request::Repr::write(at(8), KEY, b"copy"))
+        .encode_to_vec(3)
+        .expect("encode");
+    let (head, payload) = frame.split_at(FORWARD_HEAD_LEN);
+    assert_eq!(
+        rig.uplinks.would_carry(LINK, head, payload),
+        super::Posting::Posted
+    );
+    assert_eq!(
+        rig.uplinks.would_carry(elsewhere, head, payload),
+        super::Posting::NotCarried,
+        "no queue pair on that link"
+    );
+    assert_eq!(rig.uplinks.in_flight(LINK), 0);
+    assert!(rig.uplinks.try_post(LINK, head, payload));
+    assert_eq!(rig.uplinks.in_flight(LINK), 1);
+    rig.pump();
+    assert_eq!(rig.answer(), (3, Status::Ok, vec![]));
+    assert_eq!(rig.uplinks.in_flight(LINK), 0);
+    assert_eq!(&rig.memory.bytes[8..12], b"copy");
 }
 
 #[test]
@@ -268,4 +307,17 @@ fn only_a_pool_without_an_allocator_goes_one_sided() {
     assert!(super::one_sided(&plain));
     let with_allocator = topology::Layout::new(&load("alloc.toml")).expect("layout");
     assert!(!super::one_sided(&with_allocator));
+}
+
+#[test]
+fn a_qp_connect_says_the_epoch_the_device_runs() {
+    // A server that fenced queue pairs at a newer epoch (a takeover)
+    // refuses it: a deposed owner gets no new queue pair.
+    let mut uplinks = Uplinks::new();
+    let frame = uplinks.start(LINK, 0, DEVICE, 1024, 7);
+    let (message, _) = proto::parse_frame(&frame).expect("QP_CONNECT parses");
+    let Message::QpConnect(connect) = message else {
+        panic!("not a QP_CONNECT: {message:?}");
+    };
+    assert_eq!(connect.epoch, Some(7));
 }

@@ -553,6 +553,20 @@ impl Inner {
                     self.not_owner(&mut attempts, path, server, piece, response.value)
                         .await?;
                 }
+                Ok((response, _))
+                    if {
+                        let table = lock(&self.table);
+                        let region = attempts.region();
+                        refusal_in_disguise(
+                            response.status,
+                            table.owner_of(region).is_some(),
+                            table.via_owner(region, path),
+                        )
+                    } =>
+                {
+                    self.not_owner(&mut attempts, path, server, piece, 0)
+                        .await?;
+                }
                 Ok((response, current)) if !server_unreachable(response.status) => {
                     if current {
                         lock(&self.table).report_success(path, server, now);
@@ -884,6 +898,18 @@ pub(super) fn server_unreachable(status: Status) -> bool {
     matches!(status, Status::ServerUnavailable | Status::Timeout)
 }
 
+/// Whether SERVER_UNAVAILABLE for a replicated region (`replicated`)
+/// from a device that is not its owner (`via_owner` false) is that
+/// device's NOT_OWNER: a device that does not own a replicated region
+/// forwards none of its requests, so it never finds its servers
+/// unavailable, but over RDMA its refusal reaches the client as a NAK
+/// (remote operational error), which the verbs path reports as
+/// SERVER_UNAVAILABLE. Taken as NOT_OWNER, the request waits for the
+/// owner's path instead of failing.
+pub(super) fn refusal_in_disguise(status: Status, replicated: bool, via_owner: bool) -> bool {
+    status == Status::ServerUnavailable && replicated && !via_owner
+}
+
 /// Whether every path that was tried reported the server itself
 /// unavailable: the server is down, not a path. That is reported at once
 /// (requests in flight on a dead server fail visibly) instead of being
@@ -964,5 +990,19 @@ mod tests {
         assert!(!server_is_down(&[(q, Failure::OwnerAway)]));
         assert!(!server_is_down(&[(p, Failure::NotOwner)]));
         assert!(!server_unreachable(Status::NotOwner));
+    }
+
+    #[test]
+    fn server_unavailable_from_a_device_that_does_not_own_a_replicated_region_is_its_refusal() {
+        assert!(refusal_in_disguise(Status::ServerUnavailable, true, false));
+        // From the owner it is the copies' loss; for a region kept once
+        // any device forwards it; a timeout is not a refusal.
+        assert!(!refusal_in_disguise(Status::ServerUnavailable, true, true));
+        assert!(!refusal_in_disguise(
+            Status::ServerUnavailable,
+            false,
+            false
+        ));
+        assert!(!refusal_in_disguise(Status::Timeout, true, false));
     }
 }

@@ -27,9 +27,11 @@ use crate::gate::Session;
 impl Executor {
     /// Takes the owners of replicated regions from `records` (the map's
     /// replica set records): a region without a record has no owner, and
-    /// its requests are not judged by owner.
-    pub fn follow_owners(&self, records: &[ReplicaSetRecord]) {
-        let owners = self
+    /// its requests are not judged by owner. Returns the devices deposed:
+    /// those that owned a region this server holds a copy of and own it no
+    /// more (their queue pairs are fenced, `qp_fence`).
+    pub fn follow_owners(&self, records: &[ReplicaSetRecord]) -> Vec<String> {
+        let owners: Vec<Option<String>> = self
             .layout
             .entries()
             .iter()
@@ -40,7 +42,20 @@ impl Executor {
                     .map(|r| r.owner.clone())
             })
             .collect();
-        *self.owners.write().unwrap_or_else(PoisonError::into_inner) = owners;
+        let mut held = self.owners.write().unwrap_or_else(PoisonError::into_inner);
+        let mut deposed: Vec<String> = Vec::new();
+        for (index, before) in held.iter().enumerate() {
+            let served = self.regions.get(index).is_some_and(Option::is_some);
+            if let Some(before) = before
+                && served
+                && owners.get(index).and_then(Option::as_ref) != Some(before)
+                && !deposed.contains(before)
+            {
+                deposed.push(before.clone());
+            }
+        }
+        *held = owners;
+        deposed
     }
 
     /// The owner `req`'s region has by the server's map, when a fabric

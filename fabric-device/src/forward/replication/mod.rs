@@ -2,7 +2,7 @@
 //! request of a region with several copies.
 //!
 //! - Writes, WRITE_PERSIST, FLUSH and ATOMIC_WRITE go to every copy that
-//!   takes writes (`serving` or `syncing`), each over one TCP link per copy
+//!   takes writes (`serving` or `syncing`), each over one link per copy
 //!   (FIFO per link: every copy applies them in the owner's order); the
 //!   client is answered once every such copy answered, with the answer of
 //!   the deciding copy (the first `serving` one in set order).
@@ -33,9 +33,11 @@
 //!   its copies' servers to run the new map first (`takeover`).
 //!
 //! Everything for a replicated region goes out through the outbox
-//! ([`Forwarder::take_outbox`]) and is sent on the links' TCP connections,
-//! never on an RDMA uplink. A device that is not a region's owner answers
-//! its requests NOT_OWNER.
+//! ([`Forwarder::take_outbox`]). The driver sends each link's requests in
+//! order: on the link's RDMA queue pair (a server on verbs) what it can
+//! carry, on its TCP connection the rest, including what is marked for the
+//! server's CPU (an atomic and the READ of its word, the resync's requests).
+//! A device that is not a region's owner answers its requests NOT_OWNER.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -81,7 +83,9 @@ pub(super) use takeover::{RESAY_EVERY, SUSPECT_EVERY};
 /// Something the core asks the driver to do for a replicated region.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outgoing {
-    /// Send `head` then `payload` on `link`'s TCP connection.
+    /// Send `head` then `payload` to the copy `link` reaches, after every
+    /// request sent on `link` before it: on the link's RDMA queue pair when
+    /// it can carry it, else on its TCP connection.
     Send {
         /// The link.
         link: LinkId,
@@ -89,6 +93,10 @@ pub enum Outgoing {
         head: [u8; FORWARD_HEAD_LEN],
         /// The write data (empty for other operations), shared by copies.
         payload: Arc<[u8]>,
+        /// The server's CPU must execute it (TCP), even where RDMA could
+        /// carry it: the READ of an atomic's word follows the atomic on the
+        /// connection the server executes in order.
+        cpu: bool,
     },
     /// Send this answer to client connection `conn`.
     Answer {
@@ -308,6 +316,15 @@ enum Purpose {
     ApplyWord,
 }
 
+impl Purpose {
+    /// Whether the part must reach the server's CPU (its TCP connection)
+    /// even where the link's queue pair could carry it: the atomic and the
+    /// READ of its word, one behind the other.
+    fn for_cpu(self) -> bool {
+        matches!(self, Purpose::Decide | Purpose::ReadBack)
+    }
+}
+
 /// A COMPARE_SWAP or FETCH_ADD on its way.
 #[derive(Debug)]
 struct Atomic {
@@ -434,6 +451,25 @@ impl Forwarder {
         if holds {
             self.replication.keys.insert((region, server.clone()), key);
         }
+    }
+
+    /// The keys `server` gave for the copies of replicated regions it
+    /// holds (the key of a replicated region's requests to that copy).
+    pub fn copy_keys_on(&self, server: &ServerId) -> Vec<(RegionIndex, AccessKey)> {
+        self.replication
+            .keys
+            .iter()
+            .filter(|((_, s), _)| s == server)
+            .map(|(&(region, _), &key)| (RegionIndex(region), key))
+            .collect()
+    }
+
+    /// Whether the request tagged `tag` on `link` still waits for its
+    /// answer (neither answered nor failed).
+    pub fn awaits_answer(&self, link: LinkId, tag: u64) -> bool {
+        self.links
+            .get(&link)
+            .is_some_and(|l| l.pending.contains_key(&tag))
     }
 
     /// Whether some copy of replicated `region` that takes writes is
@@ -583,7 +619,8 @@ impl Forwarder {
         Some(self.region_state(region)?.copies.get(copy)?.server.clone())
     }
 
-    /// Records a request to one copy as pending on `link` and queues it.
+    /// Records a request to one copy as pending on `link` and queues it
+    /// (for the server's CPU when `cpu`).
     #[allow(clippy::too_many_arguments)]
     fn send_copy(
         &mut self,
@@ -592,6 +629,7 @@ impl Forwarder {
         link_id: LinkId,
         pending: Pending,
         key: AccessKey,
+        cpu: bool,
         now: Instant,
     ) -> Result<u64, Pending> {
         let Some(link) = self.links.get_mut(&link_id) else {
@@ -619,6 +657,7 @@ impl Forwarder {
             link: link_id,
             head,
             payload,
+            cpu,
         });
         Ok(link_tag)
     }
@@ -645,7 +684,9 @@ impl Forwarder {
             reply_bytes: 0,
             copy: Some(CopyTicket::Op(op_id)),
         };
-        let Ok(tag) = self.send_copy(head, Arc::clone(&payload), link, pending, key, now) else {
+        let cpu = purpose.for_cpu();
+        let Ok(tag) = self.send_copy(head, Arc::clone(&payload), link, pending, key, cpu, now)
+        else {
             return;
         };
         let order = self.replication.next_send;

@@ -87,7 +87,7 @@ impl Forwarder {
         let head = again.head;
         pending.copy = Some(CopyTicket::Read(Box::new(again)));
         let none = Arc::clone(&self.replication.no_payload);
-        self.send_copy(head, none, link, pending, key, now)
+        self.send_copy(head, none, link, pending, key, false, now)
             .map(|_| ())
             .map_err(|mut pending| {
                 pending.copy = None;

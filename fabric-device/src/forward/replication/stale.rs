@@ -269,8 +269,13 @@ impl Forwarder {
             self.replication.ops.insert(op_id, op);
             return;
         };
-        let (copy, head, payload, key) =
-            (send.copy, send.head, Arc::clone(&send.payload), send.key);
+        let (copy, head, payload, key, cpu) = (
+            send.copy,
+            send.head,
+            Arc::clone(&send.payload),
+            send.key,
+            send.purpose.for_cpu(),
+        );
         let links = self
             .region_state(op.region)
             .and_then(|s| s.copies.get(copy))
@@ -292,7 +297,7 @@ impl Forwarder {
             reply_bytes: 0,
             copy: Some(CopyTicket::Op(op_id)),
         };
-        if let Ok(tag) = self.send_copy(head, payload, link, pending, key, now) {
+        if let Ok(tag) = self.send_copy(head, payload, link, pending, key, cpu, now) {
             let order = self.replication.next_send;
             self.replication.next_send += 1;
             let epoch = self.current_epoch();

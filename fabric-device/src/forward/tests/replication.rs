@@ -58,6 +58,8 @@ pub(super) struct Sent {
     pub(super) operand: u64,
     pub(super) identity: Option<ExactlyOnce>,
     pub(super) payload: Vec<u8>,
+    /// For the server's CPU (TCP) even where RDMA could carry it.
+    cpu: bool,
 }
 
 /// An outbox split: the requests sent, the answers and the copies lost.
@@ -72,6 +74,7 @@ pub(super) fn split(out: Vec<Outgoing>) -> Split {
                 link,
                 head,
                 payload,
+                cpu,
             } => {
                 let mut frame = head.to_vec();
                 frame.extend_from_slice(&payload);
@@ -91,6 +94,7 @@ pub(super) fn split(out: Vec<Outgoing>) -> Split {
                     operand: req.operand,
                     identity: req.exactly_once,
                     payload: req.payload.to_vec(),
+                    cpu,
                 });
             }
             Outgoing::Answer { conn, reply } => answers.push((conn, reply)),
@@ -182,6 +186,8 @@ fn a_write_reaches_every_copy_and_is_answered_once_all_did() {
     assert_eq!(sent[0].key, key_on("A", pa1));
     assert_eq!(sent[1].key, key_on("B", pa1));
     assert_ne!(sent[0].key, sent[1].key);
+    // RDMA may carry a write to each copy (on a link with a queue pair).
+    assert!(sent.iter().all(|s| !s.cpu));
 
     answer(&mut core, &sent[0], Status::Ok, 0);
     assert!(core.take_outbox().is_empty(), "the backup has not answered");
@@ -245,6 +251,10 @@ fn an_atomic_is_decided_at_one_copy_and_its_word_written_to_the_other() {
         (b, Operation::CompareSwap)
     );
     assert_eq!((sent[1].link, sent[1].operation), (b, Operation::Read));
+    // Both for the server's CPU, on its connection, in this order: the
+    // READ must see the atomic's word, which it would not if it overtook
+    // the atomic on an RDMA queue pair.
+    assert!(sent[0].cpu && sent[1].cpu);
     let number = core.map().clients["c1"].number;
     let identity = ExactlyOnce::on_lane(0, 41).stamped(number);
     assert_eq!(sent[0].identity, Some(identity));
@@ -262,6 +272,9 @@ fn an_atomic_is_decided_at_one_copy_and_its_word_written_to_the_other() {
     assert_eq!(write.operation, Operation::AtomicWrite);
     assert_eq!((write.offset, write.operand), (64, 6));
     assert_eq!(write.identity, Some(identity), "the client's identity");
+    // Not pinned to the CPU by the core: the record's exactly-once
+    // identity keeps it off RDMA where the queue pair is asked.
+    assert!(!write.cpu);
     assert_eq!(write.key, key_on("A", pb1));
     // The atomic's record, so the backup's window remembers it: the
     // COMPARE_SWAP 5 -> 6 and the deciding copy's result.
@@ -808,4 +821,20 @@ fn requests_overlapping_a_block_a_resync_holds_wait_until_it_is_released() {
     );
     // A region that is not replicated here holds nothing.
     assert!(!core.hold_for_resync(u32::MAX, 0, block));
+}
+
+/// The keys a server gave for its copies are what a link's queue pair to
+/// that server checks: each copy's own.
+#[test]
+fn each_servers_copy_keys_are_the_ones_it_gave() {
+    let core = replicated();
+    let (pa1, pb1) = (index(&core, "PA.1"), index(&core, "PB.1"));
+    let mut on_b = core.copy_keys_on(&"B".into());
+    on_b.sort_by_key(|(r, _)| r.0);
+    assert!(on_b.contains(&(pa1, key_on("B", pa1))), "{on_b:?}");
+    assert!(on_b.contains(&(pb1, key_on("B", pb1))), "{on_b:?}");
+    assert!(on_b.iter().all(|&(r, k)| k == key_on("B", r)), "{on_b:?}");
+    let on_a = core.copy_keys_on(&"A".into());
+    assert!(on_a.contains(&(pa1, key_on("A", pa1))), "{on_a:?}");
+    assert_ne!(key_on("A", pa1), key_on("B", pa1));
 }

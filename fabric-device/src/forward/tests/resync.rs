@@ -276,6 +276,7 @@ impl Sim {
                 link,
                 head,
                 payload,
+                ..
             } => {
                 let server = self.server_of(link);
                 let mut frame = head.to_vec();

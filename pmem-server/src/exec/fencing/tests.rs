@@ -196,3 +196,31 @@ fn an_exactly_once_atomic_refused_stale_runs_once_when_retried_after_catching_up
     assert_eq!(peer.request(add()), (Status::Ok, 0));
     assert_eq!(word(exec, 0), 10);
 }
+
+/// The replica set record of `region` owned by `owner`, both copies
+/// serving.
+fn owned(region: &str, owner: &str) -> control::ReplicaSetRecord {
+    let copy = |server: &str| control::CopyRecord {
+        server: server.to_owned(),
+        state: control::ReplicaState::Serving,
+    };
+    control::ReplicaSetRecord {
+        region: region.to_owned(),
+        version: 1,
+        owner: owner.to_owned(),
+        copies: vec![copy("S"), copy("T")],
+    }
+}
+
+#[test]
+fn a_map_that_gives_a_held_region_to_another_owner_names_the_deposed_device() {
+    // The server fences the queue pairs of the devices named (`qp_fence`).
+    let (_dir, server) = at_epoch_5();
+    let exec = &server.exec;
+    assert!(exec.follow_owners(&[owned("R1", "A")]).is_empty());
+    // The same owners again (a copy marked, say): nobody deposed.
+    assert!(exec.follow_owners(&[owned("R1", "A")]).is_empty());
+    assert_eq!(exec.follow_owners(&[owned("R1", "B")]), ["A"]);
+    // A region that has no record any more has lost its owner too.
+    assert_eq!(exec.follow_owners(&[]), ["B"]);
+}
