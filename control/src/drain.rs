@@ -873,6 +873,145 @@ mod tests {
         );
     }
 
+    /// A server of a test map: id, failure domain, regions with their one
+    /// backup server.
+    type TestServer<'a> = (&'a str, Option<&'a str>, &'a [(&'a str, &'a str)]);
+
+    /// A map of `servers`, in that order, all linked to one device; the
+    /// pool keeps two copies.
+    fn servers_map(servers: &[TestServer<'_>]) -> ClusterMap {
+        let mut text =
+            String::from("[pool]\nname = \"test\"\nextent_size = \"1MiB\"\nreplicas = 2\n");
+        let mut links = Vec::new();
+        for (port, (id, domain, regions)) in (7001u16..).zip(servers) {
+            let regions: String = regions
+                .iter()
+                .map(|(r, backup)| {
+                    format!(
+                        "      [[servers.sockets.devices.regions]]\n      id = \"{r}\"\n      \
+                         size = \"4MiB\"\n      replicas = [\"{backup}:0\"]\n"
+                    )
+                })
+                .collect();
+            let domain = domain.map_or_else(String::new, |d| format!("domain = \"{d}\"\n"));
+            text.push_str(&format!(
+                "[[servers]]\nid = \"{id}\"\n{domain}  [[servers.sockets]]\n  id = \"0\"\n    \
+                 [[servers.sockets.devices]]\n    id = \"pmem0\"\n{regions}  [[servers.nics]]\n  \
+                 id = \"n0\"\n  socket = \"0\"\n  listen = \"127.0.0.1:{port}\"\n"
+            ));
+            links.push(format!("{{ server = \"{id}\", nic = \"n0\" }}"));
+        }
+        text.push_str(&format!(
+            "[[fabric_devices]]\nid = \"F\"\nports = [{{ id = \"p0\", listen = \
+             \"127.0.0.1:7100\" }}]\nlinks = [{}]\n[[clients]]\nid = \"c1\"\nrnics = \
+             [{{ id = \"r0\", fabric_device = \"F\" }}]\n",
+            links.join(", ")
+        ));
+        ClusterMap::new(1, text)
+    }
+
+    /// Servers B (B1 and B2, both primaries), C (C1) and A (A1), in that
+    /// order: B's and C1's backups on A, A1's on C. Only C's device is next
+    /// to B's, so both of B's tables move there.
+    fn two_primaries_on_b() -> ClusterMap {
+        servers_map(&[
+            ("B", None, &[("B1", "A"), ("B2", "A")]),
+            ("C", None, &[("C1", "A")]),
+            ("A", None, &[("A1", "C")]),
+        ])
+    }
+
+    #[test]
+    fn two_primaries_moved_off_a_server_keep_every_region_number() {
+        let map = two_primaries_on_b();
+        let before = Layout::new(&map.topology_at(KEY).unwrap()).unwrap();
+        let (after, steps) = drain(map, "B");
+        // B1 cannot go first: ahead of C1 while B2 is still on B, it
+        // would take B2's number; B2 goes first, then B1 ahead of it.
+        let drops: Vec<&Step> = steps
+            .iter()
+            .filter(|s| matches!(s, Step::Drop { .. } | Step::Remove))
+            .collect();
+        let drop = |r: &str| Step::Drop { region: r.into() };
+        assert_eq!(
+            drops,
+            [&drop("B2"), &drop("B1"), &Step::Remove],
+            "{steps:?}"
+        );
+        let topology = after.topology_at(KEY).unwrap();
+        assert!(topology.servers.iter().all(|s| s.id.as_str() != "B"));
+        let layout = Layout::new(&topology).unwrap();
+        for old in before.entries() {
+            let new = layout.entry_by_id(&old.region_id).unwrap();
+            assert_eq!(
+                (new.start, new.region),
+                (old.start, old.region),
+                "{}",
+                old.region_id
+            );
+        }
+        for region in ["B1", "B2"] {
+            let record = after.replica_set(region).unwrap();
+            assert!(record.state_on("B").is_none(), "{region}");
+            assert_eq!(record.serving(), 2, "{region}");
+            assert_eq!(
+                layout.entry_by_id(&region.into()).unwrap().server.as_str(),
+                "C",
+                "{region}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_primary_that_can_only_move_by_renumbering_is_refused_by_name() {
+        // B1's backup is on D; A drains, C shares D's failure domain, so
+        // the new copy goes to E: neither D nor E is next to B in config
+        // order, and B1's table on either would renumber C1 (and D1).
+        let map = servers_map(&[
+            ("A", None, &[("A1", "C")]),
+            ("B", None, &[("B1", "D")]),
+            ("C", Some("rack2"), &[("C1", "A")]),
+            ("D", Some("rack2"), &[("D1", "A")]),
+            ("E", None, &[]),
+        ]);
+        let avoid = ["A".to_owned()];
+        let mut map = map;
+        let err = loop {
+            match next_step(&map, KEY, "B", &avoid, &[]) {
+                Ok(planned) => match planned.step {
+                    Step::Wait { region, server } => {
+                        map = mark_replica(&map, &region, &server, ReplicaState::Serving)
+                            .unwrap()
+                            .map;
+                    }
+                    Step::Add { ref server, .. } => {
+                        assert_eq!(server, "E");
+                        map = planned.map.unwrap();
+                    }
+                    step => {
+                        assert!(matches!(step, Step::Pin { .. }), "{step:?}");
+                        map = planned.map.unwrap();
+                    }
+                },
+                Err(e) => break e,
+            }
+        };
+        let text = err.to_string();
+        assert!(matches!(err, DrainError::WouldMove { .. }), "{text}");
+        assert!(
+            text.starts_with("region B1: the change would move or renumber regions B1 (number 1"),
+            "{text}"
+        );
+        assert!(text.contains("C1 (number 2 at"), "{text}");
+        assert!(text.ends_with("nothing was changed"), "{text}");
+        // Nothing written: B still holds B1's primary.
+        let layout = Layout::new(&map.topology_at(KEY).unwrap()).unwrap();
+        assert_eq!(
+            layout.entry_by_id(&"B1".into()).unwrap().server.as_str(),
+            "B"
+        );
+    }
+
     #[test]
     fn an_interrupted_drain_goes_on_from_the_map() {
         let mut map = three_servers();

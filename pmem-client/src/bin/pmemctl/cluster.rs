@@ -74,7 +74,9 @@ enum ClusterAction {
     /// it), waits until it serves, drops SERVER's copy, and removes SERVER
     /// from the map once it holds nothing. Interrupted and run again, it
     /// goes on from where the map is. A server opens copies added to it at
-    /// its next start. Regions with a single copy are refused.
+    /// its next start. Regions with a single copy are refused, and so is
+    /// a primary copy that could only move by renumbering regions (its
+    /// serving copies not next to SERVER in config order), naming them.
     DrainServer {
         /// The server's id.
         server: String,
