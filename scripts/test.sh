@@ -53,46 +53,66 @@ export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
 export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 export PROPTEST_CASES=${PROPTEST_CASES:-256}
 
-echo "== cargo fmt --check, shellcheck"
+# Each step says how long the run has taken so far, so a slow step shows in
+# CI's log.
+started=$SECONDS
+step() {
+  local elapsed=$((SECONDS - started))
+  printf '== [%d:%02d] %s\n' $((elapsed / 60)) $((elapsed % 60)) "$*"
+}
+
+# The optional features every test pass builds with: pmem-server's libpmem
+# mapping and the verbs transport of pmem-client, pmem-server and testbed
+# (testbed's `verbs` turns on the other two's). One feature set for every
+# `cargo test` below, selected from the whole workspace, means one build
+# of the workspace's tests and binaries: a pass with other features or
+# with `-p` would resolve the dependencies' features again and rebuild a
+# good part of the tree. The code compiled only without a feature (the
+# errors that say "built without the `verbs` feature") is checked by the
+# first clippy pass, not run.
+features=pmem-server/libpmem,testbed/verbs
+
+step "cargo fmt --check, shellcheck"
 cargo fmt --all -- --check
 shellcheck lab/*.sh
-echo "== cargo clippy"
+step "cargo clippy"
 cargo clippy --locked --workspace --all-targets -- -D warnings
-# The optional features in one check: pmem-server's libpmem mapping and the
-# verbs transport of pmem-client, pmem-server and testbed (testbed's `verbs`
-# turns on the other two's). No code depends on one being on while another
-# is off (what is compiled only without a feature is checked above), so one
-# check covers them all, and what they share is checked once.
+# No code depends on one optional feature being on while another is off, so
+# one check with all of them covers them all.
 cargo clippy --locked -p pmem-server -p pmem-client -p testbed \
-  --features pmem-server/libpmem,testbed/verbs --all-targets -- -D warnings
-echo "== cargo doc (no warnings)"
+  --features "$features" --all-targets -- -D warnings
+step "cargo doc (no warnings)"
 RUSTDOCFLAGS="-D warnings" cargo doc --locked --workspace --no-deps --quiet
 RUSTDOCFLAGS="-D warnings" cargo doc --locked -p testbed -p pmem-server --features testbed/verbs \
   --no-deps --quiet
-echo "== cargo test"
+step "cargo test --workspace --features $features (with the RDMA lab)"
 # `cargo test --workspace` builds every workspace binary (its packages'
 # integration tests run them) before any test runs, and nothing below
 # changes the sources: testkit takes the binaries as built
 # (testkit::PREBUILT_VAR) instead of running cargo again from every test
-# process that starts another package's daemon.
+# process that starts another package's daemon. With `verbs` on, this
+# pass also runs pmem-client's verbs unit tests (no RDMA device needed)
+# and testbed's RDMA lab (testbed/tests/lab.rs): QEMU guests whose kernel
+# RDMA stack runs the workload through the devices; the lab installs QEMU
+# and builds its guest image itself (lab/image.sh), and needs `pmemctl`
+# built with `verbs`, which this build makes.
 export TESTKIT_PREBUILT_BINARIES=1
-cargo test --locked --workspace
-echo "== fabric-device's forwarding and authentication tests again, on the io_uring back end"
+cargo test --locked --workspace --features "$features"
+step "fabric-device's forwarding and authentication tests again, on the io_uring back end"
 # The device runs on epoll by default (measured faster here); io_uring is
 # its opt-in back end and stays tested by the two test files that drive the
 # device's I/O (the other device tests are about maps, owners and RoCE).
-# Selected from the whole workspace, as above, they are the binaries
-# already built: `-p fabric-device` would resolve the dependencies'
-# features for that package alone, and build a good part of the
-# dependency tree again. (pmem-server's `authentication` comes along: a few
-# seconds, no device in it.)
-PMEM_FABRIC_IO=uring cargo test --locked --workspace --test forwarding --test authentication
-echo "== pmem-server's daemon tests again, on libpmem (--features libpmem)"
+# (pmem-server's `authentication` comes along: a few seconds, no device in
+# it.)
+PMEM_FABRIC_IO=uring cargo test --locked --workspace --features "$features" \
+  --test forwarding --test authentication
+step "pmem-server's daemon tests again, on libpmem"
 # The test files that start the daemon through testkit, which gives it
-# --persistence $PMEM_SERVER_TEST_PERSISTENCE, and the library's own tests
-# (libpmem's mapping among them). The others never map a region through
-# libpmem (maps from etcd, the in-process power-loss test): the first pass
-# ran them, on the same code.
+# --persistence $PMEM_SERVER_TEST_PERSISTENCE, and the library's mapping
+# tests (`persist::`, libpmem's among them). The other files never map a
+# region through libpmem (maps from etcd, the in-process power-loss test):
+# the first pass ran them, on the same code. Files of the same name in
+# other packages come along (short ones; their servers run on libpmem too).
 mapfile -t libpmem_tests < <(grep -l -E 'pmem_server(s|_with|_spec)?\(' pmem-server/tests/*.rs |
   sed -E 's|^.*/([^/]+)\.rs$|--test=\1|')
 if ((${#libpmem_tests[@]} == 0)); then
@@ -100,12 +120,8 @@ if ((${#libpmem_tests[@]} == 0)); then
   exit 1
 fi
 PMEM_IS_PMEM_FORCE=1 PMEM_SERVER_TEST_PERSISTENCE=libpmem \
-  cargo test --locked -p pmem-server --features libpmem --lib "${libpmem_tests[@]}"
-echo "== cargo test -p pmem-client --features verbs (verbs unit tests; no RDMA device needed)"
-cargo test --locked -p pmem-client --features verbs --lib verbs
-echo "== the RDMA lab: a QEMU guest's kernel RDMA stack runs the workload through the devices"
-cargo build --locked -p pmem-client --features verbs --bins
-cargo test --locked -p testbed --features verbs --test lab
-echo "== fuzz every parser of untrusted bytes, 20 s per target (installs cargo-fuzz)"
+  cargo test --locked --workspace --features "$features" "${libpmem_tests[@]}"
+PMEM_IS_PMEM_FORCE=1 cargo test --locked --workspace --features "$features" --lib -- persist::
+step "fuzz every parser of untrusted bytes, 20 s per target, two at a time (installs cargo-fuzz)"
 scripts/fuzz.sh 20
-echo "== all tests passed"
+step "all tests passed"
