@@ -3,8 +3,9 @@
 //! verbs transport through the fabric devices' RoCEv2 ports, while both
 //! devices are killed in turn; every acknowledged write and atomic reads
 //! back. Needs root, QEMU and the lab image (the lab's scripts install and
-//! build them), and the `verbs` feature: `scripts/test.sh` runs it as
-//! `cargo test -p testbed --features verbs --test lab`.
+//! build them), and the `verbs` feature: `scripts/test.sh` runs it in its
+//! workspace pass (`--features pmem-server/libpmem,testbed/verbs`); alone,
+//! `cargo test --workspace --features testbed/verbs --test lab`.
 #![cfg(feature = "verbs")]
 
 use std::collections::BTreeMap;
