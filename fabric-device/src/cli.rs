@@ -41,6 +41,11 @@ struct Args {
     /// A forwarded request unanswered for this many milliseconds gets TIMEOUT.
     #[arg(long, default_value_t = 5000)]
     request_timeout_ms: u64,
+    /// A request to one copy of a replicated region unanswered for this many
+    /// milliseconds loses the copy (its operation goes on with the other
+    /// copies); keep it below the clients' attempt timeout (2 s by default).
+    #[arg(long, default_value_t = 1000)]
+    copy_timeout_ms: u64,
     /// Requests one client connection may have in flight.
     #[arg(long, default_value_t = 256)]
     max_in_flight: usize,
@@ -217,6 +222,7 @@ where
         topology_path: source.file().map(Path::to_path_buf),
         forwarder: ForwarderConfig {
             request_timeout: Duration::from_millis(args.request_timeout_ms),
+            copy_timeout: Duration::from_millis(args.copy_timeout_ms),
             max_in_flight_per_client: args.max_in_flight,
             max_reply_bytes_per_client: args.max_reply_mib_per_client << 20,
             max_reply_bytes_total: args.max_reply_mib_total << 20,

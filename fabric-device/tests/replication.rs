@@ -22,6 +22,11 @@ struct Fabric {
 impl Fabric {
     /// Servers A (region A1) and B (region B1), two copies of each.
     fn start() -> Self {
+        Self::start_with(DEVICE_FLAGS)
+    }
+
+    /// As [`Fabric::start`], the device started with `device_flags`.
+    fn start_with(device_flags: &[&str]) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let (config, _) = support::replicated_topology(dir.path(), &["F"], "c1");
         let servers = ["A", "B"]
@@ -32,7 +37,7 @@ impl Fabric {
                 (id.to_owned(), daemon)
             })
             .collect();
-        let device = testkit::fabric_device(&config, "F", DEVICE_FLAGS)
+        let device = testkit::fabric_device(&config, "F", device_flags)
             .unwrap_or_else(|e| panic!("fabric-device did not start:\n{e}"));
         device.wait_links_up(2);
         let mut fabric = Self {
@@ -194,4 +199,76 @@ fn a_server_killed_while_writing_costs_no_write_and_the_survivor_has_them_all() 
         2.0,
         "B's copies of A1 and B1"
     );
+}
+
+/// A server that stops answering (SIGSTOP: its connections stay open and
+/// silent, as a powered-off machine's do) holds its copies' operations for
+/// the device's copy timeout, not its request timeout: the request timeout
+/// here is longer than the client's patience (`testkit::conn::IO_TIMEOUT`),
+/// so an operation still waiting on the frozen server would fail the test.
+/// A1's first write meets its silent backup, B1's first FETCH_ADD its
+/// silent deciding copy (decided again at A); everything is answered from
+/// server A's copies.
+#[test]
+fn a_frozen_servers_copies_are_dropped_at_the_copy_timeout_and_nothing_fails() {
+    let fabric = Fabric::start_with(&[
+        "--request-timeout-ms",
+        "120000",
+        "--copy-timeout-ms",
+        "300",
+        "--reconnect-min-ms",
+        "20",
+        "--reconnect-max-ms",
+        "200",
+    ]);
+    let mut conn = fabric.client();
+    // Server B holds B1's primary (its deciding copy) and A1's backup.
+    let frozen = &fabric.servers["B"];
+    frozen.signal(libc::SIGSTOP);
+    let data = pattern(512, 9);
+    let write = |conn: &mut Conn, region: &str| {
+        let reply = conn.call(Repr::write_persist(
+            fabric.pmem(region, 4096),
+            fabric.key(region),
+            &data,
+        ));
+        assert_eq!(reply.status, Status::Ok, "{region}: {reply:?}");
+    };
+    let add = |conn: &mut Conn, region: &str| {
+        let added = conn.call(Repr::fetch_add(
+            fabric.pmem(region, 64),
+            fabric.key(region),
+            5,
+        ));
+        assert_eq!((added.status, added.value), (Status::Ok, 0), "{region}");
+    };
+    write(&mut conn, "A1");
+    add(&mut conn, "A1");
+    add(&mut conn, "B1");
+    write(&mut conn, "B1");
+    for region in ["A1", "B1"] {
+        let read = conn.call(Repr::read(
+            fabric.pmem(region, 4096),
+            fabric.key(region),
+            512,
+        ));
+        assert_eq!(read.status, Status::Ok, "{region}");
+        assert!(read.data == data, "{region}: read back what was written");
+        assert!(
+            fabric.copy_bytes("A", region, 4096, 512) == data,
+            "{region}: server A's copy holds the write"
+        );
+        let counter = fabric.copy_bytes("A", region, 64, 8);
+        assert_eq!(
+            u64::from_le_bytes(counter.try_into().unwrap()),
+            5,
+            "{region}: the FETCH_ADD applied once on server A's copy"
+        );
+    }
+    assert_eq!(
+        fabric.metric("fabric_device_copies_marked_offline_total"),
+        2.0,
+        "B's copies of A1 and B1"
+    );
+    frozen.signal(libc::SIGCONT);
 }

@@ -81,6 +81,12 @@ pub const REPLY_HEAD_LEN: usize = frame::HEADER_LEN + response::HEADER_LEN;
 pub struct ForwarderConfig {
     /// A forwarded request unanswered for this long is answered TIMEOUT.
     pub request_timeout: Duration,
+    /// A request to one copy of a replicated region unanswered for this
+    /// long loses that copy, when the region has another copy to go on
+    /// with (the last serving copy waits for `request_timeout`). Shorter
+    /// than the clients' attempt timeout, so an owner settles a silent
+    /// copy before its clients give up on the owner's path.
+    pub copy_timeout: Duration,
     /// Requests a client may have in flight; the driver stops reading from a
     /// client at the limit.
     pub max_in_flight_per_client: usize,
@@ -107,6 +113,7 @@ impl Default for ForwarderConfig {
     fn default() -> Self {
         Self {
             request_timeout: Duration::from_secs(5),
+            copy_timeout: Duration::from_secs(1),
             max_in_flight_per_client: 256,
             max_reply_bytes_per_client: 32 << 20,
             max_reply_bytes_total: 512 << 20,
@@ -205,6 +212,8 @@ pub struct Forwarder {
     next_link: u32,
     sessions: IdMap<ConnId, Session>,
     deadlines: DeadlineQueue,
+    /// The copy timeouts of requests to copies of replicated regions.
+    copy_deadlines: DeadlineQueue,
     parked: Vec<Parked>,
     /// Bytes of answers on the way for all clients.
     reply_bytes: u64,
@@ -250,6 +259,7 @@ impl Forwarder {
             next_link: 0,
             sessions: IdMap::default(),
             deadlines: DeadlineQueue::default(),
+            copy_deadlines: DeadlineQueue::default(),
             parked: Vec::new(),
             reply_bytes: 0,
             request_budget: RequestBudget::new(

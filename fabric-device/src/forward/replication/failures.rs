@@ -36,6 +36,60 @@ impl Forwarder {
         }
     }
 
+    /// The region and copy that request `link_tag` on `link` of operation
+    /// `op_id` waits on, while it waits.
+    pub(in crate::forward) fn op_copy(
+        &self,
+        op_id: u64,
+        link: LinkId,
+        link_tag: u64,
+    ) -> Option<(u32, usize)> {
+        let op = self.replication.ops.get(&op_id)?;
+        op.sends
+            .iter()
+            .find(|s| s.link == link && s.tag == link_tag && !s.settled())
+            .map(|s| (op.region, s.copy))
+    }
+
+    /// Whether `region` can go on without its copy `copy`, whose request
+    /// is past the copy timeout at `now`: the copy does not serve, or
+    /// another serving copy is answering (its server has nothing pending
+    /// past the copy timeout). When every serving copy's server is that
+    /// late, none is singled out: their requests wait for the request
+    /// timeout, so a slow but live copy is not dropped in favour of a dead
+    /// one.
+    pub(in crate::forward) fn copy_may_be_dropped(
+        &self,
+        region: u32,
+        copy: usize,
+        now: Instant,
+    ) -> bool {
+        let Some(state) = self.region_state(region) else {
+            return false;
+        };
+        let Some(c) = state.copies.get(copy) else {
+            return false;
+        };
+        c.state != ReplicaState::Serving
+            || state.copies.iter().enumerate().any(|(i, other)| {
+                i != copy
+                    && other.state == ReplicaState::Serving
+                    && !self.late_on(&other.links, now)
+            })
+    }
+
+    /// Whether a link at `positions` has a request pending past the copy
+    /// timeout at `now`.
+    fn late_on(&self, positions: &[usize], now: Instant) -> bool {
+        let patience = self.config.copy_timeout;
+        positions
+            .iter()
+            .filter_map(|&p| self.link_ids.get(p))
+            .flat_map(|lanes| [lanes.main, lanes.bulk])
+            .filter_map(|id| self.links.get(&id))
+            .any(|link| link.pending.values().any(|p| p.sent + patience <= now))
+    }
+
     /// Every server link of a copy of an owned region went down: the copies
     /// it held are lost (those whose server has no main link up any more).
     pub(in crate::forward) fn copies_unreachable(&mut self, server: &ServerId, now: Instant) {

@@ -637,16 +637,22 @@ impl Forwarder {
         };
         let link_tag = link.next_tag;
         link.next_tag = (link.next_tag + 1) & !CONTROL_TAG;
+        // A client's operation waits on this copy: it gets the shorter
+        // copy timeout too (a resync's own requests only the request's).
+        let for_client = matches!(pending.copy, Some(CopyTicket::Op(_) | CopyTicket::Read(_)));
         link.pending.insert(link_tag, pending);
         let links = &self.links;
-        self.deadlines.push(
-            Deadline {
-                at: now + self.config.request_timeout,
-                link: link_id,
-                tag: link_tag,
-            },
-            |d| is_pending(links, d),
-        );
+        let after = |wait| Deadline {
+            at: now + wait,
+            link: link_id,
+            tag: link_tag,
+        };
+        self.deadlines
+            .push(after(self.config.request_timeout), |d| is_pending(links, d));
+        if for_client && self.config.copy_timeout < self.config.request_timeout {
+            self.copy_deadlines
+                .push(after(self.config.copy_timeout), |d| is_pending(links, d));
+        }
         proto::frame::Packet::new_unchecked(&mut head[..proto::frame::HEADER_LEN])
             .set_tag(link_tag);
         request::Packet::new_unchecked(&mut head[proto::frame::HEADER_LEN..]).set_key(key.get());

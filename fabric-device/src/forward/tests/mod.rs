@@ -17,6 +17,7 @@ use crate::ids::LinkClass;
 use crate::link_tags::KEY_REFRESH_TAG;
 
 mod clients;
+mod copy_timeout;
 mod keys;
 mod links;
 mod parking;
