@@ -534,6 +534,13 @@ fn drive(
                 errors_seen: 0,
             });
         }
+        if pending.is_empty() && restores.is_empty() {
+            // Workers held open for a fault that waits for the map end
+            // their workload now (at their deadline if it is still ahead).
+            for worker in workers.iter_mut() {
+                worker.stdin.take();
+            }
+        }
         let all_done = workers
             .iter_mut()
             .all(|w| matches!(w.child.try_wait(), Ok(Some(_))));
