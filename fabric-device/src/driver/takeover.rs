@@ -28,7 +28,7 @@ const PROBE_QUIET: Duration = Duration::from_millis(500);
 /// How long after a takeover the deciding copy's server is watched for
 /// refusing connections (a server killed with the owner accepts them
 /// while its process is torn down).
-const RECHECK_FOR: Duration = Duration::from_millis(1500);
+const RECHECK_FOR: Duration = Duration::from_secs(3);
 /// How often it is probed meanwhile.
 const RECHECK_EVERY: Duration = Duration::from_millis(100);
 
