@@ -6,7 +6,9 @@
 //! copy's exactly-once window, not applied twice. A frozen F1 is taken
 //! over once its lease is gone, and changes nothing when it thaws. F1
 //! killed together with server A, A1's deciding copy: F2 takes A1 over
-//! with B's copy deciding.
+//! with B's copy deciding; and when A still accepted connections at the
+//! takeover (stopped, as a dying server may be) and dies just after, F2
+//! moves the deciding role to B's copy in a second transaction.
 
 mod support;
 
