@@ -288,7 +288,19 @@ fn execute_in(
         )?);
     }
     let mut epochs = crate::fabric::epochs::EpochSampler::new();
-    let (faults, fault_notes) = drive(&mut fabric, &mut workers, options, start, &mut epochs)?;
+    let driven = drive(&mut fabric, &mut workers, options, start, &mut epochs);
+    let (faults, fault_notes) = match driven {
+        Ok(driven) => driven,
+        Err(e) => {
+            // A run stopped by a fault: its workers (held open, perhaps)
+            // would go on against a fabric about to stop.
+            for worker in &mut workers {
+                let _ = worker.child.kill();
+                let _ = worker.child.wait();
+            }
+            return Err(e);
+        }
+    };
     let duration_s = start.elapsed().as_secs_f64();
 
     let mut report = RunReport {
