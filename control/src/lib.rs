@@ -42,6 +42,7 @@
 pub mod access;
 pub mod copy_marks;
 pub mod credentials;
+pub mod deciding;
 pub mod drain;
 pub mod edit;
 pub mod endpoints;

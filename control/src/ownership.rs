@@ -228,6 +228,12 @@ pub enum Takeover {
         epoch: u64,
         /// The change, for logs.
         note: String,
+        /// The region's record's new version.
+        version: u64,
+        /// The server of the deciding copy.
+        deciding: String,
+        /// The servers whose copies went from serving to syncing.
+        syncing: Vec<String>,
     },
     /// Someone else changed the record first: the map names `owner` at
     /// `version`. Nothing was written.
@@ -313,6 +319,9 @@ impl ControlPlane {
                     return Ok(Takeover::Taken {
                         epoch: written.map.epoch,
                         note: taken.note,
+                        version: taken.version,
+                        deciding: taken.deciding,
+                        syncing: taken.syncing,
                     });
                 }
                 Err(conflict @ ControlError::Conflict { .. }) => last = Some(conflict),

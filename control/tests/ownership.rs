@@ -82,7 +82,7 @@ async fn a_device_takes_a_region_over_in_one_transaction_and_a_stale_version_los
     // in one step; the deciding copy (A's, the first serving) stays
     // serving, B's stays syncing, the other regions are untouched.
     let taken = take(&endpoints, &b, "B", "PA.1", 2).await;
-    let Takeover::Taken { epoch, note } = taken else {
+    let Takeover::Taken { epoch, note, .. } = taken else {
         panic!("not taken: {taken:?}");
     };
     assert_eq!(epoch, 3);
@@ -143,4 +143,80 @@ async fn a_device_sees_whether_another_device_holds_its_liveness_lease() {
     assert!(registered("A").await.expect("B reads the members"));
     lease.revoke().await.expect("revoke");
     assert!(!registered("A").await.expect("B reads the members"));
+}
+
+/// The race of an owner and its deciding copy's server dying at once: B's
+/// takeover still reached server A (its process was being torn down), so
+/// A's copy kept deciding and B's went syncing. B, as a device (its own
+/// etcd user), then moves the role in a second transaction against the
+/// takeover's version: A's copy offline, B's serving. A second attempt,
+/// on a record that moved on, writes nothing.
+#[tokio::test]
+async fn after_a_takeover_kept_a_dead_copy_deciding_the_new_owner_moves_the_role() {
+    use control::deciding::{DecidingError, DecidingMove, DecidingOutcome, move_deciding_blocking};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (_etcd, endpoints, made) = secured(dir.path(), &["A", "B"]).await;
+    let mut operator = ControlPlane::connect(&endpoints, "test", Some(&made.operator))
+        .await
+        .expect("operator connects");
+    operator.init(&replicated_topology()).await.expect("init");
+    let b = device(&made, "B");
+    let taken = take(&endpoints, &b, "B", "PA.1", 1).await;
+    let Takeover::Taken {
+        version,
+        deciding,
+        syncing,
+        ..
+    } = taken
+    else {
+        panic!("not taken: {taken:?}");
+    };
+    assert_eq!(
+        (deciding.as_str(), syncing.as_slice()),
+        ("A", &["B".to_owned()][..])
+    );
+    let before = operator.read_map().await.expect("read");
+
+    let moving = |version: u64| {
+        let (e, creds) = (endpoints.clone(), b.clone());
+        blocking(move || {
+            move_deciding_blocking(
+                &e,
+                "test",
+                Some(&creds),
+                &DecidingMove {
+                    region: "PA.1",
+                    takeover_version: version,
+                    dead: "A",
+                    reachable: &["B"],
+                    was_serving: &["B"],
+                },
+            )
+        })
+    };
+    let moved = moving(version).await.expect("etcd answers");
+    let DecidingOutcome::Moved { epoch, note } = moved else {
+        panic!("not moved: {moved:?}");
+    };
+    assert_eq!(epoch, before.map.epoch + 1);
+    assert!(note.contains("to B"), "{note}");
+    let now = operator.read_map().await.expect("read");
+    let pa1 = now.map.replica_set("PA.1").expect("PA.1");
+    assert_eq!((pa1.owner.as_str(), pa1.version), ("B", version + 1));
+    assert_eq!(pa1.state_on("A"), Some(ReplicaState::Offline));
+    assert_eq!(pa1.state_on("B"), Some(ReplicaState::Serving));
+    for other in ["PA.2", "PB.1", "PB.2"] {
+        assert_eq!(now.map.replica_set(other), before.map.replica_set(other));
+    }
+
+    // Again on the takeover's version: the record moved on, nothing written.
+    let again = moving(version).await.expect("etcd answers");
+    assert!(
+        matches!(
+            again,
+            DecidingOutcome::Refused(DecidingError::Moved { current, .. }) if current == version + 1
+        ),
+        "{again:?}"
+    );
+    assert_eq!(operator.read_map().await.expect("read").map, now.map);
 }

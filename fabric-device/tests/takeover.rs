@@ -6,7 +6,9 @@
 //! copy's exactly-once window, not applied twice. A frozen F1 is taken
 //! over once its lease is gone, and changes nothing when it thaws. F1
 //! killed together with server A, A1's deciding copy: F2 takes A1 over
-//! with B's copy deciding.
+//! with B's copy deciding; and when A still accepted connections at the
+//! takeover (stopped, as a dying server may be) and dies just after, F2
+//! moves the deciding role to B's copy in a second transaction.
 
 mod support;
 
@@ -256,4 +258,97 @@ fn the_owner_killed_with_the_deciding_copy_leaves_the_other_copy_deciding() {
     assert_eq!(a1.owner.as_str(), "F2");
     assert_eq!(a1.state_on("B"), Some(ReplicaState::Serving));
     assert_ne!(a1.state_on("A"), Some(ReplicaState::Serving), "{a1:?}");
+}
+
+/// The race of the owner and its deciding copy's server dying at the same
+/// instant, held open: server A is stopped (its ports still accept, as a
+/// dying server's do while it is torn down) when F1 is killed, so F2
+/// takes A1 over keeping A's copy deciding and B's syncing. A is then
+/// killed: its ports refuse, and F2 moves the deciding role in a second
+/// transaction (A's copy offline, B's serving again), so the retry of an
+/// atomic F1 completed is answered from B's window, once, and A1 serves.
+/// Without the move A1 would answer SERVER_UNAVAILABLE until A is back.
+#[test]
+fn a_deciding_copy_found_dead_just_after_the_takeover_hands_the_role_to_the_other_copy() {
+    let mut fabric = Fabric::start();
+    let mut via_f1 = client(fabric.f1());
+    let key = fabric.a1_key(&mut via_f1);
+    let bump = Repr::fetch_add(fabric.at("A1", 64), key, 1).with_exactly_once(0, 7);
+    let first = via_f1.call(bump);
+    assert_eq!((first.status, first.value), (Status::Ok, 0));
+    let mut via_f2 = client(&fabric.f2);
+
+    fabric.servers[0]
+        .as_ref()
+        .expect("A runs")
+        .signal(libc::SIGSTOP);
+    fabric.f1.take().expect("F1 runs").kill9();
+    // F2 learns of F1's death from requests it refuses NOT_OWNER, and takes
+    // A1 over; A still accepts connections, so its copy keeps deciding.
+    // The requests are not waited for: once F2 owns A1 they wait for A.
+    let mut trigger = client(&fabric.f2);
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        trigger.send(&proto::Message::Request(Repr::read(
+            fabric.at("A1", 0),
+            key,
+            8,
+        )));
+        if owner(&map_now(&fabric.etcd), "A1") == "F2" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "A1 was never taken over:\n{}",
+            fabric.f2.stderr_so_far()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let taken = map_now(&fabric.etcd);
+    let a1 = taken.replica_set("A1").expect("A1");
+    assert_eq!(
+        (a1.state_on("A"), a1.state_on("B")),
+        (Some(ReplicaState::Serving), Some(ReplicaState::Syncing)),
+        "the takeover kept A deciding: {a1:?}"
+    );
+
+    // A dies now: its ports refuse, and F2 moves the role to B. Until the
+    // map says so, A1 has no serving copy F2 reaches: its requests are
+    // answered SERVER_UNAVAILABLE (nothing ran), which a client retries.
+    fabric.servers[0].take().expect("A runs").kill9();
+    let deadline = Instant::now() + PATIENCE;
+    let again = loop {
+        let reply = fabric.through_f2_once_it_owns(&mut via_f2, bump);
+        if reply.status != Status::ServerUnavailable {
+            break reply;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "A1's deciding role never left dead server A:\n{}",
+            fabric.f2.stderr_so_far()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(
+        (again.status, again.value),
+        (Status::Ok, 0),
+        "answered from B's window:\n{}",
+        fabric.f2.stderr_so_far()
+    );
+    let read = via_f2.call(Repr::read(fabric.at("A1", 64), key, 8));
+    assert_eq!(read.status, Status::Ok);
+    assert_eq!(read.data, 1u64.to_le_bytes(), "applied once");
+    let now = map_now(&fabric.etcd);
+    let a1 = now.replica_set("A1").expect("A1");
+    assert_eq!(a1.owner.as_str(), "F2");
+    assert_eq!(a1.state_on("A"), Some(ReplicaState::Offline), "{a1:?}");
+    assert_eq!(a1.state_on("B"), Some(ReplicaState::Serving), "{a1:?}");
+    assert!(
+        fabric
+            .f2
+            .stderr_so_far()
+            .contains("deciding copy moved from dead server A"),
+        "{}",
+        fabric.f2.stderr_so_far()
+    );
 }

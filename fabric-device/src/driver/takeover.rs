@@ -25,6 +25,12 @@ use crate::succession::{Decision, Liveness, Reach, decide, judge};
 const PROBE_CONNECT: Duration = Duration::from_millis(300);
 /// After a probe, the same owner is not probed again for this long.
 const PROBE_QUIET: Duration = Duration::from_millis(500);
+/// How long after a takeover the deciding copy's server is watched for
+/// refusing connections (a server killed with the owner accepts them
+/// while its process is torn down).
+const RECHECK_FOR: Duration = Duration::from_secs(3);
+/// How often it is probed meanwhile.
+const RECHECK_EVERY: Duration = Duration::from_millis(100);
 
 /// Where the map lives, for the takeover threads.
 #[derive(Debug, Clone)]
@@ -101,6 +107,22 @@ struct Job {
     etcd: Etcd,
 }
 
+/// A region just taken over whose deciding copy's server accepted the
+/// takeover's probe: watched a moment longer, and its deciding role moved
+/// if that server turns out dead ([`control::deciding`]).
+#[derive(Debug)]
+struct Recheck {
+    region: String,
+    /// The version of its record the takeover wrote.
+    version: u64,
+    deciding: String,
+    /// The servers whose copies the takeover moved from serving to
+    /// syncing.
+    syncing: Vec<String>,
+    /// The servers of its serving copies this device reached.
+    reachable: Vec<String>,
+}
+
 /// A TCP connect to each of `addrs`: accepted by one, refused by all, or
 /// neither.
 fn connect_probe(addrs: &[String]) -> Reach {
@@ -154,13 +176,15 @@ impl Job {
         judge(reach, lease)
     }
 
-    /// Probes, decides and takes over; what happened, for the loop.
-    fn run(self) -> Report {
+    /// Probes, decides and takes over; what happened, for the loop, and
+    /// the regions taken over whose deciding copy is to be watched.
+    fn run(&self) -> (Report, Vec<Recheck>) {
         let mut report = Report {
             owner: self.owner.clone(),
             lines: Vec::new(),
             taken: false,
         };
+        let mut rechecks = Vec::new();
         let (me, owner) = (&self.me, &self.owner);
         match decide(&self.devices, me, owner, |d| self.probe(d)) {
             Decision::OwnerAlive | Decision::NotASuccessor => {}
@@ -171,9 +195,9 @@ impl Job {
                      its regions over"
                 ),
             )),
-            Decision::TakeOver => self.take_all(&mut report),
+            Decision::TakeOver => rechecks = self.take_all(&mut report),
         }
-        report
+        (report, rechecks)
     }
 
     /// The servers of the owner's regions' serving copies that this
@@ -207,9 +231,10 @@ impl Job {
     /// Takes every region of the owner over that this device reaches a
     /// serving copy of, one transaction each, over one etcd connection;
     /// a serving copy on a server it does not reach is passed over as the
-    /// deciding copy.
-    fn take_all(&self, report: &mut Report) {
+    /// deciding copy. Returns the regions taken over, to be rechecked.
+    fn take_all(&self, report: &mut Report) -> Vec<Recheck> {
         let (me, owner) = (&self.me, &self.owner);
+        let mut rechecks = Vec::new();
         let mut regions = Vec::new();
         for region in &self.regions {
             if region.reachable {
@@ -226,7 +251,7 @@ impl Job {
             }
         }
         if regions.is_empty() {
-            return;
+            return rechecks;
         }
         let unreachable = self.unreachable_servers();
         if !unreachable.is_empty() {
@@ -259,13 +284,34 @@ impl Job {
                         error_chain(&e)
                     ),
                 ));
-                return;
+                return rechecks;
             }
         };
         for (&(id, _), outcome) in regions.iter().zip(outcomes) {
             report.lines.push(match outcome {
-                Ok(control::ownership::Takeover::Taken { note, .. }) => {
+                Ok(control::ownership::Takeover::Taken {
+                    note,
+                    version,
+                    deciding,
+                    syncing,
+                    ..
+                }) => {
                     report.taken = true;
+                    let reachable = self
+                        .regions
+                        .iter()
+                        .filter(|r| r.region.as_str() == id)
+                        .flat_map(|r| &r.serving)
+                        .map(|(server, _)| server.to_string())
+                        .filter(|server| !unreachable.contains(&server.as_str()))
+                        .collect();
+                    rechecks.push(Recheck {
+                        region: id.to_owned(),
+                        version,
+                        deciding,
+                        syncing,
+                        reachable,
+                    });
                     (
                         false,
                         format!("took region {id} over from dead fabric device {owner}: {note}"),
@@ -290,6 +336,95 @@ impl Job {
                 ),
             });
         }
+        rechecks
+    }
+
+    /// Watches the deciding copies' servers of the regions just taken
+    /// over for [`RECHECK_FOR`]: one whose every port refuses (it died
+    /// with the owner, and accepted the takeover's probe while its process
+    /// was torn down) has its regions' deciding role moved to another
+    /// copy in a second transaction.
+    fn recheck(&self, mut pending: Vec<Recheck>) -> Report {
+        let mut report = Report {
+            owner: self.owner.clone(),
+            lines: Vec::new(),
+            taken: false,
+        };
+        let until = Instant::now() + RECHECK_FOR;
+        loop {
+            let mut dead: HashMap<String, bool> = HashMap::new();
+            let mut alive = Vec::new();
+            for check in pending {
+                let refused = *dead.entry(check.deciding.clone()).or_insert_with(|| {
+                    let ports = self
+                        .server_ports
+                        .iter()
+                        .find(|(id, _)| id.as_str() == check.deciding)
+                        .map(|(_, ports)| ports.as_slice())
+                        .unwrap_or_default();
+                    connect_probe(ports) == Reach::Refused
+                });
+                if refused {
+                    self.move_deciding(&check, &mut report);
+                } else {
+                    alive.push(check);
+                }
+            }
+            pending = alive;
+            if pending.is_empty() || Instant::now() >= until {
+                return report;
+            }
+            std::thread::sleep(RECHECK_EVERY);
+        }
+    }
+
+    /// Moves `check`'s deciding role off its dead server, in etcd.
+    fn move_deciding(&self, check: &Recheck, report: &mut Report) {
+        let reachable: Vec<&str> = check
+            .reachable
+            .iter()
+            .map(String::as_str)
+            .filter(|s| *s != check.deciding)
+            .collect();
+        let was_serving: Vec<&str> = check.syncing.iter().map(String::as_str).collect();
+        let ask = control::deciding::DecidingMove {
+            region: &check.region,
+            takeover_version: check.version,
+            dead: &check.deciding,
+            reachable: &reachable,
+            was_serving: &was_serving,
+        };
+        let (region, dead) = (&check.region, &check.deciding);
+        let moved = control::deciding::move_deciding_blocking(
+            &self.etcd.endpoints,
+            &self.etcd.pool,
+            self.etcd.credentials.as_ref(),
+            &ask,
+        );
+        report.lines.push(match moved {
+            Ok(control::deciding::DecidingOutcome::Moved { note, .. }) => {
+                report.taken = true;
+                (
+                    false,
+                    format!(
+                        "server {dead} refuses connections since this device took region                          {region} over with its copy deciding: {note}"
+                    ),
+                )
+            }
+            Ok(control::deciding::DecidingOutcome::Refused(why)) => (
+                true,
+                format!(
+                    "server {dead} refuses connections since this device took region {region}                      over with its copy deciding, and the role stays: {why}"
+                ),
+            ),
+            Err(e) => (
+                true,
+                format!(
+                    "server {dead} refuses connections since this device took region {region}                      over with its copy deciding; cannot move the role in etcd: {}",
+                    error_chain(&e)
+                ),
+            ),
+        });
     }
 }
 
@@ -348,8 +483,13 @@ impl Device {
         let spawned = std::thread::Builder::new()
             .name("takeover".into())
             .spawn(move || {
-                let _ = done.send(job.run());
+                let (report, rechecks) = job.run();
+                let _ = done.send(report);
                 let _ = waker.wake();
+                if !rechecks.is_empty() {
+                    let _ = done.send(job.recheck(rechecks));
+                    let _ = waker.wake();
+                }
             });
         match spawned {
             Ok(_) => {

@@ -425,6 +425,10 @@ pub struct WorkerArgs {
     /// Zero the worker's slice first (a reused data directory).
     #[arg(long)]
     pub clear: bool,
+    /// After the duration, go on until the standard input closes (the
+    /// run holds it open while a fault waits for the map).
+    #[arg(long)]
+    pub held_open: bool,
     #[arg(long)]
     pub out: PathBuf,
 }

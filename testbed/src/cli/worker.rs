@@ -28,6 +28,7 @@ pub fn worker_command(args: WorkerArgs) -> anyhow::Result<bool> {
         zipfian,
         server_cache,
         clear,
+        held_open,
         out,
     } = args;
     let client_id = client.clone();
@@ -44,6 +45,7 @@ pub fn worker_command(args: WorkerArgs) -> anyhow::Result<bool> {
         seed,
         bucket_ms,
         clear,
+        held_open,
         history: out
             .parent()
             .map(|dir| crate::workload::register::history_path(dir, &client_id)),

@@ -250,6 +250,19 @@ impl EtcdControl {
             .unwrap_or(&self.endpoints)
     }
 
+    /// Where client `client` reads the map: this etcd's pool, as its own
+    /// etcd user, on endpoints it reaches (what [`Self::client_args`]
+    /// says to a worker). `None` when its credentials file does not read.
+    pub fn client_source(&self, client: &str) -> Option<(Endpoints, String, Credentials)> {
+        let endpoints = self
+            .reach
+            .get(&Reacher::Client(client.to_owned()))
+            .unwrap_or(&self.endpoints);
+        let credentials =
+            Credentials::read(&access::client_file(&self.credentials, client)).ok()?;
+        Some((endpoints.clone(), self.pool.clone(), credentials))
+    }
+
     /// The flags that open the pool on this etcd as client `client` (a
     /// worker), as its own etcd user, on endpoints it reaches: what
     /// `testbed worker` takes instead of `--config`.

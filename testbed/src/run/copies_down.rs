@@ -2,9 +2,10 @@
 //! map in etcd:
 //!
 //! - `kill-owner-and-decider`: the server of a region's deciding copy
-//!   (the first serving one) SIGKILLed and, as soon as it is gone, the
-//!   region's owner device; both restarted once the map names another
-//!   owner of the region (a surviving device took it over);
+//!   (the first serving one) and the region's owner device SIGKILLed at
+//!   the same moment (both signalled before either is reaped); both
+//!   restarted once the map names another owner of the region (a
+//!   surviving device took it over);
 //! - `kill-server-after-resync`: a server killed only once every copy in
 //!   the map serves again, so after the copies an earlier kill took down
 //!   have been brought back by a resync while the workload ran.
@@ -86,8 +87,8 @@ pub struct Killed {
     pub note: String,
 }
 
-/// Kills the server of `region`'s deciding copy and, as soon as it is
-/// gone, the region's owner device, once every copy in the map serves.
+/// Kills the server of `region`'s deciding copy and the region's owner
+/// device at the same moment, once every copy in the map serves.
 /// The target reads `DEVICE+SERVER (REGION)`.
 pub fn kill_owner_and_decider(fabric: &mut Fabric, region: &str) -> anyhow::Result<Killed> {
     let waited = await_every_copy_serving(fabric, "kill-owner-and-decider")?;
@@ -113,14 +114,14 @@ pub fn kill_owner_and_decider(fabric: &mut Fabric, region: &str) -> anyhow::Resu
         .filter(|r| r.owner == owner && r.region != region)
         .map(|r| r.region.as_str())
         .collect();
-    // The server first, gone (reaped) before the device is killed: a
-    // moment apart, so the device has no time to mark the copy, and the
-    // surviving devices find the server's ports refusing when they take
-    // the region over. (Signalled at the very same instant, a server still
-    // tearing down its mappings accepts the takeover's probe: see
-    // docs/replication.md, "The owner and the deciding copy together".)
-    let at = fabric.kill(DaemonKind::PmemServer, &deciding)?;
-    fabric.kill(DaemonKind::FabricDevice, &owner)?;
+    // Both signalled before either is reaped: the server, still tearing
+    // down its mappings, may accept the takeover's probe, and the new
+    // owner then moves the deciding role off it once it refuses (see
+    // docs/replication.md, "The owner and the deciding copy together").
+    let at = fabric.kill_together(&[
+        (DaemonKind::PmemServer, deciding.as_str()),
+        (DaemonKind::FabricDevice, owner.as_str()),
+    ])?;
     let also = if also.is_empty() {
         String::new()
     } else {
@@ -131,8 +132,7 @@ pub fn kill_owner_and_decider(fabric: &mut Fabric, region: &str) -> anyhow::Resu
         target: format!("{owner}+{deciding} ({region})"),
         note: format!(
             "kill-owner-and-decider: fabric device {owner} owned region {region}{also}, whose \
-             deciding copy was on server {deciding}; both SIGKILLed, the server first and the \
-             device as soon as the server was gone{}",
+             deciding copy was on server {deciding}; both SIGKILLed at the same moment{}",
             waited_note(waited)
         ),
     })

@@ -100,6 +100,16 @@ impl FaultKind {
         )
     }
 
+    /// Whether it waits for the map before it strikes (every copy serving
+    /// again), so it may come later than planned: the workers are then
+    /// held open until the run's last fault is done.
+    pub(super) fn waits_for_the_map(self) -> bool {
+        matches!(
+            self,
+            FaultKind::KillOwnerAndDecider | FaultKind::KillServerAfterResync
+        )
+    }
+
     /// The daemon kind a fabric must hold back from its first map for it.
     pub(super) fn held_back(self) -> Option<DaemonKind> {
         match self {

@@ -288,7 +288,19 @@ fn execute_in(
         )?);
     }
     let mut epochs = crate::fabric::epochs::EpochSampler::new();
-    let (faults, fault_notes) = drive(&mut fabric, &mut workers, options, start, &mut epochs)?;
+    let driven = drive(&mut fabric, &mut workers, options, start, &mut epochs);
+    let (faults, fault_notes) = match driven {
+        Ok(driven) => driven,
+        Err(e) => {
+            // A run stopped by a fault: its workers (held open, perhaps)
+            // would go on against a fabric about to stop.
+            for worker in &mut workers {
+                let _ = worker.child.kill();
+                let _ = worker.child.wait();
+            }
+            return Err(e);
+        }
+    };
     let duration_s = start.elapsed().as_secs_f64();
 
     let mut report = RunReport {
@@ -533,6 +545,13 @@ fn drive(
                 stall_ms: None,
                 errors_seen: 0,
             });
+        }
+        if pending.is_empty() && restores.is_empty() {
+            // Workers held open for a fault that waits for the map end
+            // their workload now (at their deadline if it is still ahead).
+            for worker in workers.iter_mut() {
+                worker.stdin.take();
+            }
         }
         let all_done = workers
             .iter_mut()

@@ -3,7 +3,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::{Child, ChildStdin, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -18,6 +18,9 @@ use super::{BUCKET_MS, RunOptions};
 pub(super) struct WorkerProcess {
     pub(super) client: String,
     pub(super) child: Child,
+    /// Its standard input when it is held open (`--held-open`): closed
+    /// once the run's faults are done, which ends its workload.
+    pub(super) stdin: Option<ChildStdin>,
     pub(super) out: PathBuf,
     pub(super) ops: Arc<AtomicU64>,
     pub(super) errors: Arc<AtomicU64>,
@@ -106,12 +109,20 @@ pub(super) fn spawn_worker(
     if options.zipfian {
         command.arg("--zipfian");
     }
+    let held_open = options.faults.iter().any(|f| f.kind.waits_for_the_map());
+    if held_open {
+        command.arg("--held-open");
+    }
     // A data directory given by the user may hold an earlier run's keys.
     if options.data_dir.is_some() {
         command.arg("--clear");
     }
     let mut child = command
-        .stdin(Stdio::null())
+        .stdin(if held_open {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::from(log_file))
         .spawn()
@@ -150,9 +161,11 @@ pub(super) fn spawn_worker(
             }
         });
     }
+    let stdin = child.stdin.take();
     Ok(WorkerProcess {
         client: client.to_owned(),
         child,
+        stdin,
         out,
         ops,
         errors,

@@ -18,6 +18,7 @@
 //! - [`first_use`]: a worker on etcd reporting its epoch and new regions' first use.
 
 pub mod check;
+pub mod end;
 pub mod first_use;
 pub mod keys;
 pub mod register;
@@ -185,6 +186,22 @@ pub struct WorkerConfig {
     /// Where the register workload records its history.
     #[serde(default)]
     pub history: Option<std::path::PathBuf>,
+    /// After `duration`, go on until the standard input closes
+    /// ([`end::End`]).
+    #[serde(default)]
+    pub held_open: bool,
+}
+
+impl WorkerConfig {
+    /// When this worker's workload ends, counted from now.
+    pub fn end(&self) -> end::End {
+        let deadline = Instant::now() + self.duration;
+        if self.held_open {
+            end::End::held_open(deadline)
+        } else {
+            end::End::at(deadline)
+        }
+    }
 }
 
 /// Acknowledged FETCH_ADDs on one shared counter word.
@@ -295,9 +312,10 @@ pub async fn run(
     let keys = key_space(space, &config);
     let picker = Arc::new(KeyPicker::new(keys.keys, config.zipfian));
     let shared = Arc::new(Mutex::new(Shared::default()));
-    let deadline = Instant::now() + config.duration;
+    let end = config.end();
     let tasks: Vec<_> = (0..config.depth.max(1))
         .map(|t| {
+            let end = end.clone();
             let (pool, shared, picker, progress, config) = (
                 pool.clone(),
                 Arc::clone(&shared),
@@ -311,7 +329,7 @@ pub async fn run(
                     ops: BTreeMap::new(),
                     timeline: Timeline::new(config.bucket_ms),
                 };
-                while Instant::now() < deadline {
+                while !end.reached() {
                     let op = config.workload.draw(&mut rng);
                     let started = Instant::now();
                     let outcome = step(&pool, &keys, &picker, &shared, &config, op, &mut rng).await;

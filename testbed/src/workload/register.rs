@@ -165,9 +165,10 @@ pub async fn run(
         record_error: Mutex::new(None),
         next_process: AtomicU64::new(1),
     });
-    let deadline = Instant::now() + config.duration;
+    let end = config.end();
     let tasks: Vec<_> = (0..config.depth.max(1))
         .map(|t| {
+            let end = end.clone();
             let (pool, shared, progress, config) = (
                 pool.clone(),
                 Arc::clone(&shared),
@@ -187,7 +188,7 @@ pub async fn run(
                     last_seen: HashMap::new(),
                 };
                 process
-                    .run(deadline, run_start, config.bucket_ms, &progress)
+                    .run(&end, run_start, config.bucket_ms, &progress)
                     .await
             })
         })
@@ -249,7 +250,7 @@ struct Process {
 impl Process {
     async fn run(
         mut self,
-        deadline: Instant,
+        end: &super::end::End,
         run_start: Instant,
         bucket_ms: u64,
         progress: &Progress,
@@ -261,7 +262,7 @@ impl Process {
         let pause_us = PAUSE_MEAN.as_micros() as u64 * 2;
         loop {
             tokio::time::sleep(Duration::from_micros(self.rng.below(pause_us))).await;
-            if Instant::now() >= deadline {
+            if end.reached() {
                 break;
             }
             let w = self.rng.below(self.words);

@@ -22,6 +22,30 @@ impl Fabric {
         Ok(sent)
     }
 
+    /// Kills several daemons at one moment: SIGKILL to each in turn, then
+    /// waits for them all to be gone; returns when the first signal was
+    /// sent. Every daemon is checked to exist before any is killed.
+    pub fn kill_together(
+        &mut self,
+        daemons: &[(DaemonKind, &str)],
+    ) -> Result<Instant, LaunchError> {
+        for &(kind, id) in daemons {
+            self.daemon_mut(kind, id)?;
+        }
+        let sent = Instant::now();
+        for &(kind, id) in daemons {
+            let daemon = self.daemon_mut(kind, id)?;
+            if let Some(guest) = &daemon.guest {
+                guest.power_cut();
+            }
+            let _ = daemon.child.kill();
+        }
+        for &(kind, id) in daemons {
+            let _ = self.daemon_mut(kind, id)?.child.wait();
+        }
+        Ok(sent)
+    }
+
     /// Sends `signal` (`libc::SIGSTOP`, `libc::SIGCONT`) to a running
     /// daemon's process (a lab guest's emulator for a server in a guest);
     /// returns when it was sent.

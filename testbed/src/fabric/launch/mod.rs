@@ -347,7 +347,9 @@ impl Fabric {
 
     /// Connects to the pool as `client` (inside its namespace in netns
     /// mode) on a runtime of its own and runs `work` with that pool; any
-    /// failure comes back as its message.
+    /// failure comes back as its message. On etcd the pool follows the map
+    /// there, as the workers' pools do (a region taken over by another
+    /// device is asked of its new owner, not of the topology's).
     pub fn as_client<T, F, Fut>(&self, client: &str, work: F) -> Result<T, String>
     where
         T: Send,
@@ -357,13 +359,20 @@ impl Fabric {
         let topology = self.host_side(self.topology.clone());
         let as_client = client.to_owned();
         let secrets = self.secrets.clone();
+        let on_etcd = self.etcd().and_then(|etcd| etcd.client_source(client));
         let connect_and_work = move || -> Result<T, String> {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .map_err(|e| format!("cannot start a runtime: {e}"))?;
             runtime.block_on(async move {
-                let mut builder = AsyncPool::builder(topology, as_client.as_str());
+                let mut builder = match on_etcd {
+                    Some((endpoints, pool, credentials)) => {
+                        AsyncPool::builder_on_etcd(endpoints, &pool, as_client.as_str())
+                            .etcd_credentials(credentials)
+                    }
+                    None => AsyncPool::builder(topology, as_client.as_str()),
+                };
                 if let Some(dir) = secrets {
                     builder = builder.secrets(dir);
                 }
