@@ -19,13 +19,9 @@
 //!   forwarding core's replication.
 //! - `succession`: who takes over a dead owner's replicated regions, and
 //!   when a probed device counts as dead, sans-IO.
-//! - `roce`: the RoCEv2 gateway, client queue pairs bridged to the core.
-//! - `uplink`: RC queue pairs toward servers on verbs, which carry READ,
-//!   WRITE, FLUSH and ATOMIC_WRITE to the server's RNIC.
-//! - `qp_numbering`: the QP number ranges of the gateway and the uplinks,
-//!   and their random starting numbers.
+//! - `rdma`: the RoCEv2 ports' side: the gateway for clients' queue pairs,
+//!   the uplinks to servers on verbs, their metrics and QP numbering.
 //! - `metrics`: what `/metrics` exports of the forwarding core.
-//! - `roce_metrics`: what `/metrics` exports of the RoCE ports and uplinks.
 //! - `driver`: the event loop that moves bytes between sockets and the core.
 //!
 //! The crate's public API is [`cli`] (the daemon's command line and `main`);
@@ -40,11 +36,8 @@ pub(crate) mod ids;
 pub(crate) mod link_tags;
 pub(crate) mod map;
 pub(crate) mod metrics;
-pub(crate) mod qp_numbering;
+pub(crate) mod rdma;
 pub(crate) mod reconnect;
 pub(crate) mod request_budget;
 pub(crate) mod resync;
-pub(crate) mod roce;
-pub(crate) mod roce_metrics;
 pub(crate) mod succession;
-pub(crate) mod uplink;

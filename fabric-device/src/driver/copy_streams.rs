@@ -17,7 +17,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use crate::ids::LinkId;
-use crate::uplink::Posting;
+use crate::rdma::uplink::Posting;
 
 /// What carries a link's requests; the driver's links and queue pairs, or
 /// a stand-in in tests.

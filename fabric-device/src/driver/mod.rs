@@ -45,9 +45,9 @@ use crate::forward::{ClientAction, ConnId, Forwarder, ForwarderConfig, LinkActio
 use crate::idmap::IdMap;
 use crate::map::{DeviceMap, MapError};
 use crate::metrics::DeviceMetrics;
+use crate::rdma::metrics::RoceMetrics;
+use crate::rdma::uplink::{QP_CONNECT_TAG, Uplinks};
 use crate::reconnect::{ReconnectPolicy, Reconnects};
-use crate::roce_metrics::RoceMetrics;
-use crate::uplink::{QP_CONNECT_TAG, Uplinks};
 use admission::{Admission, Verdict};
 use backend::uring::{self, Completion, Op};
 use backend::{Backend, IoConfig, Selected};

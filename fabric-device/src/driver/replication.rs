@@ -255,11 +255,16 @@ impl Carriers for LinkCarriers<'_> {
         self.uplinks.has(link)
     }
 
-    fn would_carry(&self, link: LinkId, head: &[u8], payload: &[u8]) -> crate::uplink::Posting {
+    fn would_carry(
+        &self,
+        link: LinkId,
+        head: &[u8],
+        payload: &[u8],
+    ) -> crate::rdma::uplink::Posting {
         self.uplinks.would_carry(link, head, payload)
     }
 
-    fn post(&mut self, link: LinkId, head: &[u8], payload: &[u8]) -> crate::uplink::Posting {
+    fn post(&mut self, link: LinkId, head: &[u8], payload: &[u8]) -> crate::rdma::uplink::Posting {
         self.uplinks.post_or_say(link, head, payload)
     }
 

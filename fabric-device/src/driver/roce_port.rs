@@ -26,9 +26,9 @@ use topology::RocePort;
 use super::packet::{PacketSocket, interface_info, roce_filter};
 use super::roce_io::{FrameSink, RingFallback, RoceIo, RoceIoConfig, Wire};
 use crate::forward::{ConnId, Forwarder, LinkId};
-use crate::roce::{QpSetup, RoceGateway, random_u32};
-use crate::roce_metrics::PortSnapshot;
-use crate::uplink::Uplinks;
+use crate::rdma::gateway::{QpSetup, RoceGateway, random_u32};
+use crate::rdma::metrics::PortSnapshot;
+use crate::rdma::uplink::Uplinks;
 
 const ETH_HEADER_LEN: usize = 14;
 /// An address not yet resolved is asked for at most this often.

@@ -26,7 +26,7 @@ impl Device {
         }
         let server = key.server.clone();
         let layout = &self.core.map().layout;
-        if !crate::uplink::one_sided(layout) {
+        if !crate::rdma::uplink::one_sided(layout) {
             return Ok(());
         }
         for entry in layout.entries() {

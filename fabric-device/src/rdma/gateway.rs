@@ -42,8 +42,8 @@ use proto::{AccessKey, Message, PmemAddr, RegionIndex, Status, response};
 
 use crate::forward::{ClientAction, Forwarder};
 use crate::ids::{ConnId, LinkId};
-pub(crate) use crate::qp_numbering::random_u32;
-use crate::qp_numbering::{GATEWAY_QPN_FIRST, QPN_BASE};
+pub(crate) use crate::rdma::qp_numbering::random_u32;
+use crate::rdma::qp_numbering::{GATEWAY_QPN_FIRST, QPN_BASE};
 
 /// Connection ids of queue pairs, far above the driver's socket numbering.
 const QP_CONN_BASE: ConnId = 1 << 62;

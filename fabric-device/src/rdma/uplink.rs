@@ -57,7 +57,7 @@ use proto::{AccessKey, Message, RegionIndex, Status, frame};
 
 use crate::ids::LinkId;
 pub use crate::link_tags::QP_CONNECT_TAG;
-use crate::qp_numbering::{QPN_BASE, random_u32};
+use crate::rdma::qp_numbering::{QPN_BASE, random_u32};
 
 /// What became of a request offered to a queue pair.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use proto::roce::rc::Counters;
 use telemetry::{Registry, RegistryError};
 
-use crate::roce::GatewayCounters;
-use crate::uplink::UplinkCounters;
+use crate::rdma::gateway::GatewayCounters;
+use crate::rdma::uplink::UplinkCounters;
 
 /// The counters of one port: its gateway, its reader and its queue pairs.
 #[derive(Debug, Clone, Default)]
