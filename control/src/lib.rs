@@ -23,21 +23,34 @@
 //! daemon may write its own liveness key only ([`access`]); everyone
 //! connects with [`Credentials`] read from an owner-only file.
 //!
-//! Modules: [`endpoints`] (the `--etcd` list), [`credentials`] (an etcd
-//! user's credentials file), [`access`] (the pool's etcd users and roles),
-//! [`edit`] (the operator's changes as edits of the map's topology),
-//! [`drain`] (a server's copies moved elsewhere, one map change a step),
-//! [`keys`] (the key layout), `map_flags` (feature `clap`: the daemons'
-//! flags that name the map's source),
-//! [`map`] (the map document and its validation), [`member`] (liveness and
-//! intent records), [`plane`] (the etcd client: reading and changing the
-//! map, registering liveness), [`registration`] (the same for daemons
-//! without async code: the map at start, liveness from a thread),
-//! [`replica_state`] (the states of replicated regions' copies, their
-//! owner and version), [`ownership`] (a region's owner taken over by a
-//! surviving fabric device),
-//! [`watch`] (following the map while a daemon runs), [`follow_metrics`]
-//! (what a daemon following the map exports), [`error`].
+//! Modules:
+//!
+//! - [`endpoints`]: the `--etcd` list.
+//! - [`credentials`]: an etcd user's credentials file.
+//! - [`access`]: the pool's etcd users and roles.
+//! - [`keys`]: the key layout under the pool's prefix.
+//! - [`map`]: the map document and its validation.
+//! - [`member`]: liveness and intent records.
+//! - [`edit`]: the operator's changes as edits of the map's topology.
+//! - [`drain`]: a server's copies moved elsewhere, one map change a step.
+//! - [`plane`]: the etcd client: reading and changing the map, registering
+//!   liveness.
+//! - [`registration`]: the same for daemons without async code: the map at
+//!   start, liveness from a thread.
+//! - [`replica_state`]: the states of replicated regions' copies, their
+//!   owner and version.
+//! - [`copy_marks`]: a replicated region's copy marked offline, syncing or
+//!   serving by the fabric device that owns the region, from a loop that
+//!   is not async.
+//! - [`ownership`]: a region's owner taken over by a surviving fabric
+//!   device.
+//! - [`deciding`]: the deciding role moved off a copy whose server turned
+//!   out dead just after a takeover kept it deciding.
+//! - [`watch`]: following the map while a daemon runs.
+//! - [`follow_metrics`]: what a daemon following the map exports.
+//! - `map_flags` (feature `clap`): the daemons' flags that name the map's
+//!   source.
+//! - [`error`]: what can go wrong talking to the control plane.
 
 pub mod access;
 pub mod copy_marks;

@@ -5,8 +5,9 @@
 //!
 //! - [`translate`]: the virtual space, the [`Translator`] trait and the TLB.
 //! - [`paths`]: the sans-IO path table: choice, health, probes, retries.
-//! - [`conn`]: one path's TCP connection to its fabric device (`link`
-//!   puts it and the verbs transport behind one face).
+//! - [`conn`]: one path's TCP connection to its fabric device.
+//! - `link`: a path's live link, its TCP connection or the verbs
+//!   transport, behind one face.
 //! - [`pool`]: the application API: [`AsyncPool`], [`Pool`] and [`Batch`].
 //! - [`alloc`]: the lock-free allocator and named objects, all in PMEM
 //!   ([`Allocator`], and [`BlockingAllocator`] for blocking code).

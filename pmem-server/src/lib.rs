@@ -3,27 +3,38 @@
 //!
 //! - [`persist`]: mapping region files (DAX with `MAP_SYNC` and cache-line
 //!   write-back, `msync`, or libpmem) and making ranges durable.
-//! - [`region_file`]: the on-disk region files and their headers;
-//!   `region_format`: the header's fixed facts (magic, version, length).
+//! - [`region_file`]: the on-disk region files and their headers.
+//! - `region_format`: the region header's fixed facts (magic, version,
+//!   length).
 //! - [`devices`]: where each PMEM device keeps its regions (the data
 //!   directory, a directory of its own, or device DAX) and its NUMA node.
 //! - `exec`: executing READ, WRITE, WRITE_PERSIST, FLUSH and the atomics,
-//!   with key and bounds checks, on each `served_region` (entry, mapped
-//!   file, current key); fencing connections by the map epoch they said.
+//!   with key and bounds checks; fencing connections by the map epoch they
+//!   said.
+//! - `served_region`: one region as the server serves it (entry, mapped
+//!   file, current key).
 //! - `dedup`: the exactly-once window for retried atomics, bound to the
 //!   request that recorded each result and kept in a self-checking mapped
-//!   file so it survives a restart; `identities`: which identities a map
-//!   names and the room the file keeps for them.
-//! - [`block_sums`] and `scrub`: checksums of the regions' blocks, recorded
-//!   and verified when an operator asks (`pmemctl scrub --checksums`);
-//!   [`sums_file`] keeps them across a clean restart.
+//!   file so it survives a restart.
+//! - `identities`: which identities a map names and the room the exactly-once
+//!   file keeps for them.
+//! - [`block_sums`]: checksums of the regions' blocks, recorded and verified
+//!   when an operator asks (`pmemctl scrub --checksums`).
+//! - `scrub`: answering SCRUB (a run of blocks checked against their
+//!   checksums) and BLOCK_SUMS (their checksums as they are now).
+//! - [`sums_file`]: the block checksums kept across a clean restart.
 //! - [`held`]: the regions a server holds, its own and the backup copies
 //!   of replicated regions the topology places on it.
 //! - [`missing`]: which absent regions may be created empty at start.
 //! - `tenancy`: who may change the allocator's records (their owners), and
 //!   zeroing an extent as a key is installed on it.
-//! - `conn`, `live` and [`server`]: connections and their admission,
-//!   listeners and the daemon's life.
+//! - `conn`: one data connection: reading frames, executing them, writing
+//!   the replies, with its admission.
+//! - `live`: the live data connections and a handle on each, so shutdown or
+//!   an eviction can end them.
+//! - [`server`]: the running server: region files, listeners on every NIC,
+//!   the admin endpoint, an orderly shutdown.
+//! - [`cli`]: the `pmem-server` command line.
 //! - `gate`: with `--secrets`, who may talk to this server and for which
 //!   clients a fabric device may act.
 //! - `numa`: keeping a NIC's threads on the NUMA node of its socket's PMEM.
@@ -31,8 +42,9 @@
 //! - `metrics`: what `/metrics` exports.
 //! - `verbs` (feature `verbs`): regions registered with a NIC's RNIC and
 //!   queue pairs for fabric devices, so they reach memory without this
-//!   process; `qp_fence`: queue pairs bound to the map epoch their
-//!   connection said, destroyed when a takeover deposes its owner.
+//!   process.
+//! - `qp_fence`: queue pairs bound to the map epoch their connection said,
+//!   destroyed when a takeover deposes its owner.
 //!
 //! The public API is what a user or a test needs: [`cli`] (the daemon),
 //! [`RunningServer`] and [`OpenedServer`] with their [`ServerConfig`],

@@ -1,31 +1,28 @@
 //! Test support for pmem-fabric: tests that run the real daemons.
 //!
-//! - [`binary`]: the path of a workspace binary, built on demand, for tests
-//!   of one package that run another package's daemon (taken as built when
-//!   [`PREBUILT_VAR`] says the caller built them all).
-//! - [`Daemon`]: a spawned daemon, ready once it printed its
+//! - `binaries`: [`binary`], the path of a workspace binary, built on
+//!   demand, for tests of one package that run another package's daemon
+//!   (taken as built when [`PREBUILT_VAR`] says the caller built them all).
+//! - `daemon`: [`Daemon`], a spawned daemon, ready once it printed its
 //!   `ready key=value …` line; signalled, terminated, killed when dropped,
 //!   its stderr always collected and waited on, its metrics read.
-//! - [`pmem_server`], [`fabric_device`]: the daemons' command lines, admin
-//!   endpoints on ephemeral ports, `--insecure` unless the test gives
-//!   `--secrets`; [`pmem_server_on_etcd_spec`] and
+//! - `launch`: the daemons' command lines ([`pmem_server`],
+//!   [`fabric_device`]), admin endpoints on ephemeral ports, `--insecure`
+//!   unless the test gives `--secrets`; [`pmem_server_on_etcd_spec`] and
 //!   [`fabric_device_on_etcd_spec`] for daemons that take their map from
 //!   etcd.
-//! - [`Conn`]: a raw protocol client, with [`at`], [`key`], [`layout`] and
-//!   [`file_bytes`] to address regions and check their files.
-//! - [`write_topology`] (one server on ephemeral ports), [`FabricSpec`]
-//!   (several servers, devices and clients on fixed [`Ports`]) and
-//!   [`one_then_two_servers`] (a map that grows by a server).
-//! - [`Etcd`]: a real etcd member (or a cluster of several) on ports and a
-//!   data directory of its own, for the control plane; `etcdctl` as root
-//!   once its authentication is on.
-//! - [`assert_no_import_cycles`]: a crate's test that no two of its modules
-//!   import each other ([`import_cycles`] lists the pairs).
-//!
-//! Modules: `binaries` ([`binary`]), `daemon` ([`Daemon`]), `launch` (the
-//! daemons' command lines), `conn` ([`Conn`]), `fabric` (topology files),
-//! `etcd` ([`Etcd`]), [`netns`] (a namespace joined by a veth pair), `roce`
-//! (a RoCEv2 client for tests and load), `imports` (import cycles).
+//! - `conn`: [`Conn`], a raw protocol client, with [`at`], [`key`],
+//!   [`layout`] and [`file_bytes`] to address regions and check their files.
+//! - `fabric`: topology files: [`write_topology`] (one server on ephemeral
+//!   ports), [`FabricSpec`] (several servers, devices and clients on fixed
+//!   [`Ports`]) and [`one_then_two_servers`] (a map that grows by a server).
+//! - `etcd`: [`Etcd`], a real etcd member (or a cluster of several) on ports
+//!   and a data directory of its own, for the control plane; `etcdctl` as
+//!   root once its authentication is on.
+//! - [`netns`]: a network namespace joined to the host by a veth pair.
+//! - [`roce`]: a RoCEv2 client for tests and load.
+//! - `imports`: [`assert_no_import_cycles`], a crate's test that no two of
+//!   its modules import each other ([`import_cycles`] lists the pairs).
 //!
 //! ```no_run
 //! use proto::Status;

@@ -6,23 +6,23 @@
 //!   environment overrides.
 //! - [`schema`]: the file's shape (keys, types, choices, sizes), every
 //!   problem with its line and column or the variable that caused it.
+//! - `tree`: the document as values that remember their line and column.
 //! - [`validate`]: every problem of a topology, each naming the file and item.
 //! - [`layout`]: the flat PMEM address space, a pure function of the topology,
-//!   with O(log n) lookup and a digest daemons and clients compare; each
-//!   region's place in it is a [`LayoutEntry`] (module `region_place`).
-//! - [`meta`]: where the allocator's metadata lives in PMEM; [`records`]: how
-//!   it is encoded; [`region_header`]: a region header's fixed words and
-//!   format state.
+//!   with O(log n) lookup and a digest daemons and clients compare.
+//! - `region_place`: each region's place in the layout, a [`LayoutEntry`].
+//! - `extent_table`: O(1) address lookup for dense layouts.
+//! - [`meta`]: where the allocator's metadata lives in PMEM.
+//! - [`records`]: how the allocator's metadata is encoded.
+//! - [`region_header`]: a region header's fixed words and format state.
 //! - [`routes`]: the ordered paths from a client to a region.
 //! - [`replicas`]: each region's copies (primary and backups) on servers
 //!   of distinct failure domains, named or placed by a deterministic rule.
-//! - [`ids`]: typed names (server, socket, region, device, client);
-//!   [`size`]: sizes such as `64MiB`; [`addr`]: the address newtypes.
+//! - [`ids`]: typed names (server, socket, region, device, client).
+//! - [`size`]: sizes such as `64MiB`.
+//! - [`addr`]: the address newtypes.
 //! - [`grants`]: what a client may touch, as PMEM address ranges.
 //! - [`secrets`]: the principals' key files.
-//! - `tree`: the document as values that remember their line and column;
-//!   `extent_table`: O(1) address lookup for dense layouts.
-//!
 //! - [`host`]: the checks only a server's host can make (its PMEM device
 //!   paths exist and are directories or device DAX character devices).
 //!
