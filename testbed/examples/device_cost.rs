@@ -26,8 +26,10 @@ use proto::request::Target;
 use testbed::bench::client::{self, BenchConn, BenchOp, Pipelining, Shape};
 use testbed::fabric::daemon_kind::DaemonKind;
 use testbed::fabric::launch::{Fabric, LaunchOptions};
+use testbed::fabric::loopback::loopback_topology;
+use testkit::FabricSpec;
 use topology::secrets::{Principal, read_key};
-use topology::{EnvOverrides, Layout, Topology};
+use topology::{Layout, Topology};
 
 /// What `perf stat` counts for the device, by event.
 const EVENTS: &[&str] = &[
@@ -92,40 +94,14 @@ fn args() -> anyhow::Result<Args> {
 /// The bench's fabric: server `S` (region `R`), device `F`, client `c`;
 /// with `replicated`, a second server `T` and two copies of each region.
 fn topology(replicated: bool) -> anyhow::Result<Topology> {
-    let port = || testkit::try_free_loopback_port().context("no free loopback port");
-    let server = |id: &str, region: &str, size: &str, port: u16| {
-        format!(
-            "[[servers]]\nid = \"{id}\"\n[[servers.sockets]]\nid = \"0\"\n\
-             [[servers.sockets.devices]]\nid = \"pmem0\"\n\
-             [[servers.sockets.devices.regions]]\nid = \"{region}\"\nsize = \"{size}\"\n\
-             [[servers.nics]]\nid = \"n0\"\nsocket = \"0\"\nlisten = \"127.0.0.1:{port}\"\n\n"
-        )
-    };
-    let device = port()?;
-    let (servers, links, replicas) = if replicated {
-        (
-            server("S", "R", "64MiB", port()?) + &server("T", "U", "8MiB", port()?),
-            "{ server = \"S\", nic = \"n0\" }, { server = \"T\", nic = \"n0\" }",
-            "replicas = 2\n",
-        )
-    } else {
-        (
-            server("S", "R", "64MiB", port()?),
-            "{ server = \"S\", nic = \"n0\" }",
-            "",
-        )
-    };
-    let text = format!(
-        "[pool]\nname = \"device-cost\"\nextent_size = \"2MiB\"\n{replicas}\n{servers}\
-         [[fabric_devices]]\nid = \"F\"\nports = [{{ id = \"p0\", listen = \"127.0.0.1:{device}\" }}]\n\
-         links = [{links}]\n\n\
-         [[clients]]\nid = \"c\"\nrnics = [{{ id = \"r0\", fabric_device = \"F\" }}]\n"
-    );
-    Ok(Topology::from_toml_str(
-        "<device-cost topology>",
-        &text,
-        &EnvOverrides::None,
-    )?)
+    let mut spec = FabricSpec::new()
+        .extent_size("2MiB")
+        .server("S", &[("R", "64MiB")]);
+    if replicated {
+        spec = spec.server("T", &[("U", "8MiB")]);
+    }
+    let spec = spec.device("F").client("c");
+    loopback_topology(&spec, "device-cost", replicated.then_some(2))
 }
 
 /// The device's (CPU seconds, idle-polling seconds) from its `/metrics`.

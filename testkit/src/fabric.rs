@@ -248,6 +248,13 @@ impl FabricSpec {
         self
     }
 
+    /// Sets the pool's extent size (`"2MiB"`); every region size must be
+    /// a multiple.
+    pub fn extent_size(mut self, size: &str) -> Self {
+        self.extent_size = size.to_owned();
+        self
+    }
+
     /// Sets the number of sockets per server.
     pub fn sockets_per_server(mut self, sockets: usize) -> Self {
         self.sockets_per_server = sockets;

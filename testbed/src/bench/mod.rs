@@ -21,10 +21,12 @@ use std::time::Duration;
 use anyhow::Context;
 use proto::request::Target;
 use serde::{Deserialize, Serialize};
+use testkit::FabricSpec;
 use topology::secrets::{Principal, read_key};
-use topology::{EnvOverrides, Layout, Topology};
+use topology::{Layout, Topology};
 
 use crate::fabric::launch::{DaemonKind, Fabric, LaunchOptions};
+use crate::fabric::loopback::loopback_topology;
 use crate::report::{LatencyHistogram, OpStats, RunReport};
 use client::{BenchConn, BenchOp, Pipelining, Shape};
 use peers::{Quantiles, RedisConfig, RedisResult, RedisServer};
@@ -271,23 +273,12 @@ pub struct BenchFiles {
 /// The bench fabric: one server with one 256 MiB region, one fabric
 /// device, one client, on free loopback ports.
 pub(crate) fn bench_topology() -> anyhow::Result<Topology> {
-    let port = || testkit::try_free_loopback_port().context("no free loopback port");
-    let (server, device) = (port()?, port()?);
-    let text = format!(
-        "[pool]\nname = \"bench\"\nextent_size = \"2MiB\"\n\n\
-         [[servers]]\nid = \"S\"\n[[servers.sockets]]\nid = \"0\"\n\
-         [[servers.sockets.devices]]\nid = \"pmem0\"\n\
-         [[servers.sockets.devices.regions]]\nid = \"R\"\nsize = \"256MiB\"\n\
-         [[servers.nics]]\nid = \"n0\"\nsocket = \"0\"\nlisten = \"127.0.0.1:{server}\"\n\n\
-         [[fabric_devices]]\nid = \"F\"\nports = [{{ id = \"p0\", listen = \"127.0.0.1:{device}\" }}]\n\
-         links = [{{ server = \"S\", nic = \"n0\" }}]\n\n\
-         [[clients]]\nid = \"c\"\nrnics = [{{ id = \"r0\", fabric_device = \"F\" }}]\n"
-    );
-    Ok(Topology::from_toml_str(
-        "<bench topology>",
-        &text,
-        &EnvOverrides::None,
-    )?)
+    let spec = FabricSpec::new()
+        .extent_size("2MiB")
+        .server("S", &[("R", "256MiB")])
+        .device("F")
+        .client("c");
+    loopback_topology(&spec, "bench", None)
 }
 
 /// The daemons' process ids: (pmem-server, fabric device).

@@ -16,12 +16,14 @@ use std::time::Duration;
 use anyhow::Context;
 use proto::request::Target;
 use serde::{Deserialize, Serialize};
-use topology::{EnvOverrides, Layout, Topology};
+use testkit::FabricSpec;
+use topology::{Layout, Topology};
 
 use super::client::{self, BenchOp, Pipelining, Shape};
 use super::rounds::{RatioSpread, pair};
 use super::{Paths, Pids, Plan, rate, ways_in};
 use crate::fabric::launch::{Fabric, LaunchOptions};
+use crate::fabric::loopback::loopback_topology;
 
 /// The tracked ratio of WRITE_PERSIST p50, two copies ÷ one.
 pub const PERSIST_RATIO: &str = "replicated_persist_p50_over_unreplicated";
@@ -63,30 +65,13 @@ pub(super) struct Unreplicated<'a> {
 /// and `T` (region `U`), two copies of each, device `F`, client `c`, on
 /// free loopback ports.
 pub(crate) fn replicated_topology() -> anyhow::Result<Topology> {
-    let port = || testkit::try_free_loopback_port().context("no free loopback port");
-    let (s, t, device) = (port()?, port()?, port()?);
-    let server = |id: &str, region: &str, size: &str, port: u16| {
-        format!(
-            "[[servers]]\nid = \"{id}\"\n[[servers.sockets]]\nid = \"0\"\n\
-             [[servers.sockets.devices]]\nid = \"pmem0\"\n\
-             [[servers.sockets.devices.regions]]\nid = \"{region}\"\nsize = \"{size}\"\n\
-             [[servers.nics]]\nid = \"n0\"\nsocket = \"0\"\nlisten = \"127.0.0.1:{port}\"\n\n"
-        )
-    };
-    let text = format!(
-        "[pool]\nname = \"bench-replicated\"\nextent_size = \"2MiB\"\nreplicas = {REPLICAS}\n\n\
-         {}{}\
-         [[fabric_devices]]\nid = \"F\"\nports = [{{ id = \"p0\", listen = \"127.0.0.1:{device}\" }}]\n\
-         links = [{{ server = \"S\", nic = \"n0\" }}, {{ server = \"T\", nic = \"n0\" }}]\n\n\
-         [[clients]]\nid = \"c\"\nrnics = [{{ id = \"r0\", fabric_device = \"F\" }}]\n",
-        server("S", "R", "64MiB", s),
-        server("T", "U", "8MiB", t),
-    );
-    Ok(Topology::from_toml_str(
-        "<replicated bench topology>",
-        &text,
-        &EnvOverrides::None,
-    )?)
+    let spec = FabricSpec::new()
+        .extent_size("2MiB")
+        .server("S", &[("R", "64MiB")])
+        .server("T", &[("U", "8MiB")])
+        .device("F")
+        .client("c");
+    loopback_topology(&spec, "bench-replicated", Some(REPLICAS))
 }
 
 /// Brings the replicated fabric up next to `unreplicated` (under

@@ -11,6 +11,7 @@
 //! - [`map_follow`]: `testbed map-follow`, the time every daemon takes to run an epoch.
 //! - [`supervise`]: `testbed up` watching and restarting its daemons; its control socket.
 //! - [`advice`]: what to do after a failed start, in the words of the command.
+//! - [`loopback`]: the benches' small fabrics, every listener on a free loopback port.
 //! - [`keys`]: `testbed keygen`, a fresh key for every principal.
 //! - [`prometheus`]: a real Prometheus scraping every daemon.
 //! - [`summary`]: `testbed validate`'s summary and `up`'s endpoint table.
@@ -21,6 +22,7 @@ pub mod epochs;
 pub mod etcd;
 pub mod keys;
 pub mod launch;
+pub mod loopback;
 pub mod map_follow;
 pub mod membership;
 pub mod netns;
