@@ -535,24 +535,24 @@ impl OperatorSession {
                     other => Err(other),
                 },
             )?;
-            if report.first != first || report.sums.is_empty() {
+            if report.head.first != first || report.sums.is_empty() {
                 return Err(OperatorError::Protocol {
                     server: self.server.clone(),
                     action: "block sums",
                     what: format!(
                         "{} sums from block {} for a run from block {first}",
                         report.sums.len(),
-                        report.first
+                        report.head.first
                     ),
                 });
             }
-            found.block_len = report.block_len.into();
+            found.block_len = report.head.block_len.into();
             first += report.sums.len() as u64;
             found.sums.extend(report.sums);
-            if first >= report.total {
+            if first >= report.head.total {
                 return Ok(found);
             }
-            blocks = u32::try_from(report.total - first)
+            blocks = u32::try_from(report.head.total - first)
                 .unwrap_or(u32::MAX)
                 .min(block_sums::MAX_BLOCKS);
         }
@@ -585,17 +585,17 @@ impl OperatorSession {
                 Message::ScrubReport(r) => Ok(r),
                 other => Err(other),
             })?;
-            found.block_len = report.block_len.into();
-            found.blocks = report.total;
+            found.block_len = report.head.block_len.into();
+            found.blocks = report.head.total;
             found.verified += u64::from(report.verified);
             found.recorded += u64::from(report.recorded);
             found.unwatched += u64::from(report.unwatched);
             found.mismatches.extend(report.mismatches);
             first += u64::from(blocks);
-            if first >= report.total {
+            if first >= report.head.total {
                 return Ok(found);
             }
-            blocks = u32::try_from(report.total - first)
+            blocks = u32::try_from(report.head.total - first)
                 .unwrap_or(u32::MAX)
                 .min(scrub::MAX_BLOCKS);
         }

@@ -28,6 +28,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
+use proto::block_report::Head;
 use proto::block_sums::Report as CurrentSums;
 use proto::scrub::Report;
 
@@ -144,6 +145,17 @@ fn bit_of(block: u64) -> (usize, u64) {
 }
 
 /// The checksum of a block's bytes; never 0, which means "none recorded".
+/// The head of a report on blocks `first..` of region `region`, of
+/// `total` blocks of [`BLOCK_LEN`] bytes.
+fn report_head(region: u32, first: u64, total: u64) -> Head {
+    Head {
+        region,
+        block_len: BLOCK_LEN as u32,
+        first,
+        total,
+    }
+}
+
 fn checksum(bytes: &[u8]) -> u64 {
     u64::from(crc32fast::hash(bytes)) | 1 << 32
 }
@@ -258,10 +270,7 @@ impl BlockSums {
             sums.push(checksum(bytes));
         }
         Ok(CurrentSums {
-            region,
-            block_len: BLOCK_LEN as u32,
-            first,
-            total,
+            head: report_head(region, first, total),
             sums,
         })
     }
@@ -281,10 +290,7 @@ impl BlockSums {
             return Err(ScrubFault::OutOfRange { first, end, total });
         }
         let mut report = Report {
-            region,
-            block_len: BLOCK_LEN as u32,
-            first,
-            total,
+            head: report_head(region, first, total),
             ..Report::default()
         };
         if self.is_unwatched() {
@@ -369,7 +375,7 @@ mod tests {
         let (_dir, map, sums) = region(4 * BLOCK_LEN + 100);
         assert_eq!(sums.blocks(), 5, "the short last block counts");
         let first = scrub_all(&map, &sums);
-        assert_eq!((first.region, first.total), (7, 5));
+        assert_eq!((first.head.region, first.head.total), (7, 5));
         assert_eq!((first.recorded, first.verified), (5, 0));
         let second = scrub_all(&map, &sums);
         assert_eq!((second.recorded, second.verified), (0, 5));
@@ -431,8 +437,9 @@ mod tests {
     fn current_sums_follow_the_bytes_and_record_nothing() {
         let (_dir, map, sums) = region(3 * BLOCK_LEN + 10);
         let before = sums.current(&map, 4, 0, 4).unwrap();
-        assert_eq!((before.region, before.first, before.total), (4, 0, 4));
-        assert_eq!(before.block_len as u64, BLOCK_LEN);
+        let head = before.head;
+        assert_eq!((head.region, head.first, head.total), (4, 0, 4));
+        assert_eq!(head.block_len as u64, BLOCK_LEN);
         assert_eq!(before.sums.len(), 4);
         assert!(before.sums.iter().all(|&s| s != 0));
         // Zeroed blocks of one length share a checksum; the short last
@@ -442,7 +449,7 @@ mod tests {
         // A change behind the server's back shows at once, in its block only.
         poke(&map, BLOCK_LEN + 1, &[9]);
         let after = sums.current(&map, 4, 1, 2).unwrap();
-        assert_eq!(after.first, 1);
+        assert_eq!(after.head.first, 1);
         assert_ne!(after.sums[0], before.sums[1]);
         assert_eq!(after.sums[1], before.sums[2]);
         // Nothing was recorded: the first scrub still records every block.

@@ -44,8 +44,8 @@ impl Executor {
                         region = id,
                         "block {block} (region offset {:#x}, {} bytes) no longer matches its \
                          checksum: changed without a write this server executed",
-                        block * u64::from(report.block_len),
-                        report.block_len
+                        block * u64::from(report.head.block_len),
+                        report.head.block_len
                     );
                 }
                 Message::ScrubReport(report)

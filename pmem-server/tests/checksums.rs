@@ -50,7 +50,10 @@ fn a_clean_restart_keeps_the_checksums_and_a_crash_forgets_them() {
     let server = pmem_server_with(PMEM_SERVER, &config, "S", &data, &msync).unwrap();
     let nic = server.addr("nic.n0");
     let first = scrub(nic);
-    assert_eq!((first.recorded, first.verified, first.total), (64, 0, 64));
+    assert_eq!(
+        (first.recorded, first.verified, first.head.total),
+        (64, 0, 64)
+    );
     // Written after the recording: kept out of the saved checksums.
     let reply = Conn::connect(nic).call(Repr::write_persist(
         at(0, 2 * BLOCK + 5),
@@ -161,7 +164,7 @@ fn block_sums_follow_the_bytes_as_they_are_now() {
     let nic = server.addr("nic.n0");
     let before = current(nic, 0, 0, 64).expect("sums");
     assert_eq!(
-        (before.first, before.total, before.block_len),
+        (before.head.first, before.head.total, before.head.block_len),
         (0, 64, 65536)
     );
     assert_eq!(before.sums.len(), 64);
@@ -172,7 +175,7 @@ fn block_sums_follow_the_bytes_as_they_are_now() {
         Conn::connect(nic).call(Repr::write_persist(at(0, 3 * BLOCK + 7), key(nic, 0), b"x"));
     assert_eq!(reply.status, proto::Status::Ok);
     let after = current(nic, 0, 2, 3).expect("sums");
-    assert_eq!(after.first, 2);
+    assert_eq!(after.head.first, 2);
     assert_eq!(after.sums[0], before.sums[2]);
     assert_ne!(after.sums[1], before.sums[3]);
     assert_eq!(after.sums[2], before.sums[4]);

@@ -15,10 +15,8 @@
 //! BLOCK_SUMS_REPORT body:
 //!
 //! ```text
-//! 0..4   region     u32 region index
-//! 4..8   block_len  u32 bytes per block
-//! 8..16  first      u64 index of the first block summed
-//! 16..24 total      u64 blocks in the region
+//! 0..24  head       region, block_len, first (the first block summed),
+//!                   total (module `block_report`)
 //! 24..28 count      u32 checksums listed after this header
 //! 28..32 reserved   zero
 //! 32..   sum        u64 checksum of each block from `first`, count times
@@ -29,9 +27,10 @@
 //! it, a block it cannot read) is answered with an ACKNOWLEDGE carrying the
 //! status.
 
+use crate::block_report::{self, HEAD_LEN, Head};
 use crate::error::{Error, Result};
 use crate::le;
-use crate::view::{len_at_least, len_exactly, wire_view};
+use crate::view::wire_view;
 
 pub use crate::block_run::{HEADER_LEN, Packet, field};
 pub use crate::limits::MAX_BLOCK_SUMS as MAX_BLOCKS;
@@ -39,18 +38,11 @@ pub use crate::limits::MAX_BLOCK_SUMS as MAX_BLOCKS;
 /// A parsed BLOCK_SUMS body: a run of at most [`MAX_BLOCKS`] blocks.
 pub type Repr = crate::block_run::Repr<MAX_BLOCKS>;
 
-/// Byte ranges of a BLOCK_SUMS_REPORT body's fixed part.
+/// Byte ranges of a BLOCK_SUMS_REPORT body's fixed part after its head
+/// ([`block_report::field`]).
 pub mod report_field {
     use crate::Field;
 
-    /// The region index.
-    pub const REGION: Field = 0..4;
-    /// Bytes per block.
-    pub const BLOCK_LEN: Field = 4..8;
-    /// The first block summed.
-    pub const FIRST: Field = 8..16;
-    /// Blocks in the region.
-    pub const TOTAL: Field = 16..24;
     /// Checksums listed.
     pub const COUNT: Field = 24..28;
     /// Zero.
@@ -59,6 +51,7 @@ pub mod report_field {
 
 /// Length of a BLOCK_SUMS_REPORT body's fixed part.
 pub const REPORT_HEADER_LEN: usize = 32;
+const _: () = assert!(report_field::COUNT.start == HEAD_LEN);
 
 wire_view! {
     /// A read/write view of a BLOCK_SUMS_REPORT body.
@@ -70,40 +63,21 @@ impl<T: AsRef<[u8]>> ReportPacket<T> {
     /// Checks that the body holds the fixed part and exactly the checksums
     /// its count announces.
     pub fn check_len(&self) -> Result<()> {
-        let len = self.buffer.as_ref().len();
-        len_at_least(len, REPORT_HEADER_LEN)?;
-        let expected = (self.count() as usize)
-            .saturating_mul(8)
-            .saturating_add(REPORT_HEADER_LEN);
-        len_exactly(len, expected, "block sums report body")
+        block_report::check_len(
+            self.buffer.as_ref(),
+            REPORT_HEADER_LEN,
+            report_field::COUNT,
+            "block sums report body",
+        )
     }
 
     fn u32_field(&self, field: crate::Field) -> u32 {
         le::u32_at(&self.buffer.as_ref()[field])
     }
 
-    fn u64_field(&self, field: crate::Field) -> u64 {
-        le::u64_at(&self.buffer.as_ref()[field])
-    }
-
-    /// The region index.
-    pub fn region(&self) -> u32 {
-        self.u32_field(report_field::REGION)
-    }
-
-    /// Bytes per block.
-    pub fn block_len(&self) -> u32 {
-        self.u32_field(report_field::BLOCK_LEN)
-    }
-
-    /// The first block summed.
-    pub fn first(&self) -> u64 {
-        self.u64_field(report_field::FIRST)
-    }
-
-    /// Blocks in the region.
-    pub fn total(&self) -> u64 {
-        self.u64_field(report_field::TOTAL)
+    /// Which blocks the report speaks of.
+    pub fn head(&self) -> Head {
+        Head::read(self.buffer.as_ref())
     }
 
     /// Checksums listed.
@@ -118,24 +92,17 @@ impl<T: AsRef<[u8]>> ReportPacket<T> {
 
     /// The checksum of block `first + i` (`i < count`).
     pub fn sum(&self, i: usize) -> u64 {
-        let at = REPORT_HEADER_LEN + i * 8;
-        le::u64_at(&self.buffer.as_ref()[at..at + 8])
+        block_report::word(self.buffer.as_ref(), REPORT_HEADER_LEN, i)
     }
 }
 
 /// A parsed BLOCK_SUMS_REPORT body.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct Report {
-    /// The region index.
-    pub region: u32,
-    /// Bytes per block.
-    pub block_len: u32,
-    /// The first block summed.
-    pub first: u64,
-    /// Blocks in the region.
-    pub total: u64,
-    /// The checksum of each block from `first` on, as its bytes were when
-    /// the server read them.
+    /// The region, its block length and size, and the first block summed.
+    pub head: Head,
+    /// The checksum of each block from `head.first` on, as its bytes were
+    /// when the server read them.
     pub sums: Vec<u64>,
 }
 
@@ -158,10 +125,7 @@ impl Report {
             });
         }
         Ok(Self {
-            region: packet.region(),
-            block_len: packet.block_len(),
-            first: packet.first(),
-            total: packet.total(),
+            head: packet.head(),
             sums: (0..packet.count() as usize)
                 .map(|i| packet.sum(i))
                 .collect(),
@@ -188,17 +152,11 @@ impl Report {
     /// Writes the body into `packet`, sized with [`Report::buffer_len`].
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut ReportPacket<T>) {
         let buf = packet.buffer.as_mut();
-        le::put_u32(&mut buf[report_field::REGION], self.region);
-        le::put_u32(&mut buf[report_field::BLOCK_LEN], self.block_len);
-        le::put_u64(&mut buf[report_field::FIRST], self.first);
-        le::put_u64(&mut buf[report_field::TOTAL], self.total);
-        let count = u32::try_from(self.sums.len()).unwrap_or(u32::MAX);
+        self.head.write(buf);
+        let count = block_report::count_of(&self.sums);
         le::put_u32(&mut buf[report_field::COUNT], count);
         le::put_u32(&mut buf[report_field::RESERVED], 0);
-        for (i, sum) in self.sums.iter().enumerate() {
-            let at = REPORT_HEADER_LEN + i * 8;
-            le::put_u64(&mut buf[at..at + 8], *sum);
-        }
+        block_report::put_words(buf, REPORT_HEADER_LEN, &self.sums);
     }
 }
 
@@ -259,10 +217,12 @@ mod tests {
         assert_eq!(
             report,
             Report {
-                region: 1,
-                block_len: 65536,
-                first: 4,
-                total: 64,
+                head: Head {
+                    region: 1,
+                    block_len: 65536,
+                    first: 4,
+                    total: 64,
+                },
                 sums: vec![0x1_0000_2211, 0x1_0000_4433],
             }
         );

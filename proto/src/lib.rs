@@ -122,6 +122,7 @@
 //! | `le` | little-endian field access (private) |
 //! | [`limits`] | the protocol's versions and size limits, each stated once |
 //! | [`block_run`] | a run of a region's blocks, the body SCRUB and BLOCK_SUMS share |
+//! | [`block_report`] | the head SCRUB_REPORT and BLOCK_SUMS_REPORT share, and their lists of words |
 //! | [`block_sums`] | BLOCK_SUMS and BLOCK_SUMS_REPORT |
 //! | [`map`] | MAP: the PMEM address map |
 //! | [`message`] | every message kind in one enum; parsing, emitting, error replies |
@@ -147,6 +148,7 @@
 pub mod addr;
 pub mod atomic_record;
 pub mod auth;
+pub mod block_report;
 pub mod block_run;
 pub mod block_sums;
 mod code;

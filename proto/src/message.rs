@@ -358,7 +358,7 @@ pub fn reply_to_malformed(frame: &[u8], error: &Error) -> Option<[u8; ERROR_REPL
 mod tests {
     use super::*;
     use crate::request::Target;
-    use crate::{AccessKey, PmemAddr, RegionIndex, RegionOffset};
+    use crate::{AccessKey, PmemAddr, RegionIndex, RegionOffset, block_report};
 
     // READ of 4096 bytes at PMEM address 0x2000, key 9, tag 77.
     const READ_FRAME: [u8; 72] = [
@@ -435,10 +435,12 @@ mod tests {
         assert_eq!(&frame[..4], [0x50, 0x46, 0x01, 0xEA]);
         assert_eq!(parse_frame(&frame), Ok((ask, 9)));
         let report = Message::ScrubReport(scrub::Report {
-            region: 4,
-            block_len: 65536,
-            first: 1,
-            total: 2048,
+            head: block_report::Head {
+                region: 4,
+                block_len: 65536,
+                first: 1,
+                total: 2048,
+            },
             verified: 1000,
             recorded: 23,
             unwatched: 0,
@@ -467,10 +469,12 @@ mod tests {
         assert_eq!(&frame[..4], [0x50, 0x46, 0x01, 0xED]);
         assert_eq!(parse_frame(&frame), Ok((ask, 4)));
         let report = Message::BlockSumsReport(block_sums::Report {
-            region: 2,
-            block_len: 65536,
-            first: 5,
-            total: 16,
+            head: block_report::Head {
+                region: 2,
+                block_len: 65536,
+                first: 5,
+                total: 16,
+            },
             sums: vec![1 << 32, 7 | 1 << 32, 9 | 1 << 32],
         });
         let frame = report.encode_to_vec(4).unwrap();

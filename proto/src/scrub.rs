@@ -13,10 +13,8 @@
 //! SCRUB_REPORT body:
 //!
 //! ```text
-//! 0..4   region     u32 region index
-//! 4..8   block_len  u32 bytes per block
-//! 8..16  first      u64 index of the first block scrubbed
-//! 16..24 total      u64 blocks in the region
+//! 0..24  head       region, block_len, first (the first block scrubbed),
+//!                   total (module `block_report`)
 //! 24..28 verified   u32 blocks whose checksum matched
 //! 28..32 recorded   u32 blocks whose checksum was recorded (first scrub,
 //!                       or written since)
@@ -29,9 +27,10 @@
 //! A SCRUB the server refuses (not an operator, no such region, blocks
 //! outside it) is answered with an ACKNOWLEDGE carrying the status.
 
+use crate::block_report::{self, HEAD_LEN, Head};
 use crate::error::{Error, Result};
 use crate::le;
-use crate::view::{len_at_least, len_exactly, wire_view};
+use crate::view::wire_view;
 
 pub use crate::block_run::{HEADER_LEN, Packet, field};
 pub use crate::limits::MAX_SCRUB_BLOCKS as MAX_BLOCKS;
@@ -39,18 +38,11 @@ pub use crate::limits::MAX_SCRUB_BLOCKS as MAX_BLOCKS;
 /// A parsed SCRUB body: a run of at most [`MAX_BLOCKS`] blocks.
 pub type Repr = crate::block_run::Repr<MAX_BLOCKS>;
 
-/// Byte ranges of a SCRUB_REPORT body's fixed part.
+/// Byte ranges of a SCRUB_REPORT body's fixed part after its head
+/// ([`block_report::field`]).
 pub mod report_field {
     use crate::Field;
 
-    /// The region index.
-    pub const REGION: Field = 0..4;
-    /// Bytes per block.
-    pub const BLOCK_LEN: Field = 4..8;
-    /// The first block scrubbed.
-    pub const FIRST: Field = 8..16;
-    /// Blocks in the region.
-    pub const TOTAL: Field = 16..24;
     /// Blocks verified.
     pub const VERIFIED: Field = 24..28;
     /// Blocks recorded.
@@ -63,6 +55,7 @@ pub mod report_field {
 
 /// Length of a SCRUB_REPORT body's fixed part.
 pub const REPORT_HEADER_LEN: usize = 40;
+const _: () = assert!(report_field::VERIFIED.start == HEAD_LEN);
 
 wire_view! {
     /// A read/write view of a SCRUB_REPORT body.
@@ -74,40 +67,21 @@ impl<T: AsRef<[u8]>> ReportPacket<T> {
     /// Checks that the body holds the fixed part and exactly the blocks
     /// its count announces.
     pub fn check_len(&self) -> Result<()> {
-        let len = self.buffer.as_ref().len();
-        len_at_least(len, REPORT_HEADER_LEN)?;
-        let expected = (self.count() as usize)
-            .saturating_mul(8)
-            .saturating_add(REPORT_HEADER_LEN);
-        len_exactly(len, expected, "scrub report body")
+        block_report::check_len(
+            self.buffer.as_ref(),
+            REPORT_HEADER_LEN,
+            report_field::COUNT,
+            "scrub report body",
+        )
     }
 
     fn u32_field(&self, field: crate::Field) -> u32 {
         le::u32_at(&self.buffer.as_ref()[field])
     }
 
-    fn u64_field(&self, field: crate::Field) -> u64 {
-        le::u64_at(&self.buffer.as_ref()[field])
-    }
-
-    /// The region index.
-    pub fn region(&self) -> u32 {
-        self.u32_field(report_field::REGION)
-    }
-
-    /// Bytes per block.
-    pub fn block_len(&self) -> u32 {
-        self.u32_field(report_field::BLOCK_LEN)
-    }
-
-    /// The first block scrubbed.
-    pub fn first(&self) -> u64 {
-        self.u64_field(report_field::FIRST)
-    }
-
-    /// Blocks in the region.
-    pub fn total(&self) -> u64 {
-        self.u64_field(report_field::TOTAL)
+    /// Which blocks the report speaks of.
+    pub fn head(&self) -> Head {
+        Head::read(self.buffer.as_ref())
     }
 
     /// Blocks verified.
@@ -132,22 +106,15 @@ impl<T: AsRef<[u8]>> ReportPacket<T> {
 
     /// The index of the `i`th mismatching block (`i < count`).
     pub fn mismatch(&self, i: usize) -> u64 {
-        let at = REPORT_HEADER_LEN + i * 8;
-        le::u64_at(&self.buffer.as_ref()[at..at + 8])
+        block_report::word(self.buffer.as_ref(), REPORT_HEADER_LEN, i)
     }
 }
 
 /// A parsed SCRUB_REPORT body.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct Report {
-    /// The region index.
-    pub region: u32,
-    /// Bytes per block.
-    pub block_len: u32,
-    /// The first block scrubbed.
-    pub first: u64,
-    /// Blocks in the region.
-    pub total: u64,
+    /// The region, its block length and size, and the first block scrubbed.
+    pub head: Head,
     /// Blocks whose checksum matched.
     pub verified: u32,
     /// Blocks whose checksum was recorded.
@@ -162,10 +129,7 @@ impl Report {
     /// Parses a checked packet.
     pub fn parse<T: AsRef<[u8]>>(packet: &ReportPacket<T>) -> Result<Self> {
         Ok(Self {
-            region: packet.region(),
-            block_len: packet.block_len(),
-            first: packet.first(),
-            total: packet.total(),
+            head: packet.head(),
             verified: packet.verified(),
             recorded: packet.recorded(),
             unwatched: packet.unwatched(),
@@ -183,19 +147,13 @@ impl Report {
     /// Writes the body into `packet`, sized with [`Report::buffer_len`].
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut ReportPacket<T>) {
         let buf = packet.buffer.as_mut();
-        le::put_u32(&mut buf[report_field::REGION], self.region);
-        le::put_u32(&mut buf[report_field::BLOCK_LEN], self.block_len);
-        le::put_u64(&mut buf[report_field::FIRST], self.first);
-        le::put_u64(&mut buf[report_field::TOTAL], self.total);
+        self.head.write(buf);
         le::put_u32(&mut buf[report_field::VERIFIED], self.verified);
         le::put_u32(&mut buf[report_field::RECORDED], self.recorded);
         le::put_u32(&mut buf[report_field::UNWATCHED], self.unwatched);
-        let count = u32::try_from(self.mismatches.len()).unwrap_or(u32::MAX);
+        let count = block_report::count_of(&self.mismatches);
         le::put_u32(&mut buf[report_field::COUNT], count);
-        for (i, block) in self.mismatches.iter().enumerate() {
-            let at = REPORT_HEADER_LEN + i * 8;
-            le::put_u64(&mut buf[at..at + 8], *block);
-        }
+        block_report::put_words(buf, REPORT_HEADER_LEN, &self.mismatches);
     }
 }
 
@@ -254,10 +212,12 @@ mod tests {
         assert_eq!(
             report,
             Report {
-                region: 1,
-                block_len: 65536,
-                first: 0,
-                total: 64,
+                head: Head {
+                    region: 1,
+                    block_len: 65536,
+                    first: 0,
+                    total: 64,
+                },
                 verified: 61,
                 recorded: 1,
                 unwatched: 0,

@@ -755,15 +755,15 @@ impl Forwarder {
         };
         let expected = sync.walk.progress().total;
         let (deciding_total, syncing_total) = if syncing {
-            (expected, report.total)
+            (expected, report.head.total)
         } else {
-            (report.total, expected)
+            (report.head.total, expected)
         };
-        let wrong = if u64::from(report.block_len) != BLOCK_LEN || report.first != first {
+        let wrong = if u64::from(report.head.block_len) != BLOCK_LEN || report.head.first != first {
             Some(format!(
                 "a server answered checksums of {}-byte blocks from block {} (asked: \
                  {BLOCK_LEN}-byte blocks from block {first})",
-                report.block_len, report.first
+                report.head.block_len, report.head.first
             ))
         } else {
             sync.walk

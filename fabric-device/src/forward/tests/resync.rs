@@ -204,10 +204,12 @@ impl Sim {
                             .map(|b| self.block_sum(&server, ask.region, b))
                             .collect();
                         let report = block_sums::Report {
-                            region: ask.region,
-                            block_len: BLOCK as u32,
-                            first: ask.first,
-                            total: BLOCKS,
+                            head: proto::block_report::Head {
+                                region: ask.region,
+                                block_len: BLOCK as u32,
+                                first: ask.first,
+                                total: BLOCKS,
+                            },
                             sums,
                         };
                         self.reply(link, Message::BlockSumsReport(report), tag);
