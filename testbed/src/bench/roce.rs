@@ -1,9 +1,10 @@
 //! `testbed bench-roce`: the fabric device's cost per operation on its
 //! RoCEv2 port next to its TCP port, measured on this host.
 //!
-//! A pmem-server and a fabric device run as processes; the device's port
-//! has a RoCEv2 side on a veth pair whose other end sits in a network
-//! namespace. The RoCE load comes from the RC requester of `proto` over raw
+//! A pmem-server and a fabric device run as processes, started from the
+//! testbed's own binary as every testbed fabric is (`crate::fabric::launch`);
+//! the device's port has a RoCEv2 side on a veth pair whose other end sits
+//! in a network namespace. The RoCE load comes from the RC requester of `proto` over raw
 //! IPv4 sockets in that namespace (`testkit::roce::RawRoceClient`), the TCP
 //! load from a plain protocol connection, both with the same operations,
 //! sizes and batches, in interleaved rounds (TCP, RoCE, TCP, RoCE, …). The
@@ -11,6 +12,7 @@
 //! RoCE ÷ TCP ratio, and the report gives the median and the spread.
 //! Needs root (namespaces, raw sockets).
 
+use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -22,12 +24,14 @@ use proto::roce::rc::{WcStatus, WorkOp, WorkRequest};
 use serde::{Deserialize, Serialize};
 use testkit::netns::VethNamespace;
 use testkit::roce::RawRoceClient;
-use testkit::{Conn, Daemon, FabricSpec, Ports, RoceSpec};
+use testkit::{Conn, FabricSpec, RoceSpec};
 use topology::secrets::{Principal, read_key};
-use topology::{LayoutEntry, PmemAddr};
+use topology::{Layout, LayoutEntry, PmemAddr};
 
+use crate::bench::client::BenchConn;
 use crate::bench::peers::cpu_seconds;
-use crate::fabric::launch::DaemonKind;
+use crate::fabric::launch::{DaemonKind, Fabric, Keys, LaunchOptions};
+use crate::fabric::loopback::loopback_topology;
 use crate::report::LatencyHistogram;
 
 /// How long and how hard each measurement runs.
@@ -199,20 +203,28 @@ const COUNTER_AT: u64 = 0x1000;
 
 /// The fabric under measurement.
 struct Setup {
-    _dir: tempfile::TempDir,
+    /// Dropped first: the daemons stop before their namespace and files go.
+    _fabric: Fabric,
     veth: VethNamespace,
-    _server: Vec<Daemon>,
-    device: Daemon,
+    _dir: tempfile::TempDir,
+    /// The device's client-facing port (its TCP listener).
+    device_port: SocketAddr,
+    device_pid: u32,
     region: LayoutEntry,
     /// Client c0's key, proven on every control connection.
     client_key: [u8; 32],
 }
 
 impl Setup {
+    /// Brings the fabric up the way every testbed command does
+    /// ([`Fabric::start`]: the daemons run from this very binary as
+    /// `testbed daemon …`, so a copy of it outside the source tree runs
+    /// the bench), with the device's port given a RoCEv2 side on a veth
+    /// pair into a fresh namespace.
     fn start(roce_io: RocePath) -> anyhow::Result<Setup> {
         let veth = VethNamespace::create("pfbench", SUBNET)
             .context("creating the network namespace (bench-roce needs root)")?;
-        let dir = tempfile::tempdir().context("temp dir")?;
+        let dir = tempfile::tempdir().context("make a temporary folder for the fabric")?;
         let spec = FabricSpec::new()
             .server("A", &[("A1", "64MiB")])
             .device("F")
@@ -225,50 +237,49 @@ impl Setup {
                     roce_ip: veth.addr(1).to_string(),
                 },
             );
-        let config = spec.write(dir.path(), "topology.toml", &mut Ports::new());
-        // Keys as on every testbed fabric: the control connection proves c0's.
-        let secrets = dir.path().join("secrets");
-        let topology = topology::Topology::load(&config).context("the bench's topology")?;
-        crate::fabric::keys::generate(&topology, &secrets).context("make the keys")?;
-        let client_key = read_key(&secrets, Principal::Client("c0"))?;
-        let secrets_arg = secrets.to_str().context("a UTF-8 keys' path")?;
-        let with_keys = ["--secrets", secrets_arg];
-        let device_args = ["--secrets", secrets_arg, "--roce-io", roce_io.as_str()];
-        // The daemons run from this very binary (`testbed daemon …`), so
-        // the bench works from a copy of it outside the source tree.
-        let exe = std::env::current_exe().context("find the testbed executable")?;
-        let data = dir.path().join("A");
-        let server_spec = testkit::pmem_server_spec(&exe, &config, "A", &data, &with_keys);
-        let device_spec = testkit::fabric_device_spec(&exe, &config, "F", &device_args);
-        let server = vec![
-            Daemon::spawn(own_daemon(server_spec, DaemonKind::PmemServer))
-                .map_err(|e| anyhow::anyhow!("pmem-server did not start:\n{e}"))?,
-        ];
-        let device = Daemon::spawn(own_daemon(device_spec, DaemonKind::FabricDevice))
-            .map_err(|e| anyhow::anyhow!("fabric-device did not start:\n{e}"))?;
-        device.wait_links_up(1);
-        let region = testkit::layout(&config).entries()[0].clone();
-        let mut setup = Setup {
-            _dir: dir,
+        let topology = loopback_topology(&spec, "bench-roce", None)?;
+        let mut options = LaunchOptions::new(dir.path().join("data"), dir.path().join("run"))?;
+        // Fresh keys, as on every testbed fabric: the control connection
+        // proves c0's.
+        options.keys = Keys::Fresh;
+        options.device_args = vec!["--roce-io".to_owned(), roce_io.as_str().to_owned()];
+        let fabric = Fabric::start(&topology, options).context("bring the bench-roce fabric up")?;
+        let secrets = fabric.secrets().context("the fabric's keys")?;
+        let client_key = read_key(secrets, Principal::Client("c0"))?;
+        let device_port = fabric
+            .ready_field(DaemonKind::FabricDevice, "F", "port.p0")
+            .context("the fabric device's ready line gives no port.p0")?
+            .parse()
+            .context("the fabric device's port.p0 is not an address")?;
+        let device_pid = fabric
+            .pid(DaemonKind::FabricDevice, "F")
+            .context("no fabric device process")?;
+        let mut region = Layout::new(&fabric.topology)?.entries()[0].clone();
+        region.key = BenchConn::open(device_port, "c0", Some(client_key))
+            .and_then(|mut conn| conn.region_key(region.region))
+            .context("ask the fabric device for region A1's key")?;
+        Ok(Setup {
+            _fabric: fabric,
             veth,
-            _server: server,
-            device,
+            _dir: dir,
+            device_port,
+            device_pid,
             region,
             client_key,
-        };
-        setup.region.key = setup.control().region_key(setup.region.region.0);
-        Ok(setup)
+        })
     }
 
-    fn control(&self) -> Conn {
-        let mut conn = Conn::connect(self.device.addr("port.p0"));
+    /// A protocol connection to the device's port, as client c0.
+    fn control(&self) -> anyhow::Result<Conn> {
+        let mut conn = Conn::connect_timeout(self.device_port, testkit::IO_TIMEOUT)
+            .with_context(|| format!("connect to the fabric device at {}", self.device_port))?;
         conn.authenticate(Role::Client, "c0", self.client_key)
-            .expect("c0 proves its key");
-        conn
+            .context("client c0 proves its key to the fabric device")?;
+        Ok(conn)
     }
 
     fn device_cpu(&self) -> anyhow::Result<f64> {
-        Ok(cpu_seconds(self.device.pid())?)
+        Ok(cpu_seconds(self.device_pid)?)
     }
 }
 
@@ -304,7 +315,7 @@ fn roce_op(op: RoceOp, client: &RawRoceClient, region: &LayoutEntry, data: &[u8]
 
 /// Runs batches of `depth` TCP requests for `seconds`; returns ops/s.
 fn tcp_load(setup: &Setup, plan: &RocePlan, op: RoceOp, data: &[u8]) -> anyhow::Result<f64> {
-    let mut conn = setup.control();
+    let mut conn = setup.control()?;
     let req = tcp_request(op, &setup.region, data);
     let start = Instant::now();
     let mut ops = 0u64;
@@ -359,7 +370,7 @@ fn with_roce_client<T: Send>(
         scope
             .spawn(|| {
                 setup.veth.enter_on_this_thread()?;
-                let mut control = setup.control();
+                let mut control = setup.control()?;
                 let mut client = RawRoceClient::connect(&mut control, setup.veth.addr(2), 0x500)?;
                 body(&mut client)
             })
@@ -375,7 +386,7 @@ fn latencies(
     op: RoceOp,
     data: &[u8],
 ) -> anyhow::Result<((u64, u64), (u64, u64))> {
-    let mut conn = setup.control();
+    let mut conn = setup.control()?;
     let req = tcp_request(op, &setup.region, data);
     let mut tcp = LatencyHistogram::new();
     for _ in 0..plan.samples {
@@ -491,12 +502,4 @@ pub fn markdown(report: &RoceBenchReport) -> String {
         report.roce_device_cpu_per_op_over_tcp
     ));
     text
-}
-
-/// `spec` (a daemon's command line with the testbed as its program) as
-/// `testbed daemon <program> …`.
-fn own_daemon(mut spec: testkit::DaemonSpec, kind: DaemonKind) -> testkit::DaemonSpec {
-    let head = ["daemon", kind.program()].map(std::ffi::OsString::from);
-    spec.args.splice(0..0, head);
-    spec
 }
