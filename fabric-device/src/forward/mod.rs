@@ -214,6 +214,9 @@ pub struct Forwarder {
     epoch: DeviceEpoch,
     /// Replicated regions: their copies, operations and outbox.
     replication: Replication,
+    /// Links whose first connection attempt has not ended (no handshake
+    /// done, no failure): while none is, no request waits for one.
+    links_starting: usize,
     metrics: Arc<DeviceMetrics>,
 }
 
@@ -258,6 +261,7 @@ impl Forwarder {
             ),
             epoch: DeviceEpoch::default(),
             replication: Replication::default(),
+            links_starting: 0,
             metrics,
         };
         core.replication_from_map();
