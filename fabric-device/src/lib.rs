@@ -11,6 +11,8 @@
 //! - `map`: the device's snapshot of the topology (links, routes, clients).
 //! - `forward`: the sans-IO forwarding core, one submodule per concern.
 //! - `deadline`: its request deadlines, in a FIFO.
+//! - `housekeeping`: when work once done on every loop turn is due (a
+//!   mark, a deadline, a bounded fallback).
 //! - `request_budget`: the bytes of requests held while they arrive, per
 //!   client and in total.
 //! - `reconnect`: when each server link is (re)connected, sans-IO.
@@ -31,6 +33,7 @@ pub mod cli;
 pub(crate) mod deadline;
 pub(crate) mod driver;
 pub(crate) mod forward;
+pub(crate) mod housekeeping;
 pub(crate) mod idmap;
 pub(crate) mod ids;
 pub(crate) mod link_tags;

@@ -15,6 +15,12 @@
 //!
 //! One line per window: ops/s, CPU µs per op (all, and without the turns
 //! that polled and found nothing), and per op what `perf stat` counted.
+//!
+//! With `--callgrind` the device runs under `valgrind --tool=callgrind`
+//! (the other daemons as they are) and each window is a dump of its own,
+//! `callgrind.out.PID.N` in `--out`: instructions counted there do not
+//! depend on what else the machine runs, so two builds compare on a
+//! loaded machine. The line then gives the device's instructions per op.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -53,6 +59,7 @@ struct Args {
     seconds: f64,
     rounds: usize,
     perf: bool,
+    callgrind: bool,
     device_args: Vec<String>,
     out: PathBuf,
 }
@@ -66,6 +73,7 @@ fn args() -> anyhow::Result<Args> {
         seconds: 3.0,
         rounds: 3,
         perf: false,
+        callgrind: false,
         device_args: Vec::new(),
         out: std::env::temp_dir().join(format!("device-cost-{}", std::process::id())),
     };
@@ -80,6 +88,7 @@ fn args() -> anyhow::Result<Args> {
             "--seconds" => args.seconds = value()?.parse()?,
             "--rounds" => args.rounds = value()?.parse()?,
             "--perf" => args.perf = true,
+            "--callgrind" => args.callgrind = true,
             "--device-arg" => args.device_args.push(value()?),
             "--out" => args.out = value()?.into(),
             other => bail!("unknown argument {other:?}"),
@@ -116,13 +125,73 @@ fn cpu_split(admin: SocketAddr) -> anyhow::Result<(f64, f64)> {
     ))
 }
 
+/// A script in `dir` that runs the fabric device of `daemons` under
+/// callgrind, counting nothing until told (`callgrind_control`), and every
+/// other daemon as it is.
+fn callgrind_wrapper(daemons: &std::path::Path, dir: &std::path::Path) -> anyhow::Result<PathBuf> {
+    std::fs::create_dir_all(dir)?;
+    let script = dir.join("daemons-under-callgrind");
+    let daemons = daemons
+        .canonicalize()
+        .with_context(|| format!("{}", daemons.display()))?;
+    let text = format!(
+        "#!/bin/sh\n\
+         if [ \"$1 $2\" = \"daemon {device}\" ]; then\n\
+         exec valgrind --tool=callgrind --instr-atstart=no \\\n\
+         --callgrind-out-file={out}/callgrind.out.%p {daemons} \"$@\"\n\
+         fi\n\
+         exec {daemons} \"$@\"\n",
+        device = DaemonKind::FabricDevice.program(),
+        out = dir.display(),
+        daemons = daemons.display(),
+    );
+    std::fs::write(&script, text)?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))?;
+    Ok(script)
+}
+
+/// Tells the callgrind of process `pid` to `what` (`--instr=on`, `--dump`
+/// ...).
+fn callgrind_control(pid: u32, what: &[&str]) -> anyhow::Result<()> {
+    let status = Command::new("callgrind_control")
+        .args(what)
+        .arg(pid.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .context("callgrind_control (package valgrind)")?;
+    if !status.success() {
+        bail!("callgrind_control {what:?} {pid}: {status}");
+    }
+    Ok(())
+}
+
+/// The instructions counted in the dump `callgrind_control` just wrote for
+/// window `round` (its `totals:` line).
+fn callgrind_total(dir: &std::path::Path, pid: u32, round: usize) -> anyhow::Result<u64> {
+    let path = dir.join(format!("callgrind.out.{pid}.{}", round + 1));
+    let text = std::fs::read_to_string(&path).with_context(|| format!("{}", path.display()))?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("totals:"))
+        .or_else(|| text.lines().find_map(|l| l.strip_prefix("summary:")))
+        .and_then(|t| t.split_whitespace().next())
+        .and_then(|t| t.parse().ok())
+        .with_context(|| format!("{}: no totals line", path.display()))
+}
+
 fn main() -> anyhow::Result<()> {
     let args = args()?;
     let topology = topology(args.replicated)?;
     let layout = Layout::new(&topology)?;
     let region = &layout.entries()[0];
     let mut launch = LaunchOptions::new(args.out.join("data"), args.out.join("run"))?;
-    launch.program = args.daemons.clone();
+    launch.program = if args.callgrind {
+        launch.ready_timeout = Duration::from_secs(120);
+        callgrind_wrapper(&args.daemons, &args.out)?
+    } else {
+        args.daemons.clone()
+    };
     launch.device_args = vec!["--busy-poll-us".into(), "1000".into()];
     launch.device_args.extend(args.device_args.iter().cloned());
     let fabric = Fabric::start(&topology, launch).context("bring the fabric up")?;
@@ -165,6 +234,10 @@ fn main() -> anyhow::Result<()> {
             })
             .transpose()?;
         let (cpu0, idle0) = cpu_split(admin)?;
+        if args.callgrind {
+            callgrind_control(pid, &["--zero"])?;
+            callgrind_control(pid, &["--instr=on"])?;
+        }
         let results: Vec<std::io::Result<(u64, Duration)>> = std::thread::scope(|s| {
             let handles: Vec<_> = conns
                 .iter_mut()
@@ -183,6 +256,10 @@ fn main() -> anyhow::Result<()> {
                 })
                 .collect()
         });
+        if args.callgrind {
+            callgrind_control(pid, &["--instr=off"])?;
+            callgrind_control(pid, &["--dump"])?;
+        }
         let (cpu1, idle1) = cpu_split(admin)?;
         let mut ops = 0u64;
         let mut elapsed = Duration::ZERO;
@@ -198,6 +275,13 @@ fn main() -> anyhow::Result<()> {
             per_op(cpu1 - cpu0) * 1e6,
             per_op((cpu1 - cpu0) - (idle1 - idle0)) * 1e6,
         );
+        if args.callgrind {
+            let instructions = callgrind_total(&args.out, pid, round)?;
+            line.push_str(&format!(
+                ", {ops} ops, {:.0} instructions/op",
+                per_op(instructions as f64)
+            ));
+        }
         if let Some(perf) = perf {
             let out = perf.wait_with_output()?;
             let text = String::from_utf8_lossy(&out.stderr);

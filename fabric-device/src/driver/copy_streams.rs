@@ -16,6 +16,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
+use crate::forward::FORWARD_HEAD_LEN;
 use crate::ids::LinkId;
 use crate::rdma::uplink::Posting;
 
@@ -40,11 +41,32 @@ pub(super) trait Carriers {
 #[derive(Debug, Clone)]
 pub(super) struct CopyRequest {
     /// Frame and request header (or a whole frame, `payload` empty).
-    pub head: Vec<u8>,
+    pub head: CopyHead,
     /// The write data.
     pub payload: Arc<[u8]>,
     /// Only the server's CPU may execute it.
     pub cpu: bool,
+}
+
+/// The bytes of a request for a copy before its payload.
+#[derive(Debug, Clone)]
+pub(super) enum CopyHead {
+    /// An application's request rewritten for the copy: kept in place,
+    /// so that sending one allocates nothing.
+    Request([u8; FORWARD_HEAD_LEN]),
+    /// A whole frame the owner made (a resync's).
+    Frame(Vec<u8>),
+}
+
+impl std::ops::Deref for CopyHead {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            CopyHead::Request(head) => head,
+            CopyHead::Frame(frame) => frame,
+        }
+    }
 }
 
 /// Where a request went.
@@ -239,9 +261,11 @@ mod tests {
             8,
         );
         CopyRequest {
-            head: proto::Message::Request(req)
-                .encode_to_vec(tag)
-                .expect("encode"),
+            head: CopyHead::Frame(
+                proto::Message::Request(req)
+                    .encode_to_vec(tag)
+                    .expect("encode"),
+            ),
             payload: Arc::from(&[][..]),
             cpu,
         }

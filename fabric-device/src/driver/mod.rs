@@ -42,6 +42,7 @@ use topology::{FabricDeviceId, PortId, Topology};
 use tracing::{debug, info, warn};
 
 use crate::forward::{ClientAction, ConnId, Forwarder, ForwarderConfig, LinkAction, LinkId, Reply};
+use crate::housekeeping::Gate;
 use crate::idmap::IdMap;
 use crate::map::{DeviceMap, MapError};
 use crate::metrics::DeviceMetrics;
@@ -290,6 +291,12 @@ pub struct Device {
     copy_marker: Option<replication::CopyMarker>,
     /// Probes of suspected owners, and takeovers of their regions.
     takeovers: takeover::Takeovers,
+    /// When the reports of the marker and probe threads are taken: after
+    /// one of them woke the loop, or one was started.
+    reports: Gate,
+    /// The core's replication outbox of the last turn, emptied: traded
+    /// for the core's each turn so that neither allocates anew.
+    outbox: Vec<crate::forward::Outgoing>,
 }
 
 /// Following the map in etcd.
@@ -495,6 +502,8 @@ impl Device {
             follow: None,
             copy_marker: None,
             takeovers: takeover::Takeovers::new(),
+            reports: Gate::default(),
+            outbox: Vec::new(),
         })
     }
 
@@ -626,7 +635,12 @@ impl Device {
                         self.on_signal(signal);
                     }
                 }
-                MAP_WAKE => self.apply_watched_map(),
+                MAP_WAKE => {
+                    // The map watcher, or a marker or probe thread with
+                    // its report.
+                    self.reports.mark();
+                    self.apply_watched_map();
+                }
                 Token(i) if i < self.listeners.len() => self.accept(i),
                 Token(t) if (ROCE_BASE..ROCE_BASE + self.roce.len()).contains(&t) => {
                     self.roce_receive(t - ROCE_BASE, now);

@@ -14,7 +14,7 @@ use topology::{RegionId, ServerId};
 use super::*;
 use crate::forward::Outgoing;
 
-use super::copy_streams::{Carriers, CopyRequest};
+use super::copy_streams::{Carriers, CopyHead, CopyRequest};
 use super::resync;
 
 /// Marks lost copies offline in etcd, one thread per loss, and hands the
@@ -137,11 +137,13 @@ impl Device {
     }
 
     fn carry_out_replication_requests(&mut self, now: Instant) {
-        self.confirm_marked_copies(now);
-        self.confirm_state_marks(now);
-        self.core.run_resyncs(now);
-        self.takeovers_done(now);
-        let said = self.core.fence_resends(now);
+        if self.reports.due(now) {
+            self.reports.ran(now, None);
+            self.confirm_marked_copies(now);
+            self.confirm_state_marks(now);
+            self.takeovers_done(now);
+        }
+        let said = self.core.replication_turn(now);
         self.say_epoch(said);
         loop {
             // Requests that waited for their link's other way to drain go
@@ -151,11 +153,15 @@ impl Device {
                 uplinks: &mut self.uplinks,
                 core: &self.core,
             });
-            let outbox = self.core.take_outbox();
+            // The core's outbox and this one trade places, keeping what
+            // each had allocated.
+            let mut outbox = std::mem::take(&mut self.outbox);
+            self.core.swap_outbox(&mut outbox);
             if outbox.is_empty() && failed.is_empty() {
+                self.outbox = outbox;
                 return;
             }
-            for item in outbox {
+            for item in outbox.drain(..) {
                 match item {
                     Outgoing::Send {
                         link,
@@ -166,7 +172,7 @@ impl Device {
                         // One ordered stream per copy. A link not connected
                         // answers at the request's deadline.
                         let request = CopyRequest {
-                            head: head.to_vec(),
+                            head: CopyHead::Request(head),
                             payload,
                             cpu,
                         };
@@ -176,7 +182,7 @@ impl Device {
                         // A resync's own requests: for the server's CPU,
                         // in order with the application's.
                         let request = CopyRequest {
-                            head: frame,
+                            head: CopyHead::Frame(frame),
                             payload: Arc::from(&[][..]),
                             cpu: true,
                         };
@@ -201,12 +207,17 @@ impl Device {
                         region_id,
                         server,
                     } => match &self.copy_marker {
-                        Some(marker) => marker.start(region, region_id, server, self.waker()),
+                        Some(marker) => {
+                            marker.start(region, region_id, server, self.waker());
+                            // A thread that could not start reports at once.
+                            self.reports.mark();
+                        }
                         None => self.core.copy_marked(region, &server, now),
                     },
                     Outgoing::OwnerSuspected { owner } => self.owner_suspected(owner, now),
                 }
             }
+            self.outbox = outbox;
             for (link, why) in failed {
                 self.link_failed(link, now, &why);
             }

@@ -85,6 +85,7 @@ impl Device {
         if let Err(e) = spawned {
             warn!("cannot start marking a copy {state}: {e}");
             let _ = marker.states.tx.send((region, copy, state, false));
+            self.reports.mark();
         }
     }
 

@@ -138,6 +138,7 @@ impl Forwarder {
                 key_refresh: KeyRefresh::Current,
             },
         );
+        self.links_starting += 1;
         id
     }
 
@@ -234,7 +235,7 @@ impl Forwarder {
         let Some(link) = self.links.get_mut(&link_id) else {
             return LinkAction::Nothing;
         };
-        let Some(pending) = link.pending.remove(&header.tag) else {
+        let Some(mut pending) = link.pending.remove(&header.tag) else {
             // Answered already (timed out); nobody waits for it.
             return LinkAction::Nothing;
         };
@@ -267,6 +268,10 @@ impl Forwarder {
             self.server_response(frame);
             self.copy_read_stale(pending, answer.value(), now);
             return LinkAction::Nothing;
+        }
+        if let Some(CopyTicket::Read(again)) = pending.copy.take() {
+            // Answered: its record serves the next read.
+            self.recycle_read(again);
         }
         let links = &self.links;
         self.deadlines.trim(|d| is_pending(links, d));
@@ -376,7 +381,9 @@ impl Forwarder {
         };
         link.status = LinkStatus::Up;
         link.up_gauge.set(1);
-        link.starting = false;
+        if std::mem::take(&mut link.starting) {
+            self.links_starting -= 1;
+        }
         link.key_refresh = KeyRefresh::Current;
         link.server_map = Some(theirs);
         self.resync_link_opened(&server);
@@ -401,7 +408,9 @@ impl Forwarder {
         };
         let was_up = link.status == LinkStatus::Up;
         link.status = LinkStatus::Down;
-        link.starting = false;
+        if std::mem::take(&mut link.starting) {
+            self.links_starting -= 1;
+        }
         link.opening = None;
         link.server_map = None;
         link.key_refresh = KeyRefresh::Current;
@@ -410,6 +419,8 @@ impl Forwarder {
         let pending: Vec<(u64, Pending)> = link.pending.drain().collect();
         let links = &self.links;
         self.deadlines.trim(|d| is_pending(links, d));
+        // Resyncs and fences look at which links are up.
+        self.replication_changed();
         let mut replies = Vec::new();
         for (tag, p) in pending {
             match p.copy {

@@ -223,6 +223,9 @@ pub struct Forwarder {
     epoch: DeviceEpoch,
     /// Replicated regions: their copies, operations and outbox.
     replication: Replication,
+    /// Links whose first connection attempt has not ended (no handshake
+    /// done, no failure): while none is, no request waits for one.
+    links_starting: usize,
     metrics: Arc<DeviceMetrics>,
 }
 
@@ -268,6 +271,7 @@ impl Forwarder {
             ),
             epoch: DeviceEpoch::default(),
             replication: Replication::default(),
+            links_starting: 0,
             metrics,
         };
         core.replication_from_map();

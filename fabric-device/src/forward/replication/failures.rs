@@ -148,6 +148,7 @@ impl Forwarder {
         c.unconfirmed = true;
         c.lost_at = Some(version);
         let server = c.server.clone();
+        self.replication_changed();
         tracing::warn!(
             "region {region_id}: the copy on server {server} is no longer used ({why}); \
              marking it offline"

@@ -33,7 +33,7 @@
 //!   its copies' servers to run the new map first (`takeover`).
 //!
 //! Everything for a replicated region goes out through the outbox
-//! ([`Forwarder::take_outbox`]). The driver sends each link's requests in
+//! ([`Forwarder::swap_outbox`]). The driver sends each link's requests in
 //! order: on the link's RDMA queue pair (a server on verbs) what it can
 //! carry, on its TCP connection the rest, including what is marked for the
 //! server's CPU (an atomic and the READ of its word, the resync's requests).
@@ -55,6 +55,7 @@ use super::{
     error_reply,
 };
 use crate::deadline::Deadline;
+use crate::housekeeping::Gate;
 use crate::idmap::IdMap;
 use crate::ids::{LinkClass, LinkId};
 use crate::link_tags::CONTROL_TAG;
@@ -64,6 +65,7 @@ pub(super) use super::copy_ticket::{CopyTicket, ReadAgain, ResyncPart, ResyncTic
 mod answers;
 mod atomics;
 mod failures;
+mod housekeeping;
 mod missed;
 mod reads;
 mod requests;
@@ -168,6 +170,13 @@ pub(super) struct Replication {
     stale: stale::StaleParts,
     /// The order in which parts were put on links (for resending in it).
     next_send: u64,
+    /// Boxes of answered reads, reused by the next reads: the boxes
+    /// themselves are what is kept, so that a read allocates none.
+    #[allow(clippy::vec_box)]
+    spare_reads: Vec<Box<ReadAgain>>,
+    /// When [`Forwarder::replication_turn`] has resyncs to move on or
+    /// MAP_EPOCH to say again.
+    housekeeping: Gate,
 }
 
 /// One replicated region as its owner (or another device) sees it.
@@ -360,13 +369,24 @@ impl Atomic {
 impl Forwarder {
     /// What the driver is to do for replicated regions since the last call:
     /// sends, answers and lost copies, in order.
+    #[cfg(test)]
     pub fn take_outbox(&mut self) -> Vec<Outgoing> {
         std::mem::take(&mut self.replication.outbox)
+    }
+
+    /// What the driver is to do for replicated regions since the last call
+    /// (sends, answers and lost copies, in order), into `out`, which must
+    /// be empty and becomes the core's next outbox: the two trade their
+    /// allocations.
+    pub fn swap_outbox(&mut self, out: &mut Vec<Outgoing>) {
+        debug_assert!(out.is_empty(), "an outbox not carried out");
+        std::mem::swap(&mut self.replication.outbox, out);
     }
 
     /// The loss of `region`'s copy on `server` is recorded (or cannot be,
     /// and the device goes on without it): answers held for it go out.
     pub fn copy_marked(&mut self, region: RegionIndex, server: &ServerId, now: Instant) {
+        self.replication_changed();
         let Some(state) = self.region_state_mut(region.0) else {
             return;
         };
@@ -383,6 +403,7 @@ impl Forwarder {
     /// not moved past the version it lost them at. Requests queued for a
     /// region the map gives to another owner are answered NOT_OWNER.
     pub(super) fn replication_from_map(&mut self) {
+        self.replication_changed();
         let mut old = std::mem::take(&mut self.replication.regions);
         let device = self.map.device.clone();
         let mut deposed = Vec::new();
@@ -477,6 +498,10 @@ impl Forwarder {
     /// single-copy region.
     pub(super) fn copies_starting(&self, region: u32) -> Option<bool> {
         let state = self.region_state(region)?;
+        if self.links_starting == 0 {
+            // Every link's first attempt ended: asked of every request.
+            return Some(false);
+        }
         Some(state.copies.iter().filter(|c| c.takes_writes()).any(|c| {
             !c.links.is_empty()
                 && c.links.iter().all(|&i| {

@@ -14,6 +14,10 @@ use super::*;
 /// many requests waiting at one server, the others share them.
 pub(in crate::forward) const READ_SPREAD: usize = 64;
 
+/// Boxes of answered reads kept for the next reads at most: a read of a
+/// replicated region then allocates nothing in the steady state.
+const SPARE_READS: usize = 1024;
+
 impl Forwarder {
     /// READ: to a serving copy; to the deciding one, behind the mutation,
     /// when it overlaps a mutation in flight.
@@ -85,7 +89,14 @@ impl Forwarder {
         let key = self.copy_key(again.region, server, again.client_key);
         again.copy = copy;
         let head = again.head;
-        pending.copy = Some(CopyTicket::Read(Box::new(again)));
+        let again = match self.replication.spare_reads.pop() {
+            Some(mut spare) => {
+                *spare = again;
+                spare
+            }
+            None => Box::new(again),
+        };
+        pending.copy = Some(CopyTicket::Read(again));
         let none = Arc::clone(&self.replication.no_payload);
         self.send_copy(head, none, link, pending, key, false, now)
             .map(|_| ())
@@ -133,6 +144,10 @@ impl Forwarder {
                         link.pending.len() / READ_SPREAD,
                     );
                     if best.as_ref().is_none_or(|(r, _, _)| rank < *r) {
+                        if rank == (false, 0) {
+                            // Nothing ranks lower: the first such link wins.
+                            return Some((i, id));
+                        }
                         best = Some((rank, i, id));
                     }
                     break;
@@ -140,6 +155,14 @@ impl Forwarder {
             }
         }
         best.map(|(_, copy, link)| (copy, link))
+    }
+
+    /// Keeps the box of an answered read's record for the next read.
+    pub(in crate::forward) fn recycle_read(&mut self, again: Box<ReadAgain>) {
+        let spare = &mut self.replication.spare_reads;
+        if spare.len() < SPARE_READS {
+            spare.push(again);
+        }
     }
 
     /// A read of a copy failed (its link went down, or it timed out): it

@@ -117,6 +117,7 @@ impl Forwarder {
     /// Paces every resync of this device at `bytes_per_second` (at least
     /// one byte per second) from now on.
     pub fn set_resync_rate(&mut self, bytes_per_second: u64) {
+        self.replication_changed();
         let resyncs = &mut self.replication.resyncs;
         resyncs.rate = bytes_per_second.max(1);
         resyncs.bucket = None;
@@ -137,6 +138,27 @@ impl Forwarder {
             self.advance_resync(id, now);
         }
         self.count_syncing();
+    }
+
+    /// Whether a resync waits on something no event marks for the
+    /// housekeeping: a block a mutation with a part to send again
+    /// overlaps, or a returned copy not marked `syncing` yet. The
+    /// housekeeping then runs every turn, as it did before it was gated.
+    pub(super) fn resync_waits_unmarked(&self) -> bool {
+        let resyncs = &self.replication.resyncs;
+        !resyncs.returned.is_empty()
+            || resyncs.runs.iter().any(|sync| {
+                let Some(&block) = sync.to_copy.front() else {
+                    return false;
+                };
+                let start = block * BLOCK_LEN;
+                let end = (start + BLOCK_LEN).min(sync.region_len);
+                !sync.finishing
+                    && sync.reading.is_none()
+                    && self
+                        .region_state(sync.region)
+                        .is_some_and(|s| s.behind_over(start, end))
+            })
     }
 
     /// Sets the gauge of this device's owned copies in `syncing`.
@@ -199,6 +221,7 @@ impl Forwarder {
         written: bool,
         now: Instant,
     ) {
+        self.replication_changed();
         let region = region.0;
         let resyncs = &mut self.replication.resyncs;
         resyncs
@@ -260,6 +283,7 @@ impl Forwarder {
     /// A link to `server` opened: its copies that are `offline` in regions
     /// this device owns are to be marked `syncing`.
     pub(in crate::forward) fn resync_link_opened(&mut self, server: &ServerId) {
+        self.replication_changed();
         let mut back = Vec::new();
         for (region, state) in self.replication.regions.iter().enumerate() {
             let Some(state) = state.as_ref().filter(|s| s.owner) else {
@@ -673,6 +697,8 @@ impl Forwarder {
         frame: &[u8],
         now: Instant,
     ) {
+        // Its step may set a new pace or stop it (a retry to wait for).
+        self.replication_changed();
         let id = ticket.sync;
         if self.sync_mut(id).is_none() {
             // The resync stopped; its hold is released already.
@@ -869,6 +895,7 @@ impl Forwarder {
     /// Stops resync `id`: its hold is released (the requests that waited
     /// go out), and it starts again from the first block later.
     fn stop_resync(&mut self, id: u64, why: &str, now: Instant) {
+        self.replication_changed();
         let resyncs = &mut self.replication.resyncs;
         let Some(at) = resyncs.runs.iter().position(|s| s.id == id) else {
             return;

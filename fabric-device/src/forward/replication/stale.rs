@@ -95,6 +95,7 @@ impl Forwarder {
         }
         send.waiting = Some(Waiting { theirs, since: now });
         self.replication.stale.any = true;
+        self.replication_changed();
         self.refresh_behind(op_id, now);
         self.resend_stale(now);
     }
@@ -123,6 +124,7 @@ impl Forwarder {
             waiting: Waiting { theirs, since: now },
         });
         self.replication.stale.any = true;
+        self.replication_changed();
         self.resend_stale(now);
     }
 
@@ -147,6 +149,7 @@ impl Forwarder {
     /// an older one hold overlapping requests until those are answered,
     /// and waiting parts whose servers run this epoch go again.
     pub(in crate::forward) fn stale_after_epoch(&mut self, now: Instant) {
+        self.replication_changed();
         let ids: Vec<u64> = self.replication.ops.keys().copied().collect();
         for id in ids {
             self.refresh_behind(id, now);

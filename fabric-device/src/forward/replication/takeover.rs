@@ -170,6 +170,7 @@ impl Forwarder {
     /// their copies' servers to confirm `epoch` (on a topology file, epoch
     /// 0, nothing is fenced).
     pub(in crate::forward) fn fence_new_owners(&mut self, epoch: u64) {
+        self.replication_changed();
         let mut gained = Vec::new();
         for (region, state) in self.replication.regions.iter_mut().enumerate() {
             let Some(state) = state.as_mut().filter(|s| s.fence.gained) else {
@@ -209,6 +210,7 @@ impl Forwarder {
     /// regions whose copies' servers have now all confirmed their fence
     /// send what waited.
     pub(in crate::forward) fn server_said_epoch(&mut self, link: LinkId, epoch: u64, now: Instant) {
+        self.replication_changed();
         let Some(server) = self.links.get(&link).map(|l| l.target.server.clone()) else {
             return;
         };
@@ -279,6 +281,9 @@ impl Forwarder {
     pub fn fence_resends(&mut self, now: Instant) -> Vec<(LinkId, Vec<u8>)> {
         let mut said = self.fence_resays(now);
         let stale = self.stale_resays(now);
+        if stale.is_empty() {
+            return said;
+        }
         if let Some(message) = self.link_opened_epoch() {
             for link in stale {
                 if !said.iter().any(|(l, _)| *l == link) {

@@ -348,9 +348,10 @@ impl Sim {
         }
     }
 
-    /// One turn of the driver's loop.
+    /// One turn of the driver's loop: the housekeeping when it is due (no
+    /// fence waits here, so it says nothing).
     fn turn(&mut self) {
-        self.core.run_resyncs(self.now);
+        assert_eq!(self.core.replication_turn(self.now), []);
         self.pump();
     }
 
@@ -553,6 +554,65 @@ fn the_rate_spreads_the_copies_over_time() {
     }
     assert!(sim.now - start >= Duration::from_secs(3));
     assert!(sim.copies_equal());
+}
+
+#[test]
+fn the_gated_housekeeping_reads_a_paced_block_at_its_deadline() {
+    // One block per 10 ms, a burst of one block: the second block waits
+    // for the bucket, well within the housekeeping's fallback.
+    let config = ForwarderConfig {
+        resync_rate: BLOCK * 100,
+        ..ForwarderConfig::default()
+    };
+    let mut sim = Sim::new(config, ReplicaState::Syncing);
+    sim.write("A", BLOCK, &[3; 16]);
+    sim.write("A", 2 * BLOCK, &[4; 16]);
+    sim.until(|s| s.read_times.len() == 1);
+    // The first block's answers came within the turn; the next turn takes
+    // the deadline the pacing set.
+    sim.turn();
+    assert_eq!(sim.read_times.len(), 1, "the bucket is empty");
+    let paced = sim
+        .core
+        .housekeeping_next()
+        .expect("a paced resync keeps a deadline");
+    assert!(paced > sim.now, "{:?}", paced - sim.now);
+    assert!(paced - sim.now <= Duration::from_millis(10));
+    assert!(paced - sim.now < crate::housekeeping::FALLBACK);
+    assert_eq!(sim.core.poll_timeout(), Some(paced), "the loop wakes then");
+
+    sim.now = paced - Duration::from_micros(1);
+    sim.turn();
+    assert_eq!(sim.read_times.len(), 1, "not before its deadline");
+    // Nothing happened since: only the deadline makes it due.
+    sim.now = paced;
+    sim.turn();
+    assert_eq!(sim.read_times, [sim.read_times[0], paced], "read at it");
+    sim.until_serving();
+    assert_eq!(sim.sync_writes("B"), [BLOCK, 2 * BLOCK]);
+    assert!(sim.copies_equal());
+}
+
+#[test]
+fn the_gated_housekeeping_still_starts_a_resync_after_a_missed_mark() {
+    let mut sim = Sim::new(ForwarderConfig::default(), ReplicaState::Serving);
+    sim.turn();
+    assert!(sim.core.resync_status(sim.region, "B").is_none());
+    // A copy made `syncing` behind the housekeeping's back (no event marks
+    // it): the fallback still starts its resync, and not later.
+    sim.core
+        .set_copy_state_unmarked(sim.region, "B", ReplicaState::Syncing);
+    sim.now += crate::housekeeping::FALLBACK - Duration::from_millis(1);
+    sim.turn();
+    assert!(sim.core.resync_status(sim.region, "B").is_none(), "not due");
+    sim.now += Duration::from_millis(1);
+    sim.turn();
+    assert!(
+        sim.core.resync_status(sim.region, "B").is_some()
+            || sim.core.copy_state(sim.region, "B") == Some(ReplicaState::Serving),
+        "started at the fallback"
+    );
+    sim.until_serving();
 }
 
 #[test]

@@ -218,6 +218,56 @@ fn a_server_that_never_confirms_loses_its_copy_after_the_request_timeout() {
 }
 
 #[test]
+fn the_gated_housekeeping_says_map_epoch_again_and_gives_up_at_their_deadlines() {
+    let mut core = replicated();
+    let now = Instant::now();
+    core.set_epoch(4);
+    for server in ["A", "B"] {
+        let l = link(&core, server, "n0");
+        server_runs(&mut core, l, 4, now);
+    }
+    assert_eq!(core.replication_turn(now), [], "every fence confirmed");
+    // A takes PA.2 over at epoch 5. Server A confirms, B (its links up)
+    // never does.
+    core.reload(map_with_owner("PA.2", "A", 2));
+    core.set_epoch(5);
+    let (a, b) = (link(&core, "A", "n1"), link(&core, "B", "n1"));
+    server_runs(&mut core, a, 5, now);
+    // B's copy of PA.2 is syncing: its resync's own frames are not looked at.
+    let without_resync = |out: Vec<Outgoing>| -> Vec<Outgoing> {
+        out.into_iter()
+            .filter(|o| !matches!(o, Outgoing::SendFrame { .. }))
+            .collect()
+    };
+    let said = |core: &mut Forwarder, at| -> Vec<LinkId> {
+        core.replication_turn(at).iter().map(|(l, _)| *l).collect()
+    };
+    assert_eq!(said(&mut core, now), [b], "the first pass says it");
+    write_at(&mut core, "PA.2", 9, now);
+    assert!(
+        split(without_resync(core.take_outbox())).0.is_empty(),
+        "it waits"
+    );
+    let resay = now + crate::forward::replication::RESAY_EVERY;
+    assert!(resay - now < crate::housekeeping::FALLBACK);
+    assert_eq!(core.housekeeping_next(), Some(resay));
+    assert!(said(&mut core, resay - Duration::from_micros(1)).is_empty());
+    // Nothing happened since: only the deadline makes it due.
+    assert_eq!(said(&mut core, resay), [b], "said again at its period");
+    let timeout = ForwarderConfig::default().request_timeout;
+    let mut at = resay;
+    while at < now + timeout {
+        at += crate::forward::replication::RESAY_EVERY;
+        said(&mut core, at.min(now + timeout));
+    }
+    let (sent, _, lost) = split(without_resync(core.take_outbox()));
+    let pa2 = index(&core, "PA.2");
+    assert_eq!(lost, [(pa2, "B".to_owned())], "given up at the timeout");
+    let to: Vec<LinkId> = sent.iter().map(|s: &Sent| s.link).collect();
+    assert_eq!(to, [a], "the write goes to the confirmed copy");
+}
+
+#[test]
 fn a_deposed_owner_answers_what_it_had_queued_not_owner() {
     let mut core = replicated();
     let pa1 = index(&core, "PA.1").0;
