@@ -4,7 +4,7 @@
 //! devices are killed in turn; every acknowledged write and atomic reads
 //! back. Needs root, QEMU and the lab image (the lab's scripts install and
 //! build them), and the `verbs` feature: `scripts/test.sh` runs it in its
-//! workspace pass (`--features pmem-server/libpmem,testbed/verbs`); alone,
+//! workspace pass (`--features testbed/verbs`); alone,
 //! `cargo test --workspace --features testbed/verbs --test lab`.
 #![cfg(feature = "verbs")]
 
