@@ -220,11 +220,7 @@ pub fn secure_blocking(
     daemons: &[(Role, String)],
     root: Option<&Credentials>,
 ) -> Result<PoolCredentials, ControlError> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|source| ControlError::Runtime { source })?
-        .block_on(secure(endpoints, pool, daemons, root))
+    crate::blocking::runtime()?.block_on(secure(endpoints, pool, daemons, root))
 }
 
 /// Makes (or refreshes) a user for each of pool `pool`'s `clients`, each

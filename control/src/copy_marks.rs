@@ -108,10 +108,7 @@ pub fn mark_copy_state(
         state,
         source: Box::new(source),
     };
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|source| control(ControlError::Runtime { source }))?;
+    let runtime = crate::blocking::runtime().map_err(control)?;
     runtime.block_on(async {
         let mut plane = ControlPlane::connect(endpoints, pool, credentials)
             .await
@@ -150,10 +147,7 @@ pub fn read_copy_states(
     pool: &str,
     credentials: Option<&Credentials>,
 ) -> Result<(Vec<crate::ReplicaSetRecord>, u64), ControlError> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|source| ControlError::Runtime { source })?;
+    let runtime = crate::blocking::runtime()?;
     runtime.block_on(async {
         let mut plane = ControlPlane::connect(endpoints, pool, credentials).await?;
         let read = plane.read_map().await?;

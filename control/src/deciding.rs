@@ -272,10 +272,7 @@ pub fn move_deciding_blocking(
     credentials: Option<&Credentials>,
     ask: &DecidingMove<'_>,
 ) -> Result<DecidingOutcome, ControlError> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|source| ControlError::Runtime { source })?;
+    let runtime = crate::blocking::runtime()?;
     runtime.block_on(async {
         let mut plane = ControlPlane::connect(endpoints, pool, credentials).await?;
         plane.move_deciding_role(ask).await

@@ -51,8 +51,10 @@
 //! - `map_flags` (feature `clap`): the daemons' flags that name the map's
 //!   source.
 //! - [`error`]: what can go wrong talking to the control plane.
+//! - `blocking`: the runtime the blocking entry points run their calls on.
 
 pub mod access;
+mod blocking;
 pub mod copy_marks;
 pub mod credentials;
 pub mod deciding;

@@ -350,10 +350,7 @@ pub fn take_over_blocking(
     regions: &[(&str, u64)],
     unreachable: &[&str],
 ) -> Result<Vec<Result<Takeover, TakeoverError>>, ControlError> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|source| ControlError::Runtime { source })?;
+    let runtime = crate::blocking::runtime()?;
     runtime.block_on(async {
         let mut plane = ControlPlane::connect(endpoints, pool, credentials).await?;
         let mut outcomes = Vec::with_capacity(regions.len());
@@ -373,10 +370,7 @@ pub fn device_registered(
     credentials: Option<&Credentials>,
     device: &str,
 ) -> Result<bool, ControlError> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|source| ControlError::Runtime { source })?;
+    let runtime = crate::blocking::runtime()?;
     runtime.block_on(async {
         let mut plane = ControlPlane::connect(endpoints, pool, credentials).await?;
         let members = plane.members().await?;
