@@ -26,7 +26,8 @@
 //!   `syncing` or `offline` before the takeover may lack acknowledged
 //!   changes and is never promoted.
 
-use crate::map::ClusterMap;
+use crate::map::{ClusterMap, RecordMismatch};
+use crate::plane::Edited;
 use crate::replica_state::ReplicaState;
 use crate::{ControlError, ControlPlane, Credentials, Endpoints};
 
@@ -130,21 +131,20 @@ pub fn move_deciding(
         reachable,
         was_serving,
     } = *ask;
-    let mut next = map.clone();
-    next.epoch += 1;
-    let Some(record) = next.replica_sets.iter_mut().find(|r| r.region == region) else {
-        return Err(DecidingError::NotReplicated {
-            region: region.to_owned(),
-        });
-    };
-    if record.version != takeover_version {
-        return Err(DecidingError::Moved {
-            expected: takeover_version,
-            current: record.version,
-            region: region.to_owned(),
-            owner: record.owner.clone(),
-        });
-    }
+    let (mut next, index) = map
+        .next_for_record(region, takeover_version)
+        .map_err(|mismatch| match mismatch {
+            RecordMismatch::NotReplicated => DecidingError::NotReplicated {
+                region: region.to_owned(),
+            },
+            RecordMismatch::Moved { current, owner } => DecidingError::Moved {
+                expected: takeover_version,
+                current,
+                region: region.to_owned(),
+                owner,
+            },
+        })?;
+    let record = &mut next.replica_sets[index];
     let deciding = record
         .copies
         .iter()
@@ -226,9 +226,6 @@ pub enum DecidingOutcome {
     Refused(DecidingError),
 }
 
-/// Attempts at most when the map keeps changing elsewhere under the edit.
-const ATTEMPTS: usize = 8;
-
 impl ControlPlane {
     /// Moves a region's deciding role off the copy on a dead server
     /// ([`move_deciding`]) in one transaction against the map's revision
@@ -238,28 +235,16 @@ impl ControlPlane {
         &mut self,
         ask: &DecidingMove<'_>,
     ) -> Result<DecidingOutcome, ControlError> {
-        let mut last = None;
-        for _ in 0..ATTEMPTS {
-            let read = self.read_map().await?;
-            let moved = match move_deciding(&read.map, ask) {
-                Ok(moved) => moved,
-                Err(refused) => return Ok(DecidingOutcome::Refused(refused)),
-            };
-            match self.replace_map(&read, moved.map).await {
-                Ok(written) => {
-                    return Ok(DecidingOutcome::Moved {
-                        epoch: written.map.epoch,
-                        note: moved.note,
-                    });
-                }
-                Err(conflict @ ControlError::Conflict { .. }) => last = Some(conflict),
-                Err(other) => return Err(other),
-            }
-        }
-        Err(last.unwrap_or(ControlError::Conflict {
-            expected: 0,
-            current: 0,
-        }))
+        let edited = self
+            .edit_map(|map| move_deciding(map, ask).map(|moved| (moved.map, moved.note)))
+            .await?;
+        Ok(match edited {
+            Edited::Written(written, note) => DecidingOutcome::Moved {
+                epoch: written.map.epoch,
+                note,
+            },
+            Edited::Stopped(refused) => DecidingOutcome::Refused(refused),
+        })
     }
 }
 

@@ -22,6 +22,21 @@ pub struct ClusterMap {
     pub replica_sets: Vec<ReplicaSetRecord>,
 }
 
+/// Why a region's record is not the one an edit was decided on
+/// ([`ClusterMap::next_for_record`]); each caller says it in its own error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RecordMismatch {
+    /// The region has no record: it is not replicated.
+    NotReplicated,
+    /// The record changed since: its version and owner now.
+    Moved {
+        /// The record's version now.
+        current: u64,
+        /// The region's owner device now.
+        owner: String,
+    },
+}
+
 /// A map with the etcd revision it was last changed at: what a change must
 /// compare against.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,6 +88,31 @@ impl ClusterMap {
     /// The record of `region`'s copies, if it is replicated.
     pub fn replica_set(&self, region: &str) -> Option<&ReplicaSetRecord> {
         self.replica_sets.iter().find(|r| r.region == region)
+    }
+
+    /// This map at its next epoch, for an edit of `region`'s record that
+    /// was decided on the record's `version`: the new map and the index
+    /// of the record in it, or why the edit cannot go ahead.
+    pub(crate) fn next_for_record(
+        &self,
+        region: &str,
+        version: u64,
+    ) -> Result<(ClusterMap, usize), RecordMismatch> {
+        let index = self
+            .replica_sets
+            .iter()
+            .position(|r| r.region == region)
+            .ok_or(RecordMismatch::NotReplicated)?;
+        let record = &self.replica_sets[index];
+        if record.version != version {
+            return Err(RecordMismatch::Moved {
+                current: record.version,
+                owner: record.owner.clone(),
+            });
+        }
+        let mut next = self.clone();
+        next.epoch += 1;
+        Ok((next, index))
     }
 
     /// The document stored in etcd.

@@ -28,7 +28,8 @@
 
 use topology::{EnvOverrides, Topology};
 
-use crate::map::ClusterMap;
+use crate::map::{ClusterMap, RecordMismatch};
+use crate::plane::Edited;
 use crate::replica_state::ReplicaState;
 use crate::{ControlError, ControlPlane, Credentials, Endpoints};
 
@@ -147,21 +148,20 @@ pub fn take_ownership(
             device: device.to_owned(),
         });
     }
-    let mut next = map.clone();
-    next.epoch += 1;
-    let Some(record) = next.replica_sets.iter_mut().find(|r| r.region == region) else {
-        return Err(OwnershipError::NotReplicated {
-            region: region.to_owned(),
-        });
-    };
-    if record.version != expected_version {
-        return Err(OwnershipError::Moved {
-            region: region.to_owned(),
-            expected: expected_version,
-            current: record.version,
-            owner: record.owner.clone(),
-        });
-    }
+    let (mut next, index) = map
+        .next_for_record(region, expected_version)
+        .map_err(|mismatch| match mismatch {
+            RecordMismatch::NotReplicated => OwnershipError::NotReplicated {
+                region: region.to_owned(),
+            },
+            RecordMismatch::Moved { current, owner } => OwnershipError::Moved {
+                region: region.to_owned(),
+                expected: expected_version,
+                current,
+                owner,
+            },
+        })?;
+    let record = &mut next.replica_sets[index];
     if record.owner == device {
         return Err(OwnershipError::AlreadyOwner {
             region: region.to_owned(),
@@ -272,9 +272,6 @@ pub enum TakeoverError {
     },
 }
 
-/// Attempts at most when the map keeps changing elsewhere under the edit.
-const ATTEMPTS: usize = 8;
-
 impl ControlPlane {
     /// Writes `device` as `region`'s owner if the region's record is still
     /// at `expected_version` ([`take_ownership`], passing over the serving
@@ -294,44 +291,36 @@ impl ControlPlane {
             device: device.to_owned(),
             source: Box::new(source),
         };
-        let mut last = None;
-        for _ in 0..ATTEMPTS {
-            let read = self.read_map().await.map_err(control)?;
-            let taken =
-                match take_ownership(&read.map, region, device, expected_version, unreachable) {
-                    Ok(taken) => taken,
-                    Err(OwnershipError::Moved { current, owner, .. }) => {
-                        return Ok(Takeover::Lost {
-                            owner,
-                            version: current,
-                        });
-                    }
-                    Err(source) => {
-                        return Err(TakeoverError::Refused {
-                            region: region.to_owned(),
-                            device: device.to_owned(),
-                            source,
-                        });
-                    }
-                };
-            match self.replace_map(&read, taken.map).await {
-                Ok(written) => {
-                    return Ok(Takeover::Taken {
-                        epoch: written.map.epoch,
-                        note: taken.note,
-                        version: taken.version,
-                        deciding: taken.deciding,
-                        syncing: taken.syncing,
-                    });
+        let edited = self
+            .edit_map(|map| {
+                match take_ownership(map, region, device, expected_version, unreachable) {
+                    Ok(taken) => Ok((
+                        taken.map,
+                        (taken.note, taken.version, taken.deciding, taken.syncing),
+                    )),
+                    Err(OwnershipError::Moved { current, owner, .. }) => Err(Ok(Takeover::Lost {
+                        owner,
+                        version: current,
+                    })),
+                    Err(source) => Err(Err(TakeoverError::Refused {
+                        region: region.to_owned(),
+                        device: device.to_owned(),
+                        source,
+                    })),
                 }
-                Err(conflict @ ControlError::Conflict { .. }) => last = Some(conflict),
-                Err(other) => return Err(control(other)),
-            }
+            })
+            .await
+            .map_err(control)?;
+        match edited {
+            Edited::Written(written, (note, version, deciding, syncing)) => Ok(Takeover::Taken {
+                epoch: written.map.epoch,
+                note,
+                version,
+                deciding,
+                syncing,
+            }),
+            Edited::Stopped(outcome) => outcome,
         }
-        Err(control(last.unwrap_or(ControlError::Conflict {
-            expected: 0,
-            current: 0,
-        })))
     }
 }
 

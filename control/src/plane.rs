@@ -90,6 +90,19 @@ fn classify(
     }
 }
 
+/// Attempts at most of one edit of the map ([`ControlPlane::edit_map`])
+/// while the map keeps changing elsewhere under it.
+const EDIT_ATTEMPTS: usize = 8;
+
+/// How an edit of the map ([`ControlPlane::edit_map`]) ended.
+#[derive(Debug)]
+pub(crate) enum Edited<W, S> {
+    /// Written: the map as written, with what the edit returned with it.
+    Written(VersionedMap, W),
+    /// The edit stopped, for this reason; nothing was written.
+    Stopped(S),
+}
+
 impl ControlPlane {
     /// Connects to `endpoints` for pool `pool`, as the etcd user of
     /// `credentials` when given (required once etcd has authentication
@@ -286,33 +299,56 @@ impl ControlPlane {
         state: ReplicaState,
         expected_version: u64,
     ) -> Result<u64, ControlError> {
-        /// How often a conflict with changes elsewhere is retried.
-        const TRIES: usize = 8;
-        let mut last = None;
-        for _ in 0..TRIES {
-            let read = self.read_map().await?;
-            if let Some(record) = read.map.replica_set(region)
-                && record.version != expected_version
-            {
-                return Err(ControlError::ReplicaSetMoved {
-                    region: region.to_owned(),
-                    expected: expected_version,
-                    current: record.version,
-                });
+        let edited = self
+            .edit_map(|map| {
+                if let Some(record) = map.replica_set(region)
+                    && record.version != expected_version
+                {
+                    return Err(ControlError::ReplicaSetMoved {
+                        region: region.to_owned(),
+                        expected: expected_version,
+                        current: record.version,
+                    });
+                }
+                let marked = mark_replica(map, region, server, state).map_err(|source| {
+                    ControlError::MarkRefused {
+                        region: region.to_owned(),
+                        server: server.to_owned(),
+                        state,
+                        source: Box::new(source),
+                    }
+                })?;
+                Ok((marked.map, marked.note))
+            })
+            .await?;
+        match edited {
+            Edited::Written(written, note) => {
+                tracing::info!("{note}");
+                Ok(written.map.epoch)
             }
-            let marked = mark_replica(&read.map, region, server, state).map_err(|source| {
-                ControlError::MarkRefused {
-                    region: region.to_owned(),
-                    server: server.to_owned(),
-                    state,
-                    source: Box::new(source),
-                }
-            })?;
-            match self.replace_map(&read, marked.map).await {
-                Ok(written) => {
-                    tracing::info!("{}", marked.note);
-                    return Ok(written.map.epoch);
-                }
+            Edited::Stopped(refused) => Err(refused),
+        }
+    }
+
+    /// One edit of the map, in one transaction against the revision it was
+    /// decided on: reads the map and asks `decide` for the new map (and a
+    /// value to return with it), or for why it stops there (`Err`, nothing
+    /// written). A change of the map elsewhere meanwhile is read again and
+    /// decided anew, at most [`EDIT_ATTEMPTS`] times; reading or writing
+    /// failing otherwise is the error.
+    pub(crate) async fn edit_map<W, S>(
+        &mut self,
+        mut decide: impl FnMut(&ClusterMap) -> Result<(ClusterMap, W), S>,
+    ) -> Result<Edited<W, S>, ControlError> {
+        let mut last = None;
+        for _ in 0..EDIT_ATTEMPTS {
+            let read = self.read_map().await?;
+            let (map, with) = match decide(&read.map) {
+                Ok(edit) => edit,
+                Err(stop) => return Ok(Edited::Stopped(stop)),
+            };
+            match self.replace_map(&read, map).await {
+                Ok(written) => return Ok(Edited::Written(written, with)),
                 Err(conflict @ ControlError::Conflict { .. }) => last = Some(conflict),
                 Err(other) => return Err(other),
             }
