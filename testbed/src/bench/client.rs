@@ -75,6 +75,8 @@ pub enum BenchOp {
     WritePersist,
     /// COMPARE_SWAP (always fails to swap: compares against a value never stored).
     CompareSwap,
+    /// FETCH_ADD of 1.
+    FetchAdd,
 }
 
 impl BenchOp {
@@ -85,6 +87,7 @@ impl BenchOp {
             BenchOp::Write => "WRITE",
             BenchOp::WritePersist => "WRITE_PERSIST",
             BenchOp::CompareSwap => "COMPARE_SWAP",
+            BenchOp::FetchAdd => "FETCH_ADD",
         }
     }
 }
@@ -283,6 +286,7 @@ impl BenchConn {
             BenchOp::Write => Repr::write(target, shape.key, payload),
             BenchOp::WritePersist => Repr::write_persist(target, shape.key, payload),
             BenchOp::CompareSwap => Repr::compare_swap(target, shape.key, u64::MAX, 1),
+            BenchOp::FetchAdd => Repr::fetch_add(target, shape.key, 1),
         };
         if shape.non_temporal {
             repr = repr.with_non_temporal();

@@ -17,9 +17,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use proto::Message;
 use proto::hello::Role;
-use proto::request::{Repr, Target};
+use proto::request::Target;
 use proto::roce::rc::{WcStatus, WorkOp, WorkRequest};
 use serde::{Deserialize, Serialize};
 use testkit::netns::VethNamespace;
@@ -28,7 +27,7 @@ use testkit::{Conn, FabricSpec, RoceSpec};
 use topology::secrets::{Principal, read_key};
 use topology::{Layout, LayoutEntry, PmemAddr};
 
-use crate::bench::client::BenchConn;
+use crate::bench::client::{BenchConn, BenchOp, Pipelining, Shape, latency, pipelined};
 use crate::bench::peers::cpu_seconds;
 use crate::fabric::launch::{DaemonKind, Fabric, Keys, LaunchOptions};
 use crate::fabric::loopback::loopback_topology;
@@ -201,6 +200,10 @@ pub struct RoceBenchReport {
 const SUBNET: &str = "10.252.0";
 const COUNTER_AT: u64 = 0x1000;
 
+/// The longest the TCP latency samples of one operation may take: the
+/// plan's count of samples ends it well before.
+const TCP_LATENCY_LIMIT: Duration = Duration::from_secs(120);
+
 /// The fabric under measurement.
 struct Setup {
     /// Dropped first: the daemons stop before their namespace and files go.
@@ -269,7 +272,18 @@ impl Setup {
         })
     }
 
-    /// A protocol connection to the device's port, as client c0.
+    /// A measuring connection to the device's port, as client c0.
+    fn tcp_client(&self) -> anyhow::Result<BenchConn> {
+        BenchConn::open(self.device_port, "c0", Some(self.client_key)).with_context(|| {
+            format!(
+                "client c0 connects to the fabric device at {}",
+                self.device_port
+            )
+        })
+    }
+
+    /// A protocol connection to the device's port, as client c0: the RoCE
+    /// client's control connection (QP_CONNECT).
     fn control(&self) -> anyhow::Result<Conn> {
         let mut conn = Conn::connect_timeout(self.device_port, testkit::IO_TIMEOUT)
             .with_context(|| format!("connect to the fabric device at {}", self.device_port))?;
@@ -284,12 +298,12 @@ impl Setup {
 }
 
 /// The device request for `op` (TCP).
-fn tcp_request<'a>(op: RoceOp, region: &LayoutEntry, data: &'a [u8]) -> Repr<'a> {
+fn tcp_shape(op: RoceOp, region: &LayoutEntry) -> Shape {
     let at = |off: u64| Target::Pmem(PmemAddr(region.start.get() + off));
     match op {
-        RoceOp::Read64 => Repr::read(at(0), region.key, 64),
-        RoceOp::Write4k => Repr::write(at(0x10_000), region.key, data),
-        RoceOp::FetchAdd => Repr::fetch_add(at(COUNTER_AT), region.key, 1),
+        RoceOp::Read64 => Shape::new(BenchOp::Read, at(0), region.key, 64),
+        RoceOp::Write4k => Shape::new(BenchOp::Write, at(0x10_000), region.key, 4096),
+        RoceOp::FetchAdd => Shape::new(BenchOp::FetchAdd, at(COUNTER_AT), region.key, 8),
     }
 }
 
@@ -314,24 +328,17 @@ fn roce_op(op: RoceOp, client: &RawRoceClient, region: &LayoutEntry, data: &[u8]
 }
 
 /// Runs batches of `depth` TCP requests for `seconds`; returns ops/s.
-fn tcp_load(setup: &Setup, plan: &RocePlan, op: RoceOp, data: &[u8]) -> anyhow::Result<f64> {
-    let mut conn = setup.control()?;
-    let req = tcp_request(op, &setup.region, data);
-    let start = Instant::now();
-    let mut ops = 0u64;
-    while start.elapsed().as_secs_f64() < plan.seconds {
-        for _ in 0..plan.depth {
-            conn.send(&Message::Request(req));
-        }
-        for _ in 0..plan.depth {
-            let reply = conn.recv();
-            if reply.status != proto::Status::Ok {
-                bail!("{}: TCP request answered {}", op.name(), reply.status);
-            }
-        }
-        ops += plan.depth as u64;
-    }
-    Ok(ops as f64 / start.elapsed().as_secs_f64())
+fn tcp_load(setup: &Setup, plan: &RocePlan, op: RoceOp) -> anyhow::Result<f64> {
+    let mut conn = setup.tcp_client()?;
+    let (ops, took) = pipelined(
+        &mut conn,
+        &tcp_shape(op, &setup.region),
+        plan.depth,
+        Pipelining::Batches,
+        Duration::from_secs_f64(plan.seconds),
+    )
+    .with_context(|| format!("{} over TCP", op.name()))?;
+    Ok(ops as f64 / took.as_secs_f64())
 }
 
 /// Runs batches of `depth` RoCE work requests for `seconds` from inside the
@@ -386,14 +393,14 @@ fn latencies(
     op: RoceOp,
     data: &[u8],
 ) -> anyhow::Result<((u64, u64), (u64, u64))> {
-    let mut conn = setup.control()?;
-    let req = tcp_request(op, &setup.region, data);
-    let mut tcp = LatencyHistogram::new();
-    for _ in 0..plan.samples {
-        let started = Instant::now();
-        conn.call(req);
-        tcp.record_duration(started.elapsed());
-    }
+    let tcp = latency(
+        &mut setup.tcp_client()?,
+        &tcp_shape(op, &setup.region),
+        0,
+        TCP_LATENCY_LIMIT,
+        plan.samples,
+    )
+    .with_context(|| format!("{} over TCP, one at a time", op.name()))?;
     let roce = with_roce_client(setup, |client| {
         let mut h = LatencyHistogram::new();
         for id in 0..plan.samples as u64 {
@@ -428,7 +435,7 @@ pub fn run(plan: RocePlan, out: &Path) -> anyhow::Result<RoceBenchReport> {
                     device_us_per_op: cpu * 1e6 / ops.max(1.0),
                 })
             };
-            let tcp = measure(&|| tcp_load(&setup, &plan, op, &data))?;
+            let tcp = measure(&|| tcp_load(&setup, &plan, op))?;
             let roce = measure(&|| roce_load(&setup, &plan, op, &data))?;
             rounds.push(RoundFigures { op, tcp, roce });
         }
