@@ -13,6 +13,21 @@ use crate::conn::{Lost, PathConn, Response};
 #[cfg(feature = "verbs")]
 use crate::verbs::link::{Resend, Ticket, VerbsLink};
 
+/// What decides how a link carries a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Carriage {
+    /// An earlier attempt of the request may have run it.
+    pub again: bool,
+    /// The request is for a replicated region and the path's device is not
+    /// its owner (the owner's paths are down or the client's map is
+    /// behind): the device will most likely refuse it with NOT_OWNER. Over
+    /// RDMA a refusal is a NAK, which puts the queue pair in the error
+    /// state and takes the path down under every other request on it, so
+    /// such a request goes on the RoCE path's control connection, where a
+    /// refusal is an ordinary answer.
+    pub to_non_owner: bool,
+}
+
 /// A path's link.
 #[derive(Debug)]
 pub(crate) enum PathLink {
@@ -49,11 +64,11 @@ impl PathLink {
         }
     }
 
-    /// Sends `req`; `again` says an earlier attempt of it may have run.
-    pub fn send(&self, req: &request::Repr<'_>, again: bool) -> Result<Sent, Lost> {
+    /// Sends `req`, carried as `carriage` says.
+    pub fn send(&self, req: &request::Repr<'_>, carriage: Carriage) -> Result<Sent, Lost> {
         match self {
             PathLink::Tcp(conn) => {
-                let _ = again;
+                let _ = carriage;
                 let (tag, reply) = conn.send(&proto::Message::Request(*req))?;
                 Ok(Sent {
                     reply,
@@ -62,8 +77,12 @@ impl PathLink {
             }
             #[cfg(feature = "verbs")]
             PathLink::Verbs(link) => {
-                let resend = if again { Resend::Again } else { Resend::First };
-                let (reply, ticket) = link.send(req, resend)?;
+                let resend = if carriage.again {
+                    Resend::Again
+                } else {
+                    Resend::First
+                };
+                let (reply, ticket) = link.send(req, resend, carriage.to_non_owner)?;
                 Ok(Sent {
                     reply,
                     how: How::Verbs(ticket),

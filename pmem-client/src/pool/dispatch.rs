@@ -12,7 +12,7 @@ use topology::{MetaLayout, PmemAddr, RegionIndex, RnicTransport, VirtAddr};
 
 use crate::conn::{self, Response};
 use crate::error::{Address, NoPathToOwner, OwnerNotFound, PoolError, Reason, Tried, TriedPath};
-use crate::link::PathLink;
+use crate::link::{Carriage, PathLink};
 use crate::paths::{Attempts, Failure, GiveUpReason, Next, PathId, Probe};
 use crate::records;
 use crate::translate::Translation;
@@ -536,7 +536,7 @@ impl Inner {
                 }
             }
             let deadline = attempts.attempt_deadline(&lock(&self.table), now);
-            let (outcome, identity) = self.attempt(path, &repr, again, deadline).await;
+            let (outcome, identity) = self.attempt(path, region, &repr, again, deadline).await;
             again = spec.exactly_once;
             if let Some(identity) = identity {
                 // It went as an RDMA atomic the device numbered: that
@@ -766,6 +766,7 @@ impl Inner {
     pub(super) async fn attempt(
         &self,
         path: PathId,
+        region: RegionIndex,
         repr: &request::Repr<'_>,
         again: bool,
         deadline: Instant,
@@ -776,9 +777,16 @@ impl Inner {
         let Some(conn) = self.conn(path) else {
             return (Err(Failure::ConnectionLost), None);
         };
-        lock(&self.table).started(path);
+        let carriage = {
+            let mut table = lock(&self.table);
+            table.started(path);
+            Carriage {
+                again,
+                to_non_owner: table.owner_of(region).is_some() && !table.via_owner(region, path),
+            }
+        };
         let mut identity = None;
-        let result = match conn.send(repr, again) {
+        let result = match conn.send(repr, carriage) {
             Err(conn::Lost) => Err(Failure::ConnectionLost),
             Ok(mut sent) => {
                 let reply = &mut sent.reply;
@@ -827,7 +835,11 @@ impl Inner {
                 let key = epoch.region_keys.resolve(entry.region, entry.key);
                 let repr = request::Repr::read(Target::Pmem(entry.start), key, 0);
                 let deadline = now + self.options.paths.attempt_timeout;
-                match self.attempt(probe.path, &repr, false, deadline).await.0 {
+                match self
+                    .attempt(probe.path, entry.region, &repr, false, deadline)
+                    .await
+                    .0
+                {
                     // A device behind on the map is not back yet; one that
                     // says the connection's epoch is old is told the
                     // current one and asked again at the next probe.

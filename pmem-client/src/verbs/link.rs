@@ -340,25 +340,18 @@ impl VerbsLink {
         &self,
         req: &request::Repr<'_>,
         resend: Resend,
+        to_non_owner: bool,
     ) -> Result<(oneshot::Receiver<Response>, Arc<Ticket>), Lost> {
         if !self.is_alive() {
             return Err(Lost);
         }
         let request = Owned::of(req).ok_or(Lost)?;
-        let atomic = matches!(
+        let control = on_control_connection(
             request.operation,
-            Operation::CompareSwap | Operation::FetchAdd
+            resend,
+            request.exactly_once.is_some(),
+            to_non_owner,
         );
-        let control = match request.operation {
-            Operation::Read
-            | Operation::Write
-            | Operation::WritePersist
-            | Operation::AtomicWrite => false,
-            Operation::CompareSwap | Operation::FetchAdd => {
-                atomic && resend == Resend::Again && request.exactly_once.is_some()
-            }
-            Operation::Flush => true,
-        };
         let (tx, rx) = oneshot::channel();
         let ticket = Arc::new(Ticket::default());
         let job = Job {
@@ -374,6 +367,30 @@ impl VerbsLink {
             .map_err(|_| Lost)?;
         Ok((rx, ticket))
     }
+}
+
+/// Whether a request goes on the path's control connection rather than its
+/// queue pair: FLUSH (the device's persistence point, answered by the
+/// server); a resent exactly-once atomic (it must keep the identity its
+/// first attempt had, which the queue pair's numbering would not); and
+/// anything for a replicated region sent to a device that is not its owner
+/// (`to_non_owner`), whose refusal would come as a NAK and break the queue
+/// pair.
+fn on_control_connection(
+    operation: Operation,
+    resend: Resend,
+    exactly_once: bool,
+    to_non_owner: bool,
+) -> bool {
+    to_non_owner
+        || match operation {
+            Operation::Read
+            | Operation::Write
+            | Operation::WritePersist
+            | Operation::AtomicWrite => false,
+            Operation::CompareSwap | Operation::FetchAdd => resend == Resend::Again && exactly_once,
+            Operation::Flush => true,
+        }
 }
 
 /// A request on the queue pair, waiting for its completion.
@@ -585,5 +602,53 @@ impl Worker {
     /// One request on the control connection; the link dies with it.
     fn on_control(&mut self, req: &request::Repr<'_>) -> Result<Response, Dead> {
         self.control.request(req).map_err(|_| Dead)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ALL: [Operation; 7] = [
+        Operation::Read,
+        Operation::Write,
+        Operation::WritePersist,
+        Operation::AtomicWrite,
+        Operation::CompareSwap,
+        Operation::FetchAdd,
+        Operation::Flush,
+    ];
+
+    #[test]
+    fn a_request_to_a_device_that_does_not_own_its_region_goes_on_the_control_connection() {
+        for op in ALL {
+            for resend in [Resend::First, Resend::Again] {
+                for exactly_once in [false, true] {
+                    assert!(
+                        on_control_connection(op, resend, exactly_once, true),
+                        "{op:?} {resend:?} exactly_once={exactly_once}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn through_the_owner_only_flush_and_resent_exactly_once_atomics_leave_the_queue_pair() {
+        for op in ALL {
+            for resend in [Resend::First, Resend::Again] {
+                for exactly_once in [false, true] {
+                    let expected = op == Operation::Flush
+                        || (matches!(op, Operation::CompareSwap | Operation::FetchAdd)
+                            && resend == Resend::Again
+                            && exactly_once);
+                    assert_eq!(
+                        on_control_connection(op, resend, exactly_once, false),
+                        expected,
+                        "{op:?} {resend:?} exactly_once={exactly_once}"
+                    );
+                }
+            }
+        }
     }
 }
