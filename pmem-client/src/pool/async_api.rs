@@ -161,39 +161,23 @@ impl AsyncPool {
             stats: Stats::default(),
             options,
         });
+        // The map is followed from the start: a device that runs a newer
+        // epoch than the one read above brings the pool up to it while
+        // the paths connect (`ensure_epoch` hands the map to the follower).
+        if let (Some(source), Some(version)) = (&inner.etcd, version) {
+            follow::start(&inner, source, version, direct_maps)?;
+        }
         let paths: Vec<PathId> = lock(&inner.table).paths().iter().map(|p| p.id).collect();
-        let results = join_all(paths.iter().map(|&p| inner.connect_path(p))).await;
-        let mut failures = Vec::new();
-        let now = Instant::now();
-        for (&path, result) in paths.iter().zip(results) {
-            match result {
-                Ok(()) => {}
-                // A device on another epoch than the client (or, unfenced,
-                // on another layout) catches up, or the client does: the
-                // path is probed again.
-                Err(e @ conn::ConnectError::DigestMismatch { .. }) if !following => {
-                    return Err(OpenError::Refused {
-                        client: inner.client.to_string(),
-                        path: inner.path_name(path),
-                        source: Box::new(e),
-                    });
-                }
-                Err(
-                    e @ (conn::ConnectError::Refused { .. }
-                    | conn::ConnectError::AuthRequired { .. }
-                    | conn::ConnectError::NoAuth { .. }),
-                ) => {
-                    return Err(OpenError::Refused {
-                        client: inner.client.to_string(),
-                        path: inner.path_name(path),
-                        source: Box::new(e),
-                    });
-                }
-                Err(e) => {
-                    lock(&inner.table).report_failure(path, 0, Failure::ConnectionLost, now);
-                    failures.push((inner.path_name(path), e));
-                }
-            }
+        let mut failures = connect_paths(&inner, &paths, following).await?;
+        let behind = |failures: &[(String, conn::ConnectError)]| {
+            failures
+                .iter()
+                .any(|(_, e)| matches!(e, conn::ConnectError::NewerMap { .. }))
+        };
+        if following && failures.len() == paths.len() && behind(&failures) {
+            // The map moved on while the pool opened, and connecting caught
+            // the pool up: once more, at the devices' epoch.
+            failures = connect_paths(&inner, &paths, following).await?;
         }
         if failures.len() == paths.len() {
             return Err(OpenError::Unreachable {
@@ -205,9 +189,6 @@ impl AsyncPool {
             Arc::downgrade(&inner),
             Arc::clone(&inner.prober),
         ));
-        if let (Some(source), Some(version)) = (&inner.etcd, version) {
-            follow::start(&inner, source, version, direct_maps)?;
-        }
         Ok(Self { inner })
     }
 
@@ -621,4 +602,48 @@ impl AsyncPool {
             stale_behind: s.stale_behind.load(Ordering::Relaxed),
         }
     }
+}
+
+/// Connects each of `paths` of a pool being opened: the paths that could
+/// not connect, with why (each reported down, so the prober tries it
+/// again), or the refusal that stops the open.
+async fn connect_paths(
+    inner: &Arc<Inner>,
+    paths: &[PathId],
+    following: bool,
+) -> Result<Vec<(String, conn::ConnectError)>, OpenError> {
+    let results = join_all(paths.iter().map(|&p| inner.connect_path(p))).await;
+    let mut failures = Vec::new();
+    let now = Instant::now();
+    for (&path, result) in paths.iter().zip(results) {
+        match result {
+            Ok(()) => {}
+            // A device on another epoch than the client (or, unfenced,
+            // on another layout) catches up, or the client does: the
+            // path is probed again.
+            Err(e @ conn::ConnectError::DigestMismatch { .. }) if !following => {
+                return Err(OpenError::Refused {
+                    client: inner.client.to_string(),
+                    path: inner.path_name(path),
+                    source: Box::new(e),
+                });
+            }
+            Err(
+                e @ (conn::ConnectError::Refused { .. }
+                | conn::ConnectError::AuthRequired { .. }
+                | conn::ConnectError::NoAuth { .. }),
+            ) => {
+                return Err(OpenError::Refused {
+                    client: inner.client.to_string(),
+                    path: inner.path_name(path),
+                    source: Box::new(e),
+                });
+            }
+            Err(e) => {
+                lock(&inner.table).report_failure(path, 0, Failure::ConnectionLost, now);
+                failures.push((inner.path_name(path), e));
+            }
+        }
+    }
+    Ok(failures)
 }

@@ -45,15 +45,21 @@ pub fn testbed_in(dir: &Path, args: &[&str]) -> Output {
 /// Runs the testbed's command `args[0]` on a fresh [`two_by_two`] fabric
 /// (clients c1 and c2) with its reports in a fresh folder, the rest of
 /// `args` after the topology; returns the output and the folder holding
-/// topology and reports.
+/// topology and reports. A run that fails keeps the folder (its logs and
+/// region files are what explains it) and says where on stderr.
 pub fn run_in_fresh_fabric(args: &[&str]) -> (Output, tempfile::TempDir) {
-    let dir = tempfile::tempdir().expect("temp dir");
+    let mut dir = tempfile::tempdir().expect("temp dir");
     let config = two_by_two(dir.path(), &["c1", "c2"]);
     let reports = dir.path().join("reports");
     let mut all: Vec<&str> = args.to_vec();
     all.insert(1, config.to_str().expect("utf-8 path"));
     all.extend(["--reports", reports.to_str().expect("utf-8 path")]);
-    (testbed(&all), dir)
+    let output = testbed(&all);
+    if !output.status.success() {
+        dir.disable_cleanup(true);
+        eprintln!("the failed run's folder is kept: {}", dir.path().display());
+    }
+    (output, dir)
 }
 
 /// What a process printed: its stdout, then its stderr.
