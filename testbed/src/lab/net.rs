@@ -38,6 +38,15 @@ pub enum LabError {
     /// The calling thread could not enter the namespace.
     #[error("cannot enter the lab's network namespace")]
     Enter(#[source] netns::NetnsError),
+    /// The lab's lock file could not be opened or locked.
+    #[error("cannot lock {path}, which keeps lab runs on this host one at a time")]
+    Lock {
+        /// The lock file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
     /// The lab needs root.
     #[error("the lab needs root (network namespaces, QEMU taps)")]
     NotRoot(#[source] netns::NetnsError),
@@ -80,6 +89,12 @@ pub fn run_script(name: &str, args: &[&str]) -> Result<(), LabError> {
     })
 }
 
+/// The file whose lock a lab run holds from before its network comes up
+/// until after it is removed: the lab's namespace, bridge and addresses
+/// are one per host, and a second run bringing them up would tear down
+/// the first's.
+pub const LOCK_FILE: &str = "/run/lock/pmem-fabric-lab.lock";
+
 /// The lab's network, up; removed again when dropped.
 #[derive(Debug)]
 pub struct LabNet {
@@ -87,17 +102,26 @@ pub struct LabNet {
     /// The namespace the thread came from, to go back to before teardown
     /// (the teardown stops every process whose main thread is in the lab).
     home: Option<std::fs::File>,
+    /// Held while the lab is this run's (see [`LOCK_FILE`]); declared
+    /// last, so it is released after the network is removed.
+    _lock: std::fs::File,
 }
 
 impl LabNet {
-    /// Builds the guest image if needed, brings the lab's namespace up and
-    /// moves the calling thread into it.
+    /// Waits until no other run on this host uses the lab, builds the
+    /// guest image if needed, brings the lab's namespace up and moves the
+    /// calling thread into it.
     pub fn enter() -> Result<LabNet, LabError> {
         netns::require_root().map_err(LabError::NotRoot)?;
+        let lock = take_lab()?;
         run_script("image.sh", &[])?;
         let home = std::fs::File::open("/proc/thread-self/ns/net").ok();
         run_script("net.sh", &["up"])?;
-        let lab = LabNet { up: true, home };
+        let lab = LabNet {
+            up: true,
+            home,
+            _lock: lock,
+        };
         netns::enter(NAMESPACE).map_err(LabError::Enter)?;
         Ok(lab)
     }
@@ -197,6 +221,50 @@ impl Drop for LabNet {
     }
 }
 
+/// The lab for this run alone: the lock of [`LOCK_FILE`], waited for (and
+/// said so) while another run holds it.
+fn take_lab() -> Result<std::fs::File, LabError> {
+    take_lock(Path::new(LOCK_FILE))
+}
+
+/// The exclusive lock of the file at `path` (made if missing), waited for.
+fn take_lock(path: &Path) -> Result<std::fs::File, LabError> {
+    let lock_error = |source| LabError::Lock {
+        path: path.to_owned(),
+        source,
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(lock_error)?;
+    }
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(lock_error)?;
+    if flock(&file, libc::LOCK_EX | libc::LOCK_NB).is_ok() {
+        return Ok(file);
+    }
+    eprintln!(
+        "the RDMA lab is in use by another run on this host ({}); waiting for it",
+        path.display()
+    );
+    flock(&file, libc::LOCK_EX).map_err(lock_error)?;
+    Ok(file)
+}
+
+/// `flock(2)` of `file` with `operation`.
+fn flock(file: &std::fs::File, operation: libc::c_int) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: the descriptor belongs to `file`, open for the whole call;
+    // flock reads nothing from memory.
+    if unsafe { libc::flock(file.as_raw_fd(), operation) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 /// What a guest stores data on besides its initramfs, and where its QEMU
 /// writes its process id (to cut the guest's power: SIGKILL).
 #[derive(Debug, Clone, Copy)]
@@ -215,4 +283,21 @@ pub struct GuestStorage<'a> {
     pub pidfile: &'a Path,
     /// The guest's eth0 address (CIDR); `None`: 10.77.0.2/24.
     pub address: Option<&'a str>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lab_lock_is_held_until_its_file_closes() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("sub").join("lab.lock");
+        let held = take_lock(&path).expect("the first lock");
+        let other = std::fs::File::open(&path).expect("open again");
+        let busy = flock(&other, libc::LOCK_EX | libc::LOCK_NB).expect_err("taken already");
+        assert_eq!(busy.kind(), io::ErrorKind::WouldBlock, "{busy}");
+        drop(held);
+        flock(&other, libc::LOCK_EX | libc::LOCK_NB).expect("free once the holder closed it");
+    }
 }
