@@ -770,9 +770,7 @@ impl Executor {
                 if let Some(done) = self.carry_record(req, target, || map.persist(at, 8)) {
                     return done;
                 }
-                let once = req.exactly_once.filter(|_| {
-                    matches!(req.operation, Operation::CompareSwap | Operation::FetchAdd)
-                });
+                let once = req.exactly_once;
                 let Some(id) = once else {
                     let old = match req.operation {
                         Operation::CompareSwap => {
@@ -799,6 +797,7 @@ impl Executor {
                 let change = |old: u64| match req.operation {
                     Operation::CompareSwap if old == req.compare => req.operand,
                     Operation::CompareSwap => old,
+                    Operation::AtomicWrite => req.operand,
                     _ => old.wrapping_add(req.operand),
                 };
                 let digest = atomic_digest(

@@ -184,6 +184,41 @@ fn a_recorded_identity_answers_only_the_request_that_recorded_it() {
     );
 }
 
+/// An ATOMIC_WRITE under an identity is stored once: its retry, after
+/// another client stored a later value, is answered from the record and
+/// does not bring the old value back (a plain store retried after a
+/// failover did, which the linearizability check of `restart-all` caught);
+/// another value under the same identity is refused.
+#[test]
+fn a_retried_exactly_once_atomic_write_is_not_stored_again_over_a_later_store() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (config, secrets) = fabric(dir.path());
+    let server = start(&config, &secrets, &dir.path().join("data"), &[]).expect("server");
+    let mut c1 = proven(&server, Role::Client, "c1");
+    let mut c2 = proven(&server, Role::Client, "c2");
+    let key = c1.map().entries[0].key;
+    let store = |value| Repr::atomic_write(at(0, 512), key, value).with_exactly_once(0, 9);
+    let first = c1.call(store(7));
+    assert_eq!(first.status, Status::Ok);
+    let later = c2.call(Repr::atomic_write(at(0, 512), key, 8).with_exactly_once(1, 1));
+    assert_eq!(later.status, Status::Ok);
+
+    let retry = c1.call(store(7));
+    assert_eq!(retry.status, Status::Ok, "answered from the record");
+    let conflict = c1.call(store(6));
+    assert_eq!(conflict.status, Status::ExactlyOnceConflict);
+    let mut device = proven(&server, Role::FabricDevice, "F");
+    assert_eq!(word(&mut device, key, 512), 8, "the later store stands");
+    let metrics = telemetry::http_get(server.addr("admin"), "/metrics", Duration::from_secs(5))
+        .expect("metrics")
+        .1;
+    assert_eq!(
+        telemetry::metric_sum(&metrics, "pmem_server_exactly_once_replays_total", ""),
+        Some(1.0),
+        "one retry answered from the record"
+    );
+}
+
 /// A request device `F` sends for client `c1` (number 0).
 fn for_c1(req: Repr<'_>) -> Repr<'_> {
     Repr {

@@ -1,9 +1,8 @@
 //! The record of a decided atomic that an ATOMIC_WRITE may carry (flag
-//! RECORDED): which COMPARE_SWAP or FETCH_ADD the stored word is the
-//! outcome of, and what it returned.
+//! RECORDED): which COMPARE_SWAP, FETCH_ADD or exactly-once ATOMIC_WRITE
+//! the stored word is the outcome of, and what it returned.
 //!
-//! A replicated region's owner device decides a COMPARE_SWAP or FETCH_ADD
-//! at one copy and writes the word it left to the other copies with
+//! A replicated region's owner device decides such an atomic at one copy and writes the word it left to the other copies with
 //! ATOMIC_WRITE under the client's exactly-once identity. With the record,
 //! each of those copies also remembers the atomic in its exactly-once
 //! window (its digest from the fields below, and its result), so a retry of
@@ -12,10 +11,11 @@
 //! fabric device sends it; a server refuses it from a client.
 //!
 //! ```text
-//! 0      operation u8: the atomic's opcode, COMPARE_SWAP (0x13) or FETCH_ADD (0x14)
+//! 0      operation u8: the atomic's opcode, COMPARE_SWAP (0x13), FETCH_ADD
+//!                  (0x14) or ATOMIC_WRITE (0x1D)
 //! 1..8   reserved zero
-//! 8..16  compare   u64: the COMPARE_SWAP's compare value; zero for FETCH_ADD
-//! 16..24 operand   u64: the swap or add value
+//! 8..16  compare   u64: the COMPARE_SWAP's compare value; zero for the others
+//! 16..24 operand   u64: the swap or add value, or the value stored
 //! 24..32 result    u64: what the atomic returned (the word before it)
 //! ```
 //!
@@ -30,23 +30,26 @@ use crate::opcode::Opcode;
 /// Bytes of a record.
 pub const RECORD_LEN: usize = 32;
 
-/// A decided COMPARE_SWAP or FETCH_ADD, as an ATOMIC_WRITE carries it.
+/// A decided COMPARE_SWAP, FETCH_ADD or ATOMIC_WRITE, as an ATOMIC_WRITE
+/// carries it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct AtomicRecord {
-    /// [`Opcode::CompareSwap`] or [`Opcode::FetchAdd`].
+    /// [`Opcode::CompareSwap`], [`Opcode::FetchAdd`] or
+    /// [`Opcode::AtomicWrite`].
     pub operation: Opcode,
-    /// The compare value of a COMPARE_SWAP; zero for a FETCH_ADD.
+    /// The compare value of a COMPARE_SWAP; zero for the others.
     pub compare: u64,
-    /// The swap or add value.
+    /// The swap or add value, or the value stored.
     pub operand: u64,
     /// What the atomic returned: the word before it.
     pub result: u64,
 }
 
 impl AtomicRecord {
-    /// The record of `operation` (COMPARE_SWAP or FETCH_ADD; [`Self::parse`]
-    /// refuses any other) with its operands and result; a FETCH_ADD's
-    /// compare value is dropped (it means nothing).
+    /// The record of `operation` (COMPARE_SWAP, FETCH_ADD or ATOMIC_WRITE;
+    /// [`Self::parse`] refuses any other) with its operands and result; the
+    /// compare value of anything but a COMPARE_SWAP is dropped (it means
+    /// nothing).
     pub fn new(operation: Opcode, compare: u64, operand: u64, result: u64) -> Self {
         let compare = match operation {
             Opcode::CompareSwap => compare,
@@ -61,8 +64,8 @@ impl AtomicRecord {
     }
 
     /// Parses a record; refuses another length, an operation other than
-    /// COMPARE_SWAP or FETCH_ADD, reserved bytes that are not zero, and a
-    /// FETCH_ADD with a compare value.
+    /// COMPARE_SWAP, FETCH_ADD or ATOMIC_WRITE, reserved bytes that are not
+    /// zero, and a compare value on anything but a COMPARE_SWAP.
     pub fn parse(bytes: &[u8]) -> Result<Self> {
         if bytes.len() != RECORD_LEN {
             return Err(Error::LengthMismatch {
@@ -72,7 +75,7 @@ impl AtomicRecord {
             });
         }
         let operation = match Opcode::from(bytes[0]) {
-            op @ (Opcode::CompareSwap | Opcode::FetchAdd) => op,
+            op @ (Opcode::CompareSwap | Opcode::FetchAdd | Opcode::AtomicWrite) => op,
             _ => {
                 return Err(Error::ReservedBits {
                     what: "operation of an atomic record",
@@ -87,9 +90,9 @@ impl AtomicRecord {
             });
         }
         let compare = le::u64_at(&bytes[8..16]);
-        if operation == Opcode::FetchAdd && compare != 0 {
+        if operation != Opcode::CompareSwap && compare != 0 {
             return Err(Error::ReservedBits {
-                what: "compare value of a recorded FETCH_ADD",
+                what: "compare value of a recorded FETCH_ADD or ATOMIC_WRITE",
                 value: compare,
             });
         }
@@ -132,22 +135,24 @@ mod tests {
     }
 
     #[test]
-    fn a_fetch_add_records_no_compare_value() {
-        let record = AtomicRecord::new(Opcode::FetchAdd, 99, 1, 7);
-        assert_eq!(record.compare, 0);
-        assert_eq!(AtomicRecord::parse(&record.to_bytes()).unwrap(), record);
-        let mut bytes = record.to_bytes();
-        bytes[8] = 1;
-        assert!(matches!(
-            AtomicRecord::parse(&bytes),
-            Err(Error::ReservedBits { .. })
-        ));
+    fn a_fetch_add_or_atomic_write_records_no_compare_value() {
+        for operation in [Opcode::FetchAdd, Opcode::AtomicWrite] {
+            let record = AtomicRecord::new(operation, 99, 1, 7);
+            assert_eq!(record.compare, 0);
+            assert_eq!(AtomicRecord::parse(&record.to_bytes()).unwrap(), record);
+            let mut bytes = record.to_bytes();
+            bytes[8] = 1;
+            assert!(
+                matches!(AtomicRecord::parse(&bytes), Err(Error::ReservedBits { .. })),
+                "{operation:?}"
+            );
+        }
     }
 
     #[test]
     fn other_operations_lengths_and_reserved_bytes_are_refused() {
         let good = AtomicRecord::new(Opcode::FetchAdd, 0, 1, 2).to_bytes();
-        for opcode in [0x10u8, 0x1D, 0x00, 0xFF] {
+        for opcode in [0x10u8, 0x12, 0x00, 0xFF] {
             let mut bytes = good;
             bytes[0] = opcode;
             assert!(

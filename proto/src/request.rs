@@ -1106,7 +1106,7 @@ mod tests {
         ));
         // A record with a bad operation, or no exactly-once identity.
         let mut bad = body.clone();
-        bad[HEADER_LEN] = Opcode::AtomicWrite.into();
+        bad[HEADER_LEN] = Opcode::Read.into();
         assert!(matches!(
             parse_bytes(&bad, Operation::AtomicWrite),
             Err(Error::ReservedBits { .. })

@@ -378,11 +378,13 @@ impl AsyncPool {
 
     /// Stores `value` into the 8-byte word at `vaddr` (8-byte aligned)
     /// atomically: a concurrent atomic or read of the word sees the old or
-    /// the new value, never a mix. Not exactly-once (storing twice is
-    /// harmless). **Not durable** until a [`flush`](Self::flush) of the word
-    /// sent after this returned (unless `persistent_atomics`).
+    /// the new value, never a mix. Exactly once, like the other atomics: a
+    /// store retried after a failover is not applied again after another
+    /// client's later store (which would bring the old value back). **Not
+    /// durable** until a [`flush`](Self::flush) of the word sent after this
+    /// returned (unless `persistent_atomics`).
     pub async fn atomic_write(&self, vaddr: VirtAddr, value: u64) -> Result<(), PoolError> {
-        self.atomic(vaddr, Operation::AtomicWrite, value, 0, false)
+        self.atomic(vaddr, Operation::AtomicWrite, value, 0, true)
             .await
             .map(drop)
     }
@@ -510,7 +512,7 @@ impl AsyncPool {
             operand,
             compare,
             persist: true,
-            exactly_once: operation != Operation::AtomicWrite,
+            exactly_once: true,
             ..Spec::plain(operation, 8)
         };
         Ok(self.inner.raw(at, key, spec).await?.value)

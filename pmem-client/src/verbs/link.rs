@@ -371,8 +371,10 @@ impl VerbsLink {
 
 /// Whether a request goes on the path's control connection rather than its
 /// queue pair: FLUSH (the device's persistence point, answered by the
-/// server); a resent exactly-once atomic (it must keep the identity its
-/// first attempt had, which the queue pair's numbering would not); and
+/// server); a resent exactly-once COMPARE_SWAP or FETCH_ADD (it must keep
+/// the identity its first attempt had, which the queue pair's numbering
+/// would not) and an exactly-once ATOMIC_WRITE (which the queue pair does
+/// not number); and
 /// anything for a replicated region sent to a device that is not its owner
 /// (`to_non_owner`), whose refusal would come as a NAK and break the queue
 /// pair.
@@ -384,11 +386,10 @@ fn on_control_connection(
 ) -> bool {
     to_non_owner
         || match operation {
-            Operation::Read
-            | Operation::Write
-            | Operation::WritePersist
-            | Operation::AtomicWrite => false,
+            Operation::Read | Operation::Write | Operation::WritePersist => false,
             Operation::CompareSwap | Operation::FetchAdd => resend == Resend::Again && exactly_once,
+            // The queue pair numbers only COMPARE_SWAP and FETCH_ADD.
+            Operation::AtomicWrite => exactly_once,
             Operation::Flush => true,
         }
 }
@@ -634,11 +635,12 @@ mod tests {
     }
 
     #[test]
-    fn through_the_owner_only_flush_and_resent_exactly_once_atomics_leave_the_queue_pair() {
+    fn through_the_owner_only_flush_and_atomics_that_keep_an_identity_leave_the_queue_pair() {
         for op in ALL {
             for resend in [Resend::First, Resend::Again] {
                 for exactly_once in [false, true] {
                     let expected = op == Operation::Flush
+                        || (op == Operation::AtomicWrite && exactly_once)
                         || (matches!(op, Operation::CompareSwap | Operation::FetchAdd)
                             && resend == Resend::Again
                             && exactly_once);

@@ -1,14 +1,16 @@
-//! COMPARE_SWAP and FETCH_ADD of a replicated region: decided at the
-//! deciding copy (its word read back on the same link), then the word
-//! written to the other copies under the client's identity, with the
-//! atomic's record so that each copy's exactly-once window remembers it.
+//! COMPARE_SWAP, FETCH_ADD and exactly-once ATOMIC_WRITE of a replicated
+//! region: decided at the deciding copy (its word read back on the same
+//! link), then the word written to the other copies under the client's
+//! identity, with the atomic's record so that each copy's exactly-once
+//! window remembers it.
 
 use proto::atomic_record::AtomicRecord;
 
 use super::*;
 
 impl Forwarder {
-    /// COMPARE_SWAP, FETCH_ADD: decided at the deciding copy first.
+    /// COMPARE_SWAP, FETCH_ADD, ATOMIC_WRITE under an identity: decided at
+    /// the deciding copy first.
     pub(super) fn start_atomic(
         &mut self,
         conn: ConnId,

@@ -361,6 +361,7 @@ impl Atomic {
         match self.operation {
             Operation::CompareSwap if old == self.compare => self.operand,
             Operation::FetchAdd => old.wrapping_add(self.operand),
+            Operation::AtomicWrite => self.operand,
             _ => old,
         }
     }

@@ -75,12 +75,18 @@ impl Forwarder {
             Operation::CompareSwap | Operation::FetchAdd => {
                 self.start_atomic(conn, frame, req, tag, at, now)
             }
+            // An ATOMIC_WRITE under an identity is stored once however
+            // often it is sent: decided like the other atomics, so that its
+            // record is at every copy.
+            Operation::AtomicWrite if req.exactly_once.is_some() => {
+                self.start_atomic(conn, frame, req, tag, at, now)
+            }
             _ => self.fan_out(conn, frame, req, tag, at, now),
         }
     }
 
-    /// WRITE, WRITE_PERSIST, FLUSH, ATOMIC_WRITE: to every copy that takes
-    /// writes.
+    /// WRITE, WRITE_PERSIST, FLUSH, ATOMIC_WRITE without an identity: to
+    /// every copy that takes writes.
     pub(super) fn fan_out(
         &mut self,
         conn: ConnId,

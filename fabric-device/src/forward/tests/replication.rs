@@ -331,6 +331,52 @@ fn a_fetch_add_without_an_identity_writes_its_word_without_a_record() {
 }
 
 #[test]
+fn an_atomic_write_with_an_identity_is_decided_and_recorded_at_every_copy() {
+    let mut core = replicated();
+    let store = |c: &Forwarder| Repr {
+        exactly_once: Some(ExactlyOnce::on_lane(0, 12)),
+        ..Repr::atomic_write(pmem(c, "PB.1", 512), key(c, "PB.1"), 99)
+    };
+    send(&mut core, store, 6);
+    let (sent, _, _) = split(core.take_outbox());
+    // To the deciding copy alone, with the read of its word.
+    let b = link(&core, "B", "n0");
+    let shapes: Vec<_> = sent.iter().map(|s| (s.link, s.operation)).collect();
+    assert_eq!(shapes, [(b, Operation::AtomicWrite), (b, Operation::Read)]);
+    answer(&mut core, &sent[0], Status::Ok, 4);
+    answer(&mut core, &sent[1], Status::Ok, 99);
+    let (sent, _, _) = split(core.take_outbox());
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].link, link(&core, "A", "n0"));
+    assert_eq!(
+        (sent[0].operation, sent[0].operand),
+        (Operation::AtomicWrite, 99)
+    );
+    // Its record: a retry reaching the backup once it decides is answered
+    // from there, not stored again over a later store.
+    assert_eq!(
+        AtomicRecord::parse(&sent[0].payload),
+        Ok(AtomicRecord::new(Opcode::AtomicWrite, 0, 99, 4))
+    );
+
+    // Without an identity it goes to both copies at once, as a write does.
+    send(
+        &mut core,
+        |c| Repr::atomic_write(pmem(c, "PB.1", 520), key(c, "PB.1"), 5),
+        7,
+    );
+    let (sent, _, _) = split(core.take_outbox());
+    let shapes: Vec<_> = sent.iter().map(|s| (s.link, s.operation)).collect();
+    assert_eq!(
+        shapes,
+        [
+            (link(&core, "B", "n0"), Operation::AtomicWrite),
+            (link(&core, "A", "n0"), Operation::AtomicWrite)
+        ]
+    );
+}
+
+#[test]
 fn a_client_cannot_send_an_atomics_record() {
     let mut core = replicated();
     let record = AtomicRecord::new(Opcode::FetchAdd, 0, 1, 0).to_bytes();
