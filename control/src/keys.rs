@@ -4,7 +4,7 @@
 //! /pmem-fabric/<pool>/map                   the cluster map (JSON: epoch, topology, replica states)
 //! /pmem-fabric/<pool>/members/<role>/<name> a live daemon (JSON, bound to its lease)
 //! /pmem-fabric/<pool>/intent/<role>/<name>  the operator's intent: active, draining, removed
-//! /pmem-fabric/<pool>/drain/<server>/single-copy  regions with one copy when its drain began
+//! /pmem-fabric/<pool>/drain/<server>/single-copy  regions with one copy when its drain began (until it ends)
 //! ```
 //!
 //! `<role>` is `server` or `device`; names are the topology's ids.

@@ -522,6 +522,18 @@ impl ControlPlane {
         Ok(())
     }
 
+    /// Forgets the regions recorded by [`ControlPlane::record_drain_single_copies`]
+    /// once `server`'s drain ended: a later drain of a server of that name
+    /// records its own.
+    pub async fn forget_drain_single_copies(&mut self, server: &str) -> Result<(), ControlError> {
+        let key = self.keys.drain_single_copies(server);
+        self.client
+            .delete(key.clone(), None)
+            .await
+            .map_err(self.failed("delete of a drain's single-copy regions", key))?;
+        Ok(())
+    }
+
     /// Every recorded intent; malformed records are skipped with a warning.
     pub async fn intents(&mut self) -> Result<Vec<(Role, String, Intent)>, ControlError> {
         let under = self.keys.intents();

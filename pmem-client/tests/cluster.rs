@@ -87,6 +87,13 @@ fn an_operator_loads_shows_changes_and_drains_through_etcd() {
         err.contains("region PA.1: the copy on B is still syncing after 1 s, so A's copy is kept"),
         "{err}"
     );
+    // The regions that had one copy are recorded for a drain run again.
+    let record = control::Keys::of("default").drain_single_copies("A");
+    let recorded = etcd.get_prefix(&record).expect("etcdctl get");
+    assert!(
+        recorded.len() == 1 && recorded[0].1.lines().any(|r| r == "PA.1"),
+        "{recorded:?}"
+    );
     let (_, out, _) = cluster(&e, &["--pool", "default", "show"]);
     assert!(out.contains("  A            draining  not live"), "{out}");
     let (code, out, err) = cluster(

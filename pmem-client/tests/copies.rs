@@ -526,6 +526,12 @@ fn a_single_copy_region_is_drained_under_writes_through_two_devices_and_nothing_
         .expect("a valid map");
     assert!(topology.servers.iter().all(|s| s.id.as_str() != "B"));
     assert!(map.replica_set("B1").is_none(), "B1 has one copy again");
+    let record = Keys::of("test").drain_single_copies("B");
+    assert_eq!(
+        fabric.etcd.get_prefix(&record).expect("etcdctl get"),
+        [],
+        "the drain's record of B1 is gone once it ended"
+    );
     let on_c = file_bytes(
         &data_dir(fabric.dir.path(), "C"),
         "B1",

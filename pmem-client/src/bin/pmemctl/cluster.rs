@@ -517,6 +517,7 @@ async fn drain_server(
             plane
                 .set_intent(Role::Server, server, Intent::Removed)
                 .await?;
+            plane.forget_drain_single_copies(server).await?;
             return Ok(format!(
                 "server {server}: drained, every copy it held serves elsewhere; removed from \
                  the map (its files stay on its PMEM; its daemon may be stopped)\n"
