@@ -14,10 +14,12 @@
 //!    region moves neither itself nor any other region.
 //! 2. **Add** a copy on another server, while the region has fewer copies
 //!    besides the drained one than it should keep (its own `replicas`
-//!    count, else the pool's, at least 2): a server of a failure domain no
-//!    copy of the region uses, not draining, with PMEM. The copy is written
-//!    into the region's backup list and starts `syncing`; the region's
-//!    owner device resyncs it. All adds come before any wait, so a server
+//!    count, else the pool's, at least 2 for a replicated region, 1 for a
+//!    region with a single copy): a server of a failure domain no copy of
+//!    the region uses, not draining, with PMEM. The copy is written into
+//!    the region's backup list and starts `syncing`; the region's owner
+//!    device resyncs it. A single-copy region becomes replicated by this
+//!    change (its owner device then orders its requests). All adds come before any wait, so a server
 //!    taking several copies opens them in one restart (a server opens the
 //!    copies a map adds to it at its next start).
 //! 3. **Wait** while another copy of such a region is `syncing` or
@@ -32,11 +34,9 @@
 //!    number the regions they serve at start, and devices address them by
 //!    number), so the new primary is a copy whose device is next to the
 //!    drained server's in config order, and a move that would renumber is
-//!    refused, naming the regions.
+//!    refused, naming the regions. A region that had a single copy has
+//!    one again afterwards (on its new server), as before the drain.
 //! 5. **Remove** the server from the map once it holds no copy.
-//!
-//! Regions with one copy are refused: moving one needs the owner's resync
-//! of a region that had a single copy, which is not verified.
 
 use toml::{Table, Value};
 use topology::{Layout, RegionReplicas, ReplicaSet, Server, Topology};
@@ -112,18 +112,6 @@ pub enum DrainError {
         /// The map's epoch.
         epoch: u64,
     },
-    /// A region with one copy, on the drained server.
-    #[error(
-        "region {region} has a single copy, on {server}: moving it needs a resync of a region \
-         that had one copy, which the drain does not do yet; nothing was changed. Give the pool \
-         or the region replicas = 2 first, or move its data by hand"
-    )]
-    SingleCopy {
-        /// The region.
-        region: String,
-        /// The drained server.
-        server: String,
-    },
     /// No server may take a copy of the region.
     #[error(
         "no server can take a copy of region {region} from {server}, so nothing was changed: \
@@ -177,15 +165,31 @@ pub enum DrainError {
     Control(#[from] ControlError),
 }
 
+/// The regions with a single copy, on `server`, in `map` (read from etcd
+/// `key`): what a drain beginning now records, so that they keep one copy
+/// (see [`next_step`]'s `single`).
+pub fn single_copies(map: &ClusterMap, key: &str, server: &str) -> Result<Vec<String>, DrainError> {
+    let topology = map.topology_at(key)?;
+    Ok(topology
+        .replica_sets()
+        .into_iter()
+        .filter(|s| !s.is_replicated() && s.primary().server.as_str() == server)
+        .map(|s| s.region.to_string())
+        .collect())
+}
+
 /// The next step of draining `server` off `map` (read from etcd `key`);
 /// servers in `avoid` (draining or removed ones) take no copy; servers in
-/// `live` have a liveness record (an offline copy of theirs is revived).
+/// `live` have a liveness record (an offline copy of theirs is revived);
+/// regions in `single` had a single copy when the drain began (from
+/// [`single_copies`]) and get one copy elsewhere, not two.
 pub fn next_step(
     map: &ClusterMap,
     key: &str,
     server: &str,
     avoid: &[String],
     live: &[String],
+    single: &[String],
 ) -> Result<Planned, DrainError> {
     let topology = map.topology_at(key)?;
     let Some(drained) = topology.servers.iter().find(|s| s.id.as_str() == server) else {
@@ -201,12 +205,6 @@ pub fn next_step(
         .collect();
     if sets.is_empty() {
         return remove(map, key, server);
-    }
-    if let Some(single) = sets.iter().find(|s| !s.is_replicated()) {
-        return Err(DrainError::SingleCopy {
-            region: single.region.to_string(),
-            server: server.to_owned(),
-        });
     }
     let layout = Layout::new(&topology).map_err(|e| ControlError::InvalidMap {
         source_name: format!("etcd {key} (epoch {})", map.epoch),
@@ -229,7 +227,7 @@ pub fn next_step(
     }
     for set in &sets {
         let others = set.replicas.len() - 1;
-        if others < wanted(&topology, set) && set.replicas.len() < MAX_COPIES {
+        if others < wanted(&topology, set, single) && set.replicas.len() < MAX_COPIES {
             return drain.add(set);
         }
     }
@@ -295,8 +293,13 @@ pub fn next_step(
 }
 
 /// The copies a region keeps besides a drained one: its own count, else
-/// the pool's, at least 2 (a replicated region stays replicated).
-fn wanted(topology: &Topology, set: &ReplicaSet) -> usize {
+/// the pool's, at least 2 for a replicated region (it stays replicated);
+/// 1 for a region with a single copy, or one in `single` (it had one when
+/// the drain began, and the drain's add made it replicated meanwhile).
+fn wanted(topology: &Topology, set: &ReplicaSet, single: &[String]) -> usize {
+    if !set.is_replicated() || single.iter().any(|r| r == set.region.as_str()) {
+        return 1;
+    }
     let count = match region_of(topology, set).and_then(|r| r.replicas.as_ref()) {
         Some(RegionReplicas::Count(n)) => *n,
         _ => topology.pool.replicas.unwrap_or(1),
@@ -374,7 +377,7 @@ impl Drain<'_> {
         let mut backups: Vec<String> = set.backups().iter().map(replica_place).collect();
         backups.push(at.clone());
         if let Some(t) = region_table(&mut table, region) {
-            set_backups(t, &backups);
+            set_backups(t, &backups, self.topology);
         }
         let map = self.checked(region, &table)?;
         Ok(Planned {
@@ -545,7 +548,7 @@ impl Drain<'_> {
                 .map(replica_place)
                 .collect();
             if let Some(t) = region_table(&mut table, region) {
-                set_backups(t, &backups);
+                set_backups(t, &backups, self.topology);
             }
             let map = self.checked(region, &table)?;
             return Ok(self.dropped(region, map, None));
@@ -567,7 +570,7 @@ impl Drain<'_> {
             let Some(mut moved) = take_region(&mut table, region) else {
                 break;
             };
-            set_backups(&mut moved, &backups);
+            set_backups(&mut moved, &backups, self.topology);
             let front = servers_after(self.topology, self.server, new.server.as_str());
             put_region(&mut table, new, moved, front);
             match self.checked(region, &table) {
@@ -583,13 +586,17 @@ impl Drain<'_> {
     }
 
     fn dropped(&self, region: &str, map: ClusterMap, moved_to: Option<&str>) -> Planned {
-        let copies = map.replica_set(region).map_or_else(String::new, |r| {
-            r.copies
-                .iter()
-                .map(|c| format!("{} {}", c.server, c.state))
-                .collect::<Vec<_>>()
-                .join(", ")
-        });
+        let copies = map.replica_set(region).map_or_else(
+            || "copies now one (a single copy again)".to_owned(),
+            |r| {
+                let copies: Vec<String> = r
+                    .copies
+                    .iter()
+                    .map(|c| format!("{} {}", c.server, c.state))
+                    .collect();
+                format!("copies now {}", copies.join(", "))
+            },
+        );
         let moved = moved_to.map_or_else(String::new, |to| {
             format!(" (its table moved to {to}, now the primary)")
         });
@@ -599,7 +606,7 @@ impl Drain<'_> {
             },
             map: Some(map),
             note: format!(
-                "region {region}: copy on {} dropped{moved}; copies now {copies}",
+                "region {region}: copy on {} dropped{moved}; {copies}",
                 self.server
             ),
         }
@@ -670,10 +677,15 @@ fn remove(map: &ClusterMap, key: &str, server: &str) -> Result<Planned, DrainErr
     })
 }
 
-/// Sets a region table's backup places (none: the key goes).
-fn set_backups(table: &mut Table, backups: &[String]) {
+/// Sets a region table's backup places. None: the region keeps a single
+/// copy (the key goes, or says 1 when the pool keeps more by default).
+fn set_backups(table: &mut Table, backups: &[String], topology: &Topology) {
     if backups.is_empty() {
-        table.remove("replicas");
+        if topology.pool.replicas.unwrap_or(1) > 1 {
+            table.insert("replicas".to_owned(), Value::Integer(1));
+        } else {
+            table.remove("replicas");
+        }
     } else {
         let places = backups.iter().cloned().map(Value::String).collect();
         table.insert("replicas".to_owned(), Value::Array(places));
@@ -794,9 +806,11 @@ mod tests {
     /// Runs the drain of `server` to its end, marking each copy it waits
     /// for serving (as the owner's resync would); the steps taken.
     fn drain(mut map: ClusterMap, server: &str) -> (ClusterMap, Vec<Step>) {
+        let single = single_copies(&map, KEY, server).unwrap();
         let mut steps = Vec::new();
         for _ in 0..40 {
-            let planned = next_step(&map, KEY, server, &[], &[]).unwrap_or_else(|e| panic!("{e}"));
+            let planned =
+                next_step(&map, KEY, server, &[], &[], &single).unwrap_or_else(|e| panic!("{e}"));
             steps.push(planned.step.clone());
             match planned.step {
                 Step::Wait { region, server } => {
@@ -977,7 +991,7 @@ mod tests {
         let avoid = ["A".to_owned()];
         let mut map = map;
         let err = loop {
-            match next_step(&map, KEY, "B", &avoid, &[]) {
+            match next_step(&map, KEY, "B", &avoid, &[], &[]) {
                 Ok(planned) => match planned.step {
                     Step::Wait { region, server } => {
                         map = mark_replica(&map, &region, &server, ReplicaState::Serving)
@@ -1017,13 +1031,13 @@ mod tests {
         let mut map = three_servers();
         // Up to the first wait, as if the command stopped there.
         loop {
-            let planned = next_step(&map, KEY, "B", &[], &[]).unwrap();
+            let planned = next_step(&map, KEY, "B", &[], &[], &[]).unwrap();
             match planned.map {
                 Some(next) => map = next,
                 None => break,
             }
         }
-        let again = next_step(&map, KEY, "B", &[], &[]).unwrap();
+        let again = next_step(&map, KEY, "B", &[], &[], &[]).unwrap();
         assert_eq!(
             again.step,
             Step::Wait {
@@ -1043,11 +1057,14 @@ mod tests {
     #[test]
     fn a_drain_refuses_what_it_cannot_do_safely_and_changes_nothing() {
         let mut map = three_servers();
-        while let Step::Pin { .. } = next_step(&map, KEY, "B", &[], &[]).unwrap().step {
-            map = next_step(&map, KEY, "B", &[], &[]).unwrap().map.unwrap();
+        while let Step::Pin { .. } = next_step(&map, KEY, "B", &[], &[], &[]).unwrap().step {
+            map = next_step(&map, KEY, "B", &[], &[], &[])
+                .unwrap()
+                .map
+                .unwrap();
         }
         // No server outside the copies' domains but C, which is draining.
-        let err = next_step(&map, KEY, "B", &["C".to_owned()], &[]).unwrap_err();
+        let err = next_step(&map, KEY, "B", &["C".to_owned()], &[], &[]).unwrap_err();
         let err = match err {
             DrainError::NoPlace { .. } => err.to_string(),
             other => panic!("{other}"),
@@ -1061,7 +1078,7 @@ mod tests {
         // A copy that cannot serve yet is waited for; once the only other
         // copy is offline, the drained copy is not dropped.
         let mut map = three_servers();
-        while let Some(next) = next_step(&map, KEY, "B", &[], &[]).unwrap().map {
+        while let Some(next) = next_step(&map, KEY, "B", &[], &[], &[]).unwrap().map {
             map = next;
         }
         let offline = mark_replica(&map, "A1", "C", ReplicaState::Offline)
@@ -1075,7 +1092,7 @@ mod tests {
             .map;
         // Neither offline copy's server is live: the drain waits, B's copy
         // stays; A is live: its copy is marked syncing.
-        let waits = next_step(&offline, KEY, "B", &[], &[]).unwrap();
+        let waits = next_step(&offline, KEY, "B", &[], &[], &[]).unwrap();
         assert_eq!(
             waits.step,
             Step::Wait {
@@ -1084,7 +1101,7 @@ mod tests {
             }
         );
         assert!(waits.note.contains("offline"), "{}", waits.note);
-        let revived = next_step(&offline, KEY, "B", &[], &["A".to_owned()]).unwrap();
+        let revived = next_step(&offline, KEY, "B", &[], &["A".to_owned()], &[]).unwrap();
         assert_eq!(
             revived.step,
             Step::Revive {
@@ -1096,18 +1113,104 @@ mod tests {
         assert_eq!(record.state_on("A"), Some(ReplicaState::Syncing));
         assert_eq!(record.state_on("B"), Some(ReplicaState::Serving));
 
-        let err = next_step(&three_servers(), KEY, "Z", &[], &[])
+        let err = next_step(&three_servers(), KEY, "Z", &[], &[], &[])
             .unwrap_err()
             .to_string();
         assert_eq!(err, "the map (epoch 1) has no server Z");
-        let single = ClusterMap::new(1, three_servers().topology.replace("replicas = 2\n", ""));
-        let single = ClusterMap::new(1, single.topology.replace("replicas = [\"A:0\"]\n", ""));
-        let err = next_step(&single, KEY, "B", &[], &[])
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.starts_with("region B1 has a single copy, on B"),
-            "{err}"
+    }
+
+    #[test]
+    fn a_single_copy_region_gets_a_copy_next_to_it_and_has_one_again_after_the_drain() {
+        // The pool keeps two copies, B1 one (`replicas = 1`); A1's backup
+        // is on B by the placement rule.
+        let map = ClusterMap::new(
+            1,
+            three_servers()
+                .topology
+                .replace("replicas = [\"A:0\"]\n", "replicas = 1\n"),
         );
+        let topology = map.topology_at(KEY).unwrap();
+        let sets = topology.replica_sets();
+        let b1 = sets.iter().find(|s| s.region.as_str() == "B1").unwrap();
+        assert!(!b1.is_replicated(), "{b1:?}");
+        let before = Layout::new(&topology).unwrap();
+        let (after, steps) = drain(map, "B");
+        let changes: Vec<Step> = steps
+            .into_iter()
+            .filter(|s| !matches!(s, Step::Pin { .. }))
+            .collect();
+        let (region, server) = (|r: &str| r.to_owned(), |s: &str| s.to_owned());
+        assert_eq!(
+            changes,
+            [
+                Step::Add {
+                    region: region("A1"),
+                    server: server("C"),
+                },
+                // Next to B in config order: B1's table can move there.
+                Step::Add {
+                    region: region("B1"),
+                    server: server("A"),
+                },
+                Step::Wait {
+                    region: region("A1"),
+                    server: server("C"),
+                },
+                Step::Wait {
+                    region: region("B1"),
+                    server: server("A"),
+                },
+                Step::Drop {
+                    region: region("A1")
+                },
+                Step::Drop {
+                    region: region("B1")
+                },
+                Step::Remove,
+            ]
+        );
+        let topology = after.topology_at(KEY).unwrap();
+        let layout = Layout::new(&topology).unwrap();
+        for old in before.entries() {
+            let new = layout.entry_by_id(&old.region_id).unwrap();
+            assert_eq!((new.start, new.region), (old.start, old.region));
+        }
+        // B1 has a single copy again, on A, and says so against the pool's
+        // two; A1 keeps two.
+        let b1 = layout.entry_by_id(&"B1".into()).unwrap();
+        assert_eq!(b1.server.as_str(), "A");
+        assert!(after.replica_set("B1").is_none());
+        assert!(
+            topology
+                .replica_sets()
+                .iter()
+                .any(|s| s.region.as_str() == "B1" && !s.is_replicated())
+        );
+        assert!(
+            after.topology.contains("replicas = 1"),
+            "{}",
+            after.topology
+        );
+        assert_eq!(after.replica_set("A1").unwrap().serving(), 2);
+    }
+
+    #[test]
+    fn a_single_copy_pool_drained_stays_single_copy() {
+        let text = three_servers()
+            .topology
+            .replace("replicas = 2\n", "")
+            .replace("replicas = [\"A:0\"]\n", "");
+        let (after, steps) = drain(ClusterMap::new(1, text), "B");
+        assert!(
+            steps.contains(&Step::Add {
+                region: "B1".into(),
+                server: "A".into()
+            }),
+            "{steps:?}"
+        );
+        let topology = after.topology_at(KEY).unwrap();
+        assert!(topology.servers.iter().all(|s| s.id.as_str() != "B"));
+        assert!(topology.replica_sets().iter().all(|s| !s.is_replicated()));
+        assert!(!after.topology.contains("replicas"), "{}", after.topology);
     }
 }

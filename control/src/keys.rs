@@ -4,6 +4,7 @@
 //! /pmem-fabric/<pool>/map                   the cluster map (JSON: epoch, topology, replica states)
 //! /pmem-fabric/<pool>/members/<role>/<name> a live daemon (JSON, bound to its lease)
 //! /pmem-fabric/<pool>/intent/<role>/<name>  the operator's intent: active, draining, removed
+//! /pmem-fabric/<pool>/drain/<server>/single-copy  regions with one copy when its drain began (until it ends)
 //! ```
 //!
 //! `<role>` is `server` or `device`; names are the topology's ids.
@@ -56,6 +57,12 @@ impl Keys {
     /// The operator's intent for `name` in `role`.
     pub fn intent(&self, role: Role, name: &str) -> String {
         format!("{}{}/{name}", self.intents(), role.as_str())
+    }
+
+    /// The regions that had a single copy, on `server`, when its drain
+    /// began (one id a line): they keep one copy after the drain.
+    pub fn drain_single_copies(&self, server: &str) -> String {
+        format!("{}drain/{server}/single-copy", self.prefix)
     }
 
     /// The role and name a member or intent key names, if it is one

@@ -486,6 +486,54 @@ impl ControlPlane {
         Ok(())
     }
 
+    /// The regions that had a single copy on `server` when its drain
+    /// began, if a drain recorded them.
+    pub async fn drain_single_copies(
+        &mut self,
+        server: &str,
+    ) -> Result<Option<Vec<String>>, ControlError> {
+        let key = self.keys.drain_single_copies(server);
+        let response = self
+            .client
+            .get(key.clone(), None)
+            .await
+            .map_err(self.failed("read of a drain's single-copy regions", key))?;
+        Ok(response.kvs().first().map(|kv| {
+            String::from_utf8_lossy(kv.value())
+                .lines()
+                .filter(|l| !l.is_empty())
+                .map(str::to_owned)
+                .collect()
+        }))
+    }
+
+    /// Records the regions that have a single copy on `server` as its
+    /// drain begins, so that a drain run again keeps them single-copy.
+    pub async fn record_drain_single_copies(
+        &mut self,
+        server: &str,
+        regions: &[String],
+    ) -> Result<(), ControlError> {
+        let key = self.keys.drain_single_copies(server);
+        self.client
+            .put(key.clone(), regions.join("\n"), None)
+            .await
+            .map_err(self.failed("write of a drain's single-copy regions", key))?;
+        Ok(())
+    }
+
+    /// Forgets the regions recorded by [`ControlPlane::record_drain_single_copies`]
+    /// once `server`'s drain ended: a later drain of a server of that name
+    /// records its own.
+    pub async fn forget_drain_single_copies(&mut self, server: &str) -> Result<(), ControlError> {
+        let key = self.keys.drain_single_copies(server);
+        self.client
+            .delete(key.clone(), None)
+            .await
+            .map_err(self.failed("delete of a drain's single-copy regions", key))?;
+        Ok(())
+    }
+
     /// Every recorded intent; malformed records are skipped with a warning.
     pub async fn intents(&mut self) -> Result<Vec<(Role, String, Intent)>, ControlError> {
         let under = self.keys.intents();

@@ -42,17 +42,10 @@ fn server(etcd: &Etcd, dir: &Path, id: &str) -> Daemon {
     .unwrap_or_else(|e| panic!("pmem-server {id} did not start:\n{e}"))
 }
 
-fn device(etcd: &Etcd) -> Daemon {
+fn device(etcd: &Etcd, id: &str) -> Daemon {
     Daemon::spawn(
         DaemonSpec::new(testkit::binary("fabric-device"))
-            .args([
-                "--etcd",
-                &etcd.endpoint(),
-                "--pool",
-                "test",
-                "--device",
-                "F",
-            ])
+            .args(["--etcd", &etcd.endpoint(), "--pool", "test", "--device", id])
             .args(["--admin", "127.0.0.1:0", "--insecure"])
             .args(["--request-timeout-ms", "2000"])
             .args(["--reconnect-min-ms", "20", "--reconnect-max-ms", "200"]),
@@ -128,6 +121,29 @@ fn wait_rounds(done: &AtomicU64, at_least: u64, what: &str) {
     }
 }
 
+/// Every acknowledged write of `work` reads back through `pool`.
+fn reads_back(pool: &Pool, work: &Workload) {
+    let regions = pool.regions();
+    for (r, region) in REGIONS.into_iter().enumerate() {
+        let base = regions
+            .iter()
+            .find(|(id, _, _)| id == region)
+            .expect("region")
+            .1
+            .0;
+        for offset in (0..REGION_LEN).step_by(64 << 10) {
+            let read = pool
+                .read(VirtAddr(base + offset), 64 << 10)
+                .unwrap_or_else(|e| panic!("read {region} at {offset}: {e}"));
+            let at = offset as usize;
+            assert!(
+                read == work.regions[r][at..at + (64 << 10)],
+                "{region}: the block at {offset} reads as written"
+            );
+        }
+    }
+}
+
 #[test]
 fn a_server_is_drained_under_writes_its_copies_move_and_nothing_is_lost() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -156,7 +172,7 @@ fn a_server_is_drained_under_writes_its_copies_move_and_nothing_is_lost() {
 
     let _a = server(&etcd, dir.path(), "A");
     let _b = server(&etcd, dir.path(), "B");
-    let device = device(&etcd);
+    let device = device(&etcd, "F");
     device.wait_links_up(2);
 
     let endpoints = Endpoints::parse(&etcd.endpoint()).expect("endpoints");
@@ -248,24 +264,8 @@ fn a_server_is_drained_under_writes_its_copies_move_and_nothing_is_lost() {
 
     // Every acknowledged write reads back through the pool, and both
     // copies of each region are the same bytes past their headers.
-    let regions = pool.regions();
+    reads_back(&pool, &work);
     for (r, region) in REGIONS.into_iter().enumerate() {
-        let base = regions
-            .iter()
-            .find(|(id, _, _)| id == region)
-            .expect("region")
-            .1
-            .0;
-        for offset in (0..REGION_LEN).step_by(64 << 10) {
-            let read = pool
-                .read(VirtAddr(base + offset), 64 << 10)
-                .unwrap_or_else(|e| panic!("read {region} at {offset}: {e}"));
-            let at = offset as usize;
-            assert!(
-                read == work.regions[r][at..at + (64 << 10)],
-                "{region}: the block at {offset} reads as written"
-            );
-        }
         let on_a = file_bytes(&data_dir(dir.path(), "A"), region, 0, REGION_LEN as usize);
         let on_c = file_bytes(&data_dir(dir.path(), "C"), region, 0, REGION_LEN as usize);
         assert!(on_a == on_c, "{region}: the copies on A and C differ");
@@ -274,6 +274,271 @@ fn a_server_is_drained_under_writes_its_copies_move_and_nothing_is_lost() {
             "{region}: C's copy holds every write"
         );
     }
+}
+
+/// Servers A (A1) and B (B1) in one failure domain, each region with a
+/// single copy, server C (empty, not started) in another; devices F and G;
+/// the pool library of client c1 (an RNIC to each device) writing to both
+/// regions from its own thread.
+struct SingleCopies {
+    dir: tempfile::TempDir,
+    etcd: Etcd,
+    _servers: Vec<Daemon>,
+    devices: Vec<Daemon>,
+    pool: Arc<Pool>,
+    stop: Arc<AtomicBool>,
+    done: Arc<AtomicU64>,
+    writer: Option<std::thread::JoinHandle<Workload>>,
+}
+
+impl SingleCopies {
+    fn start() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut ports = Ports::new();
+        let spec = FabricSpec::new()
+            .server("A", &[("A1", "4MiB")])
+            .server("B", &[("B1", "4MiB")])
+            .server("C", &[])
+            .device("F")
+            .device("G")
+            .client("c1");
+        let config = spec.write(dir.path(), "topology.toml", &mut ports);
+        let text = std::fs::read_to_string(&config).expect("read the topology");
+        // A and B share a failure domain: a copy of B1 goes to C.
+        let shared = text
+            .replacen("id = \"A\"\n", "id = \"A\"\ndomain = \"ab\"\n", 1)
+            .replacen("id = \"B\"\n", "id = \"B\"\ndomain = \"ab\"\n", 1);
+        assert_eq!(shared.matches("domain = \"ab\"").count(), 2, "{text}");
+        let etcd = Etcd::start(dir.path()).unwrap_or_else(|e| panic!("etcd: {e}"));
+        etcd.put(
+            &Keys::of("test").map(),
+            &ClusterMap::new(1, shared).to_json(),
+        )
+        .expect("etcdctl put");
+        let servers = vec![
+            server(&etcd, dir.path(), "A"),
+            server(&etcd, dir.path(), "B"),
+        ];
+        let devices = vec![device(&etcd, "F"), device(&etcd, "G")];
+        for d in &devices {
+            d.wait_links_up(2);
+        }
+        let endpoints = Endpoints::parse(&etcd.endpoint()).expect("endpoints");
+        let pool = Arc::new(
+            AsyncPool::builder_on_etcd(endpoints, "test", "c1")
+                .connect()
+                .unwrap_or_else(|e| panic!("pool: {}", pmem_client::error_chain(&e))),
+        );
+        let stop = Arc::new(AtomicBool::new(false));
+        let done = Arc::new(AtomicU64::new(0));
+        let writer = {
+            let (pool, stop, done) = (Arc::clone(&pool), Arc::clone(&stop), Arc::clone(&done));
+            std::thread::spawn(move || write_until(&pool, &stop, &done))
+        };
+        wait_rounds(&done, 20, "at the start");
+        Self {
+            dir,
+            etcd,
+            _servers: servers,
+            devices,
+            pool,
+            stop,
+            done,
+            writer: Some(writer),
+        }
+    }
+
+    fn logs(&self) -> String {
+        let logs: Vec<String> = self.devices.iter().map(Daemon::stderr_so_far).collect();
+        format!("the devices' logs:\n{}", logs.join("\n----\n"))
+    }
+
+    /// Starts server C once the map names a copy of `region` on it (a
+    /// server opens the copies a map adds to it at its start).
+    fn start_c_with(&self, region: &str) -> Daemon {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while map_in(&self.etcd)
+            .replica_set(region)
+            .and_then(|s| s.state_on("C"))
+            .is_none()
+        {
+            assert!(
+                Instant::now() < deadline,
+                "no copy of {region} on C in the map"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        server(&self.etcd, self.dir.path(), "C")
+    }
+
+    /// The application writes 20 rounds more, then stops: what it wrote,
+    /// with no error.
+    fn finish(&mut self) -> Workload {
+        let after = self.done.load(Ordering::Relaxed) + 20;
+        wait_rounds(&self.done, after, "at the end");
+        self.stop.store(true, Ordering::Relaxed);
+        let work = self
+            .writer
+            .take()
+            .expect("the writer runs")
+            .join()
+            .expect("the writer");
+        assert_eq!(
+            work.errors,
+            Vec::<String>::new(),
+            "no application error; {}",
+            self.logs()
+        );
+        reads_back(&self.pool, &work);
+        work
+    }
+}
+
+#[test]
+fn a_single_copy_region_given_a_second_copy_under_writes_through_two_devices_loses_nothing() {
+    let mut fabric = SingleCopies::start();
+    // Both regions get a copy on C in one map change: each turns from
+    // single-copy (both devices forward it on their plain path) into
+    // replicated (its owner orders it), under the application's writes.
+    let map = map_in(&fabric.etcd);
+    let place = |text: String, region: &str| {
+        let table = format!("id = \"{region}\"\n      size = \"4MiB\"\n");
+        assert!(text.contains(&table), "{region} in\n{text}");
+        text.replacen(&table, &format!("{table}      replicas = [\"C:0\"]\n"), 1)
+    };
+    let changed = place(place(map.topology.clone(), "A1"), "B1");
+    let answered = |d: &Daemon| d.metric("fabric_device_requests_total", "").unwrap_or(0.0);
+    let (plain_f, plain_g) = (answered(&fabric.devices[0]), answered(&fabric.devices[1]));
+    let file = fabric.dir.path().join("replicated.toml");
+    std::fs::write(&file, changed).expect("write the topology");
+    let apply = Command::new(env!("CARGO_BIN_EXE_pmemctl"))
+        .args([
+            "cluster",
+            "--etcd",
+            &fabric.etcd.endpoint(),
+            "--pool",
+            "test",
+        ])
+        .args(["apply", "--from", file.to_str().expect("path"), "--epoch"])
+        .arg(map.epoch.to_string())
+        .env_remove("PMEM_FABRIC_ETCD")
+        .output()
+        .expect("run pmemctl");
+    assert!(
+        apply.status.success(),
+        "{}",
+        String::from_utf8_lossy(&apply.stderr)
+    );
+    let _c = fabric.start_c_with("B1");
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !REGIONS.iter().all(|r| {
+        map_in(&fabric.etcd)
+            .replica_set(r)
+            .is_some_and(|s| s.serving() == 2)
+    }) {
+        assert!(
+            Instant::now() < deadline,
+            "C's copies not serving; {}",
+            fabric.logs()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let work = fabric.finish();
+    // The regions' writes moved from F's plain path (the client's first
+    // path) to their owners, one of them G.
+    let owners: Vec<String> = REGIONS
+        .iter()
+        .map(|r| {
+            let set = map_in(&fabric.etcd).replica_set(r).cloned();
+            set.expect("replicated").owner
+        })
+        .collect();
+    let (f, g) = (answered(&fabric.devices[0]), answered(&fabric.devices[1]));
+    eprintln!(
+        "owners {owners:?}; requests answered: F {f} ({plain_f} before the change), G {g} \
+         ({plain_g} before)"
+    );
+    assert!(plain_f > 0.0 && owners.iter().any(|o| o == "G") && g > plain_g);
+    for (r, (region, primary)) in REGIONS.into_iter().zip(["A", "B"]).enumerate() {
+        let on_primary = file_bytes(
+            &data_dir(fabric.dir.path(), primary),
+            region,
+            0,
+            REGION_LEN as usize,
+        );
+        let on_c = file_bytes(
+            &data_dir(fabric.dir.path(), "C"),
+            region,
+            0,
+            REGION_LEN as usize,
+        );
+        assert!(
+            on_primary == on_c,
+            "{region}: the copies on {primary} and C differ"
+        );
+        assert!(
+            on_c == work.regions[r],
+            "{region}: C's copy holds every write"
+        );
+    }
+}
+
+#[test]
+fn a_single_copy_region_is_drained_under_writes_through_two_devices_and_nothing_is_lost() {
+    let mut fabric = SingleCopies::start();
+    let drain = Command::new(env!("CARGO_BIN_EXE_pmemctl"))
+        .args([
+            "cluster",
+            "--etcd",
+            &fabric.etcd.endpoint(),
+            "--pool",
+            "test",
+        ])
+        .args(["drain-server", "B", "--timeout", "60"])
+        .env_remove("PMEM_FABRIC_ETCD")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run pmemctl");
+    let _c = fabric.start_c_with("B1");
+    let out = drain.wait_with_output().expect("pmemctl ends");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("pmemctl drain-server B:\n{stdout}{stderr}");
+    assert!(
+        out.status.success(),
+        "drain-server failed: {stderr}\n{}",
+        fabric.logs()
+    );
+    for line in [
+        "region B1: copy added on C",
+        "region B1: copy on B dropped (its table moved to C, now the primary); copies now one \
+         (a single copy again)",
+        "server B: drained",
+    ] {
+        assert!(stdout.contains(line), "{line:?} in\n{stdout}");
+    }
+    let work = fabric.finish();
+    let map = map_in(&fabric.etcd);
+    let topology = map
+        .topology_at(&Keys::of("test").map())
+        .expect("a valid map");
+    assert!(topology.servers.iter().all(|s| s.id.as_str() != "B"));
+    assert!(map.replica_set("B1").is_none(), "B1 has one copy again");
+    let record = Keys::of("test").drain_single_copies("B");
+    assert_eq!(
+        fabric.etcd.get_prefix(&record).expect("etcdctl get"),
+        [],
+        "the drain's record of B1 is gone once it ended"
+    );
+    let on_c = file_bytes(
+        &data_dir(fabric.dir.path(), "C"),
+        "B1",
+        0,
+        REGION_LEN as usize,
+    );
+    assert!(on_c == work.regions[1], "B1: C's copy holds every write");
 }
 
 /// Runs `pmemctl --etcd ENDPOINT --pool test ARGS…`: exit code, stdout,
@@ -328,7 +593,7 @@ fn scrub_names_a_damaged_copy_repairs_it_and_refuses_to_guess() {
     .expect("etcdctl put");
     let _a = server(&etcd, dir.path(), "A");
     let _b = server(&etcd, dir.path(), "B");
-    let device = device(&etcd);
+    let device = device(&etcd, "F");
     device.wait_links_up(2);
 
     // B1's copy on A is damaged before any checksum is recorded: two

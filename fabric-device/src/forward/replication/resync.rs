@@ -56,6 +56,9 @@ pub(super) struct Resyncs {
     not_before: HashMap<(u32, ServerId), Instant>,
     /// Copies whose wait was logged (once, until their resync starts).
     waiting_logged: Vec<(u32, ServerId)>,
+    /// Write links to sources whose servers have not confirmed the epoch
+    /// of this device's ownership: MAP_EPOCH is said on them again.
+    to_confirm: Vec<LinkId>,
 }
 
 impl Default for Resyncs {
@@ -69,6 +72,7 @@ impl Default for Resyncs {
             marking: Vec::new(),
             not_before: HashMap::new(),
             waiting_logged: Vec::new(),
+            to_confirm: Vec::new(),
         }
     }
 }
@@ -390,6 +394,7 @@ impl Forwarder {
         };
         let region_id = state.id.clone();
         let server = state.copies[copy].server.clone();
+        let mut unconfirmed = None;
         let why_not = match self.deciding_copy(region) {
             None => Some("no copy of the region is serving to copy from".to_owned()),
             Some(source) if self.write_link(&state.copies[source].links).is_none() => {
@@ -401,10 +406,29 @@ impl Forwarder {
             Some(_) if self.write_link(&state.copies[copy].links).is_none() => {
                 Some("no link to its server is up".to_owned())
             }
+            // A device that ran an older map may still send the region's
+            // writes on its plain path (the region had a single copy) or
+            // as its former owner: the source's server refuses those only
+            // once it runs this device's epoch, and a block summed before
+            // one of them lands would miss it on the syncing copy.
+            Some(source) if !self.owned_epoch_confirmed(region, &state.copies[source].server) => {
+                unconfirmed = self.write_link(&state.copies[source].links);
+                Some(format!(
+                    "its source's server, {}, has not confirmed the map epoch this device owns                      the region from (MAP_EPOCH said again)",
+                    state.copies[source].server
+                ))
+            }
             Some(_) => None,
         };
         let key = (region, server.clone());
         let resyncs = &mut self.replication.resyncs;
+        // Waiting for an epoch's confirmation, the start is tried again as
+        // often as MAP_EPOCH is said; other waits take longer.
+        let retry = match unconfirmed {
+            Some(_) => super::takeover::RESAY_EVERY,
+            None => RETRY_AFTER,
+        };
+        resyncs.to_confirm.extend(unconfirmed);
         if let Some(why) = why_not {
             if !resyncs.waiting_logged.contains(&key) {
                 tracing::warn!(
@@ -413,7 +437,7 @@ impl Forwarder {
                 );
                 resyncs.waiting_logged.push(key.clone());
             }
-            resyncs.not_before.insert(key, now + RETRY_AFTER);
+            resyncs.not_before.insert(key, now + retry);
             return;
         }
         resyncs.waiting_logged.retain(|k| k != &key);
@@ -474,6 +498,14 @@ impl Forwarder {
                  the copy did not serve sent to it"
             );
         }
+    }
+
+    /// The write links of resync sources waiting for their servers to
+    /// confirm the device's epoch, each once per start attempt.
+    pub(super) fn resync_sources_to_confirm(&mut self) -> Vec<LinkId> {
+        let mut links = std::mem::take(&mut self.replication.resyncs.to_confirm);
+        links.dedup();
+        links
     }
 
     fn sync_mut(&mut self, id: u64) -> Option<&mut Sync> {

@@ -242,6 +242,18 @@ impl Forwarder {
         })
     }
 
+    /// Whether `server` said it runs the epoch from which this device owns
+    /// `region` (or a newer one, or no map at all): from then on it refuses
+    /// what any device sent under an older map (STALE_MAP), plain-path
+    /// writes of a region that had a single copy among them.
+    pub(super) fn owned_epoch_confirmed(&self, region: u32, server: &ServerId) -> bool {
+        let Some(state) = self.region_state(region) else {
+            return true;
+        };
+        let said = self.replication.takeovers.said_epoch(server);
+        state.fence.epoch == 0 || said.is_some_and(|e| e == 0 || e >= state.fence.epoch)
+    }
+
     /// Ends the wait of every fenced region whose servers confirmed.
     fn release_fences(&mut self, now: Instant) {
         if !self.replication.takeovers.any_waiting {
@@ -280,7 +292,8 @@ impl Forwarder {
     /// stops waiting for it.
     pub fn fence_resends(&mut self, now: Instant) -> Vec<(LinkId, Vec<u8>)> {
         let mut said = self.fence_resays(now);
-        let stale = self.stale_resays(now);
+        let mut stale = self.stale_resays(now);
+        stale.extend(self.resync_sources_to_confirm());
         if stale.is_empty() {
             return said;
         }

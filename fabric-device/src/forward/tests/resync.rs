@@ -616,6 +616,52 @@ fn the_gated_housekeeping_still_starts_a_resync_after_a_missed_mark() {
 }
 
 #[test]
+fn a_resync_waits_until_its_sources_server_runs_the_epoch_the_device_owns_the_region_from() {
+    // The device owns PA.1 from epoch 5 (a region that had one copy, or a
+    // takeover): B says it runs 5, A is still at 4, so A still serves
+    // writes another device sent on an older map.
+    let mut sim = Sim::syncing();
+    let said = sim.core.set_epoch(5);
+    assert!(!said.is_empty(), "MAP_EPOCH said on every link");
+    let (a, b) = (links_of(&sim.core, "A"), links_of(&sim.core, "B"));
+    for link in &b {
+        super::takeover::server_runs(&mut sim.core, *link, 5, sim.now);
+    }
+    for link in &a {
+        super::takeover::server_runs(&mut sim.core, *link, 4, sim.now);
+    }
+    // Past the request timeout the region's requests stop waiting for A
+    // (its only serving copy); the resync still does, saying MAP_EPOCH to
+    // A again.
+    let end = sim.now + ForwarderConfig::default().request_timeout * 2;
+    let mut resaid_to_a = 0;
+    while sim.now < end {
+        let resent = sim.core.replication_turn(sim.now);
+        resaid_to_a += resent.iter().filter(|(l, _)| a.contains(l)).count();
+        sim.pump();
+        sim.now += Duration::from_millis(20);
+    }
+    assert!(
+        !sim.seen.iter().any(|s| matches!(s, Seen::Sums { .. })),
+        "no block summed before A runs epoch 5"
+    );
+    assert!(sim.core.resync_status(sim.region, "B").is_none());
+    assert!(resaid_to_a > 2, "MAP_EPOCH said to A again: {resaid_to_a}");
+    assert_eq!(
+        sim.core.copy_state(sim.region, "A"),
+        Some(ReplicaState::Serving)
+    );
+
+    sim.write("A", 3 * BLOCK, &[7; 64]);
+    for link in &a {
+        super::takeover::server_runs(&mut sim.core, *link, 5, sim.now);
+    }
+    sim.until_serving();
+    assert_eq!(sim.sync_writes("B"), [3 * BLOCK]);
+    assert!(sim.copies_equal());
+}
+
+#[test]
 fn a_copy_lost_during_a_resync_releases_its_hold() {
     let mut sim = Sim::syncing();
     sim.write("A", 3 * BLOCK, &[9; 64]);

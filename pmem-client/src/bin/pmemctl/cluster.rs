@@ -74,9 +74,11 @@ enum ClusterAction {
     /// it), waits until it serves, drops SERVER's copy, and removes SERVER
     /// from the map once it holds nothing. Interrupted and run again, it
     /// goes on from where the map is. A server opens copies added to it at
-    /// its next start. Regions with a single copy are refused, and so is
-    /// a primary copy that could only move by renumbering regions (its
-    /// serving copies not next to SERVER in config order), naming them.
+    /// its next start. A region with a single copy gets one elsewhere the
+    /// same way (replicated while it moves, one copy again after). A
+    /// primary copy that could only move by renumbering regions (its
+    /// serving copies not next to SERVER in config order) is refused,
+    /// naming the regions.
     DrainServer {
         /// The server's id.
         server: String,
@@ -428,8 +430,15 @@ async fn drain_server(
             epoch: current.map.epoch,
         });
     }
+    // Regions with a single copy keep one: recorded by the drain that
+    // began, read back by one run again.
+    let single = match plane.drain_single_copies(server).await? {
+        Some(single) => single,
+        None => control::drain::single_copies(&current.map, &plane.keys().map(), server)?,
+    };
     // What cannot be done is refused before anything is written.
-    plan_drain(plane, server).await?;
+    plan_drain(plane, server, &single).await?;
+    plane.record_drain_single_copies(server, &single).await?;
     plane
         .set_intent(Role::Server, server, Intent::Draining)
         .await?;
@@ -437,7 +446,7 @@ async fn drain_server(
     let mut waiting: Option<(control::drain::Step, Instant, Instant)> = None;
     let mut conflicts = 0;
     loop {
-        let (current, planned) = plan_drain(plane, server).await?;
+        let (current, planned) = plan_drain(plane, server, &single).await?;
         let Some(map) = planned.map else {
             let now = Instant::now();
             let (step, since, reported) = match waiting.take() {
@@ -508,6 +517,7 @@ async fn drain_server(
             plane
                 .set_intent(Role::Server, server, Intent::Removed)
                 .await?;
+            plane.forget_drain_single_copies(server).await?;
             return Ok(format!(
                 "server {server}: drained, every copy it held serves elsewhere; removed from \
                  the map (its files stay on its PMEM; its daemon may be stopped)\n"
@@ -517,10 +527,11 @@ async fn drain_server(
 }
 
 /// The map and the drain's next step on it; servers draining or removed
-/// take no copy.
+/// take no copy; regions in `single` keep one copy.
 async fn plan_drain(
     plane: &mut ControlPlane,
     server: &str,
+    single: &[String],
 ) -> Result<(control::VersionedMap, control::drain::Planned), ClusterError> {
     let current = plane.read_map().await?;
     let avoid: Vec<String> = plane
@@ -541,8 +552,14 @@ async fn plan_drain(
         .filter(|m| m.role == Role::Server)
         .map(|m| m.name)
         .collect();
-    let planned =
-        control::drain::next_step(&current.map, &plane.keys().map(), server, &avoid, &live)?;
+    let planned = control::drain::next_step(
+        &current.map,
+        &plane.keys().map(),
+        server,
+        &avoid,
+        &live,
+        single,
+    )?;
     Ok((current, planned))
 }
 
