@@ -84,6 +84,12 @@ pub struct DeviceMetrics {
     pub copies_syncing: Arc<Gauge>,
     /// Resyncs that ended with their copy serving.
     pub resyncs_finished: Arc<Counter>,
+    /// Resyncs stopped before their copy served (each starts again from
+    /// the first block).
+    pub resyncs_stopped: Arc<Counter>,
+    /// A resync's requests sent again after a server refused them
+    /// STALE_MAP.
+    pub resync_stale_resends: Arc<Counter>,
     /// Blocks the current pass of a region's resync has compared.
     pub resync_blocks_done: Arc<Family<Gauge>>,
     /// Blocks of a region being resynced.
@@ -260,6 +266,16 @@ impl DeviceMetrics {
             resyncs_finished: r.counter(
                 "fabric_device_resyncs_finished_total",
                 "Resyncs that ended with their copy marked serving.",
+            )?,
+            resyncs_stopped: r.counter(
+                "fabric_device_resyncs_stopped_total",
+                "Resyncs stopped before their copy served (a copy lost, a request failed or \
+                 refused); each starts again from the first block.",
+            )?,
+            resync_stale_resends: r.counter(
+                "fabric_device_resync_stale_resends_total",
+                "A resync's requests sent again after a server refused them STALE_MAP, once it \
+                 confirmed this device's map epoch.",
             )?,
             resync_blocks_done: r.gauge_family(
                 "fabric_device_resync_blocks_done",

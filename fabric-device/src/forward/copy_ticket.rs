@@ -24,6 +24,25 @@ pub(super) struct ResyncTicket {
     pub(super) sync: u64,
     /// What it asked.
     pub(super) part: ResyncPart,
+    /// How many times a server refused this part (for a block: its READ
+    /// or its WRITE) STALE_MAP at an epoch no newer than the one it was
+    /// sent under.
+    pub(super) stale_refusals: u32,
+    /// The map epoch this device ran when the part went (set as it goes).
+    pub(super) sent_under: u64,
+}
+
+impl ResyncTicket {
+    /// Part `part` of resync `sync`, refused STALE_MAP `stale_refusals`
+    /// times before.
+    pub(super) fn new(sync: u64, part: ResyncPart, stale_refusals: u32) -> Self {
+        Self {
+            sync,
+            part,
+            stale_refusals,
+            sent_under: 0,
+        }
+    }
 }
 
 /// What a resync asked a copy.
@@ -44,10 +63,19 @@ pub(super) enum ResyncPart {
         /// Past its last byte.
         end: u64,
     },
-    /// The block written to the syncing copy.
-    Write,
-    /// The record of an atomic the syncing copy missed, written to it.
-    Record,
+    /// The block `start..end` written to the syncing copy.
+    Write {
+        /// First byte of the block.
+        start: u64,
+        /// Past its last byte.
+        end: u64,
+    },
+    /// The record of an atomic the syncing copy missed, written to it:
+    /// the resync's record number `index`.
+    Record {
+        /// Its place among the records the resync carries.
+        index: usize,
+    },
 }
 
 /// What a read of a copy needs to be sent to another copy.

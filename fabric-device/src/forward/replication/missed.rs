@@ -107,52 +107,28 @@ impl Forwarder {
         }
     }
 
-    /// Sends resync `sync`'s syncing copy `copy` of `region` every kept
-    /// record, each as an ATOMIC_WRITE carrying it; returns how many went.
-    pub(super) fn carry_missed(
-        &mut self,
-        sync: u64,
-        region: u32,
-        copy: usize,
-        now: Instant,
-    ) -> usize {
-        let Some(records) = self
-            .region_state(region)
-            .map(|s| s.missed.records.iter().copied().collect::<Vec<_>>())
-        else {
-            return 0;
-        };
-        let Some(server) = self.copy_server(region, copy) else {
-            return 0;
-        };
-        let primary = self
-            .map
-            .layout
-            .entry(RegionIndex(region))
-            .map_or(AccessKey::NONE, |e| e.key);
-        let key = self.copy_key(region, &server, primary);
-        let mut sent = 0;
-        for m in &records {
-            let target = Target::Region(RegionOffset {
-                region: RegionIndex(region),
-                offset: m.offset,
-            });
-            let write = request::Repr {
-                exactly_once: Some(m.identity),
-                on_behalf: Some(m.client_number),
-                persist: true,
-                ..request::Repr::atomic_write(target, key, m.word).recording(&m.record)
-            };
-            let ticket = ResyncTicket {
-                sync,
-                part: ResyncPart::Record,
-            };
-            let message = Message::Request(write);
-            if !self.send_resync(region, copy, &message, Opcode::AtomicWrite, ticket, now) {
-                break;
-            }
-            sent += 1;
+    /// `region`'s kept records, oldest first, as a resync carries them.
+    pub(super) fn missed_records(&self, region: u32) -> Vec<Missed> {
+        self.region_state(region)
+            .map(|s| s.missed.records.iter().copied().collect())
+            .unwrap_or_default()
+    }
+}
+
+impl Missed {
+    /// The ATOMIC_WRITE carrying this record that a copy of `region` which
+    /// missed the atomic gets, under the client's identity, with the
+    /// copy's `key`.
+    pub(super) fn request(&self, region: u32, key: AccessKey) -> request::Repr<'_> {
+        let target = Target::Region(RegionOffset {
+            region: RegionIndex(region),
+            offset: self.offset,
+        });
+        request::Repr {
+            exactly_once: Some(self.identity),
+            on_behalf: Some(self.client_number),
+            persist: true,
+            ..request::Repr::atomic_write(target, key, self.word).recording(&self.record)
         }
-        sent
     }
 }

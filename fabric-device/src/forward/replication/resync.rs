@@ -16,17 +16,27 @@
 //!
 //! A copy whose server opens a link again while the copy is `offline`
 //! (the server restarted, or its power came back) is marked `syncing`
-//! first. A resync whose copy or source is lost releases its hold and
-//! starts again later from the first block.
+//! first, and its resync begins with the exactly-once records it missed
+//! (`records`). A resync's request refused STALE_MAP goes again once the
+//! server confirms the device's epoch (`refused`), and the resync goes on
+//! from there. A resync whose copy or source is lost, or whose request
+//! fails, releases its hold and starts again later from the first block.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use proto::block_sums;
 
+use super::missed::Missed;
 use super::*;
 use crate::resync::rate::{DEFAULT_RATE, TokenBucket};
 use crate::resync::walk::Walk;
+
+mod answers;
+mod records;
+mod refused;
+
+use refused::StaleWait;
 
 /// Bytes per block: the servers' checksum block.
 pub(crate) const BLOCK_LEN: u64 = 64 << 10;
@@ -92,17 +102,45 @@ struct Sync {
     /// The run asked: the deciding copy's checksums and the syncing copy's.
     sums: [Option<Vec<u64>>; 2],
     /// Blocks found different, to copy in order.
-    to_copy: VecDeque<u64>,
+    to_copy: VecDeque<ToCopy>,
     /// The range held while its READ is in flight.
     reading: Option<(u64, u64)>,
-    /// WRITEs to the syncing copy not answered yet.
+    /// Block WRITEs to the syncing copy not answered yet.
     writing: usize,
+    /// The records of atomics the copy missed, as carried to it.
+    records: Vec<Missed>,
+    /// Records not acknowledged yet (sent, or waiting to go again); the
+    /// walk begins once there are none.
+    records_out: usize,
+    /// Requests refused STALE_MAP, waiting to go again.
+    stale: Vec<StaleWait>,
     /// Marking the copy `serving` (the driver has not confirmed yet).
     finishing: bool,
     /// The bucket is empty until then.
     paced_until: Option<Instant>,
     started: Instant,
     blocks_copied: u64,
+    /// Requests sent again after STALE_MAP.
+    stale_resent: u64,
+}
+
+/// A block to copy.
+#[derive(Debug, Clone, Copy)]
+struct ToCopy {
+    block: u64,
+    /// How many times its READ or WRITE was refused STALE_MAP, as
+    /// `refused` counts them.
+    stale_refusals: u32,
+}
+
+impl ToCopy {
+    /// A block the walk found different.
+    fn found(block: u64) -> Self {
+        Self {
+            block,
+            stale_refusals: 0,
+        }
+    }
 }
 
 /// What a resync reports of itself, for tests.
@@ -152,10 +190,10 @@ impl Forwarder {
         let resyncs = &self.replication.resyncs;
         !resyncs.returned.is_empty()
             || resyncs.runs.iter().any(|sync| {
-                let Some(&block) = sync.to_copy.front() else {
+                let Some(block) = sync.to_copy.front() else {
                     return false;
                 };
-                let start = block * BLOCK_LEN;
+                let start = block.block * BLOCK_LEN;
                 let end = (start + BLOCK_LEN).min(sync.region_len);
                 !sync.finishing
                     && sync.reading.is_none()
@@ -271,9 +309,11 @@ impl Forwarder {
                     metrics.resyncs_finished.inc();
                     tracing::info!(
                         "region {region_id}: the copy on server {server} is up to date and \
-                         serving again (resynced in {:.3} s, {} blocks copied)",
+                         serving again (resynced in {:.3} s, {} blocks copied, {} requests sent \
+                         again after STALE_MAP)",
                         now.saturating_duration_since(sync.started).as_secs_f64(),
-                        sync.blocks_copied
+                        sync.blocks_copied,
+                        sync.stale_resent
                     );
                 }
             }
@@ -481,18 +521,19 @@ impl Forwarder {
             to_copy: VecDeque::new(),
             reading: None,
             writing: 0,
+            records: Vec::new(),
+            records_out: 0,
+            stale: Vec::new(),
             finishing: false,
             paced_until: None,
             started: now,
             blocks_copied: 0,
+            stale_resent: 0,
         });
         // The records of atomics the copy missed go first, ahead of the
         // walk on its link.
-        let carried = self.carry_missed(id, region, copy, now);
+        let carried = self.carry_records(id, now);
         if carried > 0 {
-            if let Some(sync) = self.sync_mut(id) {
-                sync.writing += carried;
-            }
             tracing::info!(
                 "region {region_id}: {carried} exactly-once records of atomics decided while \
                  the copy did not serve sent to it"
@@ -541,7 +582,7 @@ impl Forwarder {
             return;
         }
         if let Some(&block) = sync.to_copy.front() {
-            let start = block * BLOCK_LEN;
+            let start = block.block * BLOCK_LEN;
             let end = (start + BLOCK_LEN).min(sync.region_len);
             if self
                 .region_state(region)
@@ -567,9 +608,15 @@ impl Forwarder {
                 Ok(()) => {
                     sync.paced_until = None;
                     sync.to_copy.pop_front();
-                    self.copy_block(id, start, end, now);
+                    self.copy_block(id, start, end, block.stale_refusals, now);
                 }
             }
+            return;
+        }
+        if sync.records_out > 0 || !sync.stale.is_empty() {
+            // The walk follows every record (a record's word, older than
+            // the deciding copy's, is then compared and copied over) and
+            // waits while a request refused STALE_MAP waits to go again.
             return;
         }
         if sync.walk.is_finished() {
@@ -588,10 +635,7 @@ impl Forwarder {
         let sent = [(source, false), (copy, true)]
             .into_iter()
             .all(|(at, syncing)| {
-                let ticket = ResyncTicket {
-                    sync: id,
-                    part: ResyncPart::Sums { first, syncing },
-                };
+                let ticket = ResyncTicket::new(id, ResyncPart::Sums { first, syncing }, 0);
                 let ask = Message::BlockSums(block_sums::Repr {
                     region,
                     first,
@@ -604,8 +648,9 @@ impl Forwarder {
         }
     }
 
-    /// Holds `start..end` and reads it from the deciding copy.
-    fn copy_block(&mut self, id: u64, start: u64, end: u64, now: Instant) {
+    /// Holds `start..end` and reads it from the deciding copy; its READ
+    /// and WRITE were refused STALE_MAP `stale_refusals` times before.
+    fn copy_block(&mut self, id: u64, start: u64, end: u64, stale_refusals: u32, now: Instant) {
         let Some(sync) = self.sync_mut(id) else {
             return;
         };
@@ -624,10 +669,7 @@ impl Forwarder {
             key,
             (end - start) as u32,
         );
-        let ticket = ResyncTicket {
-            sync: id,
-            part: ResyncPart::Read { start, end },
-        };
+        let ticket = ResyncTicket::new(id, ResyncPart::Read { start, end }, stale_refusals);
         let message = Message::Request(read);
         if !self.send_resync(region, source, &message, Opcode::Read, ticket, now) {
             self.stop_resync(id, "the deciding copy's link went down", now);
@@ -676,6 +718,7 @@ impl Forwarder {
         ticket: ResyncTicket,
         now: Instant,
     ) -> bool {
+        let sent_under = self.current_epoch();
         let Some(links) = self
             .region_state(region)
             .and_then(|s| s.copies.get(copy))
@@ -692,6 +735,10 @@ impl Forwarder {
         let tag = link.next_tag;
         let Ok(frame) = message.encode_to_vec(tag) else {
             return false;
+        };
+        let ticket = ResyncTicket {
+            sent_under,
+            ..ticket
         };
         link.next_tag = (link.next_tag + 1) & !CONTROL_TAG;
         link.pending.insert(
@@ -722,193 +769,6 @@ impl Forwarder {
         true
     }
 
-    /// A copy's answer to a resync's request.
-    pub(in crate::forward) fn resync_answered(
-        &mut self,
-        ticket: ResyncTicket,
-        frame: &[u8],
-        now: Instant,
-    ) {
-        // Its step may set a new pace or stop it (a retry to wait for).
-        self.replication_changed();
-        let id = ticket.sync;
-        if self.sync_mut(id).is_none() {
-            // The resync stopped; its hold is released already.
-            return;
-        }
-        let parsed = proto::parse_frame(frame).map(|(m, _)| m);
-        match ticket.part {
-            ResyncPart::Sums { first, syncing } => match parsed {
-                Ok(Message::BlockSumsReport(report)) => {
-                    self.sums_answered(id, first, syncing, report, now);
-                }
-                Ok(Message::Response(r)) => {
-                    let which = if syncing { "syncing" } else { "deciding" };
-                    let why = format!("the {which} copy's server refused BLOCK_SUMS: {}", r.status);
-                    self.stop_resync(id, &why, now);
-                }
-                _ => self.stop_resync(id, "an unreadable BLOCK_SUMS answer", now),
-            },
-            ResyncPart::Read { start, end } => match parsed {
-                Ok(Message::Response(r))
-                    if r.status == Status::Ok && r.payload.len() as u64 == end - start =>
-                {
-                    self.block_read(id, start, end, r.payload, now);
-                }
-                Ok(Message::Response(r)) => {
-                    let why = format!(
-                        "the deciding copy's server answered the READ of bytes {start}..{end} \
-                         with {} (with authentication, servers refuse a device's own reads and \
-                         writes)",
-                        r.status
-                    );
-                    self.stop_resync(id, &why, now);
-                }
-                _ => self.stop_resync(id, "an unreadable READ answer", now),
-            },
-            ResyncPart::Write => match parsed {
-                Ok(Message::Response(r)) if r.status == Status::Ok => {
-                    if let Some(sync) = self.sync_mut(id) {
-                        sync.writing = sync.writing.saturating_sub(1);
-                    }
-                }
-                Ok(Message::Response(r)) => {
-                    let why = format!("the syncing copy's server refused a block: {}", r.status);
-                    self.stop_resync(id, &why, now);
-                }
-                _ => self.stop_resync(id, "an unreadable WRITE answer", now),
-            },
-            ResyncPart::Record => {
-                if let Some(sync) = self.sync_mut(id) {
-                    sync.writing = sync.writing.saturating_sub(1);
-                }
-                match parsed {
-                    Ok(Message::Response(r)) if r.status == Status::Ok => {}
-                    Ok(Message::Response(r)) => {
-                        let why = format!(
-                            "the syncing copy's server refused an atomic's exactly-once record: {}",
-                            r.status
-                        );
-                        self.stop_resync(id, &why, now);
-                    }
-                    _ => self.stop_resync(id, "an unreadable ATOMIC_WRITE answer", now),
-                }
-            }
-        }
-        self.advance_resync(id, now);
-    }
-
-    /// One copy's checksums of the run asked; with both, the blocks that
-    /// differ are to be copied.
-    fn sums_answered(
-        &mut self,
-        id: u64,
-        first: u64,
-        syncing: bool,
-        report: block_sums::Report,
-        now: Instant,
-    ) {
-        let Some(sync) = self.sync_mut(id) else {
-            return;
-        };
-        let expected = sync.walk.progress().total;
-        let (deciding_total, syncing_total) = if syncing {
-            (expected, report.head.total)
-        } else {
-            (report.head.total, expected)
-        };
-        let wrong = if u64::from(report.head.block_len) != BLOCK_LEN || report.head.first != first {
-            Some(format!(
-                "a server answered checksums of {}-byte blocks from block {} (asked: \
-                 {BLOCK_LEN}-byte blocks from block {first})",
-                report.head.block_len, report.head.first
-            ))
-        } else {
-            sync.walk
-                .check_totals(deciding_total, syncing_total)
-                .err()
-                .map(|e| e.to_string())
-        };
-        if let Some(why) = wrong {
-            self.stop_resync(id, &why, now);
-            return;
-        }
-        sync.sums[usize::from(syncing)] = Some(report.sums);
-        let [Some(deciding), Some(copy)] = &sync.sums else {
-            return;
-        };
-        let run = deciding.len() as u64;
-        let compared = sync.walk.compared(first, deciding, copy);
-        sync.sums = [None, None];
-        match compared {
-            Ok(differ) => {
-                let progress = sync.walk.progress();
-                sync.to_copy.extend(differ);
-                let region = sync.region;
-                self.metrics.resync_blocks_compared.add(run);
-                if let Some(state) = self.region_state(region) {
-                    self.metrics
-                        .resync_blocks_done
-                        .with(&[state.id.as_str()])
-                        .set(i64::try_from(progress.done).unwrap_or(i64::MAX));
-                }
-            }
-            Err(e) => self.stop_resync(id, &e.to_string(), now),
-        }
-    }
-
-    /// The block `start..end` read from the deciding copy: written to the
-    /// syncing copy, then the hold released (waiting requests go behind
-    /// the write on the same connection).
-    fn block_read(&mut self, id: u64, start: u64, end: u64, data: &[u8], now: Instant) {
-        let Some(sync) = self.sync_mut(id) else {
-            return;
-        };
-        let (region, copy) = (sync.region, sync.copy);
-        let Some(key) = self.own_copy_key(region, copy) else {
-            self.stop_resync(id, "the region is not mapped", now);
-            return;
-        };
-        let write = request::Repr::write_persist(
-            Target::Region(RegionOffset {
-                region: RegionIndex(region),
-                offset: start,
-            }),
-            key,
-            data,
-        );
-        let ticket = ResyncTicket {
-            sync: id,
-            part: ResyncPart::Write,
-        };
-        let message = Message::Request(write);
-        if !self.send_resync(region, copy, &message, Opcode::WritePersist, ticket, now) {
-            self.stop_resync(id, "the syncing copy's link went down", now);
-            return;
-        }
-        let Some(sync) = self.sync_mut(id) else {
-            return;
-        };
-        sync.reading = None;
-        sync.writing += 1;
-        sync.blocks_copied += 1;
-        self.metrics.resync_blocks_copied.inc();
-        self.metrics.resync_bytes_copied.add(end - start);
-        self.release_resync_hold(region, start, end, now);
-    }
-
-    /// A resync's request failed (its link went down, or it timed out):
-    /// the resync stops and starts again later.
-    pub(in crate::forward) fn resync_failed(
-        &mut self,
-        ticket: ResyncTicket,
-        status: Status,
-        now: Instant,
-    ) {
-        let why = format!("a request to a copy failed ({status})");
-        self.stop_resync(ticket.sync, &why, now);
-    }
-
     /// `region`'s copy `copy` was lost: resyncs to or from it stop.
     pub(super) fn resync_copy_lost(&mut self, region: u32, copy: usize, now: Instant) {
         let ids: Vec<u64> = self
@@ -933,6 +793,8 @@ impl Forwarder {
             return;
         };
         let sync = resyncs.runs.remove(at);
+        self.metrics.resyncs_stopped.inc();
+        let resyncs = &mut self.replication.resyncs;
         resyncs
             .not_before
             .insert((sync.region, sync.server.clone()), now + RETRY_AFTER);

@@ -27,7 +27,8 @@
 //!
 //! A READ refused STALE_MAP waits the same way and is then sent to a
 //! serving copy again (behind any resent mutation it overlaps); past the
-//! bound the client gets the STALE_MAP (nothing is lost for a read).
+//! bound the client gets the STALE_MAP (nothing is lost for a read). A
+//! resync's own requests wait the same way too (`resync::refused`).
 
 use super::takeover::RESAY_EVERY;
 use super::*;
@@ -56,8 +57,8 @@ pub(super) struct StaleRead {
 /// The core's parts waiting after STALE_MAP.
 #[derive(Debug, Default)]
 pub(super) struct StaleParts {
-    /// Some part may be waiting.
-    any: bool,
+    /// Some part (or a resync's request) may be waiting.
+    pub(super) any: bool,
     /// Reads waiting, in the order they were refused.
     reads: Vec<StaleRead>,
     /// When MAP_EPOCH is said again to the servers waited for.
@@ -203,7 +204,9 @@ impl Forwarder {
             self.refresh_behind(id, now);
         }
         self.resend_stale_reads(epoch, now);
-        self.replication.stale.any = waiting || !self.replication.stale.reads.is_empty();
+        let resyncs_wait = self.resend_resync_parts(epoch, now);
+        self.replication.stale.any =
+            waiting || !self.replication.stale.reads.is_empty() || resyncs_wait;
     }
 
     /// Sends again the waiting reads whose server confirmed `epoch`, itself
@@ -251,7 +254,7 @@ impl Forwarder {
 
     /// Whether `server` said (answering MAP_EPOCH) that it runs `epoch` or
     /// a newer one, or that it follows no map.
-    fn server_confirms(&self, server: &ServerId, epoch: u64) -> bool {
+    pub(super) fn server_confirms(&self, server: &ServerId, epoch: u64) -> bool {
         self.replication
             .takeovers
             .said_epoch(server)
@@ -343,7 +346,7 @@ impl Forwarder {
     /// What the driver sends for waiting parts: MAP_EPOCH again, every
     /// [`RESAY_EVERY`], on the link of each copy whose server has not
     /// confirmed the device's epoch. A part waiting past the request
-    /// timeout loses its copy.
+    /// timeout loses its copy (a resync's request stops its resync).
     pub(super) fn stale_resays(&mut self, now: Instant) -> Vec<LinkId> {
         if !self.replication.stale.any {
             return Vec::new();
@@ -371,6 +374,7 @@ impl Forwarder {
                 self.end_op(id, Status::StaleMap, theirs, now);
             }
         }
+        unconfirmed.extend(self.resync_stale_due(epoch, patience, now));
         let reads = std::mem::take(&mut self.replication.stale.reads);
         for read in reads {
             if now.saturating_duration_since(read.waiting.since) >= patience {
@@ -425,6 +429,7 @@ impl Forwarder {
             .filter(|s| !s.dropped)
             .filter_map(|s| s.waiting.map(|w| w.since))
             .chain(self.replication.stale.reads.iter().map(|r| r.waiting.since))
+            .chain(self.resync_stale_since())
             .min()?
             + patience;
         Some(

@@ -1,9 +1,11 @@
 //! The owner's resync on a virtual clock. Device A owns PA.1 (primary on
 //! server A, backup on B); simulated servers hold each copy's bytes and
 //! answer BLOCK_SUMS, READ, WRITE and WRITE_PERSIST from them, in the order
-//! the device sent them.
+//! the device sent them. Each simulated server runs a map epoch and fences
+//! requests by it as a real one does: a link that said an older epoch has
+//! its requests (not its BLOCK_SUMS) refused STALE_MAP.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::hash::{DefaultHasher, Hasher};
 use std::time::Duration;
 
@@ -11,6 +13,7 @@ use control::ReplicaState;
 use proto::atomic_record::AtomicRecord;
 use proto::block_sums;
 use proto::request::Operation;
+use proto::response::ResponseKind;
 
 use super::replication::{answered, bring_up_with_server_keys, index, links_of, send};
 use super::*;
@@ -23,8 +26,10 @@ const BLOCKS: u64 = 1024;
 /// What the simulated servers and the client saw, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Seen {
-    /// BLOCK_SUMS from `first`.
+    /// BLOCK_SUMS of PA.1 from `first`.
     Sums { server: String, first: u64 },
+    /// BLOCK_SUMS of another region.
+    OtherSums,
     /// The resync's READ of a block.
     SyncRead { server: String, offset: u64 },
     /// The resync's WRITE_PERSIST of a block of PA.1.
@@ -50,6 +55,31 @@ enum Seen {
     OtherMark,
     /// An answer to the client: its tag and status.
     Answer { tag: u64, status: Status },
+    /// A request refused STALE_MAP (nothing applied).
+    Refused {
+        server: String,
+        op: Operation,
+        offset: u64,
+    },
+}
+
+/// A server's fencing by map epoch, as the simulation plays it.
+#[derive(Debug, Default)]
+struct Epochs {
+    /// The epoch in the map, which the device reads when a server answers
+    /// STALE_MAP with a newer one.
+    map: u64,
+    /// The epoch each server runs.
+    runs: HashMap<String, u64>,
+    /// The epoch the device last said on each link.
+    said: HashMap<LinkId, u64>,
+    /// Epochs the map moves to, in order: the first request of the
+    /// operation to the server after the previous one finds it running the
+    /// epoch (a mark moved the map's epoch, the server read it first).
+    bumps: VecDeque<(String, Operation, u64)>,
+    /// A server that confirms every epoch said but refuses every request
+    /// STALE_MAP (as one whose map lacks the region the device asks for).
+    lacking: Option<String>,
 }
 
 /// The forwarding core with two simulated servers holding PA.1's copies.
@@ -68,6 +98,7 @@ struct Sim {
     now: Instant,
     /// The checksum of a block of zeros.
     zero_sum: u64,
+    epochs: Epochs,
 }
 
 fn sum(data: &[u8]) -> u64 {
@@ -107,6 +138,91 @@ impl Sim {
             hold_reads: false,
             now: Instant::now(),
             zero_sum: sum(&[0; BLOCK as usize]),
+            epochs: Epochs::default(),
+        }
+    }
+
+    /// [`Sim::new`] with the map at epoch `epoch`, which the device and
+    /// both servers run.
+    fn at_epoch(b_state: ReplicaState, epoch: u64) -> Self {
+        let mut sim = Self::new(ForwarderConfig::default(), b_state);
+        sim.epochs.map = epoch;
+        for server in ["A", "B"] {
+            sim.epochs.runs.insert(server.to_owned(), epoch);
+        }
+        let said = sim.core.set_epoch(epoch);
+        sim.say(said);
+        sim.pump();
+        sim
+    }
+
+    /// Plays the MAP_EPOCH frames the device said: each server keeps the
+    /// epoch said on the link and answers with the one it runs.
+    fn say(&mut self, said: Vec<(LinkId, Vec<u8>)>) {
+        for (link, frame) in said {
+            let (Message::MapEpoch(epoch), tag) = proto::parse_frame(&frame).unwrap() else {
+                panic!("said: {frame:?}");
+            };
+            self.epochs.said.insert(link, epoch);
+            let server = self.server_of(link);
+            let runs = self.epochs.runs.get(&server).copied().unwrap_or(0);
+            let status = if epoch >= runs {
+                Status::Ok
+            } else {
+                Status::StaleMap
+            };
+            let reply = proto::fence::epoch_reply(Opcode::MapEpoch, tag, status, runs);
+            let action = self.core.link_frame(link, &reply, self.now);
+            assert!(matches!(action, LinkAction::Nothing), "{action:?}");
+        }
+    }
+
+    /// Brings `server`'s links up; each says the device's epoch first.
+    fn bring_up(&mut self, server: &str) {
+        for link in links_of(&self.core, server) {
+            bring_up_with_server_keys(&mut self.core, link);
+            if let Some(said) = self.core.link_opened_epoch() {
+                self.say(vec![(link, said)]);
+            }
+        }
+    }
+
+    /// Whether `server` refuses request `op` on `link` STALE_MAP: the epoch
+    /// it runs, if so.
+    fn fenced(&mut self, link: LinkId, server: &str, op: Operation) -> Option<u64> {
+        if let Some((at, bumped, epoch)) = self.epochs.bumps.front().cloned()
+            && at == server
+            && bumped == op
+        {
+            self.epochs.bumps.pop_front();
+            self.epochs.runs.insert(server.to_owned(), epoch);
+            self.epochs.map = self.epochs.map.max(epoch);
+        }
+        let runs = self.epochs.runs.get(server).copied().unwrap_or(0);
+        let said = self.epochs.said.get(&link).copied().unwrap_or(0);
+        let lacking = self.epochs.lacking.as_deref() == Some(server);
+        (lacking || said < runs).then_some(runs)
+    }
+
+    /// Answers request `tag` on `link` STALE_MAP with `epoch`.
+    fn refuse(&mut self, link: LinkId, tag: u64, op: Operation, offset: u64, epoch: u64) {
+        let server = self.server_of(link);
+        self.seen.push(Seen::Refused { server, op, offset });
+        let refusal = response::Repr {
+            kind: ResponseKind::answering(op.opcode()),
+            status: Status::StaleMap,
+            value: epoch,
+            payload: &[],
+        };
+        self.reply(link, Message::Response(refusal), tag);
+    }
+
+    /// What the driver does when a server answered STALE_MAP with a newer
+    /// epoch: it reads the map and says its epoch on every link.
+    fn read_map_if_asked(&mut self) {
+        if self.core.take_map_reread() && self.epochs.map > 0 {
+            let said = self.core.set_epoch(self.epochs.map);
+            self.say(said);
         }
     }
 
@@ -196,9 +312,13 @@ impl Sim {
                 let (message, tag) = proto::parse_frame(&frame).unwrap();
                 match message {
                     Message::BlockSums(ask) => {
-                        self.seen.push(Seen::Sums {
-                            server: server.clone(),
-                            first: ask.first,
+                        self.seen.push(if ask.region == self.region {
+                            Seen::Sums {
+                                server: server.clone(),
+                                first: ask.first,
+                            }
+                        } else {
+                            Seen::OtherSums
                         });
                         let sums = (ask.first..ask.first + u64::from(ask.blocks))
                             .map(|b| self.block_sum(&server, ask.region, b))
@@ -218,6 +338,10 @@ impl Sim {
                         let Target::Region(at) = req.target else {
                             panic!("{req:?}")
                         };
+                        if let Some(epoch) = self.fenced(link, &server, req.operation) {
+                            self.refuse(link, tag, req.operation, at.offset, epoch);
+                            return;
+                        }
                         match req.operation {
                             Operation::Read => {
                                 let len = u64::from(req.length);
@@ -289,6 +413,10 @@ impl Sim {
                 let Target::Region(at) = req.target else {
                     panic!("{req:?}")
                 };
+                if let Some(epoch) = self.fenced(link, &server, req.operation) {
+                    self.refuse(link, tag, req.operation, at.offset, epoch);
+                    return;
+                }
                 self.seen.push(Seen::App {
                     server: server.clone(),
                     op: req.operation,
@@ -348,10 +476,13 @@ impl Sim {
         }
     }
 
-    /// One turn of the driver's loop: the housekeeping when it is due (no
-    /// fence waits here, so it says nothing).
+    /// One turn of the driver's loop: the map read when a server asked
+    /// for it, then the housekeeping when it is due (MAP_EPOCH it says
+    /// again is answered).
     fn turn(&mut self) {
-        assert_eq!(self.core.replication_turn(self.now), []);
+        self.read_map_if_asked();
+        let said = self.core.replication_turn(self.now);
+        self.say(said);
         self.pump();
     }
 
@@ -867,4 +998,221 @@ fn a_copy_back_from_offline_gets_the_records_of_the_atomics_it_missed_before_its
     }
     sim.until_serving();
     assert_eq!(records(&sim), 1);
+}
+
+impl Sim {
+    /// The requests refused STALE_MAP, as (server, operation).
+    fn refusals(&self) -> Vec<(&str, Operation)> {
+        self.seen
+            .iter()
+            .filter_map(|s| match s {
+                Seen::Refused { server, op, .. } => Some((server.as_str(), *op)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// How many times `server` was asked for the checksums from block 0:
+    /// once per pass, and once more for each start over.
+    fn passes_begun(&self, server: &str) -> usize {
+        self.seen
+            .iter()
+            .filter(|s| matches!(s, Seen::Sums { server: at, first: 0 } if at == server))
+            .count()
+    }
+
+    /// B's links go down, FETCH_ADDs with identities (sequence numbers
+    /// `seqs`, at words 64 bytes apart) are decided at A alone, and B's
+    /// links come back: the copy is marked `syncing`.
+    fn atomics_while_b_is_away(&mut self, seqs: &[u64]) {
+        for link in links_of(&self.core, "B") {
+            self.core.link_down(link);
+        }
+        self.pump();
+        for (i, &seq) in seqs.iter().enumerate() {
+            let offset = 64 * (i as u64 + 1);
+            send(
+                &mut self.core,
+                |c| {
+                    Repr::fetch_add(pmem(c, "PA.1", offset), key(c, "PA.1"), 5)
+                        .with_exactly_once(0, seq)
+                },
+                seq,
+            );
+            self.turn();
+            assert!(self.seen.contains(&Seen::Answer {
+                tag: seq,
+                status: Status::Ok
+            }));
+        }
+        self.bring_up("B");
+    }
+}
+
+#[test]
+fn a_record_refused_stale_map_goes_again_once_the_server_confirms_the_epoch_and_the_resync_goes_on()
+{
+    let mut sim = Sim::at_epoch(ReplicaState::Serving, 4);
+    // B reads epoch 5 (another region's mark) just before the first
+    // record reaches it: that record is refused, nothing ran.
+    sim.epochs
+        .bumps
+        .push_back(("B".into(), Operation::AtomicWrite, 5));
+    sim.atomics_while_b_is_away(&[31, 32]);
+    sim.until_serving();
+
+    // Both records were on their way: both refused, nothing ran.
+    assert_eq!(sim.refusals(), [("B", Operation::AtomicWrite); 2]);
+    let to_b: Vec<&Seen> = sim
+        .seen
+        .iter()
+        .filter(|s| match s {
+            Seen::SyncRecord { .. } | Seen::Refused { .. } => true,
+            Seen::Sums { server, .. } => server == "B",
+            _ => false,
+        })
+        .collect();
+    let records: Vec<(u64, Option<u64>)> = to_b
+        .iter()
+        .filter_map(|s| match s {
+            Seen::SyncRecord { offset, seq, .. } => Some((*offset, *seq)),
+            _ => None,
+        })
+        .collect();
+    // Both again, in their order, once B confirmed epoch 5.
+    assert_eq!(records, [(64, Some(31)), (128, Some(32))]);
+    let first_sums = to_b
+        .iter()
+        .position(|s| matches!(s, Seen::Sums { .. }))
+        .unwrap();
+    let last_record = to_b
+        .iter()
+        .rposition(|s| matches!(s, Seen::SyncRecord { .. }))
+        .unwrap();
+    assert!(
+        last_record < first_sums,
+        "the walk follows the records: {to_b:?}"
+    );
+    assert_eq!(sim.passes_begun("B"), 1, "one pass, never started over");
+    assert_eq!(sim.core.metrics.resyncs_stopped.get(), 0);
+    assert_eq!(sim.core.metrics.resync_stale_resends.get(), 2);
+    assert!(sim.copies_equal());
+}
+
+#[test]
+fn a_record_refused_stale_map_too_often_stops_the_resync_which_starts_again() {
+    let mut sim = Sim::at_epoch(ReplicaState::Serving, 4);
+    // B confirms every epoch the device says and still refuses.
+    sim.epochs.lacking = Some("B".into());
+    sim.atomics_while_b_is_away(&[31]);
+    sim.until(|s| s.core.metrics.resyncs_stopped.get() == 1);
+    assert_eq!(
+        sim.refusals(),
+        [("B", Operation::AtomicWrite); 1 + crate::forward::replication::STALE_RESENDS as usize],
+        "sent again after each refusal up to the bound"
+    );
+    assert_eq!(
+        sim.core.metrics.resync_stale_resends.get(),
+        u64::from(crate::forward::replication::STALE_RESENDS)
+    );
+    assert_eq!(sim.passes_begun("B"), 0, "the walk waited for the record");
+    assert_eq!(sim.core.resync_status(sim.region, "B"), None, "stopped");
+    assert_eq!(
+        sim.core.copy_state(sim.region, "B"),
+        Some(ReplicaState::Syncing)
+    );
+
+    // B takes requests again: the resync starts over, from its records.
+    sim.epochs.lacking = None;
+    sim.until_serving();
+    assert_eq!(sim.core.metrics.resyncs_stopped.get(), 1);
+    assert!(sim.copies_equal());
+}
+
+#[test]
+fn a_block_write_refused_stale_map_is_copied_again_and_the_walk_goes_on() {
+    let mut sim = Sim::at_epoch(ReplicaState::Syncing, 4);
+    sim.write("A", 3 * BLOCK + 17, &[9; 100]);
+    sim.write("A", 700 * BLOCK, &[4; 5]);
+    sim.epochs
+        .bumps
+        .push_back(("B".into(), Operation::WritePersist, 5));
+    sim.until_serving();
+
+    assert_eq!(sim.refusals(), [("B", Operation::WritePersist)]);
+    assert_eq!(
+        sim.sync_writes("B"),
+        [3 * BLOCK, 700 * BLOCK],
+        "the refused block copied again, each applied once"
+    );
+    // The pass that copied and the one that found nothing: not started
+    // over from the first block.
+    assert_eq!(sim.passes_begun("B"), 2);
+    assert_eq!(sim.core.metrics.resyncs_stopped.get(), 0);
+    assert_eq!(sim.core.metrics.resync_stale_resends.get(), 1);
+    assert_eq!(sim.core.metrics.resync_blocks_copied.get(), 2);
+    assert!(sim.copies_equal());
+}
+
+#[test]
+fn a_block_read_refused_stale_map_releases_its_hold_and_is_read_again() {
+    let mut sim = Sim::at_epoch(ReplicaState::Syncing, 4);
+    sim.write("A", 3 * BLOCK, &[9; 64]);
+    sim.epochs.bumps.push_back(("A".into(), Operation::Read, 5));
+    sim.until(|s| !s.refusals().is_empty());
+    // The device has not read epoch 5 yet; the block is not held: a write
+    // into it goes out (A refuses its part too, which goes again later).
+    send(
+        &mut sim.core,
+        |c| Repr::write(pmem(c, "PA.1", 3 * BLOCK + 10), key(c, "PA.1"), &[5; 8]),
+        7,
+    );
+    sim.pump();
+    assert!(sim.seen.contains(&Seen::App {
+        server: "B".into(),
+        op: Operation::Write,
+        offset: 3 * BLOCK + 10
+    }));
+    sim.until_serving();
+
+    assert_eq!(
+        sim.refusals(),
+        [("A", Operation::Read), ("A", Operation::Write)]
+    );
+    assert!(sim.seen.contains(&Seen::Answer {
+        tag: 7,
+        status: Status::Ok
+    }));
+    assert_eq!(sim.read("B", 3 * BLOCK + 10, 8), [5; 8]);
+    let reads = sim
+        .seen
+        .iter()
+        .filter(|s| matches!(s, Seen::SyncRead { .. }))
+        .count();
+    assert_eq!(reads, 1, "read again once, after its refusal");
+    assert_eq!(sim.sync_writes("B"), [3 * BLOCK]);
+    assert_eq!(sim.passes_begun("B"), 2);
+    assert_eq!(sim.core.metrics.resyncs_stopped.get(), 0);
+    assert!(sim.copies_equal());
+}
+
+#[test]
+fn a_record_refused_as_the_marks_move_the_epoch_again_and_again_goes_each_time() {
+    let mut sim = Sim::at_epoch(ReplicaState::Serving, 4);
+    // Each time the record goes, B has read a newer map than the device:
+    // more refusals than the bound, none at an epoch it went under.
+    for epoch in 5..10 {
+        sim.epochs
+            .bumps
+            .push_back(("B".into(), Operation::AtomicWrite, epoch));
+    }
+    sim.atomics_while_b_is_away(&[31]);
+    sim.until_serving();
+
+    assert_eq!(sim.refusals(), [("B", Operation::AtomicWrite); 5]);
+    const { assert!(5 > crate::forward::replication::STALE_RESENDS) };
+    assert_eq!(sim.core.metrics.resyncs_stopped.get(), 0);
+    assert_eq!(sim.core.metrics.resync_stale_resends.get(), 5);
+    assert_eq!(sim.passes_begun("B"), 1);
+    assert!(sim.copies_equal());
 }
