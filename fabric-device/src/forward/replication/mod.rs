@@ -77,6 +77,8 @@ mod takeover;
 #[cfg(test)]
 pub(super) use reads::READ_SPREAD;
 #[cfg(test)]
+pub(super) use resync::RECORDS_IN_FLIGHT;
+#[cfg(test)]
 pub(super) use stale::STALE_RESENDS;
 pub use takeover::OwnedRegion;
 #[cfg(test)]

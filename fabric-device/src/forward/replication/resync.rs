@@ -36,6 +36,9 @@ mod answers;
 mod records;
 mod refused;
 
+#[cfg(test)]
+pub(in crate::forward) use records::RECORDS_IN_FLIGHT;
+
 use refused::StaleWait;
 
 /// Bytes per block: the servers' checksum block.
@@ -109,9 +112,11 @@ struct Sync {
     writing: usize,
     /// The records of atomics the copy missed, as carried to it.
     records: Vec<Missed>,
-    /// Records not acknowledged yet (sent, or waiting to go again); the
-    /// walk begins once there are none.
+    /// Records not acknowledged yet (not sent, sent, or waiting to go
+    /// again); the walk begins once there are none.
     records_out: usize,
+    /// Records sent so far (the first ones of `records`).
+    records_sent: usize,
     /// Requests refused STALE_MAP, waiting to go again.
     stale: Vec<StaleWait>,
     /// Marking the copy `serving` (the driver has not confirmed yet).
@@ -523,6 +528,7 @@ impl Forwarder {
             writing: 0,
             records: Vec::new(),
             records_out: 0,
+            records_sent: 0,
             stale: Vec::new(),
             finishing: false,
             paced_until: None,

@@ -80,7 +80,7 @@ impl Forwarder {
                 _ => self.stop_resync(id, "an unreadable WRITE answer", now),
             },
             ResyncPart::Record { .. } => match parsed {
-                Ok(Message::Response(r)) if r.status == Status::Ok => self.record_carried(id),
+                Ok(Message::Response(r)) if r.status == Status::Ok => self.record_carried(id, now),
                 Ok(Message::Response(r)) => {
                     let why = format!(
                         "the syncing copy's server refused an atomic's exactly-once record: {}",
