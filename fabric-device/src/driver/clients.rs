@@ -283,7 +283,8 @@ impl Device {
                     link,
                     head,
                     payload,
-                } => match send_to_link(links, uplinks, link, &head, payload) {
+                    rdma,
+                } => match send_to_link(links, uplinks, link, &head, payload, rdma) {
                     Ok(queued) => {
                         if queued > LINK_OUT_HIGH_WATER {
                             *waiting_for = Some(link);

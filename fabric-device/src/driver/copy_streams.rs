@@ -16,7 +16,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use crate::forward::FORWARD_HEAD_LEN;
+use crate::forward::{FORWARD_HEAD_LEN, Offload};
 use crate::ids::LinkId;
 use crate::rdma::uplink::Posting;
 
@@ -25,10 +25,10 @@ use crate::rdma::uplink::Posting;
 pub(super) trait Carriers {
     /// Whether the link has a queue pair (up or being set up).
     fn has_queue_pair(&self, link: LinkId) -> bool;
-    /// Whether the link's queue pair would carry this request now.
-    fn would_carry(&self, link: LinkId, head: &[u8], payload: &[u8]) -> Posting;
-    /// Posts it on the queue pair if it can carry it now.
-    fn post(&mut self, link: LinkId, head: &[u8], payload: &[u8]) -> Posting;
+    /// Whether the link's queue pair has room for these work requests now.
+    fn room(&self, link: LinkId, work: &Offload) -> Posting;
+    /// Posts them on the queue pair if it can take them now.
+    fn post(&mut self, link: LinkId, work: &Offload, payload: &[u8]) -> Posting;
     /// Requests on the queue pair not completed yet.
     fn posted_in_flight(&self, link: LinkId) -> usize;
     /// Whether the request tagged `tag` still waits for its answer.
@@ -44,8 +44,9 @@ pub(super) struct CopyRequest {
     pub head: CopyHead,
     /// The write data.
     pub payload: Arc<[u8]>,
-    /// Only the server's CPU may execute it.
-    pub cpu: bool,
+    /// The work requests that carry it on the queue pair, as the core
+    /// chose them; `None`: only the server's CPU may execute it.
+    pub rdma: Option<Offload>,
 }
 
 /// The bytes of a request for a copy before its payload.
@@ -166,16 +167,14 @@ fn go(
     io: &mut impl Carriers,
 ) -> Result<Went, String> {
     stream.on_tcp.retain(|&tag| io.awaits_answer(link, tag));
-    let carry = if request.cpu {
-        Posting::NotCarried
-    } else if stream.on_tcp.is_empty() {
+    let carry = match &request.rdma {
+        None => Posting::NotCarried,
         // Nothing on the TCP connection to wait for: posted if it can be.
-        match io.post(link, &request.head, &request.payload) {
+        Some(work) if stream.on_tcp.is_empty() => match io.post(link, work, &request.payload) {
             Posting::Posted => return Ok(Went::Rdma),
             other => other,
-        }
-    } else {
-        io.would_carry(link, &request.head, &request.payload)
+        },
+        Some(work) => io.room(link, work),
     };
     match carry {
         Posting::Posted | Posting::Full => Ok(Went::Waits),
@@ -198,8 +197,8 @@ mod tests {
 
     const LINK: LinkId = LinkId(3);
 
-    /// A link with a queue pair that carries requests whose tag is even,
-    /// has room for `room` of them, and records what went where.
+    /// A link with a queue pair that has room for `room` requests, and
+    /// records what went where.
     #[derive(Default)]
     struct Fake {
         queue_pair: bool,
@@ -214,9 +213,8 @@ mod tests {
         fn has_queue_pair(&self, _: LinkId) -> bool {
             self.queue_pair
         }
-        fn would_carry(&self, _: LinkId, head: &[u8], _: &[u8]) -> Posting {
-            let tag = tag(head);
-            if !self.queue_pair || tag % 2 == 1 {
+        fn room(&self, _: LinkId, _: &Offload) -> Posting {
+            if !self.queue_pair {
                 Posting::NotCarried
             } else if self.posted_in_flight(LINK) >= self.room {
                 Posting::Full
@@ -224,10 +222,10 @@ mod tests {
                 Posting::Posted
             }
         }
-        fn post(&mut self, link: LinkId, head: &[u8], payload: &[u8]) -> Posting {
-            let posting = self.would_carry(link, head, payload);
+        fn post(&mut self, link: LinkId, work: &Offload, _: &[u8]) -> Posting {
+            let posting = self.room(link, work);
             if posting == Posting::Posted {
-                self.posted.push(tag(head));
+                self.posted.push(work.tag);
             }
             posting
         }
@@ -250,7 +248,9 @@ mod tests {
         proto::frame::Header::parse(head).expect("a frame").tag
     }
 
-    /// A READ tagged `tag` (the fake carries even tags over RDMA).
+    /// A READ tagged `tag`, which RDMA may carry when its tag is even and
+    /// it is not for the server's CPU (odd tags stand for what the core
+    /// leaves to the server: an exactly-once word, another key).
     fn request(tag: u64, cpu: bool) -> CopyRequest {
         let req = proto::request::Repr::read(
             proto::request::Target::Region(proto::RegionOffset {
@@ -267,7 +267,14 @@ mod tests {
                     .expect("encode"),
             ),
             payload: Arc::from(&[][..]),
-            cpu,
+            rdma: (!cpu && tag.is_multiple_of(2)).then_some(Offload {
+                tag,
+                first: crate::forward::Step::Read {
+                    remote: proto::roce::rc::RemoteAddr { va: 0, rkey: 1 },
+                    len: 8,
+                },
+                then: None,
+            }),
         }
     }
 

@@ -76,6 +76,7 @@ impl Device {
             }
         }
         self.uplinks.close(link);
+        self.core.queue_pair_down(link);
         self.copy_streams.forget(link);
         let failed = self.core.link_down(link);
         self.deliver_all(failed);
@@ -203,7 +204,7 @@ impl Device {
             if let Ok(header) = proto::frame::Header::parse(frame)
                 && header.tag == QP_CONNECT_TAG
             {
-                if let Err(why) = uplink_answer(uplinks, link, frame) {
+                if let Err(why) = uplink_answer(core, uplinks, link, frame) {
                     warn!(
                         "link {}: no RDMA queue pair, requests stay on TCP: {why}",
                         link.0
@@ -241,10 +242,18 @@ impl Device {
                     link,
                     head,
                     payload,
+                    rdma,
                 } => {
                     // A link that went away again answers through its
                     // pending request's timeout, as for any client request.
-                    let _ = send_to_link(&mut self.links, &mut self.uplinks, link, &head, payload);
+                    let _ = send_to_link(
+                        &mut self.links,
+                        &mut self.uplinks,
+                        link,
+                        &head,
+                        payload,
+                        rdma,
+                    );
                 }
                 ClientAction::Reply(reply) | ClientAction::ReplyAndClose(reply) => {
                     self.deliver_all(vec![(conn, reply)]);
@@ -255,21 +264,25 @@ impl Device {
     }
 }
 
-/// Sends a request the core wrote for `link`: as work requests on the
-/// link's RDMA queue pair when it can carry them, else on its TCP
-/// connection. Returns the bytes the TCP connection has queued (0 when the
-/// link is not connected: the core answers the request at its timeout).
+/// Sends a request the core wrote for `link`: as the work requests the
+/// core chose (`rdma`) on the link's RDMA queue pair when it has room for
+/// them, else on its TCP connection. Returns the bytes the TCP connection
+/// has queued (0 when the link is not connected: the core answers the
+/// request at its timeout).
 pub(super) fn send_to_link(
     links: &mut IdMap<LinkId, LinkConn>,
     uplinks: &mut Uplinks,
     link: LinkId,
     head: &[u8],
     payload: &[u8],
+    rdma: Option<Offload>,
 ) -> io::Result<usize> {
     let Some(LinkConn::Connected { endpoint }) = links.get_mut(&link) else {
         return Ok(0);
     };
-    if !uplinks.try_post(link, head, payload) {
+    let posted = rdma.is_some_and(|work| uplinks.post(link, &work, payload) == Posting::Posted);
+    if !posted {
+        uplinks.sent_on_control(link);
         endpoint.send(head, payload)?;
     }
     Ok(endpoint.pending_out())

@@ -41,13 +41,15 @@ use telemetry::{AdminServer, Health, Registry};
 use topology::{FabricDeviceId, PortId, Topology};
 use tracing::{debug, info, warn};
 
-use crate::forward::{ClientAction, ConnId, Forwarder, ForwarderConfig, LinkAction, LinkId, Reply};
+use crate::forward::{
+    ClientAction, ConnId, Forwarder, ForwarderConfig, LinkAction, LinkId, Offload, Reply,
+};
 use crate::housekeeping::Gate;
 use crate::idmap::IdMap;
 use crate::map::{DeviceMap, MapError};
 use crate::metrics::DeviceMetrics;
 use crate::rdma::metrics::RoceMetrics;
-use crate::rdma::uplink::{QP_CONNECT_TAG, Uplinks};
+use crate::rdma::uplink::{Posting, QP_CONNECT_TAG, Uplinks};
 use crate::reconnect::{ReconnectPolicy, Reconnects};
 use admission::{Admission, Verdict};
 use backend::uring::{self, Completion, Op};

@@ -167,14 +167,15 @@ impl Device {
                         link,
                         head,
                         payload,
-                        cpu,
+                        rdma,
+                        ..
                     } => {
                         // One ordered stream per copy. A link not connected
                         // answers at the request's deadline.
                         let request = CopyRequest {
                             head: CopyHead::Request(head),
                             payload,
-                            cpu,
+                            rdma,
                         };
                         self.send_to_copy(link, request, &mut failed);
                     }
@@ -184,7 +185,7 @@ impl Device {
                         let request = CopyRequest {
                             head: CopyHead::Frame(frame),
                             payload: Arc::from(&[][..]),
-                            cpu: true,
+                            rdma: None,
                         };
                         self.send_to_copy(link, request, &mut failed);
                     }
@@ -266,17 +267,12 @@ impl Carriers for LinkCarriers<'_> {
         self.uplinks.has(link)
     }
 
-    fn would_carry(
-        &self,
-        link: LinkId,
-        head: &[u8],
-        payload: &[u8],
-    ) -> crate::rdma::uplink::Posting {
-        self.uplinks.would_carry(link, head, payload)
+    fn room(&self, link: LinkId, work: &Offload) -> Posting {
+        self.uplinks.room(link, work)
     }
 
-    fn post(&mut self, link: LinkId, head: &[u8], payload: &[u8]) -> crate::rdma::uplink::Posting {
-        self.uplinks.post_or_say(link, head, payload)
+    fn post(&mut self, link: LinkId, work: &Offload, payload: &[u8]) -> Posting {
+        self.uplinks.post(link, work, payload)
     }
 
     fn posted_in_flight(&self, link: LinkId) -> usize {

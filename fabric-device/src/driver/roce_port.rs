@@ -25,7 +25,7 @@ use topology::RocePort;
 
 use super::packet::{PacketSocket, interface_info, roce_filter};
 use super::roce_io::{FrameSink, RingFallback, RoceIo, RoceIoConfig, Wire};
-use crate::forward::{ConnId, Forwarder, LinkId};
+use crate::forward::{ConnId, Forwarder, LinkId, Offload};
 use crate::rdma::gateway::{QpSetup, RoceGateway, random_u32};
 use crate::rdma::metrics::PortSnapshot;
 use crate::rdma::uplink::Uplinks;
@@ -205,7 +205,7 @@ impl RoceEndpoint {
         now: Instant,
         core: &mut Forwarder,
         uplinks: &mut Uplinks,
-        mut send: impl FnMut(&mut Uplinks, LinkId, &[u8], &[u8]),
+        mut send: impl FnMut(&mut Uplinks, LinkId, &[u8], &[u8], Option<Offload>),
     ) {
         let Self {
             wire,
@@ -253,8 +253,9 @@ impl RoceEndpoint {
                             Err(_) => counters.uplink_drops += 1,
                         }
                     } else {
-                        gateway
-                            .handle_datagram(now, payload, core, |l, h, p| send(uplinks, l, h, p));
+                        gateway.handle_datagram(now, payload, core, |l, h, p, r| {
+                            send(uplinks, l, h, p, r)
+                        });
                     }
                 }
                 _ => {}

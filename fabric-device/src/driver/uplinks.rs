@@ -4,10 +4,10 @@
 use super::*;
 
 impl Device {
-    /// For an up link to a `verbs` server NIC: keeps the queue pair's copy
-    /// of the server's region keys current and, the first time, sends
-    /// QP_CONNECT from the first RoCEv2 port. Returns why the link must
-    /// close, if it must.
+    /// For an up link to a `verbs` server NIC, the first time: sends
+    /// QP_CONNECT from the first RoCEv2 port (the core knows the region
+    /// keys the queue pair's requests must carry). Returns why the link
+    /// must close, if it must.
     pub(super) fn start_uplink(&mut self, link: LinkId) -> Result<(), String> {
         if self.core.link_status(link) != Some(crate::forward::LinkStatus::Up) {
             return Ok(());
@@ -24,25 +24,7 @@ impl Device {
         if !verbs {
             return Ok(());
         }
-        let server = key.server.clone();
-        let layout = &self.core.map().layout;
-        if !crate::rdma::uplink::one_sided(layout) {
-            return Ok(());
-        }
-        for entry in layout.entries() {
-            if entry.server == server {
-                self.uplinks
-                    .set_region(link, entry.region, entry.key, entry.len);
-            }
-        }
-        // The copies of replicated regions this server holds, each with
-        // the key its server gave for it.
-        for (region, key) in self.core.copy_keys_on(&server) {
-            if let Some(entry) = self.core.map().layout.entry(region) {
-                self.uplinks.set_region(link, region, key, entry.len);
-            }
-        }
-        if self.uplinks.has(link) {
+        if !crate::forward::one_sided(&self.core.map().layout) || self.uplinks.has(link) {
             return Ok(());
         }
         let Some((index, port)) = self
@@ -68,7 +50,7 @@ impl Device {
     /// Asks every link with a queue pair to a server on verbs for its
     /// server's region keys again, every [`VERBS_KEY_POLL`] (see
     /// [`Forwarder::refresh_keys_soon`]); the answer updates the keys the
-    /// queue pairs check.
+    /// core checks for the queue pairs.
     pub(super) fn poll_verbs_keys(&mut self, now: Instant) {
         if now < self.verbs_keys_polled + VERBS_KEY_POLL {
             return;
@@ -96,7 +78,7 @@ impl Device {
     /// Relays what the queue pairs toward servers completed, and takes down
     /// the links whose queue pair broke.
     pub(super) fn drain_uplinks(&mut self, now: Instant) {
-        while let Some((link, frame)) = self.uplinks.poll_answer() {
+        while let Some(done) = self.uplinks.poll_completed() {
             let Self {
                 core,
                 clients,
@@ -104,7 +86,9 @@ impl Device {
                 roce,
                 ..
             } = self;
-            match core.link_frame(link, &frame, now) {
+            let link = done.link;
+            let outcome = done.outcome.as_deref().map_err(|status| *status);
+            match core.rdma_completed(link, done.tag, outcome, now) {
                 LinkAction::Deliver {
                     conn,
                     head,
@@ -115,6 +99,7 @@ impl Device {
             }
         }
         for (link, status) in self.uplinks.take_broken() {
+            // Taking the link down ends the core's use of its queue pair.
             self.link_failed(
                 link,
                 now,
@@ -143,8 +128,8 @@ impl Device {
             ..
         } = self;
         if let Some(Some(port)) = roce.get_mut(index) {
-            port.receive(now, core, uplinks, |uplinks, link, head, payload| {
-                let _ = send_to_link(links, uplinks, link, head, payload);
+            port.receive(now, core, uplinks, |uplinks, link, head, payload, rdma| {
+                let _ = send_to_link(links, uplinks, link, head, payload, rdma);
             });
         }
         self.drain_uplinks(now);
@@ -189,20 +174,26 @@ impl Device {
     }
 }
 
-/// The server's answer to the QP_CONNECT the device sent on `link`.
+/// The server's answer to the QP_CONNECT the device sent on `link`: with
+/// QP_ACCEPT the queue pair comes up, and the core learns its R_Keys and
+/// capabilities.
 pub(super) fn uplink_answer(
+    core: &mut Forwarder,
     uplinks: &mut Uplinks,
     link: LinkId,
     frame: &[u8],
 ) -> Result<(), String> {
     let outcome = match proto::parse_frame(frame) {
-        Ok((proto::Message::QpAccept(accept), _)) => uplinks.accepted(link, &accept),
+        Ok((proto::Message::QpAccept(accept), _)) => uplinks.accepted(link, &accept).map(|()| {
+            core.queue_pair_up(link, accept.rkeys().collect(), accept.caps());
+        }),
         Ok((proto::Message::Response(r), _)) => Err(format!("the server refused it: {}", r.status)),
         Ok((other, _)) => Err(format!("unexpected answer {:?}", other.opcode())),
         Err(e) => Err(format!("malformed answer: {e}")),
     };
     if outcome.is_err() {
         uplinks.close(link);
+        core.queue_pair_down(link);
     }
     outcome
 }

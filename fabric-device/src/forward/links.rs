@@ -2,6 +2,7 @@
 //! bulk lane), their opening (HELLO, MAP_REQUEST, proofs), the server's
 //! answers relayed to clients, and a link going down.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -84,6 +85,8 @@ pub(super) struct Link {
     pub(super) starting: bool,
     /// Where the link stands with refreshing its server's region keys.
     pub(super) key_refresh: KeyRefresh,
+    /// The link's RDMA queue pair toward its server, while it is up.
+    pub(super) queue_pair: Option<Box<QueuePairKeys>>,
 }
 
 /// A link's refresh of its server's region keys (MAP_REQUEST on the link).
@@ -98,6 +101,29 @@ pub(super) enum KeyRefresh {
     PollDue,
     /// Asked; the answer is awaited.
     Asked,
+}
+
+/// What a link's queue pair toward its server offers, as its QP_ACCEPT
+/// said.
+#[derive(Debug, Clone, Default)]
+pub(super) struct QueuePairKeys {
+    /// The R_Key of each region the server registered, by region index.
+    pub(super) rkeys: HashMap<u32, u32>,
+    /// What the server's queue pair can do (`proto::qp::caps`).
+    pub(super) caps: u64,
+}
+
+/// An answer to a request forwarded on a link.
+#[derive(Debug)]
+pub(super) struct Answer<'a> {
+    /// The link-level tag.
+    pub(super) tag: u64,
+    /// The frame and response header.
+    pub(super) head: [u8; REPLY_HEAD_LEN],
+    /// The READ data after them.
+    pub(super) payload: &'a [u8],
+    /// The whole frame, when the server sent one.
+    pub(super) whole: Option<&'a [u8]>,
 }
 
 /// Whether the request a deadline stands for still waits for its response
@@ -136,6 +162,7 @@ impl Forwarder {
                 up_gauge,
                 starting: true,
                 key_refresh: KeyRefresh::Current,
+                queue_pair: None,
             },
         );
         self.links_starting += 1;
@@ -232,18 +259,47 @@ impl Forwarder {
             }
             return LinkAction::Close(format!("unexpected {} frame from server", header.opcode));
         }
+        let mut head = [0u8; REPLY_HEAD_LEN];
+        head.copy_from_slice(&frame[..REPLY_HEAD_LEN]);
+        let answer = Answer {
+            tag: header.tag,
+            head,
+            payload: &frame[REPLY_HEAD_LEN..],
+            whole: Some(frame),
+        };
+        self.link_response(link_id, answer, now)
+    }
+
+    /// The answer to a request forwarded on `link_id`: the server's
+    /// response, or the RDMA completion made one.
+    pub(super) fn link_response<'a>(
+        &mut self,
+        link_id: LinkId,
+        answer: Answer<'a>,
+        now: Instant,
+    ) -> LinkAction<'a> {
+        let Answer {
+            tag,
+            mut head,
+            payload,
+            whole,
+        } = answer;
         let Some(link) = self.links.get_mut(&link_id) else {
             return LinkAction::Nothing;
         };
-        let Some(mut pending) = link.pending.remove(&header.tag) else {
+        let Some(mut pending) = link.pending.remove(&tag) else {
             // Answered already (timed out); nobody waits for it.
             return LinkAction::Nothing;
         };
         if let Some(CopyTicket::Resync(ticket)) = pending.copy {
-            // The owner's own resync request.
+            // The owner's own resync request (the server CPU's: never
+            // posted as RDMA, so it comes as a frame).
             let links = &self.links;
             self.deadlines.trim(|d| is_pending(links, d));
-            self.resync_answered(ticket, frame, now);
+            match whole {
+                Some(frame) => self.resync_answered(ticket, frame, now),
+                None => self.resync_failed(ticket, Status::IoError, now),
+            }
             return LinkAction::Nothing;
         }
         if let Some(CopyTicket::Op(op)) = pending.copy {
@@ -253,20 +309,20 @@ impl Forwarder {
             self.metrics
                 .server_rtt
                 .observe_duration(now.saturating_duration_since(pending.sent));
-            self.copy_answered(link_id, header.tag, op, frame, now);
+            self.copy_answered(link_id, tag, op, &head, payload, now);
             return LinkAction::Nothing;
         }
         if matches!(pending.copy, Some(CopyTicket::Read(_)))
-            && let Some(body) = frame.get(frame::HEADER_LEN..)
-            && let Ok(answer) = response::Packet::new_checked(body)
+            && let answer = response::Packet::new_unchecked(&head[frame::HEADER_LEN..])
             && answer.status() == Status::StaleMap
         {
             // A read of a replicated region's copy: read again once the
             // server runs the device's epoch, not failed.
+            let theirs = answer.value();
             let links = &self.links;
             self.deadlines.trim(|d| is_pending(links, d));
-            self.server_response(frame);
-            self.copy_read_stale(pending, answer.value(), now);
+            self.server_response(&head);
+            self.copy_read_stale(pending, theirs, now);
             return LinkAction::Nothing;
         }
         if let Some(CopyTicket::Read(again)) = pending.copy.take() {
@@ -285,8 +341,6 @@ impl Forwarder {
         };
         session.in_flight = session.in_flight.saturating_sub(1);
         session.reply_bytes = session.reply_bytes.saturating_sub(pending.reply_bytes);
-        let mut head = [0u8; REPLY_HEAD_LEN];
-        head.copy_from_slice(&frame[..REPLY_HEAD_LEN]);
         frame::Packet::new_unchecked(&mut head[..frame::HEADER_LEN]).set_tag(pending.client_tag);
         let status = response::Packet::new_unchecked(&head[frame::HEADER_LEN..]).status();
         if status == Status::AccessDenied {
@@ -303,14 +357,16 @@ impl Forwarder {
         if status == Status::StaleMap {
             // Relayed as it is (its value is the server's epoch); a newer
             // one than the device's calls for the map now.
-            self.server_response(frame);
+            self.server_response(&head);
         }
         self.metrics.record(pending.opcode, status);
-        self.metrics.bytes_to_clients.add(frame.len() as u64);
+        self.metrics
+            .bytes_to_clients
+            .add((REPLY_HEAD_LEN + payload.len()) as u64);
         LinkAction::Deliver {
             conn: pending.conn,
             head,
-            payload: &frame[REPLY_HEAD_LEN..],
+            payload,
         }
     }
 
@@ -414,6 +470,7 @@ impl Forwarder {
         link.opening = None;
         link.server_map = None;
         link.key_refresh = KeyRefresh::Current;
+        link.queue_pair = None;
         link.up_gauge.set(0);
         let server = link.target.server.clone();
         let pending: Vec<(u64, Pending)> = link.pending.drain().collect();

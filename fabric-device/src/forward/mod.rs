@@ -26,6 +26,8 @@
 //! - `links`: server links, their opening, the responses they bring
 //!   ([`Forwarder::link_frame`]) and a link going down.
 //! - `timeouts`: request deadlines and TIMEOUT answers.
+//! - `offload`: which requests a link's RDMA queue pair carries, and
+//!   their completions answered ([`Forwarder::rdma_completed`]).
 //! - `copy_ticket`: what a request to one copy of a replicated region is
 //!   part of, as its link remembers it.
 //! - `reload`: a new map applied.
@@ -55,6 +57,7 @@ mod epoch;
 mod gate;
 mod keys;
 mod links;
+mod offload;
 mod parking;
 mod reload;
 mod replication;
@@ -65,6 +68,10 @@ use clients::Session;
 use epoch::DeviceEpoch;
 pub use links::LinkStatus;
 use links::{Lanes, Link};
+pub use offload::{Offload, Step, one_sided};
+/// The decision alone, for the uplink's tests.
+#[cfg(test)]
+pub use offload::{RequestFields, decide, failure_status};
 use parking::Parked;
 use replication::Replication;
 pub use replication::{Outgoing, OwnedRegion};
@@ -155,6 +162,9 @@ pub enum ClientAction<'a> {
         head: [u8; FORWARD_HEAD_LEN],
         /// The write data, untouched (empty for other operations).
         payload: &'a [u8],
+        /// Post it as these work requests on the link's RDMA queue pair
+        /// instead, when it has room (else send it as above).
+        rdma: Option<Offload>,
     },
     /// Send this back to the client.
     Reply(Reply),

@@ -9,6 +9,7 @@ use proto::request::{self, Operation, Target};
 use proto::{RegionOffset, Status};
 
 use super::links::{Pending, is_pending};
+use super::offload::RequestFields;
 use super::{
     ClientAction, ConnId, FORWARD_HEAD_LEN, Forwarder, LinkStatus, REPLY_HEAD_LEN, error_reply,
 };
@@ -154,6 +155,8 @@ impl Forwarder {
             };
         let link_tag = link.next_tag;
         link.next_tag = (link.next_tag + 1) & !CONTROL_TAG;
+        // A device with no server on verbs pays this one test per request.
+        let queue_pair = link.queue_pair.is_some();
         let deadline = now + self.config.request_timeout;
         link.pending.insert(
             link_tag,
@@ -184,10 +187,18 @@ impl Forwarder {
 
         let head = rewrite_head(frame, req, link_tag, route.at, route.client_number);
         self.metrics.bytes_to_servers.add(frame.len() as u64);
+        let rdma = match queue_pair {
+            true => self.offload(
+                route.link,
+                &RequestFields::forwarded(req, route.at, link_tag),
+            ),
+            false => None,
+        };
         ClientAction::Forward {
             link: route.link,
             head,
             payload: &frame[FORWARD_HEAD_LEN..],
+            rdma,
         }
     }
 

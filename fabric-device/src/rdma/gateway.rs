@@ -40,7 +40,7 @@ use proto::roce::rc::{
 };
 use proto::{AccessKey, Message, PmemAddr, RegionIndex, Status, response};
 
-use crate::forward::{ClientAction, Forwarder};
+use crate::forward::{ClientAction, Forwarder, Offload};
 use crate::ids::{ConnId, LinkId};
 pub(crate) use crate::rdma::qp_numbering::random_u32;
 use crate::rdma::qp_numbering::{GATEWAY_QPN_FIRST, QPN_BASE};
@@ -192,13 +192,14 @@ impl RoceGateway {
     }
 
     /// Takes a datagram from the port and forwards what its QP needs done;
-    /// `send` gets each forwarded request as a head and a payload for a link.
+    /// `send` gets each forwarded request as a head and a payload for a link,
+    /// with the work requests that carry it where RDMA may.
     pub fn handle_datagram(
         &mut self,
         now: Instant,
         bytes: &[u8],
         fwd: &mut Forwarder,
-        send: impl FnMut(LinkId, &[u8], &[u8]),
+        send: impl FnMut(LinkId, &[u8], &[u8], Option<Offload>),
     ) {
         let checked = match Datagram::new_checked(bytes) {
             Ok(d) => d,
@@ -284,7 +285,7 @@ fn pump(
     fwd: &mut Forwarder,
     now: Instant,
     counters: &mut GatewayCounters,
-    mut send: impl FnMut(LinkId, &[u8], &[u8]),
+    mut send: impl FnMut(LinkId, &[u8], &[u8], Option<Offload>),
 ) {
     let mut frame = Vec::new();
     while let Some(Execution { ticket, op }) = q.qp.poll_execution() {
@@ -322,9 +323,10 @@ fn pump(
                 link,
                 head,
                 payload,
+                rdma,
             } => {
                 q.forwarded.insert(tag, (ticket, kind));
-                send(link, &head, payload);
+                send(link, &head, payload, rdma);
             }
             ClientAction::Reply(reply) | ClientAction::ReplyAndClose(reply) => {
                 let status = parse_response_head(reply.as_bytes())

@@ -8,8 +8,8 @@
 //! remote address) and what its queue pair can do ([`caps`]).
 //!
 //! The forwarding core still routes, checks and times every request, and
-//! still writes a request frame for the link; [`Uplinks::try_post`] turns
-//! the ones RDMA can carry into work requests instead of sending them:
+//! decides which ones RDMA carries (`forward::offload`): those come with
+//! their work requests, which [`Uplinks::post`] posts as they are:
 //!
 //! | request | on the queue pair |
 //! |---|---|
@@ -19,24 +19,26 @@
 //! | FLUSH | FLUSH (persistent), or a 1-byte READ (APM) |
 //! | ATOMIC_WRITE | ATOMIC_WRITE (then FLUSH of its 8 bytes when persistent), where the server's RNIC executes it |
 //!
-//! The server never sees the 64-bit region key on this path, so the device
+//! The server never sees the 64-bit region key on this path, so the core
 //! checks it: only a request whose key is the region key the link's server
 //! gave in its MAP goes over RDMA (for a copy of a replicated region, the
-//! key of the copy on that server: each copy has its own). Requests with another key (per-extent keys
-//! of the allocator, or a wrong one) go to the server on the control
-//! connection, which checks them; so do exactly-once atomics
-//! (COMPARE_SWAP, FETCH_ADD), whose window the server keeps.
+//! key of the copy on that server: each copy has its own). Requests with
+//! another key (per-extent keys of the allocator, or a wrong one) go to the
+//! server on the control connection, which checks them; so do exactly-once
+//! atomics (COMPARE_SWAP, FETCH_ADD), whose window the server keeps, and a
+//! request RDMA would carry when the send queue is full.
 //!
 //! A replicated region's requests to a copy keep their order across the
 //! queue pair and the control connection: the driver asks
-//! [`Uplinks::would_carry`] and waits for the other way to drain before
-//! changing ways (`driver::copy_streams`).
+//! [`Uplinks::room`] and waits for the other way to drain before changing
+//! ways (`driver::copy_streams`).
 //!
-//! Each completion becomes the response frame the server would have sent
-//! ([`Uplinks::poll_answer`]), which the core relays as usual. A queue
-//! pair with a failed work request is in the error state and broken
-//! ([`Uplinks::take_broken`]): its link is taken down and reconnected with a
-//! new one. A refusal of the server's RNIC (a NAK) is that request's answer;
+//! Each request's end ([`Uplinks::poll_completed`]: its tag, and a READ's
+//! data or the failure) goes to the core, which answers it as the server's
+//! response (`Forwarder::rdma_completed`). A queue pair with a failed
+//! work request is in the error state and broken
+//! ([`Uplinks::take_broken`]): its link is taken down and reconnected with
+//! a new one. A refusal of the server's RNIC (a NAK) is that request's answer;
 //! requests the transport lost (retries exhausted, or flushed by the error)
 //! get none from here, so the core fails them when the link goes down and
 //! the clients send them again elsewhere.
@@ -45,16 +47,12 @@ use std::collections::HashMap;
 use std::net::Ipv4Addr;
 use std::time::Instant;
 
+use proto::Message;
 use proto::qp::{self, Connect, Endpoint, caps};
-use proto::request::{self, Operation, flags};
-use proto::response::Repr as ResponseRepr;
 use proto::roce::Datagram;
-use proto::roce::rc::{
-    Completion, CompletionKind, Path, QpConfig, QueuePair, RemoteAddr, WcStatus, WorkOp,
-    WorkRequest,
-};
-use proto::{AccessKey, Message, RegionIndex, Status, frame};
+use proto::roce::rc::{CompletionKind, Path, QpConfig, QueuePair, WcStatus, WorkRequest};
 
+use crate::forward::{Offload, Step};
 use crate::ids::LinkId;
 pub use crate::link_tags::QP_CONNECT_TAG;
 use crate::rdma::qp_numbering::{QPN_BASE, random_u32};
@@ -62,13 +60,13 @@ use crate::rdma::qp_numbering::{QPN_BASE, random_u32};
 /// What became of a request offered to a queue pair.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Posting {
-    /// Posted as work requests (or, from [`Uplinks::would_carry`], it
-    /// would be).
+    /// Posted as work requests (or, from [`Uplinks::room`], there is
+    /// room for them).
     Posted,
     /// RDMA would carry it, but the send queue is full now.
     Full,
-    /// RDMA does not carry it (no queue pair up, another key, an
-    /// exactly-once atomic, ...): the server's CPU must.
+    /// RDMA does not carry it (the core said so, or the link's queue pair
+    /// is not up or broke): the server's CPU must.
     NotCarried,
 }
 
@@ -89,14 +87,25 @@ pub struct UplinkCounters {
 /// What a posted request waits for.
 #[derive(Debug, Clone, Copy)]
 struct Pending {
-    /// The link-level tag of the request (the response echoes it).
+    /// The link-level tag of the request (the core's answer goes by it).
     tag: u64,
-    /// The request's operation (the response's kind follows from it).
-    operation: Operation,
     /// Work requests still to complete; the answer goes with the last.
     parts: u8,
-    /// The first part's data, for a READ.
+    /// The first part is a READ, whose data comes with the answer.
     read: bool,
+}
+
+/// A posted request ended: its work requests completed, or one failed
+/// with what the server's RNIC said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Completed {
+    /// The link whose queue pair carried it.
+    pub link: LinkId,
+    /// The request's link-level tag.
+    pub tag: u64,
+    /// The data of its first part when that is a READ (empty otherwise),
+    /// or the status it failed with.
+    pub outcome: Result<Vec<u8>, WcStatus>,
 }
 
 #[derive(Debug)]
@@ -110,7 +119,6 @@ enum State {
 #[derive(Debug)]
 struct Up {
     qp: QueuePair,
-    rkeys: HashMap<u32, u32>,
     caps: u64,
     /// By wr_id: the request a work request belongs to (its first part's
     /// wr_id).
@@ -126,27 +134,13 @@ struct Uplink {
     state: State,
 }
 
-/// Whether requests of a pool laid out as `layout` may go to verbs servers
-/// as one-sided RDMA. Not in a pool with an allocator: there an extent
-/// opens only with its own key and the allocator's records change only by
-/// their owners, and both are checked by the server's CPU, while its RNIC
-/// knows one key per region. Such a pool's requests go over the link's
-/// control connection, where the server checks them as on TCP.
-pub fn one_sided(layout: &topology::Layout) -> bool {
-    layout.meta().is_none()
-}
-
 /// The requester queue pairs of every verbs link of the device.
 #[derive(Debug, Default)]
 pub struct Uplinks {
     links: HashMap<LinkId, Uplink>,
     by_qpn: HashMap<u32, LinkId>,
     next_qpn: u32,
-    /// Each region's key as the link's server gave it (the core's copy,
-    /// kept in step by the driver) and its length, by link and region: the
-    /// copies of a replicated region have one index and a key per server.
-    regions: HashMap<(LinkId, u32), (AccessKey, u64)>,
-    answers: Vec<(LinkId, Vec<u8>)>,
+    completed: Vec<Completed>,
     broken: Vec<(LinkId, WcStatus)>,
     counters: UplinkCounters,
 }
@@ -175,13 +169,6 @@ impl Uplinks {
     /// Whether `link` has a queue pair (up or being set up).
     pub fn has(&self, link: LinkId) -> bool {
         self.links.contains_key(&link)
-    }
-
-    /// Records the key requests for `region` on `link` must carry to go
-    /// over RDMA (the key of the copy on the link's server), and the
-    /// region's length.
-    pub fn set_region(&mut self, link: LinkId, region: RegionIndex, key: AccessKey, len: u64) {
-        self.regions.insert((link, region.0), (key, len));
     }
 
     /// Requests posted on `link`'s queue pair and not completed yet.
@@ -270,7 +257,6 @@ impl Uplinks {
         let qp = QueuePair::new(config).map_err(|e| format!("queue pair attributes: {e}"))?;
         uplink.state = State::Up(Box::new(Up {
             qp,
-            rkeys: accept.rkeys().collect(),
             caps: accept.caps(),
             parts: HashMap::new(),
             pending: HashMap::new(),
@@ -291,37 +277,48 @@ impl Uplinks {
         }
     }
 
-    /// Posts the request the core wrote for `link` (`head`: frame and
-    /// request header, `payload`: write data) as work requests, if the
-    /// link's queue pair is up and RDMA can carry it; false leaves it to
-    /// the control connection.
-    pub fn try_post(&mut self, link: LinkId, head: &[u8], payload: &[u8]) -> bool {
-        if self.links.is_empty() {
-            // No server on verbs: the common case costs one branch.
-            return false;
+    /// Posts `offload` (with `payload`, a WRITE's data) on `link`'s queue
+    /// pair when it is up and has room: [`Posting::Full`] without room
+    /// (the control connection takes it, or an ordered stream waits),
+    /// [`Posting::NotCarried`] without a queue pair fit to carry it.
+    pub fn post(&mut self, link: LinkId, offload: &Offload, payload: &[u8]) -> Posting {
+        let posting = self.room(link, offload);
+        if posting != Posting::Posted {
+            return posting;
         }
-        let posted = self.post(link, head, payload) == Posting::Posted;
-        if posted {
-            self.counters.posted += 1;
-        } else {
-            self.sent_on_control(link);
-        }
-        posted
-    }
-
-    /// Posts the request as [`Uplinks::try_post`] does, saying why not when
-    /// it does not: with a full send queue ([`Posting::Full`]) a request
-    /// that must keep its place in an ordered stream waits rather than take
-    /// the control connection. Nothing is counted for a request not posted.
-    pub fn post_or_say(&mut self, link: LinkId, head: &[u8], payload: &[u8]) -> Posting {
-        if self.links.is_empty() {
+        let Some(Uplink {
+            state: State::Up(up),
+            ..
+        }) = self.links.get_mut(&link)
+        else {
             return Posting::NotCarried;
+        };
+        let first = up.next_wr_id;
+        for step in offload.steps() {
+            let wr_id = up.next_wr_id;
+            up.next_wr_id += 1;
+            up.parts.insert(wr_id, first);
+            if up
+                .qp
+                .post(WorkRequest::new(wr_id, step.work_op(payload)))
+                .is_err()
+            {
+                // Checked for room above; a queue pair in the error state
+                // refuses everything. Its link is about to go down, and
+                // the core answers the request then.
+                break;
+            }
         }
-        let posting = self.post(link, head, payload);
-        if posting == Posting::Posted {
-            self.counters.posted += 1;
-        }
-        posting
+        up.pending.insert(
+            first,
+            Pending {
+                tag: offload.tag,
+                parts: offload.parts() as u8,
+                read: matches!(offload.first, Step::Read { .. }),
+            },
+        );
+        self.counters.posted += 1;
+        Posting::Posted
     }
 
     /// Counts a request for `link` that its control connection carries
@@ -332,9 +329,9 @@ impl Uplinks {
         }
     }
 
-    /// Whether `link`'s queue pair would carry this request now, without
-    /// posting it: [`Posting::Posted`] when it would.
-    pub fn would_carry(&self, link: LinkId, head: &[u8], payload: &[u8]) -> Posting {
+    /// Whether `link`'s queue pair could take `offload` now, without
+    /// posting it: [`Posting::Posted`] when it could.
+    pub fn room(&self, link: LinkId, offload: &Offload) -> Posting {
         let Some(Uplink {
             state: State::Up(up),
             ..
@@ -342,153 +339,14 @@ impl Uplinks {
         else {
             return Posting::NotCarried;
         };
-        match self.work_for(link, up, head, payload) {
-            Ok((_, ops)) if up.qp.outstanding() + ops.len() > up.qp.config().max_send_wr => {
-                Posting::Full
-            }
-            Ok(_) => Posting::Posted,
-            Err(()) => Posting::NotCarried,
-        }
-    }
-
-    fn post(&mut self, link: LinkId, head: &[u8], payload: &[u8]) -> Posting {
-        let Some(Uplink {
-            state: State::Up(up),
-            ..
-        }) = self.links.get(&link)
-        else {
-            return Posting::NotCarried;
-        };
-        let Ok((req, ops)) = self.work_for(link, up, head, payload) else {
-            return Posting::NotCarried;
-        };
-        let Some(Uplink {
-            state: State::Up(up),
-            ..
-        }) = self.links.get_mut(&link)
-        else {
-            return Posting::NotCarried;
-        };
-        if up.qp.outstanding() + ops.len() > up.qp.config().max_send_wr {
-            // The send queue is full: the control connection takes it, or
-            // an ordered stream waits.
-            return Posting::Full;
-        }
-        let first = up.next_wr_id;
-        let parts = ops.len() as u8;
-        for op in ops {
-            let wr_id = up.next_wr_id;
-            up.next_wr_id += 1;
-            up.parts.insert(wr_id, first);
-            if up.qp.post(WorkRequest::new(wr_id, op)).is_err() {
-                // Checked for room above; a queue pair in the error state
-                // refuses everything. Its link is about to go down, and
-                // the core answers the request then.
-                break;
-            }
-        }
-        up.pending.insert(
-            first,
-            Pending {
-                tag: req.tag,
-                operation: req.operation,
-                parts,
-                read: req.operation == Operation::Read,
-            },
-        );
-        Posting::Posted
-    }
-
-    /// The work requests that carry the request the core wrote for `link`
-    /// on its queue pair `up`, or `Err` when RDMA cannot carry it.
-    fn work_for(
-        &self,
-        link: LinkId,
-        up: &Up,
-        head: &[u8],
-        payload: &[u8],
-    ) -> Result<(ForwardedRequest, Vec<WorkOp>), ()> {
         if up.qp.in_error() {
             // Its link is about to reconnect; the server takes it meanwhile.
-            return Err(());
+            Posting::NotCarried
+        } else if up.qp.outstanding() + offload.parts() > up.qp.config().max_send_wr {
+            Posting::Full
+        } else {
+            Posting::Posted
         }
-        let req = ForwardedRequest::parse(head).ok_or(())?;
-        if req.flags & (flags::EXACTLY_ONCE | flags::REGION_ADDRESSED) != flags::REGION_ADDRESSED {
-            return Err(());
-        }
-        // Only what the server's RNIC will take goes to it: a NAK would put
-        // the queue pair in the error state and reconnect the link under
-        // every other client's requests on it. The server answers the rest
-        // on the control connection.
-        let &(key, region_len) = self.regions.get(&(link, req.region)).ok_or(())?;
-        let len = u64::from(req.operation.span_len(req.length));
-        let fits = req
-            .offset
-            .checked_add(len)
-            .is_some_and(|end| end <= region_len);
-        let aligned = !req.operation.is_atomic() || req.offset.is_multiple_of(8);
-        if key != req.key || key.is_none() || !fits || !aligned {
-            return Err(());
-        }
-        let &rkey = up.rkeys.get(&req.region).ok_or(())?;
-        let remote = RemoteAddr {
-            va: req.offset,
-            rkey,
-        };
-        let flush = up.caps & caps::FLUSH_PERSISTENT != 0;
-        // How to make `len` bytes at `remote` durable after what precedes.
-        let persist = |len: u32| -> WorkOp {
-            if flush {
-                WorkOp::persist(remote, len.max(1))
-            } else {
-                // APM: a READ is answered only once the writes before it on
-                // this queue pair are placed.
-                WorkOp::Read {
-                    remote: RemoteAddr {
-                        va: req.offset + u64::from(len.max(1)) - 1,
-                        rkey,
-                    },
-                    len: 1,
-                }
-            }
-        };
-        let persistent = req.flags & flags::PERSIST != 0;
-        let ops: Vec<WorkOp> = match req.operation {
-            Operation::Read => vec![WorkOp::Read {
-                remote,
-                len: req.length,
-            }],
-            Operation::Write | Operation::WritePersist if payload.len() != req.length as usize => {
-                return Err(());
-            }
-            Operation::Write if !persistent => vec![WorkOp::Write {
-                remote,
-                data: payload.to_vec(),
-                imm: None,
-            }],
-            Operation::Write | Operation::WritePersist => vec![
-                WorkOp::Write {
-                    remote,
-                    data: payload.to_vec(),
-                    imm: None,
-                },
-                persist(req.length),
-            ],
-            Operation::Flush => vec![persist(req.length)],
-            Operation::AtomicWrite if up.caps & caps::ATOMIC_WRITE != 0 => {
-                let store = WorkOp::AtomicWrite {
-                    remote,
-                    value: req.operand.to_le_bytes(),
-                };
-                if persistent {
-                    vec![store, persist(8)]
-                } else {
-                    vec![store]
-                }
-            }
-            _ => return Err(()),
-        };
-        Ok((req, ops))
     }
 
     /// Whether datagrams for `qpn` belong here.
@@ -512,7 +370,7 @@ impl Uplinks {
         }
     }
 
-    /// Turns `link`'s completions into answers.
+    /// Turns `link`'s completions into ended requests.
     fn reap(&mut self, link: LinkId) {
         let Some(Uplink {
             state: State::Up(up),
@@ -560,17 +418,24 @@ impl Uplinks {
                     continue;
                 }
             }
-            self.answers
-                .push((link, answer(&pending, &done, data.as_deref())));
+            let outcome = match done.status {
+                WcStatus::Success => Ok(data.unwrap_or_default()),
+                status => Err(status),
+            };
+            self.completed.push(Completed {
+                link,
+                tag: pending.tag,
+                outcome,
+            });
         }
         if let Some(status) = broke {
             self.broken.push((link, status));
         }
     }
 
-    /// The next response frame for a link, as its server would have sent it.
-    pub fn poll_answer(&mut self) -> Option<(LinkId, Vec<u8>)> {
-        self.answers.pop()
+    /// The next request that ended, for the core to answer.
+    pub fn poll_completed(&mut self) -> Option<Completed> {
+        self.completed.pop()
     }
 
     /// Links whose queue pair broke since the last call, with why.
@@ -626,56 +491,6 @@ impl Uplinks {
             self.reap(link);
         }
     }
-}
-
-/// The fields of a forwarded request the queue pair needs.
-#[derive(Debug, Clone, Copy)]
-struct ForwardedRequest {
-    tag: u64,
-    operation: Operation,
-    flags: u8,
-    region: u32,
-    offset: u64,
-    key: AccessKey,
-    length: u32,
-    operand: u64,
-}
-
-impl ForwardedRequest {
-    /// Reads a frame header and request header the core wrote.
-    fn parse(head: &[u8]) -> Option<Self> {
-        let header = frame::Header::parse(head).ok()?;
-        let operation = Operation::from_opcode(header.opcode)?;
-        let body = request::Packet::new_checked(head.get(frame::HEADER_LEN..)?).ok()?;
-        Some(ForwardedRequest {
-            tag: header.tag,
-            operation,
-            flags: body.flags(),
-            region: body.region(),
-            offset: body.addr(),
-            key: AccessKey(body.key()),
-            length: body.length(),
-            operand: body.operand(),
-        })
-    }
-}
-
-/// The response frame the server would have sent for `pending`, given the
-/// completion that ends it.
-fn answer(pending: &Pending, done: &Completion, data: Option<&[u8]>) -> Vec<u8> {
-    let opcode = pending.operation.opcode();
-    let repr = match done.status {
-        WcStatus::Success => match data {
-            Some(data) => ResponseRepr::read_data(data),
-            None => ResponseRepr::ack(Status::Ok),
-        },
-        WcStatus::RemoteAccessError => ResponseRepr::error(opcode, Status::OutOfBounds),
-        WcStatus::RemoteInvalidRequest => ResponseRepr::error(opcode, Status::BadRequest),
-        _ => ResponseRepr::error(opcode, Status::IoError),
-    };
-    Message::Response(repr)
-        .encode_to_vec(pending.tag)
-        .unwrap_or_default()
 }
 
 /// Gives a FLUSH datagram (IPv4, as the queue pair emits it) the ICRC

@@ -11,7 +11,8 @@ impl Forwarder {
         link: LinkId,
         link_tag: u64,
         op_id: u64,
-        frame: &[u8],
+        head: &[u8],
+        payload: &[u8],
         now: Instant,
     ) {
         let Some(op) = self.replication.ops.get_mut(&op_id) else {
@@ -24,7 +25,7 @@ impl Forwarder {
         else {
             return;
         };
-        let body = &frame[proto::frame::HEADER_LEN..];
+        let body = &head[proto::frame::HEADER_LEN..];
         let response = response::Packet::new_unchecked(body);
         let status = response.status();
         if status == Status::StaleMap {
@@ -32,14 +33,14 @@ impl Forwarder {
             // to send again once its server runs this device's epoch (a
             // newer server epoch makes the device read the map now).
             let theirs = response.value();
-            self.server_response(frame);
+            self.server_response(head);
             self.copy_refused_stale(op_id, index, theirs, now);
             return;
         }
         let send = &mut op.sends[index];
         let value = match send.purpose {
-            Purpose::ReadBack => frame
-                .get(REPLY_HEAD_LEN..REPLY_HEAD_LEN + 8)
+            Purpose::ReadBack => payload
+                .get(..8)
                 .and_then(|b| b.try_into().ok())
                 .map_or(0, u64::from_le_bytes),
             _ => response.value(),
@@ -48,7 +49,7 @@ impl Forwarder {
         if status == Status::NotOwner {
             // The copy's server runs a newer map, one that names another
             // owner: read it now.
-            self.server_response(frame);
+            self.server_response(head);
         }
         self.progress(op_id, now);
     }

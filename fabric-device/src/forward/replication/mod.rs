@@ -49,6 +49,7 @@ use proto::{AccessKey, Message, Opcode, RegionIndex, RegionOffset, Status, respo
 use topology::{RegionId, ServerId};
 
 use super::links::{Pending, is_pending};
+use super::offload::{Offload, RequestFields};
 use super::routing::{BULK_MIN_BYTES, Located, Routed, rewrite_head};
 use super::{
     ClientAction, ConnId, FORWARD_HEAD_LEN, Forwarder, LinkStatus, REPLY_HEAD_LEN, Reply,
@@ -101,6 +102,9 @@ pub enum Outgoing {
         /// carry it: the READ of an atomic's word follows the atomic on the
         /// connection the server executes in order.
         cpu: bool,
+        /// The work requests that carry it on the link's RDMA queue pair,
+        /// when RDMA may (never for `cpu`).
+        rdma: Option<Offload>,
     },
     /// Send this answer to client connection `conn`.
     Answer {
@@ -477,15 +481,20 @@ impl Forwarder {
         }
     }
 
-    /// The keys `server` gave for the copies of replicated regions it
-    /// holds (the key of a replicated region's requests to that copy).
-    pub fn copy_keys_on(&self, server: &ServerId) -> Vec<(RegionIndex, AccessKey)> {
+    /// The key `server` gave for its copy of replicated `region`.
+    pub(in crate::forward) fn copy_key_on(
+        &self,
+        region: u32,
+        server: &ServerId,
+    ) -> Option<AccessKey> {
+        // A few entries (one per copy of each replicated region): compared
+        // in place rather than hashed under a cloned server id, since every
+        // request to a copy asks.
         self.replication
             .keys
             .iter()
-            .filter(|((_, s), _)| s == server)
-            .map(|(&(region, _), &key)| (RegionIndex(region), key))
-            .collect()
+            .find(|((r, s), _)| *r == region && s == server)
+            .map(|(_, &key)| key)
     }
 
     /// Whether the request tagged `tag` on `link` still waits for its
@@ -598,14 +607,7 @@ impl Forwarder {
         if client_key.is_none() || !self.is_copy_key(region, client_key) {
             return client_key;
         }
-        // A few entries (one per copy of each replicated region): compared
-        // in place rather than hashed under a cloned server id, since every
-        // request to a copy asks.
-        self.replication
-            .keys
-            .iter()
-            .find(|((r, s), _)| *r == region && s == server)
-            .map_or(client_key, |(_, &key)| key)
+        self.copy_key_on(region, server).unwrap_or(client_key)
     }
 
     /// Whether `key` is the key of one of `region`'s copies: the one the
@@ -687,11 +689,17 @@ impl Forwarder {
         self.metrics
             .bytes_to_servers
             .add((FORWARD_HEAD_LEN + payload.len()) as u64);
+        let rdma = match cpu || !self.has_queue_pair(link_id) {
+            true => None,
+            false => RequestFields::of_head(&head, payload.len())
+                .and_then(|fields| self.offload(link_id, &fields)),
+        };
         self.replication.outbox.push(Outgoing::Send {
             link: link_id,
             head,
             payload,
             cpu,
+            rdma,
         });
         Ok(link_tag)
     }

@@ -20,6 +20,7 @@ mod clients;
 mod copy_timeout;
 mod keys;
 mod links;
+mod offload;
 mod parking;
 mod replication;
 mod resync;

@@ -6,7 +6,7 @@ use proto::atomic_record::AtomicRecord;
 use proto::request::{ExactlyOnce, Operation};
 
 use super::*;
-use crate::forward::Outgoing;
+use crate::forward::{Offload, Outgoing};
 
 pub(super) fn replicated() -> Forwarder {
     let topology = testkit::default_topology_with("replicas = 2");
@@ -60,6 +60,8 @@ pub(super) struct Sent {
     pub(super) payload: Vec<u8>,
     /// For the server's CPU (TCP) even where RDMA could carry it.
     cpu: bool,
+    /// The work requests that carry it on an RDMA queue pair.
+    pub(super) rdma: Option<Offload>,
 }
 
 /// An outbox split: the requests sent, the answers and the copies lost.
@@ -75,6 +77,7 @@ pub(super) fn split(out: Vec<Outgoing>) -> Split {
                 head,
                 payload,
                 cpu,
+                rdma,
             } => {
                 let mut frame = head.to_vec();
                 frame.extend_from_slice(&payload);
@@ -95,6 +98,7 @@ pub(super) fn split(out: Vec<Outgoing>) -> Split {
                     identity: req.exactly_once,
                     payload: req.payload.to_vec(),
                     cpu,
+                    rdma,
                 });
             }
             Outgoing::Answer { conn, reply } => answers.push((conn, reply)),
@@ -875,12 +879,9 @@ fn requests_overlapping_a_block_a_resync_holds_wait_until_it_is_released() {
 fn each_servers_copy_keys_are_the_ones_it_gave() {
     let core = replicated();
     let (pa1, pb1) = (index(&core, "PA.1"), index(&core, "PB.1"));
-    let mut on_b = core.copy_keys_on(&"B".into());
-    on_b.sort_by_key(|(r, _)| r.0);
-    assert!(on_b.contains(&(pa1, key_on("B", pa1))), "{on_b:?}");
-    assert!(on_b.contains(&(pb1, key_on("B", pb1))), "{on_b:?}");
-    assert!(on_b.iter().all(|&(r, k)| k == key_on("B", r)), "{on_b:?}");
-    let on_a = core.copy_keys_on(&"A".into());
-    assert!(on_a.contains(&(pa1, key_on("A", pa1))), "{on_a:?}");
+    let on = |server: &str, region: RegionIndex| core.copy_key_on(region.0, &server.into());
+    assert_eq!(on("B", pa1), Some(key_on("B", pa1)));
+    assert_eq!(on("B", pb1), Some(key_on("B", pb1)));
+    assert_eq!(on("A", pa1), Some(key_on("A", pa1)));
     assert_ne!(key_on("A", pa1), key_on("B", pa1));
 }

@@ -16,8 +16,10 @@ fn read_is_rewritten_to_region_offset_and_relayed_back() {
             link,
             head,
             payload,
+            rdma,
         } => {
             assert!(payload.is_empty());
+            assert_eq!(rdma, None, "no queue pair: TCP only");
             (link, head)
         }
         other => panic!("{other:?}"),

@@ -248,7 +248,7 @@ impl Bench {
                     self.now,
                     &buf,
                     &mut self.fwd,
-                    |link, head, payload| {
+                    |link, head, payload, _| {
                         to_links.push((link, [head, payload].concat()));
                     },
                 );
@@ -452,13 +452,13 @@ fn datagrams_for_unknown_queue_pairs_are_dropped_and_counted() {
     assert!(stray.poll_transmit(bench.now, &mut buf));
     bench
         .gateway
-        .handle_datagram(bench.now, &buf, &mut bench.fwd, |_, _, _| {
+        .handle_datagram(bench.now, &buf, &mut bench.fwd, |_, _, _, _| {
             panic!("nothing may be forwarded")
         });
     assert_eq!(bench.gateway.counters().unknown_qp, 1);
     bench
         .gateway
-        .handle_datagram(bench.now, &[0u8; 40], &mut bench.fwd, |_, _, _| {});
+        .handle_datagram(bench.now, &[0u8; 40], &mut bench.fwd, |_, _, _, _| {});
     assert_eq!(bench.gateway.counters().malformed, 1);
 }
 

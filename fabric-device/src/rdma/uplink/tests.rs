@@ -1,17 +1,18 @@
 //! The device's queue pair toward a server, against a sans-IO RC responder
-//! over memory standing in for the server's RNIC.
+//! over memory standing in for the server's RNIC: the work requests the
+//! core's decision (`forward::decide`) names, posted and completed.
 
 use std::net::Ipv4Addr;
 use std::time::Instant;
 
 use proto::qp::{self, Accept, Endpoint, caps};
-use proto::request::{self, ExactlyOnce, Target};
-use proto::roce::rc::{BufferMemory, Path, QpConfig, QueuePair};
+use proto::request::{self, Target};
+use proto::roce::rc::{BufferMemory, Path, QpConfig, QueuePair, WcStatus};
 use proto::roce::{Datagram, Psn};
 use proto::{AccessKey, Message, RegionIndex, RegionOffset, Status};
 
-use super::{QP_CONNECT_TAG, Uplinks};
-use crate::forward::{FORWARD_HEAD_LEN, LinkId};
+use super::{Completed, Posting, QP_CONNECT_TAG, Uplinks};
+use crate::forward::{LinkId, Offload, RequestFields, decide, failure_status};
 
 const DEVICE: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 101);
 const SERVER: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 3);
@@ -19,9 +20,16 @@ const LINK: LinkId = LinkId(7);
 const RKEY: u32 = 0x2ee;
 const KEY: AccessKey = AccessKey(0x5eed);
 
+/// The region's length as the core knows it.
+const REGION_LEN: u64 = 64 << 10;
+
 /// The device's uplink, up against a responder over 64 KiB of memory.
 struct Rig {
     uplinks: Uplinks,
+    /// What the server's queue pair can do.
+    caps: u64,
+    /// The region's length the core decides by.
+    region_len: u64,
     server: QueuePair,
     memory: BufferMemory,
     /// FLUSH datagrams the device sent, as they went.
@@ -62,9 +70,10 @@ impl Rig {
         let table = qp::encode_rkeys(&[(0, RKEY)]);
         let accept = Accept::new(ours, &table).expect("accept").with_caps(caps);
         uplinks.accepted(LINK, &accept).expect("accepted");
-        uplinks.set_region(LINK, RegionIndex(0), KEY, 64 << 10);
         Rig {
             uplinks,
+            caps,
+            region_len: REGION_LEN,
             server,
             memory: BufferMemory::new(0, RKEY, 64 << 10),
             flushes: Vec::new(),
@@ -98,23 +107,32 @@ impl Rig {
         }
     }
 
-    /// Offers `req` (tag `tag`) as the core would; whether the queue pair
-    /// took it.
-    fn offer(&mut self, req: request::Repr<'_>, tag: u64) -> bool {
-        let frame = Message::Request(req).encode_to_vec(tag).expect("encode");
-        let (head, payload) = frame.split_at(FORWARD_HEAD_LEN);
-        self.uplinks.try_post(LINK, head, payload)
+    /// The work requests the core chooses for `req` (tag `tag`).
+    fn decide(&self, req: &request::Repr<'_>, tag: u64) -> Option<Offload> {
+        let Target::Region(at) = req.target else {
+            panic!("region-addressed requests only");
+        };
+        let fields = RequestFields::forwarded(req, at, tag);
+        decide(&fields, KEY, self.region_len, RKEY, self.caps)
     }
 
-    /// The next answer, as (tag, status, payload).
-    fn answer(&mut self) -> (u64, Status, Vec<u8>) {
-        let (link, frame) = self.uplinks.poll_answer().expect("an answer");
-        assert_eq!(link, LINK);
-        let (message, tag) = proto::parse_frame(&frame).expect("the answer parses");
-        let Message::Response(r) = message else {
-            panic!("not a response: {message:?}");
+    /// Posts `req` (tag `tag`) as the core would have it carried; whether
+    /// the queue pair took it.
+    fn offer(&mut self, req: request::Repr<'_>, tag: u64) -> bool {
+        let Some(work) = self.decide(&req, tag) else {
+            return false;
         };
-        (tag, r.status, r.payload.to_vec())
+        self.uplinks.post(LINK, &work, req.payload) == Posting::Posted
+    }
+
+    /// The next request that ended, as (tag, status, data).
+    fn answer(&mut self) -> (u64, Status, Vec<u8>) {
+        let Completed { link, tag, outcome } = self.uplinks.poll_completed().expect("an answer");
+        assert_eq!(link, LINK);
+        match outcome {
+            Ok(data) => (tag, Status::Ok, data),
+            Err(status) => (tag, failure_status(status), Vec::new()),
+        }
     }
 }
 
@@ -147,7 +165,8 @@ fn write_persist_is_a_write_then_a_persistent_flush_of_its_bytes() {
     let mut answers = [rig.answer(), rig.answer()];
     answers.sort_by_key(|a| a.0);
     assert_eq!(answers[0], (12, Status::Ok, vec![0xAB; 16]));
-    assert_eq!(answers[1], (13, Status::Ok, vec![]));
+    assert_eq!(answers[1].0, 13);
+    assert_eq!(answers[1].1, Status::Ok);
     assert_eq!(rig.memory.flushed, [(4096, 3000), (0, 64)]);
 }
 
@@ -171,24 +190,8 @@ fn without_flush_a_write_is_made_durable_by_reading_after_it() {
 }
 
 #[test]
-fn what_rdma_cannot_check_or_number_stays_on_the_control_connection() {
+fn a_persistent_atomic_write_stores_then_flushes_its_eight_bytes() {
     let mut rig = Rig::new(caps::FLUSH_PERSISTENT | caps::ATOMIC_WRITE);
-    // Another key (an allocation's, or a wrong one): the server checks it.
-    assert!(!rig.offer(request::Repr::read(at(0), AccessKey(1), 8), 1));
-    // Exactly-once atomics: the server keeps their window.
-    let cas = request::Repr {
-        exactly_once: Some(ExactlyOnce::on_lane(0, 5)),
-        ..request::Repr::compare_swap(at(64), KEY, 0, 1)
-    };
-    assert!(!rig.offer(cas, 2));
-    // A region the server gave no R_Key for.
-    let elsewhere = Target::Region(RegionOffset {
-        region: RegionIndex(3),
-        offset: 0,
-    });
-    assert!(!rig.offer(request::Repr::read(elsewhere, KEY, 8), 3));
-    assert_eq!(rig.uplinks.counters().on_control, 3);
-    // ATOMIC_WRITE goes, and its persistent form flushes its 8 bytes.
     let store = request::Repr {
         persist: true,
         ..request::Repr::atomic_write(at(64), KEY, 0x0102_0304)
@@ -198,62 +201,62 @@ fn what_rdma_cannot_check_or_number_stays_on_the_control_connection() {
     assert_eq!(rig.answer(), (4, Status::Ok, vec![]));
     assert_eq!(&rig.memory.bytes[64..72], &0x0102_0304u64.to_le_bytes());
     assert_eq!(rig.memory.flushed, [(64, 8)]);
-    // What the RNIC would refuse is left to the server: beyond the region,
-    // a misaligned atomic.
-    assert!(!rig.offer(request::Repr::read(at(64 << 10), KEY, 8), 5));
-    assert!(!rig.offer(request::Repr::atomic_write(at(65), KEY, 1), 5));
-    // A refusal all the same (the server registered less than the layout
-    // says): its answer, and the queue pair is in the error state, so its
-    // link must reconnect; meanwhile requests stay on the control
-    // connection.
-    rig.uplinks.set_region(LINK, RegionIndex(0), KEY, 1 << 30);
+}
+
+/// A refusal of the server's RNIC (it registered less than the map says)
+/// is the request's answer, and breaks the queue pair: its link must
+/// reconnect, and meanwhile nothing more is posted on it.
+#[test]
+fn a_refusal_answers_the_request_and_breaks_the_queue_pair() {
+    let mut rig = Rig::new(caps::FLUSH_PERSISTENT);
+    rig.region_len = 1 << 30;
     assert!(rig.uplinks.take_broken().is_empty());
     assert!(rig.offer(request::Repr::read(at(1 << 20), KEY, 8), 5));
     rig.pump();
     assert_eq!(rig.answer().1, Status::OutOfBounds);
     let broken = rig.uplinks.take_broken();
     assert_eq!(broken.len(), 1, "{broken:?}");
-    assert_eq!(broken[0].0, LINK);
-    assert!(!rig.offer(request::Repr::read(at(0), KEY, 8), 6));
-    assert!(rig.uplinks.poll_answer().is_none());
+    assert_eq!(broken[0], (LINK, WcStatus::RemoteAccessError));
+    let read = request::Repr::read(at(0), KEY, 8);
+    let work = rig.decide(&read, 6).expect("RDMA would carry it");
+    assert_eq!(rig.uplinks.room(LINK, &work), Posting::NotCarried);
+    assert_eq!(rig.uplinks.post(LINK, &work, &[]), Posting::NotCarried);
+    assert!(rig.uplinks.poll_completed().is_none());
 }
 
-/// Each copy of a replicated region has one region index and a key of
-/// its own server's: a link's queue pair carries a request with the key of
-/// the copy on its server, and leaves another copy's key to the server.
+/// Whether there is room is asked without posting; a link without a queue
+/// pair carries nothing; what is in flight is counted until it completes.
 #[test]
-fn a_link_carries_the_key_of_its_own_servers_copy() {
+fn room_and_in_flight_follow_the_send_queue() {
     let mut rig = Rig::new(caps::FLUSH_PERSISTENT);
-    let elsewhere = LinkId(8);
-    let backup_key = AccessKey(0xBAC);
-    rig.uplinks
-        .set_region(elsewhere, RegionIndex(0), backup_key, 64 << 10);
-    // The key another server gave for its copy does not open this one.
-    assert!(!rig.offer(request::Repr::read(at(0), backup_key, 8), 1));
-    assert!(rig.offer(request::Repr::read(at(0), KEY, 8), 2));
-    rig.pump();
-    assert_eq!(rig.answer().0, 2);
-    // What it would do, asked without posting; and what is in flight.
-    let frame = Message::Request(request::Repr::write(at(8), KEY, b"copy"))
-        .encode_to_vec(3)
-        .expect("encode");
-    let (head, payload) = frame.split_at(FORWARD_HEAD_LEN);
+    let write = request::Repr::write(at(8), KEY, b"copy");
+    let work = rig.decide(&write, 3).expect("RDMA carries it");
+    assert_eq!(rig.uplinks.room(LINK, &work), Posting::Posted);
     assert_eq!(
-        rig.uplinks.would_carry(LINK, head, payload),
-        super::Posting::Posted
-    );
-    assert_eq!(
-        rig.uplinks.would_carry(elsewhere, head, payload),
-        super::Posting::NotCarried,
+        rig.uplinks.room(LinkId(8), &work),
+        Posting::NotCarried,
         "no queue pair on that link"
     );
     assert_eq!(rig.uplinks.in_flight(LINK), 0);
-    assert!(rig.uplinks.try_post(LINK, head, payload));
+    assert_eq!(rig.uplinks.post(LINK, &work, b"copy"), Posting::Posted);
     assert_eq!(rig.uplinks.in_flight(LINK), 1);
+    assert_eq!(rig.uplinks.counters().posted, 1);
     rig.pump();
     assert_eq!(rig.answer(), (3, Status::Ok, vec![]));
     assert_eq!(rig.uplinks.in_flight(LINK), 0);
     assert_eq!(&rig.memory.bytes[8..12], b"copy");
+    // A full send queue: RDMA would carry it, but not now.
+    let read = rig
+        .decide(&request::Repr::read(at(0), KEY, 8), 4)
+        .expect("RDMA carries it");
+    let mut posted = 0;
+    while rig.uplinks.post(LINK, &read, &[]) == Posting::Posted {
+        posted += 1;
+        assert!(posted < 100_000, "the send queue never filled");
+    }
+    assert_eq!(rig.uplinks.room(LINK, &read), Posting::Full);
+    rig.uplinks.sent_on_control(LINK);
+    assert_eq!(rig.uplinks.counters().on_control, 1);
 }
 
 #[test]
@@ -287,26 +290,11 @@ fn a_request_the_transport_lost_is_left_to_the_core_and_the_link_reconnects() {
         if !rig.uplinks.take_broken().is_empty() {
             // No answer from here: the core fails the request when the
             // link goes down, as one the client may send elsewhere.
-            assert!(rig.uplinks.poll_answer().is_none());
+            assert!(rig.uplinks.poll_completed().is_none());
             return;
         }
     }
     panic!("the queue pair never gave up");
-}
-
-/// A pool with an allocator keeps every request on the servers' CPUs,
-/// where per-extent keys and record owners are checked; a pool without
-/// one goes one-sided.
-#[test]
-fn only_a_pool_without_an_allocator_goes_one_sided() {
-    let load = |name: &str| {
-        let path = format!("{}/../configs/{name}", env!("CARGO_MANIFEST_DIR"));
-        topology::Topology::load_with(&path, &topology::EnvOverrides::None).expect("topology")
-    };
-    let plain = topology::Layout::new(&load("default.toml")).expect("layout");
-    assert!(super::one_sided(&plain));
-    let with_allocator = topology::Layout::new(&load("alloc.toml")).expect("layout");
-    assert!(!super::one_sided(&with_allocator));
 }
 
 #[test]
