@@ -188,7 +188,10 @@ fn a_frozen_owner_is_taken_over_past_its_lease_and_changes_nothing_when_thawed()
             .status,
         Status::Ok
     );
-    fabric.f1().signal(libc::SIGSTOP);
+    // Every thread stopped before the write goes: a thread still running
+    // could forward it while F1 still owns A1, which is no deposed owner's
+    // change.
+    fabric.f1().freeze();
     // Sent to the frozen owner: it reads it only once thawed.
     via_f1.send(&proto::Message::Request(Repr::write(
         fabric.at("A1", 0),
@@ -202,7 +205,16 @@ fn a_frozen_owner_is_taken_over_past_its_lease_and_changes_nothing_when_thawed()
 
     fabric.f1().signal(libc::SIGCONT);
     let stale = via_f1.recv();
-    assert_ne!(stale.status, Status::Ok, "the deposed owner changed a copy");
+    assert_ne!(
+        stale.status,
+        Status::Ok,
+        "the deposed owner changed a copy; F1's log:\n{}\nA's log:\n{}",
+        fabric.f1().stderr_so_far(),
+        fabric.servers[0]
+            .as_ref()
+            .map(|s| s.stderr_so_far())
+            .unwrap_or_default()
+    );
     for server in ["A", "B"] {
         assert_eq!(fabric.a1_copy(server, 0, 5), b"fresh", "{server}'s copy");
     }

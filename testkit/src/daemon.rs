@@ -24,6 +24,8 @@ pub const TERMINATE_TIMEOUT: Duration = Duration::from_secs(30);
 pub const LOG_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long to wait for the stderr pipe to close once the process is gone.
 const STDERR_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long [`Daemon::freeze`] waits for every thread to stop.
+pub const FREEZE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// What to run: the program, its arguments and extra environment.
 #[derive(Debug, Clone)]
@@ -330,6 +332,43 @@ impl Daemon {
     /// The process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Stops the process (SIGSTOP) and returns once every one of its
+    /// threads is stopped: `kill(2)` only marks the signal pending, and a
+    /// thread running on another CPU may read, send or answer a request
+    /// before it stops.
+    ///
+    /// # Panics
+    ///
+    /// When the signal cannot be sent, or the threads are not all stopped
+    /// within [`FREEZE_TIMEOUT`].
+    pub fn freeze(&self) {
+        self.signal(libc::SIGSTOP);
+        let tasks = format!("/proc/{}/task", self.child.id());
+        let deadline = std::time::Instant::now() + FREEZE_TIMEOUT;
+        loop {
+            let states: Vec<char> = std::fs::read_dir(&tasks)
+                .map(|dir| {
+                    dir.filter_map(|task| {
+                        let stat = std::fs::read_to_string(task.ok()?.path().join("stat")).ok()?;
+                        // The state follows the command name, which is in
+                        // parentheses and may hold spaces.
+                        stat.rsplit_once(") ")?.1.chars().next()
+                    })
+                    .collect()
+                })
+                .unwrap_or_default();
+            if !states.is_empty() && states.iter().all(|&s| s == 'T' || s == 't') {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} did not stop: thread states {states:?}",
+                self.program
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
     }
 
     /// Sends `signal` (e.g. `libc::SIGSTOP`) to the process.

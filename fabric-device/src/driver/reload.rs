@@ -76,6 +76,11 @@ impl Device {
             }
         };
         let when = format!("map epoch={epoch}");
+        // What the core queued under the running epoch goes on its links
+        // before they say the new one: sent after, a deposed owner's
+        // request would reach a server on a connection at the new epoch,
+        // which takes it, instead of being refused STALE_MAP.
+        self.carry_out_replication(Instant::now());
         let keys = self.client_keys_for(&update.topology);
         let regions = self.replace_map(map);
         self.take_client_keys(keys, &when);
