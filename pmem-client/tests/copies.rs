@@ -71,6 +71,40 @@ struct Workload {
     errors: Vec<String>,
 }
 
+/// Client c1's pool on the map in `etcd`, with a thread writing through
+/// it ([`write_until`]) until `stop`, already 20 rounds in (`when` names
+/// the moment in the error if they never come).
+struct Writing {
+    pool: Arc<Pool>,
+    stop: Arc<AtomicBool>,
+    done: Arc<AtomicU64>,
+    writer: std::thread::JoinHandle<Workload>,
+}
+
+impl Writing {
+    fn start(etcd: &Etcd, when: &str) -> Self {
+        let endpoints = Endpoints::parse(&etcd.endpoint()).expect("endpoints");
+        let pool = Arc::new(
+            AsyncPool::builder_on_etcd(endpoints, "test", "c1")
+                .connect()
+                .unwrap_or_else(|e| panic!("pool: {}", pmem_client::error_chain(&e))),
+        );
+        let stop = Arc::new(AtomicBool::new(false));
+        let done = Arc::new(AtomicU64::new(0));
+        let writer = {
+            let (pool, stop, done) = (Arc::clone(&pool), Arc::clone(&stop), Arc::clone(&done));
+            std::thread::spawn(move || write_until(&pool, &stop, &done))
+        };
+        wait_rounds(&done, 20, when);
+        Self {
+            pool,
+            stop,
+            done,
+            writer,
+        }
+    }
+}
+
 /// WRITE_PERSISTs of 512 bytes to both regions, round after round, until
 /// `stop`; `done` counts the rounds.
 fn write_until(pool: &Pool, stop: &AtomicBool, done: &AtomicU64) -> Workload {
@@ -175,19 +209,12 @@ fn a_server_is_drained_under_writes_its_copies_move_and_nothing_is_lost() {
     let device = device(&etcd, "F");
     device.wait_links_up(2);
 
-    let endpoints = Endpoints::parse(&etcd.endpoint()).expect("endpoints");
-    let pool = Arc::new(
-        AsyncPool::builder_on_etcd(endpoints, "test", "c1")
-            .connect()
-            .unwrap_or_else(|e| panic!("pool: {}", pmem_client::error_chain(&e))),
-    );
-    let stop = Arc::new(AtomicBool::new(false));
-    let done = Arc::new(AtomicU64::new(0));
-    let writer = {
-        let (pool, stop, done) = (Arc::clone(&pool), Arc::clone(&stop), Arc::clone(&done));
-        std::thread::spawn(move || write_until(&pool, &stop, &done))
-    };
-    wait_rounds(&done, 20, "before the drain");
+    let Writing {
+        pool,
+        stop,
+        done,
+        writer,
+    } = Writing::start(&etcd, "before the drain");
 
     let drain = Command::new(env!("CARGO_BIN_EXE_pmemctl"))
         .args(["cluster", "--etcd", &etcd.endpoint(), "--pool", "test"])
@@ -339,19 +366,12 @@ impl SingleCopies {
         for d in &devices {
             d.wait_links_up(2);
         }
-        let endpoints = Endpoints::parse(&etcd.endpoint()).expect("endpoints");
-        let pool = Arc::new(
-            AsyncPool::builder_on_etcd(endpoints, "test", "c1")
-                .connect()
-                .unwrap_or_else(|e| panic!("pool: {}", pmem_client::error_chain(&e))),
-        );
-        let stop = Arc::new(AtomicBool::new(false));
-        let done = Arc::new(AtomicU64::new(0));
-        let writer = {
-            let (pool, stop, done) = (Arc::clone(&pool), Arc::clone(&stop), Arc::clone(&done));
-            std::thread::spawn(move || write_until(&pool, &stop, &done))
-        };
-        wait_rounds(&done, 20, "at the start");
+        let Writing {
+            pool,
+            stop,
+            done,
+            writer,
+        } = Writing::start(&etcd, "at the start");
         Self {
             dir,
             etcd,

@@ -297,10 +297,11 @@ impl Inner {
     /// the piece carried (rotated meanwhile), learns the keys again and
     /// sends it once more with the new key.
     async fn send_keyed(&self, piece: Piece, spec: Spec<'_>) -> Result<Response, PoolError> {
+        let sent_with = self.epoch().region_keys.get(piece.region);
         let response = self.send_with_failover(piece, spec).await?;
         if response.status == Status::AccessDenied
             && piece.key == AccessKey::NONE
-            && self.refresh_keys(piece.region).await
+            && self.refresh_keys(piece.region, sent_with).await
         {
             return self.send_with_failover(piece, spec).await;
         }
@@ -308,17 +309,24 @@ impl Inner {
     }
 
     /// Asks a fabric device for the client's MAP again, a few times while
-    /// `region`'s key stays as it was (the device learns a rotated key
-    /// from its server right after the server refused the old one); true
-    /// when the key changed. Rate-limited per region.
-    async fn refresh_keys(&self, region: RegionIndex) -> bool {
+    /// `region`'s key stays `old` (the device learns a rotated key from
+    /// its server right after the server refused the old one); true when
+    /// the key changed. Rate-limited per region: while another request
+    /// refreshes (or did a moment ago), this one waits as long for the key
+    /// to change instead, so that requests refused together all go again.
+    async fn refresh_keys(&self, region: RegionIndex, old: AccessKey) -> bool {
         const TRIES: u32 = 5;
         const PAUSE: Duration = Duration::from_millis(20);
         let epoch = self.epoch();
         if !epoch.region_keys.may_refresh(region, Instant::now()) {
-            return false;
+            for _ in 0..TRIES {
+                if epoch.region_keys.get(region) != old {
+                    return true;
+                }
+                tokio::time::sleep(PAUSE).await;
+            }
+            return epoch.region_keys.get(region) != old;
         }
-        let old = epoch.region_keys.get(region);
         // Every device port speaks the opening, RoCE ports' control
         // connections included.
         let devices: Vec<_> = lock(&self.table).paths().to_vec();
