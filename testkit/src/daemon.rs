@@ -25,7 +25,7 @@ pub const LOG_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long to wait for the stderr pipe to close once the process is gone.
 const STDERR_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long [`Daemon::freeze`] waits for every thread to stop.
-pub const FREEZE_TIMEOUT: Duration = Duration::from_secs(20);
+const FREEZE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// What to run: the program, its arguments and extra environment.
 #[derive(Debug, Clone)]
@@ -342,7 +342,7 @@ impl Daemon {
     /// # Panics
     ///
     /// When the signal cannot be sent, or the threads are not all stopped
-    /// within [`FREEZE_TIMEOUT`].
+    /// within 20 s.
     pub fn freeze(&self) {
         self.signal(libc::SIGSTOP);
         let tasks = format!("/proc/{}/task", self.child.id());
