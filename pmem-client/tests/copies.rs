@@ -71,6 +71,24 @@ struct Workload {
     errors: Vec<String>,
 }
 
+/// Waits for a `pmemctl cluster drain-server B` run to end, and checks that
+/// it succeeded and printed each of `lines` (`logs`: the devices' logs, for
+/// the failure message).
+fn drain_ended(drain: std::process::Child, lines: &[&str], logs: impl Fn() -> String) {
+    let out = drain.wait_with_output().expect("pmemctl ends");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("pmemctl drain-server B:\n{stdout}{stderr}");
+    assert!(
+        out.status.success(),
+        "drain-server failed: {stderr}\n{}",
+        logs()
+    );
+    for line in lines {
+        assert!(stdout.contains(line), "{line:?} in\n{stdout}");
+    }
+}
+
 /// Client c1's pool on the map in `etcd`, with a thread writing through
 /// it ([`write_until`]) until `stop`, already 20 rounds in (`when` names
 /// the moment in the error if they never come).
@@ -239,26 +257,19 @@ fn a_server_is_drained_under_writes_its_copies_move_and_nothing_is_lost() {
     }
     let _c = server(&etcd, dir.path(), "C");
 
-    let out = drain.wait_with_output().expect("pmemctl ends");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    eprintln!("pmemctl drain-server B:\n{stdout}{stderr}");
-    assert!(
-        out.status.success(),
-        "drain-server failed: {stderr}\nthe device's log:\n{}",
-        device.stderr_so_far()
+    drain_ended(
+        drain,
+        &[
+            "server B: intent recorded as draining",
+            "region A1: copy added on C",
+            "region B1: copy added on C",
+            "region A1: copy on B dropped; copies now A serving, C serving",
+            "region B1: copy on B dropped (its table moved to A, now the primary); copies now A \
+             serving, C serving",
+            "server B: drained",
+        ],
+        || format!("the device's log:\n{}", device.stderr_so_far()),
     );
-    for line in [
-        "server B: intent recorded as draining",
-        "region A1: copy added on C",
-        "region B1: copy added on C",
-        "region A1: copy on B dropped; copies now A serving, C serving",
-        "region B1: copy on B dropped (its table moved to A, now the primary); copies now A \
-         serving, C serving",
-        "server B: drained",
-    ] {
-        assert!(stdout.contains(line), "{line:?} in\n{stdout}");
-    }
 
     // The application goes on after the drain, then stops.
     let after = done.load(Ordering::Relaxed) + 20;
@@ -538,23 +549,16 @@ fn a_single_copy_region_is_drained_under_writes_through_two_devices_and_nothing_
         .spawn()
         .expect("run pmemctl");
     let _c = fabric.start_c_with("B1");
-    let out = drain.wait_with_output().expect("pmemctl ends");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    eprintln!("pmemctl drain-server B:\n{stdout}{stderr}");
-    assert!(
-        out.status.success(),
-        "drain-server failed: {stderr}\n{}",
-        fabric.logs()
+    drain_ended(
+        drain,
+        &[
+            "region B1: copy added on C",
+            "region B1: copy on B dropped (its table moved to C, now the primary); copies now one \
+             (a single copy again)",
+            "server B: drained",
+        ],
+        || fabric.logs(),
     );
-    for line in [
-        "region B1: copy added on C",
-        "region B1: copy on B dropped (its table moved to C, now the primary); copies now one \
-         (a single copy again)",
-        "server B: drained",
-    ] {
-        assert!(stdout.contains(line), "{line:?} in\n{stdout}");
-    }
     let work = fabric.finish();
     let map = map_in(&fabric.etcd);
     let topology = map
