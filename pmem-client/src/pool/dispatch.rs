@@ -297,7 +297,14 @@ impl Inner {
     /// the piece carried (rotated meanwhile), learns the keys again and
     /// sends it once more with the new key.
     async fn send_keyed(&self, piece: Piece, spec: Spec<'_>) -> Result<Response, PoolError> {
-        let sent_with = self.epoch().region_keys.get(piece.region);
+        // The region key the request goes with, to tell a refresh by
+        // another request from none (only a piece without its own key
+        // takes the region's).
+        let sent_with = if piece.key == AccessKey::NONE {
+            self.epoch().region_keys.get(piece.region)
+        } else {
+            AccessKey::NONE
+        };
         let response = self.send_with_failover(piece, spec).await?;
         if response.status == Status::AccessDenied
             && piece.key == AccessKey::NONE
