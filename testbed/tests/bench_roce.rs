@@ -25,13 +25,29 @@ fn run_copy(dir: &Path, path: &str, args: &[&str]) -> (Output, String) {
             command.env_remove(name);
         }
     }
-    let output = command.output().expect("run the testbed copy");
+    let output = output_of_fresh_copy(&mut command);
     let text = format!(
         "{}\n{}",
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
     (output, text)
+}
+
+/// Runs `command`, whose program was just written. While the copy is open for
+/// writing, a child forked by another test thread holds that descriptor until
+/// it execs, and exec of the copy then fails with "Text file busy"
+/// (ETXTBSY); that window is short, so try again.
+fn output_of_fresh_copy(command: &mut Command) -> Output {
+    for _ in 0..50 {
+        match command.output() {
+            Err(error) if error.kind() == std::io::ErrorKind::ExecutableFileBusy => {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            result => return result.expect("run the testbed copy"),
+        }
+    }
+    panic!("the testbed copy stayed busy (ETXTBSY) for 5 s");
 }
 
 /// The system's own folders (where `ip` lives), none of cargo's.

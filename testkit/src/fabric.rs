@@ -23,6 +23,10 @@ use topology::{EnvOverrides, Topology};
 /// Ports [`free_loopback_port`] has handed out in this process.
 static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
 
+/// Lock files of the ports this process holds (see [`claim_across_processes`]);
+/// kept open, so the claims last as long as the process.
+static CLAIMS: Mutex<Vec<std::fs::File>> = Mutex::new(Vec::new());
+
 /// Ports handed out come from below the kernel's ephemeral range
 /// (32768–60999 by default), so an outgoing connection can never take one
 /// between the check here and the daemon's bind.
@@ -33,8 +37,11 @@ const PORT_RANGE: std::ops::Range<u16> = 20_000..32_000;
 /// search starts at a point derived from the process id and the clock, so
 /// concurrent test processes rarely even try the same port.
 ///
-/// Nothing reserves it afterwards; another test process may still take it,
-/// which the bind check makes rare.
+/// Test processes that run at once (a test's own `testbed` child, say, or
+/// two `cargo test` runs) never hand out the same port: each port handed
+/// out is claimed by a lock file that this process holds until it exits.
+/// A process that does not use this function may still take the port
+/// before the daemon binds it.
 ///
 /// # Panics
 ///
@@ -56,12 +63,36 @@ pub fn try_free_loopback_port() -> Option<u16> {
         if handed_out.contains(&port) {
             continue;
         }
-        if TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok() {
+        if claim_across_processes(port) && TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok() {
             handed_out.insert(port);
             return Some(port);
         }
     }
     None
+}
+
+/// Claims `port` for this process with an exclusive lock on
+/// `$TMPDIR/pmem-fabric-test-ports/<port>`, which the kernel drops when the
+/// process exits; false when another live process holds it. When the folder
+/// cannot be used, every port counts as unclaimed (the bind check remains).
+fn claim_across_processes(port: u16) -> bool {
+    let path = std::env::temp_dir()
+        .join("pmem-fabric-test-ports")
+        .join(port.to_string());
+    let Ok(file) = crate::open_lock_file(&path) else {
+        return true;
+    };
+    match crate::try_lock_exclusive(&file) {
+        Ok(true) => {
+            CLAIMS
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(file);
+            true
+        }
+        Ok(false) => false,
+        Err(_) => true,
+    }
 }
 
 /// A TOML basic string.
@@ -472,6 +503,17 @@ mod tests {
 
     fn load(path: &Path) -> Topology {
         Topology::load_with(path, &EnvOverrides::None).unwrap()
+    }
+
+    #[test]
+    fn a_port_handed_out_stays_claimed_against_other_processes() {
+        let port = free_loopback_port();
+        let claim = std::env::temp_dir()
+            .join("pmem-fabric-test-ports")
+            .join(port.to_string());
+        // Another open of the lock file is what another process would hold.
+        let other = std::fs::File::open(&claim).expect("the claim's lock file exists");
+        assert!(!crate::try_lock_exclusive(&other).expect("flock"));
     }
 
     #[test]

@@ -21,6 +21,9 @@
 //!   root once its authentication is on.
 //! - [`netns`]: a network namespace joined to the host by a veth pair.
 //! - [`roce`]: a RoCEv2 client for tests and load.
+//! - `lock`: [`open_lock_file`], [`try_lock_exclusive`] and
+//!   [`lock_exclusive`], `flock(2)` claims that other processes respect and
+//!   that end with their holder.
 //! - `imports`: [`assert_no_import_cycles`], a crate's test that no two of
 //!   its modules import each other ([`import_cycles`] lists the pairs).
 //!
@@ -48,6 +51,7 @@ mod etcd;
 mod fabric;
 mod imports;
 mod launch;
+mod lock;
 pub mod netns;
 pub mod roce;
 
@@ -71,3 +75,4 @@ pub use launch::{
     fabric_device_on_etcd_spec, fabric_device_spec, fabric_device_with, pmem_server,
     pmem_server_on_etcd_spec, pmem_server_spec, pmem_server_with, pmem_servers,
 };
+pub use lock::{lock_exclusive, open_lock_file, try_lock_exclusive};

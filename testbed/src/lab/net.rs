@@ -233,36 +233,16 @@ fn take_lock(path: &Path) -> Result<std::fs::File, LabError> {
         path: path.to_owned(),
         source,
     };
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(lock_error)?;
-    }
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(path)
-        .map_err(lock_error)?;
-    if flock(&file, libc::LOCK_EX | libc::LOCK_NB).is_ok() {
+    let file = testkit::open_lock_file(path).map_err(lock_error)?;
+    if testkit::try_lock_exclusive(&file).map_err(lock_error)? {
         return Ok(file);
     }
     eprintln!(
         "the RDMA lab is in use by another run on this host ({}); waiting for it",
         path.display()
     );
-    flock(&file, libc::LOCK_EX).map_err(lock_error)?;
+    testkit::lock_exclusive(&file).map_err(lock_error)?;
     Ok(file)
-}
-
-/// `flock(2)` of `file` with `operation`.
-fn flock(file: &std::fs::File, operation: libc::c_int) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: the descriptor belongs to `file`, open for the whole call;
-    // flock reads nothing from memory.
-    if unsafe { libc::flock(file.as_raw_fd(), operation) } == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
 }
 
 /// What a guest stores data on besides its initramfs, and where its QEMU
@@ -295,9 +275,8 @@ mod tests {
         let path = dir.path().join("sub").join("lab.lock");
         let held = take_lock(&path).expect("the first lock");
         let other = std::fs::File::open(&path).expect("open again");
-        let busy = flock(&other, libc::LOCK_EX | libc::LOCK_NB).expect_err("taken already");
-        assert_eq!(busy.kind(), io::ErrorKind::WouldBlock, "{busy}");
+        assert!(!testkit::try_lock_exclusive(&other).expect("flock"));
         drop(held);
-        flock(&other, libc::LOCK_EX | libc::LOCK_NB).expect("free once the holder closed it");
+        assert!(testkit::try_lock_exclusive(&other).expect("free once the holder closed it"));
     }
 }
