@@ -7,8 +7,10 @@
 //! over once its lease is gone, and changes nothing when it thaws. F1
 //! killed together with server A, A1's deciding copy: F2 takes A1 over
 //! with B's copy deciding; and when A still accepted connections at the
-//! takeover (stopped, as a dying server may be) and dies just after, F2
-//! moves the deciding role to B's copy in a second transaction.
+//! takeover (stopped, as a dying server may be) and dies seconds after, F2
+//! moves the deciding role to B's copy in a second transaction; but a
+//! deciding server that answered F2 after the takeover keeps the role when
+//! it dies, since its copy alone may hold writes acknowledged since.
 
 mod support;
 
@@ -41,6 +43,11 @@ struct Fabric {
 
 impl Fabric {
     fn start() -> Self {
+        Self::start_with(DEVICE_FLAGS)
+    }
+
+    /// The fabric with `device_flags` for both devices.
+    fn start_with(device_flags: &[&str]) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let etcd = Etcd::start(dir.path()).unwrap_or_else(|e| panic!("etcd: {e}"));
         let (config, replicated) = support::replicated_topology(dir.path(), &["F1", "F2"], "c");
@@ -54,8 +61,8 @@ impl Fabric {
             support::server_on(&etcd, "A", dir.path()),
             support::server_on(&etcd, "B", dir.path()),
         ];
-        let f1 = support::device_on(&etcd, "F1", DEVICE_FLAGS);
-        let f2 = support::device_on(&etcd, "F2", DEVICE_FLAGS);
+        let f1 = support::device_on(&etcd, "F1", device_flags);
+        let f2 = support::device_on(&etcd, "F2", device_flags);
         f1.wait_links_up(2);
         f2.wait_links_up(2);
         Self {
@@ -324,9 +331,12 @@ fn a_deciding_copy_found_dead_just_after_the_takeover_hands_the_role_to_the_othe
         "the takeover kept A deciding: {a1:?}"
     );
 
-    // A dies now: its ports refuse, and F2 moves the role to B. Until the
-    // map says so, A1 has no serving copy F2 reaches: its requests are
+    // A stays stopped longer than a dying server's teardown usually takes
+    // (the recheck once gave up after 3 s), then dies: its ports refuse,
+    // it said nothing to F2 since the takeover, and F2 moves the role to
+    // B. Until the map says so, A1 has no serving copy F2 reaches: its requests are
     // answered SERVER_UNAVAILABLE (nothing ran), which a client retries.
+    std::thread::sleep(Duration::from_secs(4));
     fabric.servers[0].take().expect("A runs").kill9();
     let deadline = Instant::now() + PATIENCE;
     let again = loop {
@@ -362,5 +372,64 @@ fn a_deciding_copy_found_dead_just_after_the_takeover_hands_the_role_to_the_othe
             .contains("deciding copy moved from dead server A"),
         "{}",
         fabric.f2.stderr_so_far()
+    );
+}
+
+/// The move of the deciding role must not lose acknowledged writes: after
+/// F2 takes A1 over with A alive, A confirms F2's epoch and a write is
+/// acknowledged with A's copy the only serving one (B's syncing); A then
+/// dies within the recheck's watch. Moving the role to B's copy would
+/// serve a copy that may lack that write, so F2 leaves A deciding and says
+/// why, and A1 never answers a read with bytes older than the write.
+#[test]
+fn a_deciding_copy_that_answered_after_the_takeover_keeps_the_role_when_its_server_dies() {
+    // A resync of one byte per second keeps B's copy syncing throughout.
+    let flags = [DEVICE_FLAGS, &["--resync-rate", "1"]].concat();
+    let mut fabric = Fabric::start_with(&flags);
+    // B's copy differs from A's in one block, as a copy that missed a write
+    // would, so its resync has a block to copy.
+    let b_file = support::data_dir(fabric.dir.path(), "B").join("A1.pmem");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&b_file)
+        .and_then(|f| {
+            use std::os::unix::fs::FileExt;
+            f.write_all_at(&[0xEE; 8], testkit::REGION_FILE_HEADER_LEN + (1 << 16))
+        })
+        .expect("change B's copy of A1");
+    let mut via_f1 = client(fabric.f1());
+    let key = fabric.a1_key(&mut via_f1);
+    fabric.f1.take().expect("F1 runs").kill9();
+    let mut via_f2 = client(&fabric.f2);
+    let write = Repr::write(fabric.at("A1", 0), key, b"acked");
+    let reply = fabric.through_f2_once_it_owns(&mut via_f2, write);
+    assert_eq!(reply.status, Status::Ok, "{}", fabric.f2.stderr_so_far());
+    let taken = map_now(&fabric.etcd);
+    let a1 = taken.replica_set("A1").expect("A1");
+    assert_eq!(a1.owner.as_str(), "F2");
+    assert_eq!(
+        (a1.state_on("A"), a1.state_on("B")),
+        (Some(ReplicaState::Serving), Some(ReplicaState::Syncing)),
+        "{a1:?}"
+    );
+
+    fabric.servers[0].take().expect("A runs").kill9();
+    fabric
+        .f2
+        .wait_for_log("but it answered this device after it took region A1 over");
+    let log = fabric.f2.stderr_so_far();
+    assert!(
+        !log.contains("deciding copy moved from dead server A"),
+        "{log}"
+    );
+    let now = map_now(&fabric.etcd);
+    let a1 = now.replica_set("A1").expect("A1");
+    assert_ne!(a1.state_on("A"), Some(ReplicaState::Offline), "{a1:?}");
+    let read = via_f2.call(Repr::read(fabric.at("A1", 0), key, 5));
+    assert!(
+        read.status != Status::Ok || read.data == b"acked",
+        "A1 answered {:?} {:?} after losing the copy with the acknowledged write",
+        read.status,
+        read.data
     );
 }

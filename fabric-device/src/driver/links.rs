@@ -11,11 +11,13 @@ impl Device {
             self.link_failed(link, now, "connect timed out");
         }
         for link in self.reconnects.due(now) {
-            let Some(addr) = self
-                .core
-                .link_target(link)
-                .and_then(|k| k.addr.parse::<SocketAddr>().ok())
-            else {
+            let Some(target) = self.core.link_target(link) else {
+                continue;
+            };
+            if self.takeovers.holds_links_to(&target.server) {
+                continue;
+            }
+            let Ok(addr) = target.addr.parse::<SocketAddr>() else {
                 continue;
             };
             self.reconnects.connecting(link, now);

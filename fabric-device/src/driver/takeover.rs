@@ -18,7 +18,7 @@ use std::sync::mpsc;
 use topology::{FabricDeviceId, ServerId};
 
 use super::*;
-use crate::forward::OwnedRegion;
+use crate::forward::{HeardSince, OwnedRegion};
 use crate::succession::{Decision, Liveness, Reach, decide, judge};
 
 /// How long one connect of a probe may take.
@@ -27,8 +27,11 @@ const PROBE_CONNECT: Duration = Duration::from_millis(300);
 const PROBE_QUIET: Duration = Duration::from_millis(500);
 /// How long after a takeover the deciding copy's server is watched for
 /// refusing connections (a server killed with the owner accepts them
-/// while its process is torn down).
-const RECHECK_FOR: Duration = Duration::from_secs(3);
+/// while its process is torn down, which can take seconds).
+const RECHECK_FOR: Duration = Duration::from_secs(30);
+/// How long a recheck waits for the event loop to say what it heard from
+/// a server.
+const ASK_LOOP_FOR: Duration = Duration::from_secs(2);
 /// How often it is probed meanwhile.
 const RECHECK_EVERY: Duration = Duration::from_millis(100);
 
@@ -60,12 +63,19 @@ pub(super) struct Takeovers {
     waited_for: HashSet<FabricDeviceId>,
     done_tx: mpsc::Sender<Report>,
     done_rx: mpsc::Receiver<Report>,
+    asks_tx: mpsc::Sender<LoopAsk>,
+    asks_rx: mpsc::Receiver<LoopAsk>,
+    /// Servers a deciding role is being moved off: their links are not
+    /// reconnected until the move's transaction is done, so nothing
+    /// written meanwhile can be acknowledged by that copy alone.
+    moving: HashSet<ServerId>,
 }
 
 impl Takeovers {
     /// No takeover until [`Takeovers::use_map_in`] names an etcd.
     pub(super) fn new() -> Self {
         let (done_tx, done_rx) = mpsc::channel();
+        let (asks_tx, asks_rx) = mpsc::channel();
         Self {
             etcd: None,
             probing: HashSet::new(),
@@ -73,7 +83,16 @@ impl Takeovers {
             waited_for: HashSet::new(),
             done_tx,
             done_rx,
+            asks_tx,
+            asks_rx,
+            moving: HashSet::new(),
         }
+    }
+
+    /// Whether links to `server` are held down while a deciding role is
+    /// moved off it.
+    pub(super) fn holds_links_to(&self, server: &ServerId) -> bool {
+        !self.moving.is_empty() && self.moving.contains(server)
     }
 
     /// Takes regions over in the etcd map of `source` from now on.
@@ -121,6 +140,66 @@ struct Recheck {
     syncing: Vec<String>,
     /// The servers of its serving copies this device reached.
     reachable: Vec<String>,
+    /// When the takeover began (before its transaction).
+    since: Instant,
+}
+
+/// What a recheck thread asks of the event loop, which alone knows what
+/// the device heard from a server.
+#[derive(Debug)]
+enum LoopAsk {
+    /// What did this device hear from `server` since `since`? When
+    /// nothing, with every link to it down, the loop holds its links down
+    /// until [`LoopAsk::MoveDone`] and answers [`HeardSince::Silent`].
+    Heard {
+        server: String,
+        since: Instant,
+        answer: mpsc::SyncSender<HeardSince>,
+    },
+    /// The move off `server` is done (or was not made): its links may
+    /// reconnect.
+    MoveDone { server: String },
+}
+
+/// The recheck thread's line to the event loop.
+struct LoopLine {
+    asks: mpsc::Sender<LoopAsk>,
+    waker: Arc<mio::Waker>,
+}
+
+impl LoopLine {
+    fn send(&self, ask: LoopAsk) {
+        if self.asks.send(ask).is_ok() {
+            let _ = self.waker.wake();
+        }
+    }
+
+    /// What the loop heard from `server` since `since`; `Linked` (wait and
+    /// ask again) when it does not answer in time.
+    fn heard_since(&self, server: &str, since: Instant) -> HeardSince {
+        let (answer, heard) = mpsc::sync_channel(1);
+        self.send(LoopAsk::Heard {
+            server: server.to_owned(),
+            since,
+            answer,
+        });
+        heard
+            .recv_timeout(ASK_LOOP_FOR)
+            .unwrap_or(HeardSince::Linked)
+    }
+}
+
+/// What a recheck found of a deciding copy's server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DecidingServer {
+    /// Every port refuses, it said nothing since the takeover and no link
+    /// to it is up: its role is moved (its links held down meanwhile).
+    Dead,
+    /// It answered this device after the takeover, so it may hold writes
+    /// acknowledged since on its copy alone: its copy keeps deciding.
+    AnsweredSince,
+    /// It accepts connections, or a link to it is still up: asked again.
+    NotYet,
 }
 
 /// A TCP connect to each of `addrs`: accepted by one, refused by all, or
@@ -253,6 +332,7 @@ impl Job {
         if regions.is_empty() {
             return rechecks;
         }
+        let since = Instant::now();
         let unreachable = self.unreachable_servers();
         if !unreachable.is_empty() {
             report.lines.push((
@@ -311,6 +391,7 @@ impl Job {
                         deciding,
                         syncing,
                         reachable,
+                        since,
                     });
                     (
                         false,
@@ -340,11 +421,16 @@ impl Job {
     }
 
     /// Watches the deciding copies' servers of the regions just taken
-    /// over for [`RECHECK_FOR`]: one whose every port refuses (it died
-    /// with the owner, and accepted the takeover's probe while its process
-    /// was torn down) has its regions' deciding role moved to another
-    /// copy in a second transaction.
-    fn recheck(&self, mut pending: Vec<Recheck>) -> Report {
+    /// over for up to [`RECHECK_FOR`]. One whose every port refuses (it
+    /// died with the owner, and accepted the takeover's probe while its
+    /// process was torn down) has its regions' deciding role moved to
+    /// another copy in a second transaction, but only when the event loop
+    /// heard nothing from it since the takeover and has no link up to it:
+    /// a server that confirmed the new owner's epoch may have acknowledged
+    /// writes its copy alone holds, and keeps the role (the region waits
+    /// for it). A server that keeps accepting (alive, or frozen) is left
+    /// deciding.
+    fn recheck(&self, mut pending: Vec<Recheck>, line: &LoopLine) -> Report {
         let mut report = Report {
             owner: self.owner.clone(),
             lines: Vec::new(),
@@ -352,29 +438,61 @@ impl Job {
         };
         let until = Instant::now() + RECHECK_FOR;
         loop {
-            let mut dead: HashMap<String, bool> = HashMap::new();
-            let mut alive = Vec::new();
+            let mut judged: HashMap<String, DecidingServer> = HashMap::new();
+            let mut left = Vec::new();
             for check in pending {
-                let refused = *dead.entry(check.deciding.clone()).or_insert_with(|| {
-                    let ports = self
-                        .server_ports
-                        .iter()
-                        .find(|(id, _)| id.as_str() == check.deciding)
-                        .map(|(_, ports)| ports.as_slice())
-                        .unwrap_or_default();
-                    connect_probe(ports) == Reach::Refused
-                });
-                if refused {
-                    self.move_deciding(&check, &mut report);
-                } else {
-                    alive.push(check);
+                let verdict = *judged
+                    .entry(check.deciding.clone())
+                    .or_insert_with(|| self.judge_deciding(&check, line));
+                match verdict {
+                    DecidingServer::Dead => self.move_deciding(&check, &mut report),
+                    DecidingServer::AnsweredSince => report.lines.push((
+                        true,
+                        format!(
+                            "server {} refuses connections, but it answered this device after \
+                             it took region {} over: its copy keeps deciding (it may hold writes \
+                             acknowledged since), and the region waits for that server",
+                            check.deciding, check.region
+                        ),
+                    )),
+                    DecidingServer::NotYet => left.push(check),
                 }
             }
-            pending = alive;
+            for (server, verdict) in judged {
+                if verdict == DecidingServer::Dead {
+                    line.send(LoopAsk::MoveDone { server });
+                }
+            }
+            pending = left;
             if pending.is_empty() || Instant::now() >= until {
                 return report;
             }
             std::thread::sleep(RECHECK_EVERY);
+        }
+    }
+
+    /// Probes `check`'s deciding server and, when its ports refuse, asks
+    /// the event loop what it heard from it since the takeover.
+    fn judge_deciding(&self, check: &Recheck, line: &LoopLine) -> DecidingServer {
+        let ports = self
+            .server_ports
+            .iter()
+            .find(|(id, _)| id.as_str() == check.deciding)
+            .map(|(_, ports)| ports.as_slice())
+            .unwrap_or_default();
+        if connect_probe(ports) != Reach::Refused {
+            return DecidingServer::NotYet;
+        }
+        match line.heard_since(&check.deciding, check.since) {
+            HeardSince::Silent => DecidingServer::Dead,
+            HeardSince::Answered => DecidingServer::AnsweredSince,
+            HeardSince::Linked => {
+                // The loop may have answered Silent after the wait ended.
+                line.send(LoopAsk::MoveDone {
+                    server: check.deciding.clone(),
+                });
+                DecidingServer::NotYet
+            }
         }
     }
 
@@ -407,20 +525,23 @@ impl Job {
                 (
                     false,
                     format!(
-                        "server {dead} refuses connections since this device took region                          {region} over with its copy deciding: {note}"
+                        "server {dead} refuses connections since this device took region \
+                         {region} over with its copy deciding: {note}"
                     ),
                 )
             }
             Ok(control::deciding::DecidingOutcome::Refused(why)) => (
                 true,
                 format!(
-                    "server {dead} refuses connections since this device took region {region}                      over with its copy deciding, and the role stays: {why}"
+                    "server {dead} refuses connections since this device took region {region} \
+                     over with its copy deciding, and the role stays: {why}"
                 ),
             ),
             Err(e) => (
                 true,
                 format!(
-                    "server {dead} refuses connections since this device took region {region}                      over with its copy deciding; cannot move the role in etcd: {}",
+                    "server {dead} refuses connections since this device took region {region} \
+                     over with its copy deciding; cannot move the role in etcd: {}",
                     error_chain(&e)
                 ),
             ),
@@ -480,6 +601,10 @@ impl Device {
         };
         let done = self.takeovers.done_tx.clone();
         let waker = self.waker();
+        let line = LoopLine {
+            asks: self.takeovers.asks_tx.clone(),
+            waker: self.waker(),
+        };
         let spawned = std::thread::Builder::new()
             .name("takeover".into())
             .spawn(move || {
@@ -487,7 +612,7 @@ impl Device {
                 let _ = done.send(report);
                 let _ = waker.wake();
                 if !rechecks.is_empty() {
-                    let _ = done.send(job.recheck(rechecks));
+                    let _ = done.send(job.recheck(rechecks, &line));
                     let _ = waker.wake();
                 }
             });
@@ -502,6 +627,7 @@ impl Device {
     /// Takes what the probe threads found: logs it, and reads the map now
     /// after a takeover.
     pub(super) fn takeovers_done(&mut self, now: Instant) {
+        self.answer_rechecks();
         let reports: Vec<Report> = self.takeovers.done_rx.try_iter().collect();
         for report in reports {
             for (warning, line) in &report.lines {
@@ -521,6 +647,50 @@ impl Device {
                 follow.watch.reread_now();
             }
         }
+    }
+}
+
+impl Device {
+    /// Answers the recheck threads' questions (what this device heard from
+    /// a server since its takeover) and ends the link holds of finished
+    /// moves.
+    fn answer_rechecks(&mut self) {
+        let asks: Vec<LoopAsk> = self.takeovers.asks_rx.try_iter().collect();
+        for ask in asks {
+            match ask {
+                LoopAsk::Heard {
+                    server,
+                    since,
+                    answer,
+                } => {
+                    let server = ServerId::from(server.as_str());
+                    let mut heard = self.core.server_heard_since(&server, since);
+                    if heard == HeardSince::Silent && self.connecting_to(&server) {
+                        heard = HeardSince::Linked;
+                    }
+                    if heard == HeardSince::Silent {
+                        self.takeovers.moving.insert(server);
+                    }
+                    let _ = answer.try_send(heard);
+                }
+                LoopAsk::MoveDone { server } => {
+                    self.takeovers
+                        .moving
+                        .remove(&ServerId::from(server.as_str()));
+                }
+            }
+        }
+    }
+
+    /// Whether a TCP connect to one of `server`'s links is under way.
+    fn connecting_to(&self, server: &ServerId) -> bool {
+        self.links.iter().any(|(link, conn)| {
+            matches!(conn, LinkConn::Connecting { .. })
+                && self
+                    .core
+                    .link_target(*link)
+                    .is_some_and(|t| &t.server == server)
+        })
     }
 }
 

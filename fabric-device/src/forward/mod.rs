@@ -74,7 +74,7 @@ pub use offload::{Offload, Step, one_sided};
 pub use offload::{RequestFields, decide, failure_status};
 use parking::Parked;
 use replication::Replication;
-pub use replication::{Outgoing, OwnedRegion};
+pub use replication::{HeardSince, Outgoing, OwnedRegion};
 
 /// The protocol version this device speaks.
 pub use proto::PROTOCOL_VERSION;

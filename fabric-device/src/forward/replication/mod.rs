@@ -81,7 +81,7 @@ pub(super) use reads::READ_SPREAD;
 pub(super) use resync::RECORDS_IN_FLIGHT;
 #[cfg(test)]
 pub(super) use stale::STALE_RESENDS;
-pub use takeover::OwnedRegion;
+pub use takeover::{HeardSince, OwnedRegion};
 #[cfg(test)]
 pub(super) use takeover::{RESAY_EVERY, SUSPECT_EVERY};
 

@@ -42,6 +42,8 @@ pub(super) struct Takeovers {
     suspected: HashMap<FabricDeviceId, Instant>,
     /// The newest epoch each server said it runs (0: it follows no map).
     server_epochs: HashMap<ServerId, u64>,
+    /// When each server last said an epoch (answered MAP_EPOCH).
+    said_at: HashMap<ServerId, Instant>,
     /// Some region's requests wait for its copies' servers.
     any_waiting: bool,
     /// When MAP_EPOCH is said again to the servers waited for.
@@ -106,6 +108,18 @@ pub struct OwnedRegion {
     /// Each serving copy's server, in set order, and whether this device
     /// has a link up to it.
     pub serving: Vec<(ServerId, bool)>,
+}
+
+/// What a device heard from a server since a moment
+/// ([`Forwarder::server_heard_since`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeardSince {
+    /// It said an epoch (answered MAP_EPOCH) since.
+    Answered,
+    /// It said none, but a link to it is connected or connecting.
+    Linked,
+    /// It said none, and every link to it is down.
+    Silent,
 }
 
 impl Forwarder {
@@ -218,12 +232,33 @@ impl Forwarder {
             .replication
             .takeovers
             .server_epochs
-            .entry(server)
+            .entry(server.clone())
             .or_insert(epoch);
         // A server that follows no map says 0 and cannot be fenced.
         *known = if epoch == 0 { 0 } else { (*known).max(epoch) };
+        self.replication.takeovers.said_at.insert(server, now);
         self.release_fences(now);
         self.resend_stale(now);
+    }
+
+    /// What this device heard from `server` since `since`, for moving a
+    /// deciding role off it: a copy whose server said an epoch since the
+    /// takeover may have acknowledged the new owner's writes alone, and a
+    /// link not down may still carry them.
+    pub fn server_heard_since(&self, server: &ServerId, since: Instant) -> HeardSince {
+        let said = self.replication.takeovers.said_at.get(server);
+        if said.is_some_and(|&at| at >= since) {
+            return HeardSince::Answered;
+        }
+        let linked = self
+            .links
+            .values()
+            .any(|l| &l.target.server == server && l.status != LinkStatus::Down);
+        if linked {
+            HeardSince::Linked
+        } else {
+            HeardSince::Silent
+        }
     }
 
     /// Whether every copy of `region` that takes writes has confirmed the

@@ -11,7 +11,7 @@ use proto::request::Operation;
 use super::replication::{Sent, answer, answered, index, replicated, send, split};
 use super::*;
 use crate::forward::Outgoing;
-use crate::forward::OwnedRegion;
+use crate::forward::{HeardSince, OwnedRegion};
 use crate::link_tags::MAP_EPOCH_TAG;
 
 /// The owners suspected in an outbox, in order.
@@ -332,4 +332,43 @@ fn a_client_ahead_of_this_device_is_told_stale_map_not_not_owner() {
     };
     assert_eq!(answered(&reply), (Status::StaleMap, 5, 41));
     assert!(suspected(&core.take_outbox()).is_empty());
+}
+
+#[test]
+fn what_a_server_said_since_a_takeover_decides_whether_its_deciding_role_may_move() {
+    let mut core = replicated();
+    let now = Instant::now();
+    let server = topology::ServerId::from("A");
+    let second = Duration::from_secs(1);
+    let a = link(&core, "A", "n0");
+    server_runs(&mut core, a, 4, now);
+    assert_eq!(core.server_heard_since(&server, now), HeardSince::Answered);
+    assert_eq!(
+        core.server_heard_since(&server, now + second),
+        HeardSince::Linked,
+        "said nothing since, but its links are up"
+    );
+    let a_links: Vec<LinkId> = core
+        .links()
+        .filter(|(_, k)| k.server.as_str() == "A")
+        .map(|(id, _)| id)
+        .collect();
+    for l in &a_links[1..] {
+        core.link_down(*l);
+    }
+    assert_eq!(
+        core.server_heard_since(&server, now + second),
+        HeardSince::Linked,
+        "one link is still up"
+    );
+    core.link_down(a_links[0]);
+    assert_eq!(
+        core.server_heard_since(&server, now + second),
+        HeardSince::Silent
+    );
+    assert_eq!(
+        core.server_heard_since(&server, now),
+        HeardSince::Answered,
+        "what it said stays said"
+    );
 }
