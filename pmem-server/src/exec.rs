@@ -5,7 +5,7 @@
 //! data path is the exactly-once table's per-shard lock, taken for
 //! COMPARE_SWAP / FETCH_ADD that ask for exactly-once execution.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
@@ -120,9 +120,10 @@ pub struct Executor {
     layout: Layout,
     /// Served regions by region index; `None` for other servers' regions.
     regions: Vec<Option<ServedRegion>>,
-    /// By region index: the cluster map no longer places it here, so its
-    /// requests are refused (its file stays).
-    withdrawn: Vec<AtomicBool>,
+    /// By region index: the map epoch from which the cluster map no longer
+    /// places it here, so its requests are refused (its file stays); 0
+    /// while it is served.
+    withdrawn: Vec<AtomicU64>,
     /// Per-extent keys by region index, for pools with an allocator.
     extent_keys: Vec<Option<ExtentKeys>>,
     dedup: DedupTable,
@@ -223,7 +224,7 @@ impl Executor {
             .map(|i| ExtentKeys::of(&layout, RegionIndex(i)))
             .collect();
         let tenancy = Tenancy::new(&layout, Arc::clone(&metrics));
-        let withdrawn = by_index.iter().map(|_| AtomicBool::new(false)).collect();
+        let withdrawn = by_index.iter().map(|_| AtomicU64::new(0)).collect();
         let qp_fence = Arc::new(QpFence::new(Arc::clone(&metrics.queue_pairs)));
         Self {
             server,
@@ -315,13 +316,34 @@ impl Executor {
         self.regions.iter().flatten()
     }
 
-    /// Marks the region at `index` as withdrawn by the cluster map (its
-    /// requests are refused UNMAPPED, its file is kept) or placed here
-    /// again; whether that changed anything.
-    pub fn set_withdrawn(&self, index: RegionIndex, withdrawn: bool) -> bool {
-        self.withdrawn
-            .get(index.0 as usize)
-            .is_some_and(|flag| flag.swap(withdrawn, Ordering::AcqRel) != withdrawn)
+    /// Marks the region at `index` as withdrawn by the cluster map at
+    /// `epoch` (its requests are refused UNMAPPED, or STALE_MAP for a
+    /// connection that said an older epoch; its file is kept) or placed
+    /// here again; whether that changed anything. A region withdrawn
+    /// already keeps the epoch that withdrew it.
+    pub fn set_withdrawn(&self, index: RegionIndex, withdrawn: bool, epoch: u64) -> bool {
+        let Some(flag) = self.withdrawn.get(index.0 as usize) else {
+            return false;
+        };
+        if (flag.load(Ordering::Acquire) != 0) == withdrawn {
+            return false;
+        }
+        flag.store(if withdrawn { epoch.max(1) } else { 0 }, Ordering::Release);
+        true
+    }
+
+    /// The map epoch that withdrew the region `target` addresses, if it is
+    /// a served region the map withdrew.
+    pub(crate) fn withdrawn_by(&self, target: Target) -> Option<u64> {
+        let index = match target {
+            Target::Region(at) => at.region,
+            Target::Pmem(addr) => self.layout.lookup(addr)?.offset.region,
+        };
+        let epoch = self
+            .withdrawn
+            .get(index.0 as usize)?
+            .load(Ordering::Acquire);
+        (epoch != 0).then_some(epoch)
     }
 
     /// The metrics this executor records into.
@@ -378,7 +400,11 @@ impl Executor {
                     },
                 };
                 match refused {
-                    None if self.lacks_ahead(verdict, &req) => self.stale_map(&req, tag, out),
+                    None if self.lacks_ahead(verdict, &req)
+                        || self.withdrawn_after(*said, &req) =>
+                    {
+                        self.stale_map(&req, tag, out)
+                    }
                     None if self.deposed_owner(session, verdict, &req).is_some() => {
                         self.not_owner(&req, tag, out)
                     }
@@ -666,7 +692,7 @@ impl Executor {
         let withdrawn = self
             .withdrawn
             .get(index.0 as usize)
-            .is_some_and(|flag| flag.load(Ordering::Acquire));
+            .is_some_and(|flag| flag.load(Ordering::Acquire) != 0);
         Some((region, offset, withdrawn))
     }
 

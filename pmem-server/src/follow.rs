@@ -112,7 +112,7 @@ fn apply(server: &ServerId, executor: &Executor, update: &MapUpdate, running: u6
     for region in executor.regions() {
         let id = &region.entry.region_id;
         let withdrawn = !placed.contains(id);
-        if !executor.set_withdrawn(region.entry.region, withdrawn) {
+        if !executor.set_withdrawn(region.entry.region, withdrawn, epoch) {
             continue;
         }
         if withdrawn {

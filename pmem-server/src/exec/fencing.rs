@@ -2,7 +2,8 @@
 //! requests of a connection that said another one (MAP_EPOCH). A
 //! connection at an older epoch has every request refused STALE_MAP; one
 //! at a newer epoch has a request for a region this server does not serve
-//! (or the map withdrew) refused STALE_MAP instead of UNMAPPED. Refused
+//! (or the map withdrew) refused STALE_MAP instead of UNMAPPED, and so
+//! has one at an older epoch for a region a newer map withdrew. Refused
 //! requests never reach the executor, so nothing runs and nothing enters
 //! the exactly-once window. The rule is `proto::fence`'s; every STALE_MAP
 //! carries the server's epoch.
@@ -59,6 +60,17 @@ impl Executor {
     /// this server's map lacks while the connection runs a newer one.
     pub(super) fn lacks_ahead(&self, verdict: Verdict, req: &request::Repr<'_>) -> bool {
         verdict == Verdict::ServeAhead && !matches!(self.locate(req.target), Some((_, _, false)))
+    }
+
+    /// Whether `req` names a region a map newer than the connection's
+    /// withdrew from this server. The server withdraws a map's regions
+    /// before it runs the map's epoch, so in between such a connection is
+    /// not judged stale yet; its request was meant for the old placement
+    /// and is refused STALE_MAP (the sender catches up and sends it where
+    /// the region is now), not UNMAPPED, which would be final.
+    pub(super) fn withdrawn_after(&self, said: ConnEpoch, req: &request::Repr<'_>) -> bool {
+        said.get()
+            .is_some_and(|said| self.withdrawn_by(req.target).is_some_and(|by| said < by))
     }
 
     /// Answers `req` STALE_MAP with the server's epoch, counted.

@@ -148,7 +148,7 @@ fn equal_and_newer_connections_are_served() {
 fn a_newer_connection_gets_stale_map_for_a_region_not_served_here() {
     let (_dir, server) = at_epoch_5();
     let exec = &server.exec;
-    exec.set_withdrawn(RegionIndex(1), true);
+    exec.set_withdrawn(RegionIndex(1), true, 5);
     let mut ahead = Peer::new(exec);
     ahead.say(6);
     // A withdrawn region, and one the server's layout does not have.
@@ -167,10 +167,37 @@ fn a_newer_connection_gets_stale_map_for_a_region_not_served_here() {
 }
 
 #[test]
+fn a_region_withdrawn_by_a_map_not_run_yet_is_stale_for_older_connections() {
+    let (_dir, server) = at_epoch_5();
+    let exec = &server.exec;
+    // Applying epoch 6: its withdrawals come before the server runs it.
+    exec.set_withdrawn(RegionIndex(1), true, 6);
+    let mut behind = Peer::new(exec);
+    behind.say(5);
+    assert_eq!(
+        behind.read(1),
+        Status::StaleMap,
+        "sent for the old placement: to be sent again where the region is now"
+    );
+    assert_eq!(behind.read(0), Status::Ok, "other regions are served");
+    exec.set_epoch(6);
+    let mut level = Peer::new(exec);
+    level.say(6);
+    assert_eq!(
+        level.read(1),
+        Status::Unmapped,
+        "at the map that withdrew it"
+    );
+    // Withdrawn again by a later map: the first withdrawal stays.
+    assert!(!exec.set_withdrawn(RegionIndex(1), true, 7));
+    assert_eq!(level.read(1), Status::Unmapped);
+}
+
+#[test]
 fn unfenced_connections_are_served_as_before() {
     let (_dir, server) = at_epoch_5();
     let exec = &server.exec;
-    exec.set_withdrawn(RegionIndex(1), true);
+    exec.set_withdrawn(RegionIndex(1), true, 5);
     let mut peer = Peer::new(exec);
     assert_eq!(peer.add(1), Status::Ok);
     assert_eq!(peer.read(1), Status::Unmapped);
