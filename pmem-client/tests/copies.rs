@@ -222,8 +222,8 @@ fn a_server_is_drained_under_writes_its_copies_move_and_nothing_is_lost() {
     etcd.put(&key, &ClusterMap::new(1, replicated).to_json())
         .expect("etcdctl put");
 
-    let _a = server(&etcd, dir.path(), "A");
-    let _b = server(&etcd, dir.path(), "B");
+    let a = server(&etcd, dir.path(), "A");
+    let b = server(&etcd, dir.path(), "B");
     let device = device(&etcd, "F");
     device.wait_links_up(2);
 
@@ -255,7 +255,17 @@ fn a_server_is_drained_under_writes_its_copies_move_and_nothing_is_lost() {
         assert!(Instant::now() < deadline, "the drain added no copy on C");
         std::thread::sleep(Duration::from_millis(100));
     }
-    let _c = server(&etcd, dir.path(), "C");
+    let c = server(&etcd, dir.path(), "C");
+    let logs = || {
+        let of = |name: &str, d: &Daemon| format!("{name}'s log:\n{}", d.stderr_so_far());
+        [
+            of("device F", &device),
+            of("server A", &a),
+            of("server B", &b),
+            of("server C", &c),
+        ]
+        .join("\n----\n")
+    };
 
     drain_ended(
         drain,
@@ -309,8 +319,8 @@ fn a_server_is_drained_under_writes_its_copies_move_and_nothing_is_lost() {
             }
             assert!(
                 Instant::now() < deadline,
-                "{region}: {copies:?}, not every copy serving; the device's log:\n{}",
-                device.stderr_so_far()
+                "{region}: {copies:?}, not every copy serving; {}",
+                logs()
             );
             std::thread::sleep(Duration::from_millis(100));
         }

@@ -135,20 +135,20 @@ impl Forwarder {
             .any(|s| writes(s.purpose) && s.answer.is_some_and(|(st, _)| st == Status::Ok))
             || op.atomic.is_some();
         if ok_somewhere {
-            let disagree: Vec<usize> = op
+            let disagree: Vec<(usize, Status)> = op
                 .sends
                 .iter()
-                .filter(|s| {
-                    writes(s.purpose)
-                        && s.answer
-                            .is_some_and(|(st, _)| st != Status::Ok && st != Status::NotOwner)
+                .filter(|s| writes(s.purpose))
+                .filter_map(|s| match s.answer {
+                    Some((st, _)) if st != Status::Ok && st != Status::NotOwner => {
+                        Some((s.copy, st))
+                    }
+                    _ => None,
                 })
-                .map(|s| s.copy)
                 .collect();
-            for copy in disagree {
-                if self.lose_copy(op.region, copy, "it refused a change the others made", now)
-                    && !op.lost.contains(&copy)
-                {
+            for (copy, status) in disagree {
+                let why = format!("it refused a change the others made ({status})");
+                if self.lose_copy(op.region, copy, &why, now) && !op.lost.contains(&copy) {
                     op.lost.push(copy);
                 }
             }

@@ -411,6 +411,7 @@ impl Forwarder {
     /// region the map gives to another owner are answered NOT_OWNER.
     pub(super) fn replication_from_map(&mut self) {
         self.replication_changed();
+        let servers_before = self.copy_servers();
         let mut old = std::mem::take(&mut self.replication.regions);
         let device = self.map.device.clone();
         let mut deposed = Vec::new();
@@ -468,7 +469,69 @@ impl Forwarder {
                 })
             })
             .collect();
+        self.follow_copies(&servers_before);
         self.answer_deposed(deposed);
+    }
+
+    /// Where each region's copies are, by region index: a replicated
+    /// region's copies' servers in set order, another region's server.
+    fn copy_servers(&self) -> Vec<Option<Vec<ServerId>>> {
+        let mut servers: Vec<Option<Vec<ServerId>>> = self
+            .replication
+            .regions
+            .iter()
+            .map(|r| {
+                r.as_ref()
+                    .map(|s| s.copies.iter().map(|c| c.server.clone()).collect())
+            })
+            .collect();
+        for entry in self.map.layout.entries() {
+            let index = entry.region.0 as usize;
+            if servers.len() <= index {
+                servers.resize(index + 1, None);
+            }
+            if servers[index].is_none() {
+                servers[index] = Some(vec![entry.server.clone()]);
+            }
+        }
+        servers
+    }
+
+    /// A copy is its position in the set, and a map that adds or drops a
+    /// copy (or makes the region a single copy again) moves the others: the
+    /// operations in flight follow their copies by server (`before` is
+    /// [`Self::copy_servers`] under the old map). A part sent to a copy the
+    /// region no longer has is settled as dropped: its answer, or its
+    /// link's failure, no longer concerns the region (and must not be taken
+    /// for another copy's).
+    fn follow_copies(&mut self, before: &[Option<Vec<ServerId>>]) {
+        let after = self.copy_servers();
+        if before == after.as_slice() {
+            return;
+        }
+        for op in self.replication.ops.values_mut() {
+            let r = op.region as usize;
+            let (Some(Some(was)), Some(Some(now))) = (before.get(r), after.get(r)) else {
+                continue;
+            };
+            if was == now {
+                continue;
+            }
+            let moved = |copy: usize| {
+                let server = was.get(copy)?;
+                now.iter().position(|s| s == server)
+            };
+            for send in &mut op.sends {
+                match moved(send.copy) {
+                    Some(copy) => send.copy = copy,
+                    None => {
+                        send.copy = usize::MAX;
+                        send.dropped = true;
+                    }
+                }
+            }
+            op.lost = op.lost.iter().filter_map(|&copy| moved(copy)).collect();
+        }
     }
 
     /// Records the key `server` gives for its copy of a replicated region.

@@ -885,3 +885,43 @@ fn each_servers_copy_keys_are_the_ones_it_gave() {
     assert_eq!(on("A", pa1), Some(key_on("A", pa1)));
     assert_ne!(key_on("A", pa1), key_on("B", pa1));
 }
+
+#[test]
+fn a_map_that_drops_a_copy_leaves_the_other_copies_of_requests_in_flight_alone() {
+    let mut core = replicated();
+    let client_key = key(&core, "PA.1");
+    send(
+        &mut core,
+        |c| Repr::write(pmem(c, "PA.1", 0), client_key, &[5; 8]),
+        6,
+    );
+    let (sent, _, _) = split(core.take_outbox());
+    let servers: Vec<String> = sent
+        .iter()
+        .map(|s| core.link_target(s.link).unwrap().server.to_string())
+        .collect();
+    assert_eq!(servers, ["A", "B"], "to both copies, A's first");
+    // The map drops B's copy (a drain moved it) while the write is in
+    // flight: PA.1 is a single copy again, on A.
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../configs/default.toml"
+    ))
+    .unwrap()
+    .replace("name = \"default\"", "name = \"default\"\nreplicas = 2")
+    .replace("id = \"PA.1\"\n", "id = \"PA.1\"\n      replicas = []\n");
+    let single =
+        Topology::from_toml_str("default.toml", &text, &EnvOverrides::None).expect("valid");
+    core.reload(DeviceMap::new(&single, &"A".into()).unwrap());
+    // B's link breaks with its part in flight: that concerns no copy of
+    // PA.1 any more, and fails nothing.
+    core.link_down(sent[1].link);
+    let (_, answers, lost) = split(core.take_outbox());
+    assert_eq!(lost, [], "no copy lost");
+    assert!(answers.is_empty(), "A has not answered yet: {answers:?}");
+    answer(&mut core, &sent[0], Status::Ok, 0);
+    let (_, answers, lost) = split(core.take_outbox());
+    assert_eq!(lost, []);
+    assert_eq!(answers.len(), 1);
+    assert_eq!(answered(&answers[0].1), (Status::Ok, 0, 6));
+}
