@@ -382,22 +382,24 @@ fn a_deciding_copy_found_dead_just_after_the_takeover_hands_the_role_to_the_othe
 /// serve a copy that may lack that write, so F2 leaves A deciding and says
 /// why, and A1 never answers a read with bytes older than the write.
 #[test]
-#[ignore = "flaky: B's copy sometimes finishes its resync before A is killed, so the race is not set up; to be made deterministic"]
 fn a_deciding_copy_that_answered_after_the_takeover_keeps_the_role_when_its_server_dies() {
-    // A resync of one byte per second keeps B's copy syncing throughout.
+    // B's copy differs from A's in two blocks, as a copy that missed
+    // writes would. A resync paced at one byte per second copies the first
+    // from its full bucket (one block) at once and waits about 18 hours for
+    // the second, so B's copy stays syncing throughout.
     let flags = [DEVICE_FLAGS, &["--resync-rate", "1"]].concat();
     let mut fabric = Fabric::start_with(&flags);
-    // B's copy differs from A's in one block, as a copy that missed a write
-    // would, so its resync has a block to copy.
     let b_file = support::data_dir(fabric.dir.path(), "B").join("A1.pmem");
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&b_file)
-        .and_then(|f| {
-            use std::os::unix::fs::FileExt;
-            f.write_all_at(&[0xEE; 8], testkit::REGION_FILE_HEADER_LEN + (1 << 16))
-        })
-        .expect("change B's copy of A1");
+    for block in [1u64, 2] {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&b_file)
+            .and_then(|f| {
+                use std::os::unix::fs::FileExt;
+                f.write_all_at(&[0xEE; 8], testkit::REGION_FILE_HEADER_LEN + (block << 16))
+            })
+            .expect("change B's copy of A1");
+    }
     let mut via_f1 = client(fabric.f1());
     let key = fabric.a1_key(&mut via_f1);
     fabric.f1.take().expect("F1 runs").kill9();
