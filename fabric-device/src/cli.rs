@@ -124,16 +124,18 @@ struct Args {
     /// core of its own).
     #[arg(long, env = "PMEM_FABRIC_IO_SQPOLL")]
     io_sqpoll: bool,
-    /// How the RoCEv2 ports move frames: `packet-ring` (receive and
-    /// transmit rings shared with the kernel, PACKET_MMAP TPACKET_V2: no
-    /// system call per received frame, one per batch sent) or `socket`
-    /// (recvmmsg/sendmmsg, up to 64 frames per call). The rings fall back
-    /// to the socket where the kernel refuses them, and say why at start.
+    /// How the RoCEv2 ports move frames: `xdp` (an XDP program hands the
+    /// port's RoCEv2 frames to an AF_XDP socket's rings; ARP still through
+    /// the packet socket), `packet-ring` (receive and transmit rings shared
+    /// with the kernel, PACKET_MMAP TPACKET_V2) or `socket`
+    /// (recvmmsg/sendmmsg, up to 64 frames per call). The rings need no
+    /// system call per received frame and one per batch sent. A path the
+    /// kernel refuses falls back to the next, and says why at start.
     #[arg(
         long = "roce-io",
         env = "PMEM_FABRIC_ROCE_IO",
-        value_name = "packet-ring|socket",
-        default_value = "packet-ring"
+        value_name = "xdp|packet-ring|socket",
+        default_value = "xdp"
     )]
     roce_io: RoceIo,
     /// Slots of each RoCEv2 ring (receive and transmit), 16 to 32768; a

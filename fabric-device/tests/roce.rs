@@ -1,8 +1,8 @@
 //! The fabric device's RoCEv2 port with real kernel packets: a client in a
 //! network namespace, behind a veth pair, sets up a queue pair over its
 //! control connection and runs RDMA READ, WRITE, atomics and FLUSH through
-//! the device to real pmem-servers, on both of the port's frame paths
-//! (rings shared with the kernel, and socket calls); malformed frames put
+//! the device to real pmem-servers, on each of the port's frame paths
+//! (an AF_XDP socket, rings shared with the kernel, socket calls); malformed frames put
 //! on the wire first are counted and dropped. Needs root (network
 //! namespaces, raw sockets), as CI has.
 
@@ -29,6 +29,11 @@ fn pattern(region: u32, len: usize) -> Vec<u8> {
 
 const WRITE_LEN: usize = 3000;
 const COUNTER_AT: u64 = 0x10_000;
+
+#[test]
+fn a_raw_rc_client_reaches_the_pool_through_the_roce_port_on_af_xdp() {
+    round_trips_through_the_roce_port("xdp", "pfxdpe", "10.238.2");
+}
 
 #[test]
 fn a_raw_rc_client_reaches_the_pool_through_the_roce_port_on_the_packet_ring() {
@@ -310,6 +315,18 @@ fn round_trips_through_the_roce_port(path: &str, tag: &str, subnet: &str) {
     assert_eq!(dropped("ring_malformed"), 0.0, "{metrics}");
     let running = format!("fabric_device_roce_io{{port=\"p0\",path=\"{path}\",fallback=\"none\"}}");
     assert_eq!(value(&metrics, &running), 1.0, "{metrics}");
+    let af_xdp = value(
+        &metrics,
+        "fabric_device_roce_af_xdp_frames_total{port=\"p0\"}",
+    );
+    if path == "xdp" {
+        assert!(
+            af_xdp >= 10.0,
+            "the client's frames came by AF_XDP: {metrics}"
+        );
+    } else {
+        assert_eq!(af_xdp, 0.0, "{metrics}");
+    }
     telemetry::promtool_check(&metrics).expect("promtool accepts the metrics");
 }
 

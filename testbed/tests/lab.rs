@@ -162,6 +162,9 @@ fn lab_chaos(scenario: &str, extra: &[&str]) -> (serde_json::Value, BTreeMap<Str
     for device in ["F1", "F2"] {
         let c = counters(&roce["devices"][device]);
         assert!(c["packets_received"] > 0, "{device}: {c:?}\n{text}");
+        // On AF_XDP, the device's default frame path where the kernel
+        // allows it, as this one does.
+        assert!(c["af_xdp_frames"] > 0, "{device}: {c:?}\n{text}");
         assert_eq!(c["icrc_errors"], 0, "{device}: {c:?}");
     }
     let guest = counters(&roce["guests"]["c1"]);

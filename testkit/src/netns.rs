@@ -18,6 +18,8 @@ pub struct VethNamespace {
     pub ns: String,
     /// The veth end in the caller's namespace.
     pub host: String,
+    /// The veth end in the namespace.
+    pub peer: String,
     /// The first three octets of the /24, e.g. `"10.251.0"`.
     pub subnet: String,
 }
@@ -55,6 +57,7 @@ impl VethNamespace {
         let made = VethNamespace {
             ns: ns.clone(),
             host: host.clone(),
+            peer: peer.clone(),
             subnet: subnet.to_owned(),
         };
         ip(&["link", "add", &host, "type", "veth", "peer", "name", &peer])?;
@@ -71,7 +74,27 @@ impl VethNamespace {
             all.extend_from_slice(args);
             ip(&all)?;
         }
+        made.wait_until_up();
         Ok(made)
+    }
+
+    /// Waits (up to 5 s) until both ends say `state UP`: the kernel turns
+    /// a veth's carrier on and gives it a queueing discipline a moment
+    /// after `ip link set up`, and drops the frames sent before that.
+    fn wait_until_up(&self) {
+        let up = |args: &[&str]| {
+            Command::new("ip")
+                .args(args)
+                .output()
+                .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).contains("state UP"))
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while std::time::Instant::now() < deadline
+            && !(up(&["-o", "link", "show", "dev", &self.host])
+                && up(&["-n", &self.ns, "-o", "link", "show", "dev", &self.peer]))
+        {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
     }
 
     /// Address `last` of the subnet, e.g. `addr(2)`.

@@ -13,6 +13,7 @@ mod clients;
 mod copy_streams;
 mod endpoint;
 mod links;
+mod mapping;
 mod packet;
 mod packet_ring;
 mod reload;
@@ -23,6 +24,7 @@ pub mod roce_io;
 mod roce_port;
 mod takeover;
 mod uplinks;
+mod xdp;
 
 use std::io;
 use std::net::SocketAddr;
@@ -60,6 +62,7 @@ use clients::deliver_answer;
 use endpoint::{Endpoint, Fill};
 use links::send_to_link;
 use ring_events::start_io;
+use roce_io::RoceIo;
 use roce_port::RoceEndpoint;
 pub use roce_port::RocePortError;
 use uplinks::uplink_answer;
@@ -368,12 +371,15 @@ impl Device {
                             }
                         })?;
                     match &fallback {
-                        Some(why) => warn!(
-                            "RoCE port {} on {}: frame path socket (packet-ring was asked for \
-                             and cannot run: {}; `--roce-io socket` says so without this line)",
+                        Some(refused) => warn!(
+                            "RoCE port {} on {}: frame path {} ({} was asked for and cannot run: \
+                             {}; `--roce-io {}` says so without this line)",
                             port.id,
                             r.interface,
-                            error_chain(&why.0)
+                            endpoint.io_description(),
+                            refused.asked,
+                            error_chain(&*refused.why),
+                            endpoint.io_path()
                         ),
                         None => info!(
                             "RoCE port {} on {}: frame path {}",
@@ -386,20 +392,22 @@ impl Device {
                         .with(&[
                             port.id.as_str(),
                             endpoint.io_path().as_str(),
-                            if fallback.is_some() {
-                                "ring_refused"
-                            } else {
-                                "none"
+                            match fallback.as_ref().map(|f| f.asked) {
+                                Some(RoceIo::Xdp) => "xdp_refused",
+                                Some(_) => "ring_refused",
+                                None => "none",
                             },
                         ])
                         .set(1);
-                    poll.registry()
-                        .register(
-                            &mut mio::unix::SourceFd(&endpoint.source()),
-                            Token(ROCE_BASE + i),
-                            Interest::READABLE,
-                        )
-                        .map_err(DeviceError::Poll)?;
+                    for fd in endpoint.sources() {
+                        poll.registry()
+                            .register(
+                                &mut mio::unix::SourceFd(&fd),
+                                Token(ROCE_BASE + i),
+                                Interest::READABLE,
+                            )
+                            .map_err(DeviceError::Poll)?;
+                    }
                     Some(endpoint)
                 }
                 None => None,

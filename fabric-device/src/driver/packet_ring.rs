@@ -26,6 +26,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use super::mapping::Mapping;
 use super::packet::{BATCH, PacketSocket};
 
 /// `TPACKET_V2` of `enum tpacket_versions`.
@@ -377,27 +378,6 @@ impl TxRing {
     }
 }
 
-/// The mapping of both rings; unmapped on drop.
-#[derive(Debug)]
-struct Mapping {
-    ptr: NonNull<u8>,
-    len: usize,
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: `ptr` and `len` are those `mmap` returned; the rings that
-        // point into the mapping are dropped with it (they are fields of
-        // the same `PacketRing`, and never dereference in their own drop).
-        unsafe {
-            libc::munmap(self.ptr.as_ptr().cast(), self.len);
-        }
-    }
-}
-
-// SAFETY: the mapping is plain memory shared with the kernel; the rings
-// that use it move with it between threads, never shared.
-unsafe impl Send for Mapping {}
 // SAFETY: as above; the pointers are only used by the ring's owner.
 unsafe impl Send for RxRing {}
 // SAFETY: as above.
@@ -494,36 +474,12 @@ impl PacketRing {
                 return Err(option(name, io::Error::last_os_error()));
             }
         }
+        // The socket's rings, receive first, then transmit, as the kernel
+        // lays them out.
         let bytes = 2 * shape.bytes();
-        // SAFETY: a fresh shared mapping of the socket's rings (receive
-        // first, then transmit, as the kernel lays them out); the result is
-        // checked before use.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_POPULATE,
-                fd,
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(RingError::Map {
-                bytes,
-                source: io::Error::last_os_error(),
-            });
-        }
-        let Some(base) = NonNull::new(ptr.cast::<u8>()) else {
-            return Err(RingError::Map {
-                bytes,
-                source: io::ErrorKind::InvalidData.into(),
-            });
-        };
-        let mapping = Mapping {
-            ptr: base,
-            len: bytes,
-        };
+        let mapping =
+            Mapping::new(bytes, Some(fd), 0).map_err(|source| RingError::Map { bytes, source })?;
+        let base = mapping.base();
         // SAFETY: `base` is page-aligned and valid for `bytes` bytes until
         // `mapping` drops, which happens with the rings; the kernel writes
         // it only as TPACKET_V2 says.

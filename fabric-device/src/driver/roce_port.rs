@@ -24,7 +24,7 @@ use smoltcp::wire::{
 use topology::RocePort;
 
 use super::packet::{PacketSocket, interface_info, roce_filter};
-use super::roce_io::{FrameSink, RingFallback, RoceIo, RoceIoConfig, Wire};
+use super::roce_io::{FrameSink, PathFallback, PortAddress, RoceIo, RoceIoConfig, Wire};
 use crate::forward::{ConnId, Forwarder, LinkId, Offload};
 use crate::rdma::gateway::{QpSetup, RoceGateway, random_u32};
 use crate::rdma::metrics::PortSnapshot;
@@ -108,14 +108,14 @@ pub struct RoceEndpoint {
 }
 
 impl RoceEndpoint {
-    /// Opens the interface's packet socket with the frame path `io` asks
-    /// for; register it with the event loop ([`RoceEndpoint::source`]) to
-    /// hear of frames. Also returns why the rings were asked for and do
-    /// not run, if so.
+    /// Opens the interface's frame path `io` asks for; register its
+    /// descriptors with the event loop ([`RoceEndpoint::sources`]) to hear
+    /// of frames. Also returns the path asked for that does not run, and
+    /// why, if so.
     pub fn open(
         spec: &RocePort,
         io: &RoceIoConfig,
-    ) -> Result<(Self, Option<RingFallback>), RocePortError> {
+    ) -> Result<(Self, Option<PathFallback>), RocePortError> {
         let ip: Ipv4Addr = spec
             .ip
             .parse()
@@ -132,8 +132,12 @@ impl RoceEndpoint {
         };
         let socket = open_socket().map_err(socket_error)?;
         let frame_cap = info.mtu + FRAME_SLACK;
+        let port = PortAddress {
+            ifindex: info.index,
+            ip,
+        };
         let (wire, fallback) =
-            Wire::open(socket, frame_cap, io, open_socket).map_err(socket_error)?;
+            Wire::open(socket, port, frame_cap, io, open_socket).map_err(socket_error)?;
         let endpoint = RoceEndpoint {
             interface: spec.interface.clone(),
             ip,
@@ -150,10 +154,9 @@ impl RoceEndpoint {
         Ok((endpoint, fallback))
     }
 
-    /// The packet socket, to register with the event loop (readable).
-    pub fn source(&self) -> std::os::fd::RawFd {
-        use std::os::fd::AsRawFd;
-        self.wire.as_raw_fd()
+    /// The descriptors to register with the event loop (readable).
+    pub fn sources(&self) -> Vec<std::os::fd::RawFd> {
+        self.wire.sources()
     }
 
     /// The frame path the port runs.
@@ -191,6 +194,7 @@ impl RoceEndpoint {
             bad_headers: c.bad_headers,
             ring_malformed: c.ring_malformed,
             ring_truncated: c.ring_truncated,
+            af_xdp_frames: self.wire.xdp_received().map_or(0, |(xsk, _)| xsk),
             qps: self.gateway.qp_counters().map(|(n, c)| (n, *c)).collect(),
             totals: self.gateway.totals(),
         }

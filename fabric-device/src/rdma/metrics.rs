@@ -31,6 +31,8 @@ pub struct PortSnapshot {
     pub ring_malformed: u64,
     /// Frames longer than a receive-ring slot.
     pub ring_truncated: u64,
+    /// Frames received through the port's `AF_XDP` socket.
+    pub af_xdp_frames: u64,
     /// Each live queue pair's number and counters.
     pub qps: Vec<(u32, Counters)>,
     /// Counters summed over every queue pair, closed ones included.
@@ -177,6 +179,18 @@ impl RoceMetrics {
         )?;
         let snapshot = Arc::clone(&metrics.snapshot);
         registry.register_fn_counter(
+            "fabric_device_roce_af_xdp_frames_total",
+            "Frames a RoCE port received through its AF_XDP socket (0 on the other frame paths; \
+             ARP and frames the XDP program passes on arrive by the packet socket).",
+            &["port"],
+            Box::new(move || {
+                samples(&snapshot, |p, out| {
+                    out.push((vec![p.port.clone()], p.af_xdp_frames as f64));
+                })
+            }),
+        )?;
+        let snapshot = Arc::clone(&metrics.snapshot);
+        registry.register_fn_counter(
             "fabric_device_roce_arp_replies_total",
             "ARP requests for a RoCE port's address that the device answered.",
             &["port"],
@@ -263,6 +277,7 @@ mod tests {
         metrics.publish(vec![PortSnapshot {
             port: "p0".into(),
             arp_replies: 2,
+            af_xdp_frames: 4,
             qps: vec![(0x100, c)],
             totals: c,
             ..PortSnapshot::default()
@@ -273,6 +288,7 @@ mod tests {
             "fabric_device_roce_qp_packets_received_total{port=\"p0\",qp=\"0x100\"} 5",
             "fabric_device_roce_naks_sent_total{port=\"p0\",qp=\"all\",kind=\"remote_access\"} 1",
             "fabric_device_roce_arp_replies_total{port=\"p0\"} 2",
+            "fabric_device_roce_af_xdp_frames_total{port=\"p0\"} 4",
             "fabric_device_roce_dropped_total{port=\"p0\",reason=\"unknown_qp\"} 0",
         ] {
             assert!(

@@ -53,8 +53,10 @@ pub struct RocePlan {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum RocePath {
-    /// Rings shared with the kernel (PACKET_MMAP), the device's default.
+    /// An AF_XDP socket fed by an XDP program, the device's default.
     #[default]
+    Xdp,
+    /// Rings shared with the kernel (PACKET_MMAP).
     PacketRing,
     /// recvmmsg/sendmmsg on the packet socket.
     Socket,
@@ -64,6 +66,7 @@ impl RocePath {
     /// The name `fabric-device --roce-io` takes.
     pub fn as_str(self) -> &'static str {
         match self {
+            RocePath::Xdp => "xdp",
             RocePath::PacketRing => "packet-ring",
             RocePath::Socket => "socket",
         }
@@ -75,10 +78,11 @@ impl std::str::FromStr for RocePath {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
+            "xdp" => Ok(RocePath::Xdp),
             "packet-ring" => Ok(RocePath::PacketRing),
             "socket" => Ok(RocePath::Socket),
             _ => Err(format!(
-                "unknown RoCE frame path {s:?}: use packet-ring or socket"
+                "unknown RoCE frame path {s:?}: use xdp, packet-ring or socket"
             )),
         }
     }
@@ -197,7 +201,7 @@ pub struct RoceBenchReport {
     pub roce_device_cpu_per_op_over_tcp: f64,
 }
 
-const SUBNET: &str = "10.252.0";
+const SUBNET: &str = "10.238.3";
 const COUNTER_AT: u64 = 0x1000;
 
 /// The longest the TCP latency samples of one operation may take: the

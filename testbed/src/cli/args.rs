@@ -182,10 +182,10 @@ pub enum Command {
     BenchRoce {
         #[command(flatten)]
         bench: BenchArgs,
-        /// The frame path of the device's RoCEv2 port: packet-ring (rings
-        /// shared with the kernel, the device's default) or socket
-        /// (recvmmsg/sendmmsg).
-        #[arg(long, value_name = "packet-ring|socket", default_value = "packet-ring")]
+        /// The frame path of the device's RoCEv2 port: xdp (an AF_XDP
+        /// socket, the device's default), packet-ring (rings shared with
+        /// the kernel) or socket (recvmmsg/sendmmsg).
+        #[arg(long, value_name = "xdp|packet-ring|socket", default_value = "xdp")]
         roce_io: crate::bench::roce::RocePath,
     },
     /// A PMEM server's own CPU per operation over RDMA (a verbs NIC, device
