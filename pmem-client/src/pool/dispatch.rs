@@ -315,24 +315,30 @@ impl Inner {
         Ok(response)
     }
 
-    /// Asks a fabric device for the client's MAP again, a few times while
-    /// `region`'s key stays `old` (the device learns a rotated key from
-    /// its server right after the server refused the old one); true when
-    /// the key changed. Rate-limited per region: while another request
-    /// refreshes (or did a moment ago), this one waits as long for the key
-    /// to change instead, so that requests refused together all go again.
+    /// Asks the fabric devices for the client's MAP again, each in turn, a
+    /// few times while `region`'s key stays `old`; true when the key
+    /// changed. A device learns a rotated key from its server right after
+    /// the server refused the old one; and when a map moves a region to a
+    /// server of its own key (a drain), a device that applied that map
+    /// knows the new key while another may not have applied it yet, so
+    /// every device is asked, not only the first that answers.
+    /// Rate-limited per region: while another request refreshes (or did a
+    /// moment ago), this one waits as long for the key to change instead,
+    /// so that requests refused together all go again.
     async fn refresh_keys(&self, region: RegionIndex, old: AccessKey) -> bool {
-        const TRIES: u32 = 5;
-        const PAUSE: Duration = Duration::from_millis(20);
-        let epoch = self.epoch();
-        if !epoch.region_keys.may_refresh(region, Instant::now()) {
+        const TRIES: u32 = 10;
+        const PAUSE: Duration = Duration::from_millis(30);
+        // The current epoch's keys each time: the client may follow a new
+        // map meanwhile, which carries the keys over and learns new ones.
+        let changed = || self.epoch().region_keys.get(region) != old;
+        if !self.epoch().region_keys.may_refresh(region, Instant::now()) {
             for _ in 0..TRIES {
-                if epoch.region_keys.get(region) != old {
+                if changed() {
                     return true;
                 }
                 tokio::time::sleep(PAUSE).await;
             }
-            return epoch.region_keys.get(region) != old;
+            return changed();
         }
         // Every device port speaks the opening, RoCE ports' control
         // connections included.
@@ -342,13 +348,10 @@ impl Inner {
                 tokio::time::sleep(PAUSE).await;
             }
             for path in &devices {
-                if self.open_tcp(path, Box::new(|| {})).await.is_ok() {
-                    break;
+                if self.open_tcp(path, Box::new(|| {})).await.is_ok() && changed() {
+                    self.stats.key_refreshes.fetch_add(1, Ordering::Relaxed);
+                    return true;
                 }
-            }
-            if epoch.region_keys.get(region) != old {
-                self.stats.key_refreshes.fetch_add(1, Ordering::Relaxed);
-                return true;
             }
         }
         false
