@@ -104,15 +104,18 @@ impl XdpWire {
     }
 
     /// Hands every frame waiting, on the socket's ring and then on the
-    /// packet socket, to `each` with a sender for answers; then sends what
-    /// was queued. Returns how many frames went out.
+    /// packet socket, to `each` with a sender for answers; the answers go
+    /// out after each batch received (the transmit ring and its chunks
+    /// hold one ring's worth). Returns how many frames went out.
     pub fn drain(&mut self, mut each: impl FnMut(&[u8], &mut XskSender<'_>)) -> io::Result<u64> {
+        let mut sent = 0;
         loop {
             let n = self.xsk.receive(&mut each);
             if n == 0 {
                 break;
             }
             self.received.0 += n as u64;
+            sent += u64::from(self.xsk.flush());
         }
         let mut failed = None;
         loop {
@@ -129,7 +132,7 @@ impl XdpWire {
                 each(frame, &mut self.xsk.sender());
             }
         }
-        let sent = u64::from(self.xsk.flush());
+        sent += u64::from(self.xsk.flush());
         failed.map_or(Ok(sent), Err)
     }
 
