@@ -239,6 +239,17 @@ impl ProbeSchedule {
         }
     }
 
+    /// Due at once unless a probe is out, its delay back to the first
+    /// one's: what a new map does to a (path, server) mark, since the map
+    /// may serve the server's regions otherwise (another copy of a
+    /// replicated region deciding).
+    fn hastened(self, config: &PathConfig, now: Instant) -> Self {
+        if self.in_progress {
+            return self;
+        }
+        Self::due_now(config, now)
+    }
+
     /// A probe due at once (a path the map just added).
     fn due_now(config: &PathConfig, now: Instant) -> Self {
         Self {
@@ -511,7 +522,8 @@ impl PathTable {
     /// the same RNIC for the same device port as one of this table keeps
     /// its id, health and counts (its per-server marks follow the servers
     /// through `server_moved`, which gives a server index of the old map
-    /// its index in the new one, `None` when the server is gone); a path
+    /// its index in the new one, `None` when the server is gone, and are
+    /// probed at once); a path
     /// this table does not have is appended, down with a reconnect probe
     /// due at `now`; a path `fresh` lacks is retired. Region candidates,
     /// servers and owner devices become `fresh`'s.
@@ -538,9 +550,12 @@ impl PathTable {
                         followed.added.push(PathId(index));
                     }
                     let marks = std::mem::take(&mut state.unreachable);
+                    let config = &self.config;
                     state.unreachable = marks
                         .into_iter()
-                        .filter_map(|(server, backoff)| Some((server_moved(server)?, backoff)))
+                        .filter_map(|(server, backoff)| {
+                            Some((server_moved(server)?, backoff.hastened(config, now)))
+                        })
                         .collect();
                     kept[index] = true;
                     PathId(index)
@@ -1503,6 +1518,40 @@ mod tests {
                 .iter()
                 .all(|p| p.path != P1),
             "a retired path is not probed"
+        );
+    }
+
+    #[test]
+    fn a_new_map_probes_an_unreachable_server_at_once_unless_a_probe_is_out() {
+        let t0 = Instant::now();
+        let mut table = default_table();
+        table.report_failure(P0, 1, Failure::ServerUnavailable, t0);
+        table.report_failure(P1, 1, Failure::ServerUnavailable, t0);
+        // Probes of both marks fail a few times: the next is a while off.
+        let mut now = t0;
+        for _ in 0..4 {
+            now += ms(2_000);
+            for probe in table.probes_due(now) {
+                table.probe_failed(probe, now);
+            }
+        }
+        let t1 = now + ms(1);
+        assert_eq!(table.probes_due(t1), vec![]);
+        // P1's next probe is handed out before the map changes.
+        let out = table.probes_due(now + ms(1_000));
+        assert_eq!(out.len(), 2, "{out:?}");
+        table.probe_failed(out[0], now + ms(1_000));
+        let t2 = now + ms(1_001);
+        let (topology, layout) = edited(str::to_owned);
+        table.follow(fresh(&topology, &layout), Some, t2);
+        let due = table.probes_due(t2);
+        assert_eq!(
+            due,
+            vec![Probe {
+                path: out[0].path,
+                server: Some(1)
+            }],
+            "the settled mark is probed at once, the one out is not probed twice"
         );
     }
 

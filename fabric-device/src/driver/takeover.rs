@@ -429,15 +429,17 @@ impl Job {
     /// a server that confirmed the new owner's epoch may have acknowledged
     /// writes its copy alone holds, and keeps the role (the region waits
     /// for it). A server that keeps accepting (alive, or frozen) is left
-    /// deciding.
-    fn recheck(&self, mut pending: Vec<Recheck>, line: &LoopLine) -> Report {
-        let mut report = Report {
-            owner: self.owner.clone(),
-            lines: Vec::new(),
-            taken: false,
-        };
+    /// deciding. What each round did is handed to `publish` at once (a
+    /// region whose role moved is not logged 30 s late because another
+    /// region's deciding server is alive).
+    fn recheck(&self, mut pending: Vec<Recheck>, line: &LoopLine, publish: impl Fn(Report)) {
         let until = Instant::now() + RECHECK_FOR;
         loop {
+            let mut report = Report {
+                owner: self.owner.clone(),
+                lines: Vec::new(),
+                taken: false,
+            };
             let mut judged: HashMap<String, DecidingServer> = HashMap::new();
             let mut left = Vec::new();
             for check in pending {
@@ -463,9 +465,12 @@ impl Job {
                     line.send(LoopAsk::MoveDone { server });
                 }
             }
+            if !report.lines.is_empty() {
+                publish(report);
+            }
             pending = left;
             if pending.is_empty() || Instant::now() >= until {
-                return report;
+                return;
             }
             std::thread::sleep(RECHECK_EVERY);
         }
@@ -612,8 +617,10 @@ impl Device {
                 let _ = done.send(report);
                 let _ = waker.wake();
                 if !rechecks.is_empty() {
-                    let _ = done.send(job.recheck(rechecks, &line));
-                    let _ = waker.wake();
+                    job.recheck(rechecks, &line, |report| {
+                        let _ = done.send(report);
+                        let _ = waker.wake();
+                    });
                 }
             });
         match spawned {

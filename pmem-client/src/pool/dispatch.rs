@@ -511,16 +511,27 @@ impl Inner {
                 Next::Send(path) => path,
                 Next::GiveUp(give_up)
                     if give_up.reason != GiveUpReason::Deadline
-                        && !server_is_down(&give_up.tried) =>
+                        && (!server_is_down(&give_up.tried)
+                            || lock(&self.table).owner_of(attempts.region()).is_some()) =>
                 {
                     // Every path is down or failed for now: wait for one to
-                    // come back (the prober restores them) until the
-                    // operation's deadline.
+                    // come back (the prober restores them) or for a new map
+                    // until the operation's deadline. A replicated region
+                    // whose owner has no copy to decide on now waits too:
+                    // the map may soon make another copy serve (the owner
+                    // moves the role off a server that died with the
+                    // previous owner), or the server comes back.
                     let op_deadline = attempts.op_deadline(&lock(&self.table));
                     let recheck = now + self.options.paths.probe_interval;
                     let restored = self.restored.notified();
-                    let _ =
-                        tokio::time::timeout_at(recheck.min(op_deadline).into(), restored).await;
+                    let applied = self.applied.notified();
+                    let woken = async {
+                        tokio::select! {
+                            () = restored => {}
+                            () = applied => {}
+                        }
+                    };
+                    let _ = tokio::time::timeout_at(recheck.min(op_deadline).into(), woken).await;
                     continue;
                 }
                 Next::GiveUp(give_up) => {

@@ -244,9 +244,9 @@ impl Inner {
         for &path in &followed.retired {
             tokio::spawn(Arc::clone(self).retire_when_idle(path));
         }
-        if !followed.added.is_empty() {
-            self.prober.notify_one();
-        }
+        // New paths, and (path, server) marks the new map made due, are
+        // probed now.
+        self.prober.notify_one();
         let staying: Vec<PathId> = (0..next.slots.len())
             .map(PathId)
             .filter(|p| !followed.added.contains(p) && !followed.retired.contains(p))

@@ -449,7 +449,7 @@ async fn step(
                 pool.flush(keys.key_addr(k), len)
                     .await
                     .map(|()| 0)
-                    .map_err(drop),
+                    .map_err(|e| report_error(op, &e)),
             )
         }
         Op::FetchAdd => {
@@ -457,9 +457,12 @@ async fn step(
             let result = pool.fetch_add(counter_word(keys.counters, w), 1).await;
             let mut s = lock(shared);
             let tally = s.counters.entry(w).or_default();
-            match result {
+            match &result {
                 Ok(_) => tally.acked += 1,
-                Err(_) => tally.uncertain += 1,
+                Err(e) => {
+                    tally.uncertain += 1;
+                    report_error(op, e);
+                }
             }
             Some(result.map(|_| 8).map_err(drop))
         }
