@@ -29,14 +29,11 @@ fn server(etcd: &Etcd, dir: &std::path::Path, id: &str) -> Daemon {
     .unwrap_or_else(|e| panic!("pmem-server {id} did not start:\n{e}"))
 }
 
+/// The map pool `test` holds in etcd now.
 fn map_in(etcd: &Etcd) -> ClusterMap {
-    let key = Keys::of("test").map();
-    let records = etcd.get_prefix(&key).expect("etcdctl get");
-    let (_, json) = records
-        .iter()
-        .find(|(k, _)| *k == key)
-        .expect("the map in etcd");
-    ClusterMap::from_json(&key, json.as_bytes()).expect("a map")
+    etcd.get_json_prefix(&Keys::of("test").map())
+        .pop()
+        .expect("a map")
 }
 
 #[test]

@@ -522,16 +522,7 @@ impl Inner {
                     // moves the role off a server that died with the
                     // previous owner), or the server comes back.
                     let op_deadline = attempts.op_deadline(&lock(&self.table));
-                    let recheck = now + self.options.paths.probe_interval;
-                    let restored = self.restored.notified();
-                    let applied = self.applied.notified();
-                    let woken = async {
-                        tokio::select! {
-                            () = restored => {}
-                            () = applied => {}
-                        }
-                    };
-                    let _ = tokio::time::timeout_at(recheck.min(op_deadline).into(), woken).await;
+                    self.wait_for_path_or_map(op_deadline).await;
                     continue;
                 }
                 Next::GiveUp(give_up) => {
@@ -749,18 +740,24 @@ impl Inner {
             attempts.op_deadline(&table)
         };
         if !was_owner {
-            let recheck = Instant::now() + self.options.paths.probe_interval;
-            let restored = self.restored.notified();
-            let applied = self.applied.notified();
-            let woken = async {
-                tokio::select! {
-                    () = restored => {}
-                    () = applied => {}
-                }
-            };
-            let _ = tokio::time::timeout_at(recheck.min(op_deadline).into(), woken).await;
+            self.wait_for_path_or_map(op_deadline).await;
         }
         Ok(())
+    }
+
+    /// Waits until a path is restored or a new map applied, one probe
+    /// interval at most, and never past `op_deadline`.
+    async fn wait_for_path_or_map(&self, op_deadline: Instant) {
+        let recheck = Instant::now() + self.options.paths.probe_interval;
+        let restored = self.restored.notified();
+        let applied = self.applied.notified();
+        let woken = async {
+            tokio::select! {
+                () = restored => {}
+                () = applied => {}
+            }
+        };
+        let _ = tokio::time::timeout_at(recheck.min(op_deadline).into(), woken).await;
     }
 
     pub(super) fn attempt_failed(
