@@ -1537,7 +1537,8 @@ mod tests {
         }
         let t1 = now + ms(1);
         assert_eq!(table.probes_due(t1), vec![]);
-        // P1's next probe is handed out before the map changes.
+        // Both marks' next probes are handed out; one fails before the map
+        // changes, the other is still out.
         let out = table.probes_due(now + ms(1_000));
         assert_eq!(out.len(), 2, "{out:?}");
         table.probe_failed(out[0], now + ms(1_000));

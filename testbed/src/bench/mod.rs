@@ -4,6 +4,7 @@
 
 pub mod auth;
 pub mod cache_policy;
+pub mod census;
 pub mod client;
 pub mod open_files;
 pub mod peers;
@@ -229,6 +230,11 @@ pub struct BenchReport {
     /// Each tracked ratio over the rounds: median, spread, every round.
     #[serde(default)]
     pub ratio_spread: BTreeMap<String, rounds::RatioSpread>,
+    /// For each round after the main pass, who had the CPUs during its
+    /// 64 B round trips and floors: a round whose CPUs never slept has
+    /// round trips without wake-ups.
+    #[serde(default)]
+    pub round_census: Vec<Vec<census::Census>>,
 }
 
 /// What idle client connections cost the fabric device in memory.
@@ -401,8 +407,9 @@ pub fn run(
         replication,
         ratios: BTreeMap::new(),
         ratio_spread: BTreeMap::new(),
+        round_census: more_rounds.census,
     };
-    set_ratios(&mut report, &more_rounds);
+    set_ratios(&mut report, &more_rounds.values);
     let files = write(out, &report, &histograms)?;
     Ok((report, files))
 }

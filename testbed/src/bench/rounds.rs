@@ -5,11 +5,13 @@
 //! alike. The report gives each ratio's median over the rounds and its
 //! spread (lowest and highest).
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::census::{self, Census};
 use super::client::{self, BenchOp, Pipelining, Shape};
 use super::peers::{self, RedisServer};
 use super::{Paths, Pids, Plan, rate};
@@ -50,22 +52,30 @@ pub(super) struct Systems<'a> {
     pub(super) redis_aof: &'a RedisServer,
 }
 
-/// Runs `rounds` more rounds of every ratio's two measurements; returns the
-/// per-round values of each ratio by name.
-pub(super) fn measure(
-    plan: &Plan,
-    systems: &Systems<'_>,
-    rounds: usize,
-) -> anyhow::Result<BTreeMap<String, Vec<f64>>> {
+/// What the rounds measured.
+pub(super) struct Rounds {
+    /// Each ratio's per-round values, by name.
+    pub(super) values: BTreeMap<String, Vec<f64>>,
+    /// Per round, who had the CPUs during its round trips and floors.
+    pub(super) census: Vec<Vec<Census>>,
+}
+
+/// Runs `rounds` more rounds of every ratio's two measurements.
+pub(super) fn measure(plan: &Plan, systems: &Systems<'_>, rounds: usize) -> anyhow::Result<Rounds> {
     let duration = Duration::from_secs_f64(plan.seconds / 2.0);
-    let mut values: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    let mut out = Rounds {
+        values: BTreeMap::new(),
+        census: Vec::new(),
+    };
     for round in 0..rounds {
         let flip = round % 2 == 1;
-        for (name, value) in one_round(plan, systems, duration, flip)? {
-            values.entry(name).or_default().push(value);
+        let (values, census) = one_round(plan, systems, duration, flip)?;
+        for (name, value) in values {
+            out.values.entry(name).or_default().push(value);
         }
+        out.census.push(census);
     }
-    Ok(values)
+    Ok(out)
 }
 
 /// Both sides of a ratio, measured back to back: ours first unless
@@ -84,13 +94,25 @@ pub(super) fn pair<A, B>(
     }
 }
 
+/// A ratio's name and its value in one round.
+type Ratio = (String, f64);
+
+/// One round: every ratio's value, and the censuses of its round trips
+/// and floors.
 fn one_round(
     plan: &Plan,
     s: &Systems<'_>,
     duration: Duration,
     flip: bool,
-) -> anyhow::Result<Vec<(String, f64)>> {
+) -> anyhow::Result<(Vec<Ratio>, Vec<Census>)> {
     let samples = plan.samples;
+    let census = RefCell::new(Vec::new());
+    // `f()`, with who had the CPUs meanwhile kept as `what`.
+    let counted = |what: &str, f: &dyn Fn() -> anyhow::Result<(f64, f64)>| {
+        let (out, taken) = census::around(what, f);
+        census.borrow_mut().push(taken);
+        out
+    };
     // (p50, p99) of round trips at queue depth 1.
     let quantiles = |path: &str, op, size| -> anyhow::Result<(f64, f64)> {
         let mut conn = s.paths.connect(path)?;
@@ -125,11 +147,18 @@ fn one_round(
     // spinning), all four back to back.
     let ((fabric, direct), (sleeping, spinning)) = pair(
         flip,
-        || Ok((read_64("fabric")?, read_64("direct")?)),
         || {
             Ok((
-                floor(peers::sockperf_rtt_run)?,
-                floor(peers::sockperf_rtt_spinning)?,
+                counted("fabric READ 64 B", &|| read_64("fabric"))?,
+                counted("direct READ 64 B", &|| read_64("direct"))?,
+            ))
+        },
+        || {
+            Ok((
+                counted("sockperf 64 B", &|| floor(peers::sockperf_rtt_run))?,
+                counted("sockperf 64 B spinning", &|| {
+                    floor(peers::sockperf_rtt_spinning)
+                })?,
             ))
         },
     )?;
@@ -201,5 +230,5 @@ fn one_round(
         "fabric_persist_p50_over_redis_aof".to_owned(),
         persist / aof,
     ));
-    Ok(out)
+    Ok((out, census.into_inner()))
 }

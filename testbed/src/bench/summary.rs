@@ -35,6 +35,7 @@ pub fn markdown(report: &BenchReport) -> String {
     heading(&mut md, report);
     ratios(&mut md, report);
     floors(&mut md, report);
+    census(&mut md, report);
     latency(&mut md, report);
     rates(&mut md, report);
     cache_policy(&mut md, report);
@@ -120,6 +121,39 @@ fn floors(md: &mut String, report: &BenchReport) {
          iperf3, one stream: {:.2} GB/s\n",
         report.floor_bw_bytes_per_s / 1e9
     );
+}
+
+/// Per round, how idle the CPUs were during each 64 B round-trip
+/// measurement and who used them most.
+fn census(md: &mut String, report: &BenchReport) {
+    if report.round_census.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "## Who had the CPUs during the rounds' round trips\n\n\
+         A measurement whose CPUs were never idle had no wake-ups to pay.\n\n\
+         | round | measurement | idle share | most CPU (s) |\n|---:|---|---:|---|"
+    );
+    for (round, taken) in report.round_census.iter().enumerate() {
+        for c in taken {
+            let top: Vec<String> = c
+                .top
+                .iter()
+                .take(3)
+                .map(|u| format!("{} {} {:.2}", u.command, u.pid, u.cpu_s))
+                .collect();
+            let _ = writeln!(
+                md,
+                "| {} | {} | {:.2} | {} |",
+                round + 2,
+                c.what,
+                c.idle_share,
+                top.join(", ")
+            );
+        }
+    }
+    md.push('\n');
 }
 
 fn latency(md: &mut String, report: &BenchReport) {
