@@ -145,11 +145,11 @@ impl PacketSocket {
     /// accepts (needs CAP_NET_RAW).
     pub fn open(index: u32, filter: &[libc::sock_filter]) -> io::Result<Self> {
         let all = (libc::ETH_P_ALL as u16).to_be();
-        let socket = Socket::new(
-            Domain::PACKET,
-            Type::RAW,
-            Some(Protocol::from(i32::from(all))),
-        )?;
+        // Protocol 0: the socket receives nothing until the bind below
+        // names a protocol. Opened with ETH_P_ALL it would queue every
+        // interface's frames (loopback's among them) before the filter and
+        // the bind to one interface are in place.
+        let socket = Socket::new(Domain::PACKET, Type::RAW, Some(Protocol::from(0)))?;
         // Filter first: frames queued before this would skip it.
         socket.attach_filter(filter)?;
         let one: libc::c_int = 1;
@@ -431,6 +431,37 @@ mod tests {
         f[14 + 16..14 + 20].copy_from_slice(&dst);
         f[14 + 20 + 2..14 + 20 + 4].copy_from_slice(&port.to_be_bytes());
         f
+    }
+
+    /// A socket opened while other frames flow holds none of them: it
+    /// receives nothing before its filter and its interface are set (the
+    /// soak once caught a loopback TCP frame in a port's socket).
+    #[test]
+    fn a_socket_opened_amid_other_traffic_holds_only_what_its_filter_passes() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let lo = interface_info("lo").expect("lo");
+        let filter = roce_filter(Ipv4Addr::new(127, 0, 0, 1));
+        let stop = AtomicBool::new(false);
+        let stray = std::thread::scope(|scope| {
+            scope.spawn(|| {
+                // UDP to the discard port: frames the filter refuses.
+                let udp = std::net::UdpSocket::bind("127.0.0.1:0").expect("udp");
+                while !stop.load(Ordering::Relaxed) {
+                    let _ = udp.send_to(&[0; 64], "127.0.0.1:9");
+                }
+            });
+            let mut stray = 0;
+            let mut batch = RxBatch::new(2048);
+            for _ in 0..300 {
+                let socket = PacketSocket::open(lo.index, &filter).expect("packet socket");
+                while batch.receive(&socket).expect("receive") > 0 {
+                    stray += batch.frames().count();
+                }
+            }
+            stop.store(true, Ordering::Relaxed);
+            stray
+        });
+        assert_eq!(stray, 0, "frames the filter refuses were received");
     }
 
     #[test]
