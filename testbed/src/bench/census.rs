@@ -22,8 +22,21 @@ pub struct Snapshot {
     at: Instant,
     /// Ticks every CPU spent idle since boot (`/proc/stat`, `cpu` line).
     idle_ticks: u64,
-    /// Each process's command name and CPU ticks (user + system).
-    processes: HashMap<u32, (String, u64)>,
+    /// Each process's name and CPU ticks.
+    processes: HashMap<u32, Ticks>,
+}
+
+/// A process's name and CPU ticks (user + system) at one moment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Ticks {
+    /// Its command line's first words (its command name when it has none).
+    name: String,
+    /// Its own threads' ticks.
+    own: u64,
+    /// The ticks of its children that ended and were waited for: a
+    /// measurement's peers (sockperf) end before it does and are counted
+    /// here, under the process that ran them.
+    children: u64,
 }
 
 /// One process's share of a measurement.
@@ -31,7 +44,8 @@ pub struct Snapshot {
 pub struct CpuUser {
     /// Its pid.
     pub pid: u32,
-    /// Its command name (`/proc/PID/stat`).
+    /// Its command line's first words, or "children of …" for the CPU of
+    /// its children that ended during the measurement.
     pub command: String,
     /// CPU seconds it used during the measurement.
     pub cpu_s: f64,
@@ -72,8 +86,17 @@ pub fn snapshot() -> Snapshot {
             let Ok(text) = std::fs::read_to_string(entry.path().join("stat")) else {
                 continue;
             };
-            if let Some(process) = parse_stat(&text) {
-                processes.insert(pid, process);
+            if let Some((command, own, children)) = parse_stat(&text) {
+                let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+                let name = describe(&cmdline).unwrap_or(command);
+                processes.insert(
+                    pid,
+                    Ticks {
+                        name,
+                        own,
+                        children,
+                    },
+                );
             }
         }
     }
@@ -86,29 +109,37 @@ pub fn snapshot() -> Snapshot {
 
 /// What happened between `before` and `after`, called `what`.
 pub fn between(what: &str, before: &Snapshot, after: &Snapshot) -> Census {
-    let ticks = ticks_per_second();
+    let ticks_per_second = ticks_per_second();
     let wall_s = after.at.saturating_duration_since(before.at).as_secs_f64();
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
-    let idle_s = after.idle_ticks.saturating_sub(before.idle_ticks) as f64 / ticks;
+    let idle_s = after.idle_ticks.saturating_sub(before.idle_ticks) as f64 / ticks_per_second;
     let idle_share = if wall_s > 0.0 {
         (idle_s / (wall_s * cpus)).clamp(0.0, 1.0)
     } else {
         f64::NAN
     };
-    let mut top: Vec<CpuUser> = after
-        .processes
-        .iter()
-        .filter_map(|(&pid, (command, used))| {
-            // A process that started meanwhile counts from zero.
-            let was = before.processes.get(&pid).map_or(0, |(_, t)| *t);
-            let spent = used.saturating_sub(was);
-            (spent > 0).then(|| CpuUser {
+    let mut top: Vec<CpuUser> = Vec::new();
+    for (&pid, now) in &after.processes {
+        // A process that started meanwhile counts from zero.
+        let was = before.processes.get(&pid);
+        let own = now.own.saturating_sub(was.map_or(0, |t| t.own));
+        let children = now.children.saturating_sub(was.map_or(0, |t| t.children));
+        let seconds = |ticks: u64| ticks as f64 / ticks_per_second;
+        if own > 0 {
+            top.push(CpuUser {
                 pid,
-                command: command.clone(),
-                cpu_s: spent as f64 / ticks,
-            })
-        })
-        .collect();
+                command: now.name.clone(),
+                cpu_s: seconds(own),
+            });
+        }
+        if children > 0 {
+            top.push(CpuUser {
+                pid,
+                command: format!("children of {}", now.name),
+                cpu_s: seconds(children),
+            });
+        }
+    }
     top.sort_by(|a, b| b.cpu_s.total_cmp(&a.cpu_s).then(a.pid.cmp(&b.pid)));
     top.truncate(TOP);
     Census {
@@ -139,15 +170,37 @@ fn parse_idle_ticks(stat: &str) -> Option<u64> {
     Some(fields.get(3)? + fields.get(4).copied().unwrap_or(0))
 }
 
-/// The command name and user + system ticks of a `/proc/PID/stat` text;
-/// the name in parentheses may hold spaces and parentheses.
-fn parse_stat(text: &str) -> Option<(String, u64)> {
+/// The command name, the user + system ticks, and the ended children's
+/// user + system ticks of a `/proc/PID/stat` text; the name in parentheses
+/// may hold spaces and parentheses.
+fn parse_stat(text: &str) -> Option<(String, u64, u64)> {
     let (head, rest) = text.rsplit_once(')')?;
     let (_, command) = head.split_once('(')?;
     let fields: Vec<&str> = rest.split_whitespace().collect();
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some((command.to_owned(), utime + stime))
+    let number = |i: usize| -> Option<u64> { fields.get(i)?.parse().ok() };
+    let own = number(11)? + number(12)?;
+    let children = number(13)? + number(14)?;
+    Some((command.to_owned(), own, children))
+}
+
+/// At most the first four words of a `/proc/PID/cmdline` (the program by
+/// its file name), 80 characters at most; `None` for a process without one
+/// (a kernel thread).
+fn describe(cmdline: &[u8]) -> Option<String> {
+    let mut words = cmdline
+        .split(|&b| b == 0)
+        .filter(|w| !w.is_empty())
+        .map(String::from_utf8_lossy);
+    let program = words.next()?;
+    let program = program.rsplit('/').next().unwrap_or(&program).to_owned();
+    let mut name = std::iter::once(program)
+        .chain(words.take(3).map(|w| w.into_owned()))
+        .collect::<Vec<_>>()
+        .join(" ");
+    if let Some((cut, _)) = name.char_indices().nth(80) {
+        name.truncate(cut);
+    }
+    Some(name)
 }
 
 #[cfg(test)]
@@ -158,8 +211,18 @@ mod tests {
     fn a_stat_line_gives_the_name_and_the_ticks() {
         let text = "4242 (sock perf (x)) S 1 4242 4242 0 -1 4194560 150 0 0 0 \
                     700 35 0 0 20 0 3 0 100 1000 200 18446744073709551615";
-        assert_eq!(parse_stat(text), Some(("sock perf (x)".to_owned(), 735)));
+        assert_eq!(parse_stat(text), Some(("sock perf (x)".to_owned(), 735, 0)));
         assert_eq!(parse_stat("4242 (cut short) S 1"), None);
+    }
+
+    #[test]
+    fn a_command_line_is_named_by_its_program_and_first_words() {
+        assert_eq!(
+            describe(b"/usr/bin/testbed\0daemon\0fabric-device\0--config\0x.toml\0").as_deref(),
+            Some("testbed daemon fabric-device --config")
+        );
+        assert_eq!(describe(b"").as_deref(), None);
+        assert_eq!(describe(&[b'a'; 200]).map(|n| n.len()), Some(80));
     }
 
     #[test]
@@ -173,24 +236,38 @@ mod tests {
     fn a_census_ranks_what_each_process_used_in_between() {
         let t0 = Instant::now();
         let at = |ms| t0 + std::time::Duration::from_millis(ms);
-        let table = |rows: &[(u32, &str, u64)]| {
+        let table = |rows: &[(u32, &str, u64, u64)]| {
             rows.iter()
-                .map(|&(pid, name, ticks)| (pid, (name.to_owned(), ticks)))
+                .map(|&(pid, name, own, children)| {
+                    let name = name.to_owned();
+                    (
+                        pid,
+                        Ticks {
+                            name,
+                            own,
+                            children,
+                        },
+                    )
+                })
                 .collect()
         };
         let hz = ticks_per_second();
         let before = Snapshot {
             at: at(0),
             idle_ticks: 1_000,
-            processes: table(&[(1, "init", 50), (7, "sockperf", 10), (9, "gone", 5)]),
+            processes: table(&[
+                (1, "init", 50, 0),
+                (7, "testbed bench", 10, 0),
+                (9, "gone", 5, 0),
+            ]),
         };
         let after = Snapshot {
             at: at(1_000),
             idle_ticks: 1_000,
             processes: table(&[
-                (1, "init", 50),
-                (7, "sockperf", 10 + hz as u64 / 2),
-                (12, "spinner", hz as u64),
+                (1, "init", 50, 0),
+                (7, "testbed bench", 10 + hz as u64 / 2, hz as u64 / 4),
+                (12, "spinner", hz as u64, 0),
             ]),
         };
         let census = between("floor", &before, &after);
@@ -204,8 +281,13 @@ mod tests {
             .collect();
         assert_eq!(
             named,
-            [(12, "spinner"), (7, "sockperf")],
-            "most first; a process that used nothing, or ended, is not named"
+            [
+                (12, "spinner"),
+                (7, "testbed bench"),
+                (7, "children of testbed bench")
+            ],
+            "most first; a process that used nothing, or ended, is not named; children that \
+             ended are counted under their parent"
         );
         assert!((census.top[0].cpu_s - 1.0).abs() < 0.02, "{census:?}");
     }
