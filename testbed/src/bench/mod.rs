@@ -6,6 +6,7 @@ pub mod auth;
 pub mod cache_policy;
 pub mod census;
 pub mod client;
+pub mod memory;
 pub mod open_files;
 pub mod peers;
 pub mod replicated;
@@ -213,7 +214,7 @@ pub struct BenchReport {
     pub redis: Vec<RedisResult>,
     /// The fabric device's resident memory per idle client connection.
     #[serde(default)]
-    pub device_memory: Option<ConnectionMemory>,
+    pub device_memory: Option<memory::ConnectionMemory>,
     /// What authentication (`--secrets`) costs per connection and per
     /// request.
     #[serde(default)]
@@ -236,32 +237,6 @@ pub struct BenchReport {
     #[serde(default)]
     pub round_census: Vec<Vec<census::Census>>,
 }
-
-/// What idle client connections cost the fabric device in memory.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
-pub struct ConnectionMemory {
-    /// Connections opened (HELLO, and the proof with keys) and held while
-    /// measuring.
-    pub connections: usize,
-    /// The device's resident set before, bytes.
-    pub rss_before: u64,
-    /// With the connections open, bytes.
-    pub rss_after: u64,
-    /// (after − before) ÷ connections.
-    pub bytes_per_connection: f64,
-    /// With the connections open and idle for [`IDLE_SETTLE`] (a device
-    /// gives an idle connection's buffers back), bytes.
-    #[serde(default)]
-    pub rss_idle: u64,
-    /// (idle − before) ÷ connections.
-    #[serde(default)]
-    pub idle_bytes_per_connection: f64,
-}
-
-/// How long the idle connections stay idle before the device's memory is
-/// read again: past the second after which a device gives an idle
-/// connection's buffers back.
-pub const IDLE_SETTLE: Duration = Duration::from_millis(2500);
 
 /// Where a bench run's files went.
 #[derive(Debug, Clone)]
@@ -338,7 +313,11 @@ pub fn run(
     // Before any traffic, so freed buffers of earlier connections do not
     // hide what new ones cost.
     let device_memory = match pids.1 {
-        Some(device) => Some(connection_memory(&paths, device, plan.idle_connections)?),
+        Some(device) => Some(memory::connection_memory(
+            &paths,
+            device,
+            plan.idle_connections,
+        )?),
         None => None,
     };
     let key = paths.connect("fabric")?.region_key(region.region)?;
@@ -729,46 +708,6 @@ fn rate(
         server_cpu_s_per_million: cpu.server,
         device_cpu_s_per_million: cpu.device,
         device_busy_cpu_s_per_million: cpu.device_busy,
-    })
-}
-
-/// Opens `count` client connections to the fabric device (each says
-/// HELLO, proves the client's key and waits for the answer, so the device
-/// has set it up), and measures the device's resident memory before, with
-/// them just open, and once they have been idle for [`IDLE_SETTLE`].
-fn connection_memory(paths: &Paths, device: u32, count: usize) -> anyhow::Result<ConnectionMemory> {
-    let count = count.max(1);
-    let rss_before = peers::resident_bytes(device)?;
-    // Only the sockets are kept: the bench's own buffers of 10,000
-    // connections would be gigabytes of address space for nothing.
-    let mut conns = Vec::with_capacity(count);
-    let open = || -> std::io::Result<std::net::TcpStream> {
-        let stream = std::net::TcpStream::connect(paths.fabric)?;
-        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-        BenchConn::open_stream(stream, "c", paths.key)
-    };
-    for i in 0..count {
-        let conn = open().with_context(|| {
-            format!(
-                "open idle client connection {} of {count} to the fabric device at {}",
-                i + 1,
-                paths.fabric
-            )
-        })?;
-        conns.push(conn);
-    }
-    let rss_after = peers::resident_bytes(device)?;
-    std::thread::sleep(IDLE_SETTLE);
-    let rss_idle = peers::resident_bytes(device)?;
-    drop(conns);
-    let per_connection = |rss: u64| rss.saturating_sub(rss_before) as f64 / count as f64;
-    Ok(ConnectionMemory {
-        connections: count,
-        rss_before,
-        rss_after,
-        bytes_per_connection: per_connection(rss_after),
-        rss_idle,
-        idle_bytes_per_connection: per_connection(rss_idle),
     })
 }
 

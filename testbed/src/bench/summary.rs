@@ -219,7 +219,7 @@ fn rates(md: &mut String, report: &BenchReport) {
             m.idle_bytes_per_connection / 1024.0,
             m.rss_idle as f64 / 1e6,
             m.connections,
-            super::IDLE_SETTLE.as_secs_f64(),
+            super::memory::IDLE_SETTLE.as_secs_f64(),
             mib(m.rss_before),
             mib(m.rss_idle),
             m.bytes_per_connection / 1024.0,
