@@ -77,6 +77,7 @@ mod takeover;
 
 #[cfg(test)]
 pub(super) use reads::READ_SPREAD;
+use reads::ReadVia;
 #[cfg(test)]
 pub(super) use resync::RECORDS_IN_FLIGHT;
 #[cfg(test)]
@@ -725,6 +726,34 @@ impl Forwarder {
         cpu: bool,
         now: Instant,
     ) -> Result<u64, Pending> {
+        let link_tag = self.record_copy(&mut head, payload.len(), link_id, pending, key, now)?;
+        let rdma = match cpu || !self.has_queue_pair(link_id) {
+            true => None,
+            false => RequestFields::of_head(&head, payload.len())
+                .and_then(|fields| self.offload(link_id, &fields)),
+        };
+        self.replication.outbox.push(Outgoing::Send {
+            link: link_id,
+            head,
+            payload,
+            cpu,
+            rdma,
+        });
+        Ok(link_tag)
+    }
+
+    /// Records a request to one copy as pending on `link`, with its
+    /// deadlines, and writes the link's tag and the copy's `key` into its
+    /// `head`; the tag, or `pending` back when the link is gone.
+    fn record_copy(
+        &mut self,
+        head: &mut [u8; FORWARD_HEAD_LEN],
+        payload_len: usize,
+        link_id: LinkId,
+        pending: Pending,
+        key: AccessKey,
+        now: Instant,
+    ) -> Result<u64, Pending> {
         let Some(link) = self.links.get_mut(&link_id) else {
             return Err(pending);
         };
@@ -751,19 +780,7 @@ impl Forwarder {
         request::Packet::new_unchecked(&mut head[proto::frame::HEADER_LEN..]).set_key(key.get());
         self.metrics
             .bytes_to_servers
-            .add((FORWARD_HEAD_LEN + payload.len()) as u64);
-        let rdma = match cpu || !self.has_queue_pair(link_id) {
-            true => None,
-            false => RequestFields::of_head(&head, payload.len())
-                .and_then(|fields| self.offload(link_id, &fields)),
-        };
-        self.replication.outbox.push(Outgoing::Send {
-            link: link_id,
-            head,
-            payload,
-            cpu,
-            rdma,
-        });
+            .add((FORWARD_HEAD_LEN + payload_len) as u64);
         Ok(link_tag)
     }
 

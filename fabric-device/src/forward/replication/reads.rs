@@ -14,13 +14,50 @@ use super::*;
 /// many requests waiting at one server, the others share them.
 pub(in crate::forward) const READ_SPREAD: usize = 64;
 
+/// Where a read of a replicated region goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::forward) struct ReadTarget {
+    /// The copy, by its place in the replica set.
+    pub copy: usize,
+    /// The link to its server.
+    pub link: LinkId,
+    /// It goes behind a mutation in flight that it overlaps, on the
+    /// deciding copy's link: it must keep its place in the copy's order.
+    pub behind: bool,
+}
+
 /// Boxes of answered reads kept for the next reads at most: a read of a
 /// replicated region then allocates nothing in the steady state.
 const SPARE_READS: usize = 1024;
 
+/// How a read of a replicated region leaves the core.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::forward) enum ReadVia {
+    /// Queued in the outbox, in its copy's order, like every other request
+    /// to a copy (a read sent again, or released after waiting).
+    Outbox,
+    /// Handed back to be written straight to its link, like a single
+    /// copy's READ, when nothing orders it against the copy's other
+    /// requests: it overlaps no mutation in flight and its link has no
+    /// queue pair (whose requests the driver orders against the TCP
+    /// connection's). This spares the outbox and the copy's stream.
+    Direct,
+}
+
+/// A read to write straight to its link ([`ReadVia::Direct`]).
+#[derive(Debug)]
+pub(in crate::forward) struct DirectRead {
+    /// The link to the copy's server.
+    pub link: LinkId,
+    /// The READ's frame and request header, rewritten for the copy.
+    pub head: [u8; FORWARD_HEAD_LEN],
+}
+
 impl Forwarder {
     /// READ: to a serving copy; to the deciding one, behind the mutation,
-    /// when it overlaps a mutation in flight.
+    /// when it overlaps a mutation in flight. With [`ReadVia::Direct`], a
+    /// read that may skip the outbox is handed back instead.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn read_copy(
         &mut self,
         conn: ConnId,
@@ -28,8 +65,9 @@ impl Forwarder {
         req: &request::Repr<'_>,
         tag: u64,
         at: Located,
+        via: ReadVia,
         now: Instant,
-    ) -> Result<(), Status> {
+    ) -> Result<Option<DirectRead>, Status> {
         let region = at.at.region.0;
         let start = at.at.offset;
         let end = start.saturating_add(u64::from(req.length));
@@ -58,8 +96,8 @@ impl Forwarder {
             reply_bytes,
             copy: None,
         };
-        match self.send_read(pending, again, now) {
-            Ok(()) => Ok(()),
+        match self.send_read(pending, again, via, now) {
+            Ok(direct) => Ok(direct),
             Err(pending) => {
                 // Nothing was sent: the refusal settles its charge.
                 let _ = self.answer(pending, Status::ServerUnavailable);
@@ -68,15 +106,19 @@ impl Forwarder {
         }
     }
 
-    /// Sends a read to the copy it should go to now; gives the request back
-    /// when no serving copy is reachable.
+    /// Sends a read to the copy it should go to now (or hands it back to
+    /// be written straight to its link, see [`ReadVia`]); gives the request
+    /// back when no serving copy is reachable.
     pub(super) fn send_read(
         &mut self,
         mut pending: Pending,
         mut again: ReadAgain,
+        via: ReadVia,
         now: Instant,
-    ) -> Result<(), Pending> {
-        let Some((copy, link)) = self.read_target(again.region, again.start, again.end) else {
+    ) -> Result<Option<DirectRead>, Pending> {
+        let Some(ReadTarget { copy, link, behind }) =
+            self.read_target(again.region, again.start, again.end)
+        else {
             return Err(pending);
         };
         let Some(server) = self
@@ -97,13 +139,20 @@ impl Forwarder {
             None => Box::new(again),
         };
         pending.copy = Some(CopyTicket::Read(again));
+        let give_back = |mut pending: Pending| {
+            pending.copy = None;
+            pending
+        };
+        if via == ReadVia::Direct && !behind && !self.has_queue_pair(link) {
+            let mut head = head;
+            self.record_copy(&mut head, 0, link, pending, key, now)
+                .map_err(give_back)?;
+            return Ok(Some(DirectRead { link, head }));
+        }
         let none = Arc::clone(&self.replication.no_payload);
         self.send_copy(head, none, link, pending, key, false, now)
-            .map(|_| ())
-            .map_err(|mut pending| {
-                pending.copy = None;
-                pending
-            })
+            .map_err(give_back)?;
+        Ok(None)
     }
 
     /// Where a read of `[start, end)` goes: the deciding copy's write link
@@ -113,11 +162,16 @@ impl Forwarder {
     /// reads stay on one copy while it has fewer than [`READ_SPREAD`]
     /// pending (a client's batch goes out in one send to one server) and
     /// spread over the copies beyond.
-    pub(super) fn read_target(&self, region: u32, start: u64, end: u64) -> Option<(usize, LinkId)> {
+    pub(super) fn read_target(&self, region: u32, start: u64, end: u64) -> Option<ReadTarget> {
         let state = self.region_state(region)?;
         if state.spans.iter().any(|s| s.overlaps(start, end)) {
             let copy = self.deciding_copy(region)?;
-            return Some((copy, self.write_link(&state.copies[copy].links)?));
+            let link = self.write_link(&state.copies[copy].links)?;
+            return Some(ReadTarget {
+                copy,
+                link,
+                behind: true,
+            });
         }
         let lane = if end - start >= BULK_MIN_BYTES {
             LinkClass::Bulk
@@ -146,7 +200,11 @@ impl Forwarder {
                     if best.as_ref().is_none_or(|(r, _, _)| rank < *r) {
                         if rank == (false, 0) {
                             // Nothing ranks lower: the first such link wins.
-                            return Some((i, id));
+                            return Some(ReadTarget {
+                                copy: i,
+                                link: id,
+                                behind: false,
+                            });
                         }
                         best = Some((rank, i, id));
                     }
@@ -154,7 +212,11 @@ impl Forwarder {
                 }
             }
         }
-        best.map(|(_, copy, link)| (copy, link))
+        best.map(|(_, copy, link)| ReadTarget {
+            copy,
+            link,
+            behind: false,
+        })
     }
 
     /// Keeps the box of an answered read's record for the next read.
@@ -182,8 +244,8 @@ impl Forwarder {
         {
             return self.answer(pending, status);
         }
-        match self.send_read(pending, *again, now) {
-            Ok(()) => None,
+        match self.send_read(pending, *again, ReadVia::Outbox, now) {
+            Ok(_) => None,
             Err(pending) => self.answer(pending, status),
         }
     }

@@ -54,6 +54,19 @@ impl Forwarder {
             }
             return ClientAction::Nothing;
         }
+        if req.operation == Operation::Read {
+            // A read nothing orders goes straight to its link.
+            return match self.read_copy(conn, frame, req, tag, at, ReadVia::Direct, now) {
+                Ok(Some(read)) => ClientAction::Forward {
+                    link: read.link,
+                    head: read.head,
+                    payload: &[],
+                    rdma: None,
+                },
+                Ok(None) => ClientAction::Nothing,
+                Err(status) => ClientAction::Reply(self.refuse(verdict, opcode, tag, status)),
+            };
+        }
         match self.dispatch(conn, frame, req, tag, at, now) {
             Ok(()) => ClientAction::Nothing,
             Err(status) => ClientAction::Reply(self.refuse(verdict, opcode, tag, status)),
@@ -71,7 +84,9 @@ impl Forwarder {
         now: Instant,
     ) -> Result<(), Status> {
         match req.operation {
-            Operation::Read => self.read_copy(conn, frame, req, tag, at, now),
+            Operation::Read => self
+                .read_copy(conn, frame, req, tag, at, ReadVia::Outbox, now)
+                .map(|_| ()),
             Operation::CompareSwap | Operation::FetchAdd => {
                 self.start_atomic(conn, frame, req, tag, at, now)
             }

@@ -241,7 +241,7 @@ impl Forwarder {
                 kept.push(read);
                 continue;
             }
-            if let Err(pending) = self.send_read(read.pending, read.again, now)
+            if let Err(pending) = self.send_read(read.pending, read.again, ReadVia::Outbox, now)
                 && let Some((conn, reply)) = self.answer(pending, Status::ServerUnavailable)
             {
                 self.replication

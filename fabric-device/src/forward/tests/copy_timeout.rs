@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use super::replication::{answer, answered, index, replicated, split};
+use super::replication::{answer, answered, index, replicated, send_read, split};
 use super::*;
 
 /// The copy timeout and the request timeout of the cores here.
@@ -129,13 +129,13 @@ fn a_read_of_a_silent_copy_goes_to_the_other_at_the_copy_timeout() {
     let (copy_timeout, _) = timeouts();
     let mut core = replicated();
     let pa1 = index(&core, "PA.1");
-    let frame = Message::Request(Repr::read(pmem(&core, "PA.1", 32), key(&core, "PA.1"), 8))
-        .encode_to_vec(7)
-        .unwrap();
-    core.client_frame(1, &frame, Instant::now());
+    let (read, _) = send_read(
+        &mut core,
+        |c| Repr::read(pmem(c, "PA.1", 32), key(c, "PA.1"), 8),
+        7,
+    );
     let after = Instant::now();
-    let (reads, _, _) = split(core.take_outbox());
-    assert_eq!(reads.len(), 1);
+    let reads = [read];
     let first = core.link_target(reads[0].link).unwrap().server.to_string();
 
     let (replies, silent) = core.handle_timeouts(after + copy_timeout);

@@ -78,29 +78,7 @@ pub(super) fn split(out: Vec<Outgoing>) -> Split {
                 payload,
                 cpu,
                 rdma,
-            } => {
-                let mut frame = head.to_vec();
-                frame.extend_from_slice(&payload);
-                let (message, tag) = proto::parse_frame(&frame).unwrap();
-                let Message::Request(req) = message else {
-                    panic!("{message:?}")
-                };
-                let Target::Region(at) = req.target else {
-                    panic!("not region-addressed: {req:?}")
-                };
-                sent.push(Sent {
-                    link,
-                    tag,
-                    operation: req.operation,
-                    offset: at.offset,
-                    key: req.key,
-                    operand: req.operand,
-                    identity: req.exactly_once,
-                    payload: req.payload.to_vec(),
-                    cpu,
-                    rdma,
-                });
-            }
+            } => sent.push(Sent::parse(link, &head, &payload, cpu, rdma)),
             Outgoing::Answer { conn, reply } => answers.push((conn, reply)),
             Outgoing::CopyLost { region, server, .. } => lost.push((region, server.to_string())),
             Outgoing::OwnerSuspected { .. } => {}
@@ -108,6 +86,76 @@ pub(super) fn split(out: Vec<Outgoing>) -> Split {
         }
     }
     (sent, answers, lost)
+}
+
+impl Sent {
+    /// A region-addressed request for a copy, from its head and payload.
+    fn parse(link: LinkId, head: &[u8], payload: &[u8], cpu: bool, rdma: Option<Offload>) -> Sent {
+        let mut frame = head.to_vec();
+        frame.extend_from_slice(payload);
+        let (message, tag) = proto::parse_frame(&frame).unwrap();
+        let Message::Request(req) = message else {
+            panic!("{message:?}")
+        };
+        let Target::Region(at) = req.target else {
+            panic!("not region-addressed: {req:?}")
+        };
+        Sent {
+            link,
+            tag,
+            operation: req.operation,
+            offset: at.offset,
+            key: req.key,
+            operand: req.operand,
+            identity: req.exactly_once,
+            payload: req.payload.to_vec(),
+            cpu,
+            rdma,
+        }
+    }
+}
+
+/// How a READ of a replicated region left the core.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ReadWent {
+    /// Handed back to be written straight to its link.
+    Direct,
+    /// In the outbox, in its copy's order.
+    Outbox,
+}
+
+/// Sends a READ from client connection 1 and returns it as it went to a
+/// copy: handed back straight for its link, or in the outbox.
+pub(super) fn send_read<'d>(
+    core: &mut Forwarder,
+    build: impl FnOnce(&Forwarder) -> Repr<'d>,
+    tag: u64,
+) -> (Sent, ReadWent) {
+    let frame = Message::Request(build(core)).encode_to_vec(tag).unwrap();
+    match core.client_frame(1, &frame, Instant::now()) {
+        ClientAction::Forward {
+            link,
+            head,
+            payload,
+            rdma,
+        } => {
+            let sent = Sent::parse(link, &head, payload, false, rdma);
+            assert!(
+                core.take_outbox().is_empty(),
+                "a direct read queues nothing"
+            );
+            (sent, ReadWent::Direct)
+        }
+        ClientAction::Nothing => {
+            let (mut sent, answers, _) = split(core.take_outbox());
+            assert!(
+                answers.is_empty() && sent.len() == 1,
+                "{sent:?} {answers:?}"
+            );
+            (sent.remove(0), ReadWent::Outbox)
+        }
+        other => panic!("{other:?}"),
+    }
 }
 
 pub(super) fn index(core: &Forwarder, region: &str) -> RegionIndex {
@@ -477,34 +525,50 @@ fn a_read_during_a_write_goes_behind_it_at_the_deciding_copy() {
         1,
     );
     let (writes, _, _) = split(core.take_outbox());
-    send(
+    let (read, went) = send_read(
         &mut core,
         |c| Repr::read(pmem(c, "PA.1", 32), key(c, "PA.1"), 16),
         2,
     );
-    let (reads, _, _) = split(core.take_outbox());
-    assert_eq!(reads.len(), 1);
+    assert_eq!(went, ReadWent::Outbox, "in the copy's order");
     let a = link(&core, "A", "n0");
-    assert_eq!(reads[0].link, a, "the deciding copy, on the write's link");
+    assert_eq!(read.link, a, "the deciding copy, on the write's link");
     assert_eq!(writes[0].link, a);
     assert!(
-        reads[0].tag > writes[0].tag,
+        read.tag > writes[0].tag,
         "sent after the write on that link"
     );
+    // A read of another range does not wait its turn.
+    let (read, went) = send_read(
+        &mut core,
+        |c| Repr::read(pmem(c, "PA.1", 4096), key(c, "PA.1"), 16),
+        3,
+    );
+    assert_eq!(went, ReadWent::Direct);
+    assert_eq!(read.key, key_on("A", index(&core, "PA.1")));
 
-    // Without a write in flight, a read may go to either serving copy.
+    // Without a write in flight, a read may go to either serving copy,
+    // straight to its link.
     for w in &writes {
         answer(&mut core, w, Status::Ok, 0);
     }
     core.take_outbox();
-    send(
+    let (read, went) = send_read(
         &mut core,
         |c| Repr::read(pmem(c, "PA.1", 32), key(c, "PA.1"), 16),
-        3,
+        4,
     );
-    let (reads, _, _) = split(core.take_outbox());
-    assert_eq!(reads.len(), 1);
-    assert!([a, link(&core, "B", "n0")].contains(&reads[0].link));
+    assert_eq!(went, ReadWent::Direct);
+    assert!([a, link(&core, "B", "n0")].contains(&read.link));
+    // Its answer reaches the client like any copy's.
+    let data = 9u64.to_le_bytes();
+    let frame = Message::Response(response::Repr::read_data(&data))
+        .encode_to_vec(read.tag)
+        .unwrap();
+    match core.link_frame(read.link, &frame, Instant::now()) {
+        LinkAction::Deliver { conn, payload, .. } => assert_eq!((conn, payload), (1, &data[..])),
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]
@@ -514,14 +578,12 @@ fn reads_stay_on_one_copy_until_it_has_a_batch_pending_then_spread() {
     let a = link(&core, "A", "n0");
     let mut targets = Vec::new();
     for tag in 0..READ_SPREAD as u64 + 1 {
-        send(
+        let (read, _) = send_read(
             &mut core,
             |c| Repr::read(pmem(c, "PA.1", 64 * tag), key(c, "PA.1"), 64),
             tag + 1,
         );
-        let (reads, _, _) = split(core.take_outbox());
-        assert_eq!(reads.len(), 1);
-        targets.push(reads[0].link);
+        targets.push(read.link);
     }
     // PA.1's copies in set order: its primary on A, its backup on B.
     assert!(

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use proto::request::{ExactlyOnce, Operation};
 
-use super::replication::{Sent, answer, answered, index, replicated, send, split};
+use super::replication::{Sent, answer, answered, index, replicated, send, send_read, split};
 use super::takeover::{map_with_owner, server_runs};
 use super::*;
 use crate::forward::replication::STALE_RESENDS;
@@ -280,14 +280,12 @@ fn a_part_whose_server_never_runs_the_epoch_loses_its_copy_after_the_request_tim
 #[test]
 fn a_read_refused_stale_map_is_read_again_once_the_server_runs_the_epoch() {
     let mut core = at_epoch(4);
-    send(
+    let (read, _) = send_read(
         &mut core,
         |c| Repr::read(pmem(c, "PA.1", 128), key(c, "PA.1"), 8),
         7,
     );
-    let (sent, _, _) = split(core.take_outbox());
-    assert_eq!(sent.len(), 1);
-    answer(&mut core, &sent[0], Status::StaleMap, 5);
+    answer(&mut core, &read, Status::StaleMap, 5);
     let (again, answers, lost) = split(core.take_outbox());
     assert!(again.is_empty() && answers.is_empty() && lost.is_empty());
 
