@@ -73,7 +73,8 @@ enum Attempt {
 /// What a guest kernel prints when it crashes.
 const GUEST_KERNEL_CRASH: [&str; 3] = ["Kernel panic - not syncing", "] Oops:", "] BUG: "];
 
-/// One `testbed ARGS --net lab` run in a fresh reports folder.
+/// One `testbed ARGS --net lab` run in a fresh reports folder, kept when
+/// the run fails.
 fn lab_attempt(args: &[&str]) -> Attempt {
     let dir = tempfile::tempdir().expect("temp dir");
     let reports = dir.path().join("reports");
@@ -107,6 +108,11 @@ fn lab_attempt(args: &[&str]) -> Attempt {
         String::from_utf8_lossy(&out.stderr)
     );
     if !out.status.success() {
+        // Kept for whoever looks into it: the region files and every log.
+        let text = format!(
+            "{text}\nthe run's folder is kept in {}",
+            dir.keep().display()
+        );
         return if crashed {
             Attempt::GuestKernelCrashed(text)
         } else {

@@ -151,6 +151,48 @@ pub fn decode(key: u64, bytes: &[u8]) -> Seen {
     }
 }
 
+/// What `bytes`, read back for `key`, look like, for a report that must
+/// say more than "garbage": whose value they begin as, how far they follow
+/// it, which version the rest is (when a later or earlier one of the same
+/// key), and how many bytes at the end are zero.
+pub fn describe(key: u64, bytes: &[u8]) -> String {
+    let word = |at: usize| {
+        bytes
+            .get(at..at + 8)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_le_bytes)
+    };
+    let (Some(version), Some(of)) = (word(0), word(8)) else {
+        return format!("{} bytes: {:02x?}", bytes.len(), bytes);
+    };
+    let follows = |v: &[u8], from: usize| bytes[from..] == v[from..];
+    let same = bytes
+        .iter()
+        .zip(value(of, version, bytes.len()))
+        .take_while(|(a, b)| **a == *b)
+        .count();
+    let whose = if of == key { "" } else { " (another key's)" };
+    let mut text = format!(
+        "{} bytes that begin as version {version} of key {of}{whose} and follow it for {same}",
+        bytes.len()
+    );
+    if same < bytes.len() {
+        // A torn value: is the rest a nearby version of the key?
+        let rest = (1..=version.saturating_add(16))
+            .find(|&w| w != version && follows(&value(of, w, bytes.len()), same));
+        match rest {
+            Some(w) => text.push_str(&format!("; the rest is version {w}'s")),
+            None => {
+                let zeros = bytes.iter().rev().take_while(|&&b| b == 0).count();
+                text.push_str(&format!(
+                    "; the rest is no version of it ({zeros} zero bytes at the end)"
+                ));
+            }
+        }
+    }
+    text
+}
+
 /// Picks keys uniformly or with a Zipfian skew (θ = 0.99, as YCSB).
 #[derive(Debug, Clone)]
 pub enum KeyPicker {
@@ -194,6 +236,27 @@ impl KeyPicker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_description_says_whose_bytes_a_wrong_value_holds() {
+        let (old, new) = (value(5, 1, 256), value(5, 2, 256));
+        let mut torn = new.clone();
+        torn[64..].copy_from_slice(&old[64..]);
+        let text = describe(5, &torn);
+        assert!(
+            text.contains("version 2 of key 5 and follow it for 64")
+                && text.contains("the rest is version 1's"),
+            "{text}"
+        );
+        let text = describe(5, &value(9, 3, 256));
+        assert!(
+            text.contains("version 3 of key 9 (another key's) and follow it for 256"),
+            "{text}"
+        );
+        let mut cut = new.clone();
+        cut[128..].fill(0);
+        assert!(describe(5, &cut).contains("(128 zero bytes at the end)"));
+    }
 
     #[test]
     fn values_prove_their_key_and_version() {

@@ -36,7 +36,7 @@ use topology::VirtAddr;
 
 use crate::report::{OpStats, Timeline, Verification};
 use check::{KeyModel, ReadVerdict};
-use keys::{KeyPicker, KeySpace, Rng, counter_word, decode, value};
+use keys::{KeyPicker, KeySpace, Rng, Seen, counter_word, decode, describe, value};
 
 /// The workloads `testbed run` offers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -421,7 +421,12 @@ async fn step(
             let pending = lock(shared).model.begin_read(k);
             let result = pool.read(keys.key_addr(k), size).await;
             Some(result.map_err(|e| report_error(op, &e)).map(|bytes| {
-                let verdict = lock(shared).model.end_read(pending, decode(k, &bytes));
+                let verdict = match lock(shared).model.end_read(pending, decode(k, &bytes)) {
+                    ReadVerdict::Wrong(line) => {
+                        ReadVerdict::Wrong(format!("{line}: {}", describe(k, &bytes)))
+                    }
+                    verdict => verdict,
+                };
                 record_read(shared, verdict);
                 size
             }))
@@ -553,7 +558,13 @@ async fn verify(
         verification.keys_checked += 1;
         let problem = match patiently(until, || pool.read(keys.key_addr(*k), size)).await {
             Err(e) => Some(format!("key {k}: read back failed: {e}")),
-            Ok(bytes) => check::final_problem(*k, state, decode(*k, &bytes)),
+            Ok(bytes) => {
+                let seen = decode(*k, &bytes);
+                check::final_problem(*k, state, seen).map(|line| match seen {
+                    Seen::Garbage => format!("{line}: {}", describe(*k, &bytes)),
+                    _ => line,
+                })
+            }
         };
         if let Some(line) = problem {
             verification.push_mismatch(line);
