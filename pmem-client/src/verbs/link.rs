@@ -26,7 +26,9 @@
 //! The link dies (and the pool's `on_lost` runs once) when the control
 //! connection closes, a completion reports an error (an RC queue pair that
 //! saw one is in the error state), or posting fails; every request still
-//! waiting then fails as lost.
+//! waiting then fails as lost, a request posted on the queue pair only once
+//! the queue pair is destroyed (so that it cannot land after a retry of it
+//! on another path).
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr};
@@ -278,15 +280,22 @@ impl VerbsLink {
                         };
                         worker.run(&jobs_rx, &thread_stop);
                         thread_alive.store(false, Ordering::SeqCst);
-                        // Requests still held fail as lost at once, and the
-                        // pool hears of it before the queue pair is torn
-                        // down (slow on some RNICs).
+                        // Requests never posted fail as lost at once, and
+                        // the pool hears that the path is gone before the
+                        // queue pair is torn down (slow on some RNICs).
                         worker.waiting.clear();
-                        worker.posted.clear();
                         drop(jobs_rx);
                         on_lost();
+                        // Requests posted on the queue pair fail only once
+                        // it is destroyed: until then it may still send
+                        // them (an RC queue pair retransmits what it
+                        // posted), and a WRITE tried again on another path
+                        // could land before this copy of it, which would
+                        // then overwrite what came after.
+                        let posted = std::mem::take(&mut worker.posted);
                         drop(worker);
                         thread_destroyed.store(true, Ordering::SeqCst);
+                        drop(posted);
                     }
                     Err(e) => {
                         thread_alive.store(false, Ordering::SeqCst);
