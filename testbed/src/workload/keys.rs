@@ -177,8 +177,9 @@ pub fn describe(key: u64, bytes: &[u8]) -> String {
         bytes.len()
     );
     if same < bytes.len() {
-        // A torn value: is the rest a nearby version of the key?
-        let rest = (1..=version.saturating_add(16))
+        // A torn value: is the rest a nearby version of the key? (The
+        // first word may be any bytes at all: look near it only.)
+        let rest = (version.saturating_sub(16).max(1)..=version.saturating_add(16))
             .find(|&w| w != version && follows(&value(of, w, bytes.len()), same));
         match rest {
             Some(w) => text.push_str(&format!("; the rest is version {w}'s")),
@@ -256,6 +257,12 @@ mod tests {
         let mut cut = new.clone();
         cut[128..].fill(0);
         assert!(describe(5, &cut).contains("(128 zero bytes at the end)"));
+        // Bytes whose first word is huge are described at once.
+        let text = describe(5, &[0xff; 256]);
+        assert!(
+            text.contains(&format!("version {} of key", u64::MAX)),
+            "{text}"
+        );
     }
 
     #[test]
