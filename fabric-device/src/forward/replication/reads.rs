@@ -130,7 +130,7 @@ impl Forwarder {
         };
         let key = self.copy_key(again.region, server, again.client_key);
         again.copy = copy;
-        let head = again.head;
+        let mut head = again.head;
         let again = match self.replication.spare_reads.pop() {
             Some(mut spare) => {
                 *spare = again;
@@ -144,7 +144,6 @@ impl Forwarder {
             pending
         };
         if via == ReadVia::Direct && !behind && !self.has_queue_pair(link) {
-            let mut head = head;
             self.record_copy(&mut head, 0, link, pending, key, now)
                 .map_err(give_back)?;
             return Ok(Some(DirectRead { link, head }));
