@@ -10,9 +10,10 @@
 //! - A request past the expected PSN means some were lost: one PSN sequence
 //!   error NAK, then silence until the expected PSN arrives.
 //! - A request before the expected PSN is a duplicate: WRITE and SEND are
-//!   ACKed again; a READ is executed again from memory; an atomic, FLUSH or
-//!   ATOMIC_WRITE is answered from the responder resource ring (sized by
-//!   `max_dest_rd_atomic`) and never executed twice.
+//!   ACKed again, up to the duplicate's PSN; a READ is executed again from
+//!   memory; an atomic, FLUSH or ATOMIC_WRITE is answered from the
+//!   responder resource ring (sized by `max_dest_rd_atomic`) and never
+//!   executed twice.
 //! - A bad key, range or access gets a remote access error NAK; a malformed
 //!   or out-of-sequence opcode an invalid request NAK; both stop the
 //!   responder (the QP is in error). A SEND with no receive posted gets an
@@ -176,18 +177,24 @@ impl Responder {
     }
 
     fn push_ready(&mut self, reply: Reply) {
-        // Coalesce ACKs: an ACK that has not gone out is superseded by a newer one.
+        // Coalesce ACKs: of two ACKs not gone out yet, only the one further
+        // along is sent (a duplicate's ACK can name an earlier PSN).
         if let (
             Reply::Ack {
+                psn,
                 syndrome: Syndrome::Ack { .. },
                 ..
             },
             Some(Slot::Ready(Reply::Ack {
+                psn: waiting,
                 syndrome: Syndrome::Ack { .. },
                 ..
             })),
         ) = (&reply, self.slots.back())
         {
+            if psn.is_before(*waiting) {
+                return;
+            }
             self.slots.pop_back();
         }
         self.slots.push_back(Slot::Ready(reply));
@@ -382,9 +389,14 @@ impl Responder {
                 _,
                 _,
             ) => {}
-            // WRITE and SEND: acknowledge again, up to the last PSN received.
+            // WRITE and SEND: acknowledge again, up to the duplicate's own
+            // PSN. Not up to the last PSN received: when that is a READ's
+            // whose response was lost, an ACK naming it is taken by some
+            // requesters (Linux rxe) as the READ's completion, data never
+            // placed; the requester retried the READ too, and its response
+            // comes after this ACK.
             _ => {
-                let ack = self.ack(self.epsn.sub(1));
+                let ack = self.ack(psn);
                 self.push_ready(ack);
             }
         }

@@ -635,6 +635,73 @@ fn a_duplicate_atomic_is_answered_from_the_resource_ring_not_executed_again() {
     assert_eq!(a.poll_completion(), None, "exactly one completion");
 }
 
+/// A WRITE then a READ whose responses are all lost, sent again by the
+/// requester: the duplicate WRITE is acknowledged up to its own PSN, never
+/// up to the READ's. A requester such as Linux rxe completes a READ on a
+/// plain ACK of its PSN with no data placed, and the READ's response comes
+/// only after that ACK.
+#[test]
+fn a_duplicate_write_is_acknowledged_no_further_than_itself() {
+    let now = Instant::now();
+    let mut a = QueuePair::new(config(1, 2, A_IP, B_IP)).expect("a");
+    let mut b = QueuePair::new(config(2, 1, B_IP, A_IP)).expect("b");
+    let mut mem = BufferMemory::new(BASE, RKEY, 4096);
+    let write = WorkOp::Write {
+        remote: remote(64),
+        data: vec![3; 64],
+        imm: None,
+    };
+    let read = WorkOp::Read {
+        remote: remote(64),
+        len: 64,
+    };
+    for (wr_id, op) in [(1, write), (2, read)] {
+        a.post(WorkRequest {
+            fence: false,
+            wr_id,
+            op,
+        })
+        .expect("post");
+    }
+    let requests = emit_all(&mut a, now);
+    assert_eq!(requests.len(), 2, "one packet each");
+    let read_psn = parse(&requests[1]).bth.psn;
+    let mut deliver = |b: &mut QueuePair| {
+        for r in &requests {
+            b.handle_datagram(now, r);
+            b.execute_with(&mut mem);
+        }
+        emit_all(b, now)
+    };
+    let lost = deliver(&mut b);
+    assert_eq!(lost.len(), 2, "an ACK and a READ response, both lost");
+    let replies = deliver(&mut b);
+    assert_eq!(b.counters().duplicates, 2);
+    let first_naming_the_read = replies
+        .iter()
+        .map(|r| parse(r))
+        .find(|p| p.bth.psn == read_psn)
+        .expect("the READ answered again");
+    assert_eq!(
+        first_naming_the_read.bth.opcode,
+        Opcode::ReadResponseOnly,
+        "nothing but the READ's response names its PSN"
+    );
+    for r in &replies {
+        a.handle_datagram(now, r);
+    }
+    let kinds: Vec<_> = std::iter::from_fn(|| a.poll_completion())
+        .map(|c| (c.wr_id, c.status, c.kind))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            (1, WcStatus::Success, CompletionKind::Write),
+            (2, WcStatus::Success, CompletionKind::Read(vec![3; 64])),
+        ]
+    );
+}
+
 #[test]
 fn a_gap_gets_one_sequence_nak_then_silence_until_in_order() {
     let now = Instant::now();
