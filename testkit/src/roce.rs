@@ -8,16 +8,18 @@
 //! keeps the kernel from answering the peer with ICMP port unreachable.
 //! Needs CAP_NET_RAW (tests run as root, typically in a network namespace).
 
+mod burst;
+
 use std::collections::HashMap;
-use std::io::{self, Read};
-use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::io;
+use std::net::{Ipv4Addr, UdpSocket};
 use std::time::{Duration, Instant};
 
 use proto::Message;
 use proto::qp::{self, Endpoint};
 use proto::roce::Psn;
 use proto::roce::rc::{Completion, Path, QpConfig, QueuePair, RemoteAddr};
-use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::Conn;
 
@@ -51,7 +53,8 @@ pub struct RawRoceClient {
     tx: Socket,
     rx: Socket,
     _sink: UdpSocket,
-    buf: Vec<u8>,
+    outbox: burst::Outbox,
+    inbox: burst::Inbox,
 }
 
 impl RawRoceClient {
@@ -138,7 +141,8 @@ impl RawRoceClient {
             tx,
             rx,
             _sink: sink,
-            buf: Vec::new(),
+            outbox: burst::Outbox::default(),
+            inbox: burst::Inbox::default(),
         })
     }
 
@@ -151,17 +155,21 @@ impl RawRoceClient {
     }
 
     /// Moves packets until every posted work request has completed or
-    /// `timeout` passes; returns the completions in order.
+    /// `timeout` passes; returns the completions in order. Every packet
+    /// the queue pair has ready goes out in one burst, as an RNIC sends a
+    /// doorbell's worth of work.
     pub fn run(&mut self, timeout: Duration) -> io::Result<Vec<Completion>> {
         let deadline = Instant::now() + timeout;
         let mut done = Vec::new();
-        let mut packet = vec![0u8; 65536];
-        let to = SockAddr::from(SocketAddrV4::new(self.device, 0));
         loop {
             let now = Instant::now();
-            while self.qp.poll_transmit(now, &mut self.buf) {
-                self.tx.send_to(&self.buf, &to)?;
+            while self.qp.poll_transmit(now, self.outbox.slot()) {
+                self.outbox.commit();
+                if self.outbox.is_full() {
+                    self.outbox.send(&self.tx, self.device)?;
+                }
             }
+            self.outbox.send(&self.tx, self.device)?;
             while let Some(c) = self.qp.poll_completion() {
                 done.push(c);
             }
@@ -174,21 +182,14 @@ impl RawRoceClient {
                     format!("{} work requests still outstanding", self.qp.outstanding()),
                 ));
             }
-            match (&self.rx).read(&mut packet) {
-                Ok(n) => {
-                    let bytes = &packet[..n];
-                    // The raw socket sees every UDP datagram; the queue pair
-                    // drops and counts what is not RoCEv2 from the device.
-                    if bytes.len() >= 24 && bytes[12..16] == self.device.octets() {
-                        self.qp.handle_datagram(Instant::now(), bytes);
-                    }
+            self.inbox.receive(&self.rx)?;
+            let now = Instant::now();
+            for bytes in self.inbox.datagrams() {
+                // The raw socket sees every UDP datagram; the queue pair
+                // drops and counts what is not RoCEv2 from the device.
+                if bytes.len() >= 24 && bytes[12..16] == self.device.octets() {
+                    self.qp.handle_datagram(now, bytes);
                 }
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                    ) => {}
-                Err(e) => return Err(e),
             }
             if self.qp.poll_timeout().is_some_and(|t| t <= Instant::now()) {
                 self.qp.handle_timeout(Instant::now());
