@@ -671,7 +671,11 @@ fn power_cuts(medium: &str, title: &str, cuts: u64) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(out.status.success(), "testbed power-cut failed:\n{text}");
+    assert!(
+        out.status.success(),
+        "testbed power-cut failed:\n{text}\nthe run's folder is kept in {}",
+        dir.keep().display()
+    );
     let report: serde_json::Value = serde_json::from_slice(
         &std::fs::read(dir.path().join("report.json")).expect("report.json"),
     )

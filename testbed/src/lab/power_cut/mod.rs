@@ -90,6 +90,10 @@ pub struct PowerCutReport {
     pub atomics_checked: u64,
     /// Exactly-once atomics running at a cut, retried after the boot.
     pub retries_checked: u64,
+    /// Blocks an interrupted write left torn (each 8-byte word the old
+    /// write's or the interrupted one's, as persistent memory allows);
+    /// written again whole before the workload went on.
+    pub torn: u64,
     /// Acknowledged writes or atomics missing or wrong after a boot.
     pub lost: u64,
     /// Each cut: milliseconds of workload before it, and the request
@@ -311,7 +315,8 @@ pub fn markdown(report: &PowerCutReport) -> String {
          | | |\n|---|---|\n\
          | power cuts | {} |\n| requests acknowledged | {} |\n\
          | acknowledged blocks checked | {} |\n| atomic words checked | {} |\n\
-         | interrupted exactly-once atomics retried | {} |\n| lost | {} |\n\n\
+         | interrupted exactly-once atomics retried | {} |\n\
+         | blocks torn by an interrupted write | {} |\n| lost | {} |\n\n\
          | cut | ms of workload | acknowledged | interrupted request |\n|---|---|---|---|\n",
         report
             .medium
@@ -321,6 +326,7 @@ pub fn markdown(report: &PowerCutReport) -> String {
         report.blocks_checked,
         report.atomics_checked,
         report.retries_checked,
+        report.torn,
         report.lost
     );
     for (i, cut) in report.timeline.iter().enumerate() {

@@ -194,7 +194,7 @@ pub(super) fn verify(
     };
     for slot in 0..SLOTS {
         let found = read(link, slot_at(slot), BLOCK as u32)?;
-        let pending = match in_flight {
+        let interrupted = match in_flight {
             Some(Op::WritePersist { slot: s, stamp } | Op::WriteFlush { slot: s, stamp })
                 if s == slot =>
             {
@@ -203,22 +203,27 @@ pub(super) fn verify(
             _ => None,
         };
         let acked = ledger.blocks[slot as usize];
-        let matches = |stamp: Option<u64>| match stamp {
-            Some(stamp) => found == block(slot, stamp),
-            None => found.iter().all(|&b| b == 0),
-        };
         if acked.is_some() {
             report.blocks_checked += 1;
         }
-        let pending_landed = pending.is_some() && matches(pending);
-        if !matches(acked) && !pending_landed {
-            lose(
+        match judge_block(&found, slot, acked, interrupted) {
+            Held::Acknowledged => {}
+            Held::Interrupted => ledger.blocks[slot as usize] = interrupted,
+            Held::Torn => {
+                // Written again whole, so that the ledger names what it holds.
+                report.torn += 1;
+                ledger.next_stamp += 1;
+                let op = Op::WritePersist {
+                    slot,
+                    stamp: ledger.next_stamp,
+                };
+                let value = run(link, op).context("rewrite a torn block")?;
+                ledger.acknowledge(op, value).map_err(anyhow::Error::msg)?;
+            }
+            Held::Lost(what) => lose(
                 report,
-                format!("block {slot}: acknowledged stamp {acked:?} is not what it holds"),
-            );
-        }
-        if pending_landed {
-            ledger.blocks[slot as usize] = pending;
+                format!("block {slot}: acknowledged stamp {acked:?} is not what it holds: {what}"),
+            ),
         }
     }
     report.atomics_checked += 2;
@@ -261,6 +266,60 @@ pub(super) fn verify(
     Ok(())
 }
 
+/// What a block holds after a boot, against its last acknowledged write and
+/// the write to it that a cut interrupted, if one did.
+#[derive(Debug, PartialEq, Eq)]
+enum Held {
+    /// The acknowledged write's bytes (zeroes if none was).
+    Acknowledged,
+    /// The interrupted write's bytes: it landed whole.
+    Interrupted,
+    /// Each 8-byte word is the acknowledged write's or the interrupted
+    /// write's: the interrupted write landed in part. Persistent memory
+    /// makes 8-byte stores failure-atomic, not whole blocks, and a write
+    /// never acknowledged may leave any mix of its words and the old ones.
+    Torn,
+    /// Anything else, described: acknowledged bytes are gone.
+    Lost(String),
+}
+
+fn judge_block(found: &[u8], slot: u64, acked: Option<u64>, interrupted: Option<u64>) -> Held {
+    let bytes_of = |stamp: Option<u64>| match stamp {
+        Some(stamp) => block(slot, stamp),
+        None => vec![0; BLOCK],
+    };
+    let old = bytes_of(acked);
+    if found == old {
+        return Held::Acknowledged;
+    }
+    let new = interrupted.map(|stamp| block(slot, stamp));
+    if new.as_deref() == Some(found) {
+        return Held::Interrupted;
+    }
+    let word = |bytes: &[u8], i: usize| bytes.get(i * 8..i * 8 + 8).map(<[u8]>::to_vec);
+    let (mut as_old, mut as_new, mut zero, mut other) = (0, 0, 0, 0);
+    for i in 0..found.len().div_ceil(8) {
+        let w = word(found, i);
+        if w == word(&old, i) {
+            as_old += 1;
+        } else if new.as_ref().is_some_and(|new| w == word(new, i)) {
+            as_new += 1;
+        } else if w.as_ref().is_some_and(|w| w.iter().all(|&b| b == 0)) {
+            zero += 1;
+        } else {
+            other += 1;
+        }
+    }
+    if found.len() == BLOCK && zero == 0 && other == 0 {
+        return Held::Torn;
+    }
+    Held::Lost(format!(
+        "of its {} bytes in 8-byte words, {as_old} are the acknowledged write's, {as_new} the \
+         interrupted write's ({interrupted:?}), {zero} zero and {other} something else",
+        found.len()
+    ))
+}
+
 /// Runs the workload until the power is cut; returns the request the cut
 /// interrupted, if one was running.
 pub(super) fn drive(
@@ -276,5 +335,69 @@ pub(super) fn drive(
             Err(_) if cut.load(Ordering::SeqCst) => return Ok(Some(op)),
             Err(e) => return Err(e).context("the workload failed before the power cut"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SLOT: u64 = 3;
+
+    fn mix(a: &[u8], b: &[u8], from_b: impl Fn(usize) -> bool) -> Vec<u8> {
+        a.chunks(8)
+            .zip(b.chunks(8))
+            .enumerate()
+            .flat_map(|(i, (a, b))| if from_b(i) { b } else { a }.to_vec())
+            .collect()
+    }
+
+    #[test]
+    fn a_block_is_the_acknowledged_write_the_interrupted_one_or_lost() {
+        let (old, new) = (block(SLOT, 10), block(SLOT, 14));
+        assert_eq!(
+            judge_block(&old, SLOT, Some(10), Some(14)),
+            Held::Acknowledged
+        );
+        assert_eq!(
+            judge_block(&new, SLOT, Some(10), Some(14)),
+            Held::Interrupted
+        );
+        assert_eq!(
+            judge_block(&[0; BLOCK], SLOT, None, None),
+            Held::Acknowledged
+        );
+        // Without an interrupted write to it, anything else is a loss.
+        let Held::Lost(what) = judge_block(&new, SLOT, Some(10), None) else {
+            panic!("a block no acknowledged write explains was accepted");
+        };
+        assert!(what.contains("512 something else"), "{what}");
+    }
+
+    #[test]
+    fn an_interrupted_write_may_tear_its_block_at_8_byte_words_only() {
+        let (old, new) = (block(SLOT, 10), block(SLOT, 14));
+        let torn = mix(&old, &new, |i| i < 200);
+        assert_eq!(judge_block(&torn, SLOT, Some(10), Some(14)), Held::Torn);
+        // A never-written block torn by its first write: zeroes and new words.
+        let first = mix(&[0; BLOCK], &new, |i| i % 2 == 0);
+        assert_eq!(judge_block(&first, SLOT, None, Some(14)), Held::Torn);
+        // A word of neither write is a loss, and so is a tear of the
+        // acknowledged write by no interrupted write, and a short block.
+        let mut foreign = torn.clone();
+        foreign[4000] ^= 1;
+        let Held::Lost(what) = judge_block(&foreign, SLOT, Some(10), Some(14)) else {
+            panic!("a word of neither write was accepted");
+        };
+        assert!(what.contains("200 the interrupted write's"), "{what}");
+        assert!(what.contains("1 something else"), "{what}");
+        assert!(matches!(
+            judge_block(&torn, SLOT, Some(10), None),
+            Held::Lost(_)
+        ));
+        assert!(matches!(
+            judge_block(&torn[..BLOCK - 8], SLOT, Some(10), Some(14)),
+            Held::Lost(_)
+        ));
     }
 }
