@@ -296,15 +296,14 @@ fn judge_block(found: &[u8], slot: u64, acked: Option<u64>, interrupted: Option<
     if new.as_deref() == Some(found) {
         return Held::Interrupted;
     }
-    let word = |bytes: &[u8], i: usize| bytes.get(i * 8..i * 8 + 8).map(<[u8]>::to_vec);
     let (mut as_old, mut as_new, mut zero, mut other) = (0, 0, 0, 0);
-    for i in 0..found.len().div_ceil(8) {
-        let w = word(found, i);
-        if w == word(&old, i) {
+    for (i, w) in found.chunks(8).enumerate() {
+        let word_of = |bytes: &[u8]| bytes.get(i * 8..i * 8 + 8) == Some(w);
+        if word_of(&old) {
             as_old += 1;
-        } else if new.as_ref().is_some_and(|new| w == word(new, i)) {
+        } else if new.as_deref().is_some_and(word_of) {
             as_new += 1;
-        } else if w.as_ref().is_some_and(|w| w.iter().all(|&b| b == 0)) {
+        } else if w.iter().all(|&b| b == 0) {
             zero += 1;
         } else {
             other += 1;
