@@ -10,7 +10,8 @@
 //! - A request past the expected PSN means some were lost: one PSN sequence
 //!   error NAK, then silence until the expected PSN arrives.
 //! - A request before the expected PSN is a duplicate: WRITE and SEND are
-//!   ACKed again, up to the duplicate's PSN; a READ is executed again from
+//!   ACKed again, up to the last PSN received unless that is a READ's or
+//!   an atomic's (then up to the duplicate's); a READ is executed again from
 //!   memory; an atomic, FLUSH or ATOMIC_WRITE is answered from the
 //!   responder resource ring (sized by `max_dest_rd_atomic`) and never
 //!   executed twice.
@@ -122,6 +123,10 @@ pub(super) struct PostedRecv {
 #[derive(Debug)]
 pub(super) struct Responder {
     epsn: Psn,
+    /// Whether the last PSN taken (`epsn - 1`) is a request answered with a
+    /// response of its own (READ, atomic, FLUSH, ATOMIC_WRITE), which a plain
+    /// ACK must never name.
+    last_answered: bool,
     msn: u32,
     nak_sent: bool,
     error: bool,
@@ -144,6 +149,7 @@ impl Responder {
     pub(super) fn new(config: &QpConfig) -> Self {
         Responder {
             epsn: config.recv_psn,
+            last_answered: false,
             msn: 0,
             nak_sent: false,
             error: false,
@@ -389,14 +395,20 @@ impl Responder {
                 _,
                 _,
             ) => {}
-            // WRITE and SEND: acknowledge again, up to the duplicate's own
-            // PSN. Not up to the last PSN received: when that is a READ's
-            // whose response was lost, an ACK naming it is taken by some
-            // requesters (Linux rxe) as the READ's completion, data never
-            // placed; the requester retried the READ too, and its response
-            // comes after this ACK.
+            // WRITE and SEND: acknowledge again, up to the last PSN
+            // received, as Linux rxe does; but when that PSN is a READ's
+            // (or an atomic's, FLUSH's, ATOMIC_WRITE's), only up to the
+            // duplicate's own. A requester such as rxe takes a plain ACK
+            // naming a READ's PSN as the READ's completion, with no data
+            // placed, and the READ it asked for again is answered only
+            // after this ACK.
             _ => {
-                let ack = self.ack(psn);
+                let through = if self.last_answered {
+                    psn
+                } else {
+                    self.epsn.sub(1)
+                };
+                let ack = self.ack(through);
                 self.push_ready(ack);
             }
         }
@@ -427,6 +439,13 @@ impl Responder {
 
     fn end_message(&mut self) {
         self.msn = (self.msn + 1) & MSN_MASK;
+    }
+
+    /// Takes `span` PSNs for a request received in order; `answered`: it
+    /// gets a response of its own (READ, atomic, FLUSH, ATOMIC_WRITE).
+    fn take_psns(&mut self, span: u32, answered: bool) {
+        self.epsn = self.epsn.add(span);
+        self.last_answered = answered;
     }
 
     fn in_order(&mut self, packet: &Repr<'_>, counters: &mut Counters) {
@@ -487,7 +506,7 @@ impl Responder {
         }
         let span = (reth.dma_len as usize).div_ceil(self.pmtu).max(1) as u32;
         self.end_message();
-        self.epsn = self.epsn.add(span);
+        self.take_psns(span, true);
         self.remember(Resource {
             psn,
             span,
@@ -517,7 +536,7 @@ impl Responder {
         let psn = packet.bth.psn;
         let Some(a) = packet.atomic_eth else { return };
         self.end_message();
-        self.epsn = self.epsn.next();
+        self.take_psns(1, true);
         self.remember(Resource {
             psn,
             span: 1,
@@ -570,7 +589,7 @@ impl Responder {
             }
         };
         self.end_message();
-        self.epsn = self.epsn.next();
+        self.take_psns(1, true);
         self.remember(Resource {
             psn,
             span: 1,
@@ -628,7 +647,7 @@ impl Responder {
             },
             (_, recv) => recv,
         };
-        self.epsn = self.epsn.next();
+        self.take_psns(1, false);
         staged.extend_from_slice(packet.payload);
         // Packets of one message are handed to memory together: at its end,
         // where the requester asks for an ACK, or every WRITE_STAGE_LIMIT bytes.
@@ -694,7 +713,7 @@ impl Responder {
             return self.fail(psn, NakCode::InvalidRequest, counters);
         }
         data.extend_from_slice(packet.payload);
-        self.epsn = self.epsn.next();
+        self.take_psns(1, false);
         if op.ends_message() {
             self.end_message();
             self.completions.push_back(Completion {
