@@ -123,10 +123,6 @@ pub(super) struct PostedRecv {
 #[derive(Debug)]
 pub(super) struct Responder {
     epsn: Psn,
-    /// Whether the last PSN taken (`epsn - 1`) is a request answered with a
-    /// response of its own (READ, atomic, FLUSH, ATOMIC_WRITE), which a plain
-    /// ACK must never name.
-    last_answered: bool,
     msn: u32,
     nak_sent: bool,
     error: bool,
@@ -149,7 +145,6 @@ impl Responder {
     pub(super) fn new(config: &QpConfig) -> Self {
         Responder {
             epsn: config.recv_psn,
-            last_answered: false,
             msn: 0,
             nak_sent: false,
             error: false,
@@ -403,11 +398,13 @@ impl Responder {
             // placed, and the READ it asked for again is answered only
             // after this ACK.
             _ => {
-                let through = if self.last_answered {
-                    psn
-                } else {
-                    self.epsn.sub(1)
-                };
+                // The newest resource is the last request received when
+                // it ends where the expected PSN begins.
+                let last_answered = self
+                    .resources
+                    .back()
+                    .is_some_and(|r| r.psn.add(r.span) == self.epsn);
+                let through = if last_answered { psn } else { self.epsn.sub(1) };
                 let ack = self.ack(through);
                 self.push_ready(ack);
             }
@@ -439,13 +436,6 @@ impl Responder {
 
     fn end_message(&mut self) {
         self.msn = (self.msn + 1) & MSN_MASK;
-    }
-
-    /// Takes `span` PSNs for a request received in order; `answered`: it
-    /// gets a response of its own (READ, atomic, FLUSH, ATOMIC_WRITE).
-    fn take_psns(&mut self, span: u32, answered: bool) {
-        self.epsn = self.epsn.add(span);
-        self.last_answered = answered;
     }
 
     fn in_order(&mut self, packet: &Repr<'_>, counters: &mut Counters) {
@@ -506,7 +496,7 @@ impl Responder {
         }
         let span = (reth.dma_len as usize).div_ceil(self.pmtu).max(1) as u32;
         self.end_message();
-        self.take_psns(span, true);
+        self.epsn = self.epsn.add(span);
         self.remember(Resource {
             psn,
             span,
@@ -536,7 +526,7 @@ impl Responder {
         let psn = packet.bth.psn;
         let Some(a) = packet.atomic_eth else { return };
         self.end_message();
-        self.take_psns(1, true);
+        self.epsn = self.epsn.next();
         self.remember(Resource {
             psn,
             span: 1,
@@ -589,7 +579,7 @@ impl Responder {
             }
         };
         self.end_message();
-        self.take_psns(1, true);
+        self.epsn = self.epsn.next();
         self.remember(Resource {
             psn,
             span: 1,
@@ -647,7 +637,7 @@ impl Responder {
             },
             (_, recv) => recv,
         };
-        self.take_psns(1, false);
+        self.epsn = self.epsn.next();
         staged.extend_from_slice(packet.payload);
         // Packets of one message are handed to memory together: at its end,
         // where the requester asks for an ACK, or every WRITE_STAGE_LIMIT bytes.
@@ -713,7 +703,7 @@ impl Responder {
             return self.fail(psn, NakCode::InvalidRequest, counters);
         }
         data.extend_from_slice(packet.payload);
-        self.take_psns(1, false);
+        self.epsn = self.epsn.next();
         if op.ends_message() {
             self.end_message();
             self.completions.push_back(Completion {
