@@ -96,10 +96,22 @@ impl Endpoint {
     }
 
     /// Takes a receive completion of the ring (bytes are read out by
-    /// [`fill`](Self::fill)).
-    pub fn received(&mut self, result: i32, bytes: &[u8], more: bool) {
+    /// [`fill`](Self::fill), where they are until [`settle`](Self::settle)).
+    ///
+    /// # Safety
+    /// As [`uring::Socket::received`]: `bytes` stay valid and unchanged
+    /// until `settle` is called or the endpoint is dropped.
+    pub unsafe fn received(&mut self, result: i32, bytes: &[u8], more: bool) {
         if let Some(socket) = &mut self.ring {
-            socket.received(result, bytes, more);
+            // SAFETY: passed on to our caller.
+            unsafe { socket.received(result, bytes, more) };
+        }
+    }
+
+    /// Ends the loan of the ring's buffer: what was not read is staged.
+    pub fn settle(&mut self) {
+        if let Some(socket) = &mut self.ring {
+            socket.settle();
         }
     }
 
@@ -234,15 +246,20 @@ impl Endpoint {
 
     /// Sends one frame made of `head` and `payload`.
     ///
-    /// On io_uring the frame is always queued (the ring sends from the
-    /// queue, which must not move while a send is in flight).
+    /// A large frame with nothing queued before it is written at once
+    /// from where it lies (one vectored write, also on io_uring, whose
+    /// sends go from the queue); what the socket does not take is queued.
     pub fn send(&mut self, head: &[u8], payload: &[u8]) -> io::Result<()> {
-        if head.len() + payload.len() < DIRECT_WRITE_MIN || self.ring.is_some() {
+        if head.len() + payload.len() < DIRECT_WRITE_MIN {
             self.out.extend_from_slice(head);
             self.out.extend_from_slice(payload);
             return Ok(());
         }
-        self.flush()?;
+        // On io_uring, a write of our own may go out only while no send is
+        // queued or in flight: the stream's bytes keep their order.
+        if self.ring.is_none() {
+            self.flush()?;
+        }
         if self.pending_out() > 0 {
             self.out.extend_from_slice(head);
             self.out.extend_from_slice(payload);

@@ -328,7 +328,7 @@ impl Device {
         telemetry::register_process_metrics(&registry)?;
         let metrics = Arc::new(DeviceMetrics::new(Arc::clone(&registry))?);
         let poll = Poll::new().map_err(DeviceError::Poll)?;
-        let (io, selected) = start_io(config.io, !config.busy_poll.is_zero());
+        let (io, selected) = start_io(config.io);
         info!("{}", selected.log_line(config.io.sqpoll));
         let backends = registry.gauge_family(
             "fabric_device_io_backend",

@@ -63,8 +63,9 @@ impl Device {
         (endpoint.ring_slot() == Some(slot)).then_some((owner, endpoint))
     }
 
-    /// A socket received bytes (or its receive ended): stage them, hand
-    /// the buffer back and serve the connection.
+    /// A socket received bytes (or its receive ended): serve the
+    /// connection, which reads them in the ring's buffer, stage what it
+    /// left and hand the buffer back.
     pub(super) fn on_received(&mut self, completion: &Completion, now: Instant) {
         let Self {
             io,
@@ -90,16 +91,24 @@ impl Device {
         let owner = match endpoint {
             Some((owner, endpoint)) if endpoint.ring_slot() == Some(slot) => {
                 let bytes = ring.received(completion);
-                endpoint.received(completion.result, bytes, completion.more());
+                // SAFETY: the buffer goes back to the kernel (`release`
+                // below) only after the endpoint settled or was closed,
+                // and nothing else hands it out meanwhile.
+                unsafe { endpoint.received(completion.result, bytes, completion.more()) };
                 Some(owner)
             }
             _ => None,
         };
-        ring.release(completion);
         match owner {
             Some(Owner::Client(conn)) => self.client_ready(conn, now),
             Some(Owner::Link(link)) => self.serve_link(link, now),
             None => {}
+        }
+        if let Some((_, endpoint)) = self.ring_endpoint(slot) {
+            endpoint.settle();
+        }
+        if let Io::Uring(ring) = &mut self.io {
+            ring.release(completion);
         }
     }
 
@@ -191,7 +200,7 @@ impl Device {
 
 /// Sets up the back end `config` asks for: io_uring where the kernel
 /// allows it, else epoll, saying why.
-pub(super) fn start_io(config: IoConfig, spins: bool) -> (Io, Selected) {
+pub(super) fn start_io(config: IoConfig) -> (Io, Selected) {
     if config.backend == Backend::Epoll {
         let selected = Selected {
             backend: Backend::Epoll,
@@ -202,7 +211,7 @@ pub(super) fn start_io(config: IoConfig, spins: bool) -> (Io, Selected) {
     let (release, disabled) = backend::choice::read_kernel_facts();
     let fallback = match backend::choice::kernel_refusal(&release, disabled.as_deref()) {
         Some(refused) => refused,
-        None => match uring::Ring::new(config.sqpoll, spins) {
+        None => match uring::Ring::new(config.sqpoll) {
             Ok(ring) => {
                 let selected = Selected {
                     backend: Backend::Uring,

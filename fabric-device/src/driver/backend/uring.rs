@@ -4,9 +4,10 @@
 //!   back as a completion.
 //! - Each connected socket has one multishot receive into the ring's
 //!   provided buffers ([`BUFFERS`] of [`BUFFER_LEN`] bytes shared by all
-//!   sockets): a buffer is taken only when bytes arrive, copied into the
-//!   socket's staging area at once and handed back, so an idle connection
-//!   holds no receive buffer.
+//!   sockets): a buffer is taken only when bytes arrive and is lent to the
+//!   socket's reader for the turn that received it; what the reader did
+//!   not take is copied into the socket's staging area before the buffer
+//!   goes back, so an idle (or paused) connection holds no receive buffer.
 //! - Sends are queued as entries while a turn runs and submitted together
 //!   with the next wait: one `io_uring_enter` per turn for every socket,
 //!   none at all when a spinning device has nothing to submit (or, with
@@ -229,15 +230,20 @@ impl std::fmt::Debug for Ring {
 
 impl Ring {
     /// Sets the ring up with its provided buffers. `sqpoll`: a kernel
-    /// thread polls the submission queue. `spins`: the loop busy-polls, so
-    /// completions are posted at once (with an interrupt) rather than at
-    /// the loop's next system call.
-    pub fn new(sqpoll: bool, spins: bool) -> io::Result<Self> {
+    /// thread polls the submission queue.
+    ///
+    /// Otherwise the kernel finishes a receive (copies the bytes into a
+    /// provided buffer and posts the completion) as work for the device's
+    /// thread, which it runs at the thread's next system call and flags
+    /// in the ring (`COOP_TASKRUN`, `TASKRUN_FLAG`): a spinning loop sees
+    /// the flag and enters the kernel once for every arrival since, and
+    /// no interrupt stops it per arrival.
+    pub fn new(sqpoll: bool) -> io::Result<Self> {
         let mut builder = IoUring::builder();
         builder.setup_cqsize(CQ_ENTRIES);
         if sqpoll {
             builder.setup_sqpoll(SQPOLL_IDLE_MS);
-        } else if !spins {
+        } else {
             builder.setup_coop_taskrun().setup_taskrun_flag();
         }
         let ring = match builder.build(SQ_ENTRIES) {
@@ -400,6 +406,21 @@ impl Ring {
     }
 }
 
+/// Bytes of a provided buffer lent to a socket's reader: `pos..len` of
+/// them are unread.
+#[derive(Debug)]
+struct Lent {
+    ptr: *const u8,
+    len: usize,
+    pos: usize,
+}
+
+impl Lent {
+    fn remaining(&self) -> usize {
+        self.len - self.pos
+    }
+}
+
 /// A connected socket's side of the ring: bytes received and not yet
 /// framed, and the send in flight.
 #[derive(Debug)]
@@ -409,6 +430,9 @@ pub struct Socket {
     fd: RawFd,
     staged: Vec<u8>,
     staged_pos: usize,
+    /// The provided buffer whose bytes the reader reads first, lent until
+    /// [`Socket::settle`]; only while nothing is staged.
+    lent: Option<Lent>,
     eof: bool,
     failed: Option<io::ErrorKind>,
     failure: String,
@@ -431,6 +455,7 @@ impl Socket {
             fd,
             staged: Vec::new(),
             staged_pos: 0,
+            lent: None,
             eof: false,
             failed: None,
             failure: String::new(),
@@ -455,7 +480,7 @@ impl Socket {
 
     /// Bytes received and not yet read out.
     pub fn staged(&self) -> usize {
-        self.staged.len() - self.staged_pos
+        self.staged.len() - self.staged_pos + self.lent.as_ref().map_or(0, Lent::remaining)
     }
 
     /// Bytes handed to a send that has not completed.
@@ -482,17 +507,32 @@ impl Socket {
     }
 
     /// Takes a receive completion: `result` and the bytes it carries.
-    pub fn received(&mut self, result: i32, bytes: &[u8], more: bool) {
+    /// With nothing staged the bytes are not copied: the reader reads them
+    /// where they are until [`Socket::settle`].
+    ///
+    /// # Safety
+    /// `bytes` must stay valid and unchanged until `settle` is called on
+    /// this socket or it is dropped (the provided buffer is handed back to
+    /// the kernel only after that).
+    pub unsafe fn received(&mut self, result: i32, bytes: &[u8], more: bool) {
         if !more {
             self.recv_armed = false;
         }
         match result {
             n if n > 0 => {
+                // A buffer still lent is older than these bytes.
+                self.settle();
                 if self.staged_pos == self.staged.len() {
                     self.staged.clear();
                     self.staged_pos = 0;
+                    self.lent = Some(Lent {
+                        ptr: bytes.as_ptr(),
+                        len: bytes.len(),
+                        pos: 0,
+                    });
+                } else {
+                    self.staged.extend_from_slice(bytes);
                 }
-                self.staged.extend_from_slice(bytes);
             }
             0 => self.eof = true,
             e if -e == libc::ENOBUFS || -e == libc::ECANCELED => {}
@@ -518,6 +558,23 @@ impl Socket {
         }
         if !self.recv_armed {
             self.arm();
+        }
+    }
+
+    /// Ends the loan of the buffer [`Socket::received`] lent: the bytes the
+    /// reader did not take are copied into the staging area. Call before
+    /// the buffer goes back to the kernel.
+    pub fn settle(&mut self) {
+        let Some(lent) = self.lent.take() else {
+            return;
+        };
+        if lent.remaining() > 0 {
+            // SAFETY: `received`'s caller keeps the lent bytes valid until
+            // this call; `pos <= len`, so the range is within them.
+            let rest =
+                unsafe { std::slice::from_raw_parts(lent.ptr.add(lent.pos), lent.remaining()) };
+            // Nothing is staged while a buffer is lent.
+            self.staged.extend_from_slice(rest);
         }
     }
 
@@ -582,9 +639,21 @@ impl Socket {
 }
 
 impl Read for Socket {
-    /// Reads staged bytes; `WouldBlock` when there are none (yet), `Ok(0)`
-    /// at the end of the stream, the receive's error after it failed.
+    /// Reads the lent buffer's bytes, then staged ones; `WouldBlock` when
+    /// there are none (yet), `Ok(0)` at the end of the stream, the
+    /// receive's error after it failed.
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if let Some(lent) = &mut self.lent
+            && lent.remaining() > 0
+        {
+            let n = lent.remaining().min(buf.len());
+            // SAFETY: `received`'s caller keeps the lent bytes valid until
+            // `settle`, which takes the loan; `pos + n <= len`.
+            let rest = unsafe { std::slice::from_raw_parts(lent.ptr.add(lent.pos), n) };
+            buf[..n].copy_from_slice(rest);
+            lent.pos += n;
+            return Ok(n);
+        }
         let rest = &self.staged[self.staged_pos..];
         if rest.is_empty() {
             if let Some(kind) = self.failed {
@@ -651,6 +720,14 @@ mod tests {
         (shared, socket)
     }
 
+    /// A receive completion of `bytes`, settled at once (as the device
+    /// does once the reader has had its turn).
+    fn take(s: &mut Socket, result: i32, bytes: &[u8], more: bool) {
+        // SAFETY: the loan ends (settle) before `bytes` can go away.
+        unsafe { s.received(result, bytes, more) };
+        s.settle();
+    }
+
     fn ops(shared: &Shared) -> Vec<u64> {
         shared
             .outbox
@@ -677,16 +754,44 @@ mod tests {
         let (shared, mut s) = socket();
         s.arm();
         assert_eq!(ops(&shared), vec![Op::Recv as u64]);
-        s.received(5, b"hello", true);
+        take(&mut s, 5, b"hello", true);
         let mut buf = [0; 3];
         assert_eq!(s.read(&mut buf).expect("read"), 3);
         assert_eq!(s.read(&mut buf).expect("read"), 2);
         assert_eq!(&buf[..2], b"lo");
         let e = s.read(&mut buf).expect_err("empty");
         assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
-        s.received(0, &[], false);
+        take(&mut s, 0, &[], false);
         assert_eq!(s.read(&mut buf).expect("eof"), 0);
         assert!(ops(&shared).is_empty(), "no receive after the end");
+    }
+
+    #[test]
+    fn lent_bytes_are_read_where_they_are_and_the_unread_rest_is_staged_in_order() {
+        let (_shared, mut s) = socket();
+        let first = *b"abcdef";
+        // SAFETY: `first` outlives the loan, which `settle` ends below.
+        unsafe { s.received(6, &first, true) };
+        assert!(s.staged.is_empty(), "nothing copied while lent");
+        assert_eq!(s.staged(), 6);
+        let mut buf = [0; 4];
+        assert_eq!(s.read(&mut buf).expect("read"), 4);
+        assert_eq!(&buf, b"abcd");
+        s.settle();
+        assert_eq!(s.staged, b"ef", "the unread rest is copied");
+        take(&mut s, 3, b"ghi", true);
+        let mut all = [0; 8];
+        assert_eq!(s.read(&mut all).expect("read"), 5);
+        assert_eq!(
+            &all[..5],
+            b"efghi",
+            "staged bytes first, then the later ones"
+        );
+        take(&mut s, 2, b"jk", true);
+        assert_eq!(s.read(&mut all).expect("read"), 2);
+        assert_eq!(&all[..2], b"jk");
+        assert_eq!(s.staged(), 0);
+        assert!(s.staged.is_empty());
     }
 
     #[test]
@@ -696,16 +801,16 @@ mod tests {
         ops(&shared);
         let chunk = vec![0u8; BUFFER_LEN];
         while s.staged() < STAGED_HIGH {
-            s.received(BUFFER_LEN as i32, &chunk, true);
+            take(&mut s, BUFFER_LEN as i32, &chunk, true);
         }
         assert_eq!(
             ops(&shared),
             vec![Op::Cancel as u64, Op::Hangup as u64],
             "cancelled once, watching for a hang-up"
         );
-        s.received(BUFFER_LEN as i32, &chunk, true);
+        take(&mut s, BUFFER_LEN as i32, &chunk, true);
         assert!(ops(&shared).is_empty(), "already cancelling");
-        s.received(-libc::ECANCELED, &[], false);
+        take(&mut s, -libc::ECANCELED, &[], false);
         assert!(ops(&shared).is_empty(), "not armed while staged is high");
         assert!(!s.receiving());
         let mut sink = vec![0u8; 1 << 20];
@@ -719,9 +824,9 @@ mod tests {
         let (shared, mut s) = socket();
         s.arm();
         ops(&shared);
-        s.received(-libc::ENOBUFS, &[], false);
+        take(&mut s, -libc::ENOBUFS, &[], false);
         assert_eq!(ops(&shared), vec![Op::Recv as u64]);
-        s.received(-libc::ECONNRESET, &[], false);
+        take(&mut s, -libc::ECONNRESET, &[], false);
         let e = s.read(&mut [0; 4]).expect_err("failed");
         assert_eq!(e.kind(), io::ErrorKind::ConnectionReset);
         assert!(ops(&shared).is_empty());
