@@ -1,4 +1,4 @@
-//! The fabric device's CPU and system calls per forwarded 64 B READ, for
+//! The fabric device's CPU and system calls per forwarded READ (64 B unless told), for
 //! comparing two builds of the daemons under the same load.
 //!
 //! Brings up the bench's fabric (one server, one device; or with
@@ -12,6 +12,10 @@
 //! cargo build --release -p testbed --example device_cost
 //! target/release/examples/device_cost --daemons target/release/testbed --rounds 3 --perf
 //! ```
+//!
+//! `--size BYTES` reads that many bytes per READ instead of 64.
+//! `--idle N` first opens N authenticated connections and closes them, as
+//! `testbed bench` does before it measures.
 //!
 //! One line per window: ops/s, CPU µs per op (all, and without the turns
 //! that polled and found nothing), and per op what `perf stat` counted.
@@ -58,6 +62,8 @@ struct Args {
     depth: usize,
     seconds: f64,
     rounds: usize,
+    size: u32,
+    idle: usize,
     perf: bool,
     callgrind: bool,
     device_args: Vec<String>,
@@ -72,6 +78,8 @@ fn args() -> anyhow::Result<Args> {
         depth: 16,
         seconds: 3.0,
         rounds: 3,
+        size: 64,
+        idle: 0,
         perf: false,
         callgrind: false,
         device_args: Vec::new(),
@@ -87,6 +95,8 @@ fn args() -> anyhow::Result<Args> {
             "--depth" => args.depth = value()?.parse()?,
             "--seconds" => args.seconds = value()?.parse()?,
             "--rounds" => args.rounds = value()?.parse()?,
+            "--idle" => args.idle = value()?.parse()?,
+            "--size" => args.size = value()?.parse()?,
             "--perf" => args.perf = true,
             "--callgrind" => args.callgrind = true,
             "--device-arg" => args.device_args.push(value()?),
@@ -192,7 +202,17 @@ fn main() -> anyhow::Result<()> {
     } else {
         args.daemons.clone()
     };
-    launch.device_args = vec!["--busy-poll-us".into(), "1000".into()];
+    // Before the daemons start: they inherit the limit.
+    testbed::bench::open_files::allow_connections(args.idle)?;
+    let connections = (args.idle + 16).to_string();
+    launch.device_args = vec![
+        "--busy-poll-us".into(),
+        "1000".into(),
+        "--max-clients".into(),
+        connections.clone(),
+        "--max-connections-per-client".into(),
+        connections,
+    ];
     launch.device_args.extend(args.device_args.iter().cloned());
     let fabric = Fabric::start(&topology, launch).context("bring the fabric up")?;
     let port: SocketAddr = fabric
@@ -207,8 +227,15 @@ fn main() -> anyhow::Result<()> {
         Some(dir) => Some(read_key(dir, Principal::Client("c"))?),
         None => None,
     };
+    // As `testbed bench` does before it measures: connections that say
+    // HELLO, stay idle and close.
+    let idle = (0..args.idle)
+        .map(|_| BenchConn::open_stream(std::net::TcpStream::connect(port)?, "c", key))
+        .collect::<std::io::Result<Vec<_>>>()
+        .context("open the idle connections")?;
+    drop(idle);
     let access = BenchConn::open(port, "c", key)?.region_key(region.region)?;
-    let shape = Shape::new(BenchOp::Read, Target::Pmem(region.start), access, 64);
+    let shape = Shape::new(BenchOp::Read, Target::Pmem(region.start), access, args.size);
     let duration = Duration::from_secs_f64(args.seconds);
     println!(
         "device pid {pid}, {} clients x {} in flight, {} s windows, daemons {}",

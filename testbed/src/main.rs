@@ -53,7 +53,11 @@ fn main() -> ExitCode {
             reports,
         )),
         Command::Demo { duration, reports } => outcome(run::demo(duration, reports)),
-        Command::BenchRoce { bench, roce_io } => outcome(bench::bench_roce(bench, roce_io)),
+        Command::BenchRoce {
+            bench,
+            roce_io,
+            busy_poll_us,
+        } => outcome(bench::bench_roce(bench, roce_io, busy_poll_us)),
         Command::BenchVerbs(args) => outcome(bench::bench_verbs(args)),
         Command::BenchPersist { bench, size } => outcome(bench::bench_persist(bench, size)),
         Command::BenchPersistGuest {

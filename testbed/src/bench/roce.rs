@@ -28,6 +28,7 @@ use topology::secrets::{Principal, read_key};
 use topology::{Layout, LayoutEntry, PmemAddr};
 
 use crate::bench::client::{BenchConn, BenchOp, Pipelining, Shape, latency, pipelined};
+use crate::bench::device_cpu_split;
 use crate::bench::peers::cpu_seconds;
 use crate::fabric::launch::{DaemonKind, Fabric, Keys, LaunchOptions};
 use crate::fabric::loopback::loopback_topology;
@@ -47,6 +48,11 @@ pub struct RocePlan {
     /// The frame path of the device's RoCEv2 port.
     #[serde(default)]
     pub roce_io: RocePath,
+    /// How long the device busy-polls after its last event
+    /// (`fabric-device --busy-poll-us`); 0: it sleeps whenever nothing
+    /// is waiting, so each arrival after a pause costs it a wake-up.
+    #[serde(default)]
+    pub busy_poll_us: u64,
 }
 
 /// The frame path of the device's RoCEv2 port (`fabric-device --roce-io`).
@@ -102,6 +108,7 @@ impl RocePlan {
             depth: 16,
             samples,
             roce_io: RocePath::default(),
+            busy_poll_us: 0,
         }
     }
 }
@@ -136,6 +143,11 @@ pub struct Measured {
     pub ops_per_s: f64,
     /// The device's CPU time per operation, in µs.
     pub device_us_per_op: f64,
+    /// The same without the event-loop turns that busy polled and found
+    /// nothing (`fabric_device_idle_poll_seconds_total`): the CPU that
+    /// forwarded. Equal to the whole when the device does not poll.
+    #[serde(default)]
+    pub device_busy_us_per_op: f64,
 }
 
 /// One round of one operation: TCP and RoCE side by side.
@@ -174,10 +186,16 @@ pub struct OpSummary {
     pub op: RoceOp,
     /// Device CPU per op on RoCE ÷ on TCP, per round.
     pub device_cpu_ratio: Spread,
+    /// The same for the device's busy CPU (without idle polling).
+    pub device_busy_cpu_ratio: Spread,
     /// Device µs of CPU per op over TCP.
     pub tcp_device_us_per_op: Spread,
     /// Device µs of CPU per op over RoCE.
     pub roce_device_us_per_op: Spread,
+    /// Device µs of busy CPU per op over TCP.
+    pub tcp_device_busy_us_per_op: Spread,
+    /// Device µs of busy CPU per op over RoCE.
+    pub roce_device_busy_us_per_op: Spread,
     /// Operations per second over TCP.
     pub tcp_ops_per_s: Spread,
     /// Operations per second over RoCE.
@@ -199,6 +217,9 @@ pub struct RoceBenchReport {
     pub summary: Vec<OpSummary>,
     /// Median over the operations of the device CPU ratio RoCE ÷ TCP (target ≤ 1.0).
     pub roce_device_cpu_per_op_over_tcp: f64,
+    /// The same for the device's busy CPU; equal to the above when the
+    /// device does not poll.
+    pub roce_device_busy_cpu_per_op_over_tcp: f64,
 }
 
 const SUBNET: &str = "10.238.3";
@@ -217,6 +238,8 @@ struct Setup {
     /// The device's client-facing port (its TCP listener).
     device_port: SocketAddr,
     device_pid: u32,
+    /// The device's admin endpoint (its `/metrics`).
+    device_admin: SocketAddr,
     region: LayoutEntry,
     /// Client c0's key, proven on every control connection.
     client_key: [u8; 32],
@@ -228,7 +251,7 @@ impl Setup {
     /// `testbed daemon …`, so a copy of it outside the source tree runs
     /// the bench), with the device's port given a RoCEv2 side on a veth
     /// pair into a fresh namespace.
-    fn start(roce_io: RocePath) -> anyhow::Result<Setup> {
+    fn start(plan: &RocePlan) -> anyhow::Result<Setup> {
         let veth = VethNamespace::create("pfbench", SUBNET)
             .context("creating the network namespace (bench-roce needs root)")?;
         let dir = tempfile::tempdir().context("make a temporary folder for the fabric")?;
@@ -249,7 +272,12 @@ impl Setup {
         // Fresh keys, as on every testbed fabric: the control connection
         // proves c0's.
         options.keys = Keys::Fresh;
-        options.device_args = vec!["--roce-io".to_owned(), roce_io.as_str().to_owned()];
+        options.device_args = vec![
+            "--roce-io".to_owned(),
+            plan.roce_io.as_str().to_owned(),
+            "--busy-poll-us".to_owned(),
+            plan.busy_poll_us.to_string(),
+        ];
         let fabric = Fabric::start(&topology, options).context("bring the bench-roce fabric up")?;
         let secrets = fabric.secrets().context("the fabric's keys")?;
         let client_key = read_key(secrets, Principal::Client("c0"))?;
@@ -261,6 +289,7 @@ impl Setup {
         let device_pid = fabric
             .pid(DaemonKind::FabricDevice, "F")
             .context("no fabric device process")?;
+        let device_admin = fabric.admin(DaemonKind::FabricDevice, "F")?;
         let mut region = Layout::new(&fabric.topology)?.entries()[0].clone();
         region.key = BenchConn::open(device_port, "c0", Some(client_key))
             .and_then(|mut conn| conn.region_key(region.region))
@@ -271,6 +300,7 @@ impl Setup {
             _dir: dir,
             device_port,
             device_pid,
+            device_admin,
             region,
             client_key,
         })
@@ -296,9 +326,28 @@ impl Setup {
         Ok(conn)
     }
 
-    fn device_cpu(&self) -> anyhow::Result<f64> {
-        Ok(cpu_seconds(self.device_pid)?)
+    /// The device's CPU seconds so far: from `/proc`, and from its
+    /// `/metrics` the CPU and the part of it spent polling idle.
+    fn device_cpu(&self) -> anyhow::Result<DeviceCpu> {
+        let (cpu, idle_poll) = device_cpu_split(self.device_admin)
+            .context("read the fabric device's CPU from its /metrics")?;
+        Ok(DeviceCpu {
+            proc: cpu_seconds(self.device_pid)?,
+            cpu,
+            idle_poll,
+        })
     }
+}
+
+/// One reading of the device's CPU seconds.
+#[derive(Debug, Clone, Copy)]
+struct DeviceCpu {
+    /// From `/proc` (whole ticks).
+    proc: f64,
+    /// From `/metrics` (exact to the microsecond).
+    cpu: f64,
+    /// The part of `cpu` spent in turns that polled and found nothing.
+    idle_poll: f64,
 }
 
 /// The device request for `op` (TCP).
@@ -422,7 +471,7 @@ fn latencies(
 
 /// Runs the whole comparison.
 pub fn run(plan: RocePlan, out: &Path) -> anyhow::Result<RoceBenchReport> {
-    let setup = Setup::start(plan.roce_io)?;
+    let setup = Setup::start(&plan)?;
     let data = vec![0xA5u8; 4096];
     let mut rounds = Vec::new();
     for _ in 0..plan.rounds {
@@ -432,11 +481,14 @@ pub fn run(plan: RocePlan, out: &Path) -> anyhow::Result<RoceBenchReport> {
                 let started = Instant::now();
                 let ops_per_s = load()?;
                 let elapsed = started.elapsed().as_secs_f64();
-                let cpu = setup.device_cpu()? - before;
-                let ops = ops_per_s * elapsed;
+                let after = setup.device_cpu()?;
+                let per_op = |seconds: f64| seconds * 1e6 / (ops_per_s * elapsed).max(1.0);
                 Ok(Measured {
                     ops_per_s,
-                    device_us_per_op: cpu * 1e6 / ops.max(1.0),
+                    device_us_per_op: per_op(after.proc - before.proc),
+                    device_busy_us_per_op: per_op(
+                        (after.cpu - before.cpu) - (after.idle_poll - before.idle_poll),
+                    ),
                 })
             };
             let tcp = measure(&|| tcp_load(&setup, &plan, op))?;
@@ -453,20 +505,27 @@ pub fn run(plan: RocePlan, out: &Path) -> anyhow::Result<RoceBenchReport> {
         summary.push(OpSummary {
             op,
             device_cpu_ratio: of(|r| r.roce.device_us_per_op / r.tcp.device_us_per_op),
+            device_busy_cpu_ratio: of(|r| {
+                r.roce.device_busy_us_per_op / r.tcp.device_busy_us_per_op
+            }),
             tcp_device_us_per_op: of(|r| r.tcp.device_us_per_op),
             roce_device_us_per_op: of(|r| r.roce.device_us_per_op),
+            tcp_device_busy_us_per_op: of(|r| r.tcp.device_busy_us_per_op),
+            roce_device_busy_us_per_op: of(|r| r.roce.device_busy_us_per_op),
             tcp_ops_per_s: of(|r| r.tcp.ops_per_s),
             roce_ops_per_s: of(|r| r.roce.ops_per_s),
             tcp_latency_us,
             roce_latency_us,
         });
     }
-    let overall = Spread::of(summary.iter().map(|s| s.device_cpu_ratio.median).collect()).median;
+    let over_ops =
+        |ratio: fn(&OpSummary) -> f64| Spread::of(summary.iter().map(ratio).collect()).median;
     let report = RoceBenchReport {
         plan,
         rounds,
+        roce_device_cpu_per_op_over_tcp: over_ops(|s| s.device_cpu_ratio.median),
+        roce_device_busy_cpu_per_op_over_tcp: over_ops(|s| s.device_busy_cpu_ratio.median),
         summary,
-        roce_device_cpu_per_op_over_tcp: overall,
     };
     std::fs::create_dir_all(out).with_context(|| format!("create {}", out.display()))?;
     let json = out.join("roce-bench.json");
@@ -479,12 +538,17 @@ pub fn run(plan: RocePlan, out: &Path) -> anyhow::Result<RoceBenchReport> {
 
 /// The report as a Markdown table.
 pub fn markdown(report: &RoceBenchReport) -> String {
+    let polling = match report.plan.busy_poll_us {
+        0 => "the device does not busy-poll".to_owned(),
+        us => format!("the device busy-polls for {us} µs after each event"),
+    };
     let mut text = format!(
         "# Fabric device: RoCEv2 port vs TCP port\n\n{} interleaved rounds of {:.1} s per \
-         system and operation, batches of {}; RoCE frame path `{}`; device CPU from /proc. \
-         Medians, (min–max).\n\n\
-         | operation | device µs/op TCP | device µs/op RoCE | RoCE ÷ TCP | ops/s TCP | ops/s RoCE | p50/p99 µs TCP | p50/p99 µs RoCE |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|\n",
+         system and operation, batches of {}; RoCE frame path `{}`; {polling}. Device CPU \
+         from /proc; busy CPU from its /metrics, without the turns that polled and found \
+         nothing. Medians, (min–max).\n\n\
+         | operation | device µs/op TCP | device µs/op RoCE | RoCE ÷ TCP | busy µs/op TCP | busy µs/op RoCE | busy RoCE ÷ TCP | ops/s TCP | ops/s RoCE | p50/p99 µs TCP | p50/p99 µs RoCE |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         report.plan.rounds,
         report.plan.seconds,
         report.plan.depth,
@@ -495,11 +559,14 @@ pub fn markdown(report: &RoceBenchReport) -> String {
             format!("{:.d$} ({:.d$}–{:.d$})", x.median, x.min, x.max, d = digits)
         };
         text.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {}/{} | {}/{} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {}/{} | {}/{} |\n",
             s.op.name(),
             f(&s.tcp_device_us_per_op, 2),
             f(&s.roce_device_us_per_op, 2),
             f(&s.device_cpu_ratio, 2),
+            f(&s.tcp_device_busy_us_per_op, 2),
+            f(&s.roce_device_busy_us_per_op, 2),
+            f(&s.device_busy_cpu_ratio, 2),
             f(&s.tcp_ops_per_s, 0),
             f(&s.roce_ops_per_s, 0),
             s.tcp_latency_us.0,
@@ -509,8 +576,9 @@ pub fn markdown(report: &RoceBenchReport) -> String {
         ));
     }
     text.push_str(&format!(
-        "\n`roce_device_cpu_per_op_over_tcp` (median over the operations): **{:.2}** (target ≤ 1.0)\n",
-        report.roce_device_cpu_per_op_over_tcp
+        "\n`roce_device_cpu_per_op_over_tcp` (median over the operations): **{:.2}** (target ≤ 1.0)\n\
+         `roce_device_busy_cpu_per_op_over_tcp` (the same, busy CPU): **{:.2}**\n",
+        report.roce_device_cpu_per_op_over_tcp, report.roce_device_busy_cpu_per_op_over_tcp
     ));
     text
 }

@@ -187,6 +187,10 @@ pub enum Command {
         /// the kernel) or socket (recvmmsg/sendmmsg).
         #[arg(long, value_name = "xdp|packet-ring|socket", default_value = "xdp")]
         roce_io: crate::bench::roce::RocePath,
+        /// How long the device busy-polls after each event, in µs (0: it
+        /// sleeps whenever nothing waits; `testbed bench` runs it at 1000).
+        #[arg(long, value_name = "US", default_value_t = 0)]
+        busy_poll_us: u64,
     },
     /// A PMEM server's own CPU per operation over RDMA (a verbs NIC, device
     /// DAX) next to TCP, in the RDMA lab (root): interleaved rounds.

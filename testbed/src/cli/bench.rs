@@ -37,10 +37,12 @@ pub fn bench(
 pub fn bench_roce(
     BenchArgs { quick, rounds, out }: BenchArgs,
     roce_io: crate::bench::roce::RocePath,
+    busy_poll_us: u64,
 ) -> anyhow::Result<bool> {
     let out = report_dir(out, "bench-roce");
     let mut plan = crate::bench::roce::RocePlan::new(quick, rounds);
     plan.roce_io = roce_io;
+    plan.busy_poll_us = busy_poll_us;
     let report = crate::bench::roce::run(plan, &out)?;
     print!("{}", crate::bench::roce::markdown(&report));
     println!("\nreport: {}", out.display());
