@@ -504,52 +504,6 @@ fn a_spinning_device_on_io_uring_answers_every_pipelined_read() {
     assert!(wanted.is_empty());
 }
 
-/// On either back end, small and large answers pipelined on one client
-/// connection arrive whole and each with its own data: a large frame is
-/// written at once only when nothing is queued or in flight before it,
-/// and a large answer from a server arrives in many receive buffers.
-#[test]
-fn pipelined_small_and_large_answers_arrive_whole_on_each_backend() {
-    const LARGE: usize = 40_000;
-    for io in ["uring", "epoll"] {
-        let fabric = Fabric::start_with(&two_servers(), &["--io", io, "--busy-poll-us", "400000"]);
-        let mut conn = fabric.client("c1");
-        let (a, b) = (pattern(LARGE * 4, 3), pattern(LARGE * 4, 7));
-        for (region, data) in [("A1", &a), ("B1", &b)] {
-            let target = fabric.pmem(region, 0);
-            let reply = conn.call(Repr::write(target, fabric.key(region), data));
-            assert_eq!(reply.status, Status::Ok, "{io}: write to {region}");
-        }
-        let mut wanted = HashMap::new();
-        for i in 0..24usize {
-            let (region, data) = if i % 2 == 0 { ("A1", &a) } else { ("B1", &b) };
-            let (at, len) = match i % 3 {
-                0 => (LARGE * (i % 4), LARGE),
-                _ => (64 * i, 64),
-            };
-            let read = Repr::read(
-                fabric.pmem(region, at as u64),
-                fabric.key(region),
-                len as u32,
-            );
-            let tag = conn.send(&Message::Request(read));
-            wanted.insert(tag, data[at..at + len].to_vec());
-        }
-        for _ in 0..wanted.len() {
-            let reply = conn.recv();
-            assert_eq!(reply.status, Status::Ok, "{io}: {reply:?}");
-            let data = wanted
-                .remove(&reply.tag)
-                .expect("an answer to a request sent");
-            assert!(
-                reply.data == data,
-                "{io}: tag {}: another read's data",
-                reply.tag
-            );
-        }
-    }
-}
-
 /// A device that busy polls after each event counts the turns that found
 /// nothing as idle polling, so an operator sees how much of its spinning
 /// CPU forwarded; a device that sleeps between events counts none. How much
