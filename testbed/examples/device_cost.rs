@@ -125,14 +125,8 @@ fn topology(replicated: bool) -> anyhow::Result<Topology> {
 
 /// The device's (CPU seconds, idle-polling seconds) from its `/metrics`.
 fn cpu_split(admin: SocketAddr) -> anyhow::Result<(f64, f64)> {
-    let (_, text) = telemetry::http_get(admin, "/metrics", Duration::from_secs(2))?;
-    let metric = |name| {
-        telemetry::metric_sum(&text, name, "").with_context(|| format!("no {name} in /metrics"))
-    };
-    Ok((
-        metric("process_cpu_seconds_total")?,
-        metric("fabric_device_idle_poll_seconds_total")?,
-    ))
+    testbed::bench::device_cpu_split(admin)
+        .context("no CPU or idle-polling seconds on the device's /metrics")
 }
 
 /// A script in `dir` that runs the fabric device of `daemons` under

@@ -769,7 +769,7 @@ impl CpuMeter {
 /// A device's CPU seconds and the part of them it spent busy polling
 /// without finding an event, from one scrape of its `/metrics` (both
 /// exact to the microsecond; `/proc`'s CPU time counts in ticks).
-pub(crate) fn device_cpu_split(admin: SocketAddr) -> Option<(f64, f64)> {
+pub fn device_cpu_split(admin: SocketAddr) -> Option<(f64, f64)> {
     let (status, text) = telemetry::http_get(admin, "/metrics", Duration::from_secs(2)).ok()?;
     (status == 200).then_some(())?;
     let metric = |name| telemetry::metric_sum(&text, name, "");
