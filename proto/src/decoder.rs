@@ -210,6 +210,9 @@ pub struct FrameDecoder {
     peak: usize,
     /// Frames completed in a row that were at most half [`RETAINED_CAPACITY`] long.
     small_frames: u32,
+    /// Length of the area [`FrameDecoder::read_area`] last returned, until
+    /// its read is committed.
+    reserved: usize,
 }
 
 impl Default for FrameDecoder {
@@ -237,6 +240,7 @@ impl FrameDecoder {
             failed: None,
             peak: 0,
             small_frames: 0,
+            reserved: 0,
         }
     }
 
@@ -342,20 +346,17 @@ impl FrameDecoder {
         reader: &mut R,
         max: usize,
     ) -> std::result::Result<ReadOutcome, ReadError> {
-        if let Some(error) = &self.failed {
-            return Err(ReadError::Framing(error.clone()));
-        }
-        let room = self.capacity_limit() - self.buffered();
-        if room == 0 {
-            return Ok(ReadOutcome::Full);
-        }
-        let len = self.prepare_read(max.clamp(1, room));
-        let area = &mut self.buf[self.end..self.end + len];
+        let area = match self.read_area(max) {
+            Ok(Some(area)) => area,
+            Ok(None) => return Ok(ReadOutcome::Full),
+            Err(error) => return Err(ReadError::Framing(error)),
+        };
         let read = loop {
             match reader.read(area) {
                 Ok(read) => break read,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
+                    self.reserved = 0;
                     if e.kind() == io::ErrorKind::WouldBlock {
                         self.found_reader_empty();
                     }
@@ -364,18 +365,59 @@ impl FrameDecoder {
             }
         };
         if read == 0 {
+            self.reserved = 0;
             return Ok(ReadOutcome::Eof);
         }
-        if read > len {
+        self.commit_read(read)?;
+        Ok(ReadOutcome::Data(read))
+    }
+
+    /// Makes room for a read of at most `max` bytes (at least 1, at most
+    /// the free room, as for [`read_from`](Self::read_from)) and returns
+    /// it, for a read that completes later (an io_uring receive into the
+    /// decoder's own buffer). `Ok(None)` when the decoder is full; the
+    /// framing error after one.
+    ///
+    /// Hand what the read wrote to [`commit_read`](Self::commit_read).
+    /// Until then the area must stay where it is: call nothing that takes
+    /// bytes in (`feed`, `read_from`, `read_area`) and do not drop the
+    /// decoder (see [`into_buffer`](Self::into_buffer)); handing frames
+    /// out with `next_frame` is fine.
+    pub fn read_area(&mut self, max: usize) -> Result<Option<&mut [u8]>> {
+        if let Some(error) = &self.failed {
+            return Err(error.clone());
+        }
+        let room = self.capacity_limit() - self.buffered();
+        if room == 0 {
+            return Ok(None);
+        }
+        let len = self.prepare_read(max.clamp(1, room));
+        self.reserved = len;
+        Ok(Some(&mut self.buf[self.end..self.end + len]))
+    }
+
+    /// Takes the `read` bytes a read wrote at the start of the area
+    /// [`read_area`](Self::read_area) returned, then checks the headers
+    /// that arrived. More bytes than the area held is an
+    /// [`io::ErrorKind::InvalidData`] error and takes none.
+    pub fn commit_read(&mut self, read: usize) -> std::result::Result<(), ReadError> {
+        let reserved = std::mem::take(&mut self.reserved);
+        if read > reserved {
             return Err(ReadError::Io(io::Error::new(
                 io::ErrorKind::InvalidData,
-                format!("reader claims {read} bytes read into a buffer of {len}"),
+                format!("reader claims {read} bytes read into a buffer of {reserved}"),
             )));
         }
         self.end += read;
         self.peak = self.peak.max(self.buffered());
-        self.check_arrived().map_err(ReadError::Framing)?;
-        Ok(ReadOutcome::Data(read))
+        self.check_arrived().map_err(ReadError::Framing)
+    }
+
+    /// The decoder's buffer, for a caller that drops the decoder while a
+    /// read into its [`read_area`](Self::read_area) may still complete:
+    /// it keeps the buffer until then.
+    pub fn into_buffer(self) -> Vec<u8> {
+        self.buf
     }
 
     /// The next complete frame (header and body), or `None` until more bytes
@@ -1413,5 +1455,43 @@ mod tests {
             turn += 1;
         }
         assert!(got == frames);
+    }
+
+    #[test]
+    fn a_read_that_completes_later_lands_in_the_area_and_yields_frames() {
+        let (stream, frames) = sample_stream();
+        let mut decoder = FrameDecoder::new();
+        let mut got = Vec::new();
+        let mut rest = &stream[..];
+        while !rest.is_empty() {
+            // At most 7 bytes per read, so headers and bodies arrive split.
+            let area = decoder.read_area(7).expect("room").expect("not full");
+            let n = area.len().min(rest.len());
+            area[..n].copy_from_slice(&rest[..n]);
+            rest = &rest[n..];
+            while let Ok(Some(frame)) = decoder.next_frame() {
+                got.push(frame.to_vec());
+            }
+            assert!(got.len() <= frames.len());
+            decoder.commit_read(n).expect("commit");
+        }
+        while let Ok(Some(frame)) = decoder.next_frame() {
+            got.push(frame.to_vec());
+        }
+        assert!(got == frames);
+    }
+
+    #[test]
+    fn a_commit_beyond_the_area_takes_nothing_and_a_bad_header_fails_the_next_area() {
+        let mut decoder = FrameDecoder::new();
+        let len = decoder.read_area(16).expect("room").expect("area").len();
+        let e = decoder.commit_read(len + 1).expect_err("too long");
+        assert!(matches!(e, ReadError::Io(ref e) if e.kind() == io::ErrorKind::InvalidData));
+        assert_eq!(decoder.buffered(), 0);
+        let area = decoder.read_area(16).expect("room").expect("area");
+        area.fill(0xee);
+        let n = area.len();
+        assert!(matches!(decoder.commit_read(n), Err(ReadError::Framing(_))));
+        assert!(decoder.read_area(16).is_err(), "failed for good");
     }
 }

@@ -72,7 +72,7 @@ impl Device {
                 FrameDecoder::with_max_body_len(PRE_SESSION_MAX_BODY),
             );
             if let Io::Uring(ring) = &self.io {
-                endpoint.attach(ring.shared());
+                endpoint.attach(ring.shared(), Receive::Shared);
                 if let Some(slot) = endpoint.ring_slot() {
                     self.ring_slots.insert(slot, Owner::Client(conn));
                 }

@@ -15,12 +15,15 @@ use mio::net::TcpStream;
 use proto::FrameDecoder;
 use proto::decoder::{ReadError, ReadOutcome};
 
-use super::backend::uring;
+use super::backend::uring::{self, Receive};
 
 /// Frames at least this long are written directly instead of queued.
 const DIRECT_WRITE_MIN: usize = 16 * 1024;
 /// Most bytes read per read call.
 const READ_MAX: usize = 256 * 1024;
+/// On io_uring, a frame with this many bytes still to come is received
+/// straight into the decoder (see [`uring::Socket::leave_shared`]).
+const OWN_RECEIVE_MIN: usize = 64 * 1024;
 
 /// Frames at least this long are admitted against a budget before their
 /// body is read (see [`Endpoint::fill`]).
@@ -83,11 +86,85 @@ impl Endpoint {
     }
 
     /// Moves the socket onto the io_uring whose sockets share `shared`
-    /// and starts receiving (the socket must not be registered with mio).
-    pub fn attach(&mut self, shared: &Rc<uring::Shared>) {
-        let mut socket = uring::Socket::new(shared, self.stream.as_raw_fd());
+    /// and starts receiving as `receive` says (the socket must not be
+    /// registered with mio).
+    pub fn attach(&mut self, shared: &Rc<uring::Shared>, receive: Receive) {
+        let mut socket = uring::Socket::new(shared, self.stream.as_raw_fd(), receive);
         socket.arm();
         self.ring = Some(socket);
+        // A socket receiving into the decoder starts here (a failure is
+        // read by the first `fill`).
+        let _ = self.receive_into_decoder();
+    }
+
+    /// Whether the socket is on io_uring and receives straight into the
+    /// decoder's buffer now.
+    fn receives_into_decoder(&self) -> bool {
+        self.ring
+            .as_ref()
+            .is_some_and(|socket| socket.receive() == Receive::Own)
+    }
+
+    /// Bytes of the frame being received still to come (0 between frames
+    /// and while its header is incomplete).
+    fn missing(&self) -> usize {
+        let decoder = &self.decoder;
+        decoder
+            .frame_in_progress()
+            .map_or(0, |len| len - decoder.partial())
+    }
+
+    /// On io_uring, once what the ring received is all read: keeps one
+    /// receive running, into the ring's buffers, or for the rest of a
+    /// large frame (and always on a server link) into the decoder's.
+    fn keep_receiving(&mut self) -> Fill {
+        let large = self.missing() >= OWN_RECEIVE_MIN;
+        let Some(socket) = &mut self.ring else {
+            return Fill::Drained;
+        };
+        match socket.receive() {
+            Receive::Shared if large => socket.leave_shared(),
+            Receive::Own if !large => socket.return_home(),
+            _ => {}
+        }
+        socket.arm();
+        self.receive_into_decoder().unwrap_or(Fill::Drained)
+    }
+
+    /// On a socket receiving into the decoder: starts a receive into the
+    /// decoder's free room unless one runs or the stream is over. A
+    /// server link receives the rest of a large frame whole (one
+    /// completion); a client's socket receives no further than the frame's
+    /// end, and completes with what arrived, so the client's traffic is
+    /// seen as it comes (its idle timeout counts from it). Returns what
+    /// stops reading: the decoder is full, or failed.
+    fn receive_into_decoder(&mut self) -> Option<Fill> {
+        let missing = self.missing();
+        let socket = self.ring.as_mut()?;
+        if socket.receive() != Receive::Own || socket.receiving() || socket.finished() {
+            return None;
+        }
+        let frame_only = socket.home() == Receive::Shared;
+        match self.decoder.read_area(missing.max(READ_MAX)) {
+            Ok(Some(area)) => {
+                let whole = !frame_only && missing >= OWN_RECEIVE_MIN && area.len() >= missing;
+                let area = if whole || frame_only {
+                    let len = area.len().min(missing.max(1));
+                    &mut area[..len]
+                } else {
+                    area
+                };
+                // SAFETY: the area stays where it is until the receive's
+                // completion reaches `received`: this endpoint takes bytes
+                // into its decoder only there (`fill` reads nothing itself
+                // on such a socket, `trim_idle` keeps the decoder), and if
+                // it is dropped first the buffer goes to `bury`.
+                unsafe { socket.receive_into(area, whole) };
+                None
+            }
+            Ok(None) => Some(Fill::Full),
+            Err(e) => Some(Fill::Failed(e.to_string())),
+        }
     }
 
     /// The ring's slot of this socket, when it is on io_uring.
@@ -102,9 +179,22 @@ impl Endpoint {
     /// As [`uring::Socket::received`]: `bytes` stay valid and unchanged
     /// until `settle` is called or the endpoint is dropped.
     pub unsafe fn received(&mut self, result: i32, bytes: &[u8], more: bool) {
-        if let Some(socket) = &mut self.ring {
+        let Some(socket) = &mut self.ring else {
+            return;
+        };
+        if socket.receive() == Receive::Shared {
             // SAFETY: passed on to our caller.
             unsafe { socket.received(result, bytes, more) };
+            return;
+        }
+        let read = socket.received_own(result);
+        if read == 0 {
+            return;
+        }
+        match self.decoder.commit_read(read) {
+            // The decoder keeps a framing error and reports it.
+            Ok(()) | Err(ReadError::Framing(_)) => {}
+            Err(ReadError::Io(e)) => socket.fail(&e),
         }
     }
 
@@ -134,7 +224,10 @@ impl Endpoint {
     /// flight, so an idle connection costs little memory; a no-op
     /// otherwise. The decoder keeps its limit.
     pub fn trim_idle(&mut self) {
-        if self.decoder.buffered() == 0 && self.decoder.error().is_none() {
+        if self.decoder.buffered() == 0
+            && self.decoder.error().is_none()
+            && !self.receives_into_decoder()
+        {
             self.decoder = FrameDecoder::with_max_body_len(self.decoder.max_body_len());
             self.admitted = 0;
         }
@@ -206,16 +299,21 @@ impl Endpoint {
                 self.admitted = want;
             }
             if let Some(socket) = &mut self.ring {
-                // On io_uring: what the ring received; once that is taken
-                // the socket counts as drained, and receiving resumes if a
-                // paused reader had stopped it.
+                // On io_uring: what the ring received into its buffers;
+                // once that is taken the socket counts as drained, and a
+                // receive runs again (also if a paused reader had stopped
+                // it). A receive into the decoder brings its bytes there
+                // by itself, and the decoder's buffer stays as it is
+                // meanwhile.
+                if socket.receive() == Receive::Own && socket.receiving() {
+                    return Fill::Drained;
+                }
                 match self.decoder.read_from(socket, READ_MAX) {
                     Ok(ReadOutcome::Data(_)) => continue,
                     Ok(ReadOutcome::Full) => return Fill::Full,
                     Ok(ReadOutcome::Eof) => return Fill::Closed,
                     Err(ReadError::Io(e)) if e.kind() == io::ErrorKind::WouldBlock => {
-                        socket.arm();
-                        return Fill::Drained;
+                        return self.keep_receiving();
                     }
                     Err(ReadError::Io(e)) => return Fill::Failed(e.to_string()),
                     Err(ReadError::Framing(e)) => return Fill::Failed(e.to_string()),
@@ -300,6 +398,19 @@ impl Endpoint {
             }
         }
         Ok(())
+    }
+}
+
+impl Drop for Endpoint {
+    /// A receive in flight may still write into the decoder's buffer: the
+    /// ring keeps the buffer until that receive has ended.
+    fn drop(&mut self) {
+        if let Some(socket) = &mut self.ring
+            && socket.receive() == Receive::Own
+            && socket.receiving()
+        {
+            socket.bury(std::mem::take(&mut self.decoder).into_buffer());
+        }
     }
 }
 

@@ -109,7 +109,7 @@ impl Device {
                     if let Io::Uring(ring) = &self.io {
                         // Connected: from now on the ring moves its bytes.
                         let _ = self.poll.registry().deregister(&mut endpoint.stream);
-                        endpoint.attach(ring.shared());
+                        endpoint.attach(ring.shared(), Receive::Own);
                         if let Some(slot) = endpoint.ring_slot() {
                             self.ring_slots.insert(slot, Owner::Link(link));
                         }

@@ -54,7 +54,7 @@ use crate::rdma::metrics::RoceMetrics;
 use crate::rdma::uplink::{Posting, QP_CONNECT_TAG, Uplinks};
 use crate::reconnect::{ReconnectPolicy, Reconnects};
 use admission::{Admission, Verdict};
-use backend::uring::{self, Completion, Op};
+use backend::uring::{self, Completion, Op, Receive};
 use backend::{Backend, IoConfig, Selected};
 pub use client_keys::ClientKeyError;
 use client_keys::ClientKeys;

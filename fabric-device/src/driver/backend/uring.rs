@@ -2,12 +2,16 @@
 //!
 //! - Listeners take one multishot accept each; every accepted socket comes
 //!   back as a completion.
-//! - Each connected socket has one multishot receive into the ring's
-//!   provided buffers ([`BUFFERS`] of [`BUFFER_LEN`] bytes shared by all
-//!   sockets): a buffer is taken only when bytes arrive and is lent to the
-//!   socket's reader for the turn that received it; what the reader did
-//!   not take is copied into the socket's staging area before the buffer
-//!   goes back, so an idle (or paused) connection holds no receive buffer.
+//! - A client's socket has one multishot receive into the ring's provided
+//!   buffers ([`BUFFERS`] of [`BUFFER_LEN`] bytes shared by all sockets):
+//!   a buffer is taken only when bytes arrive and is lent to the socket's
+//!   reader for the turn that received it; what the reader did not take is
+//!   copied into the socket's staging area before the buffer goes back, so
+//!   an idle (or paused) connection holds no receive buffer.
+//! - A server link's socket has one receive at a time straight into its
+//!   reader's buffer ([`Receive::Own`]): bulk replies are copied once, by
+//!   the kernel, as a read on epoll copies them, instead of into a provided
+//!   buffer and then again into the reader's.
 //! - Sends are queued as entries while a turn runs and submitted together
 //!   with the next wait: one `io_uring_enter` per turn for every socket,
 //!   none at all when a spinning device has nothing to submit (or, with
@@ -109,12 +113,14 @@ impl Completion {
     }
 }
 
-/// What sockets share with the ring: the entries they queued, the send
-/// buffers of sockets closed while a send was in flight, slot numbers.
+/// What sockets share with the ring: the entries they queued, the
+/// buffers of sockets closed while a send or receive into them was in
+/// flight, slot numbers.
 #[derive(Debug, Default)]
 pub struct Shared {
     outbox: RefCell<Vec<squeue::Entry>>,
-    /// Kept until their send completes: the kernel may still read them.
+    /// Kept, under their entry's user data, until the operation completes:
+    /// the kernel may still read (a send) or write (a receive) them.
     graveyard: RefCell<HashMap<u64, Vec<u8>>>,
     next_slot: Cell<u64>,
 }
@@ -392,16 +398,23 @@ impl Ring {
     }
 
     /// Hands a receive completion's buffer back to the kernel; and drops
-    /// the send buffer of a socket closed while it was sending.
+    /// the buffer of a socket closed while it was sending or receiving
+    /// into its own buffer, once that operation has ended.
     pub fn release(&mut self, completion: &Completion) {
         if let Some(bid) = completion.buffer() {
             self.bufs.provide(bid);
+            return;
         }
-        if completion.op() == Some(Op::Send) {
+        let ended = match completion.op() {
+            Some(Op::Send) => true,
+            Some(Op::Recv) => !completion.more(),
+            _ => false,
+        };
+        if ended {
             self.shared
                 .graveyard
                 .borrow_mut()
-                .remove(&completion.slot());
+                .remove(&completion.user_data);
         }
     }
 }
@@ -421,6 +434,20 @@ impl Lent {
     }
 }
 
+/// Where a socket's receives put the bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Receive {
+    /// A multishot receive into the ring's provided buffers, lent to the
+    /// reader: an idle socket holds no receive buffer (client connections,
+    /// which are many and mostly idle).
+    Shared,
+    /// One receive at a time into an area of the reader's own buffer
+    /// ([`Socket::receive_into`]): the kernel's copy is the only one
+    /// (server links, which are few and carry bulk replies; and a client's
+    /// socket for the rest of a large frame, see [`Socket::leave_shared`]).
+    Own,
+}
+
 /// A connected socket's side of the ring: bytes received and not yet
 /// framed, and the send in flight.
 #[derive(Debug)]
@@ -428,6 +455,13 @@ pub struct Socket {
     shared: Rc<Shared>,
     slot: u64,
     fd: RawFd,
+    /// How it receives now.
+    receive: Receive,
+    /// How it receives between large frames.
+    home: Receive,
+    /// Its multishot receive is being cancelled, to receive into the
+    /// reader's own buffer once that has ended.
+    leaving: bool,
     staged: Vec<u8>,
     staged_pos: usize,
     /// The provided buffer whose bytes the reader reads first, lent until
@@ -445,14 +479,18 @@ pub struct Socket {
 
 impl Socket {
     /// The ring side of socket `fd` (which must outlive it); receiving
-    /// starts with [`Socket::arm`].
-    pub fn new(shared: &Rc<Shared>, fd: RawFd) -> Self {
+    /// starts with [`Socket::arm`] or [`Socket::receive_into`], as
+    /// `receive` says.
+    pub fn new(shared: &Rc<Shared>, fd: RawFd, receive: Receive) -> Self {
         let slot = shared.next_slot.get() + 1;
         shared.next_slot.set(slot);
         Self {
             shared: Rc::clone(shared),
             slot,
             fd,
+            receive,
+            home: receive,
+            leaving: false,
             staged: Vec::new(),
             staged_pos: 0,
             lent: None,
@@ -492,10 +530,59 @@ impl Socket {
         }
     }
 
-    /// Starts a multishot receive unless one runs, the stream ended, or
-    /// enough is staged already.
+    /// Where this socket's receives put the bytes now.
+    pub fn receive(&self) -> Receive {
+        self.receive
+    }
+
+    /// Where they go between large frames.
+    pub fn home(&self) -> Receive {
+        self.home
+    }
+
+    /// Moves a socket that receives into the ring's buffers to receiving
+    /// into its reader's own, for the rest of a large frame: its multishot
+    /// receive is cancelled, and the socket is [`Receive::Own`] once that
+    /// has ended (at once when none runs). Only one receive ever runs, so
+    /// the bytes keep their order.
+    pub fn leave_shared(&mut self) {
+        if self.receive != Receive::Shared || self.leaving {
+            return;
+        }
+        if !self.recv_armed {
+            self.receive = Receive::Own;
+            return;
+        }
+        self.leaving = true;
+        if !self.cancelling {
+            let entry = opcode::AsyncCancel::new(user_data(self.slot, Op::Recv))
+                .build()
+                .user_data(user_data(self.slot, Op::Cancel));
+            self.shared.push(entry);
+            self.cancelling = true;
+        }
+    }
+
+    /// Back to the ring's buffers (a multishot receive starts) for a
+    /// socket that left them, once its own receive has ended.
+    pub fn return_home(&mut self) {
+        if self.receive == Receive::Own && self.home == Receive::Shared && !self.recv_armed {
+            self.receive = Receive::Shared;
+            self.arm();
+        }
+    }
+
+    /// Starts a multishot receive unless one runs, the stream ended,
+    /// enough is staged already, or the socket receives into its reader's
+    /// own buffer.
     pub fn arm(&mut self) {
-        if self.recv_armed || self.eof || self.failed.is_some() || self.staged() >= STAGED_HIGH {
+        if self.receive == Receive::Own
+            || self.leaving
+            || self.recv_armed
+            || self.eof
+            || self.failed.is_some()
+            || self.staged() >= STAGED_HIGH
+        {
             return;
         }
         let entry = opcode::RecvMulti::new(types::Fd(self.fd), BUFFER_GROUP)
@@ -504,6 +591,95 @@ impl Socket {
         self.shared.push(entry);
         self.recv_armed = true;
         self.cancelling = false;
+    }
+
+    /// Starts a receive into `area` (a [`Receive::Own`] socket), unless one
+    /// runs or the stream ended or failed; whether it started. With
+    /// `whole`, it completes only once `area` is full (or the stream ends
+    /// or fails): for the rest of a frame known to be that long.
+    ///
+    /// # Safety
+    /// `area` must stay allocated, unmoved and otherwise untouched until
+    /// the receive's completion has been handed to
+    /// [`Socket::received_own`], or, if the socket goes first, until its
+    /// buffer was handed to [`Socket::bury`].
+    pub unsafe fn receive_into(&mut self, area: &mut [u8], whole: bool) -> bool {
+        if self.receive != Receive::Own || self.recv_armed || self.finished() {
+            return false;
+        }
+        let len = area.len().min(u32::MAX as usize) as u32;
+        let flags = if whole { libc::MSG_WAITALL } else { 0 };
+        let entry = opcode::Recv::new(types::Fd(self.fd), area.as_mut_ptr(), len)
+            .flags(flags)
+            .build()
+            .user_data(user_data(self.slot, Op::Recv));
+        self.shared.push(entry);
+        self.recv_armed = true;
+        true
+    }
+
+    /// Takes the completion of a receive into the reader's own buffer:
+    /// how many bytes it wrote there (0 at the end of the stream or on an
+    /// error, which [`Socket::ended`] then reports).
+    pub fn received_own(&mut self, result: i32) -> usize {
+        self.recv_armed = false;
+        match result {
+            n if n > 0 => n as usize,
+            0 => {
+                self.eof = true;
+                0
+            }
+            e if -e == libc::ECANCELED => 0,
+            e => {
+                self.fail(&io::Error::from_raw_os_error(-e));
+                0
+            }
+        }
+    }
+
+    /// How the stream ended, once it has: `Ok` at its end, the receive's
+    /// error after it failed.
+    pub fn ended(&self) -> Option<io::Result<()>> {
+        if let Some(kind) = self.failed {
+            return Some(Err(io::Error::new(kind, self.failure.clone())));
+        }
+        self.eof.then_some(Ok(()))
+    }
+
+    /// Marks the stream failed with `error`: the reader reads it next.
+    pub fn fail(&mut self, error: &io::Error) {
+        self.failed = Some(error.kind());
+        self.failure = error.to_string();
+    }
+
+    /// Whether the stream ended or failed.
+    pub fn finished(&self) -> bool {
+        self.eof || self.failed.is_some()
+    }
+
+    /// Keeps `buffer`, which a receive started by
+    /// [`Socket::receive_into`] may still write into, until that receive
+    /// ends (cancelled here); call before the socket and the buffer's
+    /// owner are dropped. A receive not submitted yet is taken back
+    /// instead, and `buffer` dropped.
+    pub fn bury(&mut self, buffer: Vec<u8>) {
+        if !self.recv_armed {
+            return;
+        }
+        self.recv_armed = false;
+        let key = user_data(self.slot, Op::Recv);
+        let mut outbox = self.shared.outbox.borrow_mut();
+        let queued = outbox.len();
+        outbox.retain(|entry| entry.get_user_data() != key);
+        if outbox.len() < queued {
+            return;
+        }
+        drop(outbox);
+        self.shared.graveyard.borrow_mut().insert(key, buffer);
+        let entry = opcode::AsyncCancel::new(key)
+            .build()
+            .user_data(user_data(self.slot, Op::Cancel));
+        self.shared.push(entry);
     }
 
     /// Takes a receive completion: `result` and the bytes it carries.
@@ -536,11 +712,7 @@ impl Socket {
             }
             0 => self.eof = true,
             e if -e == libc::ENOBUFS || -e == libc::ECANCELED => {}
-            e => {
-                let error = io::Error::from_raw_os_error(-e);
-                self.failed = Some(error.kind());
-                self.failure = error.to_string();
-            }
+            e => self.fail(&io::Error::from_raw_os_error(-e)),
         }
         if self.staged() >= STAGED_HIGH && self.recv_armed && !self.cancelling {
             // The reader is paused: stop taking buffers for it.
@@ -557,7 +729,12 @@ impl Socket {
             self.shared.push(entry);
         }
         if !self.recv_armed {
-            self.arm();
+            if self.leaving {
+                self.leaving = false;
+                self.receive = Receive::Own;
+            } else {
+                self.arm();
+            }
         }
     }
 
@@ -656,13 +833,10 @@ impl Read for Socket {
         }
         let rest = &self.staged[self.staged_pos..];
         if rest.is_empty() {
-            if let Some(kind) = self.failed {
-                return Err(io::Error::new(kind, self.failure.clone()));
-            }
-            if self.eof {
-                return Ok(0);
-            }
-            return Err(io::ErrorKind::WouldBlock.into());
+            return match self.ended() {
+                Some(ended) => ended.map(|()| 0),
+                None => Err(io::ErrorKind::WouldBlock.into()),
+            };
         }
         let n = rest.len().min(buf.len());
         buf[..n].copy_from_slice(&rest[..n]);
@@ -683,7 +857,10 @@ impl Drop for Socket {
     fn drop(&mut self) {
         let mut unsent = Vec::new();
         self.shared.outbox.borrow_mut().retain(|entry| {
-            let ours = entry.get_user_data() >> 3 == self.slot;
+            // A cancellation names no descriptor: it goes out (`bury`
+            // queued one for a receive into a buffer kept meanwhile).
+            let data = entry.get_user_data();
+            let ours = data >> 3 == self.slot && data & 7 != Op::Cancel as u64;
             if ours {
                 unsent.push(entry.get_user_data() & 7);
             }
@@ -696,10 +873,10 @@ impl Drop for Socket {
             self.recv_armed = false;
         }
         if self.send_busy {
-            self.shared
-                .graveyard
-                .borrow_mut()
-                .insert(self.slot, std::mem::take(&mut self.sending));
+            self.shared.graveyard.borrow_mut().insert(
+                user_data(self.slot, Op::Send),
+                std::mem::take(&mut self.sending),
+            );
         }
         if self.recv_armed {
             let entry = opcode::AsyncCancel::new(user_data(self.slot, Op::Recv))
@@ -716,7 +893,7 @@ mod tests {
 
     fn socket() -> (Rc<Shared>, Socket) {
         let shared = Rc::new(Shared::default());
-        let socket = Socket::new(&shared, 7);
+        let socket = Socket::new(&shared, 7, Receive::Shared);
         (shared, socket)
     }
 
@@ -820,6 +997,40 @@ mod tests {
     }
 
     #[test]
+    fn a_socket_leaves_the_shared_buffers_only_once_its_multishot_receive_ended() {
+        let (shared, mut s) = socket();
+        s.arm();
+        ops(&shared);
+        s.leave_shared();
+        assert_eq!(ops(&shared), vec![Op::Cancel as u64]);
+        s.leave_shared();
+        s.arm();
+        assert!(ops(&shared).is_empty(), "cancelled once, not armed again");
+        // Bytes the receive took before the cancellation are read first.
+        take(&mut s, 3, b"abc", true);
+        assert_eq!(s.receive(), Receive::Shared);
+        let mut area = [0u8; 8];
+        // SAFETY: nothing is submitted; the entry is dropped with `shared`.
+        assert!(!unsafe { s.receive_into(&mut area, false) }, "not yet");
+        take(&mut s, -libc::ECANCELED, &[], false);
+        assert_eq!(s.receive(), Receive::Own);
+        assert!(ops(&shared).is_empty(), "no multishot receive again");
+        assert_eq!(s.read(&mut area).expect("staged"), 3);
+        // SAFETY: as above.
+        assert!(unsafe { s.receive_into(&mut area, true) });
+        assert_eq!(ops(&shared), vec![Op::Recv as u64]);
+        s.return_home();
+        assert_eq!(s.receive(), Receive::Own, "not while its receive runs");
+        assert_eq!(s.received_own(8), 8);
+        s.return_home();
+        assert_eq!(s.receive(), Receive::Shared);
+        assert_eq!(ops(&shared), vec![Op::Recv as u64], "multishot again");
+        let (_, mut idle) = socket();
+        idle.leave_shared();
+        assert_eq!(idle.receive(), Receive::Own, "at once with no receive");
+    }
+
+    #[test]
     fn a_receive_out_of_buffers_is_armed_again_and_an_error_is_read() {
         let (shared, mut s) = socket();
         s.arm();
@@ -855,7 +1066,7 @@ mod tests {
     #[test]
     fn a_socket_closed_before_its_entries_went_out_takes_them_back() {
         let (shared, mut s) = socket();
-        let other = Socket::new(&shared, 8);
+        let other = Socket::new(&shared, 8, Receive::Shared);
         s.arm();
         let mut out = vec![1u8; 100];
         s.send(&mut out);
@@ -865,7 +1076,12 @@ mod tests {
         shared.push(keep);
         let slot = s.slot();
         drop(s);
-        assert!(!shared.graveyard.borrow().contains_key(&slot));
+        assert!(
+            !shared
+                .graveyard
+                .borrow()
+                .contains_key(&user_data(slot, Op::Send))
+        );
         assert_eq!(
             ops(&shared),
             vec![Op::Send as u64],
@@ -882,8 +1098,94 @@ mod tests {
         ops(&shared); // submitted
         let slot = s.slot();
         drop(s);
-        assert!(shared.graveyard.borrow().contains_key(&slot));
+        assert!(
+            shared
+                .graveyard
+                .borrow()
+                .contains_key(&user_data(slot, Op::Send))
+        );
         let ops = ops(&shared);
         assert_eq!(ops.last(), Some(&(Op::Cancel as u64)), "{ops:?}");
+    }
+
+    /// Waits (up to a few seconds) for a completion of `op`.
+    fn completion_of(ring: &mut Ring, op: Op) -> Completion {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            ring.wait(Duration::from_millis(100)).expect("wait");
+            let mut out = Vec::new();
+            ring.reap(&mut out);
+            if let Some(c) = out.into_iter().find(|c| c.op() == Some(op)) {
+                return c;
+            }
+            assert!(std::time::Instant::now() < deadline, "no {op:?} completion");
+        }
+    }
+
+    #[test]
+    fn a_receive_into_the_readers_buffer_lands_there_once() {
+        use std::io::Write;
+        use std::os::fd::AsRawFd;
+        let mut ring = Ring::new(false).expect("io_uring");
+        let (mut peer, ours) = std::os::unix::net::UnixStream::pair().expect("pair");
+        let mut s = Socket::new(ring.shared(), ours.as_raw_fd(), Receive::Own);
+        s.arm();
+        assert!(
+            ring.shared.outbox.borrow().is_empty(),
+            "no multishot receive"
+        );
+        let mut area = vec![0u8; 8];
+        // SAFETY: `area` outlives the receive, whose completion is taken below.
+        assert!(unsafe { s.receive_into(&mut area, true) });
+        // SAFETY: as above.
+        assert!(!unsafe { s.receive_into(&mut area, true) }, "one at a time");
+        peer.write_all(b"abc").expect("write");
+        peer.write_all(b"defgh").expect("write");
+        let c = completion_of(&mut ring, Op::Recv);
+        assert_eq!(c.buffer(), None, "no provided buffer taken");
+        assert_eq!(s.received_own(c.result), 8, "whole: both writes");
+        assert_eq!(&area, b"abcdefgh");
+        // SAFETY: as above.
+        assert!(unsafe { s.receive_into(&mut area, false) });
+        peer.write_all(b"xy").expect("write");
+        let c = completion_of(&mut ring, Op::Recv);
+        assert_eq!(s.received_own(c.result), 2, "what there is");
+        assert_eq!(&area[..2], b"xy");
+        drop(peer);
+        // SAFETY: as above.
+        assert!(unsafe { s.receive_into(&mut area, false) });
+        let c = completion_of(&mut ring, Op::Recv);
+        assert_eq!(s.received_own(c.result), 0);
+        assert!(matches!(s.ended(), Some(Ok(()))));
+    }
+
+    #[test]
+    fn a_buffer_buried_mid_receive_is_kept_until_the_receive_ends() {
+        use std::os::fd::AsRawFd;
+        let mut ring = Ring::new(false).expect("io_uring");
+        let (_peer, ours) = std::os::unix::net::UnixStream::pair().expect("pair");
+        let mut s = Socket::new(ring.shared(), ours.as_raw_fd(), Receive::Own);
+        let mut buffer = vec![0u8; 64];
+        // SAFETY: `buffer` is buried below before it could be dropped.
+        assert!(unsafe { s.receive_into(&mut buffer, false) });
+        let key = user_data(s.slot(), Op::Recv);
+        // Not submitted yet: taken back, nothing kept.
+        s.bury(std::mem::take(&mut buffer));
+        assert!(ring.shared.outbox.borrow().is_empty());
+        assert!(ring.shared.graveyard.borrow().is_empty());
+        let mut buffer = vec![0u8; 64];
+        // SAFETY: as above.
+        assert!(unsafe { s.receive_into(&mut buffer, false) });
+        ring.wait(Duration::ZERO).expect("submit");
+        s.bury(buffer);
+        drop(s);
+        assert!(ring.shared.graveyard.borrow().contains_key(&key));
+        let c = completion_of(&mut ring, Op::Recv);
+        assert_eq!(c.result, -libc::ECANCELED);
+        ring.release(&c);
+        assert!(
+            ring.shared.graveyard.borrow().is_empty(),
+            "freed once ended"
+        );
     }
 }
