@@ -100,14 +100,15 @@ step "cargo test --workspace --features $features (with the RDMA lab)"
 # built with `verbs`, which this build makes.
 export TESTKIT_PREBUILT_BINARIES=1
 cargo test --locked --workspace --features "$features"
-step "fabric-device's forwarding and authentication tests again, on the io_uring back end"
-# The device runs on epoll by default (measured faster here); io_uring is
-# its opt-in back end and stays tested by the two test files that drive the
-# device's I/O (the other device tests are about maps, owners and RoCE).
-# (pmem-server's `authentication` comes along: a few seconds, no device in
-# it.)
+step "the device's forwarding, authentication and failover tests again, on the io_uring back end"
+# The device runs on epoll by default (a single client is faster through
+# it here); io_uring is its opt-in back end and stays tested by the test
+# files that drive the device's I/O (the other device tests are about maps,
+# owners and RoCE), and by pmem-client's failover tests, which kill servers
+# and devices under traffic. (pmem-server's `authentication` comes along: a
+# few seconds, no device in it.)
 PMEM_FABRIC_IO=uring cargo test --locked --workspace --features "$features" \
-  --test forwarding --test authentication
+  --test forwarding --test authentication --test failover
 step "pmem-server's daemon tests again, on libpmem (--features libpmem)"
 # The test files that start the daemon through testkit, which gives it
 # --persistence $PMEM_SERVER_TEST_PERSISTENCE, and the library's own tests
