@@ -47,7 +47,8 @@
 //!
 //! QP_ACCEPT body: the device's [`Endpoint`] (16 bytes), then `count` u32
 //! and `count` entries of 8 bytes: region index u32, R_Key u32; optionally
-//! followed by a u64 of [`caps`] (absent: none).
+//! followed by a u64 of [`caps`] (absent: none; never 0, which is left out,
+//! so a body has one encoding).
 //!
 //! A fabric device also sends QP_CONNECT to a PMEM server on verbs (on its
 //! link's control connection): the server answers QP_ACCEPT with the
@@ -333,6 +334,13 @@ impl<'a> Accept<'a> {
         }
         let (table, tail) = rest.split_at(table_len);
         let caps = if tail.is_empty() { 0 } else { le::u64_at(tail) };
+        if !tail.is_empty() && caps == 0 {
+            return Err(Error::LengthMismatch {
+                what: "qp accept body (a caps word of 0 is left out)",
+                expected: header + table_len,
+                got: body.len(),
+            });
+        }
         if caps & !caps::KNOWN != 0 {
             return Err(Error::ReservedBits {
                 what: "qp accept caps",
@@ -545,6 +553,15 @@ mod tests {
         assert_eq!(capped.len(), body.len() + CAPS_LEN);
         assert_eq!(Accept::parse(&capped).unwrap().caps(), 3);
         assert_eq!(Accept::parse(&body).unwrap().caps(), 0);
+        let mut empty_caps = body.clone();
+        empty_caps.extend_from_slice(&[0; CAPS_LEN]);
+        assert!(
+            matches!(
+                Accept::parse(&empty_caps),
+                Err(Error::LengthMismatch { .. })
+            ),
+            "a caps word of 0 has another encoding: none"
+        );
         let last = capped.len() - 1;
         capped[last] = 0x80;
         assert!(matches!(
